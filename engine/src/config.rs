@@ -1,0 +1,237 @@
+//! Engine configuration: defaults, then the TOML file (`--config` or
+//! `ATTEST_CONFIG`), then environment variables, then command-line flags.
+//!
+//! Unknown keys in the file are an error: a typo should not silently leave a
+//! setting at its default.
+
+use crate::logging::Level;
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Everything the engine reads at start-up, resolved.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub log_level: Level,
+    /// Per-request evaluation deadline (`3002 TIMEOUT` when exceeded).
+    pub eval_timeout: Duration,
+    /// Requests evaluated at once; also advertised by `initialize`.
+    pub max_concurrent_requests: usize,
+    /// Reject unknown step types (spec §7 strict mode).
+    pub strict_step_types: bool,
+    /// Entries kept for `request_id` idempotency.
+    pub idempotency_cache_entries: usize,
+    /// Compiled assertion specs kept for reuse across requests.
+    pub compiled_cache_entries: usize,
+    /// Longest explanation in a result, in characters.
+    pub max_explanation_chars: usize,
+    /// Longest response line (excluding the newline). SDK readers fail above 64 KiB.
+    pub max_response_bytes: usize,
+    /// How long `shutdown`, end of input and signals wait for in-flight work.
+    pub drain_timeout: Duration,
+    /// Plugin results kept in memory for reporting.
+    pub max_plugin_results: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            log_level: Level::Info,
+            eval_timeout: Duration::from_secs(30),
+            max_concurrent_requests: 64,
+            strict_step_types: false,
+            idempotency_cache_entries: 10_000,
+            compiled_cache_entries: 4_096,
+            max_explanation_chars: 1_024,
+            max_response_bytes: 65_536,
+            drain_timeout: Duration::from_secs(30),
+            max_plugin_results: 100_000,
+        }
+    }
+}
+
+/// The TOML file's shape: every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub log_level: Option<String>,
+    pub eval_timeout: Option<String>,
+    pub max_concurrent_requests: Option<usize>,
+    pub strict_step_types: Option<bool>,
+    pub idempotency_cache_entries: Option<usize>,
+    pub compiled_cache_entries: Option<usize>,
+    pub max_explanation_chars: Option<usize>,
+    pub drain_timeout: Option<String>,
+    pub max_plugin_results: Option<usize>,
+}
+
+/// Settings given on the command line (they win over everything).
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub config_path: Option<PathBuf>,
+    pub log_level: Option<String>,
+    pub eval_timeout: Option<String>,
+    pub max_concurrent_requests: Option<usize>,
+    pub strict_step_types: bool,
+}
+
+/// The environment variables the engine reads, in one place for the docs.
+pub const ENV_VARS: &[(&str, &str)] = &[
+    ("ATTEST_CONFIG", "path of the TOML config file (like --config)"),
+    ("ATTEST_LOG_LEVEL", "debug | info | warn | error"),
+    ("ATTEST_EVAL_TIMEOUT", "per-request deadline, e.g. 30s, 1500ms, 2m"),
+    ("ATTEST_MAX_CONCURRENT_REQUESTS", "requests evaluated at once (1-1024)"),
+    ("ATTEST_STRICT_STEP_TYPES", "true to reject unknown step types"),
+];
+
+impl Config {
+    /// Resolves the configuration from `overrides`, the environment (`env`)
+    /// and the config file they name.
+    pub fn load(overrides: &Overrides, env: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let path = overrides.config_path.clone().or_else(|| env("ATTEST_CONFIG").map(PathBuf::from));
+        let file = match &path {
+            Some(p) => read_file(p)?,
+            None => FileConfig::default(),
+        };
+        let mut c = Config::default();
+        let src = |name: &str| match &path {
+            Some(p) => format!("{name} in {}", p.display()),
+            None => name.to_owned(),
+        };
+        if let Some(v) = &file.log_level {
+            c.log_level = Level::parse(v).with_context(|| src("log_level"))?;
+        }
+        if let Some(v) = &file.eval_timeout {
+            c.eval_timeout = parse_duration(v).with_context(|| src("eval_timeout"))?;
+        }
+        if let Some(v) = &file.drain_timeout {
+            c.drain_timeout = parse_duration(v).with_context(|| src("drain_timeout"))?;
+        }
+        if let Some(v) = file.max_concurrent_requests {
+            c.max_concurrent_requests = v;
+        }
+        c.strict_step_types = file.strict_step_types.unwrap_or(c.strict_step_types);
+        c.idempotency_cache_entries = file.idempotency_cache_entries.unwrap_or(c.idempotency_cache_entries);
+        c.compiled_cache_entries = file.compiled_cache_entries.unwrap_or(c.compiled_cache_entries);
+        c.max_explanation_chars = file.max_explanation_chars.unwrap_or(c.max_explanation_chars);
+        c.max_plugin_results = file.max_plugin_results.unwrap_or(c.max_plugin_results);
+
+        if let Some(v) = env("ATTEST_LOG_LEVEL") {
+            c.log_level = Level::parse(&v).context("ATTEST_LOG_LEVEL")?;
+        }
+        if let Some(v) = env("ATTEST_EVAL_TIMEOUT") {
+            c.eval_timeout = parse_duration(&v).context("ATTEST_EVAL_TIMEOUT")?;
+        }
+        if let Some(v) = env("ATTEST_MAX_CONCURRENT_REQUESTS") {
+            c.max_concurrent_requests = v
+                .trim()
+                .parse()
+                .with_context(|| format!("ATTEST_MAX_CONCURRENT_REQUESTS: '{v}' is not a whole number"))?;
+        }
+        if let Some(v) = env("ATTEST_STRICT_STEP_TYPES") {
+            c.strict_step_types = parse_bool(&v).context("ATTEST_STRICT_STEP_TYPES")?;
+        }
+
+        if let Some(v) = &overrides.log_level {
+            c.log_level = Level::parse(v).context("--log-level")?;
+        }
+        if let Some(v) = &overrides.eval_timeout {
+            c.eval_timeout = parse_duration(v).context("--eval-timeout")?;
+        }
+        if let Some(v) = overrides.max_concurrent_requests {
+            c.max_concurrent_requests = v;
+        }
+        c.strict_step_types |= overrides.strict_step_types;
+
+        if !(1..=1024).contains(&c.max_concurrent_requests) {
+            bail!("max_concurrent_requests must be between 1 and 1024, got {}", c.max_concurrent_requests);
+        }
+        if c.eval_timeout.is_zero() {
+            bail!("eval_timeout must be greater than zero");
+        }
+        if c.max_explanation_chars < 64 {
+            bail!("max_explanation_chars must be at least 64, got {}", c.max_explanation_chars);
+        }
+        Ok(c)
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| {
+        format!(
+            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results)",
+            path.display()
+        )
+    })
+}
+
+/// `30s`, `1500ms`, `2m`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+    }
+    humantime::parse_duration(s).with_context(|| format!("'{s}' is not a duration; use e.g. 30s, 1500ms, 2m or a number of seconds"))
+}
+
+fn parse_bool(s: &str) -> Result<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        other => bail!("'{other}' is not a boolean; use true or false"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn precedence_is_flags_then_env_then_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("attest.toml");
+        std::fs::write(&path, "eval_timeout = \"5s\"\nmax_concurrent_requests = 8\nlog_level = \"debug\"\n").unwrap();
+        let o = Overrides {
+            config_path: Some(path),
+            log_level: Some("error".into()),
+            ..Overrides::default()
+        };
+        let c = Config::load(&o, env(&[("ATTEST_MAX_CONCURRENT_REQUESTS", "16")])).unwrap();
+        assert_eq!(c.eval_timeout, Duration::from_secs(5));
+        assert_eq!(c.max_concurrent_requests, 16);
+        assert_eq!(c.log_level, Level::Error);
+    }
+
+    #[test]
+    fn typos_and_bad_values_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("attest.toml");
+        std::fs::write(&path, "eval_timout = \"5s\"\n").unwrap();
+        let o = Overrides {
+            config_path: Some(path),
+            ..Overrides::default()
+        };
+        let e = format!("{:#}", Config::load(&o, env(&[])).unwrap_err());
+        assert!(e.contains("eval_timout"), "{e}");
+        assert!(Config::load(&Overrides::default(), env(&[("ATTEST_EVAL_TIMEOUT", "soon")])).is_err());
+        assert!(Config::load(&Overrides::default(), env(&[("ATTEST_MAX_CONCURRENT_REQUESTS", "0")])).is_err());
+        assert!(Config::load(&Overrides::default(), env(&[("ATTEST_LOG_LEVEL", "loud")])).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+    }
+}

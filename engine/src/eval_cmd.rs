@@ -1,0 +1,142 @@
+//! `attest-engine eval`: evaluate traces from files without an SDK.
+//!
+//! Traces come from a `.json` file (one trace, or an array of traces) or a
+//! `.jsonl` file (one trace per line). Assertions come from a JSON file
+//! holding a list of assertion objects, or `{"assertions": [...]}`. Each trace
+//! is evaluated exactly as `evaluate_batch` would evaluate it.
+//!
+//! Exit codes: 0 when nothing hard-failed, 1 when any assertion hard-failed,
+//! 2 when an input could not be evaluated (bad trace, bad assertion, bad file).
+
+use crate::batch::{self, BatchResult};
+use crate::layers::Status;
+use crate::protocol::RpcError;
+use crate::session::Engine;
+use crate::text::clip;
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+/// One trace's outcome.
+#[derive(Serialize)]
+struct Outcome {
+    trace: String,
+    #[serde(flatten)]
+    body: Body,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Body {
+    Results(BatchResult),
+    Error { error: RpcError },
+}
+
+/// Runs the command; returns the process exit code.
+pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: Format, out: &mut impl std::io::Write) -> Result<i32> {
+    let assertions = read_assertions(assertions_path)?;
+    let traces = read_traces(trace_path)?;
+    let mut outcomes = Vec::with_capacity(traces.len());
+    for (label, trace_text) in traces {
+        let params = format!("{{\"trace\":{trace_text},\"assertions\":{assertions}}}");
+        let raw = RawValue::from_string(params).context("building the evaluation request")?;
+        let deadline = Instant::now() + engine.config.eval_timeout;
+        let body = match batch::evaluate(engine, Some(&raw), deadline) {
+            Ok(r) => Body::Results(r),
+            Err(error) => Body::Error { error },
+        };
+        outcomes.push(Outcome { trace: label, body });
+    }
+    match format {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut *out, &outcomes)?;
+            writeln!(out)?;
+        }
+        Format::Table => write_table(&outcomes, out)?,
+    }
+    let errored = outcomes.iter().any(|o| matches!(o.body, Body::Error { .. }));
+    let hard = outcomes
+        .iter()
+        .any(|o| matches!(&o.body, Body::Results(r) if r.results.iter().any(|a| a.status == Status::HardFail)));
+    Ok(if errored {
+        2
+    } else if hard {
+        1
+    } else {
+        0
+    })
+}
+
+fn read_assertions(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read assertions file {}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).with_context(|| format!("assertions file {} is not valid JSON", path.display()))?;
+    let list = match v {
+        Value::Array(_) => v,
+        Value::Object(mut m) if m.get("assertions").is_some_and(Value::is_array) => m.remove("assertions").unwrap_or_default(),
+        _ => bail!("assertions file {} must hold a JSON list of assertions or {{\"assertions\": [...]}}", path.display()),
+    };
+    Ok(list.to_string())
+}
+
+/// `(label, trace JSON text)` per trace in the file.
+fn read_traces(path: &Path) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read trace file {}", path.display()))?;
+    let name = path.display().to_string();
+    if path.extension().is_some_and(|e| e == "jsonl" || e == "ndjson") {
+        return Ok(text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| (format!("{name}:{}", i + 1), l.to_owned()))
+            .collect());
+    }
+    let v: Value = serde_json::from_str(&text).with_context(|| format!("trace file {name} is not valid JSON"))?;
+    Ok(match v {
+        Value::Array(items) => items.iter().enumerate().map(|(i, t)| (format!("{name}[{i}]"), t.to_string())).collect(),
+        _ => vec![(name, text)],
+    })
+}
+
+fn write_table(outcomes: &[Outcome], out: &mut impl std::io::Write) -> Result<()> {
+    for o in outcomes {
+        match &o.body {
+            Body::Error { error } => {
+                writeln!(out, "{}: error {} ({}): {}", o.trace, error.code.code(), error.code.error_type(), error.message)?;
+                writeln!(out, "  {}", error.detail)?;
+            }
+            Body::Results(r) => {
+                writeln!(out, "{} (trace_id {}): {} assertions in {} ms", o.trace, r.trace_id, r.results.len(), r.total_duration_ms)?;
+                let id_w = r.results.iter().map(|a| a.assertion_id.chars().count()).max().unwrap_or(0).clamp(9, 32);
+                writeln!(out, "  {:<id_w$}  {:<9}  {:>5}  EXPLANATION", "ASSERTION", "STATUS", "SCORE")?;
+                for a in &r.results {
+                    writeln!(
+                        out,
+                        "  {:<id_w$}  {:<9}  {:>5.2}  {}",
+                        clip(&a.assertion_id, id_w),
+                        a.status.as_str(),
+                        a.score,
+                        clip(&a.explanation, 100)
+                    )?;
+                }
+                let count = |s: Status| r.results.iter().filter(|a| a.status == s).count();
+                writeln!(
+                    out,
+                    "  {} passed, {} soft_fail, {} hard_fail\n",
+                    count(Status::Pass),
+                    count(Status::SoftFail),
+                    count(Status::HardFail)
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! Layer 4: text checks on a target.
+//!
+//! - `case_sensitive` defaults to false for `contains`, `not_contains`,
+//!   `keyword_all`, `keyword_any` and `forbidden` (comparison by Unicode
+//!   lower-casing of both sides).
+//! - `regex_match` is RE2 syntax (the `regex` crate: linear time, no
+//!   backtracking) and case-sensitive unless `case_sensitive: false` is given
+//!   explicitly; patterns are compiled once with the assertion.
+//! - `forbidden` failures are always `hard_fail`, even with `soft: true`.
+//! - A non-string target is matched against its compact JSON text.
+
+use super::{Spec, SpecError, Verdict};
+use crate::target::{Target, GRAMMAR_HINT};
+use crate::text::{clip, quote, quote_list};
+use crate::trace::Trace;
+use regex::{Regex, RegexBuilder};
+use serde_json::Value;
+use std::borrow::Cow;
+
+/// Longest accepted regex pattern, in bytes.
+pub const MAX_PATTERN_BYTES: usize = 10_000;
+
+#[derive(Debug)]
+pub struct ContentCheck {
+    target: Target,
+    case_sensitive: bool,
+    rule: Rule,
+}
+
+#[derive(Debug)]
+enum Rule {
+    Contains(Needle),
+    NotContains(Needle),
+    RegexMatch(Regex),
+    KeywordAll(Vec<Needle>),
+    KeywordAny(Vec<Needle>),
+    Forbidden(Vec<Needle>),
+}
+
+/// A search string as written and as compared.
+#[derive(Debug)]
+struct Needle {
+    written: String,
+    compared: String,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Contains,
+    NotContains,
+    RegexMatch,
+    KeywordAll,
+    KeywordAny,
+    Forbidden,
+}
+
+const CHECKS: &[(&str, Kind)] = &[
+    ("contains", Kind::Contains),
+    ("not_contains", Kind::NotContains),
+    ("regex_match", Kind::RegexMatch),
+    ("keyword_all", Kind::KeywordAll),
+    ("keyword_any", Kind::KeywordAny),
+    ("forbidden", Kind::Forbidden),
+];
+
+impl ContentCheck {
+    pub fn compile(spec: &Spec<'_>) -> Result<ContentCheck, SpecError> {
+        let target = Target::parse(spec.str("target")?).map_err(|e| SpecError::new("spec.target", e.message, GRAMMAR_HINT))?;
+        let kind = spec.choice("check", CHECKS)?;
+        let explicit_case = spec.opt_bool("case_sensitive")?;
+        let case_sensitive = match kind {
+            Kind::RegexMatch => explicit_case.unwrap_or(true),
+            _ => explicit_case.unwrap_or(false),
+        };
+        let needle = |s: &str| Needle {
+            written: s.to_owned(),
+            compared: if case_sensitive { s.to_owned() } else { s.to_lowercase() },
+        };
+        let needles = |key: &str| -> Result<Vec<Needle>, SpecError> { Ok(spec.str_list(key)?.iter().map(|s| needle(s)).collect()) };
+        let rule = match kind {
+            Kind::Contains => Rule::Contains(needle(spec.str("value")?)),
+            Kind::NotContains => Rule::NotContains(needle(spec.str("value")?)),
+            Kind::RegexMatch => Rule::RegexMatch(compile_regex(spec.str("value")?, case_sensitive)?),
+            Kind::KeywordAll => Rule::KeywordAll(needles("values")?),
+            Kind::KeywordAny => Rule::KeywordAny(needles("values")?),
+            Kind::Forbidden => Rule::Forbidden(needles("values")?),
+        };
+        Ok(ContentCheck {
+            target,
+            case_sensitive,
+            rule,
+        })
+    }
+
+    pub fn evaluate(&self, trace: &Trace) -> Verdict {
+        let t = self.target.as_str();
+        let value = match self.target.resolve(trace) {
+            Ok(v) => v,
+            Err(missing) => {
+                let mut v = Verdict::fail(format!("{t} could not be checked: {}.", missing.0));
+                v.always_hard = matches!(self.rule, Rule::Forbidden(_));
+                return v;
+            }
+        };
+        let text: Cow<'_, str> = match value.as_ref() {
+            Value::String(s) => Cow::Borrowed(s.as_str()),
+            other => Cow::Owned(other.to_string()),
+        };
+        let hay: Cow<'_, str> = if self.case_sensitive || matches!(self.rule, Rule::RegexMatch(_)) {
+            text
+        } else {
+            Cow::Owned(text.to_lowercase())
+        };
+        let mode = if self.case_sensitive { "" } else { " (case-insensitive)" };
+        match &self.rule {
+            Rule::Contains(n) => {
+                let ok = hay.contains(n.compared.as_str());
+                let rel = if ok { "contains" } else { "does not contain" };
+                Verdict::from_bool(ok, format!("{t} {rel} {}{mode}.", quote(&n.written)))
+            }
+            Rule::NotContains(n) => {
+                let ok = !hay.contains(n.compared.as_str());
+                let rel = if ok { "does not contain" } else { "contains" };
+                let tail = if ok { "" } else { " but should not" };
+                Verdict::from_bool(ok, format!("{t} {rel} {}{tail}{mode}.", quote(&n.written)))
+            }
+            Rule::RegexMatch(re) => match re.find(&hay) {
+                Some(m) => Verdict::pass(format!("{t} matches regex {} at {}.", quote(re.as_str()), quote(m.as_str()))),
+                None => Verdict::fail(format!("{t} does not match regex {}.", quote(re.as_str()))),
+            },
+            Rule::KeywordAll(ns) => {
+                let missing: Vec<&str> = ns.iter().filter(|n| !hay.contains(n.compared.as_str())).map(|n| n.written.as_str()).collect();
+                if missing.is_empty() {
+                    Verdict::pass(format!("{t} contains all {} keywords{mode}.", ns.len()))
+                } else {
+                    let found = ns.len() - missing.len();
+                    Verdict {
+                        passed: false,
+                        score: found as f64 / ns.len() as f64,
+                        explanation: format!("{t} is missing keywords {} ({found} of {} found){mode}.", quote_list(&missing), ns.len()),
+                        always_hard: false,
+                    }
+                }
+            }
+            Rule::KeywordAny(ns) => match ns.iter().find(|n| hay.contains(n.compared.as_str())) {
+                Some(n) => Verdict::pass(format!("{t} contains keyword {}{mode}.", quote(&n.written))),
+                None => {
+                    let all: Vec<&str> = ns.iter().map(|n| n.written.as_str()).collect();
+                    Verdict::fail(format!("{t} contains none of the keywords {}{mode}.", quote_list(&all)))
+                }
+            },
+            Rule::Forbidden(ns) => {
+                let hits: Vec<&str> = ns.iter().filter(|n| hay.contains(n.compared.as_str())).map(|n| n.written.as_str()).collect();
+                if hits.is_empty() {
+                    Verdict::pass(format!("{t} contains none of the {} forbidden terms{mode}.", ns.len()))
+                } else {
+                    Verdict {
+                        always_hard: true,
+                        ..Verdict::fail(format!("{t} contains forbidden terms {}{mode}.", quote_list(&hits)))
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Regex, SpecError> {
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(SpecError::new(
+            "spec.value",
+            format!("regex pattern exceeds maximum length: {} > {MAX_PATTERN_BYTES} bytes", pattern.len()),
+            "Shorten the pattern; split very large alternations into several assertions or use keyword_any.",
+        ));
+    }
+    RegexBuilder::new(pattern)
+        .case_insensitive(!case_sensitive)
+        .size_limit(16 * 1024 * 1024)
+        .build()
+        .map_err(|e| {
+            let reason = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
+            SpecError::new(
+                "spec.value",
+                format!("invalid regex {}", quote(pattern)),
+                format!(
+                    "The regex pattern {} is not valid RE2 syntax ({}). Fix the regex in the assertion spec; note RE2 has no lookaround or backreferences.",
+                    quote(pattern),
+                    clip(&reason, 200)
+                ),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{parse_trace, Limits};
+    use serde_json::json;
+    use serde_json::value::RawValue;
+
+    fn trace() -> Trace {
+        let v = json!({"schema_version": 1, "trace_id": "t",
+            "steps": [{"type": "tool_call", "name": "lookup", "result": {"status": "Delivered", "amount": 89.99}}],
+            "output": {"message": "Your Refund of $89.99 has been processed. Refund ID: RFD-001.", "structured": {"n": 3}}});
+        parse_trace(&RawValue::from_string(v.to_string()).unwrap(), &Limits::default()).unwrap().trace
+    }
+
+    fn run(spec: Value) -> Verdict {
+        ContentCheck::compile(&Spec::new(Some(&spec), "content").unwrap()).unwrap().evaluate(&trace())
+    }
+
+    fn msg(check: &str, extra: Value) -> Value {
+        let mut s = json!({"target": "output.message", "check": check});
+        s.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        s
+    }
+
+    #[test]
+    fn contains_is_case_insensitive_by_default() {
+        assert!(run(msg("contains", json!({"value": "refund"}))).passed);
+        assert!(!run(msg("contains", json!({"value": "refund", "case_sensitive": true}))).passed);
+        assert!(!run(msg("not_contains", json!({"value": "REFUND"}))).passed);
+        assert!(run(msg("not_contains", json!({"value": "cannot process"}))).passed);
+    }
+
+    #[test]
+    fn regex_is_case_sensitive_unless_asked() {
+        let v = run(msg("regex_match", json!({"value": "RFD-\\d{3,}"})));
+        assert!(v.passed);
+        assert!(v.explanation.contains("'RFD-001'"), "{}", v.explanation);
+        assert!(!run(msg("regex_match", json!({"value": "rfd-\\d+"}))).passed);
+        assert!(run(msg("regex_match", json!({"value": "rfd-\\d+", "case_sensitive": false}))).passed);
+    }
+
+    #[test]
+    fn keywords() {
+        assert!(run(msg("keyword_all", json!({"values": ["refund", "processed"]}))).passed);
+        let v = run(msg("keyword_all", json!({"values": ["refund", "business days", "apology", "rfd-"]})));
+        assert!(!v.passed);
+        assert_eq!(v.score, 0.5);
+        assert!(run(msg("keyword_any", json!({"values": ["nope", "processed"]}))).passed);
+        assert!(!run(msg("keyword_any", json!({"values": ["nope", "never"]}))).passed);
+    }
+
+    #[test]
+    fn forbidden_is_always_hard() {
+        let v = run(msg("forbidden", json!({"values": ["kill", "REFUND"]})));
+        assert!(!v.passed && v.always_hard);
+        assert!(v.explanation.contains("'REFUND'"));
+        assert!(run(msg("forbidden", json!({"values": ["kill"]}))).passed);
+    }
+
+    #[test]
+    fn other_targets() {
+        let s = json!({"target": "steps[?name=='lookup'].result.status", "check": "contains", "value": "deliver"});
+        assert!(run(s).passed);
+        let s = json!({"target": "output.structured", "check": "contains", "value": "\"n\":3"});
+        assert!(run(s).passed, "objects are matched as compact JSON");
+        let s = json!({"target": "output.summary", "check": "contains", "value": "x"});
+        let v = run(s);
+        assert!(!v.passed);
+        assert!(v.explanation.contains("field 'summary' not found in output"), "{}", v.explanation);
+    }
+
+    #[test]
+    fn spec_errors() {
+        let err = |s: Value| ContentCheck::compile(&Spec::new(Some(&s), "content").unwrap()).unwrap_err();
+        let e = err(msg("regex_match", json!({"value": "[unclosed"})));
+        assert_eq!(e.message, "invalid regex '[unclosed'");
+        assert!(e.detail.contains("not valid RE2 syntax"));
+        assert_eq!(err(msg("contains", json!({"value": ""}))).field, "spec.value");
+        assert_eq!(err(msg("keyword_all", json!({"values": []}))).field, "spec.values");
+        assert_eq!(err(msg("keyword_all", json!({"values": ["a", 1]}))).field, "spec.values[1]");
+        assert!(err(msg("fuzzy", json!({}))).detail.contains("regex_match"));
+        assert_eq!(err(json!({"check": "contains", "value": "x"})).field, "spec.target");
+        assert_eq!(err(msg("contains", json!({"value": "x", "case_sensitive": "yes"}))).field, "spec.case_sensitive");
+        let long = "a".repeat(MAX_PATTERN_BYTES + 1);
+        assert!(err(msg("regex_match", json!({"value": long}))).message.starts_with("regex pattern exceeds maximum length"));
+    }
+}

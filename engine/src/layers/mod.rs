@@ -1,0 +1,208 @@
+//! Assertion layers: compiling a spec once into a typed check, and running
+//! that check against a trace.
+//!
+//! Each layer lives in its own module and exposes `compile(&Spec)` and
+//! `evaluate(&Trace) -> Verdict`. This module owns the list of assertion
+//! types, the capability each needs, and how a verdict becomes a status.
+
+pub mod constraint;
+pub mod content;
+pub mod schema;
+pub mod spec;
+pub mod trace;
+
+use crate::trace::Trace;
+use serde::Serialize;
+use serde_json::Value;
+pub use spec::{Spec, SpecError};
+
+/// Every assertion type the protocol names, built or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AssertionType {
+    Schema,
+    Constraint,
+    Trace,
+    Content,
+    Embedding,
+    LlmJudge,
+    TraceTree,
+    Plugin,
+}
+
+impl AssertionType {
+    pub const ALL: [AssertionType; 8] = [
+        AssertionType::Schema,
+        AssertionType::Constraint,
+        AssertionType::Trace,
+        AssertionType::Content,
+        AssertionType::Embedding,
+        AssertionType::LlmJudge,
+        AssertionType::TraceTree,
+        AssertionType::Plugin,
+    ];
+
+    pub fn parse(s: &str) -> Option<AssertionType> {
+        AssertionType::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AssertionType::Schema => "schema",
+            AssertionType::Constraint => "constraint",
+            AssertionType::Trace => "trace",
+            AssertionType::Content => "content",
+            AssertionType::Embedding => "embedding",
+            AssertionType::LlmJudge => "llm_judge",
+            AssertionType::TraceTree => "trace_tree",
+            AssertionType::Plugin => "plugin",
+        }
+    }
+
+    /// Layer number (seed 000 table; `plugin` is layer 8).
+    pub fn layer(self) -> u8 {
+        match self {
+            AssertionType::Schema => 1,
+            AssertionType::Constraint => 2,
+            AssertionType::Trace => 3,
+            AssertionType::Content => 4,
+            AssertionType::Embedding => 5,
+            AssertionType::LlmJudge => 6,
+            AssertionType::TraceTree => 7,
+            AssertionType::Plugin => 8,
+        }
+    }
+
+    /// The capability an SDK should check before sending this type.
+    pub fn capability(self) -> &'static str {
+        match self {
+            AssertionType::Schema | AssertionType::Constraint | AssertionType::Trace | AssertionType::Content => "layers_1_4",
+            AssertionType::Embedding | AssertionType::LlmJudge => "layers_5_6",
+            AssertionType::TraceTree => "layer_7",
+            AssertionType::Plugin => "layer_8",
+        }
+    }
+
+    /// Whether this build evaluates the type.
+    pub fn is_available(self) -> bool {
+        self.layer() <= 4
+    }
+
+    pub fn available_names() -> String {
+        AssertionType::ALL
+            .iter()
+            .filter(|t| t.is_available())
+            .map(|t| t.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The three outcomes of spec §2.2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pass,
+    SoftFail,
+    HardFail,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::SoftFail => "soft_fail",
+            Status::HardFail => "hard_fail",
+        }
+    }
+}
+
+/// What a check concluded, before `soft` is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub passed: bool,
+    pub score: f64,
+    pub explanation: String,
+    /// Failures that `soft: true` may not soften (`forbidden`).
+    pub always_hard: bool,
+}
+
+impl Verdict {
+    pub fn pass(explanation: String) -> Verdict {
+        Verdict {
+            passed: true,
+            score: 1.0,
+            explanation,
+            always_hard: false,
+        }
+    }
+
+    pub fn fail(explanation: String) -> Verdict {
+        Verdict {
+            passed: false,
+            score: 0.0,
+            explanation,
+            always_hard: false,
+        }
+    }
+
+    pub fn from_bool(passed: bool, explanation: String) -> Verdict {
+        if passed {
+            Verdict::pass(explanation)
+        } else {
+            Verdict::fail(explanation)
+        }
+    }
+}
+
+/// A spec compiled into its typed check.
+#[derive(Debug)]
+pub enum Check {
+    Schema(schema::SchemaCheck),
+    Constraint(constraint::ConstraintCheck),
+    Trace(trace::TraceCheck),
+    Content(content::ContentCheck),
+}
+
+/// A compiled assertion: shareable across requests (see the batch cache).
+#[derive(Debug)]
+pub struct CompiledAssertion {
+    pub kind: AssertionType,
+    pub check: Check,
+    pub soft: bool,
+}
+
+impl CompiledAssertion {
+    /// Compiles `spec` for an assertion of type `kind` (an available type).
+    pub fn compile(kind: AssertionType, spec: Option<&Value>) -> Result<CompiledAssertion, SpecError> {
+        let reader = Spec::new(spec, kind.name())?;
+        let check = match kind {
+            AssertionType::Schema => Check::Schema(schema::SchemaCheck::compile(&reader)?),
+            AssertionType::Constraint => Check::Constraint(constraint::ConstraintCheck::compile(&reader)?),
+            AssertionType::Trace => Check::Trace(trace::TraceCheck::compile(&reader)?),
+            AssertionType::Content => Check::Content(content::ContentCheck::compile(&reader)?),
+            other => unreachable!("{} is not an available type", other.name()),
+        };
+        Ok(CompiledAssertion {
+            kind,
+            check,
+            soft: reader.bool_or("soft", false)?,
+        })
+    }
+
+    pub fn evaluate(&self, trace: &Trace) -> (Status, Verdict) {
+        let verdict = match &self.check {
+            Check::Schema(c) => c.evaluate(trace),
+            Check::Constraint(c) => c.evaluate(trace),
+            Check::Trace(c) => c.evaluate(trace),
+            Check::Content(c) => c.evaluate(trace),
+        };
+        let status = if verdict.passed {
+            Status::Pass
+        } else if self.soft && !verdict.always_hard {
+            Status::SoftFail
+        } else {
+            Status::HardFail
+        };
+        (status, verdict)
+    }
+}

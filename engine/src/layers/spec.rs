@@ -1,0 +1,193 @@
+//! Reading assertion specs into typed values, with errors that name the
+//! field and list what would have been valid.
+//!
+//! Specs are forward-compatible (spec §6): unknown keys are ignored, and an
+//! explicit `null` means "not given" (the SDK sends `"model": null`).
+
+use crate::text::{clip, quote};
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// A problem with one assertion's spec: always the user's to fix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecError {
+    /// The offending member, as a path (`spec.check`).
+    pub field: String,
+    pub message: String,
+    pub detail: String,
+}
+
+impl SpecError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>, detail: impl Into<String>) -> Self {
+        SpecError {
+            field: field.into(),
+            message: message.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Typed, error-reporting access to a spec object.
+pub struct Spec<'a> {
+    map: &'a Map<String, Value>,
+}
+
+impl<'a> Spec<'a> {
+    pub fn new(spec: Option<&'a Value>, kind: &str) -> Result<Spec<'a>, SpecError> {
+        match spec {
+            Some(Value::Object(map)) => Ok(Spec { map }),
+            None | Some(Value::Null) => Err(SpecError::new(
+                "spec",
+                "missing required field: spec",
+                format!("A {kind} assertion needs a spec object; see spec §4 for its fields."),
+            )),
+            Some(other) => Err(SpecError::new(
+                "spec",
+                format!("spec must be an object, got {}", type_name(other)),
+                format!("Send the {kind} assertion's parameters as a JSON object."),
+            )),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn missing(key: &str, what: &str) -> SpecError {
+        SpecError::new(
+            format!("spec.{key}"),
+            format!("spec missing required field: {key}"),
+            format!("Set spec.{key} to {what}."),
+        )
+    }
+
+    fn wrong(key: &str, v: &Value, what: &str) -> SpecError {
+        SpecError::new(
+            format!("spec.{key}"),
+            format!("spec.{key} must be {what}, got {}", type_name(v)),
+            format!("Set spec.{key} to {what}."),
+        )
+    }
+
+    /// A required, non-empty string.
+    pub fn str(&self, key: &str) -> Result<&'a str, SpecError> {
+        match self.get(key) {
+            None => Err(Self::missing(key, "a non-empty string")),
+            Some(Value::String(s)) if !s.is_empty() => Ok(s),
+            Some(v) => Err(Self::wrong(key, v, "a non-empty string")),
+        }
+    }
+
+    pub fn opt_str(&self, key: &str) -> Result<Option<&'a str>, SpecError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(Self::wrong(key, v, "a string")),
+        }
+    }
+
+    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool, SpecError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(Self::wrong(key, v, "true or false")),
+        }
+    }
+
+    pub fn opt_bool(&self, key: &str) -> Result<Option<bool>, SpecError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(Self::wrong(key, v, "true or false")),
+        }
+    }
+
+    pub fn opt_f64(&self, key: &str) -> Result<Option<f64>, SpecError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => Ok(n.as_f64()),
+            Some(v) => Err(Self::wrong(key, v, "a number")),
+        }
+    }
+
+    pub fn f64(&self, key: &str, why: &str) -> Result<f64, SpecError> {
+        self.opt_f64(key)?.ok_or_else(|| {
+            SpecError::new(
+                format!("spec.{key}"),
+                format!("spec missing required field: {key} ({why})"),
+                format!("Set spec.{key} to a number."),
+            )
+        })
+    }
+
+    /// A required non-negative integer.
+    pub fn count(&self, key: &str) -> Result<u64, SpecError> {
+        match self.get(key) {
+            None => Err(Self::missing(key, "a non-negative integer")),
+            Some(Value::Number(n)) => n.as_u64().ok_or_else(|| Self::wrong(key, &Value::Number(n.clone()), "a non-negative integer")),
+            Some(v) => Err(Self::wrong(key, v, "a non-negative integer")),
+        }
+    }
+
+    /// A required, non-empty list of non-empty strings.
+    pub fn str_list(&self, key: &str) -> Result<Vec<String>, SpecError> {
+        let what = "a non-empty list of non-empty strings";
+        match self.get(key) {
+            None => Err(Self::missing(key, what)),
+            Some(Value::Array(items)) if !items.is_empty() => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::String(s) if !s.is_empty() => Ok(s.clone()),
+                    other => Err(SpecError::new(
+                        format!("spec.{key}[{i}]"),
+                        format!("spec.{key}[{i}] must be a non-empty string, got {}", type_name(other)),
+                        format!("Set spec.{key} to {what}."),
+                    )),
+                })
+                .collect(),
+            Some(v) => Err(Self::wrong(key, v, what)),
+        }
+    }
+
+    pub fn raw(&self, key: &str) -> Option<&'a Value> {
+        self.get(key)
+    }
+
+    /// A required string that must be one of `choices`.
+    pub fn choice<T: Copy>(&self, key: &str, choices: &[(&str, T)]) -> Result<T, SpecError> {
+        let names = choices.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
+        let s = match self.get(key) {
+            None => return Err(Self::missing(key, &format!("one of: {names}"))),
+            Some(Value::String(s)) => s,
+            Some(v) => return Err(Self::wrong(key, v, &format!("one of: {names}"))),
+        };
+        choices.iter().find(|(n, _)| *n == s).map(|(_, t)| *t).ok_or_else(|| {
+            SpecError::new(
+                format!("spec.{key}"),
+                format!("unsupported {key} {}", quote(s)),
+                format!("Supported values for spec.{key}: {names}."),
+            )
+        })
+    }
+}
+
+/// `a string ('abc')`, `a number (3)`, `an array`: for error messages.
+pub fn type_name(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("a boolean ({b})"),
+        Value::Number(n) => format!("a number ({n})"),
+        Value::String(s) if s.is_empty() => "an empty string".into(),
+        Value::String(s) => format!("a string ('{}')", clip(s, 60)),
+        Value::Array(a) if a.is_empty() => "an empty array".into(),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}

@@ -1,0 +1,34 @@
+//! attest-engine: the Attest evaluation engine.
+//!
+//! SDKs spawn the `attest-engine` binary and talk JSON-RPC 2.0 over NDJSON on
+//! stdin/stdout. This crate is that engine as a library, so the binary, the
+//! `eval` command and the tests all drive the same code.
+//!
+//! Where things live:
+//! - [`protocol`]: JSON-RPC envelopes, error codes, response shaping.
+//! - [`transport`]: bounded line reading from stdin and the stdout writer.
+//! - [`server`]: the request loop, concurrency, back-pressure and draining.
+//! - [`session`]: session state, `initialize`, `shutdown`, counters.
+//! - [`trace`]: the trace model and its validation (spec §7).
+//! - [`target`]: the target/field path grammar shared by every layer.
+//! - [`layers`]: one module per assertion layer.
+//! - [`batch`]: `evaluate_batch` orchestration and the idempotency cache.
+//! - [`plugin_results`]: `submit_plugin_result` validation and recording.
+//! - [`config`], [`logging`], [`eval_cmd`]: configuration, stderr logs, the CLI evaluator.
+
+pub mod batch;
+pub mod config;
+pub mod eval_cmd;
+pub mod layers;
+pub mod logging;
+pub mod plugin_results;
+pub mod protocol;
+pub mod server;
+pub mod session;
+pub mod target;
+pub mod text;
+pub mod trace;
+pub mod transport;
+
+/// The engine's semver, reported by `initialize` and `--version`.
+pub const ENGINE_VERSION: &str = env!("CARGO_PKG_VERSION");

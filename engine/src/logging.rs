@@ -1,0 +1,207 @@
+//! Structured JSON log lines on stderr (spec §1.3), written so that logging
+//! can never stall evaluation.
+//!
+//! Events are formatted on the calling thread and handed to a bounded queue;
+//! one writer thread drains it into stderr. When the queue is full (stderr is
+//! not being read, as with the Python SDK, which never reads it) lines are
+//! dropped and counted, and a summary line is written once stderr moves again.
+
+use anyhow::{bail, Result};
+use serde_json::{Map, Value};
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::Layer;
+
+/// Log lines buffered while stderr is slow; beyond this they are dropped.
+const QUEUE_LINES: usize = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl Level {
+    pub fn parse(s: &str) -> Result<Level> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "debug" | "trace" => Level::Debug,
+            "info" => Level::Info,
+            "warn" | "warning" => Level::Warn,
+            "error" => Level::Error,
+            other => bail!("invalid log level '{other}'; use debug, info, warn or error"),
+        })
+    }
+
+    fn filter(self) -> LevelFilter {
+        match self {
+            Level::Debug => LevelFilter::DEBUG,
+            Level::Info => LevelFilter::INFO,
+            Level::Warn => LevelFilter::WARN,
+            Level::Error => LevelFilter::ERROR,
+        }
+    }
+}
+
+/// Counts lines dropped because stderr was not drained.
+#[derive(Clone, Default)]
+pub struct DropCounter(Arc<AtomicU64>);
+
+impl DropCounter {
+    pub fn dropped(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+struct JsonLines {
+    tx: SyncSender<String>,
+    dropped: DropCounter,
+}
+
+/// Installs the global JSON logger at `level`.
+pub fn init(level: Level) -> DropCounter {
+    let (tx, rx) = sync_channel::<String>(QUEUE_LINES);
+    let dropped = DropCounter::default();
+    let reported = dropped.clone();
+    std::thread::Builder::new()
+        .name("attest-log".into())
+        .spawn(move || {
+            let mut already_reported = 0;
+            for line in rx {
+                let mut err = std::io::stderr().lock();
+                let now = reported.dropped();
+                if now > already_reported {
+                    let note = format_line("warn", "engine.logging", "log lines dropped: stderr was not being read", [("dropped".to_owned(), Value::from(now - already_reported))].into_iter().collect());
+                    let _ = err.write_all(note.as_bytes());
+                    already_reported = now;
+                }
+                let _ = err.write_all(line.as_bytes());
+            }
+        })
+        .expect("spawning the log writer thread");
+    let layer = JsonLines {
+        tx,
+        dropped: dropped.clone(),
+    }
+    .with_filter(level.filter());
+    // A second init (tests) keeps the first logger.
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
+    dropped
+}
+
+impl<S: Subscriber> Layer<S> for JsonLines {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let meta = event.metadata();
+        let mut fields = FieldMap::default();
+        event.record(&mut fields);
+        let level = match *meta.level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warn",
+            tracing::Level::INFO => "info",
+            _ => "debug",
+        };
+        let logger = meta.target().replacen("attest_engine::", "engine.", 1).replace("::", ".");
+        let line = format_line(level, &logger, fields.msg.as_deref().unwrap_or(""), fields.map);
+        if let Err(TrySendError::Full(_)) = self.tx.try_send(line) {
+            self.dropped.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[derive(Default)]
+struct FieldMap {
+    msg: Option<String>,
+    map: Map<String, Value>,
+}
+
+impl Visit for FieldMap {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.msg = Some(value.to_owned());
+        } else {
+            self.map.insert(field.name().to_owned(), Value::from(value));
+        }
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.map.insert(field.name().to_owned(), Value::from(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.map.insert(field.name().to_owned(), Value::from(value));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.map.insert(field.name().to_owned(), Value::from(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.map.insert(field.name().to_owned(), Value::from(value));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            self.msg = Some(text);
+        } else {
+            self.map.insert(field.name().to_owned(), Value::from(text));
+        }
+    }
+}
+
+fn format_line(level: &str, logger: &str, msg: &str, fields: Map<String, Value>) -> String {
+    // Written by hand so the spec's keys come first, in the spec's order.
+    let q = |s: &str| Value::from(s).to_string();
+    let mut line = format!("{{\"level\":{},\"ts\":{},\"logger\":{},\"msg\":{}", q(level), q(&timestamp()), q(logger), q(msg));
+    for (k, v) in fields {
+        if !matches!(k.as_str(), "level" | "ts" | "logger" | "msg") {
+            line.push_str(&format!(",{}:{}", q(&k), v));
+        }
+    }
+    line.push_str("}\n");
+    line
+}
+
+/// RFC 3339 UTC with milliseconds, as in spec §1.3.
+fn timestamp() -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let t = time::OffsetDateTime::from_unix_timestamp(now.as_secs() as i64).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        now.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_carry_the_spec_keys_first() {
+        let line = format_line("info", "engine", "evaluation complete", [("trace_id".to_owned(), Value::from("t1"))].into_iter().collect());
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["level"], "info");
+        assert_eq!(v["logger"], "engine");
+        assert_eq!(v["msg"], "evaluation complete");
+        assert_eq!(v["trace_id"], "t1");
+        let ts = v["ts"].as_str().unwrap();
+        assert!(time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).is_ok(), "{ts}");
+        assert!(line.ends_with('\n'));
+        assert!(line.starts_with("{\"level\":\"info\",\"ts\":"), "{line}");
+    }
+
+    #[test]
+    fn levels_parse() {
+        assert_eq!(Level::parse("WARN").unwrap(), Level::Warn);
+        assert!(Level::parse("verbose").is_err());
+    }
+}

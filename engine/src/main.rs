@@ -1,0 +1,121 @@
+//! The `attest-engine` binary: serve JSON-RPC on stdio (the default), or
+//! evaluate files with `eval`.
+
+use attest_engine::config::{Config, Overrides, ENV_VARS};
+use attest_engine::eval_cmd::{self, Format};
+use attest_engine::session::Engine;
+use attest_engine::{logging, server, ENGINE_VERSION};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(name = "attest-engine", version, about = "Attest evaluation engine: JSON-RPC 2.0 over stdio", after_help = env_help())]
+struct Cli {
+    /// debug, info, warn or error (structured JSON lines on stderr).
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// TOML configuration file.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Per-request evaluation deadline, e.g. 30s, 1500ms, 2m.
+    #[arg(long, global = true, value_name = "DURATION")]
+    eval_timeout: Option<String>,
+    /// Requests evaluated at once (default 64).
+    #[arg(long, global = true, value_name = "N")]
+    max_concurrent_requests: Option<usize>,
+    /// Reject steps whose type is not llm_call, tool_call, retrieval or agent_call.
+    #[arg(long, global = true)]
+    strict_step_types: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve JSON-RPC 2.0 on stdin/stdout (the default).
+    Serve,
+    /// Evaluate traces from files and print the results.
+    Eval {
+        /// A .json trace (or array of traces) or a .jsonl file of traces.
+        #[arg(long, value_name = "FILE")]
+        trace: PathBuf,
+        /// A JSON list of assertions (or {"assertions": [...]}).
+        #[arg(long, value_name = "FILE")]
+        assertions: PathBuf,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
+    /// Print the engine version.
+    Version,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OutputFormat {
+    Table,
+    Json,
+}
+
+fn env_help() -> String {
+    let mut s = String::from("Environment:\n");
+    for (name, what) in ENV_VARS {
+        s.push_str(&format!("  {name:<32} {what}\n"));
+    }
+    s
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let overrides = Overrides {
+        config_path: cli.config.clone(),
+        log_level: cli.log_level.clone(),
+        eval_timeout: cli.eval_timeout.clone(),
+        max_concurrent_requests: cli.max_concurrent_requests,
+        strict_step_types: cli.strict_step_types,
+    };
+    let config = match Config::load(&overrides, |k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("attest-engine: configuration error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Version => {
+            println!("attest-engine {ENGINE_VERSION}");
+            ExitCode::SUCCESS
+        }
+        Command::Eval { trace, assertions, format } => {
+            logging::init(config.log_level);
+            let engine = Engine::new(config);
+            let format = match format {
+                OutputFormat::Table => Format::Table,
+                OutputFormat::Json => Format::Json,
+            };
+            match eval_cmd::run(&engine, &trace, &assertions, format, &mut std::io::stdout().lock()) {
+                Ok(code) => ExitCode::from(code as u8),
+                Err(e) => {
+                    eprintln!("attest-engine eval: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Serve => {
+            logging::init(config.log_level);
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("attest-engine: cannot start the async runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let engine = Arc::new(Engine::new(config));
+            let ended = runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
+            let code = if ended == server::Ended::InputError { 1 } else { 0 };
+            // stdin's blocking reader thread cannot be interrupted; exit rather
+            // than wait for it. Responses were flushed by `serve`.
+            std::process::exit(code);
+        }
+    }
+}

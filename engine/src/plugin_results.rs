@@ -1,0 +1,194 @@
+//! `submit_plugin_result`: results an SDK computed itself (spec §2.4),
+//! validated and recorded against their trace.
+//!
+//! Records are kept in memory, newest last, up to a configured bound; the
+//! oldest are dropped first and counted.
+
+use crate::layers::Status;
+use crate::protocol::{ErrorCode, RpcError};
+use crate::text::clip;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PluginResult {
+    pub trace_id: String,
+    pub plugin_name: String,
+    pub assertion_id: String,
+    pub status: Status,
+    pub score: f64,
+    pub explanation: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+}
+
+pub struct PluginResults {
+    max: usize,
+    items: Mutex<VecDeque<PluginResult>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Accepted {
+    pub accepted: bool,
+}
+
+impl PluginResults {
+    pub fn new(max: usize) -> PluginResults {
+        PluginResults {
+            max: max.max(1),
+            items: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    pub fn record(&self, r: PluginResult) {
+        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        if items.len() >= self.max {
+            items.pop_front();
+            tracing::warn!(max = self.max, "plugin result store full; dropped the oldest result");
+        }
+        items.push_back(r);
+    }
+
+    /// Every recorded result for `trace_id`, oldest first.
+    pub fn for_trace(&self, trace_id: &str) -> Vec<PluginResult> {
+        let items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        items.iter().filter(|r| r.trace_id == trace_id).cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn field_error(field: &str, message: String) -> RpcError {
+    RpcError::new(
+        ErrorCode::AssertionError,
+        message,
+        "Send {\"trace_id\": str, \"plugin_name\": str, \"assertion_id\": str, \"result\": {\"status\": \"pass\"|\"soft_fail\"|\"hard_fail\", \"score\": 0.0-1.0, \"explanation\": str, \"metadata\"?: object}}.",
+    )
+    .with_field(format!("params.{field}"))
+}
+
+/// Validates `submit_plugin_result` params into a record.
+pub fn parse(params: Option<&RawValue>) -> Result<PluginResult, RpcError> {
+    let map: Map<String, Value> = params
+        .and_then(|p| serde_json::from_str(p.get()).ok())
+        .ok_or_else(|| field_error("", "submit_plugin_result params must be an object".into()))?;
+    let string = |m: &Map<String, Value>, key: &str, path: &str| match m.get(key) {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
+        None | Some(Value::Null) => Err(field_error(path, format!("submit_plugin_result missing required field: {path}"))),
+        Some(_) => Err(field_error(path, format!("submit_plugin_result {path} must be a non-empty string"))),
+    };
+    let trace_id = string(&map, "trace_id", "trace_id")?;
+    let plugin_name = string(&map, "plugin_name", "plugin_name")?;
+    let assertion_id = string(&map, "assertion_id", "assertion_id")?;
+    let result = match map.get("result") {
+        Some(Value::Object(r)) => r,
+        None | Some(Value::Null) => return Err(field_error("result", "submit_plugin_result missing required field: result".into())),
+        Some(_) => return Err(field_error("result", "submit_plugin_result result must be an object".into())),
+    };
+    let status = match result.get("status") {
+        Some(Value::String(s)) => match s.as_str() {
+            "pass" => Status::Pass,
+            "soft_fail" => Status::SoftFail,
+            "hard_fail" => Status::HardFail,
+            other => {
+                return Err(field_error(
+                    "result.status",
+                    format!("submit_plugin_result result.status '{}' is not one of pass, soft_fail, hard_fail", clip(other, 60)),
+                ))
+            }
+        },
+        None | Some(Value::Null) => return Err(field_error("result.status", "submit_plugin_result missing required field: result.status".into())),
+        Some(_) => return Err(field_error("result.status", "submit_plugin_result result.status must be one of pass, soft_fail, hard_fail".into())),
+    };
+    let score = match result.get("score") {
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(x) if (0.0..=1.0).contains(&x) => x,
+            _ => return Err(field_error("result.score", format!("submit_plugin_result result.score {n} is outside [0, 1]"))),
+        },
+        None | Some(Value::Null) => return Err(field_error("result.score", "submit_plugin_result missing required field: result.score".into())),
+        Some(_) => return Err(field_error("result.score", "submit_plugin_result result.score must be a number in [0, 1]".into())),
+    };
+    let explanation = match result.get("explanation") {
+        Some(Value::String(s)) => clip(s, 4096),
+        None | Some(Value::Null) => return Err(field_error("result.explanation", "submit_plugin_result missing required field: result.explanation".into())),
+        Some(_) => return Err(field_error("result.explanation", "submit_plugin_result result.explanation must be a string".into())),
+    };
+    let metadata = match result.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(m @ Value::Object(_)) => Some(m.clone()),
+        Some(_) => return Err(field_error("result.metadata", "submit_plugin_result result.metadata must be an object".into())),
+    };
+    Ok(PluginResult {
+        trace_id,
+        plugin_name,
+        assertion_id,
+        status,
+        score,
+        explanation,
+        metadata,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn p(v: Value) -> Result<PluginResult, RpcError> {
+        let raw = RawValue::from_string(v.to_string()).unwrap();
+        parse(Some(&raw))
+    }
+
+    fn good() -> Value {
+        json!({"trace_id": "t", "plugin_name": "safety", "assertion_id": "a1",
+               "result": {"status": "pass", "score": 0.88, "explanation": "ok", "metadata": {"v": 1}, "cost": 0.0}})
+    }
+
+    #[test]
+    fn accepts_the_spec_example() {
+        let r = p(good()).unwrap();
+        assert_eq!(r.status, Status::Pass);
+        assert_eq!(r.score, 0.88);
+    }
+
+    #[test]
+    fn rejects_bad_fields_by_name() {
+        let cases = [
+            ("/result/status", json!("passed"), "params.result.status"),
+            ("/result/score", json!(1.5), "params.result.score"),
+            ("/result/score", json!("high"), "params.result.score"),
+            ("/trace_id", json!(""), "params.trace_id"),
+            ("/result/explanation", json!(null), "params.result.explanation"),
+            ("/result/metadata", json!([1]), "params.result.metadata"),
+        ];
+        for (ptr, value, field) in cases {
+            let mut v = good();
+            *v.pointer_mut(ptr).unwrap() = value;
+            let e = p(v).unwrap_err();
+            assert_eq!(e.code, ErrorCode::AssertionError);
+            assert_eq!(e.field.as_deref(), Some(field), "{}", e.message);
+        }
+        assert!(p(json!({"bad": true})).is_err());
+    }
+
+    #[test]
+    fn store_is_bounded_and_queryable() {
+        let store = PluginResults::new(2);
+        for id in ["a", "b", "c"] {
+            let mut r = p(good()).unwrap();
+            r.assertion_id = id.into();
+            store.record(r);
+        }
+        let kept: Vec<String> = store.for_trace("t").into_iter().map(|r| r.assertion_id).collect();
+        assert_eq!(kept, ["b", "c"]);
+    }
+}

@@ -1,0 +1,354 @@
+//! The request loop: read a line, hand it to a task, write each response as
+//! soon as it is ready.
+//!
+//! - At most `max_concurrent_requests` lines are in flight; while that many
+//!   are, no more input is read (back-pressure instead of a queue).
+//! - Until `initialize` has succeeded, lines are handled one at a time, so a
+//!   client that pipelines `initialize` and its first batch still works.
+//! - `shutdown`, end of input, SIGTERM and SIGINT all stop reading and drain
+//!   in-flight requests (bounded by the drain timeout) before returning.
+//! - Every request with an id gets exactly one response line; notifications
+//!   get none; a JSON array is a JSON-RPC batch answered by one array line.
+
+use crate::batch;
+use crate::plugin_results::{self, Accepted};
+use crate::protocol::{self, error_line, method_list, null_id, parse_request, success_line, ErrorCode, Method, Request, RpcError};
+use crate::session::{Engine, State};
+use crate::transport::{sniff_request, spawn_writer, Line, LineReader};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::AsyncRead;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::task::TaskTracker;
+
+/// Room for the request envelope around the trace in one input line.
+pub const LINE_HEADROOM_BYTES: usize = 1024 * 1024;
+/// Params this large are evaluated with `block_in_place`, so a heavy batch
+/// does not stall the other tasks on its worker thread.
+const LARGE_PARAMS_BYTES: usize = 256 * 1024;
+
+/// Why [`serve`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Shutdown,
+    EndOfInput,
+    Signal,
+    InputError,
+}
+
+/// Serves JSON-RPC on `input`/`output` until shutdown, end of input or a signal.
+pub async fn serve<R, W>(engine: Arc<Engine>, input: R, output: W) -> Ended
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: Write + Send + 'static,
+{
+    let max_line = engine.limits.max_trace_bytes + LINE_HEADROOM_BYTES;
+    let mut reader = LineReader::new(input, max_line);
+    let (out, writer) = spawn_writer(output);
+    let permits = Arc::new(Semaphore::new(engine.config.max_concurrent_requests));
+    let tracker = TaskTracker::new();
+    let mut signals = Signals::new();
+    tracing::info!(version = crate::ENGINE_VERSION, max_concurrent_requests = engine.config.max_concurrent_requests, "engine started");
+
+    let ended = loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
+            _ = engine.stop.cancelled() => break Ended::Shutdown,
+            _ = signals.recv() => break Ended::Signal,
+        };
+        let line = tokio::select! {
+            l = reader.next() => l,
+            _ = engine.stop.cancelled() => break Ended::Shutdown,
+            _ = signals.recv() => break Ended::Signal,
+        };
+        let bytes = match line {
+            Ok(Some(Line::Complete(bytes))) => bytes,
+            Ok(Some(Line::Oversized { prefix, len })) => {
+                let reply = oversized_reply(&prefix, len, max_line);
+                let _ = out.send(reply).await;
+                continue;
+            }
+            Ok(None) => break Ended::EndOfInput,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read stdin");
+                break Ended::InputError;
+            }
+        };
+        let task = respond(engine.clone(), bytes, out.clone(), permit);
+        if engine.state() == State::Uninitialized {
+            task.await;
+        } else {
+            tracker.spawn(task);
+        }
+    };
+    tracing::info!(reason = ?ended, inflight = tracker.len(), "stopping: draining in-flight requests");
+    tracker.close();
+    if tokio::time::timeout(engine.config.drain_timeout, tracker.wait()).await.is_err() {
+        tracing::warn!(abandoned = tracker.len(), "drain timeout reached; exiting with requests unanswered");
+    }
+    drop(out);
+    // The writer exits once every sender is gone and the queue is flushed.
+    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+    ended
+}
+
+/// Handles one line and sends its response, if any.
+async fn respond(engine: Arc<Engine>, line: Vec<u8>, out: mpsc::Sender<Vec<u8>>, _permit: tokio::sync::OwnedSemaphorePermit) {
+    let reply = {
+        let _inflight = engine.track();
+        handle_line(&engine, &line).await
+    };
+    if let Some(reply) = reply {
+        if out.send(reply).await.is_err() {
+            tracing::warn!("response dropped: stdout writer has stopped");
+        }
+    }
+    if engine.state() == State::Done {
+        engine.stop.cancel();
+    }
+}
+
+/// The response line for one input line (`None`: nothing to answer).
+pub async fn handle_line(engine: &Engine, line: &[u8]) -> Option<Vec<u8>> {
+    let text = match std::str::from_utf8(line) {
+        Ok(t) => t.trim(),
+        Err(e) => {
+            return Some(error_line(
+                &null_id(),
+                &RpcError::new(
+                    ErrorCode::ParseError,
+                    "parse error: line is not valid UTF-8",
+                    format!("Invalid UTF-8 at byte {}. Encode requests as UTF-8 JSON.", e.valid_up_to()),
+                ),
+            ))
+        }
+    };
+    if text.is_empty() {
+        tracing::debug!("ignoring blank input line");
+        return None;
+    }
+    let parse_error = |e: serde_json::Error| {
+        error_line(
+            &null_id(),
+            &RpcError::new(
+                ErrorCode::ParseError,
+                "parse error: line is not valid JSON",
+                format!("{e}. Send one compact JSON-RPC request per line."),
+            ),
+        )
+    };
+    if text.starts_with('[') {
+        let items: Vec<&RawValue> = match serde_json::from_str(text) {
+            Ok(items) => items,
+            Err(e) => return Some(parse_error(e)),
+        };
+        if items.is_empty() {
+            return Some(error_line(
+                &null_id(),
+                &RpcError::new(ErrorCode::InvalidRequest, "invalid request: empty batch", "A JSON-RPC batch array must hold at least one request."),
+            ));
+        }
+        let replies: Vec<Vec<u8>> = futures_join(items.iter().map(|raw| handle_one(engine, raw))).await.into_iter().flatten().collect();
+        if replies.is_empty() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(replies.iter().map(|r| r.len() + 1).sum::<usize>() + 1);
+        out.push(b'[');
+        for (i, r) in replies.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(r);
+        }
+        out.push(b']');
+        return Some(out);
+    }
+    match serde_json::from_str::<&RawValue>(text) {
+        Ok(raw) => handle_one(engine, raw).await,
+        Err(e) => Some(parse_error(e)),
+    }
+}
+
+/// Runs the futures of a JSON-RPC batch one after the other, in order.
+async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut out = Vec::new();
+    for f in futs {
+        out.push(f.await);
+    }
+    out
+}
+
+async fn handle_one(engine: &Engine, raw: &RawValue) -> Option<Vec<u8>> {
+    let req = match parse_request(raw) {
+        Ok(r) => r,
+        Err(rejected) => return Some(error_line(&rejected.id, &rejected.error)),
+    };
+    let Request { id, method, params } = req;
+    let method = match method {
+        Ok(m) => m,
+        Err(name) => {
+            let err = RpcError::new(
+                ErrorCode::MethodNotFound,
+                format!("method not found: {}", crate::text::clip(&name, 80)),
+                format!("Supported methods: {}.", method_list()),
+            );
+            return match id {
+                Some(id) => Some(error_line(id, &err)),
+                None => {
+                    tracing::warn!(method = %crate::text::clip(&name, 80), "notification for an unknown method ignored");
+                    None
+                }
+            };
+        }
+    };
+    let id_len = id.map_or(4, |i| i.get().len());
+    let outcome = dispatch(engine, method, params, id_len).await;
+    let Some(id) = id else {
+        if let Err(e) = &outcome {
+            tracing::warn!(method = method.name(), error = %e, "notification failed (no response is sent for notifications)");
+        }
+        return None;
+    };
+    Some(match outcome {
+        Ok(result) => match success_line(id, &result) {
+            Ok(line) => line,
+            Err(e) => error_line(id, &RpcError::new(ErrorCode::EngineError, "failed to serialise the result", e.to_string())),
+        },
+        Err(e) => error_line(id, &e),
+    })
+}
+
+fn to_raw<T: Serialize>(value: &T) -> Result<Box<RawValue>, RpcError> {
+    serde_json::value::to_raw_value(value).map_err(|e| RpcError::new(ErrorCode::EngineError, "failed to serialise the result", e.to_string()))
+}
+
+async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id_len: usize) -> Result<Box<RawValue>, RpcError> {
+    if method == Method::Initialize {
+        return to_raw(&engine.initialize(params)?);
+    }
+    if method == Method::Shutdown {
+        let result = engine.shutdown().await?;
+        tracing::info!(assertions_evaluated = result.assertions_evaluated, "shutdown requested");
+        return to_raw(&result);
+    }
+    engine.require_ready(method)?;
+    match method {
+        Method::EvaluateBatch => {
+            let deadline = Instant::now() + engine.config.eval_timeout;
+            let large = params.is_some_and(|p| p.get().len() > LARGE_PARAMS_BYTES);
+            let run = || batch::evaluate(engine, params, deadline);
+            let mut result = if large && tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+                tokio::task::block_in_place(run)?
+            } else {
+                run()?
+            };
+            // The SDK reader fails on lines over the limit: the envelope takes
+            // `{"jsonrpc":"2.0","id":…,"result":…}`.
+            let budget = engine.config.max_response_bytes.saturating_sub(32 + id_len);
+            if !result.fit(budget) {
+                return Err(RpcError::new(
+                    ErrorCode::AssertionError,
+                    format!("batch too large to answer: {} results do not fit in one {}-byte response line", result.results.len(), engine.config.max_response_bytes),
+                    "SDKs read responses as single lines of at most 64 KiB. Split the assertions into several evaluate_batch requests.",
+                )
+                .with_field("params.assertions"));
+            }
+            tracing::debug!(trace_id = %result.trace_id, assertions = result.results.len(), duration_ms = result.total_duration_ms, "evaluation complete");
+            to_raw(&result)
+        }
+        Method::SubmitPluginResult => {
+            let record = plugin_results::parse(params)?;
+            tracing::debug!(trace_id = %record.trace_id, plugin = %record.plugin_name, "plugin result recorded");
+            engine.plugin_results.record(record);
+            engine.count_evaluated(1);
+            to_raw(&Accepted { accepted: true })
+        }
+        Method::QueryDrift => Err(RpcError::new(
+            ErrorCode::MethodNotFound,
+            "method not available: query_drift",
+            "query_drift needs the result history store, which this engine build does not include (capability 'continuous_eval' is not advertised).",
+        )),
+        Method::GenerateUserMessage => Err(RpcError::new(
+            ErrorCode::MethodNotFound,
+            "method not available: generate_user_message",
+            "generate_user_message needs an LLM provider, which this engine build does not include (capability 'simulation' is not advertised).",
+        )),
+        Method::Initialize | Method::Shutdown => unreachable!("handled above"),
+    }
+}
+
+/// The answer to a line longer than the limit: 1001 for an evaluation
+/// (its trace is what is too big), -32600 otherwise.
+fn oversized_reply(prefix: &[u8], len: usize, max_line: usize) -> Vec<u8> {
+    let (id, method) = sniff_request(prefix);
+    let id = id.unwrap_or_else(null_id);
+    tracing::warn!(bytes = len, limit = max_line, "oversized request line skipped");
+    let limit_text = format!(
+        "A request line may hold at most {max_line} bytes: a trace of at most {} bytes (10 MB) plus {LINE_HEADROOM_BYTES} bytes for the rest of the request.",
+        max_line - LINE_HEADROOM_BYTES
+    );
+    let error = match method.as_deref() {
+        Some("evaluate_batch") | None => RpcError::new(
+            ErrorCode::InvalidTrace,
+            format!("request line exceeds max size: {len} > {max_line} bytes"),
+            format!("{limit_text} Reduce trace size by filtering steps or truncating tool results."),
+        )
+        .with_field("params.trace"),
+        Some(_) => RpcError::new(ErrorCode::InvalidRequest, format!("request line exceeds max size: {len} > {max_line} bytes"), limit_text),
+    };
+    protocol::error_line(&id, &error)
+}
+
+/// SIGTERM and SIGINT as one stream (nothing on platforms without them).
+struct Signals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals {
+                term: signal(SignalKind::terminate()).ok(),
+                int: signal(SignalKind::interrupt()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            let term = async {
+                match &mut self.term {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let int = async {
+                match &mut self.int {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = term => tracing::info!("SIGTERM received"),
+                _ = int => tracing::info!("SIGINT received"),
+            }
+        }
+        #[cfg(not(unix))]
+        std::future::pending::<()>().await
+    }
+}

@@ -1,0 +1,261 @@
+//! The engine's shared state: session lifecycle, capability negotiation and
+//! the counters `shutdown` reports.
+//!
+//! States: `Uninitialized` → `initialize` → `Ready` → `shutdown` →
+//! `Draining` → `Done`. Every method but `initialize` needs `Ready`.
+
+use crate::batch::BatchCaches;
+use crate::config::Config;
+use crate::plugin_results::PluginResults;
+use crate::protocol::{Method, RpcError};
+use crate::trace::Limits;
+use crate::ENGINE_VERSION;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// The protocol version this engine speaks; it also accepts `CURRENT - 1`.
+pub const PROTOCOL_VERSION: i64 = 1;
+pub const OLDEST_PROTOCOL_VERSION: i64 = PROTOCOL_VERSION - 1;
+
+/// What this build really supports. `soft_failures`: `soft: true` yields
+/// `soft_fail` on every layer-1–4 check that allows it.
+pub const CAPABILITIES: &[&str] = &["layers_1_4", "soft_failures"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum State {
+    Uninitialized = 0,
+    Ready = 1,
+    Draining = 2,
+    Done = 3,
+}
+
+pub struct Engine {
+    pub config: Config,
+    pub limits: Limits,
+    state: AtomicU8,
+    sessions: AtomicU64,
+    assertions_evaluated: AtomicU64,
+    /// Requests being handled right now (`shutdown` waits for the others).
+    inflight: AtomicUsize,
+    pub caches: BatchCaches,
+    pub plugin_results: PluginResults,
+    /// Cancelled once the engine should stop reading input.
+    pub stop: CancellationToken,
+}
+
+#[derive(Debug, Serialize)]
+pub struct InitializeResult {
+    pub engine_version: &'static str,
+    pub protocol_version: i64,
+    pub capabilities: Vec<&'static str>,
+    pub missing: Vec<String>,
+    pub compatible: bool,
+    pub encoding: &'static str,
+    pub max_concurrent_requests: usize,
+    pub max_trace_size_bytes: usize,
+    pub max_steps_per_trace: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ShutdownResult {
+    pub sessions_completed: u64,
+    pub assertions_evaluated: u64,
+}
+
+impl Engine {
+    pub fn new(config: Config) -> Engine {
+        let limits = Limits {
+            strict_step_types: config.strict_step_types,
+            ..Limits::default()
+        };
+        Engine {
+            caches: BatchCaches::new(&config),
+            plugin_results: PluginResults::new(config.max_plugin_results),
+            limits,
+            config,
+            state: AtomicU8::new(State::Uninitialized as u8),
+            sessions: AtomicU64::new(0),
+            assertions_evaluated: AtomicU64::new(0),
+            inflight: AtomicUsize::new(0),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    pub fn state(&self) -> State {
+        match self.state.load(Ordering::Acquire) {
+            0 => State::Uninitialized,
+            1 => State::Ready,
+            2 => State::Draining,
+            _ => State::Done,
+        }
+    }
+
+    pub fn count_evaluated(&self, n: u64) {
+        self.assertions_evaluated.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Marks one request as in flight until the guard drops.
+    pub fn track(&self) -> InflightGuard<'_> {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        InflightGuard(&self.inflight)
+    }
+
+    /// Session errors for a method called in the wrong state.
+    pub fn require_ready(&self, method: Method) -> Result<(), RpcError> {
+        match self.state() {
+            State::Ready => Ok(()),
+            State::Uninitialized => Err(RpcError::session(
+                format!("{} called before initialize", method.name()),
+                format!("Call initialize first to establish a session before sending {} requests.", method.name()),
+            )),
+            State::Draining | State::Done => Err(RpcError::session(
+                format!("{} called after shutdown", method.name()),
+                "The engine is shutting down and accepts no new work. Start a new engine process.",
+            )),
+        }
+    }
+
+    pub fn initialize(&self, params: Option<&RawValue>) -> Result<InitializeResult, RpcError> {
+        let p = InitializeParams::parse(params)?;
+        if p.protocol_version > PROTOCOL_VERSION || p.protocol_version < OLDEST_PROTOCOL_VERSION {
+            let newer = p.protocol_version > PROTOCOL_VERSION;
+            return Err(RpcError::session(
+                format!(
+                    "protocol version {} {}; engine supports versions {OLDEST_PROTOCOL_VERSION} and {PROTOCOL_VERSION}",
+                    p.protocol_version,
+                    if newer { "not supported" } else { "is too old" }
+                ),
+                if newer {
+                    format!("Upgrade the engine binary or downgrade the SDK protocol_version to {PROTOCOL_VERSION}.")
+                } else {
+                    format!("Upgrade the SDK to one that speaks protocol_version {PROTOCOL_VERSION}.")
+                },
+            )
+            .with_field("params.protocol_version"));
+        }
+        if self
+            .state
+            .compare_exchange(State::Uninitialized as u8, State::Ready as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(RpcError::session(
+                "initialize called on already-initialized session",
+                "Send initialize once per engine process. To start a new session, shut this engine down and spawn a new one.",
+            ));
+        }
+        self.sessions.fetch_add(1, Ordering::Relaxed);
+        let missing: Vec<String> = p.required_capabilities.into_iter().filter(|c| !CAPABILITIES.contains(&c.as_str())).collect();
+        tracing::info!(sdk_name = %p.sdk_name, sdk_version = %p.sdk_version, protocol_version = p.protocol_version, missing = missing.len(), "session initialized");
+        Ok(InitializeResult {
+            engine_version: ENGINE_VERSION,
+            protocol_version: PROTOCOL_VERSION,
+            capabilities: CAPABILITIES.to_vec(),
+            compatible: missing.is_empty(),
+            missing,
+            encoding: "json",
+            max_concurrent_requests: self.config.max_concurrent_requests,
+            max_trace_size_bytes: self.limits.max_trace_bytes,
+            max_steps_per_trace: self.limits.max_steps,
+        })
+    }
+
+    /// `shutdown`: stop accepting work, wait for the other in-flight
+    /// requests (at most the drain timeout), then report.
+    pub async fn shutdown(&self) -> Result<ShutdownResult, RpcError> {
+        self.require_ready(Method::Shutdown)?;
+        if self
+            .state
+            .compare_exchange(State::Ready as u8, State::Draining as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return self.require_ready(Method::Shutdown).map(|_| unreachable!());
+        }
+        let drained = self.wait_for_others(self.config.drain_timeout).await;
+        if !drained {
+            tracing::warn!(inflight = self.inflight.load(Ordering::Acquire), "drain timeout reached; shutting down anyway");
+        }
+        self.state.store(State::Done as u8, Ordering::Release);
+        Ok(self.stats())
+    }
+
+    pub fn stats(&self) -> ShutdownResult {
+        ShutdownResult {
+            sessions_completed: self.sessions.load(Ordering::Relaxed),
+            assertions_evaluated: self.assertions_evaluated.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits until the calling request is the only one in flight.
+    async fn wait_for_others(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while self.inflight.load(Ordering::Acquire) > 1 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        true
+    }
+}
+
+pub struct InflightGuard<'a>(&'a AtomicUsize);
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+struct InitializeParams {
+    sdk_name: String,
+    sdk_version: String,
+    protocol_version: i64,
+    required_capabilities: Vec<String>,
+}
+
+impl InitializeParams {
+    fn parse(params: Option<&RawValue>) -> Result<InitializeParams, RpcError> {
+        let example = "Send {\"sdk_name\":\"attest-python\",\"sdk_version\":\"0.9.0\",\"protocol_version\":1,\"required_capabilities\":[\"layers_1_4\"],\"preferred_encoding\":\"json\"}.";
+        let map: Map<String, Value> = params
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .ok_or_else(|| RpcError::invalid_params("initialize params must be an object", example).with_field("params"))?;
+        let bad = |field: &str, want: &str| {
+            RpcError::invalid_params(format!("initialize params field {field} must be {want}"), example).with_field(format!("params.{field}"))
+        };
+        let missing = |field: &str| RpcError::invalid_params(format!("initialize params missing required field: {field}"), example).with_field(format!("params.{field}"));
+        let string = |field: &str| match map.get(field) {
+            None | Some(Value::Null) => Err(missing(field)),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(bad(field, "a string")),
+        };
+        let sdk_name = string("sdk_name")?;
+        let sdk_version = string("sdk_version")?;
+        let protocol_version = match map.get("protocol_version") {
+            None | Some(Value::Null) => return Err(missing("protocol_version")),
+            Some(v) => v.as_i64().filter(|_| v.is_i64() || v.is_u64()).ok_or_else(|| bad("protocol_version", "an integer"))?,
+        };
+        let required_capabilities = match map.get("required_capabilities") {
+            None | Some(Value::Null) => return Err(missing("required_capabilities")),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|c| c.as_str().map(str::to_owned).ok_or_else(|| bad("required_capabilities", "a list of strings")))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(bad("required_capabilities", "a list of strings")),
+        };
+        match map.get("preferred_encoding") {
+            None | Some(Value::Null) | Some(Value::String(_)) => {}
+            Some(_) => return Err(bad("preferred_encoding", "a string (\"json\")")),
+        }
+        Ok(InitializeParams {
+            sdk_name,
+            sdk_version,
+            protocol_version,
+            required_capabilities,
+        })
+    }
+}
