@@ -106,14 +106,29 @@ fn assertion_error(message: String, detail: impl Into<String>, field: String) ->
 }
 
 /// Evaluates one `evaluate_batch` request. `deadline` bounds the work (3002).
-pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -> Result<BatchResult, RpcError> {
+pub fn evaluate(
+    engine: &Engine,
+    params: Option<&RawValue>,
+    deadline: Instant,
+) -> Result<BatchResult, RpcError> {
     let started = Instant::now();
     let shape = "Send {\"trace\": {...}, \"assertions\": [{\"assertion_id\": ..., \"type\": ..., \"spec\": {...}}, ...]}.";
     let params: Params<'_> = params
         .and_then(|p| serde_json::from_str(p.get()).ok())
-        .ok_or_else(|| RpcError::invalid_params("evaluate_batch params must be an object with trace and assertions", shape).with_field("params"))?;
+        .ok_or_else(|| {
+            RpcError::invalid_params(
+                "evaluate_batch params must be an object with trace and assertions",
+                shape,
+            )
+            .with_field("params")
+        })?;
     let trace_raw = params.trace.filter(|t| t.get() != "null").ok_or_else(|| {
-        RpcError::new(ErrorCode::InvalidTrace, "evaluate_batch params missing required field: trace", shape).with_field("params.trace")
+        RpcError::new(
+            ErrorCode::InvalidTrace,
+            "evaluate_batch params missing required field: trace",
+            shape,
+        )
+        .with_field("params.trace")
     })?;
     let parsed = parse_trace(trace_raw, &engine.limits)?;
     for w in &parsed.warnings {
@@ -126,7 +141,11 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
     let max_chars = engine.config.max_explanation_chars;
     for p in &plan {
         if Instant::now() > deadline {
-            return Err(timeout(engine.config.eval_timeout, results.len(), plan.len()));
+            return Err(timeout(
+                engine.config.eval_timeout,
+                results.len(),
+                plan.len(),
+            ));
         }
         if let Some(rid) = &p.request_id {
             if let Some(hit) = engine.caches.by_request_id.get(rid) {
@@ -199,28 +218,59 @@ fn fingerprint(kind: AssertionType, spec_text: &str) -> u64 {
 }
 
 /// Checks every assertion's envelope and compiles its spec, before anything runs.
-fn plan<'a>(engine: &Engine, assertions: Option<&'a RawValue>) -> Result<Vec<Planned<'a>>, RpcError> {
+fn plan<'a>(
+    engine: &Engine,
+    assertions: Option<&'a RawValue>,
+) -> Result<Vec<Planned<'a>>, RpcError> {
     let shape = "Send assertions as a list of {\"assertion_id\": str, \"type\": str, \"spec\": {...}, \"request_id\"?: str}.";
-    let raw = assertions
-        .filter(|a| a.get() != "null")
-        .ok_or_else(|| assertion_error("evaluate_batch params missing required field: assertions".into(), shape, "params.assertions".into()))?;
-    let items: Vec<&'a RawValue> =
-        serde_json::from_str(raw.get()).map_err(|_| assertion_error("evaluate_batch assertions must be a list".into(), shape, "params.assertions".into()))?;
+    let raw = assertions.filter(|a| a.get() != "null").ok_or_else(|| {
+        assertion_error(
+            "evaluate_batch params missing required field: assertions".into(),
+            shape,
+            "params.assertions".into(),
+        )
+    })?;
+    let items: Vec<&'a RawValue> = serde_json::from_str(raw.get()).map_err(|_| {
+        assertion_error(
+            "evaluate_batch assertions must be a list".into(),
+            shape,
+            "params.assertions".into(),
+        )
+    })?;
     let mut seen: HashMap<String, usize> = HashMap::with_capacity(items.len());
     let mut planned: Vec<Planned<'a>> = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let at = format!("params.assertions[{i}]");
-        let w: WireAssertion<'a> = serde_json::from_str(item.get()).map_err(|_| assertion_error(format!("assertions[{i}] must be an object"), shape, at.clone()))?;
+        let w: WireAssertion<'a> = serde_json::from_str(item.get()).map_err(|_| {
+            assertion_error(
+                format!("assertions[{i}] must be an object"),
+                shape,
+                at.clone(),
+            )
+        })?;
         let id = match &w.assertion_id {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             Some(Value::String(_)) | None | Some(Value::Null) => {
-                return Err(assertion_error(format!("assertions[{i}] missing required field: assertion_id"), shape, format!("{at}.assertion_id")))
+                return Err(assertion_error(
+                    format!("assertions[{i}] missing required field: assertion_id"),
+                    shape,
+                    format!("{at}.assertion_id"),
+                ))
             }
-            Some(_) => return Err(assertion_error(format!("assertions[{i}] assertion_id must be a string"), shape, format!("{at}.assertion_id"))),
+            Some(_) => {
+                return Err(assertion_error(
+                    format!("assertions[{i}] assertion_id must be a string"),
+                    shape,
+                    format!("{at}.assertion_id"),
+                ))
+            }
         };
         if id.len() > MAX_ASSERTION_ID_BYTES {
             return Err(assertion_error(
-                format!("assertion_id exceeds maximum length: {} > {MAX_ASSERTION_ID_BYTES}", id.len()),
+                format!(
+                    "assertion_id exceeds maximum length: {} > {MAX_ASSERTION_ID_BYTES}",
+                    id.len()
+                ),
                 format!("assertion_id must be at most {MAX_ASSERTION_ID_BYTES} bytes."),
                 format!("{at}.assertion_id"),
             ));
@@ -295,9 +345,13 @@ fn plan<'a>(engine: &Engine, assertions: Option<&'a RawValue>) -> Result<Vec<Pla
         }
         let spec_text = w.spec.map_or("null", |s| s.get());
         let compiled = compile(engine, kind, spec_text).map_err(|e| {
-            RpcError::new(ErrorCode::AssertionError, format!("assertion {} ({}): {}", quote(&id), kind.name(), e.message), e.detail)
-                .with_assertion(&id)
-                .with_field(format!("{at}.{}", e.field))
+            RpcError::new(
+                ErrorCode::AssertionError,
+                format!("assertion {} ({}): {}", quote(&id), kind.name(), e.message),
+                e.detail,
+            )
+            .with_assertion(&id)
+            .with_field(format!("{at}.{}", e.field))
         })?;
         planned.push(Planned {
             id,
@@ -310,15 +364,24 @@ fn plan<'a>(engine: &Engine, assertions: Option<&'a RawValue>) -> Result<Vec<Pla
     Ok(planned)
 }
 
-fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<CompiledAssertion>, SpecError> {
+fn compile(
+    engine: &Engine,
+    kind: AssertionType,
+    spec_text: &str,
+) -> Result<Arc<CompiledAssertion>, SpecError> {
     let cacheable = spec_text.len() <= MAX_CACHED_SPEC_BYTES;
-    let key = if cacheable { format!("{}\u{0}{spec_text}", kind.name()) } else { String::new() };
+    let key = if cacheable {
+        format!("{}\u{0}{spec_text}", kind.name())
+    } else {
+        String::new()
+    };
     if cacheable {
         if let Some(hit) = engine.caches.compiled.get(&key) {
             return Ok(hit);
         }
     }
-    let spec: Value = serde_json::from_str(spec_text).expect("spec text was parsed as JSON already");
+    let spec: Value =
+        serde_json::from_str(spec_text).expect("spec text was parsed as JSON already");
     let compiled = Arc::new(CompiledAssertion::compile(kind, Some(&spec))?);
     if cacheable {
         engine.caches.compiled.insert(key, compiled.clone());
@@ -331,11 +394,18 @@ impl BatchResult {
     /// `max_bytes`. Returns false when even empty explanations do not fit.
     pub fn fit(&mut self, max_bytes: usize) -> bool {
         loop {
-            let size = serde_json::to_vec(self).map(|v| v.len()).unwrap_or(usize::MAX);
+            let size = serde_json::to_vec(self)
+                .map(|v| v.len())
+                .unwrap_or(usize::MAX);
             if size <= max_bytes {
                 return true;
             }
-            let longest = self.results.iter().map(|r| r.explanation.chars().count()).max().unwrap_or(0);
+            let longest = self
+                .results
+                .iter()
+                .map(|r| r.explanation.chars().count())
+                .max()
+                .unwrap_or(0);
             if longest == 0 {
                 return false;
             }

@@ -79,7 +79,14 @@ pub fn init(level: Level) -> DropCounter {
                 let mut err = std::io::stderr().lock();
                 let now = reported.dropped();
                 if now > already_reported {
-                    let note = format_line("warn", "engine.logging", "log lines dropped: stderr was not being read", [("dropped".to_owned(), Value::from(now - already_reported))].into_iter().collect());
+                    let note = format_line(
+                        "warn",
+                        "engine.logging",
+                        "log lines dropped: stderr was not being read",
+                        [("dropped".to_owned(), Value::from(now - already_reported))]
+                            .into_iter()
+                            .collect(),
+                    );
                     let _ = err.write_all(note.as_bytes());
                     already_reported = now;
                 }
@@ -108,8 +115,16 @@ impl<S: Subscriber> Layer<S> for JsonLines {
             tracing::Level::INFO => "info",
             _ => "debug",
         };
-        let logger = meta.target().replacen("attest_engine::", "engine.", 1).replace("::", ".");
-        let line = format_line(level, &logger, fields.msg.as_deref().unwrap_or(""), fields.map);
+        let logger = meta
+            .target()
+            .replacen("attest_engine::", "engine.", 1)
+            .replace("::", ".");
+        let line = format_line(
+            level,
+            &logger,
+            fields.msg.as_deref().unwrap_or(""),
+            fields.map,
+        );
         if let Err(TrySendError::Full(_)) = self.tx.try_send(line) {
             self.dropped.0.fetch_add(1, Ordering::Relaxed);
         }
@@ -155,7 +170,13 @@ impl Visit for FieldMap {
 fn format_line(level: &str, logger: &str, msg: &str, fields: Map<String, Value>) -> String {
     // Written by hand so the spec's keys come first, in the spec's order.
     let q = |s: &str| Value::from(s).to_string();
-    let mut line = format!("{{\"level\":{},\"ts\":{},\"logger\":{},\"msg\":{}", q(level), q(&timestamp()), q(logger), q(msg));
+    let mut line = format!(
+        "{{\"level\":{},\"ts\":{},\"logger\":{},\"msg\":{}",
+        q(level),
+        q(&timestamp()),
+        q(logger),
+        q(msg)
+    );
     for (k, v) in fields {
         if !matches!(k.as_str(), "level" | "ts" | "logger" | "msg") {
             line.push_str(&format!(",{}:{}", q(&k), v));
@@ -167,8 +188,11 @@ fn format_line(level: &str, logger: &str, msg: &str, fields: Map<String, Value>)
 
 /// RFC 3339 UTC with milliseconds, as in spec §1.3.
 fn timestamp() -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let t = time::OffsetDateTime::from_unix_timestamp(now.as_secs() as i64).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let t = time::OffsetDateTime::from_unix_timestamp(now.as_secs() as i64)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     format!(
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
         t.year(),
@@ -187,14 +211,24 @@ mod tests {
 
     #[test]
     fn lines_carry_the_spec_keys_first() {
-        let line = format_line("info", "engine", "evaluation complete", [("trace_id".to_owned(), Value::from("t1"))].into_iter().collect());
+        let line = format_line(
+            "info",
+            "engine",
+            "evaluation complete",
+            [("trace_id".to_owned(), Value::from("t1"))]
+                .into_iter()
+                .collect(),
+        );
         let v: Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["level"], "info");
         assert_eq!(v["logger"], "engine");
         assert_eq!(v["msg"], "evaluation complete");
         assert_eq!(v["trace_id"], "t1");
         let ts = v["ts"].as_str().unwrap();
-        assert!(time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).is_ok(), "{ts}");
+        assert!(
+            time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).is_ok(),
+            "{ts}"
+        );
         assert!(line.ends_with('\n'));
         assert!(line.starts_with("{\"level\":\"info\",\"ts\":"), "{line}");
     }

@@ -86,14 +86,24 @@ fn main() -> ExitCode {
             println!("attest-engine {ENGINE_VERSION}");
             ExitCode::SUCCESS
         }
-        Command::Eval { trace, assertions, format } => {
+        Command::Eval {
+            trace,
+            assertions,
+            format,
+        } => {
             logging::init(config.log_level);
             let engine = Engine::new(config);
             let format = match format {
                 OutputFormat::Table => Format::Table,
                 OutputFormat::Json => Format::Json,
             };
-            match eval_cmd::run(&engine, &trace, &assertions, format, &mut std::io::stdout().lock()) {
+            match eval_cmd::run(
+                &engine,
+                &trace,
+                &assertions,
+                format,
+                &mut std::io::stdout().lock(),
+            ) {
                 Ok(code) => ExitCode::from(code as u8),
                 Err(e) => {
                     eprintln!("attest-engine eval: {e:#}");
@@ -103,7 +113,10 @@ fn main() -> ExitCode {
         }
         Command::Serve => {
             logging::init(config.log_level);
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("attest-engine: cannot start the async runtime: {e}");
@@ -111,8 +124,13 @@ fn main() -> ExitCode {
                 }
             };
             let engine = Arc::new(Engine::new(config));
-            let ended = runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
-            let code = if ended == server::Ended::InputError { 1 } else { 0 };
+            let ended =
+                runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
+            let code = if ended == server::Ended::InputError {
+                1
+            } else {
+                0
+            };
             // stdin's blocking reader thread cannot be interrupted; exit rather
             // than wait for it. Responses were flushed by `serve`.
             std::process::exit(code);

@@ -113,7 +113,13 @@ impl RpcError {
 
 impl fmt::Display for RpcError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}): {}", self.code.code(), self.code.error_type(), self.message)
+        write!(
+            f,
+            "{} ({}): {}",
+            self.code.code(),
+            self.code.error_type(),
+            self.message
+        )
     }
 }
 
@@ -239,7 +245,8 @@ pub fn parse_request(raw: &RawValue) -> Result<Request<'_>, Rejected> {
         return Err(reject(
             null_id(),
             "invalid request: expected a JSON object",
-            "Each line must hold one JSON-RPC 2.0 request object, or an array of them (a batch).".into(),
+            "Each line must hold one JSON-RPC 2.0 request object, or an array of them (a batch)."
+                .into(),
         ));
     }
     let wire: WireRequest<'_> = serde_json::from_str(text).map_err(|e| {
@@ -269,7 +276,10 @@ pub fn parse_request(raw: &RawValue) -> Result<Request<'_>, Rejected> {
             return Err(reject(
                 answer_id(),
                 "invalid request: jsonrpc must be \"2.0\"",
-                format!("Got jsonrpc = {}. Set \"jsonrpc\":\"2.0\" on every request.", crate::text::clip(other, 64)),
+                format!(
+                    "Got jsonrpc = {}. Set \"jsonrpc\":\"2.0\" on every request.",
+                    crate::text::clip(other, 64)
+                ),
             ))
         }
         None => {
@@ -294,7 +304,11 @@ pub fn parse_request(raw: &RawValue) -> Result<Request<'_>, Rejected> {
                 return Err(reject(
                     answer_id(),
                     "invalid request: method must be a string",
-                    format!("Got method = {}. Set \"method\" to one of: {}.", crate::text::clip(m.get(), 64), method_list()),
+                    format!(
+                        "Got method = {}. Set \"method\" to one of: {}.",
+                        crate::text::clip(m.get(), 64),
+                        method_list()
+                    ),
                 ))
             }
         },
@@ -318,7 +332,11 @@ pub fn parse_request(raw: &RawValue) -> Result<Request<'_>, Rejected> {
 
 /// Comma-separated method names, for `detail` texts.
 pub fn method_list() -> String {
-    Method::ALL.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
+    Method::ALL
+        .iter()
+        .map(|m| m.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Serialises a success response line (without the trailing newline).
@@ -379,7 +397,10 @@ mod tests {
     #[test]
     fn unknown_method_is_kept_for_the_error() {
         let r = raw(r#"{"jsonrpc":"2.0","id":"a","method":"frobnicate"}"#);
-        assert_eq!(parse_request(&r).ok().unwrap().method, Err("frobnicate".into()));
+        assert_eq!(
+            parse_request(&r).ok().unwrap().method,
+            Err("frobnicate".into())
+        );
     }
 
     #[test]

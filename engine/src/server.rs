@@ -12,7 +12,10 @@
 
 use crate::batch;
 use crate::plugin_results::{self, Accepted};
-use crate::protocol::{self, error_line, method_list, null_id, parse_request, success_line, ErrorCode, Method, Request, RpcError};
+use crate::protocol::{
+    self, error_line, method_list, null_id, parse_request, success_line, ErrorCode, Method,
+    Request, RpcError,
+};
 use crate::session::{Engine, State};
 use crate::transport::{sniff_request, spawn_writer, Line, LineReader};
 use serde::Serialize;
@@ -51,7 +54,11 @@ where
     let permits = Arc::new(Semaphore::new(engine.config.max_concurrent_requests));
     let tracker = TaskTracker::new();
     let mut signals = Signals::new();
-    tracing::info!(version = crate::ENGINE_VERSION, max_concurrent_requests = engine.config.max_concurrent_requests, "engine started");
+    tracing::info!(
+        version = crate::ENGINE_VERSION,
+        max_concurrent_requests = engine.config.max_concurrent_requests,
+        "engine started"
+    );
 
     let ended = loop {
         let permit = tokio::select! {
@@ -86,8 +93,14 @@ where
     };
     tracing::info!(reason = ?ended, inflight = tracker.len(), "stopping: draining in-flight requests");
     tracker.close();
-    if tokio::time::timeout(engine.config.drain_timeout, tracker.wait()).await.is_err() {
-        tracing::warn!(abandoned = tracker.len(), "drain timeout reached; exiting with requests unanswered");
+    if tokio::time::timeout(engine.config.drain_timeout, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            abandoned = tracker.len(),
+            "drain timeout reached; exiting with requests unanswered"
+        );
     }
     drop(out);
     // The writer exits once every sender is gone and the queue is flushed.
@@ -96,7 +109,12 @@ where
 }
 
 /// Handles one line and sends its response, if any.
-async fn respond(engine: Arc<Engine>, line: Vec<u8>, out: mpsc::Sender<Vec<u8>>, _permit: tokio::sync::OwnedSemaphorePermit) {
+async fn respond(
+    engine: Arc<Engine>,
+    line: Vec<u8>,
+    out: mpsc::Sender<Vec<u8>>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+) {
     let reply = {
         let _inflight = engine.track();
         handle_line(&engine, &line).await
@@ -121,7 +139,10 @@ pub async fn handle_line(engine: &Engine, line: &[u8]) -> Option<Vec<u8>> {
                 &RpcError::new(
                     ErrorCode::ParseError,
                     "parse error: line is not valid UTF-8",
-                    format!("Invalid UTF-8 at byte {}. Encode requests as UTF-8 JSON.", e.valid_up_to()),
+                    format!(
+                        "Invalid UTF-8 at byte {}. Encode requests as UTF-8 JSON.",
+                        e.valid_up_to()
+                    ),
                 ),
             ))
         }
@@ -148,10 +169,18 @@ pub async fn handle_line(engine: &Engine, line: &[u8]) -> Option<Vec<u8>> {
         if items.is_empty() {
             return Some(error_line(
                 &null_id(),
-                &RpcError::new(ErrorCode::InvalidRequest, "invalid request: empty batch", "A JSON-RPC batch array must hold at least one request."),
+                &RpcError::new(
+                    ErrorCode::InvalidRequest,
+                    "invalid request: empty batch",
+                    "A JSON-RPC batch array must hold at least one request.",
+                ),
             ));
         }
-        let replies: Vec<Vec<u8>> = futures_join(items.iter().map(|raw| handle_one(engine, raw))).await.into_iter().flatten().collect();
+        let replies: Vec<Vec<u8>> = futures_join(items.iter().map(|raw| handle_one(engine, raw)))
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
         if replies.is_empty() {
             return None;
         }
@@ -215,23 +244,44 @@ async fn handle_one(engine: &Engine, raw: &RawValue) -> Option<Vec<u8>> {
     Some(match outcome {
         Ok(result) => match success_line(id, &result) {
             Ok(line) => line,
-            Err(e) => error_line(id, &RpcError::new(ErrorCode::EngineError, "failed to serialise the result", e.to_string())),
+            Err(e) => error_line(
+                id,
+                &RpcError::new(
+                    ErrorCode::EngineError,
+                    "failed to serialise the result",
+                    e.to_string(),
+                ),
+            ),
         },
         Err(e) => error_line(id, &e),
     })
 }
 
 fn to_raw<T: Serialize>(value: &T) -> Result<Box<RawValue>, RpcError> {
-    serde_json::value::to_raw_value(value).map_err(|e| RpcError::new(ErrorCode::EngineError, "failed to serialise the result", e.to_string()))
+    serde_json::value::to_raw_value(value).map_err(|e| {
+        RpcError::new(
+            ErrorCode::EngineError,
+            "failed to serialise the result",
+            e.to_string(),
+        )
+    })
 }
 
-async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id_len: usize) -> Result<Box<RawValue>, RpcError> {
+async fn dispatch(
+    engine: &Engine,
+    method: Method,
+    params: Option<&RawValue>,
+    id_len: usize,
+) -> Result<Box<RawValue>, RpcError> {
     if method == Method::Initialize {
         return to_raw(&engine.initialize(params)?);
     }
     if method == Method::Shutdown {
         let result = engine.shutdown().await?;
-        tracing::info!(assertions_evaluated = result.assertions_evaluated, "shutdown requested");
+        tracing::info!(
+            assertions_evaluated = result.assertions_evaluated,
+            "shutdown requested"
+        );
         return to_raw(&result);
     }
     engine.require_ready(method)?;
@@ -285,7 +335,11 @@ async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id
 fn oversized_reply(prefix: &[u8], len: usize, max_line: usize) -> Vec<u8> {
     let (id, method) = sniff_request(prefix);
     let id = id.unwrap_or_else(null_id);
-    tracing::warn!(bytes = len, limit = max_line, "oversized request line skipped");
+    tracing::warn!(
+        bytes = len,
+        limit = max_line,
+        "oversized request line skipped"
+    );
     let limit_text = format!(
         "A request line may hold at most {max_line} bytes: a trace of at most {} bytes (10 MB) plus {LINE_HEADROOM_BYTES} bytes for the rest of the request.",
         max_line - LINE_HEADROOM_BYTES
@@ -294,10 +348,16 @@ fn oversized_reply(prefix: &[u8], len: usize, max_line: usize) -> Vec<u8> {
         Some("evaluate_batch") | None => RpcError::new(
             ErrorCode::InvalidTrace,
             format!("request line exceeds max size: {len} > {max_line} bytes"),
-            format!("{limit_text} Reduce trace size by filtering steps or truncating tool results."),
+            format!(
+                "{limit_text} Reduce trace size by filtering steps or truncating tool results."
+            ),
         )
         .with_field("params.trace"),
-        Some(_) => RpcError::new(ErrorCode::InvalidRequest, format!("request line exceeds max size: {len} > {max_line} bytes"), limit_text),
+        Some(_) => RpcError::new(
+            ErrorCode::InvalidRequest,
+            format!("request line exceeds max size: {len} > {max_line} bytes"),
+            limit_text,
+        ),
     };
     protocol::error_line(&id, &error)
 }

@@ -111,7 +111,10 @@ impl Engine {
             State::Ready => Ok(()),
             State::Uninitialized => Err(RpcError::session(
                 format!("{} called before initialize", method.name()),
-                format!("Call initialize first to establish a session before sending {} requests.", method.name()),
+                format!(
+                    "Call initialize first to establish a session before sending {} requests.",
+                    method.name()
+                ),
             )),
             State::Draining | State::Done => Err(RpcError::session(
                 format!("{} called after shutdown", method.name()),
@@ -140,7 +143,12 @@ impl Engine {
         }
         if self
             .state
-            .compare_exchange(State::Uninitialized as u8, State::Ready as u8, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                State::Uninitialized as u8,
+                State::Ready as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_err()
         {
             return Err(RpcError::session(
@@ -149,7 +157,11 @@ impl Engine {
             ));
         }
         self.sessions.fetch_add(1, Ordering::Relaxed);
-        let missing: Vec<String> = p.required_capabilities.into_iter().filter(|c| !CAPABILITIES.contains(&c.as_str())).collect();
+        let missing: Vec<String> = p
+            .required_capabilities
+            .into_iter()
+            .filter(|c| !CAPABILITIES.contains(&c.as_str()))
+            .collect();
         tracing::info!(sdk_name = %p.sdk_name, sdk_version = %p.sdk_version, protocol_version = p.protocol_version, missing = missing.len(), "session initialized");
         Ok(InitializeResult {
             engine_version: ENGINE_VERSION,
@@ -170,14 +182,22 @@ impl Engine {
         self.require_ready(Method::Shutdown)?;
         if self
             .state
-            .compare_exchange(State::Ready as u8, State::Draining as u8, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                State::Ready as u8,
+                State::Draining as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_err()
         {
             return self.require_ready(Method::Shutdown).map(|_| unreachable!());
         }
         let drained = self.wait_for_others(self.config.drain_timeout).await;
         if !drained {
-            tracing::warn!(inflight = self.inflight.load(Ordering::Acquire), "drain timeout reached; shutting down anyway");
+            tracing::warn!(
+                inflight = self.inflight.load(Ordering::Acquire),
+                "drain timeout reached; shutting down anyway"
+            );
         }
         self.state.store(State::Done as u8, Ordering::Release);
         Ok(self.stats())
@@ -223,11 +243,24 @@ impl InitializeParams {
         let example = "Send {\"sdk_name\":\"attest-python\",\"sdk_version\":\"0.9.0\",\"protocol_version\":1,\"required_capabilities\":[\"layers_1_4\"],\"preferred_encoding\":\"json\"}.";
         let map: Map<String, Value> = params
             .and_then(|p| serde_json::from_str(p.get()).ok())
-            .ok_or_else(|| RpcError::invalid_params("initialize params must be an object", example).with_field("params"))?;
+            .ok_or_else(|| {
+                RpcError::invalid_params("initialize params must be an object", example)
+                    .with_field("params")
+            })?;
         let bad = |field: &str, want: &str| {
-            RpcError::invalid_params(format!("initialize params field {field} must be {want}"), example).with_field(format!("params.{field}"))
+            RpcError::invalid_params(
+                format!("initialize params field {field} must be {want}"),
+                example,
+            )
+            .with_field(format!("params.{field}"))
         };
-        let missing = |field: &str| RpcError::invalid_params(format!("initialize params missing required field: {field}"), example).with_field(format!("params.{field}"));
+        let missing = |field: &str| {
+            RpcError::invalid_params(
+                format!("initialize params missing required field: {field}"),
+                example,
+            )
+            .with_field(format!("params.{field}"))
+        };
         let string = |field: &str| match map.get(field) {
             None | Some(Value::Null) => Err(missing(field)),
             Some(Value::String(s)) => Ok(s.clone()),
@@ -237,13 +270,20 @@ impl InitializeParams {
         let sdk_version = string("sdk_version")?;
         let protocol_version = match map.get("protocol_version") {
             None | Some(Value::Null) => return Err(missing("protocol_version")),
-            Some(v) => v.as_i64().filter(|_| v.is_i64() || v.is_u64()).ok_or_else(|| bad("protocol_version", "an integer"))?,
+            Some(v) => v
+                .as_i64()
+                .filter(|_| v.is_i64() || v.is_u64())
+                .ok_or_else(|| bad("protocol_version", "an integer"))?,
         };
         let required_capabilities = match map.get("required_capabilities") {
             None | Some(Value::Null) => return Err(missing("required_capabilities")),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|c| c.as_str().map(str::to_owned).ok_or_else(|| bad("required_capabilities", "a list of strings")))
+                .map(|c| {
+                    c.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| bad("required_capabilities", "a list of strings"))
+                })
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err(bad("required_capabilities", "a list of strings")),
         };

@@ -58,7 +58,11 @@ pub struct Parsed {
     pub warnings: Vec<String>,
 }
 
-fn invalid(message: impl Into<String>, detail: impl Into<String>, field: impl Into<String>) -> RpcError {
+fn invalid(
+    message: impl Into<String>,
+    detail: impl Into<String>,
+    field: impl Into<String>,
+) -> RpcError {
     RpcError::new(ErrorCode::InvalidTrace, message, detail).with_field(field)
 }
 
@@ -116,7 +120,12 @@ pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> 
     })
 }
 
-fn check_sub_traces(level: &Level<'_>, depth: usize, limits: &Limits, warnings: &mut Vec<String>) -> Result<(), RpcError> {
+fn check_sub_traces(
+    level: &Level<'_>,
+    depth: usize,
+    limits: &Limits,
+    warnings: &mut Vec<String>,
+) -> Result<(), RpcError> {
     let Some(Value::Array(steps)) = level.obj.get("steps") else {
         return Ok(());
     };
@@ -138,7 +147,12 @@ fn check_sub_traces(level: &Level<'_>, depth: usize, limits: &Limits, warnings: 
 
 /// Rules 2–6 for one trace of the tree. `wire_bytes` is known for the root only;
 /// sub-traces are part of it.
-fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, warnings: &mut Vec<String>) -> Result<(), RpcError> {
+fn check_level(
+    level: &Level<'_>,
+    wire_bytes: Option<usize>,
+    limits: &Limits,
+    warnings: &mut Vec<String>,
+) -> Result<(), RpcError> {
     let obj = level.obj;
     let (path, sfx) = (level.path.as_str(), level.suffix.as_str());
 
@@ -190,7 +204,10 @@ fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, wa
         }
         Some(other) => {
             return Err(invalid(
-                format!("trace trace_id must be a string, got {}{sfx}", describe(other)),
+                format!(
+                    "trace trace_id must be a string, got {}{sfx}",
+                    describe(other)
+                ),
                 "Every trace must include a non-empty trace_id string.",
                 format!("{path}.trace_id"),
             ))
@@ -302,11 +319,21 @@ fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, wa
     Ok(())
 }
 
-fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, check_payload: bool) -> Result<(), RpcError> {
+fn check_step(
+    i: usize,
+    step: &Value,
+    path: &str,
+    sfx: &str,
+    limits: &Limits,
+    check_payload: bool,
+) -> Result<(), RpcError> {
     let field = format!("{path}.steps[{i}]");
     let Value::Object(s) = step else {
         return Err(invalid(
-            format!("trace step {i} must be an object, got {}{sfx}", describe(step)),
+            format!(
+                "trace step {i} must be an object, got {}{sfx}",
+                describe(step)
+            ),
             "Each step is an object with at least type and name.",
             field,
         ));
@@ -341,14 +368,21 @@ fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, ch
         }
         None | Some(Value::Null) => {
             return Err(invalid(
-                format!("trace step {} missing required field: type{sfx}", quote(name)),
+                format!(
+                    "trace step {} missing required field: type{sfx}",
+                    quote(name)
+                ),
                 format!("Set the step type to one of: {valid_types}."),
                 format!("{field}.type"),
             ))
         }
         Some(other) => {
             return Err(invalid(
-                format!("trace step {} type must be a string, got {}{sfx}", quote(name), describe(other)),
+                format!(
+                    "trace step {} type must be a string, got {}{sfx}",
+                    quote(name),
+                    describe(other)
+                ),
                 format!("Set the step type to one of: {valid_types}."),
                 format!("{field}.type"),
             ))
@@ -378,7 +412,11 @@ fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, ch
             None | Some(Value::Null) | Some(Value::Number(_)) => {}
             Some(other) => {
                 return Err(invalid(
-                    format!("trace step {} {key} must be a number of milliseconds, got {}{sfx}", quote(name), describe(other)),
+                    format!(
+                        "trace step {} {key} must be a number of milliseconds, got {}{sfx}",
+                        quote(name),
+                        describe(other)
+                    ),
                     format!("Set {key} to a Unix time in milliseconds, or omit it."),
                     format!("{field}.{key}"),
                 ))
@@ -416,7 +454,10 @@ fn check_metadata(meta: &Map<String, Value>, path: &str, sfx: &str) -> Result<()
             Some(Value::Number(n)) if n.as_f64().is_some_and(|x| x >= 0.0) => {}
             Some(other) => {
                 return Err(invalid(
-                    format!("trace metadata.{key} must be a non-negative number, got {}{sfx}", describe(other)),
+                    format!(
+                        "trace metadata.{key} must be a non-negative number, got {}{sfx}",
+                        describe(other)
+                    ),
                     format!("Send metadata.{key} as a JSON number (not a string), or omit it."),
                     format!("{path}.metadata.{key}"),
                 ))
@@ -435,11 +476,19 @@ fn check_metadata(meta: &Map<String, Value>, path: &str, sfx: &str) -> Result<()
     }
 }
 
-fn check_optional_string(obj: &Map<String, Value>, key: &str, path: &str, sfx: &str) -> Result<(), RpcError> {
+fn check_optional_string(
+    obj: &Map<String, Value>,
+    key: &str,
+    path: &str,
+    sfx: &str,
+) -> Result<(), RpcError> {
     match obj.get(key) {
         None | Some(Value::Null) | Some(Value::String(_)) => Ok(()),
         Some(other) => Err(invalid(
-            format!("{path}.{key} must be a string, got {}{sfx}", describe(other)),
+            format!(
+                "{path}.{key} must be a string, got {}{sfx}",
+                describe(other)
+            ),
             format!("Send {key} as a string, or omit it."),
             format!("{path}.{key}"),
         )),
@@ -574,10 +623,17 @@ mod tests {
             max_trace_bytes: 100,
             ..Limits::default()
         };
-        let padded = format!(r#"{{"schema_version":1,"trace_id":"t","output":{{"m":1}}{}}}"#, " ".repeat(100));
+        let padded = format!(
+            r#"{{"schema_version":1,"trace_id":"t","output":{{"m":1}}{}}}"#,
+            " ".repeat(100)
+        );
         let raw = RawValue::from_string(padded).unwrap();
         let e = parse_trace(&raw, &limits).unwrap_err();
-        assert!(e.message.starts_with("trace exceeds max size: "), "{}", e.message);
+        assert!(
+            e.message.starts_with("trace exceeds max size: "),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
@@ -589,7 +645,10 @@ mod tests {
         };
         let mut v = base();
         v["steps"] = json!([{"type":"tool_call","name":"a"},{"type":"tool_call","name":"a"},{"type":"tool_call","name":"a"}]);
-        assert_eq!(check_with(v, &limits).unwrap_err().message, "trace exceeds max steps: 3 > 2");
+        assert_eq!(
+            check_with(v, &limits).unwrap_err().message,
+            "trace exceeds max steps: 3 > 2"
+        );
         let mut v = base();
         v["output"]["message"] = json!("ééée");
         assert_eq!(
@@ -635,7 +694,8 @@ mod tests {
             ..Limits::default()
         };
         let mut v = base();
-        v["steps"] = json!([{"type": "tool_call", "name": "big", "result": {"data": "0123456789"}}]);
+        v["steps"] =
+            json!([{"type": "tool_call", "name": "big", "result": {"data": "0123456789"}}]);
         assert_eq!(
             check_with(v, &limits).unwrap_err().message,
             "trace step 'big' result exceeds 10 bytes (actual: 21 bytes)"
