@@ -18,6 +18,7 @@ use quick_cache::sync::Cache;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -30,8 +31,28 @@ pub const MAX_ASSERTION_ID_BYTES: usize = 256;
 const MAX_CACHED_SPEC_BYTES: usize = 64 * 1024;
 
 pub struct BatchCaches {
-    compiled: Cache<String, Arc<CompiledAssertion>>,
+    compiled: Cache<SpecKey, Arc<CompiledAssertion>>,
     by_request_id: Cache<String, Arc<CachedResult>>,
+}
+
+/// Compiled-assertion cache key; looked up with a borrowed [`SpecKeyRef`]
+/// so a cache hit allocates nothing.
+#[derive(Hash, PartialEq, Eq)]
+struct SpecKey {
+    kind: AssertionType,
+    text: Box<str>,
+}
+
+#[derive(Hash)]
+struct SpecKeyRef<'a> {
+    kind: AssertionType,
+    text: &'a str,
+}
+
+impl quick_cache::Equivalent<SpecKey> for SpecKeyRef<'_> {
+    fn equivalent(&self, key: &SpecKey) -> bool {
+        self.kind == key.kind && self.text == &*key.text
+    }
 }
 
 struct CachedResult {
@@ -80,8 +101,31 @@ struct Params<'a> {
     assertions: Option<&'a RawValue>,
 }
 
+/// The whole params in one pass; used when the request is well-formed.
 #[derive(Deserialize)]
-struct WireAssertion<'a> {
+struct FastParams<'a> {
+    #[serde(borrow, default)]
+    trace: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    assertions: Option<Vec<Envelope<'a>>>,
+}
+
+/// One assertion's envelope, strings borrowed from the request.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    assertion_id: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "type", default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    spec: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    request_id: Option<Cow<'a, str>>,
+}
+
+/// The same envelope with any member types, to explain a malformed one.
+#[derive(Deserialize)]
+struct LooseEnvelope<'a> {
     #[serde(default)]
     assertion_id: Option<Value>,
     #[serde(rename = "type", default)]
@@ -90,6 +134,29 @@ struct WireAssertion<'a> {
     spec: Option<&'a RawValue>,
     #[serde(default)]
     request_id: Option<Value>,
+}
+
+impl<'a> LooseEnvelope<'a> {
+    fn parse(i: usize, raw: &'a RawValue) -> Result<Envelope<'a>, RpcError> {
+        let at = |f: &str| format!("params.assertions[{i}]{f}");
+        let loose: LooseEnvelope<'a> = serde_json::from_str(raw.get())
+            .map_err(|_| assertion_error(format!("assertions[{i}] must be an object"), ASSERTIONS_SHAPE, at("")))?;
+        let string = |v: Option<Value>, name: &str| match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(Cow::Owned(s))),
+            Some(_) => Err(assertion_error(
+                format!("assertions[{i}] {name} must be a string"),
+                ASSERTIONS_SHAPE,
+                at(&format!(".{name}")),
+            )),
+        };
+        Ok(Envelope {
+            assertion_id: string(loose.assertion_id, "assertion_id")?,
+            kind: string(loose.kind, "type")?,
+            spec: loose.spec,
+            request_id: string(loose.request_id, "request_id")?,
+        })
+    }
 }
 
 /// One assertion of the request, checked and compiled.
@@ -106,27 +173,14 @@ fn assertion_error(message: String, detail: impl Into<String>, field: String) ->
 }
 
 /// Evaluates one `evaluate_batch` request. `deadline` bounds the work (3002).
-pub fn evaluate(
-    engine: &Engine,
-    params: Option<&RawValue>,
-    deadline: Instant,
-) -> Result<BatchResult, RpcError> {
+pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -> Result<BatchResult, RpcError> {
     let started = Instant::now();
-    let shape = "Send {\"trace\": {...}, \"assertions\": [{\"assertion_id\": ..., \"type\": ..., \"spec\": {...}}, ...]}.";
-    let params: Params<'_> = params
-        .and_then(|p| serde_json::from_str(p.get()).ok())
-        .ok_or_else(|| {
-            RpcError::invalid_params(
-                "evaluate_batch params must be an object with trace and assertions",
-                shape,
-            )
-            .with_field("params")
-        })?;
-    let trace_raw = params.trace.filter(|t| t.get() != "null").ok_or_else(|| {
+    let (trace_raw, wire) = read_params(params)?;
+    let trace_raw = trace_raw.filter(|t| t.get() != "null").ok_or_else(|| {
         RpcError::new(
             ErrorCode::InvalidTrace,
             "evaluate_batch params missing required field: trace",
-            shape,
+            PARAMS_SHAPE,
         )
         .with_field("params.trace")
     })?;
@@ -135,17 +189,13 @@ pub fn evaluate(
         tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
     }
     let trace = parsed.trace;
-    let plan = plan(engine, params.assertions)?;
+    let plan = plan(engine, wire?)?;
 
     let mut results = Vec::with_capacity(plan.len());
     let max_chars = engine.config.max_explanation_chars;
     for p in &plan {
         if Instant::now() > deadline {
-            return Err(timeout(
-                engine.config.eval_timeout,
-                results.len(),
-                plan.len(),
-            ));
+            return Err(timeout(engine.config.eval_timeout, results.len(), plan.len()));
         }
         if let Some(rid) = &p.request_id {
             if let Some(hit) = engine.caches.by_request_id.get(rid) {
@@ -217,102 +267,98 @@ fn fingerprint(kind: AssertionType, spec_text: &str) -> u64 {
     h.finish()
 }
 
-/// Checks every assertion's envelope and compiles its spec, before anything runs.
-fn plan<'a>(
-    engine: &Engine,
-    assertions: Option<&'a RawValue>,
-) -> Result<Vec<Planned<'a>>, RpcError> {
-    let shape = "Send assertions as a list of {\"assertion_id\": str, \"type\": str, \"spec\": {...}, \"request_id\"?: str}.";
-    let raw = assertions.filter(|a| a.get() != "null").ok_or_else(|| {
+const PARAMS_SHAPE: &str = "Send {\"trace\": {...}, \"assertions\": [{\"assertion_id\": ..., \"type\": ..., \"spec\": {...}}, ...]}.";
+const ASSERTIONS_SHAPE: &str =
+    "Send assertions as a list of {\"assertion_id\": str, \"type\": str, \"spec\": {...}, \"request_id\"?: str}.";
+
+/// The raw trace, and the assertion envelopes or what is wrong with them.
+type SplitParams<'a> = (Option<&'a RawValue>, Result<Vec<Envelope<'a>>, RpcError>);
+
+/// Splits the params into the raw trace and the assertion envelopes. The
+/// assertions' own problems are returned separately: they are reported only
+/// after the trace has been validated.
+fn read_params(params: Option<&RawValue>) -> Result<SplitParams<'_>, RpcError> {
+    let text = params.map_or("null", |p| p.get());
+    let missing = || {
         assertion_error(
             "evaluate_batch params missing required field: assertions".into(),
-            shape,
+            ASSERTIONS_SHAPE,
             "params.assertions".into(),
         )
+    };
+    if let Ok(fast) = serde_json::from_str::<FastParams<'_>>(text) {
+        return Ok((fast.trace, fast.assertions.ok_or_else(missing)));
+    }
+    // Slow path, only for malformed requests: find exactly what is wrong.
+    let p: Params<'_> = serde_json::from_str(text).map_err(|_| {
+        RpcError::invalid_params("evaluate_batch params must be an object with trace and assertions", PARAMS_SHAPE).with_field("params")
     })?;
-    let items: Vec<&'a RawValue> = serde_json::from_str(raw.get()).map_err(|_| {
-        assertion_error(
-            "evaluate_batch assertions must be a list".into(),
-            shape,
-            "params.assertions".into(),
-        )
-    })?;
-    let mut seen: HashMap<String, usize> = HashMap::with_capacity(items.len());
-    let mut planned: Vec<Planned<'a>> = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("params.assertions[{i}]");
-        let w: WireAssertion<'a> = serde_json::from_str(item.get()).map_err(|_| {
+    let wire = (|| {
+        let raw = p.assertions.filter(|a| a.get() != "null").ok_or_else(missing)?;
+        let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|_| {
             assertion_error(
-                format!("assertions[{i}] must be an object"),
-                shape,
-                at.clone(),
+                "evaluate_batch assertions must be a list".into(),
+                ASSERTIONS_SHAPE,
+                "params.assertions".into(),
             )
         })?;
-        let id = match &w.assertion_id {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
-            Some(Value::String(_)) | None | Some(Value::Null) => {
+        items.iter().enumerate().map(|(i, item)| LooseEnvelope::parse(i, item)).collect()
+    })();
+    Ok((p.trace, wire))
+}
+
+/// Checks every assertion's envelope and compiles its spec, before anything runs.
+fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>, RpcError> {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(wire.len());
+    let mut planned: Vec<Planned<'a>> = Vec::with_capacity(wire.len());
+    for (i, w) in wire.iter().enumerate() {
+        // Field paths are only built for errors: this loop is on the hot path.
+        let at = |f: &str| format!("params.assertions[{i}].{f}");
+        let id = match w.assertion_id.as_deref() {
+            Some(s) if !s.is_empty() => s,
+            _ => {
                 return Err(assertion_error(
                     format!("assertions[{i}] missing required field: assertion_id"),
-                    shape,
-                    format!("{at}.assertion_id"),
-                ))
-            }
-            Some(_) => {
-                return Err(assertion_error(
-                    format!("assertions[{i}] assertion_id must be a string"),
-                    shape,
-                    format!("{at}.assertion_id"),
+                    ASSERTIONS_SHAPE,
+                    at("assertion_id"),
                 ))
             }
         };
+        let fail = |message: String, detail: String, field: &str| Err(assertion_error(message, detail, at(field)).with_assertion(id));
         if id.len() > MAX_ASSERTION_ID_BYTES {
-            return Err(assertion_error(
-                format!(
-                    "assertion_id exceeds maximum length: {} > {MAX_ASSERTION_ID_BYTES}",
-                    id.len()
-                ),
+            return fail(
+                format!("assertion_id exceeds maximum length: {} > {MAX_ASSERTION_ID_BYTES}", id.len()),
                 format!("assertion_id must be at most {MAX_ASSERTION_ID_BYTES} bytes."),
-                format!("{at}.assertion_id"),
-            ));
+                "assertion_id",
+            );
         }
-        let request_id = match &w.request_id {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_ASSERTION_ID_BYTES => Some(s.clone()),
-            Some(_) => {
-                return Err(assertion_error(
-                    format!("assertion {}: request_id must be a non-empty string of at most {MAX_ASSERTION_ID_BYTES} bytes", quote(&id)),
-                    "request_id is an optional idempotency key; send a short string or omit it.",
-                    format!("{at}.request_id"),
-                )
-                .with_assertion(&id))
-            }
-        };
-        let kind_name = match &w.kind {
-            Some(Value::String(s)) => s.as_str(),
-            None | Some(Value::Null) => {
-                return Err(assertion_error(
-                    format!("assertion {}: missing required field: type", quote(&id)),
-                    format!("Set type to one of: {}.", AssertionType::available_names()),
-                    format!("{at}.type"),
-                )
-                .with_assertion(&id))
-            }
-            Some(_) => {
-                return Err(assertion_error(
-                    format!("assertion {}: type must be a string", quote(&id)),
-                    format!("Set type to one of: {}.", AssertionType::available_names()),
-                    format!("{at}.type"),
-                )
-                .with_assertion(&id))
-            }
+        if w.request_id
+            .as_deref()
+            .is_some_and(|r| r.is_empty() || r.len() > MAX_ASSERTION_ID_BYTES)
+        {
+            return fail(
+                format!(
+                    "assertion {}: request_id must be a non-empty string of at most {MAX_ASSERTION_ID_BYTES} bytes",
+                    quote(id)
+                ),
+                "request_id is an optional idempotency key; send a short string or omit it.".into(),
+                "request_id",
+            );
+        }
+        let Some(kind_name) = w.kind.as_deref() else {
+            return fail(
+                format!("assertion {}: missing required field: type", quote(id)),
+                format!("Set type to one of: {}.", AssertionType::available_names()),
+                "type",
+            );
         };
         let kind = match AssertionType::parse(kind_name) {
             Some(k) if k.is_available() => k,
             Some(k) => {
-                return Err(assertion_error(
+                return fail(
                     format!(
                         "assertion {}: assertion type '{}' (layer {}) is not available: this engine does not support capability '{}'",
-                        quote(&id),
+                        quote(id),
                         k.name(),
                         k.layer(),
                         k.capability()
@@ -322,40 +368,40 @@ fn plan<'a>(
                         AssertionType::available_names(),
                         k.name()
                     ),
-                    format!("{at}.type"),
+                    "type",
                 )
-                .with_assertion(&id))
             }
             None => {
-                return Err(assertion_error(
-                    format!("assertion {}: unknown assertion type {}", quote(&id), quote(kind_name)),
+                return fail(
+                    format!("assertion {}: unknown assertion type {}", quote(id), quote(kind_name)),
                     format!("Supported assertion types: {}.", AssertionType::available_names()),
-                    format!("{at}.type"),
+                    "type",
                 )
-                .with_assertion(&id))
             }
         };
-        if let Some(first) = seen.insert(id.clone(), i) {
-            return Err(assertion_error(
-                format!("duplicate assertion_id {} in batch (assertions[{first}] and assertions[{i}])", quote(&id)),
-                "assertion_id must be unique within a batch: results are matched to assertions by it.",
-                format!("{at}.assertion_id"),
-            )
-            .with_assertion(&id));
+        if let Some(first) = seen.insert(id, i) {
+            return fail(
+                format!(
+                    "duplicate assertion_id {} in batch (assertions[{first}] and assertions[{i}])",
+                    quote(id)
+                ),
+                "assertion_id must be unique within a batch: results are matched to assertions by it.".into(),
+                "assertion_id",
+            );
         }
         let spec_text = w.spec.map_or("null", |s| s.get());
         let compiled = compile(engine, kind, spec_text).map_err(|e| {
             RpcError::new(
                 ErrorCode::AssertionError,
-                format!("assertion {} ({}): {}", quote(&id), kind.name(), e.message),
+                format!("assertion {} ({}): {}", quote(id), kind.name(), e.message),
                 e.detail,
             )
-            .with_assertion(&id)
-            .with_field(format!("{at}.{}", e.field))
+            .with_assertion(id)
+            .with_field(at(&e.field))
         })?;
         planned.push(Planned {
-            id,
-            request_id,
+            id: id.to_owned(),
+            request_id: w.request_id.as_deref().map(str::to_owned),
             kind,
             spec_text,
             compiled,
@@ -364,26 +410,20 @@ fn plan<'a>(
     Ok(planned)
 }
 
-fn compile(
-    engine: &Engine,
-    kind: AssertionType,
-    spec_text: &str,
-) -> Result<Arc<CompiledAssertion>, SpecError> {
+fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<CompiledAssertion>, SpecError> {
     let cacheable = spec_text.len() <= MAX_CACHED_SPEC_BYTES;
-    let key = if cacheable {
-        format!("{}\u{0}{spec_text}", kind.name())
-    } else {
-        String::new()
-    };
     if cacheable {
-        if let Some(hit) = engine.caches.compiled.get(&key) {
+        if let Some(hit) = engine.caches.compiled.get(&SpecKeyRef { kind, text: spec_text }) {
             return Ok(hit);
         }
     }
-    let spec: Value =
-        serde_json::from_str(spec_text).expect("spec text was parsed as JSON already");
+    let spec: Value = serde_json::from_str(spec_text).expect("spec text was parsed as JSON already");
     let compiled = Arc::new(CompiledAssertion::compile(kind, Some(&spec))?);
     if cacheable {
+        let key = SpecKey {
+            kind,
+            text: spec_text.into(),
+        };
         engine.caches.compiled.insert(key, compiled.clone());
     }
     Ok(compiled)
@@ -394,18 +434,11 @@ impl BatchResult {
     /// `max_bytes`. Returns false when even empty explanations do not fit.
     pub fn fit(&mut self, max_bytes: usize) -> bool {
         loop {
-            let size = serde_json::to_vec(self)
-                .map(|v| v.len())
-                .unwrap_or(usize::MAX);
+            let size = serde_json::to_vec(self).map(|v| v.len()).unwrap_or(usize::MAX);
             if size <= max_bytes {
                 return true;
             }
-            let longest = self
-                .results
-                .iter()
-                .map(|r| r.explanation.chars().count())
-                .max()
-                .unwrap_or(0);
+            let longest = self.results.iter().map(|r| r.explanation.chars().count()).max().unwrap_or(0);
             if longest == 0 {
                 return false;
             }

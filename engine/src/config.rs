@@ -78,33 +78,18 @@ pub struct Overrides {
 
 /// The environment variables the engine reads, in one place for the docs.
 pub const ENV_VARS: &[(&str, &str)] = &[
-    (
-        "ATTEST_CONFIG",
-        "path of the TOML config file (like --config)",
-    ),
+    ("ATTEST_CONFIG", "path of the TOML config file (like --config)"),
     ("ATTEST_LOG_LEVEL", "debug | info | warn | error"),
-    (
-        "ATTEST_EVAL_TIMEOUT",
-        "per-request deadline, e.g. 30s, 1500ms, 2m",
-    ),
-    (
-        "ATTEST_MAX_CONCURRENT_REQUESTS",
-        "requests evaluated at once (1-1024)",
-    ),
-    (
-        "ATTEST_STRICT_STEP_TYPES",
-        "true to reject unknown step types",
-    ),
+    ("ATTEST_EVAL_TIMEOUT", "per-request deadline, e.g. 30s, 1500ms, 2m"),
+    ("ATTEST_MAX_CONCURRENT_REQUESTS", "requests evaluated at once (1-1024)"),
+    ("ATTEST_STRICT_STEP_TYPES", "true to reject unknown step types"),
 ];
 
 impl Config {
     /// Resolves the configuration from `overrides`, the environment (`env`)
     /// and the config file they name.
     pub fn load(overrides: &Overrides, env: impl Fn(&str) -> Option<String>) -> Result<Config> {
-        let path = overrides
-            .config_path
-            .clone()
-            .or_else(|| env("ATTEST_CONFIG").map(PathBuf::from));
+        let path = overrides.config_path.clone().or_else(|| env("ATTEST_CONFIG").map(PathBuf::from));
         let file = match &path {
             Some(p) => read_file(p)?,
             None => FileConfig::default(),
@@ -127,15 +112,9 @@ impl Config {
             c.max_concurrent_requests = v;
         }
         c.strict_step_types = file.strict_step_types.unwrap_or(c.strict_step_types);
-        c.idempotency_cache_entries = file
-            .idempotency_cache_entries
-            .unwrap_or(c.idempotency_cache_entries);
-        c.compiled_cache_entries = file
-            .compiled_cache_entries
-            .unwrap_or(c.compiled_cache_entries);
-        c.max_explanation_chars = file
-            .max_explanation_chars
-            .unwrap_or(c.max_explanation_chars);
+        c.idempotency_cache_entries = file.idempotency_cache_entries.unwrap_or(c.idempotency_cache_entries);
+        c.compiled_cache_entries = file.compiled_cache_entries.unwrap_or(c.compiled_cache_entries);
+        c.max_explanation_chars = file.max_explanation_chars.unwrap_or(c.max_explanation_chars);
         c.max_plugin_results = file.max_plugin_results.unwrap_or(c.max_plugin_results);
 
         if let Some(v) = env("ATTEST_LOG_LEVEL") {
@@ -145,9 +124,10 @@ impl Config {
             c.eval_timeout = parse_duration(&v).context("ATTEST_EVAL_TIMEOUT")?;
         }
         if let Some(v) = env("ATTEST_MAX_CONCURRENT_REQUESTS") {
-            c.max_concurrent_requests = v.trim().parse().with_context(|| {
-                format!("ATTEST_MAX_CONCURRENT_REQUESTS: '{v}' is not a whole number")
-            })?;
+            c.max_concurrent_requests = v
+                .trim()
+                .parse()
+                .with_context(|| format!("ATTEST_MAX_CONCURRENT_REQUESTS: '{v}' is not a whole number"))?;
         }
         if let Some(v) = env("ATTEST_STRICT_STEP_TYPES") {
             c.strict_step_types = parse_bool(&v).context("ATTEST_STRICT_STEP_TYPES")?;
@@ -174,18 +154,14 @@ impl Config {
             bail!("eval_timeout must be greater than zero");
         }
         if c.max_explanation_chars < 64 {
-            bail!(
-                "max_explanation_chars must be at least 64, got {}",
-                c.max_explanation_chars
-            );
+            bail!("max_explanation_chars must be at least 64, got {}", c.max_explanation_chars);
         }
         Ok(c)
     }
 }
 
 fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| {
         format!(
             "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results)",
@@ -202,9 +178,7 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
             return Ok(Duration::from_secs_f64(secs));
         }
     }
-    humantime::parse_duration(s).with_context(|| {
-        format!("'{s}' is not a duration; use e.g. 30s, 1500ms, 2m or a number of seconds")
-    })
+    humantime::parse_duration(s).with_context(|| format!("'{s}' is not a duration; use e.g. 30s, 1500ms, 2m or a number of seconds"))
 }
 
 fn parse_bool(s: &str) -> Result<bool> {
@@ -221,10 +195,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| m.get(k).cloned()
     }
 
@@ -232,11 +203,7 @@ mod tests {
     fn precedence_is_flags_then_env_then_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("attest.toml");
-        std::fs::write(
-            &path,
-            "eval_timeout = \"5s\"\nmax_concurrent_requests = 8\nlog_level = \"debug\"\n",
-        )
-        .unwrap();
+        std::fs::write(&path, "eval_timeout = \"5s\"\nmax_concurrent_requests = 8\nlog_level = \"debug\"\n").unwrap();
         let o = Overrides {
             config_path: Some(path),
             log_level: Some("error".into()),
@@ -259,25 +226,14 @@ mod tests {
         };
         let e = format!("{:#}", Config::load(&o, env(&[])).unwrap_err());
         assert!(e.contains("eval_timout"), "{e}");
-        assert!(Config::load(
-            &Overrides::default(),
-            env(&[("ATTEST_EVAL_TIMEOUT", "soon")])
-        )
-        .is_err());
-        assert!(Config::load(
-            &Overrides::default(),
-            env(&[("ATTEST_MAX_CONCURRENT_REQUESTS", "0")])
-        )
-        .is_err());
+        assert!(Config::load(&Overrides::default(), env(&[("ATTEST_EVAL_TIMEOUT", "soon")])).is_err());
+        assert!(Config::load(&Overrides::default(), env(&[("ATTEST_MAX_CONCURRENT_REQUESTS", "0")])).is_err());
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_LOG_LEVEL", "loud")])).is_err());
     }
 
     #[test]
     fn durations() {
-        assert_eq!(
-            parse_duration("1500ms").unwrap(),
-            Duration::from_millis(1500)
-        );
+        assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
         assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
     }

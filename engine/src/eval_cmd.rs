@@ -42,13 +42,7 @@ enum Body {
 }
 
 /// Runs the command; returns the process exit code.
-pub fn run(
-    engine: &Engine,
-    trace_path: &Path,
-    assertions_path: &Path,
-    format: Format,
-    out: &mut impl std::io::Write,
-) -> Result<i32> {
+pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: Format, out: &mut impl std::io::Write) -> Result<i32> {
     let assertions = read_assertions(assertions_path)?;
     let traces = read_traces(trace_path)?;
     let mut outcomes = Vec::with_capacity(traces.len());
@@ -69,9 +63,7 @@ pub fn run(
         }
         Format::Table => write_table(&outcomes, out)?,
     }
-    let errored = outcomes
-        .iter()
-        .any(|o| matches!(o.body, Body::Error { .. }));
+    let errored = outcomes.iter().any(|o| matches!(o.body, Body::Error { .. }));
     let hard = outcomes
         .iter()
         .any(|o| matches!(&o.body, Body::Results(r) if r.results.iter().any(|a| a.status == Status::HardFail)));
@@ -85,15 +77,11 @@ pub fn run(
 }
 
 fn read_assertions(path: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read assertions file {}", path.display()))?;
-    let v: Value = serde_json::from_str(&text)
-        .with_context(|| format!("assertions file {} is not valid JSON", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read assertions file {}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).with_context(|| format!("assertions file {} is not valid JSON", path.display()))?;
     let list = match v {
         Value::Array(_) => v,
-        Value::Object(mut m) if m.get("assertions").is_some_and(Value::is_array) => {
-            m.remove("assertions").unwrap_or_default()
-        }
+        Value::Object(mut m) if m.get("assertions").is_some_and(Value::is_array) => m.remove("assertions").unwrap_or_default(),
         _ => bail!(
             "assertions file {} must hold a JSON list of assertions or {{\"assertions\": [...]}}",
             path.display()
@@ -104,13 +92,9 @@ fn read_assertions(path: &Path) -> Result<String> {
 
 /// `(label, trace JSON text)` per trace in the file.
 fn read_traces(path: &Path) -> Result<Vec<(String, String)>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read trace file {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read trace file {}", path.display()))?;
     let name = path.display().to_string();
-    if path
-        .extension()
-        .is_some_and(|e| e == "jsonl" || e == "ndjson")
-    {
+    if path.extension().is_some_and(|e| e == "jsonl" || e == "ndjson") {
         return Ok(text
             .lines()
             .enumerate()
@@ -118,8 +102,7 @@ fn read_traces(path: &Path) -> Result<Vec<(String, String)>> {
             .map(|(i, l)| (format!("{name}:{}", i + 1), l.to_owned()))
             .collect());
     }
-    let v: Value = serde_json::from_str(&text)
-        .with_context(|| format!("trace file {name} is not valid JSON"))?;
+    let v: Value = serde_json::from_str(&text).with_context(|| format!("trace file {name} is not valid JSON"))?;
     Ok(match v {
         Value::Array(items) => items
             .iter()
@@ -160,11 +143,7 @@ fn write_table(outcomes: &[Outcome], out: &mut impl std::io::Write) -> Result<()
                     .max()
                     .unwrap_or(0)
                     .clamp(9, 32);
-                writeln!(
-                    out,
-                    "  {:<id_w$}  {:<9}  {:>5}  EXPLANATION",
-                    "ASSERTION", "STATUS", "SCORE"
-                )?;
+                writeln!(out, "  {:<id_w$}  {:<9}  {:>5}  EXPLANATION", "ASSERTION", "STATUS", "SCORE")?;
                 for a in &r.results {
                     writeln!(
                         out,

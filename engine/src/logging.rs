@@ -83,9 +83,7 @@ pub fn init(level: Level) -> DropCounter {
                         "warn",
                         "engine.logging",
                         "log lines dropped: stderr was not being read",
-                        [("dropped".to_owned(), Value::from(now - already_reported))]
-                            .into_iter()
-                            .collect(),
+                        [("dropped".to_owned(), Value::from(now - already_reported))].into_iter().collect(),
                     );
                     let _ = err.write_all(note.as_bytes());
                     already_reported = now;
@@ -115,16 +113,8 @@ impl<S: Subscriber> Layer<S> for JsonLines {
             tracing::Level::INFO => "info",
             _ => "debug",
         };
-        let logger = meta
-            .target()
-            .replacen("attest_engine::", "engine.", 1)
-            .replace("::", ".");
-        let line = format_line(
-            level,
-            &logger,
-            fields.msg.as_deref().unwrap_or(""),
-            fields.map,
-        );
+        let logger = meta.target().replacen("attest_engine::", "engine.", 1).replace("::", ".");
+        let line = format_line(level, &logger, fields.msg.as_deref().unwrap_or(""), fields.map);
         if let Err(TrySendError::Full(_)) = self.tx.try_send(line) {
             self.dropped.0.fetch_add(1, Ordering::Relaxed);
         }
@@ -188,11 +178,8 @@ fn format_line(level: &str, logger: &str, msg: &str, fields: Map<String, Value>)
 
 /// RFC 3339 UTC with milliseconds, as in spec §1.3.
 fn timestamp() -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let t = time::OffsetDateTime::from_unix_timestamp(now.as_secs() as i64)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let t = time::OffsetDateTime::from_unix_timestamp(now.as_secs() as i64).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     format!(
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
         t.year(),
@@ -215,9 +202,7 @@ mod tests {
             "info",
             "engine",
             "evaluation complete",
-            [("trace_id".to_owned(), Value::from("t1"))]
-                .into_iter()
-                .collect(),
+            [("trace_id".to_owned(), Value::from("t1"))].into_iter().collect(),
         );
         let v: Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["level"], "info");

@@ -10,6 +10,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+// The engine allocates many small, short-lived strings and JSON values per
+// request; mimalloc measurably beats the system allocator on that pattern
+// (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "attest-engine", version, about = "Attest evaluation engine: JSON-RPC 2.0 over stdio", after_help = env_help())]
 struct Cli {
@@ -86,24 +92,14 @@ fn main() -> ExitCode {
             println!("attest-engine {ENGINE_VERSION}");
             ExitCode::SUCCESS
         }
-        Command::Eval {
-            trace,
-            assertions,
-            format,
-        } => {
+        Command::Eval { trace, assertions, format } => {
             logging::init(config.log_level);
             let engine = Engine::new(config);
             let format = match format {
                 OutputFormat::Table => Format::Table,
                 OutputFormat::Json => Format::Json,
             };
-            match eval_cmd::run(
-                &engine,
-                &trace,
-                &assertions,
-                format,
-                &mut std::io::stdout().lock(),
-            ) {
+            match eval_cmd::run(&engine, &trace, &assertions, format, &mut std::io::stdout().lock()) {
                 Ok(code) => ExitCode::from(code as u8),
                 Err(e) => {
                     eprintln!("attest-engine eval: {e:#}");
@@ -113,10 +109,14 @@ fn main() -> ExitCode {
         }
         Command::Serve => {
             logging::init(config.log_level);
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            // With one CPU a work-stealing pool only adds thread hand-offs.
+            let one_cpu = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+            let mut builder = if one_cpu {
+                tokio::runtime::Builder::new_current_thread()
+            } else {
+                tokio::runtime::Builder::new_multi_thread()
+            };
+            let runtime = match builder.enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("attest-engine: cannot start the async runtime: {e}");
@@ -124,13 +124,10 @@ fn main() -> ExitCode {
                 }
             };
             let engine = Arc::new(Engine::new(config));
-            let ended =
-                runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
-            let code = if ended == server::Ended::InputError {
-                1
-            } else {
-                0
-            };
+            // The read loop runs on this thread; the requests it spawns go to the
+            // shared queue, from which every worker takes them.
+            let ended = runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
+            let code = if ended == server::Ended::InputError { 1 } else { 0 };
             // stdin's blocking reader thread cannot be interrupted; exit rather
             // than wait for it. Responses were flushed by `serve`.
             std::process::exit(code);

@@ -47,10 +47,7 @@ impl PluginResults {
         let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
         if items.len() >= self.max {
             items.pop_front();
-            tracing::warn!(
-                max = self.max,
-                "plugin result store full; dropped the oldest result"
-            );
+            tracing::warn!(max = self.max, "plugin result store full; dropped the oldest result");
         }
         items.push_back(r);
     }
@@ -58,11 +55,7 @@ impl PluginResults {
     /// Every recorded result for `trace_id`, oldest first.
     pub fn for_trace(&self, trace_id: &str) -> Vec<PluginResult> {
         let items = self.items.lock().unwrap_or_else(|e| e.into_inner());
-        items
-            .iter()
-            .filter(|r| r.trace_id == trace_id)
-            .cloned()
-            .collect()
+        items.iter().filter(|r| r.trace_id == trace_id).cloned().collect()
     }
 
     pub fn len(&self) -> usize {
@@ -90,32 +83,16 @@ pub fn parse(params: Option<&RawValue>) -> Result<PluginResult, RpcError> {
         .ok_or_else(|| field_error("", "submit_plugin_result params must be an object".into()))?;
     let string = |m: &Map<String, Value>, key: &str, path: &str| match m.get(key) {
         Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
-        None | Some(Value::Null) => Err(field_error(
-            path,
-            format!("submit_plugin_result missing required field: {path}"),
-        )),
-        Some(_) => Err(field_error(
-            path,
-            format!("submit_plugin_result {path} must be a non-empty string"),
-        )),
+        None | Some(Value::Null) => Err(field_error(path, format!("submit_plugin_result missing required field: {path}"))),
+        Some(_) => Err(field_error(path, format!("submit_plugin_result {path} must be a non-empty string"))),
     };
     let trace_id = string(&map, "trace_id", "trace_id")?;
     let plugin_name = string(&map, "plugin_name", "plugin_name")?;
     let assertion_id = string(&map, "assertion_id", "assertion_id")?;
     let result = match map.get("result") {
         Some(Value::Object(r)) => r,
-        None | Some(Value::Null) => {
-            return Err(field_error(
-                "result",
-                "submit_plugin_result missing required field: result".into(),
-            ))
-        }
-        Some(_) => {
-            return Err(field_error(
-                "result",
-                "submit_plugin_result result must be an object".into(),
-            ))
-        }
+        None | Some(Value::Null) => return Err(field_error("result", "submit_plugin_result missing required field: result".into())),
+        Some(_) => return Err(field_error("result", "submit_plugin_result result must be an object".into())),
     };
     let status = match result.get("status") {
         Some(Value::String(s)) => match s.as_str() {
@@ -125,12 +102,25 @@ pub fn parse(params: Option<&RawValue>) -> Result<PluginResult, RpcError> {
             other => {
                 return Err(field_error(
                     "result.status",
-                    format!("submit_plugin_result result.status '{}' is not one of pass, soft_fail, hard_fail", clip(other, 60)),
+                    format!(
+                        "submit_plugin_result result.status '{}' is not one of pass, soft_fail, hard_fail",
+                        clip(other, 60)
+                    ),
                 ))
             }
         },
-        None | Some(Value::Null) => return Err(field_error("result.status", "submit_plugin_result missing required field: result.status".into())),
-        Some(_) => return Err(field_error("result.status", "submit_plugin_result result.status must be one of pass, soft_fail, hard_fail".into())),
+        None | Some(Value::Null) => {
+            return Err(field_error(
+                "result.status",
+                "submit_plugin_result missing required field: result.status".into(),
+            ))
+        }
+        Some(_) => {
+            return Err(field_error(
+                "result.status",
+                "submit_plugin_result result.status must be one of pass, soft_fail, hard_fail".into(),
+            ))
+        }
     };
     let score = match result.get("score") {
         Some(Value::Number(n)) => match n.as_f64() {
@@ -220,11 +210,7 @@ mod tests {
             ("/result/score", json!(1.5), "params.result.score"),
             ("/result/score", json!("high"), "params.result.score"),
             ("/trace_id", json!(""), "params.trace_id"),
-            (
-                "/result/explanation",
-                json!(null),
-                "params.result.explanation",
-            ),
+            ("/result/explanation", json!(null), "params.result.explanation"),
             ("/result/metadata", json!([1]), "params.result.metadata"),
         ];
         for (ptr, value, field) in cases {
@@ -245,11 +231,7 @@ mod tests {
             r.assertion_id = id.into();
             store.record(r);
         }
-        let kept: Vec<String> = store
-            .for_trace("t")
-            .into_iter()
-            .map(|r| r.assertion_id)
-            .collect();
+        let kept: Vec<String> = store.for_trace("t").into_iter().map(|r| r.assertion_id).collect();
         assert_eq!(kept, ["b", "c"]);
     }
 }

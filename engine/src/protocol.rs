@@ -113,13 +113,7 @@ impl RpcError {
 
 impl fmt::Display for RpcError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({}): {}",
-            self.code.code(),
-            self.code.error_type(),
-            self.message
-        )
+        write!(f, "{} ({}): {}", self.code.code(), self.code.error_type(), self.message)
     }
 }
 
@@ -234,28 +228,43 @@ pub struct Rejected {
     pub error: RpcError,
 }
 
-/// Parses one request object (already known to be syntactically valid JSON).
-pub fn parse_request(raw: &RawValue) -> Result<Request<'_>, Rejected> {
-    let text = raw.get();
-    let reject = |id: Box<RawValue>, message: &str, detail: String| Rejected {
+/// Parses one request object from its text, in a single pass: invalid JSON
+/// is `-32700`, valid JSON that is not a request object is `-32600`.
+pub fn parse_request(text: &str) -> Result<Request<'_>, Rejected> {
+    let reject = |id: Box<RawValue>, code: ErrorCode, message: &str, detail: String| Rejected {
         id,
-        error: RpcError::new(ErrorCode::InvalidRequest, message, detail),
+        error: RpcError::new(code, message, detail),
     };
-    if !text.starts_with('{') {
-        return Err(reject(
-            null_id(),
-            "invalid request: expected a JSON object",
-            "Each line must hold one JSON-RPC 2.0 request object, or an array of them (a batch)."
-                .into(),
-        ));
-    }
-    let wire: WireRequest<'_> = serde_json::from_str(text).map_err(|e| {
-        reject(
-            null_id(),
-            "invalid request: malformed request object",
-            format!("The request object could not be read: {e}. Send {{\"jsonrpc\":\"2.0\",\"id\":<id>,\"method\":<name>,\"params\":{{...}}}}."),
-        )
-    })?;
+    let wire: WireRequest<'_> = match serde_json::from_str(text) {
+        Ok(w) => w,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            return Err(reject(
+                null_id(),
+                ErrorCode::ParseError,
+                "parse error: line is not valid JSON",
+                format!("{e}. Send one compact JSON-RPC request per line."),
+            ))
+        }
+        Err(_) if !text.starts_with('{') => {
+            return Err(reject(
+                null_id(),
+                ErrorCode::InvalidRequest,
+                "invalid request: expected a JSON object",
+                "Each line must hold one JSON-RPC 2.0 request object, or an array of them (a batch).".into(),
+            ));
+        }
+        Err(e) => {
+            return Err(reject(
+                null_id(),
+                ErrorCode::InvalidRequest,
+                "invalid request: malformed request object",
+                format!(
+                "The request object could not be read: {e}. Send {{\"jsonrpc\":\"2.0\",\"id\":<id>,\"method\":<name>,\"params\":{{...}}}}."
+            ),
+            ))
+        }
+    };
+    let reject = |id: Box<RawValue>, message: &str, detail: String| reject(id, ErrorCode::InvalidRequest, message, detail);
     let id = match wire.id {
         Some(id) if id.get().len() > MAX_ID_BYTES => {
             return Err(reject(
@@ -332,11 +341,7 @@ pub fn parse_request(raw: &RawValue) -> Result<Request<'_>, Rejected> {
 
 /// Comma-separated method names, for `detail` texts.
 pub fn method_list() -> String {
-    Method::ALL
-        .iter()
-        .map(|m| m.name())
-        .collect::<Vec<_>>()
-        .join(", ")
+    Method::ALL.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
 }
 
 /// Serialises a success response line (without the trailing newline).
@@ -362,61 +367,57 @@ pub fn error_line(id: &RawValue, error: &RpcError) -> Vec<u8> {
         id: &'a RawValue,
         error: &'a RpcError,
     }
-    serde_json::to_vec(&Failure {
-        jsonrpc: "2.0",
-        id,
-        error,
-    })
-    .expect("error responses always serialise")
+    serde_json::to_vec(&Failure { jsonrpc: "2.0", id, error }).expect("error responses always serialise")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn raw(s: &str) -> Box<RawValue> {
-        RawValue::from_string(s.to_owned()).unwrap()
-    }
-
     #[test]
     fn parses_a_request_and_keeps_the_id_text() {
-        let r = raw(r#"{"jsonrpc":"2.0","id":1.50,"method":"shutdown","params":{}}"#);
-        let req = parse_request(&r).ok().unwrap();
+        let r = r#"{"jsonrpc":"2.0","id":1.50,"method":"shutdown","params":{}}"#;
+        let req = parse_request(r).ok().unwrap();
         assert_eq!(req.id.unwrap().get(), "1.50");
         assert_eq!(req.method, Ok(Method::Shutdown));
     }
 
     #[test]
     fn null_id_is_not_a_notification() {
-        let r = raw(r#"{"jsonrpc":"2.0","id":null,"method":"shutdown"}"#);
-        assert_eq!(parse_request(&r).ok().unwrap().id.unwrap().get(), "null");
-        let r = raw(r#"{"jsonrpc":"2.0","method":"shutdown"}"#);
-        assert!(parse_request(&r).ok().unwrap().id.is_none());
+        let r = r#"{"jsonrpc":"2.0","id":null,"method":"shutdown"}"#;
+        assert_eq!(parse_request(r).ok().unwrap().id.unwrap().get(), "null");
+        let r = r#"{"jsonrpc":"2.0","method":"shutdown"}"#;
+        assert!(parse_request(r).ok().unwrap().id.is_none());
     }
 
     #[test]
     fn unknown_method_is_kept_for_the_error() {
-        let r = raw(r#"{"jsonrpc":"2.0","id":"a","method":"frobnicate"}"#);
-        assert_eq!(
-            parse_request(&r).ok().unwrap().method,
-            Err("frobnicate".into())
-        );
+        let r = r#"{"jsonrpc":"2.0","id":"a","method":"frobnicate"}"#;
+        assert_eq!(parse_request(r).ok().unwrap().method, Err("frobnicate".into()));
     }
 
     #[test]
     fn rejects_wrong_version_with_the_id() {
-        let r = raw(r#"{"jsonrpc":"1.0","id":7,"method":"shutdown"}"#);
-        let rej = parse_request(&r).err().unwrap();
+        let r = r#"{"jsonrpc":"1.0","id":7,"method":"shutdown"}"#;
+        let rej = parse_request(r).err().unwrap();
         assert_eq!(rej.id.get(), "7");
         assert_eq!(rej.error.code, ErrorCode::InvalidRequest);
     }
 
     #[test]
     fn rejects_non_string_method_and_scalar_params() {
-        let r = raw(r#"{"jsonrpc":"2.0","id":7,"method":5}"#);
-        assert!(parse_request(&r).is_err());
-        let r = raw(r#"{"jsonrpc":"2.0","id":7,"method":"shutdown","params":3}"#);
-        assert!(parse_request(&r).is_err());
+        let r = r#"{"jsonrpc":"2.0","id":7,"method":5}"#;
+        assert!(parse_request(r).is_err());
+        let r = r#"{"jsonrpc":"2.0","id":7,"method":"shutdown","params":3}"#;
+        assert!(parse_request(r).is_err());
+    }
+
+    #[test]
+    fn syntax_errors_are_parse_errors_and_other_json_is_invalid() {
+        assert_eq!(parse_request("{\"jsonrpc\":").err().unwrap().error.code, ErrorCode::ParseError);
+        assert_eq!(parse_request("{} x").err().unwrap().error.code, ErrorCode::ParseError);
+        assert_eq!(parse_request("42").err().unwrap().error.code, ErrorCode::InvalidRequest);
+        assert_eq!(parse_request("\"s\"").err().unwrap().error.code, ErrorCode::InvalidRequest);
     }
 
     #[test]

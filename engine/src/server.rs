@@ -12,10 +12,7 @@
 
 use crate::batch;
 use crate::plugin_results::{self, Accepted};
-use crate::protocol::{
-    self, error_line, method_list, null_id, parse_request, success_line, ErrorCode, Method,
-    Request, RpcError,
-};
+use crate::protocol::{self, error_line, method_list, null_id, parse_request, success_line, ErrorCode, Method, Request, RpcError};
 use crate::session::{Engine, State};
 use crate::transport::{sniff_request, spawn_writer, Line, LineReader};
 use serde::Serialize;
@@ -93,14 +90,8 @@ where
     };
     tracing::info!(reason = ?ended, inflight = tracker.len(), "stopping: draining in-flight requests");
     tracker.close();
-    if tokio::time::timeout(engine.config.drain_timeout, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            abandoned = tracker.len(),
-            "drain timeout reached; exiting with requests unanswered"
-        );
+    if tokio::time::timeout(engine.config.drain_timeout, tracker.wait()).await.is_err() {
+        tracing::warn!(abandoned = tracker.len(), "drain timeout reached; exiting with requests unanswered");
     }
     drop(out);
     // The writer exits once every sender is gone and the queue is flushed.
@@ -109,12 +100,7 @@ where
 }
 
 /// Handles one line and sends its response, if any.
-async fn respond(
-    engine: Arc<Engine>,
-    line: Vec<u8>,
-    out: mpsc::Sender<Vec<u8>>,
-    _permit: tokio::sync::OwnedSemaphorePermit,
-) {
+async fn respond(engine: Arc<Engine>, line: Vec<u8>, out: mpsc::Sender<Vec<u8>>, _permit: tokio::sync::OwnedSemaphorePermit) {
     let reply = {
         let _inflight = engine.track();
         handle_line(&engine, &line).await
@@ -139,10 +125,7 @@ pub async fn handle_line(engine: &Engine, line: &[u8]) -> Option<Vec<u8>> {
                 &RpcError::new(
                     ErrorCode::ParseError,
                     "parse error: line is not valid UTF-8",
-                    format!(
-                        "Invalid UTF-8 at byte {}. Encode requests as UTF-8 JSON.",
-                        e.valid_up_to()
-                    ),
+                    format!("Invalid UTF-8 at byte {}. Encode requests as UTF-8 JSON.", e.valid_up_to()),
                 ),
             ))
         }
@@ -151,20 +134,19 @@ pub async fn handle_line(engine: &Engine, line: &[u8]) -> Option<Vec<u8>> {
         tracing::debug!("ignoring blank input line");
         return None;
     }
-    let parse_error = |e: serde_json::Error| {
-        error_line(
-            &null_id(),
-            &RpcError::new(
-                ErrorCode::ParseError,
-                "parse error: line is not valid JSON",
-                format!("{e}. Send one compact JSON-RPC request per line."),
-            ),
-        )
-    };
     if text.starts_with('[') {
         let items: Vec<&RawValue> = match serde_json::from_str(text) {
             Ok(items) => items,
-            Err(e) => return Some(parse_error(e)),
+            Err(e) => {
+                return Some(error_line(
+                    &null_id(),
+                    &RpcError::new(
+                        ErrorCode::ParseError,
+                        "parse error: line is not valid JSON",
+                        format!("{e}. Send one compact JSON-RPC request per line."),
+                    ),
+                ))
+            }
         };
         if items.is_empty() {
             return Some(error_line(
@@ -176,11 +158,11 @@ pub async fn handle_line(engine: &Engine, line: &[u8]) -> Option<Vec<u8>> {
                 ),
             ));
         }
-        let replies: Vec<Vec<u8>> = futures_join(items.iter().map(|raw| handle_one(engine, raw)))
-            .await
-            .into_iter()
-            .flatten()
-            .collect();
+        // Batch members run in order; the batch as a whole runs concurrently with other lines.
+        let mut replies = Vec::with_capacity(items.len());
+        for raw in &items {
+            replies.extend(handle_one(engine, raw.get()).await);
+        }
         if replies.is_empty() {
             return None;
         }
@@ -195,23 +177,11 @@ pub async fn handle_line(engine: &Engine, line: &[u8]) -> Option<Vec<u8>> {
         out.push(b']');
         return Some(out);
     }
-    match serde_json::from_str::<&RawValue>(text) {
-        Ok(raw) => handle_one(engine, raw).await,
-        Err(e) => Some(parse_error(e)),
-    }
+    handle_one(engine, text).await
 }
 
-/// Runs the futures of a JSON-RPC batch one after the other, in order.
-async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut out = Vec::new();
-    for f in futs {
-        out.push(f.await);
-    }
-    out
-}
-
-async fn handle_one(engine: &Engine, raw: &RawValue) -> Option<Vec<u8>> {
-    let req = match parse_request(raw) {
+async fn handle_one(engine: &Engine, text: &str) -> Option<Vec<u8>> {
+    let req = match parse_request(text) {
         Ok(r) => r,
         Err(rejected) => return Some(error_line(&rejected.id, &rejected.error)),
     };
@@ -246,11 +216,7 @@ async fn handle_one(engine: &Engine, raw: &RawValue) -> Option<Vec<u8>> {
             Ok(line) => line,
             Err(e) => error_line(
                 id,
-                &RpcError::new(
-                    ErrorCode::EngineError,
-                    "failed to serialise the result",
-                    e.to_string(),
-                ),
+                &RpcError::new(ErrorCode::EngineError, "failed to serialise the result", e.to_string()),
             ),
         },
         Err(e) => error_line(id, &e),
@@ -258,30 +224,17 @@ async fn handle_one(engine: &Engine, raw: &RawValue) -> Option<Vec<u8>> {
 }
 
 fn to_raw<T: Serialize>(value: &T) -> Result<Box<RawValue>, RpcError> {
-    serde_json::value::to_raw_value(value).map_err(|e| {
-        RpcError::new(
-            ErrorCode::EngineError,
-            "failed to serialise the result",
-            e.to_string(),
-        )
-    })
+    serde_json::value::to_raw_value(value)
+        .map_err(|e| RpcError::new(ErrorCode::EngineError, "failed to serialise the result", e.to_string()))
 }
 
-async fn dispatch(
-    engine: &Engine,
-    method: Method,
-    params: Option<&RawValue>,
-    id_len: usize,
-) -> Result<Box<RawValue>, RpcError> {
+async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id_len: usize) -> Result<Box<RawValue>, RpcError> {
     if method == Method::Initialize {
         return to_raw(&engine.initialize(params)?);
     }
     if method == Method::Shutdown {
         let result = engine.shutdown().await?;
-        tracing::info!(
-            assertions_evaluated = result.assertions_evaluated,
-            "shutdown requested"
-        );
+        tracing::info!(assertions_evaluated = result.assertions_evaluated, "shutdown requested");
         return to_raw(&result);
     }
     engine.require_ready(method)?;
@@ -298,6 +251,11 @@ async fn dispatch(
             // The SDK reader fails on lines over the limit: the envelope takes
             // `{"jsonrpc":"2.0","id":…,"result":…}`.
             let budget = engine.config.max_response_bytes.saturating_sub(32 + id_len);
+            let raw = to_raw(&result)?;
+            if raw.get().len() <= budget {
+                tracing::debug!(trace_id = %result.trace_id, assertions = result.results.len(), duration_ms = result.total_duration_ms, "evaluation complete");
+                return Ok(raw);
+            }
             if !result.fit(budget) {
                 return Err(RpcError::new(
                     ErrorCode::AssertionError,
@@ -335,11 +293,7 @@ async fn dispatch(
 fn oversized_reply(prefix: &[u8], len: usize, max_line: usize) -> Vec<u8> {
     let (id, method) = sniff_request(prefix);
     let id = id.unwrap_or_else(null_id);
-    tracing::warn!(
-        bytes = len,
-        limit = max_line,
-        "oversized request line skipped"
-    );
+    tracing::warn!(bytes = len, limit = max_line, "oversized request line skipped");
     let limit_text = format!(
         "A request line may hold at most {max_line} bytes: a trace of at most {} bytes (10 MB) plus {LINE_HEADROOM_BYTES} bytes for the rest of the request.",
         max_line - LINE_HEADROOM_BYTES
@@ -348,9 +302,7 @@ fn oversized_reply(prefix: &[u8], len: usize, max_line: usize) -> Vec<u8> {
         Some("evaluate_batch") | None => RpcError::new(
             ErrorCode::InvalidTrace,
             format!("request line exceeds max size: {len} > {max_line} bytes"),
-            format!(
-                "{limit_text} Reduce trace size by filtering steps or truncating tool results."
-            ),
+            format!("{limit_text} Reduce trace size by filtering steps or truncating tool results."),
         )
         .with_field("params.trace"),
         Some(_) => RpcError::new(

@@ -143,12 +143,7 @@ impl Engine {
         }
         if self
             .state
-            .compare_exchange(
-                State::Uninitialized as u8,
-                State::Ready as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
+            .compare_exchange(State::Uninitialized as u8, State::Ready as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
             return Err(RpcError::session(
@@ -182,12 +177,7 @@ impl Engine {
         self.require_ready(Method::Shutdown)?;
         if self
             .state
-            .compare_exchange(
-                State::Ready as u8,
-                State::Draining as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
+            .compare_exchange(State::Ready as u8, State::Draining as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
             return self.require_ready(Method::Shutdown).map(|_| unreachable!());
@@ -243,23 +233,14 @@ impl InitializeParams {
         let example = "Send {\"sdk_name\":\"attest-python\",\"sdk_version\":\"0.9.0\",\"protocol_version\":1,\"required_capabilities\":[\"layers_1_4\"],\"preferred_encoding\":\"json\"}.";
         let map: Map<String, Value> = params
             .and_then(|p| serde_json::from_str(p.get()).ok())
-            .ok_or_else(|| {
-                RpcError::invalid_params("initialize params must be an object", example)
-                    .with_field("params")
-            })?;
+            .ok_or_else(|| RpcError::invalid_params("initialize params must be an object", example).with_field("params"))?;
         let bad = |field: &str, want: &str| {
-            RpcError::invalid_params(
-                format!("initialize params field {field} must be {want}"),
-                example,
-            )
-            .with_field(format!("params.{field}"))
+            RpcError::invalid_params(format!("initialize params field {field} must be {want}"), example)
+                .with_field(format!("params.{field}"))
         };
         let missing = |field: &str| {
-            RpcError::invalid_params(
-                format!("initialize params missing required field: {field}"),
-                example,
-            )
-            .with_field(format!("params.{field}"))
+            RpcError::invalid_params(format!("initialize params missing required field: {field}"), example)
+                .with_field(format!("params.{field}"))
         };
         let string = |field: &str| match map.get(field) {
             None | Some(Value::Null) => Err(missing(field)),

@@ -110,21 +110,11 @@ impl Target {
                 None => return Err(Missing("trace has no metadata".into())),
             },
             Base::StepCount(sel) => {
-                let n = trace
-                    .steps
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, s)| sel.matches(*i, s))
-                    .count();
+                let n = trace.steps.iter().enumerate().filter(|(i, s)| sel.matches(*i, s)).count();
                 Cow::Owned(Value::from(n))
             }
             Base::StepField(sel, field) => {
-                let Some((_, step)) = trace
-                    .steps
-                    .iter()
-                    .enumerate()
-                    .find(|(i, s)| sel.matches(*i, s))
-                else {
+                let Some((_, step)) = trace.steps.iter().enumerate().find(|(i, s)| sel.matches(*i, s)) else {
                     return Err(Missing(sel.not_found(trace)));
                 };
                 let v = match field {
@@ -136,13 +126,7 @@ impl Target {
                 };
                 match v {
                     Some(v) => v,
-                    None => {
-                        return Err(Missing(format!(
-                            "step {} has no {}",
-                            quote(&step.name),
-                            field.name()
-                        )))
-                    }
+                    None => return Err(Missing(format!("step {} has no {}", quote(&step.name), field.name()))),
                 }
             }
         };
@@ -150,11 +134,7 @@ impl Target {
     }
 }
 
-fn walk<'t>(
-    mut cur: Cow<'t, Value>,
-    path: &[Segment],
-    mut at: String,
-) -> Result<Cow<'t, Value>, Missing> {
+fn walk<'t>(mut cur: Cow<'t, Value>, path: &[Segment], mut at: String) -> Result<Cow<'t, Value>, Missing> {
     for seg in path {
         let next = match (cur, seg) {
             (Cow::Borrowed(Value::Object(m)), Segment::Key(k)) => match m.get(k) {
@@ -165,26 +145,16 @@ fn walk<'t>(
                 Some(v) => Cow::Owned(v),
                 None => return Err(missing_key(k, &at, m.keys())),
             },
-            (c, Segment::Key(k)) if k == "length" && c.is_array() => {
-                Cow::Owned(Value::from(c.as_array().map_or(0, Vec::len)))
-            }
+            (c, Segment::Key(k)) if k == "length" && c.is_array() => Cow::Owned(Value::from(c.as_array().map_or(0, Vec::len))),
             (Cow::Borrowed(Value::Array(a)), Segment::Index(i)) => match a.get(*i) {
                 Some(v) => Cow::Borrowed(v),
-                None => {
-                    return Err(Missing(format!(
-                        "index {i} is out of range for {at} (length {})",
-                        a.len()
-                    )))
-                }
+                None => return Err(Missing(format!("index {i} is out of range for {at} (length {})", a.len()))),
             },
             (Cow::Owned(Value::Array(mut a)), Segment::Index(i)) => {
                 if *i < a.len() {
                     Cow::Owned(a.swap_remove(*i))
                 } else {
-                    return Err(Missing(format!(
-                        "index {i} is out of range for {at} (length {})",
-                        a.len()
-                    )));
+                    return Err(Missing(format!("index {i} is out of range for {at} (length {})", a.len())));
                 }
             }
             (c, seg) => {
@@ -204,16 +174,9 @@ fn walk<'t>(
 fn missing_key<'a>(key: &str, at: &str, keys: impl Iterator<Item = &'a String>) -> Missing {
     let keys: Vec<&String> = keys.collect();
     if keys.is_empty() {
-        Missing(format!(
-            "field {} not found in {at} (it is empty)",
-            quote(key)
-        ))
+        Missing(format!("field {} not found in {at} (it is empty)", quote(key)))
     } else {
-        Missing(format!(
-            "field {} not found in {at} (available: {})",
-            quote(key),
-            quote_list(&keys)
-        ))
+        Missing(format!("field {} not found in {at} (available: {})", quote(key), quote_list(&keys)))
     }
 }
 
@@ -250,10 +213,7 @@ impl StepSelector {
                 }
             }
             StepSelector::Type(t) => format!("no step of type {}", quote(t)),
-            StepSelector::Index(i) => format!(
-                "no step at index {i} (the trace has {} steps)",
-                trace.steps.len()
-            ),
+            StepSelector::Index(i) => format!("no step at index {i} (the trace has {} steps)", trace.steps.len()),
         }
     }
 }
@@ -301,9 +261,7 @@ impl Segment {
 }
 
 fn is_plain_key(k: &str) -> bool {
-    !k.is_empty()
-        && k.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'$')
+    !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'$')
 }
 
 struct Parser<'a> {
@@ -314,11 +272,7 @@ struct Parser<'a> {
 impl<'a> Parser<'a> {
     fn err(&self, what: &str) -> TargetSyntaxError {
         TargetSyntaxError {
-            message: format!(
-                "unsupported target {}: {what} at position {}",
-                quote(self.text),
-                self.pos
-            ),
+            message: format!("unsupported target {}: {what} at position {}", quote(self.text), self.pos),
         }
     }
 
@@ -385,10 +339,7 @@ impl<'a> Parser<'a> {
     fn target(mut self) -> Result<Target, TargetSyntaxError> {
         if self.text.len() > 1024 {
             return Err(TargetSyntaxError {
-                message: format!(
-                    "unsupported target {}: longer than 1024 bytes",
-                    quote(self.text)
-                ),
+                message: format!("unsupported target {}: longer than 1024 bytes", quote(self.text)),
             });
         }
         let root = self.ident().map(str::to_owned);
@@ -446,11 +397,7 @@ impl<'a> Parser<'a> {
             } else {
                 match self.index() {
                     Some(i) => StepSelector::Index(i),
-                    None => {
-                        return Err(
-                            self.err("expected ?name=='…', ?type=='…' or an index inside steps[…]")
-                        )
-                    }
+                    None => return Err(self.err("expected ?name=='…', ?type=='…' or an index inside steps[…]")),
                 }
             };
             if !self.eat("]") {
@@ -461,17 +408,15 @@ impl<'a> Parser<'a> {
             StepSelector::All
         };
         if !self.eat(".") {
-            return Err(self.err(&format!(
-                "expected .length or a step field ({})",
-                StepField::NAMES
-            )));
+            return Err(self.err(&format!("expected .length or a step field ({})", StepField::NAMES)));
         }
         let field_pos = self.pos;
         match self.ident() {
             Some("length") if self.rest().is_empty() => Ok(Base::StepCount(selector)),
             Some(_) if selector == StepSelector::All => {
                 self.pos = field_pos;
-                Err(self.err("select a step first (steps[?name=='…'], steps[?type=='…'] or steps[<index>]); plain steps only supports .length"))
+                Err(self
+                    .err("select a step first (steps[?name=='…'], steps[?type=='…'] or steps[<index>]); plain steps only supports .length"))
             }
             Some(f) => match StepField::parse(f) {
                 Some(field) => Ok(Base::StepField(selector, field)),
@@ -484,10 +429,7 @@ impl<'a> Parser<'a> {
                     )))
                 }
             },
-            None => Err(self.err(&format!(
-                "expected .length or a step field ({})",
-                StepField::NAMES
-            ))),
+            None => Err(self.err(&format!("expected .length or a step field ({})", StepField::NAMES))),
         }
     }
 }
@@ -516,38 +458,20 @@ mod tests {
     }
 
     fn get(t: &str) -> Result<Value, Missing> {
-        Target::parse(t)
-            .unwrap()
-            .resolve(&trace())
-            .map(Cow::into_owned)
+        Target::parse(t).unwrap().resolve(&trace()).map(Cow::into_owned)
     }
 
     #[test]
     fn resolves_every_base() {
         assert_eq!(get("output.message").unwrap(), json!("done"));
-        assert_eq!(
-            get("output").unwrap()["structured"]["refund_id"],
-            json!("R1")
-        );
+        assert_eq!(get("output").unwrap()["structured"]["refund_id"], json!("R1"));
         assert_eq!(get("input.q").unwrap(), json!("hi"));
         assert_eq!(get("metadata.custom.depth").unwrap(), json!(2));
-        assert_eq!(
-            get("steps[?name=='lookup'].result.amount").unwrap(),
-            json!(5)
-        );
-        assert_eq!(
-            get("steps[?name==\"lookup\"].args").unwrap(),
-            json!({"id": "A"})
-        );
+        assert_eq!(get("steps[?name=='lookup'].result.amount").unwrap(), json!(5));
+        assert_eq!(get("steps[?name==\"lookup\"].args").unwrap(), json!({"id": "A"}));
         assert_eq!(get("steps[1].result.items[2]").unwrap(), json!(3));
-        assert_eq!(
-            get("steps[?name=='lookup'].result['a.b']").unwrap(),
-            json!(true)
-        );
-        assert_eq!(
-            get("steps[?type=='llm_call'].name").unwrap(),
-            json!("think")
-        );
+        assert_eq!(get("steps[?name=='lookup'].result['a.b']").unwrap(), json!(true));
+        assert_eq!(get("steps[?type=='llm_call'].name").unwrap(), json!("think"));
     }
 
     #[test]
@@ -555,10 +479,7 @@ mod tests {
         assert_eq!(get("steps.length").unwrap(), json!(3));
         assert_eq!(get("steps[?type=='tool_call'].length").unwrap(), json!(2));
         assert_eq!(get("steps[?name=='nope'].length").unwrap(), json!(0));
-        assert_eq!(
-            get("steps[?name=='lookup'].result.items.length").unwrap(),
-            json!(3)
-        );
+        assert_eq!(get("steps[?name=='lookup'].result.items.length").unwrap(), json!(3));
     }
 
     #[test]
@@ -567,10 +488,7 @@ mod tests {
             get("steps[?name=='ship'].result").unwrap_err().0,
             "no step named 'ship' (steps: ['think', 'lookup', 'refund'])"
         );
-        assert_eq!(
-            get("steps[?name=='refund'].result").unwrap_err().0,
-            "step 'refund' has no result"
-        );
+        assert_eq!(get("steps[?name=='refund'].result").unwrap_err().0, "step 'refund' has no result");
         assert_eq!(
             get("output.structured.nope").unwrap_err().0,
             "field 'nope' not found in output.structured (available: ['refund_id'])"

@@ -13,10 +13,7 @@ pub fn clip(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         None => s.to_owned(),
         Some((cut, _)) => {
-            let keep = s[..cut]
-                .char_indices()
-                .nth(max.saturating_sub(1))
-                .map_or(cut, |(i, _)| i);
+            let keep = s[..cut].char_indices().nth(max.saturating_sub(1)).map_or(cut, |(i, _)| i);
             format!("{}…", &s[..keep])
         }
     }
@@ -25,10 +22,7 @@ pub fn clip(s: &str, max: usize) -> String {
 /// Truncates `s` in place to at most `max` characters (with `…`).
 pub fn clip_in_place(s: &mut String, max: usize) {
     if let Some((cut, _)) = s.char_indices().nth(max) {
-        let keep = s[..cut]
-            .char_indices()
-            .nth(max.saturating_sub(1))
-            .map_or(cut, |(i, _)| i);
+        let keep = s[..cut].char_indices().nth(max.saturating_sub(1)).map_or(cut, |(i, _)| i);
         s.truncate(keep);
         s.push('…');
     }
@@ -42,11 +36,7 @@ pub fn quote(s: &str) -> String {
 /// `['a', 'b']`, each clipped, at most 20 items shown.
 pub fn quote_list<S: AsRef<str>>(items: &[S]) -> String {
     const MAX_ITEMS: usize = 20;
-    let mut out: Vec<String> = items
-        .iter()
-        .take(MAX_ITEMS)
-        .map(|s| quote(s.as_ref()))
-        .collect();
+    let mut out: Vec<String> = items.iter().take(MAX_ITEMS).map(|s| quote(s.as_ref())).collect();
     if items.len() > MAX_ITEMS {
         out.push(format!("… {} more", items.len() - MAX_ITEMS));
     }

@@ -125,22 +125,22 @@ pub fn sniff_request(prefix: &[u8]) -> (Option<Box<RawValue>>, Option<String>) {
 
 /// Starts the stdout writer thread. Lines are written with a trailing `\n`;
 /// the output is flushed whenever the queue runs empty.
-pub fn spawn_writer<W: Write + Send + 'static>(
-    output: W,
-) -> (mpsc::Sender<Vec<u8>>, std::thread::JoinHandle<()>) {
+pub fn spawn_writer<W: Write + Send + 'static>(output: W) -> (mpsc::Sender<Vec<u8>>, std::thread::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTPUT_QUEUE);
     let handle = std::thread::Builder::new()
         .name("attest-stdout".into())
         .spawn(move || {
             let mut out = io::BufWriter::with_capacity(256 * 1024, output);
             while let Some(line) = rx.blocking_recv() {
+                if rx.is_empty() {
+                    // Give producers a moment: on a busy machine more responses
+                    // are usually about to arrive, and one write for several
+                    // lines costs far less than a wake-up and a write per line.
+                    std::thread::yield_now();
+                }
                 let mut next = Some(line);
                 while let Some(line) = next {
-                    if out
-                        .write_all(&line)
-                        .and_then(|_| out.write_all(b"\n"))
-                        .is_err()
-                    {
+                    if out.write_all(&line).and_then(|_| out.write_all(b"\n")).is_err() {
                         tracing::error!("stdout is closed; responses can no longer be delivered");
                         return;
                     }
@@ -196,9 +196,7 @@ mod tests {
 
     #[test]
     fn sniffs_id_and_method_from_a_cut_off_request() {
-        let (id, m) = sniff_request(
-            br#"{"jsonrpc":"2.0","id":"abc","method":"evaluate_batch","params":{"trace":{"x":"#,
-        );
+        let (id, m) = sniff_request(br#"{"jsonrpc":"2.0","id":"abc","method":"evaluate_batch","params":{"trace":{"x":"#);
         assert_eq!(id.unwrap().get(), "\"abc\"");
         assert_eq!(m.as_deref(), Some("evaluate_batch"));
         let (id, m) = sniff_request(br#"{"jsonrpc":"2.0","params":{"trace":{"x":"#);

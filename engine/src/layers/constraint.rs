@@ -125,14 +125,7 @@ impl ConstraintCheck {
         };
         let ok = self.cmp.holds(actual);
         let verdict = if ok { "satisfied" } else { "not satisfied" };
-        Verdict::from_bool(
-            ok,
-            format!(
-                "{f} = {}, constraint {} {verdict}.",
-                num(actual),
-                self.cmp.describe()
-            ),
-        )
+        Verdict::from_bool(ok, format!("{f} = {}, constraint {} {verdict}.", num(actual), self.cmp.describe()))
     }
 }
 
@@ -148,12 +141,9 @@ mod tests {
             "steps": [{"type": "llm_call", "name": "a"}, {"type": "tool_call", "name": "b"}, {"type": "tool_call", "name": "c"}],
             "output": {"message": "m", "structured": {"confidence": 0.3}},
             "metadata": {"cost_usd": 0.0067, "total_tokens": 1350, "model": "gpt"}});
-        parse_trace(
-            &RawValue::from_string(v.to_string()).unwrap(),
-            &Limits::default(),
-        )
-        .unwrap()
-        .trace
+        parse_trace(&RawValue::from_string(v.to_string()).unwrap(), &Limits::default())
+            .unwrap()
+            .trace
     }
 
     fn run(spec: Value) -> Verdict {
@@ -182,8 +172,7 @@ mod tests {
             assert_eq!(v.passed, expect, "{op} {value}: {}", v.explanation);
         }
         assert_eq!(
-            run(json!({"field": "metadata.cost_usd", "operator": "lte", "value": 0.01}))
-                .explanation,
+            run(json!({"field": "metadata.cost_usd", "operator": "lte", "value": 0.01})).explanation,
             "metadata.cost_usd = 0.0067, constraint lte 0.01 satisfied."
         );
     }
@@ -197,57 +186,35 @@ mod tests {
     #[test]
     fn counts_and_paths() {
         assert!(run(json!({"field": "steps.length", "operator": "eq", "value": 3})).passed);
-        assert!(
-            run(json!({"field": "steps[?type=='tool_call'].length", "operator": "eq", "value": 2}))
-                .passed
-        );
-        assert!(
-            run(json!({"field": "output.structured.confidence", "operator": "lt", "value": 0.5}))
-                .passed
-        );
-        assert!(
-            run(json!({"field": "metadata.total_tokens", "operator": "eq", "value": 1350.0}))
-                .passed
-        );
+        assert!(run(json!({"field": "steps[?type=='tool_call'].length", "operator": "eq", "value": 2})).passed);
+        assert!(run(json!({"field": "output.structured.confidence", "operator": "lt", "value": 0.5})).passed);
+        assert!(run(json!({"field": "metadata.total_tokens", "operator": "eq", "value": 1350.0})).passed);
     }
 
     #[test]
     fn missing_or_non_numeric_values_fail_with_reason() {
         let v = run(json!({"field": "metadata.latency_ms", "operator": "lte", "value": 5}));
         assert!(!v.passed);
-        assert!(
-            v.explanation.starts_with("metadata.latency_ms is not set"),
-            "{}",
-            v.explanation
-        );
+        assert!(v.explanation.starts_with("metadata.latency_ms is not set"), "{}", v.explanation);
         let v = run(json!({"field": "metadata.model", "operator": "lte", "value": 5}));
         assert!(v.explanation.contains("not a number"), "{}", v.explanation);
     }
 
     #[test]
     fn spec_errors() {
-        assert!(
-            err(json!({"field": "metadata.cost_usd", "operator": "approx", "value": 1}))
-                .detail
-                .contains("lt, lte, gt, gte, eq, between")
-        );
-        assert_eq!(
-            err(json!({"field": "metadata.cost_usd", "operator": "lte"})).field,
-            "spec.value"
-        );
+        assert!(err(json!({"field": "metadata.cost_usd", "operator": "approx", "value": 1}))
+            .detail
+            .contains("lt, lte, gt, gte, eq, between"));
+        assert_eq!(err(json!({"field": "metadata.cost_usd", "operator": "lte"})).field, "spec.value");
         assert_eq!(
             err(json!({"field": "metadata.cost_usd", "operator": "between", "min": 1})).field,
             "spec.max"
         );
         assert_eq!(
-            err(json!({"field": "metadata.cost_usd", "operator": "between", "min": 2, "max": 1}))
-                .field,
+            err(json!({"field": "metadata.cost_usd", "operator": "between", "min": 2, "max": 1})).field,
             "spec.min"
         );
-        assert_eq!(
-            err(json!({"field": "cost", "operator": "lt", "value": 1})).field,
-            "spec.field"
-        );
+        assert_eq!(err(json!({"field": "cost", "operator": "lt", "value": 1})).field, "spec.field");
         assert_eq!(
             err(json!({"field": "metadata.cost_usd", "operator": "lt", "value": "1"})).field,
             "spec.value"

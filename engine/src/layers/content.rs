@@ -65,8 +65,7 @@ const CHECKS: &[(&str, Kind)] = &[
 
 impl ContentCheck {
     pub fn compile(spec: &Spec<'_>) -> Result<ContentCheck, SpecError> {
-        let target = Target::parse(spec.str("target")?)
-            .map_err(|e| SpecError::new("spec.target", e.message, GRAMMAR_HINT))?;
+        let target = Target::parse(spec.str("target")?).map_err(|e| SpecError::new("spec.target", e.message, GRAMMAR_HINT))?;
         let kind = spec.choice("check", CHECKS)?;
         let explicit_case = spec.opt_bool("case_sensitive")?;
         let case_sensitive = match kind {
@@ -75,21 +74,13 @@ impl ContentCheck {
         };
         let needle = |s: &str| Needle {
             written: s.to_owned(),
-            compared: if case_sensitive {
-                s.to_owned()
-            } else {
-                s.to_lowercase()
-            },
+            compared: if case_sensitive { s.to_owned() } else { s.to_lowercase() },
         };
-        let needles = |key: &str| -> Result<Vec<Needle>, SpecError> {
-            Ok(spec.str_list(key)?.iter().map(|s| needle(s)).collect())
-        };
+        let needles = |key: &str| -> Result<Vec<Needle>, SpecError> { Ok(spec.str_list(key)?.iter().map(|s| needle(s)).collect()) };
         let rule = match kind {
             Kind::Contains => Rule::Contains(needle(spec.str("value")?)),
             Kind::NotContains => Rule::NotContains(needle(spec.str("value")?)),
-            Kind::RegexMatch => {
-                Rule::RegexMatch(compile_regex(spec.str("value")?, case_sensitive)?)
-            }
+            Kind::RegexMatch => Rule::RegexMatch(compile_regex(spec.str("value")?, case_sensitive)?),
             Kind::KeywordAll => Rule::KeywordAll(needles("values")?),
             Kind::KeywordAny => Rule::KeywordAny(needles("values")?),
             Kind::Forbidden => Rule::Forbidden(needles("values")?),
@@ -120,11 +111,7 @@ impl ContentCheck {
         } else {
             Cow::Owned(text.to_lowercase())
         };
-        let mode = if self.case_sensitive {
-            ""
-        } else {
-            " (case-insensitive)"
-        };
+        let mode = if self.case_sensitive { "" } else { " (case-insensitive)" };
         match &self.rule {
             Rule::Contains(n) => {
                 let ok = hay.contains(n.compared.as_str());
@@ -138,11 +125,7 @@ impl ContentCheck {
                 Verdict::from_bool(ok, format!("{t} {rel} {}{tail}{mode}.", quote(&n.written)))
             }
             Rule::RegexMatch(re) => match re.find(&hay) {
-                Some(m) => Verdict::pass(format!(
-                    "{t} matches regex {} at {}.",
-                    quote(re.as_str()),
-                    quote(m.as_str())
-                )),
+                Some(m) => Verdict::pass(format!("{t} matches regex {} at {}.", quote(re.as_str()), quote(m.as_str()))),
                 None => Verdict::fail(format!("{t} does not match regex {}.", quote(re.as_str()))),
             },
             Rule::KeywordAll(ns) => {
@@ -168,15 +151,10 @@ impl ContentCheck {
                 }
             }
             Rule::KeywordAny(ns) => match ns.iter().find(|n| hay.contains(n.compared.as_str())) {
-                Some(n) => {
-                    Verdict::pass(format!("{t} contains keyword {}{mode}.", quote(&n.written)))
-                }
+                Some(n) => Verdict::pass(format!("{t} contains keyword {}{mode}.", quote(&n.written))),
                 None => {
                     let all: Vec<&str> = ns.iter().map(|n| n.written.as_str()).collect();
-                    Verdict::fail(format!(
-                        "{t} contains none of the keywords {}{mode}.",
-                        quote_list(&all)
-                    ))
+                    Verdict::fail(format!("{t} contains none of the keywords {}{mode}.", quote_list(&all)))
                 }
             },
             Rule::Forbidden(ns) => {
@@ -186,17 +164,11 @@ impl ContentCheck {
                     .map(|n| n.written.as_str())
                     .collect();
                 if hits.is_empty() {
-                    Verdict::pass(format!(
-                        "{t} contains none of the {} forbidden terms{mode}.",
-                        ns.len()
-                    ))
+                    Verdict::pass(format!("{t} contains none of the {} forbidden terms{mode}.", ns.len()))
                 } else {
                     Verdict {
                         always_hard: true,
-                        ..Verdict::fail(format!(
-                            "{t} contains forbidden terms {}{mode}.",
-                            quote_list(&hits)
-                        ))
+                        ..Verdict::fail(format!("{t} contains forbidden terms {}{mode}.", quote_list(&hits)))
                     }
                 }
             }
@@ -208,7 +180,10 @@ fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Regex, SpecError
     if pattern.len() > MAX_PATTERN_BYTES {
         return Err(SpecError::new(
             "spec.value",
-            format!("regex pattern exceeds maximum length: {} > {MAX_PATTERN_BYTES} bytes", pattern.len()),
+            format!(
+                "regex pattern exceeds maximum length: {} > {MAX_PATTERN_BYTES} bytes",
+                pattern.len()
+            ),
             "Shorten the pattern; split very large alternations into several assertions or use keyword_any.",
         ));
     }
@@ -241,12 +216,9 @@ mod tests {
         let v = json!({"schema_version": 1, "trace_id": "t",
             "steps": [{"type": "tool_call", "name": "lookup", "result": {"status": "Delivered", "amount": 89.99}}],
             "output": {"message": "Your Refund of $89.99 has been processed. Refund ID: RFD-001.", "structured": {"n": 3}}});
-        parse_trace(
-            &RawValue::from_string(v.to_string()).unwrap(),
-            &Limits::default(),
-        )
-        .unwrap()
-        .trace
+        parse_trace(&RawValue::from_string(v.to_string()).unwrap(), &Limits::default())
+            .unwrap()
+            .trace
     }
 
     fn run(spec: Value) -> Verdict {
@@ -257,22 +229,14 @@ mod tests {
 
     fn msg(check: &str, extra: Value) -> Value {
         let mut s = json!({"target": "output.message", "check": check});
-        s.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
+        s.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         s
     }
 
     #[test]
     fn contains_is_case_insensitive_by_default() {
         assert!(run(msg("contains", json!({"value": "refund"}))).passed);
-        assert!(
-            !run(msg(
-                "contains",
-                json!({"value": "refund", "case_sensitive": true})
-            ))
-            .passed
-        );
+        assert!(!run(msg("contains", json!({"value": "refund", "case_sensitive": true}))).passed);
         assert!(!run(msg("not_contains", json!({"value": "REFUND"}))).passed);
         assert!(run(msg("not_contains", json!({"value": "cannot process"}))).passed);
     }
@@ -283,24 +247,12 @@ mod tests {
         assert!(v.passed);
         assert!(v.explanation.contains("'RFD-001'"), "{}", v.explanation);
         assert!(!run(msg("regex_match", json!({"value": "rfd-\\d+"}))).passed);
-        assert!(
-            run(msg(
-                "regex_match",
-                json!({"value": "rfd-\\d+", "case_sensitive": false})
-            ))
-            .passed
-        );
+        assert!(run(msg("regex_match", json!({"value": "rfd-\\d+", "case_sensitive": false}))).passed);
     }
 
     #[test]
     fn keywords() {
-        assert!(
-            run(msg(
-                "keyword_all",
-                json!({"values": ["refund", "processed"]})
-            ))
-            .passed
-        );
+        assert!(run(msg("keyword_all", json!({"values": ["refund", "processed"]}))).passed);
         let v = run(msg(
             "keyword_all",
             json!({"values": ["refund", "business days", "apology", "rfd-"]}),
@@ -328,44 +280,22 @@ mod tests {
         let s = json!({"target": "output.summary", "check": "contains", "value": "x"});
         let v = run(s);
         assert!(!v.passed);
-        assert!(
-            v.explanation
-                .contains("field 'summary' not found in output"),
-            "{}",
-            v.explanation
-        );
+        assert!(v.explanation.contains("field 'summary' not found in output"), "{}", v.explanation);
     }
 
     #[test]
     fn spec_errors() {
-        let err =
-            |s: Value| ContentCheck::compile(&Spec::new(Some(&s), "content").unwrap()).unwrap_err();
+        let err = |s: Value| ContentCheck::compile(&Spec::new(Some(&s), "content").unwrap()).unwrap_err();
         let e = err(msg("regex_match", json!({"value": "[unclosed"})));
         assert_eq!(e.message, "invalid regex '[unclosed'");
         assert!(e.detail.contains("not valid RE2 syntax"));
-        assert_eq!(
-            err(msg("contains", json!({"value": ""}))).field,
-            "spec.value"
-        );
-        assert_eq!(
-            err(msg("keyword_all", json!({"values": []}))).field,
-            "spec.values"
-        );
-        assert_eq!(
-            err(msg("keyword_all", json!({"values": ["a", 1]}))).field,
-            "spec.values[1]"
-        );
+        assert_eq!(err(msg("contains", json!({"value": ""}))).field, "spec.value");
+        assert_eq!(err(msg("keyword_all", json!({"values": []}))).field, "spec.values");
+        assert_eq!(err(msg("keyword_all", json!({"values": ["a", 1]}))).field, "spec.values[1]");
         assert!(err(msg("fuzzy", json!({}))).detail.contains("regex_match"));
+        assert_eq!(err(json!({"check": "contains", "value": "x"})).field, "spec.target");
         assert_eq!(
-            err(json!({"check": "contains", "value": "x"})).field,
-            "spec.target"
-        );
-        assert_eq!(
-            err(msg(
-                "contains",
-                json!({"value": "x", "case_sensitive": "yes"})
-            ))
-            .field,
+            err(msg("contains", json!({"value": "x", "case_sensitive": "yes"}))).field,
             "spec.case_sensitive"
         );
         let long = "a".repeat(MAX_PATTERN_BYTES + 1);

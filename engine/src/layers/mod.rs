@@ -75,10 +75,7 @@ impl AssertionType {
     /// The capability an SDK should check before sending this type.
     pub fn capability(self) -> &'static str {
         match self {
-            AssertionType::Schema
-            | AssertionType::Constraint
-            | AssertionType::Trace
-            | AssertionType::Content => "layers_1_4",
+            AssertionType::Schema | AssertionType::Constraint | AssertionType::Trace | AssertionType::Content => "layers_1_4",
             AssertionType::Embedding | AssertionType::LlmJudge => "layers_5_6",
             AssertionType::TraceTree => "layer_7",
             AssertionType::Plugin => "layer_8",
@@ -176,16 +173,11 @@ pub struct CompiledAssertion {
 
 impl CompiledAssertion {
     /// Compiles `spec` for an assertion of type `kind` (an available type).
-    pub fn compile(
-        kind: AssertionType,
-        spec: Option<&Value>,
-    ) -> Result<CompiledAssertion, SpecError> {
+    pub fn compile(kind: AssertionType, spec: Option<&Value>) -> Result<CompiledAssertion, SpecError> {
         let reader = Spec::new(spec, kind.name())?;
         let check = match kind {
             AssertionType::Schema => Check::Schema(schema::SchemaCheck::compile(&reader)?),
-            AssertionType::Constraint => {
-                Check::Constraint(constraint::ConstraintCheck::compile(&reader)?)
-            }
+            AssertionType::Constraint => Check::Constraint(constraint::ConstraintCheck::compile(&reader)?),
             AssertionType::Trace => Check::Trace(trace::TraceCheck::compile(&reader)?),
             AssertionType::Content => Check::Content(content::ContentCheck::compile(&reader)?),
             other => unreachable!("{} is not an available type", other.name()),

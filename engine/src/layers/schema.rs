@@ -27,26 +27,10 @@ pub struct SchemaCheck {
 }
 
 const DRAFTS: &[(&str, Draft, &str)] = &[
-    (
-        "json-schema.org/draft/2020-12/schema",
-        Draft::Draft202012,
-        "2020-12",
-    ),
-    (
-        "json-schema.org/draft/2020-12",
-        Draft::Draft202012,
-        "2020-12",
-    ),
-    (
-        "json-schema.org/draft/2019-09/schema",
-        Draft::Draft201909,
-        "2019-09",
-    ),
-    (
-        "json-schema.org/draft/2019-09",
-        Draft::Draft201909,
-        "2019-09",
-    ),
+    ("json-schema.org/draft/2020-12/schema", Draft::Draft202012, "2020-12"),
+    ("json-schema.org/draft/2020-12", Draft::Draft202012, "2020-12"),
+    ("json-schema.org/draft/2019-09/schema", Draft::Draft201909, "2019-09"),
+    ("json-schema.org/draft/2019-09", Draft::Draft201909, "2019-09"),
     ("json-schema.org/draft-07/schema", Draft::Draft7, "7"),
     ("json-schema.org/draft-06/schema", Draft::Draft6, "6"),
     ("json-schema.org/draft-04/schema", Draft::Draft4, "4"),
@@ -70,17 +54,13 @@ fn draft_of(schema: &Value) -> Result<(Draft, &'static str), SpecError> {
         .strip_prefix("https://")
         .or_else(|| bare.strip_prefix("http://"))
         .unwrap_or(bare);
-    DRAFTS
-        .iter()
-        .find(|(u, _, _)| *u == bare)
-        .map(|(_, d, n)| (*d, *n))
-        .ok_or_else(|| {
-            SpecError::new(
-                "spec.schema.$schema",
-                format!("unsupported $schema '{}'", clip(uri, 120)),
-                supported_drafts(),
-            )
-        })
+    DRAFTS.iter().find(|(u, _, _)| *u == bare).map(|(_, d, n)| (*d, *n)).ok_or_else(|| {
+        SpecError::new(
+            "spec.schema.$schema",
+            format!("unsupported $schema '{}'", clip(uri, 120)),
+            supported_drafts(),
+        )
+    })
 }
 
 fn supported_drafts() -> String {
@@ -118,8 +98,7 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<Arc<Validator>, SpecEr
 impl SchemaCheck {
     pub fn compile(spec: &Spec<'_>) -> Result<SchemaCheck, SpecError> {
         let target_text = spec.str("target")?;
-        let target = Target::parse(target_text)
-            .map_err(|e| SpecError::new("spec.target", e.message, GRAMMAR_HINT))?;
+        let target = Target::parse(target_text).map_err(|e| SpecError::new("spec.target", e.message, GRAMMAR_HINT))?;
         let schema = spec.raw("schema").ok_or_else(|| {
             SpecError::new(
                 "spec.schema",
@@ -146,9 +125,7 @@ impl SchemaCheck {
         let t = self.target.as_str();
         let value = match self.target.resolve(trace) {
             Ok(v) => v,
-            Err(missing) => {
-                return Verdict::fail(format!("{t} could not be validated: {}.", missing.0))
-            }
+            Err(missing) => return Verdict::fail(format!("{t} could not be validated: {}.", missing.0)),
         };
         if self.validator.is_valid(&value) {
             return Verdict::pass(format!("{t} matches schema (draft {}).", self.draft));
@@ -159,11 +136,7 @@ impl SchemaCheck {
             .take(MAX_REPORTED_ERRORS)
             .map(|e| {
                 let at = e.instance_path().to_string();
-                let at = if at.is_empty() {
-                    "(root)".to_owned()
-                } else {
-                    at
-                };
+                let at = if at.is_empty() { "(root)".to_owned() } else { at };
                 format!("at {at}: {}", clip(&e.to_string(), 200))
             })
             .collect();
@@ -171,10 +144,7 @@ impl SchemaCheck {
             0 => String::new(),
             n => format!(" (and {n} more)"),
         };
-        Verdict::fail(format!(
-            "{t} failed schema validation: {}{more}.",
-            shown.join("; ")
-        ))
+        Verdict::fail(format!("{t} failed schema validation: {}{more}.", shown.join("; ")))
     }
 }
 
@@ -189,12 +159,9 @@ mod tests {
         let v = json!({"schema_version": 1, "trace_id": "t",
             "steps": [{"type": "tool_call", "name": "lookup", "result": {"status": "ok", "amount": 5}}],
             "output": {"message": "m", "structured": {"refund_id": "RFD-001", "confidence": 1.23}}});
-        parse_trace(
-            &RawValue::from_string(v.to_string()).unwrap(),
-            &Limits::default(),
-        )
-        .unwrap()
-        .trace
+        parse_trace(&RawValue::from_string(v.to_string()).unwrap(), &Limits::default())
+            .unwrap()
+            .trace
     }
 
     fn compile(spec: Value) -> Result<SchemaCheck, SpecError> {
@@ -224,9 +191,9 @@ mod tests {
     #[test]
     fn older_drafts_are_selected() {
         // Draft 4 uses boolean exclusiveMaximum; in 2020-12 the same schema is invalid.
-        let schema = json!({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "maximum": 1, "exclusiveMaximum": true});
-        let c =
-            compile(json!({"target": "output.structured.confidence", "schema": schema})).unwrap();
+        let schema =
+            json!({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "maximum": 1, "exclusiveMaximum": true});
+        let c = compile(json!({"target": "output.structured.confidence", "schema": schema})).unwrap();
         assert_eq!(c.draft, "4");
         assert!(!c.evaluate(&trace()).passed);
         for (uri, name) in [
@@ -241,26 +208,12 @@ mod tests {
 
     #[test]
     fn bad_schemas_are_spec_errors() {
-        let e = compile(json!({"target": "output", "schema": {"type": "not-a-valid-type"}}))
-            .unwrap_err();
-        assert!(
-            e.message.starts_with("malformed JSON Schema"),
-            "{}",
-            e.message
-        );
-        let e =
-            compile(json!({"target": "output", "schema": {"$schema": "https://example.com/mine"}}))
-                .unwrap_err();
+        let e = compile(json!({"target": "output", "schema": {"type": "not-a-valid-type"}})).unwrap_err();
+        assert!(e.message.starts_with("malformed JSON Schema"), "{}", e.message);
+        let e = compile(json!({"target": "output", "schema": {"$schema": "https://example.com/mine"}})).unwrap_err();
         assert!(e.message.starts_with("unsupported $schema"));
-        let e = compile(
-            json!({"target": "output", "schema": {"$ref": "https://example.com/remote.json"}}),
-        )
-        .unwrap_err();
-        assert!(
-            e.message.starts_with("malformed JSON Schema"),
-            "{}",
-            e.message
-        );
+        let e = compile(json!({"target": "output", "schema": {"$ref": "https://example.com/remote.json"}})).unwrap_err();
+        assert!(e.message.starts_with("malformed JSON Schema"), "{}", e.message);
         assert!(compile(json!({"target": "output"})).is_err());
         assert!(compile(json!({"target": "outptu", "schema": {}})).is_err());
     }
@@ -270,10 +223,6 @@ mod tests {
         let c = compile(json!({"target": "steps[?name=='ship'].args", "schema": {}})).unwrap();
         let v = c.evaluate(&trace());
         assert!(!v.passed);
-        assert!(
-            v.explanation.contains("no step named 'ship'"),
-            "{}",
-            v.explanation
-        );
+        assert!(v.explanation.contains("no step named 'ship'"), "{}", v.explanation);
     }
 }

@@ -18,11 +18,7 @@ pub struct SpecError {
 }
 
 impl SpecError {
-    pub fn new(
-        field: impl Into<String>,
-        message: impl Into<String>,
-        detail: impl Into<String>,
-    ) -> Self {
+    pub fn new(field: impl Into<String>, message: impl Into<String>, detail: impl Into<String>) -> Self {
         SpecError {
             field: field.into(),
             message: message.into(),
@@ -134,9 +130,9 @@ impl<'a> Spec<'a> {
     pub fn count(&self, key: &str) -> Result<u64, SpecError> {
         match self.get(key) {
             None => Err(Self::missing(key, "a non-negative integer")),
-            Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
-                Self::wrong(key, &Value::Number(n.clone()), "a non-negative integer")
-            }),
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .ok_or_else(|| Self::wrong(key, &Value::Number(n.clone()), "a non-negative integer")),
             Some(v) => Err(Self::wrong(key, v, "a non-negative integer")),
         }
     }
@@ -153,10 +149,7 @@ impl<'a> Spec<'a> {
                     Value::String(s) if !s.is_empty() => Ok(s.clone()),
                     other => Err(SpecError::new(
                         format!("spec.{key}[{i}]"),
-                        format!(
-                            "spec.{key}[{i}] must be a non-empty string, got {}",
-                            type_name(other)
-                        ),
+                        format!("spec.{key}[{i}] must be a non-empty string, got {}", type_name(other)),
                         format!("Set spec.{key} to {what}."),
                     )),
                 })
@@ -171,27 +164,19 @@ impl<'a> Spec<'a> {
 
     /// A required string that must be one of `choices`.
     pub fn choice<T: Copy>(&self, key: &str, choices: &[(&str, T)]) -> Result<T, SpecError> {
-        let names = choices
-            .iter()
-            .map(|(n, _)| *n)
-            .collect::<Vec<_>>()
-            .join(", ");
+        let names = choices.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
         let s = match self.get(key) {
             None => return Err(Self::missing(key, &format!("one of: {names}"))),
             Some(Value::String(s)) => s,
             Some(v) => return Err(Self::wrong(key, v, &format!("one of: {names}"))),
         };
-        choices
-            .iter()
-            .find(|(n, _)| *n == s)
-            .map(|(_, t)| *t)
-            .ok_or_else(|| {
-                SpecError::new(
-                    format!("spec.{key}"),
-                    format!("unsupported {key} {}", quote(s)),
-                    format!("Supported values for spec.{key}: {names}."),
-                )
-            })
+        choices.iter().find(|(n, _)| *n == s).map(|(_, t)| *t).ok_or_else(|| {
+            SpecError::new(
+                format!("spec.{key}"),
+                format!("unsupported {key} {}", quote(s)),
+                format!("Supported values for spec.{key}: {names}."),
+            )
+        })
     }
 }
 

@@ -68,10 +68,7 @@ impl TraceCheck {
     }
 
     pub fn evaluate(&self, trace: &Trace) -> Verdict {
-        let calls: Vec<(usize, &str)> = trace
-            .tool_steps()
-            .map(|(i, s)| (i, s.name.as_str()))
-            .collect();
+        let calls: Vec<(usize, &str)> = trace.tool_steps().map(|(i, s)| (i, s.name.as_str())).collect();
         let names: Vec<&str> = calls.iter().map(|(_, n)| *n).collect();
         match self {
             TraceCheck::ContainsInOrder(tools) => {
@@ -97,15 +94,10 @@ impl TraceCheck {
                         }
                     }
                 }
-                Verdict::pass(format!(
-                    "Tool sequence {} found in order at steps {at:?}.",
-                    quote_list(tools)
-                ))
+                Verdict::pass(format!("Tool sequence {} found in order at steps {at:?}.", quote_list(tools)))
             }
             TraceCheck::ExactOrder(tools) => {
-                let found = names
-                    .windows(tools.len())
-                    .position(|w| w.iter().zip(tools).all(|(a, b)| a == b));
+                let found = names.windows(tools.len()).position(|w| w.iter().zip(tools).all(|(a, b)| a == b));
                 match found {
                     Some(p) => {
                         let at: Vec<usize> = calls[p..p + tools.len()].iter().map(|(i, _)| *i).collect();
@@ -122,13 +114,7 @@ impl TraceCheck {
                 let n = names.iter().filter(|n| **n == tool).count() as u64;
                 let ok = n <= *max;
                 let rel = if ok { "within" } else { "exceeds" };
-                Verdict::from_bool(
-                    ok,
-                    format!(
-                        "Tool {} called {n} times, {rel} max_repetitions {max}.",
-                        quote(tool)
-                    ),
-                )
+                Verdict::from_bool(ok, format!("Tool {} called {n} times, {rel} max_repetitions {max}.", quote(tool)))
             }
             TraceCheck::NoDuplicates => {
                 let mut seen: Vec<(&str, usize)> = Vec::new();
@@ -144,19 +130,13 @@ impl TraceCheck {
                     .map(|(n, c)| format!("{} ({c} times)", quote(n)))
                     .collect();
                 if dups.is_empty() {
-                    Verdict::pass(format!(
-                        "No tool called more than once ({} tool calls).",
-                        names.len()
-                    ))
+                    Verdict::pass(format!("No tool called more than once ({} tool calls).", names.len()))
                 } else {
                     Verdict::fail(format!("Tools called more than once: {}.", dups.join(", ")))
                 }
             }
             TraceCheck::RequiredTools(tools) => {
-                let missing: Vec<&String> = tools
-                    .iter()
-                    .filter(|t| !names.contains(&t.as_str()))
-                    .collect();
+                let missing: Vec<&String> = tools.iter().filter(|t| !names.contains(&t.as_str())).collect();
                 if missing.is_empty() {
                     Verdict::pass(format!("All required tools called: {}.", quote_list(tools)))
                 } else {
@@ -174,10 +154,7 @@ impl TraceCheck {
                     .map(|(i, n)| format!("{} at step {i}", quote(n)))
                     .collect();
                 if hits.is_empty() {
-                    Verdict::pass(format!(
-                        "None of the forbidden tools {} was called.",
-                        quote_list(tools)
-                    ))
+                    Verdict::pass(format!("None of the forbidden tools {} was called.", quote_list(tools)))
                 } else {
                     Verdict::fail(format!("Forbidden tools called: {}.", hits.join(", ")))
                 }
@@ -186,21 +163,10 @@ impl TraceCheck {
                 let bad: Vec<String> = calls
                     .windows(2)
                     .filter(|w| !allowed.iter().any(|(a, b)| a == w[0].1 && b == w[1].1))
-                    .map(|w| {
-                        format!(
-                            "{} -> {} at steps [{}, {}]",
-                            quote(w[0].1),
-                            quote(w[1].1),
-                            w[0].0,
-                            w[1].0
-                        )
-                    })
+                    .map(|w| format!("{} -> {} at steps [{}, {}]", quote(w[0].1), quote(w[1].1), w[0].0, w[1].0))
                     .collect();
                 if bad.is_empty() {
-                    Verdict::pass(format!(
-                        "All {} tool transitions are allowed.",
-                        calls.len().saturating_sub(1)
-                    ))
+                    Verdict::pass(format!("All {} tool transitions are allowed.", calls.len().saturating_sub(1)))
                 } else {
                     Verdict::fail(format!("Disallowed tool transitions: {}.", bad.join(", ")))
                 }
@@ -220,11 +186,7 @@ fn transitions(spec: &Spec<'_>) -> Result<Vec<(String, String)>, SpecError> {
         ));
     };
     if items.is_empty() {
-        return Err(SpecError::new(
-            "spec.transitions",
-            "spec.transitions must not be empty",
-            shape,
-        ));
+        return Err(SpecError::new("spec.transitions", "spec.transitions must not be empty", shape));
     }
     items
         .iter()
@@ -232,10 +194,7 @@ fn transitions(spec: &Spec<'_>) -> Result<Vec<(String, String)>, SpecError> {
         .map(|(i, item)| {
             let pair = match item {
                 Value::Array(p) if p.len() == 2 => (p[0].as_str(), p[1].as_str()),
-                Value::Object(m) => (
-                    m.get("from").and_then(Value::as_str),
-                    m.get("to").and_then(Value::as_str),
-                ),
+                Value::Object(m) => (m.get("from").and_then(Value::as_str), m.get("to").and_then(Value::as_str)),
                 _ => (None, None),
             };
             match pair {
@@ -259,12 +218,9 @@ mod tests {
 
     fn trace(steps: Value) -> Trace {
         let v = json!({"schema_version": 1, "trace_id": "t", "steps": steps, "output": {"message": "m"}});
-        parse_trace(
-            &RawValue::from_string(v.to_string()).unwrap(),
-            &Limits::default(),
-        )
-        .unwrap()
-        .trace
+        parse_trace(&RawValue::from_string(v.to_string()).unwrap(), &Limits::default())
+            .unwrap()
+            .trace
     }
 
     fn refund() -> Trace {
@@ -285,19 +241,16 @@ mod tests {
 
     #[test]
     fn contains_in_order() {
-        let v =
-            run(json!({"check": "contains_in_order", "tools": ["lookup_order", "process_refund"]}));
+        let v = run(json!({"check": "contains_in_order", "tools": ["lookup_order", "process_refund"]}));
         assert!(v.passed);
         assert_eq!(
             v.explanation,
             "Tool sequence ['lookup_order', 'process_refund'] found in order at steps [1, 4]."
         );
-        let v =
-            run(json!({"check": "contains_in_order", "tools": ["process_refund", "lookup_order"]}));
+        let v = run(json!({"check": "contains_in_order", "tools": ["process_refund", "lookup_order"]}));
         assert!(!v.passed);
         assert!(
-            v.explanation
-                .contains("'lookup_order' was not called after step 4"),
+            v.explanation.contains("'lookup_order' was not called after step 4"),
             "{}",
             v.explanation
         );
@@ -305,47 +258,27 @@ mod tests {
 
     #[test]
     fn exact_order_ignores_llm_calls_but_not_tools() {
-        assert!(
-            run(json!({"check": "exact_order", "tools": ["lookup_order", "policy_kb"]})).passed
-        );
-        assert!(
-            !run(json!({"check": "exact_order", "tools": ["lookup_order", "process_refund"]}))
-                .passed
-        );
+        assert!(run(json!({"check": "exact_order", "tools": ["lookup_order", "policy_kb"]})).passed);
+        assert!(!run(json!({"check": "exact_order", "tools": ["lookup_order", "process_refund"]})).passed);
     }
 
     #[test]
     fn counting_checks() {
-        assert!(
-            run(json!({"check": "no_duplicates"})).passed,
-            "llm_call names are not tools"
-        );
-        assert!(
-            run(json!({"check": "loop_detection", "tool": "lookup_order", "max_repetitions": 1}))
-                .passed
-        );
-        assert!(
-            !run(json!({"check": "loop_detection", "tool": "lookup_order", "max_repetitions": 0}))
-                .passed
-        );
-        let t =
-            trace(json!([{"type": "tool_call", "name": "a"}, {"type": "tool_call", "name": "a"}]));
+        assert!(run(json!({"check": "no_duplicates"})).passed, "llm_call names are not tools");
+        assert!(run(json!({"check": "loop_detection", "tool": "lookup_order", "max_repetitions": 1})).passed);
+        assert!(!run(json!({"check": "loop_detection", "tool": "lookup_order", "max_repetitions": 0})).passed);
+        let t = trace(json!([{"type": "tool_call", "name": "a"}, {"type": "tool_call", "name": "a"}]));
         let c = TraceCheck::NoDuplicates.evaluate(&t);
         assert_eq!(c.explanation, "Tools called more than once: 'a' (2 times).");
     }
 
     #[test]
     fn required_and_forbidden() {
-        assert!(
-            run(json!({"check": "required_tools", "tools": ["policy_kb", "lookup_order"]})).passed
-        );
+        assert!(run(json!({"check": "required_tools", "tools": ["policy_kb", "lookup_order"]})).passed);
         let v = run(json!({"check": "required_tools", "tools": ["reasoning"]}));
         assert!(!v.passed, "an llm_call does not satisfy a required tool");
         let v = run(json!({"check": "forbidden_tools", "tools": ["process_refund"]}));
-        assert_eq!(
-            v.explanation,
-            "Forbidden tools called: 'process_refund' at step 4."
-        );
+        assert_eq!(v.explanation, "Forbidden tools called: 'process_refund' at step 4.");
         assert!(run(json!({"check": "forbidden_tools", "tools": ["delete_account"]})).passed);
     }
 
@@ -353,9 +286,7 @@ mod tests {
     fn transitions() {
         let ok = json!({"check": "follows_transitions", "transitions": [["lookup_order", "policy_kb"], {"from": "policy_kb", "to": "process_refund"}]});
         assert!(run(ok).passed);
-        let v = run(
-            json!({"check": "follows_transitions", "transitions": [["lookup_order", "policy_kb"]]}),
-        );
+        let v = run(json!({"check": "follows_transitions", "transitions": [["lookup_order", "policy_kb"]]}));
         assert_eq!(
             v.explanation,
             "Disallowed tool transitions: 'policy_kb' -> 'process_refund' at steps [3, 4]."
@@ -364,20 +295,10 @@ mod tests {
 
     #[test]
     fn spec_errors_name_the_field() {
-        let err =
-            |s: Value| TraceCheck::compile(&Spec::new(Some(&s), "trace").unwrap()).unwrap_err();
-        assert_eq!(
-            err(json!({"check": "contains_in_order"})).field,
-            "spec.tools"
-        );
-        assert_eq!(
-            err(json!({"check": "contains_in_order", "tools": []})).field,
-            "spec.tools"
-        );
-        assert_eq!(
-            err(json!({"check": "loop_detection", "tool": "a"})).field,
-            "spec.max_repetitions"
-        );
+        let err = |s: Value| TraceCheck::compile(&Spec::new(Some(&s), "trace").unwrap()).unwrap_err();
+        assert_eq!(err(json!({"check": "contains_in_order"})).field, "spec.tools");
+        assert_eq!(err(json!({"check": "contains_in_order", "tools": []})).field, "spec.tools");
+        assert_eq!(err(json!({"check": "loop_detection", "tool": "a"})).field, "spec.max_repetitions");
         assert_eq!(
             err(json!({"check": "loop_detection", "tool": "a", "max_repetitions": -1})).field,
             "spec.max_repetitions"

@@ -80,10 +80,7 @@ pub struct Trace {
 impl Trace {
     /// Steps that count as tool calls, in order, with their indexes.
     pub fn tool_steps(&self) -> impl Iterator<Item = (usize, &Step)> {
-        self.steps
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.kind.is_tool())
+        self.steps.iter().enumerate().filter(|(_, s)| s.kind.is_tool())
     }
 
     /// Builds the typed trace from a JSON object that already passed validation.
@@ -99,10 +96,7 @@ impl Trace {
             _ => Vec::new(),
         };
         Trace {
-            schema_version: obj
-                .get("schema_version")
-                .and_then(Value::as_i64)
-                .unwrap_or(1),
+            schema_version: obj.get("schema_version").and_then(Value::as_i64).unwrap_or(1),
             trace_id: take_string(&mut obj, "trace_id").unwrap_or_default(),
             agent_id: take_string(&mut obj, "agent_id"),
             input: take_present(&mut obj, "input"),

@@ -58,11 +58,7 @@ pub struct Parsed {
     pub warnings: Vec<String>,
 }
 
-fn invalid(
-    message: impl Into<String>,
-    detail: impl Into<String>,
-    field: impl Into<String>,
-) -> RpcError {
+fn invalid(message: impl Into<String>, detail: impl Into<String>, field: impl Into<String>) -> RpcError {
     RpcError::new(ErrorCode::InvalidTrace, message, detail).with_field(field)
 }
 
@@ -80,13 +76,8 @@ struct Level<'a> {
 /// the wire size the limit applies to.
 pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> {
     // 1. Top-level parse.
-    let value: Value = serde_json::from_str(raw.get()).map_err(|e| {
-        invalid(
-            format!("trace is not valid JSON: {e}"),
-            "Send the trace as a JSON object.",
-            "trace",
-        )
-    })?;
+    let value: Value = serde_json::from_str(raw.get())
+        .map_err(|e| invalid(format!("trace is not valid JSON: {e}"), "Send the trace as a JSON object.", "trace"))?;
     let Value::Object(obj) = value else {
         return Err(invalid(
             format!("trace must be a JSON object, got {}", kind_of(&value)),
@@ -120,12 +111,7 @@ pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> 
     })
 }
 
-fn check_sub_traces(
-    level: &Level<'_>,
-    depth: usize,
-    limits: &Limits,
-    warnings: &mut Vec<String>,
-) -> Result<(), RpcError> {
+fn check_sub_traces(level: &Level<'_>, depth: usize, limits: &Limits, warnings: &mut Vec<String>) -> Result<(), RpcError> {
     let Some(Value::Array(steps)) = level.obj.get("steps") else {
         return Ok(());
     };
@@ -147,12 +133,7 @@ fn check_sub_traces(
 
 /// Rules 2–6 for one trace of the tree. `wire_bytes` is known for the root only;
 /// sub-traces are part of it.
-fn check_level(
-    level: &Level<'_>,
-    wire_bytes: Option<usize>,
-    limits: &Limits,
-    warnings: &mut Vec<String>,
-) -> Result<(), RpcError> {
+fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, warnings: &mut Vec<String>) -> Result<(), RpcError> {
     let obj = level.obj;
     let (path, sfx) = (level.path.as_str(), level.suffix.as_str());
 
@@ -165,31 +146,33 @@ fn check_level(
                 format!("{path}.schema_version"),
             ))
         }
-        Some(v) => match v.as_i64().filter(|_| v.is_i64() || v.is_u64()) {
-            None => {
-                return Err(invalid(
-                    format!("trace schema_version must be an integer, got {}{sfx}", describe(v)),
-                    format!("Set schema_version to the integer {CURRENT_SCHEMA_VERSION}."),
-                    format!("{path}.schema_version"),
-                ))
-            }
-            Some(n) if !(OLDEST_SCHEMA_VERSION..=CURRENT_SCHEMA_VERSION).contains(&n) => {
-                let detail = if n > CURRENT_SCHEMA_VERSION {
-                    format!("Version {n} is newer than this engine understands. Upgrade attest-engine, or emit schema_version {CURRENT_SCHEMA_VERSION}.")
-                } else {
-                    format!("Version {n} is no longer supported. Migrate the trace to schema_version {CURRENT_SCHEMA_VERSION} (spec §3) and upgrade the SDK that produced it.")
-                };
-                return Err(invalid(
+        Some(v) => {
+            match v.as_i64().filter(|_| v.is_i64() || v.is_u64()) {
+                None => {
+                    return Err(invalid(
+                        format!("trace schema_version must be an integer, got {}{sfx}", describe(v)),
+                        format!("Set schema_version to the integer {CURRENT_SCHEMA_VERSION}."),
+                        format!("{path}.schema_version"),
+                    ))
+                }
+                Some(n) if !(OLDEST_SCHEMA_VERSION..=CURRENT_SCHEMA_VERSION).contains(&n) => {
+                    let detail = if n > CURRENT_SCHEMA_VERSION {
+                        format!("Version {n} is newer than this engine understands. Upgrade attest-engine, or emit schema_version {CURRENT_SCHEMA_VERSION}.")
+                    } else {
+                        format!("Version {n} is no longer supported. Migrate the trace to schema_version {CURRENT_SCHEMA_VERSION} (spec §3) and upgrade the SDK that produced it.")
+                    };
+                    return Err(invalid(
                     format!("unsupported schema_version {n}; engine supports versions {OLDEST_SCHEMA_VERSION} to {CURRENT_SCHEMA_VERSION}{sfx}"),
                     detail,
                     format!("{path}.schema_version"),
                 ));
+                }
+                Some(n) if n < CURRENT_SCHEMA_VERSION => warnings.push(format!(
+                    "{path} uses deprecated schema_version {n}; migrate to {CURRENT_SCHEMA_VERSION}"
+                )),
+                Some(_) => {}
             }
-            Some(n) if n < CURRENT_SCHEMA_VERSION => warnings.push(format!(
-                "{path} uses deprecated schema_version {n}; migrate to {CURRENT_SCHEMA_VERSION}"
-            )),
-            Some(_) => {}
-        },
+        }
     }
 
     // 3. Required fields.
@@ -204,10 +187,7 @@ fn check_level(
         }
         Some(other) => {
             return Err(invalid(
-                format!(
-                    "trace trace_id must be a string, got {}{sfx}",
-                    describe(other)
-                ),
+                format!("trace trace_id must be a string, got {}{sfx}", describe(other)),
                 "Every trace must include a non-empty trace_id string.",
                 format!("{path}.trace_id"),
             ))
@@ -302,7 +282,10 @@ fn check_level(
         Some(Value::String(s)) if !s.trim().is_empty() => {}
         Some(other) => {
             return Err(invalid(
-                format!("trace parent_trace_id must be a non-empty string or null, got {}{sfx}", describe(other)),
+                format!(
+                    "trace parent_trace_id must be a non-empty string or null, got {}{sfx}",
+                    describe(other)
+                ),
                 "Set parent_trace_id to the parent trace's trace_id, or to null (or omit it) for a root trace.",
                 format!("{path}.parent_trace_id"),
             ))
@@ -319,21 +302,11 @@ fn check_level(
     Ok(())
 }
 
-fn check_step(
-    i: usize,
-    step: &Value,
-    path: &str,
-    sfx: &str,
-    limits: &Limits,
-    check_payload: bool,
-) -> Result<(), RpcError> {
+fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, check_payload: bool) -> Result<(), RpcError> {
     let field = format!("{path}.steps[{i}]");
     let Value::Object(s) = step else {
         return Err(invalid(
-            format!(
-                "trace step {i} must be an object, got {}{sfx}",
-                describe(step)
-            ),
+            format!("trace step {i} must be an object, got {}{sfx}", describe(step)),
             "Each step is an object with at least type and name.",
             field,
         ));
@@ -368,21 +341,14 @@ fn check_step(
         }
         None | Some(Value::Null) => {
             return Err(invalid(
-                format!(
-                    "trace step {} missing required field: type{sfx}",
-                    quote(name)
-                ),
+                format!("trace step {} missing required field: type{sfx}", quote(name)),
                 format!("Set the step type to one of: {valid_types}."),
                 format!("{field}.type"),
             ))
         }
         Some(other) => {
             return Err(invalid(
-                format!(
-                    "trace step {} type must be a string, got {}{sfx}",
-                    quote(name),
-                    describe(other)
-                ),
+                format!("trace step {} type must be a string, got {}{sfx}", quote(name), describe(other)),
                 format!("Set the step type to one of: {valid_types}."),
                 format!("{field}.type"),
             ))
@@ -436,7 +402,11 @@ fn check_step(
         }
         Some(other) => {
             return Err(invalid(
-                format!("trace step {} sub_trace must be a trace object, got {}{sfx}", quote(name), describe(other)),
+                format!(
+                    "trace step {} sub_trace must be a trace object, got {}{sfx}",
+                    quote(name),
+                    describe(other)
+                ),
                 "Set sub_trace to the sub-agent's full trace object (spec §3.3), or omit it.",
                 format!("{field}.sub_trace"),
             ))
@@ -454,10 +424,7 @@ fn check_metadata(meta: &Map<String, Value>, path: &str, sfx: &str) -> Result<()
             Some(Value::Number(n)) if n.as_f64().is_some_and(|x| x >= 0.0) => {}
             Some(other) => {
                 return Err(invalid(
-                    format!(
-                        "trace metadata.{key} must be a non-negative number, got {}{sfx}",
-                        describe(other)
-                    ),
+                    format!("trace metadata.{key} must be a non-negative number, got {}{sfx}", describe(other)),
                     format!("Send metadata.{key} as a JSON number (not a string), or omit it."),
                     format!("{path}.metadata.{key}"),
                 ))
@@ -476,19 +443,11 @@ fn check_metadata(meta: &Map<String, Value>, path: &str, sfx: &str) -> Result<()
     }
 }
 
-fn check_optional_string(
-    obj: &Map<String, Value>,
-    key: &str,
-    path: &str,
-    sfx: &str,
-) -> Result<(), RpcError> {
+fn check_optional_string(obj: &Map<String, Value>, key: &str, path: &str, sfx: &str) -> Result<(), RpcError> {
     match obj.get(key) {
         None | Some(Value::Null) | Some(Value::String(_)) => Ok(()),
         Some(other) => Err(invalid(
-            format!(
-                "{path}.{key} must be a string, got {}{sfx}",
-                describe(other)
-            ),
+            format!("{path}.{key} must be a string, got {}{sfx}", describe(other)),
             format!("Send {key} as a string, or omit it."),
             format!("{path}.{key}"),
         )),
@@ -623,17 +582,10 @@ mod tests {
             max_trace_bytes: 100,
             ..Limits::default()
         };
-        let padded = format!(
-            r#"{{"schema_version":1,"trace_id":"t","output":{{"m":1}}{}}}"#,
-            " ".repeat(100)
-        );
+        let padded = format!(r#"{{"schema_version":1,"trace_id":"t","output":{{"m":1}}{}}}"#, " ".repeat(100));
         let raw = RawValue::from_string(padded).unwrap();
         let e = parse_trace(&raw, &limits).unwrap_err();
-        assert!(
-            e.message.starts_with("trace exceeds max size: "),
-            "{}",
-            e.message
-        );
+        assert!(e.message.starts_with("trace exceeds max size: "), "{}", e.message);
     }
 
     #[test]
@@ -645,10 +597,7 @@ mod tests {
         };
         let mut v = base();
         v["steps"] = json!([{"type":"tool_call","name":"a"},{"type":"tool_call","name":"a"},{"type":"tool_call","name":"a"}]);
-        assert_eq!(
-            check_with(v, &limits).unwrap_err().message,
-            "trace exceeds max steps: 3 > 2"
-        );
+        assert_eq!(check_with(v, &limits).unwrap_err().message, "trace exceeds max steps: 3 > 2");
         let mut v = base();
         v["output"]["message"] = json!("ééée");
         assert_eq!(
@@ -694,8 +643,7 @@ mod tests {
             ..Limits::default()
         };
         let mut v = base();
-        v["steps"] =
-            json!([{"type": "tool_call", "name": "big", "result": {"data": "0123456789"}}]);
+        v["steps"] = json!([{"type": "tool_call", "name": "big", "result": {"data": "0123456789"}}]);
         assert_eq!(
             check_with(v, &limits).unwrap_err().message,
             "trace step 'big' result exceeds 10 bytes (actual: 21 bytes)"

@@ -1,0 +1,224 @@
+//! Throughput benchmark: a generated workload of `evaluate_batch` requests,
+//! each carrying the refund trace of spec §2.2 with 8 mixed layer 1–4
+//! assertions, piped through the real `attest-engine` binary.
+//!
+//! The same workload is piped through a "floor" process that only parses each
+//! line as JSON and answers `{}` (this bench binary re-executed with
+//! `ATTEST_BENCH_FLOOR=1`), so the two numbers come from the same run on the
+//! same machine.
+//!
+//! Scenarios:
+//! - `1 core`: both processes pinned to one CPU with `taskset` (one stream,
+//!   one core);
+//! - `all cores`: no pinning;
+//! - `sequential`: one request at a time, as the Python SDK's pytest plugin
+//!   sends them (round-trip latency).
+//!
+//! `cargo bench --bench throughput` (env `BENCH_REQUESTS` sets the count).
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn main() {
+    if std::env::var_os("ATTEST_BENCH_FLOOR").is_some() {
+        floor();
+        return;
+    }
+    let n: usize = std::env::var("BENCH_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    let engine = env!("CARGO_BIN_EXE_attest-engine");
+    let me = std::env::current_exe().expect("current exe");
+    let workload = workload(n);
+    let bytes: usize = workload.iter().map(|l| l.len() + 1).sum();
+    if let Some(path) = std::env::var_os("BENCH_DUMP") {
+        // For profiling: `attest-engine --log-level=warn < $BENCH_DUMP`.
+        std::fs::write(&path, workload.join("\n") + "\n").expect("writing the workload");
+        println!("workload written to {}", path.to_string_lossy());
+        return;
+    }
+    println!("workload: {n} evaluate_batch requests x 8 assertions, {:.1} MB", bytes as f64 / 1e6);
+    let has_taskset = Command::new("taskset").arg("--version").stdout(Stdio::null()).status().is_ok();
+
+    let mut rows = Vec::new();
+    for (label, pin) in [("1 core", true), ("all cores", false)] {
+        if pin && !has_taskset {
+            println!("taskset not found: skipping the 1-core scenario");
+            continue;
+        }
+        let floor = pipelined(&cmd(me.as_os_str(), &[], pin, true), &workload);
+        let eng = pipelined(&cmd(engine.as_ref(), &["--log-level=warn"], pin, false), &workload);
+        rows.push((label, floor, eng));
+    }
+    println!();
+    println!("| scenario | parse-only floor (req/s) | attest-engine (req/s) | engine / floor |");
+    println!("|---|---:|---:|---:|");
+    for (label, floor, eng) in &rows {
+        println!(
+            "| {label}, pipelined | {:.0} | {:.0} | {:.0}% |",
+            rate(n, *floor),
+            rate(n, *eng),
+            100.0 * floor.as_secs_f64() / eng.as_secs_f64()
+        );
+    }
+    let seq_n = (n / 10).clamp(100, 2_000);
+    let floor = sequential(&cmd(me.as_os_str(), &[], false, true), &workload[..seq_n + 1]);
+    let eng = sequential(&cmd(engine.as_ref(), &["--log-level=warn"], false, false), &workload[..seq_n + 1]);
+    println!(
+        "| sequential round trip ({seq_n} requests) | {:.1} µs median | {:.1} µs median | — |",
+        floor, eng
+    );
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+/// The command for one run: optionally pinned to CPU 0.
+fn cmd(program: &std::ffi::OsStr, args: &[&str], pin: bool, floor: bool) -> Command {
+    let mut c = if pin {
+        let mut c = Command::new("taskset");
+        c.arg("-c").arg("0").arg(program);
+        c
+    } else {
+        Command::new(program)
+    };
+    c.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
+    if floor {
+        c.env("ATTEST_BENCH_FLOOR", "1");
+    }
+    c
+}
+
+/// Writes every line without waiting and reads every answer; returns the wall time.
+fn pipelined(cmd: &Command, lines: &[String]) -> Duration {
+    let mut child = clone(cmd).spawn().expect("spawn");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let payload: Vec<u8> = lines.iter().flat_map(|l| l.bytes().chain(std::iter::once(b'\n'))).collect();
+    let start = Instant::now();
+    let writer = std::thread::spawn(move || {
+        stdin.write_all(&payload).unwrap();
+        // Keep stdin open until every answer is in, so EOF handling is not measured.
+        stdin
+    });
+    let mut reader = BufReader::with_capacity(1 << 20, stdout);
+    let mut line = String::new();
+    for i in 0..lines.len() {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.contains("\"result\""), "request {i} failed: {line}");
+    }
+    let elapsed = start.elapsed();
+    drop(writer.join().unwrap());
+    let _ = child.wait();
+    elapsed
+}
+
+/// One request at a time; returns the median round trip in microseconds.
+fn sequential(cmd: &Command, lines: &[String]) -> f64 {
+    let mut child = clone(cmd).spawn().expect("spawn");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut times = Vec::with_capacity(lines.len());
+    for l in lines {
+        let t = Instant::now();
+        stdin.write_all(l.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    drop(stdin);
+    let _ = child.wait();
+    times.remove(0); // initialize
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn clone(cmd: &Command) -> Command {
+    let mut c = Command::new(cmd.get_program());
+    c.args(cmd.get_args())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    }
+    c
+}
+
+/// `initialize`, then `n` evaluate_batch requests (distinct ids and trace ids).
+fn workload(n: usize) -> Vec<String> {
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "sdk_name": "bench", "sdk_version": "0", "protocol_version": 1,
+        "required_capabilities": ["layers_1_4"], "preferred_encoding": "json"}});
+    let assertions = json!([
+        {"assertion_id": "a1", "type": "schema", "spec": {"target": "steps[?name=='lookup_order'].result",
+            "schema": {"$schema": "https://json-schema.org/draft/2020-12", "type": "object", "required": ["status", "amount"],
+                       "properties": {"status": {"type": "string"}, "amount": {"type": "number", "minimum": 0}}}}},
+        {"assertion_id": "a2", "type": "schema", "spec": {"target": "output.structured",
+            "schema": {"type": "object", "required": ["refund_id", "confidence"],
+                       "properties": {"refund_id": {"type": "string", "pattern": "^RFD-\\d+$"}, "confidence": {"type": "number", "maximum": 1}}}}},
+        {"assertion_id": "a3", "type": "constraint", "spec": {"field": "metadata.cost_usd", "operator": "lte", "value": 0.01}},
+        {"assertion_id": "a4", "type": "constraint", "spec": {"field": "steps[?type=='tool_call'].length", "operator": "between", "min": 1, "max": 5}},
+        {"assertion_id": "a5", "type": "trace", "spec": {"check": "contains_in_order", "tools": ["lookup_order", "process_refund"]}},
+        {"assertion_id": "a6", "type": "trace", "spec": {"check": "no_duplicates"}},
+        {"assertion_id": "a7", "type": "content", "spec": {"target": "output.message", "check": "contains", "value": "refund"}},
+        {"assertion_id": "a8", "type": "content", "spec": {"target": "output.message", "check": "regex_match", "value": "RFD-\\d{3,}"}}
+    ]);
+    let mut out = vec![init.to_string()];
+    for i in 0..n {
+        let req = json!({"jsonrpc": "2.0", "id": i + 1, "method": "evaluate_batch",
+                         "params": {"trace": refund_trace(i), "assertions": assertions}});
+        out.push(req.to_string());
+    }
+    out
+}
+
+fn refund_trace(i: usize) -> Value {
+    json!({
+        "schema_version": 1, "trace_id": format!("trc_{i:08}"), "agent_id": "customer-service-agent",
+        "input": {"user_message": "I want a refund for order ORD-123", "context": {}},
+        "steps": [
+            {"type": "llm_call", "name": "reasoning",
+             "args": {"model": "gpt-4.1", "prompt": "You are a customer service agent. User: I want a refund for order ORD-123"},
+             "result": {"completion": "I need to look up the order to verify eligibility."},
+             "metadata": {"duration_ms": 1200, "cost_usd": 0.003}},
+            {"type": "tool_call", "name": "lookup_order", "args": {"order_id": "ORD-123"},
+             "result": {"status": "delivered", "amount": 89.99, "eligible_for_refund": true}, "metadata": {"duration_ms": 45}},
+            {"type": "tool_call", "name": "process_refund", "args": {"order_id": "ORD-123", "amount": 89.99},
+             "result": {"refund_id": "RFD-001", "estimated_days": 3}, "metadata": {"duration_ms": 120}}
+        ],
+        "output": {"message": "Your refund of $89.99 has been processed. You'll see it in 3 business days. Refund ID: RFD-001.",
+                   "structured": {"refund_id": "RFD-001", "confidence": 0.95}},
+        "metadata": {"total_tokens": 1350, "cost_usd": 0.0067, "latency_ms": 4200, "model": "gpt-4.1", "timestamp": "2026-02-18T10:30:00Z"},
+        "parent_trace_id": null
+    })
+}
+
+/// The floor: parse each line as JSON, answer `{}` with its id.
+fn floor() {
+    let stdin = std::io::stdin().lock();
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    let mut reader = BufReader::with_capacity(256 * 1024, stdin);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf).unwrap() == 0 {
+            break;
+        }
+        let v: Value = serde_json::from_slice(&buf).expect("workload lines are JSON");
+        let reply = json!({"jsonrpc": "2.0", "id": v["id"], "result": {}});
+        serde_json::to_writer(&mut out, &reply).unwrap();
+        out.write_all(b"\n").unwrap();
+        if reader.buffer().is_empty() {
+            out.flush().unwrap();
+        }
+    }
+    out.flush().unwrap();
+}
