@@ -67,6 +67,11 @@ impl BatchCaches {
             by_request_id: Cache::new(config.idempotency_cache_entries.max(1)),
         }
     }
+
+    /// Forgets every `request_id` (the `eval` command treats each trace as its own run).
+    pub fn forget_request_ids(&self) {
+        self.by_request_id.clear();
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -193,17 +198,19 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
 
     let mut results = Vec::with_capacity(plan.len());
     let max_chars = engine.config.max_explanation_chars;
+    // Only hashed when some assertion carries a request_id.
+    let trace_digest = plan.iter().any(|p| p.request_id.is_some()).then(|| digest(trace_raw.get()));
     for p in &plan {
         if Instant::now() > deadline {
             return Err(timeout(engine.config.eval_timeout, results.len(), plan.len()));
         }
         if let Some(rid) = &p.request_id {
             if let Some(hit) = engine.caches.by_request_id.get(rid) {
-                if hit.fingerprint != fingerprint(p.kind, p.spec_text) {
+                if hit.fingerprint != fingerprint(p.kind, p.spec_text, trace_digest) {
                     return Err(RpcError::new(
                         ErrorCode::AssertionError,
-                        format!("assertion {}: request_id {} was already used for a different assertion", quote(&p.id), quote(rid)),
-                        "A request_id is an idempotency key: resend it only with the same type and spec. Use a fresh request_id for a new assertion.",
+                        format!("assertion {}: request_id {} was already used for a different request", quote(&p.id), quote(rid)),
+                        "A request_id is an idempotency key: resend it only with the same type, spec and trace. Use a fresh request_id for a new evaluation.",
                     )
                     .with_assertion(&p.id)
                     .with_field("request_id"));
@@ -235,7 +242,7 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
             engine.caches.by_request_id.insert(
                 rid.clone(),
                 Arc::new(CachedResult {
-                    fingerprint: fingerprint(p.kind, p.spec_text),
+                    fingerprint: fingerprint(p.kind, p.spec_text, trace_digest),
                     result: result.clone(),
                 }),
             );
@@ -260,10 +267,18 @@ fn timeout(limit: Duration, done: usize, total: usize) -> RpcError {
     )
 }
 
-fn fingerprint(kind: AssertionType, spec_text: &str) -> u64 {
+/// What a `request_id` stands for: the assertion and the trace it ran on.
+fn fingerprint(kind: AssertionType, spec_text: &str, trace_digest: Option<u64>) -> u64 {
     let mut h = DefaultHasher::new();
     kind.name().hash(&mut h);
     spec_text.hash(&mut h);
+    trace_digest.hash(&mut h);
+    h.finish()
+}
+
+fn digest(text: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    text.hash(&mut h);
     h.finish()
 }
 
@@ -279,6 +294,13 @@ type SplitParams<'a> = (Option<&'a RawValue>, Result<Vec<Envelope<'a>>, RpcError
 /// after the trace has been validated.
 fn read_params(params: Option<&RawValue>) -> Result<SplitParams<'_>, RpcError> {
     let text = params.map_or("null", |p| p.get());
+    // serde would also accept positional (array) params for a struct: refuse them.
+    if !text.starts_with('{') {
+        return Err(
+            RpcError::invalid_params("evaluate_batch params must be an object with trace and assertions", PARAMS_SHAPE)
+                .with_field("params"),
+        );
+    }
     let missing = || {
         assertion_error(
             "evaluate_batch params missing required field: assertions".into(),

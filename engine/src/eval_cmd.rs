@@ -49,6 +49,8 @@ pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: F
     for (label, trace_text) in traces {
         let params = format!("{{\"trace\":{trace_text},\"assertions\":{assertions}}}");
         let raw = RawValue::from_string(params).context("building the evaluation request")?;
+        // request_ids are idempotency keys within one trace's evaluation, not across the file.
+        engine.caches.forget_request_ids();
         let deadline = Instant::now() + engine.config.eval_timeout;
         let body = match batch::evaluate(engine, Some(&raw), deadline) {
             Ok(r) => Body::Results(r),

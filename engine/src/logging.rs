@@ -97,6 +97,12 @@ pub fn init(level: Level) -> DropCounter {
         dropped: dropped.clone(),
     }
     .with_filter(level.filter());
+    // The default panic hook writes to stderr directly, which blocks when
+    // nobody drains it; report panics through the non-blocking logger instead.
+    std::panic::set_hook(Box::new(|info| {
+        let location = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+        tracing::error!(location = %location, "panic: {info}");
+    }));
     // A second init (tests) keeps the first logger.
     let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
     dropped

@@ -344,6 +344,12 @@ pub fn method_list() -> String {
     Method::ALL.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
 }
 
+/// Reads back the id of a response line.
+#[derive(Deserialize)]
+pub struct ReplyId {
+    pub id: Box<RawValue>,
+}
+
 /// Serialises a success response line (without the trailing newline).
 pub fn success_line<T: Serialize>(id: &RawValue, result: &T) -> Result<Vec<u8>, serde_json::Error> {
     #[derive(Serialize)]

@@ -13,7 +13,7 @@
 use crate::batch;
 use crate::plugin_results::{self, Accepted};
 use crate::protocol::{self, error_line, method_list, null_id, parse_request, success_line, ErrorCode, Method, Request, RpcError};
-use crate::session::{Engine, State};
+use crate::session::{Admission, Engine, State};
 use crate::transport::{sniff_request, spawn_writer, Line, LineReader};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -21,7 +21,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::AsyncRead;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 
 /// Room for the request envelope around the trace in one input line.
@@ -29,6 +29,10 @@ pub const LINE_HEADROOM_BYTES: usize = 1024 * 1024;
 /// Params this large are evaluated with `block_in_place`, so a heavy batch
 /// does not stall the other tasks on its worker thread.
 const LARGE_PARAMS_BYTES: usize = 256 * 1024;
+
+/// Bytes a success response adds around its id and result:
+/// `{"jsonrpc":"2.0","id":` + `,"result":` + `}`.
+const ENVELOPE_BYTES: usize = r#"{"jsonrpc":"2.0","id":,"result":}"#.len();
 
 /// Why [`serve`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,12 +64,12 @@ where
     let ended = loop {
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
-            _ = engine.stop.cancelled() => break Ended::Shutdown,
+            _ = engine.draining.cancelled() => break Ended::Shutdown,
             _ = signals.recv() => break Ended::Signal,
         };
         let line = tokio::select! {
             l = reader.next() => l,
-            _ = engine.stop.cancelled() => break Ended::Shutdown,
+            _ = engine.draining.cancelled() => break Ended::Shutdown,
             _ = signals.recv() => break Ended::Signal,
         };
         let bytes = match line {
@@ -81,7 +85,7 @@ where
                 break Ended::InputError;
             }
         };
-        let task = respond(engine.clone(), bytes, out.clone(), permit);
+        let task = respond(engine.clone(), bytes, out.clone(), permit, engine.admit());
         if engine.state() == State::Uninitialized {
             task.await;
         } else {
@@ -90,7 +94,9 @@ where
     };
     tracing::info!(reason = ?ended, inflight = tracker.len(), "stopping: draining in-flight requests");
     tracker.close();
-    if tokio::time::timeout(engine.config.drain_timeout, tracker.wait()).await.is_err() {
+    // `shutdown` itself waits up to the drain timeout before answering; allow it to.
+    let grace = engine.config.drain_timeout + std::time::Duration::from_secs(5);
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!(abandoned = tracker.len(), "drain timeout reached; exiting with requests unanswered");
     }
     drop(out);
@@ -100,23 +106,18 @@ where
 }
 
 /// Handles one line and sends its response, if any.
-async fn respond(engine: Arc<Engine>, line: Vec<u8>, out: mpsc::Sender<Vec<u8>>, _permit: tokio::sync::OwnedSemaphorePermit) {
-    let reply = {
-        let _inflight = engine.track();
-        handle_line(&engine, &line).await
-    };
-    if let Some(reply) = reply {
+async fn respond(engine: Arc<Engine>, line: Vec<u8>, out: mpsc::Sender<Vec<u8>>, _permit: OwnedSemaphorePermit, admission: Admission) {
+    if let Some(reply) = handle_line(&engine, &line, admission.seq).await {
         if out.send(reply).await.is_err() {
             tracing::warn!("response dropped: stdout writer has stopped");
         }
     }
-    if engine.state() == State::Done {
-        engine.stop.cancel();
-    }
+    // Only now does the request stop counting as in flight.
+    drop(admission);
 }
 
 /// The response line for one input line (`None`: nothing to answer).
-pub async fn handle_line(engine: &Engine, line: &[u8]) -> Option<Vec<u8>> {
+pub async fn handle_line(engine: &Engine, line: &[u8], seq: u64) -> Option<Vec<u8>> {
     let text = match std::str::from_utf8(line) {
         Ok(t) => t.trim(),
         Err(e) => {
@@ -161,26 +162,65 @@ pub async fn handle_line(engine: &Engine, line: &[u8]) -> Option<Vec<u8>> {
         // Batch members run in order; the batch as a whole runs concurrently with other lines.
         let mut replies = Vec::with_capacity(items.len());
         for raw in &items {
-            replies.extend(handle_one(engine, raw.get()).await);
+            replies.extend(handle_one(engine, raw.get(), seq).await);
         }
         if replies.is_empty() {
             return None;
         }
-        let mut out = Vec::with_capacity(replies.iter().map(|r| r.len() + 1).sum::<usize>() + 1);
-        out.push(b'[');
-        for (i, r) in replies.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(r);
-        }
-        out.push(b']');
-        return Some(out);
+        return Some(join_batch(replies, engine.config.max_response_bytes));
     }
-    handle_one(engine, text).await
+    handle_one(engine, text, seq).await
 }
 
-async fn handle_one(engine: &Engine, text: &str) -> Option<Vec<u8>> {
+/// Joins the responses of a JSON-RPC batch into one array line of at most
+/// `limit` bytes. When they do not fit, the largest are replaced by short
+/// errors asking for the request to be sent on its own line.
+fn join_batch(mut replies: Vec<Vec<u8>>, limit: usize) -> Vec<u8> {
+    let size = |r: &[Vec<u8>]| r.iter().map(|x| x.len() + 1).sum::<usize>() + 1;
+    let mut by_size: Vec<usize> = (0..replies.len()).collect();
+    by_size.sort_by_key(|&i| std::cmp::Reverse(replies[i].len()));
+    for i in by_size {
+        if size(&replies) <= limit {
+            break;
+        }
+        let id = serde_json::from_slice::<protocol::ReplyId>(&replies[i])
+            .map(|r| r.id)
+            .unwrap_or_else(|_| null_id());
+        replies[i] = error_line(
+            &id,
+            &RpcError::new(
+                ErrorCode::EngineError,
+                "response too large for a batch array",
+                "Together the responses of this JSON-RPC batch exceed the 64 KiB line limit. Send this request on its own line.",
+            ),
+        );
+    }
+    if size(&replies) > limit {
+        return error_line(
+            &null_id(),
+            &RpcError::new(
+                ErrorCode::InvalidRequest,
+                "invalid request: batch too large",
+                format!(
+                    "The {} responses of this JSON-RPC batch cannot fit in one {limit}-byte line. Send fewer requests per batch.",
+                    replies.len()
+                ),
+            ),
+        );
+    }
+    let mut out = Vec::with_capacity(size(&replies));
+    out.push(b'[');
+    for (i, r) in replies.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(r);
+    }
+    out.push(b']');
+    out
+}
+
+async fn handle_one(engine: &Engine, text: &str, seq: u64) -> Option<Vec<u8>> {
     let req = match parse_request(text) {
         Ok(r) => r,
         Err(rejected) => return Some(error_line(&rejected.id, &rejected.error)),
@@ -204,7 +244,7 @@ async fn handle_one(engine: &Engine, text: &str) -> Option<Vec<u8>> {
         }
     };
     let id_len = id.map_or(4, |i| i.get().len());
-    let outcome = dispatch(engine, method, params, id_len).await;
+    let outcome = dispatch(engine, method, params, id_len, seq).await;
     let Some(id) = id else {
         if let Err(e) = &outcome {
             tracing::warn!(method = method.name(), error = %e, "notification failed (no response is sent for notifications)");
@@ -228,21 +268,36 @@ fn to_raw<T: Serialize>(value: &T) -> Result<Box<RawValue>, RpcError> {
         .map_err(|e| RpcError::new(ErrorCode::EngineError, "failed to serialise the result", e.to_string()))
 }
 
-async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id_len: usize) -> Result<Box<RawValue>, RpcError> {
+async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id_len: usize, seq: u64) -> Result<Box<RawValue>, RpcError> {
     if method == Method::Initialize {
         return to_raw(&engine.initialize(params)?);
     }
     if method == Method::Shutdown {
-        let result = engine.shutdown().await?;
+        let result = engine.shutdown(seq).await?;
         tracing::info!(assertions_evaluated = result.assertions_evaluated, "shutdown requested");
         return to_raw(&result);
     }
-    engine.require_ready(method)?;
+    engine.require_ready(method, seq)?;
     match method {
         Method::EvaluateBatch => {
             let deadline = Instant::now() + engine.config.eval_timeout;
             let large = params.is_some_and(|p| p.get().len() > LARGE_PARAMS_BYTES);
-            let run = || batch::evaluate(engine, params, deadline);
+            // A panic in an evaluator (a bug) becomes a 3001 for this request
+            // only; every request still gets exactly one response.
+            let run = || {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch::evaluate(engine, params, deadline))).unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("unknown panic");
+                    Err(RpcError::new(
+                        ErrorCode::EngineError,
+                        format!("internal error while evaluating: {}", crate::text::clip(what, 200)),
+                        "This is an engine bug, not a problem with the request. Other requests are unaffected; please report it with the request that caused it.",
+                    ))
+                })
+            };
             let mut result = if large && tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
                 tokio::task::block_in_place(run)?
             } else {
@@ -250,7 +305,7 @@ async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id
             };
             // The SDK reader fails on lines over the limit: the envelope takes
             // `{"jsonrpc":"2.0","id":…,"result":…}`.
-            let budget = engine.config.max_response_bytes.saturating_sub(32 + id_len);
+            let budget = engine.config.max_response_bytes.saturating_sub(ENVELOPE_BYTES + id_len);
             let raw = to_raw(&result)?;
             if raw.get().len() <= budget {
                 tracing::debug!(trace_id = %result.trace_id, assertions = result.results.len(), duration_ms = result.total_duration_ms, "evaluation complete");

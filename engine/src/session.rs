@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -40,12 +41,16 @@ pub struct Engine {
     state: AtomicU8,
     sessions: AtomicU64,
     assertions_evaluated: AtomicU64,
-    /// Requests being handled right now (`shutdown` waits for the others).
-    inflight: AtomicUsize,
+    /// Requests admitted and not yet answered (`shutdown` waits for the others).
+    inflight: Arc<AtomicUsize>,
+    /// Admission order of input lines.
+    admitted: AtomicU64,
+    /// Admission number of the `shutdown` request; later requests are refused.
+    shutdown_seq: AtomicU64,
     pub caches: BatchCaches,
     pub plugin_results: PluginResults,
-    /// Cancelled once the engine should stop reading input.
-    pub stop: CancellationToken,
+    /// Cancelled when `shutdown` begins: the engine stops reading input.
+    pub draining: CancellationToken,
 }
 
 #[derive(Debug, Serialize)]
@@ -81,8 +86,10 @@ impl Engine {
             state: AtomicU8::new(State::Uninitialized as u8),
             sessions: AtomicU64::new(0),
             assertions_evaluated: AtomicU64::new(0),
-            inflight: AtomicUsize::new(0),
-            stop: CancellationToken::new(),
+            inflight: Arc::new(AtomicUsize::new(0)),
+            admitted: AtomicU64::new(0),
+            shutdown_seq: AtomicU64::new(u64::MAX),
+            draining: CancellationToken::new(),
         }
     }
 
@@ -99,16 +106,22 @@ impl Engine {
         self.assertions_evaluated.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Marks one request as in flight until the guard drops.
-    pub fn track(&self) -> InflightGuard<'_> {
+    /// Admits one input line: it gets the next sequence number and counts as
+    /// in flight until the admission drops. Whether a request came before or
+    /// after `shutdown` is decided by this order, not by when its task runs.
+    pub fn admit(&self) -> Admission {
         self.inflight.fetch_add(1, Ordering::AcqRel);
-        InflightGuard(&self.inflight)
+        Admission {
+            seq: self.admitted.fetch_add(1, Ordering::AcqRel),
+            inflight: self.inflight.clone(),
+        }
     }
 
-    /// Session errors for a method called in the wrong state.
-    pub fn require_ready(&self, method: Method) -> Result<(), RpcError> {
+    /// Session errors for a method (admitted as number `seq`) called in the wrong state.
+    pub fn require_ready(&self, method: Method, seq: u64) -> Result<(), RpcError> {
         match self.state() {
             State::Ready => Ok(()),
+            State::Draining | State::Done if seq < self.shutdown_seq.load(Ordering::Acquire) => Ok(()),
             State::Uninitialized => Err(RpcError::session(
                 format!("{} called before initialize", method.name()),
                 format!(
@@ -173,15 +186,26 @@ impl Engine {
 
     /// `shutdown`: stop accepting work, wait for the other in-flight
     /// requests (at most the drain timeout), then report.
-    pub async fn shutdown(&self) -> Result<ShutdownResult, RpcError> {
-        self.require_ready(Method::Shutdown)?;
+    pub async fn shutdown(&self, seq: u64) -> Result<ShutdownResult, RpcError> {
+        if self.state() == State::Uninitialized {
+            return self
+                .require_ready(Method::Shutdown, seq)
+                .map(|_| unreachable!("uninitialized is never ready"));
+        }
+        // Record the cut-off before switching state, so requests admitted
+        // before this one are never refused.
+        self.shutdown_seq.fetch_min(seq, Ordering::AcqRel);
         if self
             .state
             .compare_exchange(State::Ready as u8, State::Draining as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return self.require_ready(Method::Shutdown).map(|_| unreachable!());
+            return Err(RpcError::session(
+                "shutdown called after shutdown",
+                "The engine is already shutting down; send shutdown once.",
+            ));
         }
+        self.draining.cancel();
         let drained = self.wait_for_others(self.config.drain_timeout).await;
         if !drained {
             tracing::warn!(
@@ -213,11 +237,15 @@ impl Engine {
     }
 }
 
-pub struct InflightGuard<'a>(&'a AtomicUsize);
+/// One admitted input line (see [`Engine::admit`]).
+pub struct Admission {
+    pub seq: u64,
+    inflight: Arc<AtomicUsize>,
+}
 
-impl Drop for InflightGuard<'_> {
+impl Drop for Admission {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

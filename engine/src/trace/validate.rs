@@ -93,7 +93,7 @@ pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> 
     };
     check_level(&root, Some(raw.get().len()), limits, &mut warnings)?;
     // 7. Depth of the whole tree.
-    let depth = tree_depth(&obj, limits.max_depth + 1);
+    let depth = tree_depth(&obj);
     if depth > limits.max_depth {
         return Err(invalid(
             format!("trace nesting depth {depth} exceeds maximum {}", limits.max_depth),
@@ -454,18 +454,16 @@ fn check_optional_string(obj: &Map<String, Value>, key: &str, path: &str, sfx: &
     }
 }
 
-/// Depth of the sub-trace tree below `obj` (root = 0), cut off at `cap`.
-fn tree_depth(obj: &Map<String, Value>, cap: usize) -> usize {
-    if cap == 0 {
-        return 0;
-    }
+/// Depth of the sub-trace tree below `obj` (root = 0). The recursion is
+/// bounded: serde_json refuses JSON nested more than 128 levels.
+fn tree_depth(obj: &Map<String, Value>) -> usize {
     let Some(Value::Array(steps)) = obj.get("steps") else {
         return 0;
     };
     steps
         .iter()
         .filter_map(|s| match s.get("sub_trace") {
-            Some(Value::Object(sub)) => Some(1 + tree_depth(sub, cap - 1)),
+            Some(Value::Object(sub)) => Some(1 + tree_depth(sub)),
             _ => None,
         })
         .max()
@@ -665,6 +663,11 @@ mod tests {
     fn depth_limit_is_five_levels_below_the_root() {
         assert!(check(nested(5)).is_ok());
         assert_eq!(msg(nested(6)), "trace nesting depth 6 exceeds maximum 5");
+        assert_eq!(
+            msg(nested(9)),
+            "trace nesting depth 9 exceeds maximum 5",
+            "the actual depth is reported"
+        );
     }
 
     #[test]

@@ -1,0 +1,301 @@
+//! `attest-engine eval --trace <file> --assertions <file> [--format json]`.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use tempfile::TempDir;
+
+fn write(dir: &TempDir, name: &str, text: &str) -> PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn write_json(dir: &TempDir, name: &str, value: &Value) -> PathBuf {
+    write(dir, name, &serde_json::to_string_pretty(value).unwrap())
+}
+
+fn eval(trace: &Path, assertions: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "eval",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--assertions",
+        assertions.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn eval_json(trace: &Path, assertions: &Path) -> (Option<i32>, Value) {
+    let out = eval(trace, assertions, &["--format", "json"]);
+    let text = stdout(&out);
+    let v: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("--format json output is not JSON ({e}): {text}\nstderr: {}", stderr(&out)));
+    (out.status.code(), v)
+}
+
+fn failing_trace() -> Value {
+    let mut t = refund_trace();
+    t["trace_id"] = json!("trc_fail");
+    t["output"]["message"] = json!("Sorry, we cannot process your request.");
+    t["metadata"]["cost_usd"] = json!(0.5);
+    t
+}
+
+#[test]
+fn table_output_for_a_passing_trace_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "trace.json", &refund_trace());
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let out = eval(&trace, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("{} (trace_id trc_abc123): 5 assertions in ", trace.display())),
+        "{text}"
+    );
+    assert!(lines[0].ends_with(" ms"), "{text}");
+    assert_eq!(lines[1], "  ASSERTION   STATUS     SCORE  EXPLANATION", "{text}");
+    for (i, id) in ["assert_001", "assert_002", "assert_003", "assert_004", "assert_005"]
+        .iter()
+        .enumerate()
+    {
+        assert!(lines[2 + i].starts_with(&format!("  {id}  pass        1.00  ")), "{text}");
+    }
+    assert_eq!(
+        lines[5],
+        "  assert_004  pass        1.00  output.message contains 'refund' (case-insensitive)."
+    );
+    assert_eq!(lines[7], "  5 passed, 0 soft_fail, 0 hard_fail", "{text}");
+}
+
+#[test]
+fn json_output_carries_every_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "trace.json", &refund_trace());
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let (code, v) = eval_json(&trace, &assertions);
+    assert_eq!(code, Some(0));
+    let outcomes = v.as_array().unwrap();
+    assert_eq!(outcomes.len(), 1);
+    let o = &outcomes[0];
+    assert_eq!(o["trace"], json!(trace.display().to_string()));
+    assert_eq!(statuses(o), ["pass"; 5]);
+    assert_eq!(
+        o["results"][2]["explanation"],
+        json!("Tool sequence ['lookup_order', 'process_refund'] found in order at steps [1, 2].")
+    );
+    assert_eq!(o["results"][0]["assertion_id"], json!("assert_001"));
+    assert_eq!(o["total_cost"].as_f64(), Some(0.0));
+    assert!(o["total_duration_ms"].is_u64(), "{o}");
+}
+
+#[test]
+fn soft_failures_exit_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "trace.json", &refund_trace());
+    let assertions = write_json(
+        &dir,
+        "assertions.json",
+        &json!([
+            content("mentions_refund", "contains", "refund"),
+            {"assertion_id": "latency_sla", "type": "constraint", "spec": {"field": "metadata.latency_ms", "operator": "lte", "value": 1000, "soft": true}}
+        ]),
+    );
+    let out = eval(&trace, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("  latency_sla      soft_fail   0.00  metadata.latency_ms = 4200, constraint lte 1000 not satisfied."),
+        "{text}"
+    );
+    assert!(text.contains("  1 passed, 1 soft_fail, 0 hard_fail"), "{text}");
+}
+
+#[test]
+fn hard_failures_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "trace.json", &failing_trace());
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let out = eval(&trace, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert!(text.contains("  2 passed, 1 soft_fail, 2 hard_fail"), "{text}");
+    let (code, v) = eval_json(&trace, &assertions);
+    assert_eq!(code, Some(1));
+    assert_eq!(statuses(&v[0]), ["pass", "hard_fail", "pass", "hard_fail", "soft_fail"]);
+}
+
+#[test]
+fn invalid_trace_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = refund_trace();
+    t.as_object_mut().unwrap().remove("trace_id");
+    let trace = write_json(&dir, "trace.json", &t);
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let out = eval(&trace, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with(&format!("{}: error 1001 (INVALID_TRACE): trace missing required field: trace_id\n  Every trace must include a non-empty trace_id string.", trace.display())),
+        "{text}"
+    );
+    let (code, v) = eval_json(&trace, &assertions);
+    assert_eq!(code, Some(2));
+    assert_eq!(v[0]["error"]["code"], json!(1001));
+    assert_eq!(v[0]["error"]["message"], json!("trace missing required field: trace_id"));
+    assert_eq!(v[0]["error"]["data"]["error_type"], json!("INVALID_TRACE"));
+    assert_eq!(v[0]["error"]["data"]["field"], json!("trace.trace_id"));
+}
+
+#[test]
+fn bad_assertion_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "trace.json", &refund_trace());
+    for (name, list, message) in [
+        (
+            "magic.json",
+            json!([{"assertion_id": "m", "type": "magic", "spec": {}}]),
+            "assertion 'm': unknown assertion type 'magic'",
+        ),
+        (
+            "regex.json",
+            json!([content("r", "regex_match", "[unclosed")]),
+            "assertion 'r' (content): invalid regex '[unclosed'",
+        ),
+        (
+            "judge.json",
+            json!([{"assertion_id": "j", "type": "llm_judge", "spec": {"rubric": "helpfulness"}}]),
+            "assertion 'j': assertion type 'llm_judge' (layer 6) is not available: this engine does not support capability 'layers_5_6'",
+        ),
+    ] {
+        let assertions = write_json(&dir, name, &list);
+        let out = eval(&trace, &assertions, &[]);
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let text = stdout(&out);
+        assert!(text.contains(&format!("error 1002 (ASSERTION_ERROR): {message}")), "{name}: {text}");
+    }
+}
+
+#[test]
+fn unreadable_inputs_exit_2_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "trace.json", &refund_trace());
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let missing = dir.path().join("nope.json");
+
+    let out = eval(&missing, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("attest-engine eval: cannot read trace file"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = eval(&trace, &missing, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("cannot read assertions file"), "{}", stderr(&out));
+
+    let not_json = write(&dir, "broken.json", "{\"assertions\": [");
+    let out = eval(&trace, &not_json, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not valid JSON"), "{}", stderr(&out));
+
+    let wrong_shape = write_json(&dir, "shape.json", &json!({"checks": []}));
+    let out = eval(&trace, &wrong_shape, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("must hold a JSON list of assertions"), "{}", stderr(&out));
+
+    let bad_trace = write(&dir, "bad.json", "{not json");
+    let out = eval(&bad_trace, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not valid JSON"), "{}", stderr(&out));
+}
+
+#[test]
+fn jsonl_with_several_traces() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut second = refund_trace();
+    second["trace_id"] = json!("trc_two");
+    let text = format!(
+        "{}\n{}\n\n{}\n",
+        serde_json::to_string(&refund_trace()).unwrap(),
+        serde_json::to_string(&failing_trace()).unwrap(),
+        serde_json::to_string(&second).unwrap()
+    );
+    let trace = write(&dir, "traces.jsonl", &text);
+    let assertions = write_json(&dir, "assertions.json", &json!({"assertions": refund_assertions()}));
+    let (code, v) = eval_json(&trace, &assertions);
+    assert_eq!(code, Some(1), "one trace hard-failed: {v}");
+    let outcomes = v.as_array().unwrap();
+    let labels: Vec<&str> = outcomes.iter().map(|o| o["trace"].as_str().unwrap()).collect();
+    let p = trace.display().to_string();
+    assert_eq!(labels, [format!("{p}:1"), format!("{p}:2"), format!("{p}:4")]);
+    assert_eq!(statuses(&outcomes[0]), ["pass"; 5]);
+    assert_eq!(statuses(&outcomes[1]), ["pass", "hard_fail", "pass", "hard_fail", "soft_fail"]);
+    assert_eq!(statuses(&outcomes[2]), ["pass"; 5]);
+
+    let out = eval(&trace, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let table = stdout(&out);
+    assert!(table.contains(&format!("{p}:1 (trace_id trc_abc123): 5 assertions")), "{table}");
+    assert!(table.contains(&format!("{p}:2 (trace_id trc_fail): 5 assertions")), "{table}");
+    assert!(table.contains(&format!("{p}:4 (trace_id trc_two): 5 assertions")), "{table}");
+
+    // An invalid trace among valid ones: exit 2, the others still evaluated.
+    let text = format!("{}\n{{\"schema_version\": 9}}\n", serde_json::to_string(&refund_trace()).unwrap());
+    let trace = write(&dir, "mixed.jsonl", &text);
+    let (code, v) = eval_json(&trace, &assertions);
+    assert_eq!(code, Some(2));
+    assert_eq!(statuses(&v[0]), ["pass"; 5]);
+    assert_eq!(v[1]["error"]["code"], json!(1001));
+    assert_eq!(
+        v[1]["error"]["message"],
+        json!("unsupported schema_version 9; engine supports versions 0 to 1")
+    );
+}
+
+#[test]
+fn json_array_of_traces() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "traces.json", &json!([refund_trace(), minimal_trace()]));
+    let assertions = write_json(&dir, "assertions.json", &json!([content("c", "contains", "refund")]));
+    let (code, v) = eval_json(&trace, &assertions);
+    assert_eq!(code, Some(1));
+    let p = trace.display().to_string();
+    assert_eq!(v[0]["trace"], json!(format!("{p}[0]")));
+    assert_eq!(v[1]["trace"], json!(format!("{p}[1]")));
+    assert_eq!(statuses(&v[0]), ["pass"]);
+    assert_eq!(statuses(&v[1]), ["hard_fail"]);
+}
+
+#[test]
+fn request_ids_in_the_assertions_file_do_not_leak_between_traces() {
+    // The spec's assertions carry request_ids; every trace of a .jsonl file must
+    // still be evaluated on its own data.
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{}\n{}\n",
+        serde_json::to_string(&refund_trace()).unwrap(),
+        serde_json::to_string(&failing_trace()).unwrap()
+    );
+    let trace = write(&dir, "traces.jsonl", &text);
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions_with_request_ids());
+    let (code, v) = eval_json(&trace, &assertions);
+    assert_eq!(statuses(&v[0]), ["pass"; 5]);
+    assert_eq!(statuses(&v[1]), ["pass", "hard_fail", "pass", "hard_fail", "soft_fail"], "{}", v[1]);
+    assert_eq!(code, Some(1));
+}
