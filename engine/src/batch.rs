@@ -9,7 +9,8 @@
 //!   than a silently wrong answer.
 
 use crate::config::Config;
-use crate::layers::{AssertionType, CompiledAssertion, SpecError, Status};
+use crate::layers::{AssertionType, Check, CompiledAssertion, SpecError, Status, Verdict};
+use crate::plugins::{Outcome, Plugin};
 use crate::protocol::{ErrorCode, RpcError};
 use crate::session::Engine;
 use crate::text::{clip_in_place, quote};
@@ -86,6 +87,9 @@ pub struct AssertionResult {
     /// Set when the result was served from the `request_id` cache.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub cached: bool,
+    /// Structured details from a plugin verdict (at most 4 KiB).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -200,6 +204,7 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
     let max_chars = engine.config.max_explanation_chars;
     // Only hashed when some assertion carries a request_id.
     let trace_digest = plan.iter().any(|p| p.request_id.is_some()).then(|| digest(trace_raw.get()));
+    let mut plugin_outcomes = run_plugins(trace_raw.get(), &plan);
     for p in &plan {
         if Instant::now() > deadline {
             return Err(timeout(engine.config.eval_timeout, results.len(), plan.len()));
@@ -225,7 +230,22 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
             }
         }
         let t0 = Instant::now();
-        let (status, verdict) = p.compiled.evaluate(&trace);
+        let (status, verdict, details, plugin_ms) = match plugin_outcomes.remove(&p.id) {
+            Some((outcome, ms)) => {
+                let verdict = Verdict {
+                    passed: outcome.passed,
+                    score: outcome.score,
+                    explanation: outcome.explanation,
+                    always_hard: outcome.always_hard,
+                };
+                let (status, verdict) = p.compiled.classify(verdict);
+                (status, verdict, bounded_details(outcome.details), ms)
+            }
+            None => {
+                let (status, verdict) = p.compiled.evaluate(&trace);
+                (status, verdict, None, 0)
+            }
+        };
         let mut explanation = verdict.explanation;
         clip_in_place(&mut explanation, max_chars);
         let result = AssertionResult {
@@ -234,9 +254,10 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
             score: verdict.score,
             explanation,
             cost: 0.0,
-            duration_ms: t0.elapsed().as_millis() as u64,
+            duration_ms: t0.elapsed().as_millis() as u64 + plugin_ms,
             request_id: p.request_id.clone(),
             cached: false,
+            details,
         };
         if let Some(rid) = &p.request_id {
             engine.caches.by_request_id.insert(
@@ -257,6 +278,45 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
         total_cost,
         total_duration_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// Runs every plugin assertion of the batch: one sandboxed call per plugin,
+/// with all of that plugin's configs. Returns each assertion's outcome and
+/// its share of the call's wall time, by assertion id.
+fn run_plugins(trace_text: &str, plan: &[Planned<'_>]) -> HashMap<String, (Outcome, u64)> {
+    let mut by_plugin: Vec<(&Arc<Plugin>, Vec<&str>, Vec<String>)> = Vec::new();
+    for p in plan {
+        let Check::Plugin(check) = &p.compiled.check else { continue };
+        match by_plugin.iter_mut().find(|(pl, _, _)| Arc::ptr_eq(pl, &check.plugin)) {
+            Some((_, ids, configs)) => {
+                ids.push(&p.id);
+                configs.push(check.config.clone());
+            }
+            None => by_plugin.push((&check.plugin, vec![&p.id], vec![check.config.clone()])),
+        }
+    }
+    let mut out = HashMap::new();
+    for (plugin, ids, configs) in by_plugin {
+        let t0 = Instant::now();
+        let outcomes = plugin.evaluate(trace_text, &configs);
+        let share = t0.elapsed().as_millis() as u64 / ids.len() as u64;
+        for (id, outcome) in ids.into_iter().zip(outcomes) {
+            out.insert(id.to_owned(), (outcome, share));
+        }
+    }
+    out
+}
+
+/// Plugin details are kept only while small: they travel in the response line.
+fn bounded_details(details: Option<Value>) -> Option<Value> {
+    const MAX_DETAILS_BYTES: usize = 4096;
+    let d = details?;
+    let len = d.to_string().len();
+    if len <= MAX_DETAILS_BYTES {
+        Some(d)
+    } else {
+        Some(serde_json::json!({"omitted": format!("details were {len} bytes; the limit is {MAX_DETAILS_BYTES}")}))
+    }
 }
 
 fn timeout(limit: Duration, done: usize, total: usize) -> RpcError {
@@ -440,7 +500,7 @@ fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<
         }
     }
     let spec: Value = serde_json::from_str(spec_text).expect("spec text was parsed as JSON already");
-    let compiled = Arc::new(CompiledAssertion::compile(kind, Some(&spec))?);
+    let compiled = Arc::new(CompiledAssertion::compile(kind, Some(&spec), &engine.plugins)?);
     if cacheable {
         let key = SpecKey {
             kind,

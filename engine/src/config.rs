@@ -5,6 +5,7 @@
 //! setting at its default.
 
 use crate::logging::Level;
+use crate::plugins::PluginSpec;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,10 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// Plugin results kept in memory for reporting.
     pub max_plugin_results: usize,
+    /// WebAssembly plugins to load at start-up, in order.
+    pub plugins: Vec<PluginSpec>,
+    /// Where compiled plugins are cached (`None`: no cache).
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -47,6 +52,8 @@ impl Default for Config {
             max_response_bytes: 65_536,
             drain_timeout: Duration::from_secs(30),
             max_plugin_results: 100_000,
+            plugins: Vec::new(),
+            cache_dir: default_cache_dir(),
         }
     }
 }
@@ -64,6 +71,31 @@ pub struct FileConfig {
     pub max_explanation_chars: Option<usize>,
     pub drain_timeout: Option<String>,
     pub max_plugin_results: Option<usize>,
+    /// Every `.wasm` file in this directory is loaded as a plugin.
+    pub plugin_dir: Option<PathBuf>,
+    /// Default limits for every plugin.
+    pub plugin_defaults: Option<FileLimits>,
+    /// Plugins listed one by one, each with optional limits.
+    #[serde(default)]
+    pub plugins: Vec<FilePlugin>,
+    /// Cache directory (`""` disables caching).
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    pub fuel: Option<u64>,
+    pub memory_mib: Option<usize>,
+    pub timeout: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePlugin {
+    pub path: PathBuf,
+    #[serde(flatten)]
+    pub limits: FileLimits,
 }
 
 /// Settings given on the command line (they win over everything).
@@ -74,6 +106,9 @@ pub struct Overrides {
     pub eval_timeout: Option<String>,
     pub max_concurrent_requests: Option<usize>,
     pub strict_step_types: bool,
+    /// `--plugin <file.wasm>`, repeatable.
+    pub plugins: Vec<PathBuf>,
+    pub plugin_dir: Option<PathBuf>,
 }
 
 /// The environment variables the engine reads, in one place for the docs.
@@ -83,6 +118,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("ATTEST_EVAL_TIMEOUT", "per-request deadline, e.g. 30s, 1500ms, 2m"),
     ("ATTEST_MAX_CONCURRENT_REQUESTS", "requests evaluated at once (1-1024)"),
     ("ATTEST_STRICT_STEP_TYPES", "true to reject unknown step types"),
+    ("ATTEST_PLUGIN_DIR", "directory whose .wasm files are loaded as plugins"),
+    ("ATTEST_CACHE_DIR", "cache directory (compiled plugins); default ~/.attest/cache"),
 ];
 
 impl Config {
@@ -144,6 +181,40 @@ impl Config {
         }
         c.strict_step_types |= overrides.strict_step_types;
 
+        // Plugins: the config file's list, then its directory (or the
+        // environment's, or the flag's), then --plugin flags.
+        let base = path.as_deref().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+        let defaults = limits(
+            &crate::plugins::PluginLimits::default(),
+            file.plugin_defaults.as_ref().unwrap_or(&FileLimits::default()),
+        )
+        .with_context(|| src("plugin_defaults"))?;
+        for (i, p) in file.plugins.iter().enumerate() {
+            c.plugins.push(PluginSpec {
+                path: base.join(&p.path),
+                limits: limits(&defaults, &p.limits).with_context(|| src(&format!("plugins[{i}]")))?,
+            });
+        }
+        let dir = overrides
+            .plugin_dir
+            .clone()
+            .or_else(|| env("ATTEST_PLUGIN_DIR").map(PathBuf::from))
+            .or_else(|| file.plugin_dir.as_ref().map(|d| base.join(d)));
+        if let Some(dir) = dir {
+            let files = crate::plugins::files_in(&dir).with_context(|| format!("cannot read plugin directory {}", dir.display()))?;
+            c.plugins.extend(files.into_iter().map(|path| PluginSpec {
+                path,
+                limits: defaults.clone(),
+            }));
+        }
+        c.plugins.extend(overrides.plugins.iter().map(|path| PluginSpec {
+            path: path.clone(),
+            limits: defaults.clone(),
+        }));
+        if let Some(dir) = env("ATTEST_CACHE_DIR").map(PathBuf::from).or(file.cache_dir) {
+            c.cache_dir = (!dir.as_os_str().is_empty()).then_some(dir);
+        }
+
         if !(1..=1024).contains(&c.max_concurrent_requests) {
             bail!(
                 "max_concurrent_requests must be between 1 and 1024, got {}",
@@ -164,10 +235,38 @@ fn read_file(path: &Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| {
         format!(
-            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results)",
+            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, [plugin_defaults], [[plugins]])",
             path.display()
         )
     })
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".attest").join("cache"))
+}
+
+/// Applies a file's limit overrides on top of `base`.
+fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::plugins::PluginLimits> {
+    let mut l = base.clone();
+    if let Some(fuel) = f.fuel {
+        if fuel == 0 {
+            bail!("fuel must be greater than zero");
+        }
+        l.fuel = fuel;
+    }
+    if let Some(mib) = f.memory_mib {
+        if !(1..=1024).contains(&mib) {
+            bail!("memory_mib must be between 1 and 1024, got {mib}");
+        }
+        l.memory_bytes = mib * 1024 * 1024;
+    }
+    if let Some(t) = &f.timeout {
+        l.timeout = parse_duration(t)?;
+        if l.timeout.is_zero() {
+            bail!("timeout must be greater than zero");
+        }
+    }
+    Ok(l)
 }
 
 /// `30s`, `1500ms`, `2m`, or a bare number of seconds.

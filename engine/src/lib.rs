@@ -14,6 +14,7 @@
 //! - [`layers`]: one module per assertion layer.
 //! - [`batch`]: `evaluate_batch` orchestration and the idempotency cache.
 //! - [`plugin_results`]: `submit_plugin_result` validation and recording.
+//! - [`plugins`]: the WebAssembly plugin host (layer 8) and its sandbox.
 //! - [`config`], [`logging`], [`eval_cmd`]: configuration, stderr logs, the CLI evaluator.
 
 pub mod batch;
@@ -22,6 +23,7 @@ pub mod eval_cmd;
 pub mod layers;
 pub mod logging;
 pub mod plugin_results;
+pub mod plugins;
 pub mod protocol;
 pub mod server;
 pub mod session;

@@ -3,6 +3,8 @@
 
 use attest_engine::config::{Config, Overrides, ENV_VARS};
 use attest_engine::eval_cmd::{self, Format};
+use attest_engine::plugins::sandbox::SUPPORTED_API_VERSIONS;
+use attest_engine::plugins::{PluginHost, PluginLimits, PluginSpec};
 use attest_engine::session::Engine;
 use attest_engine::{logging, server, ENGINE_VERSION};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -34,6 +36,12 @@ struct Cli {
     /// Reject steps whose type is not llm_call, tool_call, retrieval or agent_call.
     #[arg(long, global = true)]
     strict_step_types: bool,
+    /// Load a WebAssembly plugin component (repeatable).
+    #[arg(long = "plugin", global = true, value_name = "FILE")]
+    plugins: Vec<PathBuf>,
+    /// Load every .wasm file in this directory as a plugin.
+    #[arg(long, global = true, value_name = "DIR")]
+    plugin_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -55,6 +63,21 @@ enum Command {
     },
     /// Print the engine version.
     Version,
+    /// Inspect WebAssembly plugins.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Load a plugin as the engine would and print its metadata, API version
+    /// and limits, or exactly why it would be refused.
+    Check {
+        /// The plugin component.
+        file: PathBuf,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -79,6 +102,8 @@ fn main() -> ExitCode {
         eval_timeout: cli.eval_timeout.clone(),
         max_concurrent_requests: cli.max_concurrent_requests,
         strict_step_types: cli.strict_step_types,
+        plugins: cli.plugins.clone(),
+        plugin_dir: cli.plugin_dir.clone(),
     };
     let config = match Config::load(&overrides, |k| std::env::var(k).ok()) {
         Ok(c) => c,
@@ -92,9 +117,15 @@ fn main() -> ExitCode {
             println!("attest-engine {ENGINE_VERSION}");
             ExitCode::SUCCESS
         }
+        Command::Plugin {
+            command: PluginCommand::Check { file },
+        } => {
+            logging::init(config.log_level);
+            plugin_check(&config, &file)
+        }
         Command::Eval { trace, assertions, format } => {
             logging::init(config.log_level);
-            let engine = Engine::new(config);
+            let engine = load_engine(config);
             let format = match format {
                 OutputFormat::Table => Format::Table,
                 OutputFormat::Json => Format::Json,
@@ -123,7 +154,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            let engine = Arc::new(Engine::new(config));
+            let engine = Arc::new(load_engine(config));
             // The read loop runs on this thread; the requests it spawns go to the
             // shared queue, from which every worker takes them.
             let ended = runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
@@ -131,6 +162,55 @@ fn main() -> ExitCode {
             // stdin's blocking reader thread cannot be interrupted; exit rather
             // than wait for it. Responses were flushed by `serve`.
             std::process::exit(code);
+        }
+    }
+}
+
+/// Builds the engine, loading its plugins first (from the compiled cache when possible).
+fn load_engine(config: attest_engine::config::Config) -> Engine {
+    let plugins = PluginHost::load(&config.plugins, config.cache_dir.as_ref().map(|d| d.join("plugins")));
+    Engine::with_plugins(config, plugins)
+}
+
+/// `attest-engine plugin check <file>`.
+fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) -> ExitCode {
+    let limits = config
+        .plugins
+        .iter()
+        .find(|p| p.path == file)
+        .map_or_else(PluginLimits::default, |p| p.limits.clone());
+    let spec = PluginSpec {
+        path: file.to_owned(),
+        limits,
+    };
+    let host = PluginHost::load(std::slice::from_ref(&spec), config.cache_dir.as_ref().map(|d| d.join("plugins")));
+    match host.ids().first().and_then(|id| host.get(id)) {
+        Some(p) => {
+            println!("plugin:       {} {}", p.id, p.version);
+            println!("description:  {}", p.description);
+            println!("file:         {}", p.path.display());
+            println!(
+                "api version:  attest:plugin@{} (engine serves {})",
+                p.api_version,
+                SUPPORTED_API_VERSIONS.join(", ")
+            );
+            println!(
+                "limits:       {} fuel per call, {} MiB memory, {} ms per call",
+                p.limits.fuel,
+                p.limits.memory_bytes / (1024 * 1024),
+                p.limits.timeout.as_millis()
+            );
+            println!("loaded from:  {:?} in {:.1} ms", p.source, p.load_ms);
+            println!(
+                "config schema:\n{}",
+                serde_json::to_string_pretty(&p.config_schema).unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
+        None => {
+            let why = host.failures().first().map_or("unknown error", |f| f.error.as_str());
+            println!("refused: {}: {why}", file.display());
+            ExitCode::from(1)
         }
     }
 }

@@ -160,16 +160,18 @@ pub enum Method {
     Shutdown,
     QueryDrift,
     GenerateUserMessage,
+    ListPlugins,
 }
 
 impl Method {
-    pub const ALL: [Method; 6] = [
+    pub const ALL: [Method; 7] = [
         Method::Initialize,
         Method::EvaluateBatch,
         Method::SubmitPluginResult,
         Method::Shutdown,
         Method::QueryDrift,
         Method::GenerateUserMessage,
+        Method::ListPlugins,
     ];
 
     pub fn name(self) -> &'static str {
@@ -180,6 +182,7 @@ impl Method {
             Method::Shutdown => "shutdown",
             Method::QueryDrift => "query_drift",
             Method::GenerateUserMessage => "generate_user_message",
+            Method::ListPlugins => "list_plugins",
         }
     }
 

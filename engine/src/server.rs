@@ -329,6 +329,7 @@ async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id
             engine.count_evaluated(1);
             to_raw(&Accepted { accepted: true })
         }
+        Method::ListPlugins => to_raw(&engine.plugins.listing()),
         Method::QueryDrift => Err(RpcError::new(
             ErrorCode::MethodNotFound,
             "method not available: query_drift",

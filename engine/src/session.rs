@@ -7,6 +7,7 @@
 use crate::batch::BatchCaches;
 use crate::config::Config;
 use crate::plugin_results::PluginResults;
+use crate::plugins::PluginHost;
 use crate::protocol::{Method, RpcError};
 use crate::trace::Limits;
 use crate::ENGINE_VERSION;
@@ -24,7 +25,9 @@ pub const OLDEST_PROTOCOL_VERSION: i64 = PROTOCOL_VERSION - 1;
 
 /// What this build really supports. `soft_failures`: `soft: true` yields
 /// `soft_fail` on every layer-1–4 check that allows it.
-pub const CAPABILITIES: &[&str] = &["layers_1_4", "soft_failures"];
+/// `plugins`/`layer_8`: WebAssembly assertion plugins run inside the engine,
+/// and `submit_plugin_result` is validated and recorded.
+pub const CAPABILITIES: &[&str] = &["layers_1_4", "soft_failures", "plugins", "layer_8"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -49,6 +52,8 @@ pub struct Engine {
     shutdown_seq: AtomicU64,
     pub caches: BatchCaches,
     pub plugin_results: PluginResults,
+    /// WebAssembly assertion plugins (layer 8).
+    pub plugins: PluginHost,
     /// Cancelled when `shutdown` begins: the engine stops reading input.
     pub draining: CancellationToken,
 }
@@ -73,7 +78,12 @@ pub struct ShutdownResult {
 }
 
 impl Engine {
+    /// An engine with no plugins loaded.
     pub fn new(config: Config) -> Engine {
+        Engine::with_plugins(config, PluginHost::default())
+    }
+
+    pub fn with_plugins(config: Config, plugins: PluginHost) -> Engine {
         let limits = Limits {
             strict_step_types: config.strict_step_types,
             ..Limits::default()
@@ -81,6 +91,7 @@ impl Engine {
         Engine {
             caches: BatchCaches::new(&config),
             plugin_results: PluginResults::new(config.max_plugin_results),
+            plugins,
             limits,
             config,
             state: AtomicU8::new(State::Uninitialized as u8),

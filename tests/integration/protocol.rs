@@ -394,12 +394,9 @@ fn capabilities_are_negotiated() {
         (json!(["layers_1_4"]), json!([]), true),
         (json!(["layers_1_4", "soft_failures"]), json!([]), true),
         (json!([]), json!([]), true),
-        (json!(["plugins"]), json!(["plugins"]), false),
-        (
-            json!(["layers_1_4", "layers_5_6", "plugins"]),
-            json!(["layers_5_6", "plugins"]),
-            false,
-        ),
+        (json!(["plugins", "layer_8"]), json!([]), true),
+        (json!(["multi_agent"]), json!(["multi_agent"]), false),
+        (json!(["layers_1_4", "layers_5_6", "plugins"]), json!(["layers_5_6"]), false),
     ];
     for (required, missing, compatible) in cases {
         let mut engine = Engine::spawn();
@@ -431,7 +428,7 @@ fn initialize_result_has_every_spec_field() {
     }
     assert_eq!(result["engine_version"], json!(VERSION));
     assert_eq!(result["protocol_version"], json!(1));
-    assert_eq!(result["capabilities"], json!(["layers_1_4", "soft_failures"]));
+    assert_eq!(result["capabilities"], json!(["layers_1_4", "soft_failures", "plugins", "layer_8"]));
     assert_eq!(result["missing"], json!([]));
     assert_eq!(result["compatible"], json!(true));
     assert_eq!(result["encoding"], json!("json"));
@@ -480,7 +477,7 @@ fn unknown_assertion_type_lists_supported_types() {
     assert_eq!(err["message"], json!("assertion 'a1': unknown assertion type 'magic'"));
     assert_eq!(
         err["data"]["detail"],
-        json!("Supported assertion types: schema, constraint, trace, content.")
+        json!("Supported assertion types: schema, constraint, trace, content, plugin.")
     );
     assert_eq!(err["data"]["assertion_id"], json!("a1"));
     assert_eq!(err["data"]["field"], json!("params.assertions[0].type"));
@@ -505,7 +502,6 @@ fn unavailable_assertion_types_name_the_capability() {
             "layers_5_6",
         ),
         ("trace_tree", json!({"check": "agent_count"}), "(layer 7)", "layer_7"),
-        ("plugin", json!({"name": "x"}), "(layer 8)", "layer_8"),
     ];
     for (kind, spec, layer, capability) in cases {
         let mut assertions = refund_assertions();
@@ -527,7 +523,7 @@ fn unavailable_assertion_types_name_the_capability() {
             err["data"]["detail"]
                 .as_str()
                 .unwrap()
-                .contains("schema, constraint, trace, content"),
+                .contains("schema, constraint, trace, content, plugin"),
             "{err}"
         );
     }

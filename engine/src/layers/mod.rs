@@ -7,10 +7,12 @@
 
 pub mod constraint;
 pub mod content;
+pub mod plugin;
 pub mod schema;
 pub mod spec;
 pub mod trace;
 
+use crate::plugins::PluginHost;
 use crate::trace::Trace;
 use serde::Serialize;
 use serde_json::Value;
@@ -84,7 +86,7 @@ impl AssertionType {
 
     /// Whether this build evaluates the type.
     pub fn is_available(self) -> bool {
-        self.layer() <= 4
+        self.layer() <= 4 || self == AssertionType::Plugin
     }
 
     pub fn available_names() -> String {
@@ -161,6 +163,8 @@ pub enum Check {
     Constraint(constraint::ConstraintCheck),
     Trace(trace::TraceCheck),
     Content(content::ContentCheck),
+    /// Answered by a WebAssembly plugin; run per batch by [`crate::batch`].
+    Plugin(plugin::PluginCheck),
 }
 
 /// A compiled assertion: shareable across requests (see the batch cache).
@@ -173,13 +177,14 @@ pub struct CompiledAssertion {
 
 impl CompiledAssertion {
     /// Compiles `spec` for an assertion of type `kind` (an available type).
-    pub fn compile(kind: AssertionType, spec: Option<&Value>) -> Result<CompiledAssertion, SpecError> {
+    pub fn compile(kind: AssertionType, spec: Option<&Value>, plugins: &PluginHost) -> Result<CompiledAssertion, SpecError> {
         let reader = Spec::new(spec, kind.name())?;
         let check = match kind {
             AssertionType::Schema => Check::Schema(schema::SchemaCheck::compile(&reader)?),
             AssertionType::Constraint => Check::Constraint(constraint::ConstraintCheck::compile(&reader)?),
             AssertionType::Trace => Check::Trace(trace::TraceCheck::compile(&reader)?),
             AssertionType::Content => Check::Content(content::ContentCheck::compile(&reader)?),
+            AssertionType::Plugin => Check::Plugin(plugin::PluginCheck::compile(&reader, plugins)?),
             other => unreachable!("{} is not an available type", other.name()),
         };
         Ok(CompiledAssertion {
@@ -189,13 +194,21 @@ impl CompiledAssertion {
         })
     }
 
+    /// Evaluates a built-in check. Plugin checks are run per batch instead
+    /// (see [`crate::batch`]) and classified with [`CompiledAssertion::classify`].
     pub fn evaluate(&self, trace: &Trace) -> (Status, Verdict) {
         let verdict = match &self.check {
             Check::Schema(c) => c.evaluate(trace),
             Check::Constraint(c) => c.evaluate(trace),
             Check::Trace(c) => c.evaluate(trace),
             Check::Content(c) => c.evaluate(trace),
+            Check::Plugin(c) => unreachable!("plugin {} checks are evaluated per batch", c.plugin.id),
         };
+        self.classify(verdict)
+    }
+
+    /// Applies `soft` to a verdict.
+    pub fn classify(&self, verdict: Verdict) -> (Status, Verdict) {
         let status = if verdict.passed {
             Status::Pass
         } else if self.soft && !verdict.always_hard {
