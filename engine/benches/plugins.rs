@@ -1,0 +1,148 @@
+//! Plugin benchmarks (docs/benchmarks.md), in process through the library:
+//!
+//! 1. per-call overhead of a trivial plugin (`noop`) on the refund trace:
+//!    fresh sandboxed instance + trace hand-over + call + verdict checks;
+//! 2. `content.contains` as a plugin (`contains`) against the native check,
+//!    per assertion, both inside a full `evaluate_batch` of 8 assertions;
+//! 3. loading every plugin in `plugins/dist` with an empty compiled cache
+//!    and again with a warm one.
+//!
+//! Needs the components: `bash plugins/build.sh` (and `plugins/python/build.sh`
+//! for the Python plugin). `cargo bench --bench plugins`.
+
+use attest_engine::config::Config;
+use attest_engine::plugins::{files_in, PluginHost, PluginLimits, PluginSpec};
+use attest_engine::session::Engine;
+use serde_json::{json, value::RawValue, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn dist() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist")
+}
+
+fn spec(name: &str) -> PluginSpec {
+    let path = dist().join(format!("{name}.wasm"));
+    assert!(path.is_file(), "{} is missing: run plugins/build.sh", path.display());
+    PluginSpec {
+        path,
+        limits: PluginLimits::default(),
+    }
+}
+
+fn main() {
+    let cache = tempdir("attest-bench-cache");
+    let host = PluginHost::load(&[spec("noop"), spec("contains")], Some(cache.clone()));
+    assert!(host.failures().is_empty(), "{:?}", host.failures());
+    let trace = refund_trace().to_string();
+
+    // 1. Per-call overhead.
+    let noop = host.get("noop").expect("noop loaded");
+    let configs = vec!["{}".to_owned()];
+    let per_call = time_per_iter(20_000, || {
+        let out = noop.evaluate(&trace, &configs);
+        assert!(out[0].passed);
+    });
+    println!("noop plugin, one assertion per call: {:.1} µs per call", micros(per_call));
+    let eight: Vec<String> = (0..8).map(|_| "{}".to_owned()).collect();
+    let per_call8 = time_per_iter(10_000, || {
+        let out = noop.evaluate(&trace, &eight);
+        assert_eq!(out.len(), 8);
+    });
+    println!("noop plugin, eight assertions per call: {:.1} µs per call", micros(per_call8));
+
+    // 2. contains: plugin vs native, inside evaluate_batch.
+    let engine = Engine::with_plugins(Config::default(), host);
+    let words = ["refund", "processed", "business days", "RFD-001", "89.99", "Refund ID", "3 business", "order"];
+    let native: Vec<Value> = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| json!({"assertion_id": format!("n{i}"), "type": "content", "spec": {"target": "output.message", "check": "contains", "value": w}}))
+        .collect();
+    let plugin: Vec<Value> = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| json!({"assertion_id": format!("p{i}"), "type": "plugin", "spec": {"plugin_id": "contains", "config": {"target": "output.message", "value": w}}}))
+        .collect();
+    let batch = |assertions: &Vec<Value>| RawValue::from_string(json!({"trace": refund_trace(), "assertions": assertions}).to_string()).unwrap();
+    let (native_req, plugin_req) = (batch(&native), batch(&plugin));
+    let run = |req: &RawValue| {
+        let r = attest_engine::batch::evaluate(&engine, Some(req), Instant::now() + Duration::from_secs(30)).expect("batch evaluates");
+        assert!(r.results.iter().all(|a| a.status == attest_engine::layers::Status::Pass), "{:?}", r.results);
+    };
+    let t_native = time_per_iter(20_000, || run(&native_req));
+    let t_plugin = time_per_iter(20_000, || run(&plugin_req));
+    println!(
+        "evaluate_batch of 8 contains assertions: native {:.1} µs ({:.2} µs per assertion), plugin {:.1} µs ({:.2} µs per assertion): {:.1}x",
+        micros(t_native),
+        micros(t_native) / 8.0,
+        micros(t_plugin),
+        micros(t_plugin) / 8.0,
+        t_plugin.as_secs_f64() / t_native.as_secs_f64()
+    );
+
+    // 3. Start-up: every component in plugins/dist, uncached then cached.
+    let specs: Vec<PluginSpec> = files_in(&dist())
+        .expect("plugins/dist")
+        .into_iter()
+        .map(|path| PluginSpec {
+            path,
+            limits: PluginLimits::default(),
+        })
+        .collect();
+    let cold_dir = tempdir("attest-bench-cold");
+    let t0 = Instant::now();
+    let cold = PluginHost::load(&specs, Some(cold_dir.clone()));
+    let uncached = t0.elapsed();
+    let t0 = Instant::now();
+    let warm = PluginHost::load(&specs, Some(cold_dir.clone()));
+    let cached = t0.elapsed();
+    println!(
+        "loading {} plugin files ({} load, {} refused): uncached {:.0} ms, cached {:.1} ms",
+        specs.len(),
+        warm.ids().len(),
+        warm.failures().len(),
+        uncached.as_secs_f64() * 1000.0,
+        cached.as_secs_f64() * 1000.0
+    );
+    drop(cold);
+    let _ = std::fs::remove_dir_all(&cold_dir);
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Mean wall time of `f` over `n` runs, after `n / 10` warm-up runs.
+fn time_per_iter(n: u32, mut f: impl FnMut()) -> Duration {
+    for _ in 0..n / 10 {
+        f();
+    }
+    let t0 = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t0.elapsed() / n
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn refund_trace() -> Value {
+    json!({
+        "schema_version": 1, "trace_id": "trc_bench", "agent_id": "customer-service-agent",
+        "input": {"user_message": "I want a refund for order ORD-123", "context": {}},
+        "steps": [
+            {"type": "llm_call", "name": "reasoning", "args": {"model": "gpt-4.1"}, "result": {"completion": "I need to look up the order."}},
+            {"type": "tool_call", "name": "lookup_order", "args": {"order_id": "ORD-123"}, "result": {"status": "delivered", "amount": 89.99}},
+            {"type": "tool_call", "name": "process_refund", "args": {"order_id": "ORD-123", "amount": 89.99}, "result": {"refund_id": "RFD-001"}}
+        ],
+        "output": {"message": "Your refund of $89.99 has been processed. You'll see it in 3 business days. Refund ID: RFD-001. Your order is closed.",
+                   "structured": {"refund_id": "RFD-001", "confidence": 0.95}},
+        "metadata": {"total_tokens": 1350, "cost_usd": 0.0067, "latency_ms": 4200}
+    })
+}

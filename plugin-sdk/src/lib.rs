@@ -1,0 +1,218 @@
+//! Write attest-engine assertion plugins in plain Rust.
+//!
+//! An assertion plugin is a WebAssembly component for the `assertion-plugin`
+//! world of `wit/attest-plugin.wit` (`attest:plugin@0.1.0`). This crate hides
+//! the WIT plumbing: a plugin implements [`AssertionPlugin`] on typed data and
+//! exports itself with one macro, [`export_plugin!`].
+//!
+//! ```
+//! use attest_plugin_sdk::{AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
+//! use serde::Deserialize;
+//!
+//! /// Fails when the target's text is longer than `max_chars`.
+//! struct MaxLength;
+//!
+//! #[derive(Deserialize)]
+//! struct Config {
+//!     #[serde(default = "default_target")]
+//!     target: Target,
+//!     max_chars: usize,
+//! }
+//!
+//! fn default_target() -> Target {
+//!     Target::parse("output.message").unwrap()
+//! }
+//!
+//! impl AssertionPlugin for MaxLength {
+//!     type Config = Config;
+//!
+//!     fn info() -> PluginInfo {
+//!         PluginInfo::new("max-length", "0.1.0").description("Caps the length of a text.")
+//!     }
+//!
+//!     fn evaluate(trace: &Trace, config: &Config) -> Result<Verdict, PluginError> {
+//!         let t = &config.target;
+//!         let value = match t.resolve(trace) {
+//!             Ok(v) => v,
+//!             Err(missing) => return Ok(Verdict::fail(format!("{t} could not be checked: {missing}."))),
+//!         };
+//!         let n = attest_plugin_sdk::json::text(&value).chars().count();
+//!         Ok(Verdict::from_bool(n <= config.max_chars, format!("{t} has {n} characters (max {}).", config.max_chars)))
+//!     }
+//! }
+//!
+//! attest_plugin_sdk::export_plugin!(MaxLength);
+//!
+//! // Natively, the same code path the component export takes:
+//! let trace = r#"{"schema_version": 1, "trace_id": "t", "output": {"message": "hello"}}"#;
+//! let results = attest_plugin_sdk::evaluate_batch::<MaxLength>(trace, &[r#"{"max_chars": 3}"#]);
+//! assert_eq!(results[0].as_ref().unwrap().explanation(), "output.message has 5 characters (max 3).");
+//! ```
+//!
+//! What the crate owns:
+//!
+//! - [`trace`]: the typed trace model, mirroring the engine's;
+//! - [`target`]: the engine's target grammar (`output.<path>`,
+//!   `steps[?name=='x'].result.<path>`, …), usable as a config field;
+//! - [`verdict`]: [`Verdict`] builders, [`PluginError`], [`PluginInfo`];
+//! - [`config`]: typed config decoding, errors mapped to `invalid-config`;
+//! - [`log()`]: the host's log import, with a native recorder for tests;
+//! - [`json`] and [`text`]: comparison and explanation helpers;
+//! - [`testing`] (native only): helpers for plugin unit tests.
+//!
+//! Plugins build to `wasm32-unknown-unknown` components (see
+//! `plugins/build.sh`); their logic is tested natively with `cargo test`.
+
+pub mod config;
+mod export;
+pub mod json;
+mod log;
+pub mod target;
+pub mod text;
+pub mod trace;
+pub mod verdict;
+
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
+
+pub use config::{decode_config, NoConfig};
+pub use log::{log, LogLevel};
+pub use target::{Missing, Target, TargetSyntaxError, GRAMMAR_HINT};
+pub use trace::{Step, StepType, Trace};
+pub use verdict::{PluginError, PluginInfo, Status, Verdict, ANY_OBJECT_SCHEMA};
+
+// Used by `export_plugin!`'s expansion in the plugin crate; not API.
+#[doc(hidden)]
+pub use export::bindings as __bindings;
+#[doc(hidden)]
+pub use export::Export as __Export;
+
+use serde::de::DeserializeOwned;
+
+/// An assertion plugin: a config type, a description, and a check.
+///
+/// Both functions are associated functions (no `self`): a plugin keeps no
+/// state between calls, and the engine may run every call in a fresh instance.
+pub trait AssertionPlugin: 'static {
+    /// The assertion's `config`, decoded from JSON. The engine validates it
+    /// against [`PluginInfo::config_schema`] first; anything decoding still
+    /// rejects is reported as `invalid-config`. Use [`NoConfig`] for none.
+    type Config: DeserializeOwned;
+
+    /// Id, version, description and config schema, returned by `describe`.
+    fn info() -> PluginInfo;
+
+    /// Checks one trace against one config.
+    ///
+    /// Return `Ok(verdict)` whenever the assertion could be judged, including
+    /// when the data it looks at is missing (a fail that says what is
+    /// missing, as the engine's built-in checks do); return an error only
+    /// when no verdict can be reached.
+    fn evaluate(trace: &Trace, config: &Self::Config) -> Result<Verdict, PluginError>;
+}
+
+/// What the component's `evaluate` export does: decodes the trace once,
+/// then decodes each config and evaluates it, one result per config, in
+/// order. Exposed so native tests exercise exactly the exported path.
+pub fn evaluate_batch<P: AssertionPlugin>(trace_json: &str, configs: &[impl AsRef<str>]) -> Vec<Result<Verdict, PluginError>> {
+    let trace = match Trace::from_json(trace_json) {
+        Ok(t) => t,
+        Err(e) => return configs.iter().map(|_| Err(e.clone())).collect(),
+    };
+    configs
+        .iter()
+        .map(|c| decode_config::<P::Config>(c.as_ref()).and_then(|config| P::evaluate(&trace, &config)))
+        .collect()
+}
+
+/// Exports a type implementing [`AssertionPlugin`] as the component's
+/// `describe` and `evaluate`. Use it once per plugin crate, at the top level:
+///
+/// ```
+/// # use attest_plugin_sdk::{AssertionPlugin, NoConfig, PluginError, PluginInfo, Trace, Verdict};
+/// # struct MyPlugin;
+/// # impl AssertionPlugin for MyPlugin {
+/// #     type Config = NoConfig;
+/// #     fn info() -> PluginInfo { PluginInfo::new("my-plugin", "0.1.0") }
+/// #     fn evaluate(_: &Trace, _: &NoConfig) -> Result<Verdict, PluginError> { Ok(Verdict::pass("ok")) }
+/// # }
+/// attest_plugin_sdk::export_plugin!(MyPlugin);
+/// ```
+///
+/// The crate must be built as a `cdylib` for `wasm32-unknown-unknown` (see
+/// `plugins/build.sh`). Natively the macro still compiles, so `cargo test`
+/// and `cargo clippy` see the same code.
+#[macro_export]
+macro_rules! export_plugin {
+    ($plugin:ty) => {
+        const _: () = {
+            // wit-bindgen's export macro takes an identifier, not a generic
+            // type, hence the alias.
+            type __AttestPluginExport = $crate::__Export<$plugin>;
+    $crate::__bindings::__export_assertion_plugin!(__AttestPluginExport with_types_in $crate::__bindings);
+        };
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    struct Threshold;
+
+    #[derive(Deserialize)]
+    struct Config {
+        field: Target,
+        min: f64,
+    }
+
+    impl AssertionPlugin for Threshold {
+        type Config = Config;
+
+        fn info() -> PluginInfo {
+            PluginInfo::new("threshold", "0.1.0")
+        }
+
+        fn evaluate(trace: &Trace, config: &Config) -> Result<Verdict, PluginError> {
+            log(LogLevel::Debug, &format!("checking {}", config.field));
+            let v = config.field.resolve(trace).map_err(|m| PluginError::unsupported_trace(m.0))?;
+            let x = v.as_f64().ok_or_else(|| PluginError::unsupported_trace("not a number"))?;
+            Ok(Verdict::from_bool(x >= config.min, format!("{} = {x}", config.field)))
+        }
+    }
+
+    const TRACE: &str = r#"{"schema_version": 1, "trace_id": "t", "output": {"message": "m"}, "metadata": {"score": 0.8}}"#;
+
+    #[test]
+    fn batch_decodes_each_config_and_keeps_order() {
+        let out = evaluate_batch::<Threshold>(
+            TRACE,
+            &[
+                r#"{"field": "metadata.score", "min": 0.5}"#,
+                r#"{"field": "metadata.score", "min": 0.9}"#,
+                r#"{"field": "metadata.nope", "min": 0.9}"#,
+                r#"{"field": "meta.score", "min": 0.9}"#,
+                r#"{"min": 0.9}"#,
+            ],
+        );
+        assert_eq!(out.len(), 5);
+        assert!(out[0].as_ref().unwrap().is_pass());
+        assert_eq!(out[1].as_ref().unwrap().status(), Status::Fail);
+        assert!(matches!(&out[2], Err(PluginError::UnsupportedTrace(m)) if m.contains("'nope' not found")));
+        assert!(matches!(&out[3], Err(PluginError::InvalidConfig(m)) if m.contains("unsupported target 'meta.score'")));
+        assert!(matches!(&out[4], Err(PluginError::InvalidConfig(m)) if m.contains("missing field `field`")));
+        let logs = testing::take_logs();
+        assert_eq!(logs.len(), 3, "one line per config that decoded: {logs:?}");
+        assert_eq!(logs[0], (LogLevel::Debug, "checking metadata.score".to_owned()));
+        assert!(testing::take_logs().is_empty(), "take_logs drains");
+    }
+
+    #[test]
+    fn an_undecodable_trace_fails_every_config() {
+        let out = evaluate_batch::<Threshold>(r#"{"steps": 3}"#, &["{}", "{}"]);
+        assert_eq!(out.len(), 2);
+        assert!(out.iter().all(|r| matches!(r, Err(PluginError::UnsupportedTrace(_)))));
+        assert!(evaluate_batch::<Threshold>(TRACE, &[] as &[&str]).is_empty());
+    }
+}

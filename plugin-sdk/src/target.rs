@@ -1,0 +1,644 @@
+//! Target and field paths: one grammar for every layer.
+//!
+//! ```text
+//! target   := base segment*
+//! base     := "output" | "input" | "metadata"
+//!           | "steps" selector? ( ".length" | "." step_field )
+//! selector := "[?name==" quoted "]" | "[?type==" quoted "]" | "[" index "]"
+//! step_field := "args" | "result" | "metadata" | "name" | "type"
+//! segment  := "." key | "[" index "]" | "[" quoted "]"
+//! quoted   := '…' | "…"
+//! ```
+//!
+//! - `steps[?name=='x']` and `steps[?type=='t']` select the **first** matching
+//!   top-level step when followed by a field, and count all matches when
+//!   followed by `.length`. `steps.length` counts every top-level step.
+//! - `.length` after any path counts the elements of an array (unless the
+//!   value is an object with a `length` key, which is then read as a key).
+//! - Keys containing dots or brackets are written `['a.b']`.
+//!
+//! This is a copy of the engine's `engine/src/target.rs` (same grammar, same
+//! messages), adapted to the SDK's serde trace model, so that a target means
+//! the same thing in a built-in assertion and in a plugin config. Keep the two
+//! in step; `tests::engine_cases` repeats the engine's own test cases.
+//!
+//! A target is parsed once, when its config is decoded (a [`Target`] field in
+//! a config struct deserializes from the target string, and a syntax error
+//! becomes `invalid-config`). Resolving against a trace can only fail because
+//! the data is not there, and that failure ([`Missing`]) names what is missing.
+
+use crate::text::{clip, quote, quote_list};
+use crate::trace::{Step, Trace};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use std::borrow::Cow;
+use std::fmt;
+use std::str::FromStr;
+
+/// A parsed target, e.g. `output.message` or
+/// `steps[?name=='lookup_order'].result.amount`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    text: String,
+    /// Length of the base part of `text` (before the path segments).
+    base_len: usize,
+    base: Base,
+    path: Vec<Segment>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Base {
+    Output,
+    Input,
+    Metadata,
+    StepCount(StepSelector),
+    StepField(StepSelector, StepField),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum StepSelector {
+    All,
+    Name(String),
+    Type(String),
+    Index(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum StepField {
+    Args,
+    Result,
+    Metadata,
+    Name,
+    Type,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+/// Why a target string is not valid syntax.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetSyntaxError {
+    pub message: String,
+}
+
+impl std::error::Error for TargetSyntaxError {}
+
+impl fmt::Display for TargetSyntaxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The forms a target may take, for `detail` texts.
+pub const GRAMMAR_HINT: &str = "Supported targets: output, output.<path>, input.<path>, metadata.<path>, steps.length, steps[?name=='<name>'].length, steps[?type=='<type>'].length, steps[?name=='<name>'].args|result|metadata|name|type[.<path>], steps[<index>].<field>[.<path>]; a <path> is .key, [index] or ['key'] segments.";
+
+/// The data a target points at is not in this trace; the text says what is
+/// missing, e.g. `no step named 'ship' (steps: ['think', 'lookup'])`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Missing(pub String);
+
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Target {
+    /// Parses a target; the error names the position and what was expected.
+    pub fn parse(text: &str) -> Result<Target, TargetSyntaxError> {
+        Parser { text, pos: 0 }.target()
+    }
+
+    /// The target as written, for explanations.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Resolves the target against `trace`.
+    pub fn resolve<'t>(&self, trace: &'t Trace) -> Result<Cow<'t, Value>, Missing> {
+        let start: Cow<'t, Value> = match &self.base {
+            Base::Output => Cow::Borrowed(&trace.output),
+            Base::Input => match &trace.input {
+                Some(v) => Cow::Borrowed(v),
+                None => return Err(Missing("trace has no input".into())),
+            },
+            Base::Metadata => match &trace.metadata {
+                Some(v) => Cow::Borrowed(v),
+                None => return Err(Missing("trace has no metadata".into())),
+            },
+            Base::StepCount(sel) => {
+                let n = trace.steps.iter().enumerate().filter(|(i, s)| sel.matches(*i, s)).count();
+                Cow::Owned(Value::from(n))
+            }
+            Base::StepField(sel, field) => {
+                let Some((_, step)) = trace.steps.iter().enumerate().find(|(i, s)| sel.matches(*i, s)) else {
+                    return Err(Missing(sel.not_found(trace)));
+                };
+                let v = match field {
+                    StepField::Args => step.args.as_ref().map(Cow::Borrowed),
+                    StepField::Result => step.result.as_ref().map(Cow::Borrowed),
+                    StepField::Metadata => step.metadata.as_ref().map(Cow::Borrowed),
+                    StepField::Name => Some(Cow::Owned(Value::from(step.name.as_str()))),
+                    StepField::Type => Some(Cow::Owned(Value::from(step.kind.as_str()))),
+                };
+                match v {
+                    Some(v) => v,
+                    None => return Err(Missing(format!("step {} has no {}", quote(&step.name), field.name()))),
+                }
+            }
+        };
+        walk(start, &self.path, self.text[..self.base_len].to_owned())
+    }
+}
+
+fn walk<'t>(mut cur: Cow<'t, Value>, path: &[Segment], mut at: String) -> Result<Cow<'t, Value>, Missing> {
+    for seg in path {
+        let next = match (cur, seg) {
+            (Cow::Borrowed(Value::Object(m)), Segment::Key(k)) => match m.get(k) {
+                Some(v) => Cow::Borrowed(v),
+                None => return Err(missing_key(k, &at, m.keys())),
+            },
+            (Cow::Owned(Value::Object(mut m)), Segment::Key(k)) => match m.remove(k) {
+                Some(v) => Cow::Owned(v),
+                None => return Err(missing_key(k, &at, m.keys())),
+            },
+            (c, Segment::Key(k)) if k == "length" && c.is_array() => Cow::Owned(Value::from(c.as_array().map_or(0, Vec::len))),
+            (Cow::Borrowed(Value::Array(a)), Segment::Index(i)) => match a.get(*i) {
+                Some(v) => Cow::Borrowed(v),
+                None => return Err(Missing(format!("index {i} is out of range for {at} (length {})", a.len()))),
+            },
+            (Cow::Owned(Value::Array(mut a)), Segment::Index(i)) => {
+                if *i < a.len() {
+                    Cow::Owned(a.swap_remove(*i))
+                } else {
+                    return Err(Missing(format!("index {i} is out of range for {at} (length {})", a.len())));
+                }
+            }
+            (c, seg) => {
+                return Err(Missing(format!(
+                    "{at} is {}, so {} cannot be read from it",
+                    describe_kind(&c),
+                    seg.describe()
+                )))
+            }
+        };
+        at.push_str(&seg.render());
+        cur = next;
+    }
+    Ok(cur)
+}
+
+fn missing_key<'a>(key: &str, at: &str, keys: impl Iterator<Item = &'a String>) -> Missing {
+    let keys: Vec<&String> = keys.collect();
+    if keys.is_empty() {
+        Missing(format!("field {} not found in {at} (it is empty)", quote(key)))
+    } else {
+        Missing(format!("field {} not found in {at} (available: {})", quote(key), quote_list(&keys)))
+    }
+}
+
+fn describe_kind(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("a boolean ({b})"),
+        Value::Number(n) => format!("a number ({n})"),
+        Value::String(s) => format!("a string ({})", quote(s)),
+        Value::Array(a) => format!("an array of {}", a.len()),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+impl StepSelector {
+    fn matches(&self, index: usize, step: &Step) -> bool {
+        match self {
+            StepSelector::All => true,
+            StepSelector::Name(n) => step.name == *n,
+            StepSelector::Type(t) => step.kind.as_str() == t,
+            StepSelector::Index(i) => index == *i,
+        }
+    }
+
+    fn not_found(&self, trace: &Trace) -> String {
+        match self {
+            StepSelector::All => "trace has no steps".into(),
+            StepSelector::Name(n) => {
+                let names: Vec<&str> = trace.steps.iter().map(|s| s.name.as_str()).collect();
+                if names.is_empty() {
+                    format!("no step named {} (the trace has no steps)", quote(n))
+                } else {
+                    format!("no step named {} (steps: {})", quote(n), quote_list(&names))
+                }
+            }
+            StepSelector::Type(t) => format!("no step of type {}", quote(t)),
+            StepSelector::Index(i) => format!("no step at index {i} (the trace has {} steps)", trace.steps.len()),
+        }
+    }
+}
+
+impl StepField {
+    const NAMES: &'static str = "args, result, metadata, name, type";
+
+    fn parse(s: &str) -> Option<StepField> {
+        Some(match s {
+            "args" => StepField::Args,
+            "result" => StepField::Result,
+            "metadata" => StepField::Metadata,
+            "name" => StepField::Name,
+            "type" => StepField::Type,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            StepField::Args => "args",
+            StepField::Result => "result",
+            StepField::Metadata => "metadata",
+            StepField::Name => "name",
+            StepField::Type => "type",
+        }
+    }
+}
+
+impl Segment {
+    fn render(&self) -> String {
+        match self {
+            Segment::Key(k) if is_plain_key(k) => format!(".{k}"),
+            Segment::Key(k) => format!("['{k}']"),
+            Segment::Index(i) => format!("[{i}]"),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Segment::Key(k) => format!("field {}", quote(k)),
+            Segment::Index(i) => format!("index {i}"),
+        }
+    }
+}
+
+fn is_plain_key(k: &str) -> bool {
+    !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'$')
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn err(&self, what: &str) -> TargetSyntaxError {
+        TargetSyntaxError {
+            message: format!("unsupported target {}: {what} at position {}", quote(self.text), self.pos),
+        }
+    }
+
+    fn rest(&self) -> &str {
+        &self.text[self.pos..]
+    }
+
+    fn eat(&mut self, s: &str) -> bool {
+        if self.rest().starts_with(s) {
+            self.pos += s.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn skip_ws(&mut self) {
+        while self.rest().starts_with(' ') {
+            self.pos += 1;
+        }
+    }
+
+    fn ident(&mut self) -> Option<&'a str> {
+        let text: &'a str = self.text;
+        let start = self.pos;
+        let len = self
+            .rest()
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-' || *b == b'$')
+            .count();
+        if len == 0 {
+            return None;
+        }
+        self.pos += len;
+        Some(&text[start..self.pos])
+    }
+
+    fn index(&mut self) -> Option<usize> {
+        let len = self.rest().bytes().take_while(u8::is_ascii_digit).count();
+        if len == 0 {
+            return None;
+        }
+        let n = self.rest()[..len].parse().ok()?;
+        self.pos += len;
+        Some(n)
+    }
+
+    fn quoted(&mut self) -> Result<String, TargetSyntaxError> {
+        let quote_char = match self.rest().chars().next() {
+            Some(c @ ('\'' | '"')) => c,
+            _ => return Err(self.err("expected a quoted string")),
+        };
+        self.pos += 1;
+        match self.rest().find(quote_char) {
+            Some(end) => {
+                let s = self.rest()[..end].to_owned();
+                self.pos += end + 1;
+                Ok(s)
+            }
+            None => Err(self.err("unterminated quoted string")),
+        }
+    }
+
+    fn target(mut self) -> Result<Target, TargetSyntaxError> {
+        if self.text.len() > 1024 {
+            return Err(TargetSyntaxError {
+                message: format!("unsupported target {}: longer than 1024 bytes", quote(self.text)),
+            });
+        }
+        let root = self.ident().map(str::to_owned);
+        let base = match root.as_deref() {
+            Some("output") => Base::Output,
+            Some("input") => Base::Input,
+            Some("metadata") => Base::Metadata,
+            Some("steps") => self.steps()?,
+            _ => return Err(self.err("a target starts with output, input, metadata or steps")),
+        };
+        let base_len = self.pos;
+        let mut path = Vec::new();
+        while !self.rest().is_empty() {
+            if self.eat(".") {
+                match self.ident() {
+                    Some(k) => path.push(Segment::Key(k.to_owned())),
+                    None => return Err(self.err("expected a key after '.'")),
+                }
+            } else if self.eat("[") {
+                let seg = match self.index() {
+                    Some(i) => Segment::Index(i),
+                    None => Segment::Key(self.quoted()?),
+                };
+                if !self.eat("]") {
+                    return Err(self.err("expected ']'"));
+                }
+                path.push(seg);
+            } else {
+                return Err(self.err("expected '.' or '['"));
+            }
+        }
+        Ok(Target {
+            text: self.text.to_owned(),
+            base_len,
+            base,
+            path,
+        })
+    }
+
+    fn steps(&mut self) -> Result<Base, TargetSyntaxError> {
+        let selector = if self.eat("[") {
+            let sel = if self.eat("?") {
+                let key = self.ident().map(str::to_owned);
+                self.skip_ws();
+                if !self.eat("==") {
+                    return Err(self.err("expected '==' in a step filter"));
+                }
+                self.skip_ws();
+                let value = self.quoted()?;
+                match key.as_deref() {
+                    Some("name") => StepSelector::Name(value),
+                    Some("type") => StepSelector::Type(value),
+                    _ => return Err(self.err("steps can be filtered by name or type")),
+                }
+            } else {
+                match self.index() {
+                    Some(i) => StepSelector::Index(i),
+                    None => return Err(self.err("expected ?name=='…', ?type=='…' or an index inside steps[…]")),
+                }
+            };
+            if !self.eat("]") {
+                return Err(self.err("expected ']'"));
+            }
+            sel
+        } else {
+            StepSelector::All
+        };
+        if !self.eat(".") {
+            return Err(self.err(&format!("expected .length or a step field ({})", StepField::NAMES)));
+        }
+        let field_pos = self.pos;
+        match self.ident() {
+            Some("length") if self.rest().is_empty() => Ok(Base::StepCount(selector)),
+            Some(_) if selector == StepSelector::All => {
+                self.pos = field_pos;
+                Err(self
+                    .err("select a step first (steps[?name=='…'], steps[?type=='…'] or steps[<index>]); plain steps only supports .length"))
+            }
+            Some(f) => match StepField::parse(f) {
+                Some(field) => Ok(Base::StepField(selector, field)),
+                None => {
+                    self.pos = field_pos;
+                    Err(self.err(&format!(
+                        "unknown step field {} (expected {} or length)",
+                        quote(&clip(f, 40)),
+                        StepField::NAMES
+                    )))
+                }
+            },
+            None => Err(self.err(&format!("expected .length or a step field ({})", StepField::NAMES))),
+        }
+    }
+}
+
+impl FromStr for Target {
+    type Err = TargetSyntaxError;
+
+    fn from_str(s: &str) -> Result<Target, TargetSyntaxError> {
+        Target::parse(s)
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// A target in a config is written as its string; a syntax error is a
+/// config error that quotes the target and lists the supported forms.
+impl<'de> Deserialize<'de> for Target {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Target, D::Error> {
+        let text = Cow::<'de, str>::deserialize(d)?;
+        Target::parse(&text).map_err(|e| serde::de::Error::custom(format!("{e}. {GRAMMAR_HINT}")))
+    }
+}
+
+impl Serialize for Target {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn trace() -> Trace {
+        Trace::from_value(json!({
+            "schema_version": 1, "trace_id": "t",
+            "input": {"q": "hi"},
+            "steps": [
+                {"type": "llm_call", "name": "think", "result": {"completion": "ok"}},
+                {"type": "tool_call", "name": "lookup", "args": {"id": "A"}, "result": {"amount": 5, "items": [1, 2, 3], "a.b": true}},
+                {"type": "tool_call", "name": "refund", "args": {"id": "A"}}
+            ],
+            "output": {"message": "done", "structured": {"refund_id": "R1"}},
+            "metadata": {"cost_usd": 0.01, "custom": {"depth": 2}}
+        }))
+        .unwrap()
+    }
+
+    fn get(t: &str) -> Result<Value, Missing> {
+        Target::parse(t).unwrap().resolve(&trace()).map(Cow::into_owned)
+    }
+
+    // The engine's own cases (engine/src/target.rs), verbatim: the two
+    // implementations must agree on these.
+    mod engine_cases {
+        use super::*;
+
+        #[test]
+        fn resolves_every_base() {
+            assert_eq!(get("output.message").unwrap(), json!("done"));
+            assert_eq!(get("output").unwrap()["structured"]["refund_id"], json!("R1"));
+            assert_eq!(get("input.q").unwrap(), json!("hi"));
+            assert_eq!(get("metadata.custom.depth").unwrap(), json!(2));
+            assert_eq!(get("steps[?name=='lookup'].result.amount").unwrap(), json!(5));
+            assert_eq!(get("steps[?name==\"lookup\"].args").unwrap(), json!({"id": "A"}));
+            assert_eq!(get("steps[1].result.items[2]").unwrap(), json!(3));
+            assert_eq!(get("steps[?name=='lookup'].result['a.b']").unwrap(), json!(true));
+            assert_eq!(get("steps[?type=='llm_call'].name").unwrap(), json!("think"));
+        }
+
+        #[test]
+        fn counts() {
+            assert_eq!(get("steps.length").unwrap(), json!(3));
+            assert_eq!(get("steps[?type=='tool_call'].length").unwrap(), json!(2));
+            assert_eq!(get("steps[?name=='nope'].length").unwrap(), json!(0));
+            assert_eq!(get("steps[?name=='lookup'].result.items.length").unwrap(), json!(3));
+        }
+
+        #[test]
+        fn missing_data_is_explained() {
+            assert_eq!(
+                get("steps[?name=='ship'].result").unwrap_err().0,
+                "no step named 'ship' (steps: ['think', 'lookup', 'refund'])"
+            );
+            assert_eq!(get("steps[?name=='refund'].result").unwrap_err().0, "step 'refund' has no result");
+            assert_eq!(
+                get("output.structured.nope").unwrap_err().0,
+                "field 'nope' not found in output.structured (available: ['refund_id'])"
+            );
+            assert_eq!(
+                get("output.message.x").unwrap_err().0,
+                "output.message is a string ('done'), so field 'x' cannot be read from it"
+            );
+            assert_eq!(
+                get("steps[?name=='lookup'].result.items[9]").unwrap_err().0,
+                "index 9 is out of range for steps[?name=='lookup'].result.items (length 3)"
+            );
+        }
+
+        #[test]
+        fn syntax_errors() {
+            for bad in [
+                "",
+                "outputs",
+                "steps",
+                "steps.name",
+                "steps[?id=='x'].result",
+                "steps[?name=='x'].resultz",
+                "output..x",
+                "output[",
+                "steps[?name=='x]",
+                "output.a b",
+                "$.output",
+            ] {
+                assert!(Target::parse(bad).is_err(), "{bad} should not parse");
+            }
+        }
+    }
+
+    #[test]
+    fn step_fields_by_index_and_type() {
+        assert_eq!(get("steps[0].type").unwrap(), json!("llm_call"));
+        assert_eq!(get("steps[2].name").unwrap(), json!("refund"));
+        assert_eq!(get("steps[?type=='tool_call'].args.id").unwrap(), json!("A"));
+        assert_eq!(get("steps[?name=='lookup'].result['items'][0]").unwrap(), json!(1));
+        assert_eq!(get("steps[?name == 'lookup'].result.amount").unwrap(), json!(5), "spaces around ==");
+        assert_eq!(get("steps[9].name").unwrap_err().0, "no step at index 9 (the trace has 3 steps)");
+        assert_eq!(get("steps[?type=='retrieval'].name").unwrap_err().0, "no step of type 'retrieval'");
+    }
+
+    #[test]
+    fn length_prefers_a_length_key_on_objects() {
+        let t = Trace::from_value(json!({"schema_version": 1, "trace_id": "t",
+            "output": {"list": [1, 2], "obj": {"length": "long"}, "s": "abc"}}))
+        .unwrap();
+        let get = |s: &str| Target::parse(s).unwrap().resolve(&t).map(Cow::into_owned);
+        assert_eq!(get("output.list.length").unwrap(), json!(2));
+        assert_eq!(get("output.obj.length").unwrap(), json!("long"));
+        assert!(get("output.s.length").is_err(), "strings have no .length");
+    }
+
+    #[test]
+    fn absent_bases_are_missing() {
+        let t = Trace::from_value(json!({"schema_version": 1, "trace_id": "t", "output": {"m": 1}})).unwrap();
+        let get = |s: &str| Target::parse(s).unwrap().resolve(&t).map(Cow::into_owned);
+        assert_eq!(get("input.q").unwrap_err().0, "trace has no input");
+        assert_eq!(get("metadata.x").unwrap_err().0, "trace has no metadata");
+        assert_eq!(get("steps.length").unwrap(), json!(0));
+        assert_eq!(
+            get("steps[?name=='a'].args").unwrap_err().0,
+            "no step named 'a' (the trace has no steps)"
+        );
+    }
+
+    #[test]
+    fn syntax_error_messages_name_the_position() {
+        let e = Target::parse("steps.name").unwrap_err();
+        assert!(e.message.starts_with("unsupported target 'steps.name': select a step first"), "{e}");
+        let e = Target::parse("steps[?name=='x'].resultz").unwrap_err();
+        assert!(e.message.contains("unknown step field 'resultz'"), "{e}");
+        assert!(Target::parse(&"a".repeat(1025))
+            .unwrap_err()
+            .message
+            .contains("longer than 1024 bytes"));
+    }
+
+    #[test]
+    fn deserializes_from_config_strings() {
+        #[derive(Deserialize)]
+        struct Config {
+            target: Target,
+        }
+        let c: Config = serde_json::from_str(r#"{"target": "steps[?name=='x'].args.id"}"#).unwrap();
+        assert_eq!(c.target.as_str(), "steps[?name=='x'].args.id");
+        assert_eq!(c.target.to_string(), "steps[?name=='x'].args.id");
+        let err = serde_json::from_str::<Config>(r#"{"target": "outputs"}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("unsupported target 'outputs'") && err.contains("Supported targets:"),
+            "{err}"
+        );
+        assert_eq!(serde_json::to_value(&c.target).unwrap(), json!("steps[?name=='x'].args.id"));
+        assert_eq!("output.a".parse::<Target>().unwrap().as_str(), "output.a");
+    }
+}
