@@ -8,7 +8,8 @@
 //!    and again with a warm one.
 //!
 //! Needs the components: `bash plugins/build.sh` (and `plugins/python/build.sh`
-//! for the Python plugin). `cargo bench --bench plugins`.
+//! for the Python plugin). `cargo bench --bench plugins`; `BENCH_SKIP_STARTUP=1`
+//! skips part 3 (handy under a profiler).
 
 use attest_engine::config::Config;
 use attest_engine::plugins::{files_in, PluginHost, PluginLimits, PluginSpec};
@@ -81,6 +82,9 @@ fn main() {
         t_plugin.as_secs_f64() / t_native.as_secs_f64()
     );
 
+    if std::env::var_os("BENCH_SKIP_STARTUP").is_some() {
+        return;
+    }
     // 3. Start-up: every component in plugins/dist, uncached then cached.
     let specs: Vec<PluginSpec> = files_in(&dist())
         .expect("plugins/dist")

@@ -33,22 +33,31 @@ pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1.0"];
 
 /// How often the epoch advances; timeouts are rounded up to it.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
+/// Linear memory kept mapped between calls in a pooled slot (docs/benchmarks.md).
+const KEEP_RESIDENT_BYTES: usize = 1 << 20;
 /// Largest memory any plugin may be configured for (pooling slots are sized for it).
 pub const MAX_MEMORY_BYTES: usize = 1 << 30;
 
-/// Per-store state: the plugin's id (for its logs), its limits, and an
-/// empty WASI context.
+/// Per-store state: the plugin's id (for its logs), its limits, and a WASI
+/// context that grants nothing.
 pub struct State {
     plugin_id: Arc<str>,
     limiter: Limiter,
-    wasi: WasiCtx,
+    /// Built on the first WASI call: most plugins never make one, and
+    /// building it (seeding its random generators) costs on every call.
+    wasi: Option<WasiCtx>,
     table: ResourceTable,
 }
 
 impl WasiView for State {
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let ctx = self.wasi.get_or_insert_with(|| {
+            let mut wasi = WasiCtx::builder();
+            wasi.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+            wasi.build()
+        });
         WasiCtxView {
-            ctx: &mut self.wasi,
+            ctx,
             table: &mut self.table,
         }
     }
@@ -156,6 +165,13 @@ impl Sandbox {
         pool.table_elements(100_000);
         pool.max_component_instance_size(1 << 20);
         pool.max_core_instance_size(1 << 20);
+        // Reset the first pages of a slot with memset and keep them mapped:
+        // returning them with madvise costs page faults and TLB shootdowns on
+        // every call, which measured as most of a small plugin's call time.
+        pool.linear_memory_keep_resident(KEEP_RESIDENT_BYTES);
+        pool.table_keep_resident(64 * 1024);
+        // Where the kernel supports it, reset only the pages a call dirtied.
+        pool.pagemap_scan(wasmtime::Enabled::Auto);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
         let mut linker = Linker::new(&engine);
@@ -223,12 +239,10 @@ impl Sandbox {
             .memories(16)
             .trap_on_grow_failure(true)
             .build();
-        let mut wasi = WasiCtx::builder();
-        wasi.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
         let state = State {
             plugin_id: plugin_id.clone(),
             limiter: Limiter { inner, refused: false },
-            wasi: wasi.build(),
+            wasi: None,
             table: ResourceTable::new(),
         };
         let mut store = Store::new(&self.engine, state);
