@@ -54,7 +54,16 @@ fn main() {
 
     // 2. contains: plugin vs native, inside evaluate_batch.
     let engine = Engine::with_plugins(Config::default(), host);
-    let words = ["refund", "processed", "business days", "RFD-001", "89.99", "Refund ID", "3 business", "order"];
+    let words = [
+        "refund",
+        "processed",
+        "business days",
+        "RFD-001",
+        "89.99",
+        "Refund ID",
+        "3 business",
+        "order",
+    ];
     let native: Vec<Value> = words
         .iter()
         .enumerate()
@@ -65,11 +74,16 @@ fn main() {
         .enumerate()
         .map(|(i, w)| json!({"assertion_id": format!("p{i}"), "type": "plugin", "spec": {"plugin_id": "contains", "config": {"target": "output.message", "value": w}}}))
         .collect();
-    let batch = |assertions: &Vec<Value>| RawValue::from_string(json!({"trace": refund_trace(), "assertions": assertions}).to_string()).unwrap();
+    let batch =
+        |assertions: &Vec<Value>| RawValue::from_string(json!({"trace": refund_trace(), "assertions": assertions}).to_string()).unwrap();
     let (native_req, plugin_req) = (batch(&native), batch(&plugin));
     let run = |req: &RawValue| {
         let r = attest_engine::batch::evaluate(&engine, Some(req), Instant::now() + Duration::from_secs(30)).expect("batch evaluates");
-        assert!(r.results.iter().all(|a| a.status == attest_engine::layers::Status::Pass), "{:?}", r.results);
+        assert!(
+            r.results.iter().all(|a| a.status == attest_engine::layers::Status::Pass),
+            "{:?}",
+            r.results
+        );
     };
     let t_native = time_per_iter(20_000, || run(&native_req));
     let t_plugin = time_per_iter(20_000, || run(&plugin_req));

@@ -584,3 +584,58 @@ pub fn heavy_assertions(n_steps: usize) -> Value {
 pub fn heavy_steps(bytes: usize) -> usize {
     (bytes.saturating_sub(450_000) / 1_000_000).max(1)
 }
+
+// ---------------------------------------------------------------- custom commands
+
+impl Engine {
+    /// Like [`Engine::spawn_with`], for a prepared [`command`] (extra
+    /// arguments, environment variables set or removed for the child only).
+    /// Stdio is piped here; stderr is drained.
+    pub fn spawn_command(mut cmd: Command) -> Engine {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning attest-engine");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        let stdout_thread = std::thread::spawn(move || {
+            let mut reader = BufReader::with_capacity(1 << 20, stdout);
+            loop {
+                let mut line = Vec::new();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {
+                        if line.last() == Some(&b'\n') {
+                            line.pop();
+                        }
+                        if tx.send(line).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let stderr_buf = Arc::new(Mutex::new(Vec::new()));
+        let buf = stderr_buf.clone();
+        let mut pipe = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 8192];
+            loop {
+                match pipe.read(&mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.lock().unwrap().extend_from_slice(&chunk[..n]),
+                }
+            }
+        });
+        Engine {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            stdout_thread: Some(stdout_thread),
+            stderr_buf,
+            _stalled_stderr: None,
+        }
+    }
+}

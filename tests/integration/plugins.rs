@@ -1,0 +1,1985 @@
+//! Layer 8: WebAssembly assertion plugins, through the real binary.
+//!
+//! The components are the ones `plugins/build.sh` and
+//! `plugins/python/build.sh` put in `plugins/dist/`; a missing file fails the
+//! test (with the command that builds it) rather than skipping it.
+//!
+//! Every engine gets its own compiled-plugin cache (`ATTEST_CACHE_DIR`, a
+//! temporary directory) except those that load `json-output-keys.wasm`, the
+//! 18 MB Python component: compiling it takes tens of seconds, so those share
+//! `target/plugin-test-cache`, warmed once per test run (and kept across runs).
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// Where the built components are.
+const DIST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/dist");
+/// The plugins' sources (README, config.schema.json).
+const PLUGINS_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins");
+/// Compiled-plugin cache shared by the tests that load the Python plugin.
+const SHARED_CACHE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/plugin-test-cache");
+/// Plugins load before the engine reads its first line; compiling several
+/// components with an unoptimised engine takes a while on a small machine.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(180);
+/// The WIT version the engine serves.
+const API: &str = "0.1.0";
+/// Default per-call limits (`PluginLimits::default`).
+const DEFAULT_FUEL: u64 = 1_000_000_000;
+const DEFAULT_MEMORY: u64 = 64 * 1024 * 1024;
+const DEFAULT_TIMEOUT_MS: u64 = 2000;
+/// Longest explanation in a result (`max_explanation_chars`).
+const MAX_EXPLANATION_CHARS: usize = 1024;
+/// The four Rust example plugins.
+const RUST_EXAMPLES: [&str; 4] = ["pii-leak", "tool-args", "refusal", "step-value"];
+
+// ---------------------------------------------------------------- setup
+
+/// Path of `plugins/dist/<name>.wasm`; panics when it has not been built.
+fn wasm(name: &str) -> String {
+    let path = Path::new(DIST).join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run plugins/build.sh and plugins/python/build.sh",
+        path.display()
+    );
+    path.to_str().expect("UTF-8 path").to_owned()
+}
+
+/// `--plugin <file>` for each name.
+fn plugin_flags(names: &[&str]) -> Vec<String> {
+    names.iter().flat_map(|n| ["--plugin".to_owned(), wasm(n)]).collect()
+}
+
+/// The binary with `ATTEST_CACHE_DIR=cache`, no `ATTEST_PLUGIN_DIR` from the
+/// host, and `--log-level=warn` before `args`.
+fn engine_command<S: AsRef<std::ffi::OsStr>>(cache: &Path, args: &[S]) -> Command {
+    let mut cmd = command();
+    cmd.env_remove("ATTEST_PLUGIN_DIR")
+        .env("ATTEST_CACHE_DIR", cache)
+        .arg("--log-level=warn")
+        .args(args);
+    cmd
+}
+
+/// Runs a one-shot command (`plugin check`, a bad config) to completion.
+fn run_with<S: AsRef<std::ffi::OsStr>>(cache: &Path, args: &[S]) -> Output {
+    engine_command(cache, args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running attest-engine")
+}
+
+/// Spawns `cmd` and completes `initialize` (which waits for the plugins to
+/// load); returns the engine and the initialize result.
+fn start_command(cmd: Command) -> (Engine, Value) {
+    let mut engine = Engine::spawn_command(cmd);
+    engine.send(&initialize_request(json!("init"), init_params()));
+    let line = engine.recv_bytes_within(LOAD_TIMEOUT);
+    let resp: Value = serde_json::from_slice(&line).unwrap_or_else(|e| panic!("initialize response is not JSON ({e})"));
+    let init = expect_result(&resp);
+    assert_eq!(resp["id"], json!("init"), "{resp}");
+    assert_eq!(init["compatible"], json!(true), "{resp}");
+    (engine, init)
+}
+
+/// The engine with `args`, initialized.
+fn start<S: AsRef<std::ffi::OsStr>>(cache: &Path, args: &[S]) -> Engine {
+    start_command(engine_command(cache, args)).0
+}
+
+/// A temporary cache directory for one test.
+fn fresh_cache() -> TempDir {
+    tempfile::tempdir().expect("creating a temporary cache directory")
+}
+
+/// Compiles the Python plugin into [`SHARED_CACHE`] once per test run, so the
+/// tests that load it start in about a second.
+fn warm_shared_cache() -> &'static Path {
+    static WARM: Once = Once::new();
+    WARM.call_once(|| {
+        let started = Instant::now();
+        let out = run_with(Path::new(SHARED_CACHE), &["plugin", "check", &wasm("json-output-keys")]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "plugin check json-output-keys.wasm failed ({:?}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("plugin:       json-output-keys 0.1.0"), "{stdout}");
+        eprintln!(
+            "json-output-keys.wasm ready in {SHARED_CACHE} after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    });
+    Path::new(SHARED_CACHE)
+}
+
+// ---------------------------------------------------------------- requests
+
+/// A plugin assertion.
+fn plugin(id: &str, plugin_id: &str, config: Value) -> Value {
+    json!({"assertion_id": id, "type": "plugin", "spec": {"plugin_id": plugin_id, "config": config}})
+}
+
+/// A plugin assertion with `soft: true`.
+fn soft_plugin(id: &str, plugin_id: &str, config: Value) -> Value {
+    json!({"assertion_id": id, "type": "plugin", "spec": {"plugin_id": plugin_id, "config": config, "soft": true}})
+}
+
+/// A built-in content assertion on `output.message` with its own id.
+fn builtin(id: &str, check: &str, value: &str) -> Value {
+    content(id, check, value)
+}
+
+fn ids_of(assertions: &Value) -> Vec<String> {
+    assertions
+        .as_array()
+        .expect("assertions are a list")
+        .iter()
+        .map(|a| a["assertion_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Sends one `evaluate_batch`, checks the answer's shape (one result per
+/// assertion, in request order; bounded explanations; one line under 64 KiB)
+/// and returns its results.
+fn evaluate(engine: &mut Engine, trace: &Value, assertions: &Value) -> Vec<Value> {
+    engine.send(&evaluate_request(json!("eval"), trace.clone(), assertions.clone()));
+    let line = engine.recv_bytes();
+    check_batch_line(&line, assertions)
+}
+
+/// The checks of [`evaluate`] on a received response line.
+fn check_batch_line(line: &[u8], assertions: &Value) -> Vec<Value> {
+    assert!(
+        line.len() < MAX_RESPONSE_LINE,
+        "response line is {} bytes; SDKs read at most {MAX_RESPONSE_LINE}",
+        line.len()
+    );
+    let resp: Value = serde_json::from_slice(line).expect("response is JSON");
+    let result = expect_result(&resp);
+    let results = result["results"].as_array().unwrap_or_else(|| panic!("no results: {resp}")).clone();
+    let got: Vec<String> = results.iter().map(|r| r["assertion_id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(got, ids_of(assertions), "one result per assertion, in request order");
+    for r in &results {
+        let status = r["status"].as_str().unwrap();
+        assert!(["pass", "soft_fail", "hard_fail"].contains(&status), "{r}");
+        let score = r["score"].as_f64().unwrap_or_else(|| panic!("score is a number: {r}"));
+        assert!((0.0..=1.0).contains(&score), "{r}");
+        let explanation = r["explanation"].as_str().unwrap();
+        assert!(!explanation.trim().is_empty(), "empty explanation: {r}");
+        assert!(
+            explanation.chars().count() <= MAX_EXPLANATION_CHARS,
+            "explanation over {MAX_EXPLANATION_CHARS} chars: {r}"
+        );
+    }
+    results
+}
+
+/// `results` by assertion id.
+fn find<'a>(results: &'a [Value], id: &str) -> &'a Value {
+    results
+        .iter()
+        .find(|r| r["assertion_id"] == json!(id))
+        .unwrap_or_else(|| panic!("no result for {id}"))
+}
+
+/// Checks a result's status, score and that its explanation contains every phrase.
+#[track_caller]
+fn check(r: &Value, status: &str, score: f64, phrases: &[&str]) {
+    assert_eq!(r["status"], json!(status), "{r}");
+    let got = r["score"].as_f64().unwrap();
+    assert!((got - score).abs() < 1e-9, "score {got}, expected {score}: {r}");
+    let explanation = r["explanation"].as_str().unwrap();
+    for p in phrases {
+        assert!(
+            explanation.contains(p),
+            "explanation of {} lacks {p:?}: {explanation}",
+            r["assertion_id"]
+        );
+    }
+}
+
+/// A contained plugin fault: `hard_fail`, score 0, no verdict, plugin and cause named.
+#[track_caller]
+fn check_fault(r: &Value, plugin_id: &str, cause: &str) {
+    check(r, "hard_fail", 0.0, &[&format!("plugin '{plugin_id}'"), cause, "no verdict"]);
+    assert!(r.get("details").is_none(), "a fault has no details: {r}");
+}
+
+fn list_plugins(engine: &mut Engine) -> Value {
+    expect_result(&engine.request(&rpc(json!("lp"), "list_plugins", json!({}))))
+}
+
+fn listed_ids(listing: &Value) -> Vec<String> {
+    listing["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn listed<'a>(listing: &'a Value, id: &str) -> &'a Value {
+    listing["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == json!(id))
+        .unwrap_or_else(|| panic!("plugin {id} not listed: {listing}"))
+}
+
+/// The `failed` entry whose path ends with `file_name`.
+fn failure<'a>(listing: &'a Value, file_name: &str) -> &'a str {
+    listing["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"].as_str().unwrap().ends_with(file_name))
+        .unwrap_or_else(|| panic!("{file_name} is not in failed: {listing}"))["error"]
+        .as_str()
+        .unwrap()
+}
+
+fn limits(fuel: u64, memory_bytes: u64, timeout_ms: u64) -> Value {
+    json!({"fuel": fuel, "memory_bytes": memory_bytes, "timeout_ms": timeout_ms})
+}
+
+fn default_limits() -> Value {
+    limits(DEFAULT_FUEL, DEFAULT_MEMORY, DEFAULT_TIMEOUT_MS)
+}
+
+/// `loaded_from` of every listed plugin.
+fn sources(engine: &mut Engine) -> Vec<String> {
+    let listing = list_plugins(engine);
+    listing["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["loaded_from"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The compiled artefacts under `<cache>/plugins/`.
+fn cached_artefacts(cache: &Path) -> Vec<PathBuf> {
+    let dir = cache.join("plugins");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// A TOML config file in `dir`.
+fn write_config(dir: &Path, text: &str) -> String {
+    let path = dir.join("attest.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// A TOML string literal.
+fn toml_str(s: &str) -> String {
+    format!("'{s}'")
+}
+
+// ---------------------------------------------------------------- traces
+
+/// The refund trace with another output message.
+fn with_message(message: &str) -> Value {
+    let mut t = refund_trace();
+    t["output"]["message"] = json!(message);
+    t
+}
+
+/// An answer that leaks an e-mail address, a phone number and a card number.
+fn leaky_trace() -> Value {
+    with_message("Refund sent. Contact john.doe@gmail.com or +1 (555) 123-4567; card 4111 1111 1111 1111 was charged.")
+}
+
+fn refusing_trace() -> Value {
+    with_message("I'm sorry, but I can't help with that request.")
+}
+
+/// The refund went out for the wrong amount and with a malformed order id.
+fn wrong_refund_trace() -> Value {
+    let mut t = refund_trace();
+    t["steps"][2]["args"] = json!({"order_id": "order-123", "amount": 80.0});
+    t
+}
+
+/// `lookup_order` called three times, the second time for another order.
+fn repeated_lookup_trace() -> Value {
+    let mut t = refund_trace();
+    let lookup = t["steps"][1].clone();
+    let mut other = lookup.clone();
+    other["args"] = json!({"order_id": "ORD-999"});
+    let steps = t["steps"].as_array_mut().unwrap();
+    steps.insert(2, other);
+    steps.insert(3, lookup);
+    t
+}
+
+/// A trace that e-mails bank details from a tool call.
+fn email_trace() -> Value {
+    let mut t = refund_trace();
+    t["steps"].as_array_mut().unwrap().push(json!({
+        "type": "tool_call",
+        "name": "send_email",
+        "args": {"to": "billing@example.com", "body": "Please wire the refund to DE89 3704 0044 0532 0130 00."},
+        "result": {"sent": true}
+    }));
+    t
+}
+
+// ---------------------------------------------------------------- list_plugins and loading
+
+#[test]
+fn list_plugins_describes_each_loaded_plugin() {
+    let cache = fresh_cache();
+    let (mut engine, init) = start_command(engine_command(cache.path(), &plugin_flags(&RUST_EXAMPLES)));
+    let caps: Vec<&str> = init["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert!(caps.contains(&"plugins") && caps.contains(&"layer_8"), "{init}");
+
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listing["api_versions"], json!([API]), "{listing}");
+    assert_eq!(listed_ids(&listing), RUST_EXAMPLES, "loaded in command-line order");
+    assert_eq!(listing["failed"], json!([]), "{listing}");
+    for id in RUST_EXAMPLES {
+        let p = listed(&listing, id);
+        assert_eq!(p["version"], json!("0.1.0"), "{p}");
+        assert_eq!(p["api_version"], json!(API), "{p}");
+        assert_eq!(p["limits"], default_limits(), "{p}");
+        assert_eq!(p["path"], json!(wasm(id)), "{p}");
+        assert_eq!(p["loaded_from"], json!("compiled"), "a fresh cache: {p}");
+        assert!(p["load_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{p}");
+        assert!(p["description"].as_str().is_some_and(|d| d.len() > 20), "{p}");
+        // The schema the plugin declares is its documented config.schema.json.
+        let file = Path::new(PLUGINS_SRC).join(id).join("config.schema.json");
+        let documented: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        assert_eq!(
+            p["config_schema"],
+            documented,
+            "{id}: list_plugins schema differs from {}",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn plugin_dir_loads_every_plugin_and_refuses_future_api() {
+    for name in [
+        "future-api",
+        "json-output-keys",
+        "spin",
+        "hog",
+        "trap",
+        "verbose",
+        "malformed",
+        "snoop",
+    ] {
+        wasm(name);
+    }
+    let cache = warm_shared_cache();
+    let mut engine = start(cache, &["--plugin-dir", DIST]);
+    let listing = list_plugins(&mut engine);
+    let ids = listed_ids(&listing);
+    for id in [
+        "hog",
+        "json-output-keys",
+        "malformed",
+        "pii-leak",
+        "refusal",
+        "snoop",
+        "spin",
+        "step-value",
+        "tool-args",
+        "trap",
+        "verbose",
+    ] {
+        assert!(ids.contains(&id.to_owned()), "{id} not loaded from {DIST}: {listing}");
+    }
+    assert!(!ids.contains(&"future-api".to_owned()), "{listing}");
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ids.len(), "ids are unique: {ids:?}");
+
+    // Exactly one file is refused: future-api.wasm, naming both versions.
+    let failed = listing["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "only future-api.wasm fails to load: {listing}");
+    let error = failure(&listing, "future-api.wasm");
+    assert!(error.contains("attest:plugin@9.0.0"), "{error}");
+    assert!(error.contains(&format!("attest:plugin@{API}")), "{error}");
+    assert!(engine.stderr_text().contains("future-api.wasm"), "the refusal is logged");
+
+    let python = listed(&listing, "json-output-keys");
+    assert_eq!(python["api_version"], json!(API), "{python}");
+    assert_eq!(python["version"], json!("0.1.0"), "{python}");
+    assert!(python["config_schema"]["properties"]["required_keys"].is_object(), "{python}");
+
+    // The engine serves normally; the future-api plugin is not callable.
+    let results = evaluate(&mut engine, &refund_trace(), &refund_assertions());
+    assert!(results.iter().all(|r| r["status"] == json!("pass")), "{results:?}");
+    let err = expect_error(
+        &engine.request(&evaluate_request(
+            json!(1),
+            refund_trace(),
+            json!([plugin("f", "future-api", json!({}))]),
+        )),
+        1002,
+    );
+    assert_eq!(err["data"]["field"], json!("params.assertions[0].spec.plugin_id"), "{err}");
+
+    // Every example plugin, several times each, interleaved with built-in
+    // assertions: each assertion gets its own result, in request order.
+    let assertions = json!([
+        builtin("b_contains", "contains", "refund"),
+        plugin("pii_message", "pii-leak", json!({})),
+        plugin("args_refund", "tool-args", json!({"tool": "process_refund", "expect": {"amount": {"equals": 89.99}}})),
+        plugin("pii_input", "pii-leak", json!({"target": "input.user_message"})),
+        builtin("b_missing", "contains", "voucher"),
+        plugin("args_email", "tool-args", json!({"tool": "send_email", "expect": {"to": {"regex": "@corp\\.com$"}}})),
+        plugin("keys_ok", "json-output-keys", json!({"required_keys": ["refund_id", "confidence"]})),
+        plugin("refusal_default", "refusal", json!({})),
+        plugin("value_amount", "step-value", json!({"left": "steps[?name=='process_refund'].args.amount", "right": "steps[?name=='lookup_order'].result.amount"})),
+        plugin("keys_missing", "json-output-keys", json!({"required_keys": ["refund_id", "currency"]})),
+        plugin("refusal_required", "refusal", json!({"mode": "must_refuse"})),
+        plugin("value_tokens", "step-value", json!({"left": "metadata.total_tokens", "op": "lt", "value": 1000})),
+        soft_plugin("pii_soft", "pii-leak", json!({"kinds": ["email"]})),
+        {"assertion_id": "b_order", "type": "trace", "spec": {"check": "contains_in_order", "tools": ["lookup_order", "process_refund"]}}
+    ]);
+    let results = evaluate(&mut engine, &leaky_trace(), &assertions);
+    let expected = [
+        ("b_contains", "pass", 1.0, "contains 'refund'"),
+        ("pii_message", "hard_fail", 0.0, "output.message leaks personal data"),
+        ("args_refund", "pass", 1.0, "The only call to 'process_refund' (step 2) matches"),
+        ("pii_input", "pass", 1.0, "input.user_message contains no"),
+        ("b_missing", "hard_fail", 0.0, "voucher"),
+        ("args_email", "hard_fail", 0.0, "'send_email' was never called"),
+        ("keys_ok", "pass", 1.0, "(2/2 checks passed)"),
+        ("refusal_default", "pass", 1.0, "does not read as a refusal"),
+        ("value_amount", "pass", 1.0, "equals"),
+        ("keys_missing", "hard_fail", 0.5, "missing required key: \"currency\""),
+        ("refusal_required", "hard_fail", 0.0, "does not refuse, but a refusal is required"),
+        (
+            "value_tokens",
+            "hard_fail",
+            0.0,
+            "metadata.total_tokens = 1350 is not less than 1000",
+        ),
+        ("pii_soft", "soft_fail", 0.0, "1 email address"),
+        ("b_order", "pass", 1.0, "process_refund"),
+    ];
+    for (id, status, score, phrase) in expected {
+        check(find(&results, id), status, score, &[phrase]);
+    }
+}
+
+#[test]
+fn unloadable_files_are_reported_and_the_engine_still_serves() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("garbage.wasm"), b"this is not webassembly at all, just text\n").unwrap();
+    std::fs::write(d.join("empty.wasm"), b"").unwrap();
+    // A valid core module (magic, version 1) with no sections.
+    std::fs::write(d.join("core.wasm"), b"\0asm\x01\0\0\0").unwrap();
+    // A valid, empty component: it imports nothing, so it declares no API version.
+    std::fs::write(d.join("empty-component.wasm"), b"\0asm\x0d\0\x01\0").unwrap();
+    // A component header followed by garbage.
+    std::fs::write(d.join("truncated.wasm"), b"\0asm\x0d\0\x01\0\x07\xff\xff\xff\xff").unwrap();
+    std::fs::write(d.join("notes.txt"), b"not a .wasm file: ignored").unwrap();
+    std::fs::copy(wasm("pii-leak"), d.join("pii-leak.wasm")).unwrap();
+    let missing = d.join("gone").join("missing.wasm");
+    let mut engine = start(
+        cache.path(),
+        &["--plugin-dir", d.to_str().unwrap(), "--plugin", missing.to_str().unwrap()],
+    );
+
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listed_ids(&listing), ["pii-leak"], "{listing}");
+    let failed = listing["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 6, "{listing}");
+    let error = failure(&listing, "garbage.wasm");
+    assert!(error.contains("not a WebAssembly component (bad magic bytes)"), "{error}");
+    let error = failure(&listing, "empty.wasm");
+    assert!(error.contains("not a WebAssembly component"), "{error}");
+    let error = failure(&listing, "core.wasm");
+    assert!(
+        error.contains("core WebAssembly module, not a component") && error.contains("wasm-tools component new"),
+        "{error}"
+    );
+    let error = failure(&listing, "empty-component.wasm");
+    assert!(
+        error.contains("declares no attest:plugin API version") && error.contains(API),
+        "{error}"
+    );
+    let error = failure(&listing, "truncated.wasm");
+    assert!(error.contains("invalid component"), "{error}");
+    let error = failure(&listing, "missing.wasm");
+    assert!(error.contains("cannot read") && error.contains("missing.wasm"), "{error}");
+    assert!(!listing.to_string().contains("notes.txt"), "only .wasm files are loaded: {listing}");
+    let log = engine.stderr_text();
+    for name in ["garbage.wasm", "core.wasm", "missing.wasm"] {
+        assert!(log.contains(name), "the failure of {name} is logged: {log}");
+    }
+
+    // Still serving: built-in and plugin assertions.
+    let assertions = json!([builtin("b", "contains", "RFD-001"), plugin("p", "pii-leak", json!({}))]);
+    let results = evaluate(&mut engine, &refund_trace(), &assertions);
+    check(&results[0], "pass", 1.0, &[]);
+    check(&results[1], "pass", 1.0, &["contains no email address"]);
+    let err = expect_error(
+        &engine.request(&evaluate_request(json!(2), refund_trace(), json!([plugin("c", "core", json!({}))]))),
+        1002,
+    );
+    assert!(
+        err["data"]["detail"].as_str().unwrap().contains("Available plugins: pii-leak."),
+        "{err}"
+    );
+    let resp = engine.request(&shutdown_request(json!("bye")));
+    expect_result(&resp);
+    assert!(engine.wait_exit().success());
+}
+
+#[test]
+fn duplicate_plugin_id_is_refused() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("pii-leak-copy.wasm");
+    std::fs::copy(wasm("pii-leak"), &copy).unwrap();
+    let mut engine = start(cache.path(), &["--plugin", &wasm("pii-leak"), "--plugin", copy.to_str().unwrap()]);
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listed_ids(&listing), ["pii-leak"]);
+    assert_eq!(listed(&listing, "pii-leak")["path"], json!(wasm("pii-leak")), "the first one wins");
+    let error = failure(&listing, "pii-leak-copy.wasm");
+    assert!(
+        error.contains("plugin id 'pii-leak' is already provided by") && error.contains(&wasm("pii-leak")),
+        "{error}"
+    );
+}
+
+#[test]
+fn without_plugins_list_is_empty_and_plugin_assertions_explain_how_to_load() {
+    let cache = fresh_cache();
+    let mut engine = start::<&str>(cache.path(), &[]);
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listing, json!({"api_versions": [API], "plugins": [], "failed": []}));
+    let err = expect_error(
+        &engine.request(&evaluate_request(
+            json!(1),
+            refund_trace(),
+            json!([plugin("p", "pii-leak", json!({}))]),
+        )),
+        1002,
+    );
+    let detail = err["data"]["detail"].as_str().unwrap();
+    assert!(detail.contains("No plugins are loaded") && detail.contains("--plugin"), "{err}");
+    assert_eq!(err["data"]["assertion_id"], json!("p"));
+}
+
+#[test]
+fn plugin_dir_from_config_file_and_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("from-file")).unwrap();
+    std::fs::create_dir(d.join("from-env")).unwrap();
+    std::fs::copy(wasm("refusal"), d.join("from-file").join("refusal.wasm")).unwrap();
+    std::fs::copy(wasm("pii-leak"), d.join("from-env").join("pii-leak.wasm")).unwrap();
+    // plugin_dir is relative to the config file; [[plugins]] come first.
+    let config = write_config(
+        d,
+        &format!("plugin_dir = 'from-file'\n[[plugins]]\npath = {}\n", toml_str(&wasm("step-value"))),
+    );
+    let cache = fresh_cache();
+
+    let mut engine = start(cache.path(), &["--config", &config]);
+    assert_eq!(listed_ids(&list_plugins(&mut engine)), ["step-value", "refusal"]);
+    drop(engine);
+
+    // ATTEST_PLUGIN_DIR wins over the file's plugin_dir ...
+    let mut cmd = engine_command(cache.path(), &["--config", &config]);
+    cmd.env("ATTEST_PLUGIN_DIR", d.join("from-env"));
+    let (mut engine, _) = start_command(cmd);
+    assert_eq!(listed_ids(&list_plugins(&mut engine)), ["step-value", "pii-leak"]);
+    let results = evaluate(&mut engine, &leaky_trace(), &json!([plugin("p", "pii-leak", json!({}))]));
+    check(&results[0], "hard_fail", 0.0, &["leaks personal data"]);
+    drop(engine);
+
+    // ... and --plugin-dir wins over both.
+    let mut cmd = engine_command(
+        cache.path(),
+        &["--config", &config, "--plugin-dir", d.join("from-file").to_str().unwrap()],
+    );
+    cmd.env("ATTEST_PLUGIN_DIR", d.join("from-env"));
+    let (mut engine, _) = start_command(cmd);
+    assert_eq!(listed_ids(&list_plugins(&mut engine)), ["step-value", "refusal"]);
+
+    // A plugin directory that does not exist is a configuration error.
+    let out = run_with(cache.path(), &["--plugin-dir", d.join("nowhere").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read plugin directory") && err.contains("nowhere"), "{err}");
+}
+
+// ---------------------------------------------------------------- example plugins
+
+#[test]
+fn pii_leak_passes_and_fails() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["pii-leak"]));
+
+    let r = evaluate(&mut engine, &refund_trace(), &json!([plugin("clean", "pii-leak", json!({}))]));
+    check(
+        &r[0],
+        "pass",
+        1.0,
+        &["output.message contains no email address, phone number or card number."],
+    );
+    assert_eq!(r[0]["details"]["total"], json!(0), "{}", r[0]);
+
+    let assertions = json!([
+        plugin("default", "pii-leak", json!({})),
+        plugin("emails_only", "pii-leak", json!({"kinds": ["email"]})),
+        plugin(
+            "allowed",
+            "pii-leak",
+            json!({"kinds": ["email", "phone"], "allowlist": ["John.Doe@gmail.com", "555-123-4567", "+1 555 123 4567"]})
+        ),
+        plugin(
+            "allowed_domain",
+            "pii-leak",
+            json!({"kinds": ["email"], "allowlist": ["@gmail.com"]})
+        ),
+        plugin("input_clean", "pii-leak", json!({"target": "input.user_message"})),
+        plugin("whole_output", "pii-leak", json!({"target": "output", "kinds": ["card"]})),
+        plugin("absent_target", "pii-leak", json!({"target": "output.structured.text"})),
+    ]);
+    let r = evaluate(&mut engine, &leaky_trace(), &assertions);
+    check(
+        find(&r, "default"),
+        "hard_fail",
+        0.0,
+        &[
+            "output.message leaks personal data",
+            "1 email address (e.g. 'j***@gmail.com')",
+            "1 phone number",
+            "1 card number (e.g. '**** **** **** 1111')",
+        ],
+    );
+    let default = find(&r, "default");
+    assert_eq!(default["details"]["total"], json!(3), "{default}");
+    // What it found is masked, in the explanation and the details alike.
+    let text = default.to_string();
+    assert!(
+        !text.contains("john.doe") && !text.contains("4111 1111 1111 1111") && !text.contains("123-4567"),
+        "{text}"
+    );
+    check(find(&r, "emails_only"), "hard_fail", 0.0, &["1 email address"]);
+    assert!(!find(&r, "emails_only")["explanation"].as_str().unwrap().contains("card"));
+    // The phone allowlist entry "+1 555 123 4567" has the same digits as the leak.
+    check(find(&r, "allowed"), "pass", 1.0, &["allowlisted"]);
+    check(find(&r, "allowed_domain"), "pass", 1.0, &["allowlisted"]);
+    check(find(&r, "input_clean"), "pass", 1.0, &["input.user_message contains no"]);
+    check(
+        find(&r, "whole_output"),
+        "hard_fail",
+        0.0,
+        &["output leaks personal data", "1 card number"],
+    );
+    check(
+        find(&r, "absent_target"),
+        "hard_fail",
+        0.0,
+        &["output.structured.text could not be checked", "not found"],
+    );
+
+    // IBANs are found only when asked for, here in a tool call's arguments.
+    let target = "steps[?name=='send_email'].args.body";
+    let assertions = json!([
+        plugin("iban", "pii-leak", json!({"target": target, "kinds": ["iban"]})),
+        plugin("no_iban_kind", "pii-leak", json!({"target": target})),
+    ]);
+    let r = evaluate(&mut engine, &email_trace(), &assertions);
+    check(&r[0], "hard_fail", 0.0, &[target, "leaks personal data", "1 IBAN"]);
+    assert!(!r[0].to_string().contains("3704 0044 0532"), "the IBAN is masked: {}", r[0]);
+    check(&r[1], "pass", 1.0, &[]);
+}
+
+#[test]
+fn tool_args_passes_and_fails() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["tool-args"]));
+    let refund_args = json!({"tool": "process_refund", "expect": {"order_id": {"regex": "^ORD-\\d+$"}, "amount": {"equals": 89.99}}});
+    let assertions = json!([
+        plugin("refund_args", "tool-args", refund_args.clone()),
+        plugin(
+            "lookup_contains",
+            "tool-args",
+            json!({"tool": "lookup_order", "expect": {"order_id": {"contains": "123"}}})
+        ),
+        plugin(
+            "never",
+            "tool-args",
+            json!({"tool": "send_email", "expect": {"to": {"regex": "@corp\\.com$"}}})
+        ),
+        plugin(
+            "llm_step",
+            "tool-args",
+            json!({"tool": "reasoning", "expect": {"model": {"equals": "gpt-4.1"}}})
+        ),
+    ]);
+    let r = evaluate(&mut engine, &refund_trace(), &assertions);
+    check(
+        &r[0],
+        "pass",
+        1.0,
+        &["The only call to 'process_refund' (step 2) matches: amount equals 89.99; order_id matches /^ORD-\\d+$/."],
+    );
+    check(&r[1], "pass", 1.0, &["'lookup_order' (step 1) matches"]);
+    check(
+        &r[2],
+        "hard_fail",
+        0.0,
+        &["'send_email' was never called (tool calls: ['lookup_order', 'process_refund'])."],
+    );
+    check(&r[3], "hard_fail", 0.0, &["'reasoning'", "llm_call"]);
+
+    let r = evaluate(
+        &mut engine,
+        &wrong_refund_trace(),
+        &json!([plugin("refund_args", "tool-args", refund_args)]),
+    );
+    check(
+        &r[0],
+        "hard_fail",
+        0.0,
+        &[
+            "does not match",
+            "argument 'amount' is 80.0, expected 89.99",
+            "argument 'order_id' is 'order-123', which does not match /^ORD-\\d+$/",
+        ],
+    );
+    assert_eq!(r[0]["details"]["matched"], json!(0), "{}", r[0]);
+
+    // Three calls, one for another order: all / any / first.
+    let expect_order = json!({"order_id": {"equals": "ORD-123"}});
+    let assertions = json!([
+        plugin(
+            "all",
+            "tool-args",
+            json!({"tool": "lookup_order", "call": "all", "expect": expect_order})
+        ),
+        plugin(
+            "any",
+            "tool-args",
+            json!({"tool": "lookup_order", "call": "any", "expect": expect_order})
+        ),
+        plugin(
+            "first",
+            "tool-args",
+            json!({"tool": "lookup_order", "call": "first", "expect": expect_order})
+        ),
+        plugin(
+            "first_other",
+            "tool-args",
+            json!({"tool": "lookup_order", "call": "first", "expect": {"order_id": {"equals": "ORD-999"}}})
+        ),
+    ]);
+    let r = evaluate(&mut engine, &repeated_lookup_trace(), &assertions);
+    check(
+        &r[0],
+        "hard_fail",
+        2.0 / 3.0,
+        &["1 of 3 calls to 'lookup_order' do not match", "(step 2)", "'ORD-999'"],
+    );
+    check(&r[1], "pass", 1.0, &["of 3 to 'lookup_order'", "matches"]);
+    check(&r[2], "pass", 1.0, &["(step 1)"]);
+    check(&r[3], "hard_fail", 0.0, &["(step 1)", "'ORD-123'"]);
+
+    // A config the schema allows but the plugin rejects (a bad regex) is a
+    // hard_fail naming the plugin, even when soft; its siblings are unaffected.
+    let assertions = json!([
+        soft_plugin(
+            "bad_regex",
+            "tool-args",
+            json!({"tool": "process_refund", "expect": {"order_id": {"regex": "("}}})
+        ),
+        plugin(
+            "fine",
+            "tool-args",
+            json!({"tool": "process_refund", "expect": {"amount": {"equals": 89.99}}})
+        ),
+    ]);
+    let r = evaluate(&mut engine, &refund_trace(), &assertions);
+    check(
+        &r[0],
+        "hard_fail",
+        0.0,
+        &[
+            "plugin 'tool-args' rejected its config",
+            "expect.order_id.regex '(' is not a valid regex",
+        ],
+    );
+    check(&r[1], "pass", 1.0, &[]);
+}
+
+#[test]
+fn refusal_passes_and_fails() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["refusal"]));
+    let assertions = json!([
+        plugin("must_not", "refusal", json!({})),
+        plugin("must", "refusal", json!({"mode": "must_refuse"})),
+    ]);
+    let r = evaluate(&mut engine, &refund_trace(), &assertions);
+    check(
+        &r[0],
+        "pass",
+        1.0,
+        &["output.message does not read as a refusal (no refusal phrase found)."],
+    );
+    check(
+        &r[1],
+        "hard_fail",
+        0.0,
+        &["output.message does not refuse, but a refusal is required (no refusal phrase found)."],
+    );
+
+    let r = evaluate(&mut engine, &refusing_trace(), &assertions);
+    check(
+        &r[0],
+        "hard_fail",
+        0.0,
+        &["output.message reads as a refusal: 'i cannot help with'"],
+    );
+    check(&r[1], "pass", 1.0, &["refuses as required", "'i cannot help with'"]);
+    assert_eq!(r[0]["details"]["matched"][0]["source"], json!("curated"), "{}", r[0]);
+
+    // Apologies count only when asked; custom phrases, alone or with the curated list.
+    let apology = with_message("I apologize for the delay! Your refund of $89.99 has been processed (RFD-001).");
+    let assertions = json!([
+        plugin("apology_ignored", "refusal", json!({})),
+        plugin("apology_counted", "refusal", json!({"count_apologies": true})),
+        plugin(
+            "custom_absent",
+            "refusal",
+            json!({"mode": "must_refuse", "default_phrases": false, "phrases": ["privacy policy"]})
+        ),
+    ]);
+    let r = evaluate(&mut engine, &apology, &assertions);
+    check(&r[0], "pass", 1.0, &[]);
+    check(&r[1], "hard_fail", 0.0, &["reads as an apology: 'i apologize'"]);
+    check(&r[2], "hard_fail", 0.0, &["does not refuse"]);
+    let policy = with_message("I am not able to share other customers' orders because of our Privacy  Policy.");
+    let r = evaluate(
+        &mut engine,
+        &policy,
+        &json!([plugin(
+            "custom",
+            "refusal",
+            json!({"mode": "must_refuse", "default_phrases": false, "phrases": ["privacy policy"]})
+        )]),
+    );
+    check(&r[0], "pass", 1.0, &["refuses as required", "'privacy policy'"]);
+    assert_eq!(r[0]["details"]["matched"][0]["source"], json!("custom"), "{}", r[0]);
+
+    // A step's result as the target; a missing target fails; an empty phrase list is rejected by the plugin.
+    let assertions = json!([
+        plugin("step", "refusal", json!({"target": "steps[?name=='reasoning'].result.completion"})),
+        plugin("absent", "refusal", json!({"target": "output.structured.reply"})),
+        plugin("nothing", "refusal", json!({"default_phrases": false})),
+    ]);
+    let r = evaluate(&mut engine, &refund_trace(), &assertions);
+    check(&r[0], "pass", 1.0, &["does not read as a refusal"]);
+    check(&r[1], "hard_fail", 0.0, &["output.structured.reply could not be checked"]);
+    check(&r[2], "hard_fail", 0.0, &["plugin 'refusal' rejected its config"]);
+}
+
+#[test]
+fn step_value_passes_and_fails() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["step-value"]));
+    let amounts = json!({
+        "left": "steps[?name=='process_refund'].args.amount",
+        "right": "steps[?name=='lookup_order'].result.amount",
+        "tolerance": 0.01
+    });
+    let assertions = json!([
+        plugin("amounts_match", "step-value", amounts),
+        plugin("tokens", "step-value", json!({"left": "metadata.total_tokens", "value": 1350.0})),
+        plugin(
+            "cost_gt",
+            "step-value",
+            json!({"left": "metadata.cost_usd", "op": "gt", "value": 0.01})
+        ),
+        plugin(
+            "not_above",
+            "step-value",
+            json!({"left": "steps[?name=='process_refund'].args.amount", "op": "lte", "right": "steps[?name=='lookup_order'].result.amount"})
+        ),
+        plugin(
+            "same_order",
+            "step-value",
+            json!({"left": "steps[?name=='process_refund'].args.order_id", "right": "steps[?name=='lookup_order'].args.order_id"})
+        ),
+        plugin("steps_ne", "step-value", json!({"left": "steps.length", "op": "ne", "value": 3})),
+        plugin(
+            "absent_step",
+            "step-value",
+            json!({"left": "steps[?name=='ship'].args.amount", "value": 1})
+        ),
+        plugin(
+            "not_a_number",
+            "step-value",
+            json!({"left": "output.message", "op": "gt", "value": 1})
+        ),
+    ]);
+    let r = evaluate(&mut engine, &refund_trace(), &assertions);
+    check(
+        &r[0],
+        "pass",
+        1.0,
+        &["steps[?name=='process_refund'].args.amount = 89.99 equals steps[?name=='lookup_order'].result.amount = 89.99 (tolerance 0.01)."],
+    );
+    check(&r[1], "pass", 1.0, &["metadata.total_tokens = 1350 equals 1350"]);
+    check(&r[2], "hard_fail", 0.0, &["metadata.cost_usd = 0.0067 is not greater than 0.01."]);
+    check(&r[3], "pass", 1.0, &["is at most"]);
+    check(&r[4], "pass", 1.0, &["equals"]);
+    check(&r[5], "hard_fail", 0.0, &["equals", "but they must differ"]);
+    check(
+        &r[6],
+        "hard_fail",
+        0.0,
+        &["could not be read: no step named 'ship' (steps: ['reasoning', 'lookup_order', 'process_refund'])"],
+    );
+    check(&r[7], "hard_fail", 0.0, &["is a string, not a number, so gt cannot be checked"]);
+
+    let r = evaluate(&mut engine, &wrong_refund_trace(), &assertions);
+    check(
+        &r[0],
+        "hard_fail",
+        0.0,
+        &[
+            "args.amount = 80 does not equal",
+            "result.amount = 89.99, a difference of",
+            "(tolerance 0.01)",
+        ],
+    );
+    let diff = r[0]["details"]["difference"].as_f64().unwrap();
+    assert!((diff + 9.99).abs() < 1e-9, "{}", r[0]);
+    check(&r[3], "pass", 1.0, &["= 80 is at most"]);
+    check(&r[4], "hard_fail", 0.0, &["'order-123'", "does not equal"]);
+}
+
+#[test]
+fn json_output_keys_passes_and_fails() {
+    let cache = warm_shared_cache();
+    let mut engine = start(cache, &plugin_flags(&["json-output-keys"]));
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listing["plugins"][0]["loaded_from"], json!("cache"), "warmed: {listing}");
+
+    let assertions = json!([
+        plugin(
+            "all_good",
+            "json-output-keys",
+            json!({"required_keys": ["refund_id", "confidence"], "patterns": {"refund_id": "^RFD-\\d{3}$"}})
+        ),
+        plugin(
+            "two_wrong",
+            "json-output-keys",
+            json!({"required_keys": ["refund_id", "currency"], "forbidden_keys": ["confidence"]})
+        ),
+        plugin(
+            "two_wrong_lenient",
+            "json-output-keys",
+            json!({"required_keys": ["refund_id", "currency"], "forbidden_keys": ["confidence"], "min_score": 0.3})
+        ),
+        plugin("pattern_mismatch", "json-output-keys", json!({"patterns": {"refund_id": "^REF-"}})),
+        soft_plugin("soft_missing", "json-output-keys", json!({"required_keys": ["currency"]})),
+        soft_plugin(
+            "severe_missing",
+            "json-output-keys",
+            json!({"required_keys": ["currency"], "severity": "hard_fail"})
+        ),
+        plugin(
+            "step_result",
+            "json-output-keys",
+            json!({"target": "steps[?name=='lookup_order'].result", "required_keys": ["status", "amount"], "forbidden_keys": ["card_number"]})
+        ),
+        plugin(
+            "not_an_object",
+            "json-output-keys",
+            json!({"target": "output.message", "required_keys": ["a"]})
+        ),
+        plugin("bad_regex", "json-output-keys", json!({"patterns": {"refund_id": "("}})),
+    ]);
+    let r = evaluate(&mut engine, &refund_trace(), &assertions);
+    check(
+        &r[0],
+        "pass",
+        1.0,
+        &["output.structured has all 2 required keys and 1 value matching its pattern (3/3 checks passed)"],
+    );
+    check(
+        &r[1],
+        "hard_fail",
+        1.0 / 3.0,
+        &[
+            "output.structured failed 2 of 3 checks",
+            "missing required key: \"currency\"",
+            "forbidden key present: \"confidence\"",
+        ],
+    );
+    assert_eq!(r[1]["details"]["missing_keys"], json!(["currency"]), "{}", r[1]);
+    check(&r[2], "pass", 1.0 / 3.0, &["failed 2 of 3 checks"]);
+    check(&r[3], "hard_fail", 0.0, &["\"RFD-001\" does not match /^REF-/"]);
+    check(&r[4], "soft_fail", 0.0, &["missing required key: \"currency\""]);
+    check(&r[5], "hard_fail", 0.0, &["missing required key: \"currency\""]);
+    check(&r[6], "pass", 1.0, &["steps[?name=='lookup_order'].result has"]);
+    check(
+        &r[7],
+        "hard_fail",
+        0.0,
+        &["output.message is", "not a JSON object", "parse_json_string"],
+    );
+    check(
+        &r[8],
+        "hard_fail",
+        0.0,
+        &["plugin 'json-output-keys' rejected its config", "not a valid regular expression"],
+    );
+
+    // An agent that answers with JSON text.
+    let t = with_message(r#"{"refund_id": "RFD-001", "status": "processed"}"#);
+    let r = evaluate(
+        &mut engine,
+        &t,
+        &json!([plugin(
+            "parsed",
+            "json-output-keys",
+            json!({"target": "output.message", "parse_json_string": true, "required_keys": ["refund_id", "status"]})
+        )]),
+    );
+    check(&r[0], "pass", 1.0, &["(2/2 checks passed)"]);
+
+    // Its schema (anyOf: at least one kind of check) is enforced before it runs.
+    let err = expect_error(
+        &engine.request(&evaluate_request(
+            json!(1),
+            refund_trace(),
+            json!([plugin("empty", "json-output-keys", json!({}))]),
+        )),
+        1002,
+    );
+    assert!(err["message"].as_str().unwrap().contains("does not match its schema"), "{err}");
+}
+
+#[test]
+fn soft_turns_a_plugin_fail_into_soft_fail() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&RUST_EXAMPLES));
+    let assertions = json!([
+        soft_plugin("pii", "pii-leak", json!({})),
+        soft_plugin(
+            "args",
+            "tool-args",
+            json!({"tool": "process_refund", "expect": {"amount": {"equals": 89.99}}})
+        ),
+        soft_plugin("refusal", "refusal", json!({})),
+        soft_plugin(
+            "value",
+            "step-value",
+            json!({"left": "metadata.cost_usd", "op": "lt", "value": 0.001})
+        ),
+        // hard_fail from the plugin itself is never softened.
+        soft_plugin("pii_hard", "pii-leak", json!({"hard_fail": true})),
+        // soft: false is the default: a fail is hard_fail.
+        json!({"assertion_id": "pii_not_soft", "type": "plugin", "spec": {"plugin_id": "pii-leak", "soft": false}}),
+        // A passing soft assertion still passes.
+        soft_plugin(
+            "value_pass",
+            "step-value",
+            json!({"left": "metadata.cost_usd", "op": "lt", "value": 0.01})
+        ),
+    ]);
+    let r = evaluate(&mut engine, &leaky_trace(), &assertions);
+    check(&r[0], "soft_fail", 0.0, &["leaks personal data"]);
+    check(&r[1], "pass", 1.0, &[]);
+    check(&r[2], "pass", 1.0, &[]);
+    check(&r[3], "soft_fail", 0.0, &["is not less than 0.001"]);
+    check(&r[4], "hard_fail", 0.0, &["leaks personal data"]);
+    check(&r[5], "hard_fail", 0.0, &["leaks personal data"]);
+    check(&r[6], "pass", 1.0, &[]);
+
+    let r = evaluate(
+        &mut engine,
+        &refusing_trace(),
+        &json!([
+            soft_plugin("refusal", "refusal", json!({})),
+            soft_plugin("args", "tool-args", json!({"tool": "refund", "expect": {"x": {"equals": 1}}}))
+        ]),
+    );
+    check(&r[0], "soft_fail", 0.0, &["reads as a refusal"]);
+    check(&r[1], "soft_fail", 0.0, &["'refund' was never called"]);
+}
+
+#[test]
+fn several_assertions_per_plugin_each_get_their_own_result_in_order() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&RUST_EXAMPLES));
+    let mut assertions = Vec::new();
+    let mut expected = Vec::new();
+    // 40 assertions: each plugin gets passing and failing configs, interleaved
+    // with built-in ones, in an order that is not grouped by plugin.
+    for i in 0..5 {
+        assertions.push(plugin(&format!("pii_{i}_leak"), "pii-leak", json!({"kinds": ["email"]})));
+        expected.push((format!("pii_{i}_leak"), "hard_fail", 0.0));
+        assertions.push(builtin(&format!("b_{i}_pass"), "contains", "gmail"));
+        expected.push((format!("b_{i}_pass"), "pass", 1.0));
+        assertions.push(plugin(
+            &format!("sv_{i}"),
+            "step-value",
+            json!({"left": "metadata.total_tokens", "op": "gte", "value": 1000 + i * 100}),
+        ));
+        expected.push((
+            format!("sv_{i}"),
+            if 1000 + i * 100 <= 1350 { "pass" } else { "hard_fail" },
+            if 1000 + i * 100 <= 1350 { 1.0 } else { 0.0 },
+        ));
+        assertions.push(plugin(
+            &format!("pii_{i}_clean"),
+            "pii-leak",
+            json!({"target": "input.user_message"}),
+        ));
+        expected.push((format!("pii_{i}_clean"), "pass", 1.0));
+        assertions.push(plugin(
+            &format!("ta_{i}"),
+            "tool-args",
+            json!({"tool": "process_refund", "expect": {"amount": {"equals": 89.99 + i as f64}}}),
+        ));
+        expected.push((
+            format!("ta_{i}"),
+            if i == 0 { "pass" } else { "hard_fail" },
+            if i == 0 { 1.0 } else { 0.0 },
+        ));
+        assertions.push(builtin(&format!("b_{i}_fail"), "contains", &format!("voucher {i}")));
+        expected.push((format!("b_{i}_fail"), "hard_fail", 0.0));
+        assertions.push(plugin(
+            &format!("ref_{i}"),
+            "refusal",
+            json!({"mode": if i % 2 == 0 { "must_not_refuse" } else { "must_refuse" }}),
+        ));
+        expected.push((
+            format!("ref_{i}"),
+            if i % 2 == 0 { "pass" } else { "hard_fail" },
+            if i % 2 == 0 { 1.0 } else { 0.0 },
+        ));
+        assertions.push(soft_plugin(&format!("pii_{i}_soft"), "pii-leak", json!({"kinds": ["card"]})));
+        expected.push((format!("pii_{i}_soft"), "soft_fail", 0.0));
+    }
+    let assertions = Value::Array(assertions);
+    let r = evaluate(&mut engine, &leaky_trace(), &assertions);
+    for (id, status, score) in &expected {
+        check(find(&r, id), status, *score, &[]);
+    }
+    // Each explanation is about its own config.
+    for i in 0..5 {
+        let ta = find(&r, &format!("ta_{i}"))["explanation"].as_str().unwrap().to_owned();
+        assert!(ta.contains(&format!("{}", 89.99 + i as f64)), "{ta}");
+        let sv = find(&r, &format!("sv_{i}"))["explanation"].as_str().unwrap().to_owned();
+        assert!(sv.contains(&format!("{}", 1000 + i * 100)), "{sv}");
+        let leak = find(&r, &format!("pii_{i}_leak"))["explanation"].as_str().unwrap().to_owned();
+        assert!(leak.contains("email") && !leak.contains("card"), "{leak}");
+        let soft = find(&r, &format!("pii_{i}_soft"))["explanation"].as_str().unwrap().to_owned();
+        assert!(soft.contains("card") && !soft.contains("email"), "{soft}");
+    }
+
+    // request_id idempotency works for plugin assertions too.
+    let with_ids = json!([
+        {"assertion_id": "a1", "request_id": "plugin-req-1", "type": "plugin", "spec": {"plugin_id": "pii-leak"}},
+        {"assertion_id": "a2", "request_id": "plugin-req-2", "type": "plugin", "spec": {"plugin_id": "refusal"}}
+    ]);
+    let first = evaluate(&mut engine, &leaky_trace(), &with_ids);
+    let again = evaluate(&mut engine, &leaky_trace(), &with_ids);
+    for (a, b) in first.iter().zip(&again) {
+        assert!(a.get("cached").is_none(), "{a}");
+        assert_eq!(b["cached"], json!(true), "{b}");
+        assert_eq!(
+            (&a["status"], &a["score"], &a["explanation"]),
+            (&b["status"], &b["score"], &b["explanation"])
+        );
+    }
+}
+
+// ---------------------------------------------------------------- dispatch errors
+
+#[test]
+fn unknown_plugin_id_is_assertion_error_listing_available_plugins() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["pii-leak", "refusal"]));
+    let assertions = json!([
+        builtin("b", "contains", "refund"),
+        plugin("p1", "pii-leak", json!({})),
+        plugin("p2", "pii_leak", json!({}))
+    ]);
+    let err = expect_error(&engine.request(&evaluate_request(json!(1), refund_trace(), assertions)), 1002);
+    assert_eq!(err["message"], json!("assertion 'p2' (plugin): unknown plugin 'pii_leak'"), "{err}");
+    assert_eq!(err["data"]["assertion_id"], json!("p2"));
+    assert_eq!(err["data"]["field"], json!("params.assertions[2].spec.plugin_id"));
+    let detail = err["data"]["detail"].as_str().unwrap();
+    assert!(detail.contains("Available plugins: pii-leak, refusal."), "{detail}");
+    assert!(detail.contains("list_plugins"), "{detail}");
+
+    // A missing or non-string plugin_id.
+    let err = expect_error(
+        &engine.request(&evaluate_request(
+            json!(2),
+            refund_trace(),
+            json!([{"assertion_id": "x", "type": "plugin", "spec": {"config": {}}}]),
+        )),
+        1002,
+    );
+    assert_eq!(err["data"]["field"], json!("params.assertions[0].spec.plugin_id"), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("plugin_id"), "{err}");
+    let err = expect_error(
+        &engine.request(&evaluate_request(
+            json!(3),
+            refund_trace(),
+            json!([{"assertion_id": "x", "type": "plugin", "spec": {"plugin_id": 7}}]),
+        )),
+        1002,
+    );
+    assert_eq!(err["data"]["field"], json!("params.assertions[0].spec.plugin_id"), "{err}");
+
+    // The engine still works afterwards.
+    let r = evaluate(&mut engine, &refund_trace(), &json!([plugin("p1", "pii-leak", json!({}))]));
+    check(&r[0], "pass", 1.0, &[]);
+}
+
+#[test]
+fn config_violating_the_plugin_schema_is_assertion_error() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&RUST_EXAMPLES));
+    let cases = [
+        ("tool-args", json!({"tool": "process_refund"}), "\"expect\" is a required property"),
+        (
+            "tool-args",
+            json!({"tool": "x", "expect": {"a": {"equals": 1}}, "bogus": 1}),
+            "'bogus' was unexpected",
+        ),
+        ("tool-args", json!({"tool": "x", "expect": {}}), "at /expect"),
+        (
+            "tool-args",
+            json!({"tool": "x", "expect": {"a": {"equals": 1}}, "call": "some"}),
+            "at /call",
+        ),
+        ("pii-leak", json!({"kinds": ["ssn"]}), "at /kinds/0"),
+        ("pii-leak", json!({"kinds": []}), "at /kinds"),
+        ("pii-leak", json!({"hard_fail": "yes"}), "at /hard_fail"),
+        ("refusal", json!({"mode": "sometimes"}), "at /mode"),
+        ("step-value", json!({"left": "metadata.cost_usd"}), "oneOf"),
+        (
+            "step-value",
+            json!({"left": "metadata.cost_usd", "right": "metadata.cost_usd", "value": 1}),
+            "oneOf",
+        ),
+        (
+            "step-value",
+            json!({"left": "metadata.cost_usd", "op": "lt", "value": 1, "tolerance": 0.5}),
+            "at /tolerance",
+        ),
+        (
+            "step-value",
+            json!({"left": "metadata.cost_usd", "value": 1, "tolerance": -1}),
+            "at /tolerance",
+        ),
+    ];
+    for (i, (plugin_id, config, problem)) in cases.into_iter().enumerate() {
+        let assertions = json!([builtin("b", "contains", "refund"), plugin("bad", plugin_id, config.clone())]);
+        let err = expect_error(&engine.request(&evaluate_request(json!(i), refund_trace(), assertions)), 1002);
+        let message = err["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!(
+                "assertion 'bad' (plugin): config for plugin '{plugin_id}' does not match its schema: "
+            )),
+            "{config}: {err}"
+        );
+        assert!(message.contains(problem), "{config}: the message should name {problem:?}: {err}");
+        assert_eq!(err["data"]["field"], json!("params.assertions[1].spec.config"), "{err}");
+        assert_eq!(err["data"]["assertion_id"], json!("bad"), "{err}");
+        let detail = err["data"]["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with(&format!("Plugin '{plugin_id}' expects a config matching: {{")),
+            "the detail shows the schema: {detail}"
+        );
+    }
+}
+
+#[test]
+fn config_that_is_not_an_object_is_assertion_error() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["pii-leak"]));
+    for (i, (config, kind)) in [
+        (json!([1, 2]), "an array"),
+        (json!("output.message"), "a string"),
+        (json!(3), "a number"),
+        (json!(true), "a boolean"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let err = expect_error(
+            &engine.request(&evaluate_request(
+                json!(i),
+                refund_trace(),
+                json!([plugin("p", "pii-leak", config.clone())]),
+            )),
+            1002,
+        );
+        let message = err["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("spec.config must be an object, got {kind}")),
+            "{config}: {err}"
+        );
+        assert_eq!(err["data"]["field"], json!("params.assertions[0].spec.config"), "{err}");
+        assert_eq!(err["data"]["assertion_id"], json!("p"), "{err}");
+    }
+    // An absent config is the empty object.
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([{"assertion_id": "p", "type": "plugin", "spec": {"plugin_id": "pii-leak"}}]),
+    );
+    check(&r[0], "pass", 1.0, &[]);
+}
+
+// ---------------------------------------------------------------- fault containment
+
+#[test]
+fn hostile_plugins_are_contained_and_builtins_still_pass() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["spin", "hog", "trap", "verbose", "snoop"]));
+    let assertions = json!([
+        builtin("before", "contains", "refund"),
+        plugin("spin", "spin", json!({})),
+        plugin("hog", "hog", json!({})),
+        plugin("trap_panic", "trap", json!({})),
+        plugin("trap_stack", "trap", json!({"how": "stack_overflow"})),
+        plugin("verbose", "verbose", json!({})),
+        plugin("verbose_details", "verbose", json!({"field": "details"})),
+        plugin("snoop", "snoop", json!({})),
+        soft_plugin("spin_soft", "spin", json!({})),
+        builtin("after", "contains", "RFD-001"),
+    ]);
+    for round in 0..2 {
+        let started = Instant::now();
+        let r = evaluate(&mut engine, &refund_trace(), &assertions);
+        let elapsed = started.elapsed();
+        check(find(&r, "before"), "pass", 1.0, &[]);
+        check(find(&r, "after"), "pass", 1.0, &[]);
+        check_fault(
+            find(&r, "spin"),
+            "spin",
+            &format!("exceeded its CPU budget ({DEFAULT_FUEL} fuel per call)"),
+        );
+        // soft never softens a fault.
+        check_fault(find(&r, "spin_soft"), "spin", "exceeded its CPU budget");
+        check_fault(find(&r, "hog"), "hog", "exceeded its memory limit (64 MiB)");
+        check_fault(find(&r, "trap_panic"), "trap", "trapped");
+        assert!(find(&r, "trap_panic")["explanation"].as_str().unwrap().contains("unreachable"));
+        check_fault(find(&r, "trap_stack"), "trap", "trapped");
+        // A 10 MiB explanation is accepted and clipped; 10 MiB of details are dropped.
+        let verbose = find(&r, "verbose");
+        check(verbose, "pass", 1.0, &["verbose verbose"]);
+        let chars = verbose["explanation"].as_str().unwrap().chars().count();
+        assert!(
+            (MAX_EXPLANATION_CHARS - 8..=MAX_EXPLANATION_CHARS).contains(&chars),
+            "{chars} chars"
+        );
+        let details = find(&r, "verbose_details");
+        check(details, "pass", 1.0, &["details are big"]);
+        let omitted = details["details"]["omitted"].as_str().unwrap_or_else(|| panic!("{details}"));
+        assert!(omitted.contains("10485762 bytes") && omitted.contains("limit is 4096"), "{omitted}");
+        // No file system, environment or network inside the sandbox.
+        let snoop = find(&r, "snoop");
+        check(
+            snoop,
+            "pass",
+            1.0,
+            &[
+                "snoop was contained",
+                "std::fs::read(\"/etc/hostname\") failed",
+                "std::env::var(\"HOME\") failed",
+                "std::net::TcpStream::connect(\"127.0.0.1:1\") failed",
+            ],
+        );
+        let probes = snoop["details"].as_array().unwrap_or_else(|| panic!("{snoop}"));
+        assert_eq!(probes.len(), 3, "{snoop}");
+        assert!(probes.iter().all(|p| p["escaped"] == json!(false)), "{snoop}");
+        // The spin plugin stops on fuel long before its wall-clock limit.
+        assert!(elapsed < Duration::from_secs(10), "round {round} took {elapsed:?}");
+    }
+    let log = engine.stderr_text();
+    assert!(
+        log.contains("plugin call failed") && log.contains("\"plugin\":\"spin\""),
+        "faults are logged: {log}"
+    );
+
+    // The engine is healthy afterwards.
+    let r = evaluate(&mut engine, &refund_trace(), &refund_assertions());
+    assert!(r.iter().all(|x| x["status"] == json!("pass")), "{r:?}");
+}
+
+#[test]
+fn many_large_verdicts_still_fit_one_response_line() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["verbose"]));
+    let assertions: Vec<Value> = (0..120)
+        .map(|i| plugin(&format!("v{i:03}"), "verbose", json!({"bytes": 5000 + i})))
+        .chain([builtin("b", "contains", "refund")])
+        .collect();
+    let r = evaluate(&mut engine, &refund_trace(), &Value::Array(assertions));
+    assert!(r.iter().all(|x| x["status"] == json!("pass")), "{r:?}");
+}
+
+#[test]
+fn malformed_verdicts_are_contained() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["malformed"]));
+    let kinds = [
+        ("nan", "score NaN is outside [0, 1]"),
+        ("too_high", "score 7.5 is outside [0, 1]"),
+        ("negative", "score -0.5 is outside [0, 1]"),
+        ("infinity", "score inf is outside [0, 1]"),
+        ("bad_details", "details are not JSON"),
+    ];
+    let mut assertions: Vec<Value> = kinds
+        .iter()
+        .map(|(kind, _)| soft_plugin(&format!("m_{kind}"), "malformed", json!({"kind": kind})))
+        .collect();
+    assertions.insert(2, plugin("control", "malformed", json!({"kind": "valid"})));
+    assertions.push(builtin("b", "contains", "refund"));
+    let r = evaluate(&mut engine, &refund_trace(), &Value::Array(assertions));
+    for (kind, why) in kinds {
+        let x = find(&r, &format!("m_{kind}"));
+        check_fault(x, "malformed", "returned a malformed verdict");
+        check(x, "hard_fail", 0.0, &[why]);
+    }
+    check(find(&r, "control"), "pass", 1.0, &["malformed plugin, kind valid"]);
+    check(find(&r, "b"), "pass", 1.0, &[]);
+
+    // Too few or too many results for the configs sent.
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([
+            builtin("b", "contains", "refund"),
+            plugin("missing", "malformed", json!({"kind": "missing_result"}))
+        ]),
+    );
+    check(&r[0], "pass", 1.0, &[]);
+    check_fault(&r[1], "malformed", "returned 0 results for 1 configs");
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([
+            plugin("extra", "malformed", json!({"kind": "extra_result"})),
+            builtin("b", "contains", "refund")
+        ]),
+    );
+    check_fault(&r[0], "malformed", "returned 2 results for 1 configs");
+    check(&r[1], "pass", 1.0, &[]);
+}
+
+/// A config file giving `spin` a wall-clock limit instead of a fuel limit,
+/// so that its batches stay in flight for `timeout`.
+fn slow_spin_config(dir: &Path, timeout: &str) -> String {
+    write_config(
+        dir,
+        &format!(
+            "[[plugins]]\npath = {}\nfuel = 100000000000000\ntimeout = '{timeout}'\n\n[[plugins]]\npath = {}\n",
+            toml_str(&wasm("spin")),
+            toml_str(&wasm("pii-leak"))
+        ),
+    )
+}
+
+#[test]
+fn a_spinning_plugin_does_not_hold_up_concurrent_requests() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = slow_spin_config(dir.path(), "3s");
+    let mut engine = start(cache.path(), &["--config", &config]);
+    let listing = list_plugins(&mut engine);
+    assert_eq!(
+        listed(&listing, "spin")["limits"],
+        limits(100_000_000_000_000, DEFAULT_MEMORY, 3000)
+    );
+
+    let spin_batch = json!([
+        builtin("s", "contains", "refund"),
+        plugin("p", "spin", json!({})),
+        builtin("b", "contains", "RFD-001")
+    ]);
+    let started = Instant::now();
+    engine.send(&evaluate_request(json!("spin"), refund_trace(), spin_batch.clone()));
+    // Sent right away, without waiting; they reuse the spin batch's assertion
+    // ids on other traces, so any cross-talk would show.
+    let others = [
+        (
+            "builtin",
+            leaky_trace(),
+            json!([builtin("s", "contains", "gmail"), builtin("p", "not_contains", "refund sent")]),
+        ),
+        (
+            "leak",
+            leaky_trace(),
+            json!([plugin("p", "pii-leak", json!({})), builtin("s", "contains", "4111")]),
+        ),
+        (
+            "clean",
+            refund_trace(),
+            json!([plugin("p", "pii-leak", json!({})), builtin("b", "contains", "voucher")]),
+        ),
+    ];
+    for (id, trace, assertions) in &others {
+        engine.send(&evaluate_request(json!(id), trace.clone(), assertions.clone()));
+    }
+    engine.send(&rpc(json!("list"), "list_plugins", json!({})));
+
+    let mut answered = Vec::new();
+    let mut spin_line = None;
+    while answered.len() < others.len() + 1 || spin_line.is_none() {
+        let line = engine.recv_bytes_within(Duration::from_secs(60));
+        let resp: Value = serde_json::from_slice(&line).unwrap();
+        let id = resp["id"].as_str().unwrap().to_owned();
+        match id.as_str() {
+            "spin" => spin_line = Some((line, started.elapsed())),
+            "list" => {
+                assert_eq!(listed_ids(&expect_result(&resp)), ["spin", "pii-leak"]);
+                answered.push((id, started.elapsed()));
+            }
+            _ => {
+                let (_, _, assertions) = others.iter().find(|(i, _, _)| *i == id).unwrap();
+                let r = check_batch_line(&line, assertions);
+                match id.as_str() {
+                    "builtin" => {
+                        check(&r[0], "pass", 1.0, &["contains 'gmail'"]);
+                        check(&r[1], "hard_fail", 0.0, &["refund sent"]);
+                    }
+                    "leak" => {
+                        check(&r[0], "hard_fail", 0.0, &["leaks personal data"]);
+                        check(&r[1], "pass", 1.0, &["4111"]);
+                    }
+                    "clean" => {
+                        check(&r[0], "pass", 1.0, &["contains no email address"]);
+                        check(&r[1], "hard_fail", 0.0, &["voucher"]);
+                    }
+                    other => panic!("unexpected response id {other}"),
+                }
+                answered.push((id, started.elapsed()));
+            }
+        }
+        if let Some((_, at)) = &spin_line {
+            assert!(
+                answered.len() == others.len() + 1,
+                "the spin batch was answered after {at:?}, before the requests sent after it (answered so far: {answered:?})"
+            );
+        }
+    }
+    let (line, spin_elapsed) = spin_line.unwrap();
+    for (id, at) in &answered {
+        assert!(*at < Duration::from_millis(2500), "{id} took {at:?} while the spin batch ran");
+    }
+    assert!(
+        spin_elapsed >= Duration::from_millis(2900),
+        "spin stops at its 3 s timeout, not before: {spin_elapsed:?}"
+    );
+    let r = check_batch_line(&line, &spin_batch);
+    check(&r[0], "pass", 1.0, &[]);
+    check_fault(&r[1], "spin", "timed out after 3000 ms");
+    check(&r[2], "pass", 1.0, &[]);
+}
+
+#[test]
+#[ignore = "known bug: plugin calls run on tokio workers (issue 3 note)"]
+fn spinning_plugins_on_every_worker_do_not_stall_other_requests() {
+    // More spin batches in flight than the engine has worker threads (one per
+    // CPU). Once they are running, a built-in batch and list_plugins must
+    // still be answered promptly, not only when the plugins time out.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let spins = (2 * cpus).min(32);
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = slow_spin_config(dir.path(), "3s");
+    let mut engine = start(cache.path(), &["--config", &config]);
+    for i in 0..spins {
+        engine.send(&evaluate_request(
+            json!(format!("spin{i}")),
+            refund_trace(),
+            json!([plugin("p", "spin", json!({}))]),
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = Instant::now();
+    engine.send(&evaluate_request(json!("builtin"), refund_trace(), refund_assertions()));
+    engine.send(&rpc(json!("list"), "list_plugins", json!({})));
+    let mut order = Vec::new();
+    for _ in 0..spins + 2 {
+        let line = engine.recv_bytes_within(Duration::from_secs(60));
+        let resp: Value = serde_json::from_slice(&line).unwrap();
+        let id = resp["id"].as_str().unwrap().to_owned();
+        if id.starts_with("spin") {
+            let r = check_batch_line(&line, &json!([plugin("p", "spin", json!({}))]));
+            check_fault(&r[0], "spin", "timed out after 3000 ms");
+        } else if id == "builtin" {
+            let r = check_batch_line(&line, &refund_assertions());
+            assert!(r.iter().all(|x| x["status"] == json!("pass")), "{r:?}");
+        } else {
+            assert_eq!(listed_ids(&expect_result(&resp)), ["spin", "pii-leak"]);
+        }
+        order.push((id, sent.elapsed()));
+    }
+    let builtin_at = order.iter().find(|(id, _)| id == "builtin").unwrap().1;
+    let list_at = order.iter().find(|(id, _)| id == "list").unwrap().1;
+    assert!(
+        builtin_at < Duration::from_millis(1500) && list_at < Duration::from_millis(1500),
+        "with {spins} spin batches in flight on {cpus} CPUs, requests sent 0.5 s later waited for the plugins to time out: \
+         built-in batch answered after {builtin_at:?}, list_plugins after {list_at:?}; order: {order:?}"
+    );
+}
+
+// ---------------------------------------------------------------- limits from the config file
+
+#[test]
+fn per_plugin_limits_from_the_config_file_take_effect() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[plugin_defaults]\nmemory_mib = 32\ntimeout = '1500ms'\n\n\
+             [[plugins]]\npath = {}\nfuel = 20000\n\n\
+             [[plugins]]\npath = {}\nmemory_mib = 8\n\n\
+             [[plugins]]\npath = {}\nfuel = 100000000000000\ntimeout = '300ms'\n\n\
+             [[plugins]]\npath = {}\n\n\
+             [[plugins]]\npath = {}\nfuel = 1000\n",
+            toml_str(&wasm("pii-leak")),
+            toml_str(&wasm("hog")),
+            toml_str(&wasm("spin")),
+            toml_str(&wasm("tool-args")),
+            toml_str(&wasm("refusal")),
+        ),
+    );
+    let mut engine = start(cache.path(), &["--config", &config]);
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listed_ids(&listing), ["pii-leak", "hog", "spin", "tool-args"], "{listing}");
+    let mib = 1024 * 1024;
+    assert_eq!(listed(&listing, "pii-leak")["limits"], limits(20_000, 32 * mib, 1500));
+    assert_eq!(listed(&listing, "hog")["limits"], limits(DEFAULT_FUEL, 8 * mib, 1500));
+    assert_eq!(listed(&listing, "spin")["limits"], limits(100_000_000_000_000, 32 * mib, 300));
+    assert_eq!(listed(&listing, "tool-args")["limits"], limits(DEFAULT_FUEL, 32 * mib, 1500));
+    // 1000 fuel is not even enough for describe(): refused at load, with the reason.
+    let error = failure(&listing, "refusal.wasm");
+    assert!(
+        error.contains("describe() failed") && error.contains("exceeded its CPU budget (1000 fuel per call)"),
+        "{error}"
+    );
+
+    let assertions = json!([
+        plugin("pii", "pii-leak", json!({})),
+        plugin("hog", "hog", json!({})),
+        plugin("spin", "spin", json!({})),
+        plugin(
+            "args",
+            "tool-args",
+            json!({"tool": "process_refund", "expect": {"amount": {"equals": 89.99}}})
+        ),
+        builtin("b", "contains", "refund"),
+    ]);
+    // 20000 fuel covers describe() but not scanning a 30 KB answer.
+    let long_answer = with_message(&"Your refund of $89.99 is on its way. ".repeat(800));
+    let started = Instant::now();
+    let r = evaluate(&mut engine, &long_answer, &assertions);
+    let elapsed = started.elapsed();
+    check_fault(&r[0], "pii-leak", "exceeded its CPU budget (20000 fuel per call)");
+    check_fault(&r[1], "hog", "exceeded its memory limit (8 MiB)");
+    check_fault(&r[2], "spin", "timed out after 300 ms");
+    check(&r[3], "pass", 1.0, &[]);
+    check(&r[4], "pass", 1.0, &[]);
+    assert!(elapsed >= Duration::from_millis(290), "spin ran until its timeout: {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+
+    // plugin check applies the file's limits to the file it names.
+    let out = run_with(cache.path(), &["--config", &config, "plugin", "check", &wasm("hog")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("limits:       1000000000 fuel per call, 8 MiB memory, 1500 ms per call"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn invalid_plugin_limits_are_configuration_errors() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let pii = toml_str(&wasm("pii-leak"));
+    let cases = [
+        (format!("[[plugins]]\npath = {pii}\nfuel = 0\n"), "fuel must be greater than zero"),
+        (
+            format!("[[plugins]]\npath = {pii}\nmemory_mib = 0\n"),
+            "memory_mib must be between 1 and 1024, got 0",
+        ),
+        (
+            format!("[[plugins]]\npath = {pii}\nmemory_mib = 4096\n"),
+            "memory_mib must be between 1 and 1024, got 4096",
+        ),
+        (
+            format!("[[plugins]]\npath = {pii}\ntimeout = '0s'\n"),
+            "timeout must be greater than zero",
+        ),
+        (format!("[[plugins]]\npath = {pii}\ntimeout = 'soon'\n"), "'soon' is not a duration"),
+        (format!("[[plugins]]\npath = {pii}\nfuell = 5\n"), "fuell"),
+        ("[plugin_defaults]\nfuel = 0\n".to_owned(), "plugin_defaults"),
+    ];
+    for (text, needle) in cases {
+        let config = write_config(dir.path(), &text);
+        let out = run_with(cache.path(), &["--config", &config]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}: {err}");
+        assert!(
+            err.contains("configuration error") && err.contains(needle),
+            "{text}: stderr should mention {needle:?}: {err}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------- plugin check
+
+#[test]
+fn plugin_check_prints_metadata_api_version_and_limits() {
+    let cache = fresh_cache();
+    for id in RUST_EXAMPLES {
+        let out = run_with(cache.path(), &["plugin", "check", &wasm(id)]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{id}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        for line in [
+            format!("plugin:       {id} 0.1.0"),
+            format!("file:         {}", wasm(id)),
+            format!("api version:  attest:plugin@{API} (engine serves {API})"),
+            format!("limits:       {DEFAULT_FUEL} fuel per call, 64 MiB memory, {DEFAULT_TIMEOUT_MS} ms per call"),
+            "loaded from:  Compiled in ".to_owned(),
+            "config schema:\n{".to_owned(),
+        ] {
+            assert!(stdout.contains(&line), "{id}: {line:?} missing from:\n{stdout}");
+        }
+        assert!(stdout.contains("description:  ") && !stdout.contains("refused"), "{stdout}");
+        // The printed schema is the plugin's documented one.
+        let schema_text = stdout.split_once("config schema:\n").unwrap().1;
+        let printed: Value = serde_json::from_str(schema_text).unwrap_or_else(|e| panic!("{id}: schema is not JSON ({e}): {schema_text}"));
+        let file = Path::new(PLUGINS_SRC).join(id).join("config.schema.json");
+        assert_eq!(
+            printed,
+            serde_json::from_str::<Value>(&std::fs::read_to_string(file).unwrap()).unwrap()
+        );
+    }
+    // The second check of the same file loads it from the cache.
+    let out = run_with(cache.path(), &["plugin", "check", &wasm("pii-leak")]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("loaded from:  Cache in "));
+}
+
+#[test]
+fn plugin_check_refuses_a_future_api_version() {
+    let cache = fresh_cache();
+    let out = run_with(cache.path(), &["plugin", "check", &wasm("future-api")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.starts_with(&format!("refused: {}: ", wasm("future-api"))), "{stdout}");
+    assert!(
+        stdout.contains("attest:plugin@9.0.0") && stdout.contains(&format!("attest:plugin@{API}")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("plugin:"), "{stdout}");
+}
+
+#[test]
+fn plugin_check_of_unusable_files_exits_1_with_a_clear_message() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.wasm");
+    let garbage = dir.path().join("garbage.wasm");
+    std::fs::write(&garbage, b"\x7fELF not a plugin").unwrap();
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let cases = [
+        (&missing, "cannot read"),
+        (&garbage, "not a WebAssembly component (bad magic bytes)"),
+        (&core, "core WebAssembly module, not a component"),
+    ];
+    for (path, why) in cases {
+        let out = run_with(cache.path(), &["plugin", "check", path.to_str().unwrap()]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{}: {stdout}", path.display());
+        assert!(stdout.starts_with(&format!("refused: {}: ", path.display())), "{stdout}");
+        assert!(stdout.contains(why), "{}: {stdout}", path.display());
+    }
+    let out = run_with(cache.path(), &["plugin", "check", missing.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("No such file"), "{out:?}");
+}
+
+// ---------------------------------------------------------------- compiled cache
+
+#[test]
+fn compiled_plugins_are_cached_across_starts() {
+    let cache = fresh_cache();
+    let flags = plugin_flags(&["pii-leak"]);
+    let assertions = json!([plugin("p", "pii-leak", json!({}))]);
+
+    let mut engine = start(cache.path(), &flags);
+    assert_eq!(sources(&mut engine), ["compiled"]);
+    let first = evaluate(&mut engine, &leaky_trace(), &assertions);
+    drop(engine);
+    let artefacts = cached_artefacts(cache.path());
+    assert_eq!(artefacts.len(), 1, "{artefacts:?}");
+
+    let mut engine = start(cache.path(), &flags);
+    assert_eq!(sources(&mut engine), ["cache"]);
+    let second = evaluate(&mut engine, &leaky_trace(), &assertions);
+    assert_eq!(first[0]["explanation"], second[0]["explanation"]);
+    assert_eq!(first[0]["status"], json!("hard_fail"));
+    assert_eq!(cached_artefacts(cache.path()), artefacts, "nothing new written");
+
+    // ATTEST_CACHE_DIR="" disables the cache.
+    let empty = Path::new("");
+    for _ in 0..2 {
+        let mut engine = start(empty, &flags);
+        assert_eq!(sources(&mut engine), ["compiled"]);
+    }
+}
+
+#[test]
+fn a_garbage_cache_file_is_ignored_and_recompiled() {
+    let cache = fresh_cache();
+    let flags = plugin_flags(&["pii-leak", "refusal"]);
+    drop(start(cache.path(), &flags));
+    let artefacts = cached_artefacts(cache.path());
+    assert_eq!(artefacts.len(), 2, "{artefacts:?}");
+    for (i, f) in artefacts.iter().enumerate() {
+        let garbage: Vec<u8> = (0..50_000u32)
+            .map(|n| (n.wrapping_mul(2_654_435_761).wrapping_add(i as u32) >> 13) as u8)
+            .collect();
+        std::fs::write(f, if i == 0 { garbage } else { b"".to_vec() }).unwrap();
+    }
+
+    let mut engine = start(cache.path(), &flags);
+    assert_eq!(sources(&mut engine), ["compiled", "compiled"]);
+    assert!(
+        engine.stderr_text().contains("ignoring a stale compiled plugin"),
+        "{}",
+        engine.stderr_text()
+    );
+    let r = evaluate(
+        &mut engine,
+        &refusing_trace(),
+        &json!([plugin("p", "pii-leak", json!({})), plugin("r", "refusal", json!({}))]),
+    );
+    check(&r[0], "pass", 1.0, &[]);
+    check(&r[1], "hard_fail", 0.0, &["reads as a refusal"]);
+    drop(engine);
+
+    // The bad files were replaced with good ones.
+    let mut engine = start(cache.path(), &flags);
+    assert_eq!(sources(&mut engine), ["cache", "cache"]);
+}
+
+#[test]
+#[ignore = "known bug: cached artefacts are not checksummed (issue 3 note)"]
+fn a_cache_file_with_corrupted_code_is_recompiled_not_run() {
+    // Damage inside a compiled artefact (a bad disk, a partial copy of the
+    // cache directory) that keeps the header intact. The engine must not
+    // execute such a file: it should notice and recompile, like garbage.
+    let cache = fresh_cache();
+    let flags = plugin_flags(&["pii-leak"]);
+    drop(start(cache.path(), &flags));
+    let artefacts = cached_artefacts(cache.path());
+    let good = std::fs::read(&artefacts[0]).unwrap();
+    for tenth in [1, 5] {
+        let mut bad = good.clone();
+        let at = bad.len() * tenth / 10;
+        for b in &mut bad[at..at + 4096] {
+            *b ^= 0xff;
+        }
+        std::fs::write(&artefacts[0], &bad).unwrap();
+
+        let mut engine = Engine::spawn_command(engine_command(cache.path(), &flags));
+        engine.send(&initialize_request(json!("init"), init_params()));
+        engine.send(&rpc(json!("lp"), "list_plugins", json!({})));
+        engine.send(&evaluate_request(
+            json!("eval"),
+            leaky_trace(),
+            json!([plugin("p", "pii-leak", json!({}))]),
+        ));
+        engine.close_stdin();
+        let lines = engine.lines_until_eof();
+        let status = engine.wait_exit();
+        assert_eq!(
+            lines.len(),
+            3,
+            "bytes {at}..{} of the cached artefact flipped: the engine died ({status}) after {} responses; stderr:\n{}",
+            at + 4096,
+            lines.len(),
+            engine.stderr_text()
+        );
+        let listing = expect_result(&serde_json::from_slice(&lines[1]).unwrap());
+        assert_eq!(
+            listing["plugins"][0]["loaded_from"],
+            json!("compiled"),
+            "a damaged artefact was loaded from the cache: {listing}"
+        );
+        let r = check_batch_line(&lines[2], &json!([plugin("p", "pii-leak", json!({}))]));
+        check(&r[0], "hard_fail", 0.0, &["leaks personal data"]);
+    }
+}
+
+// ---------------------------------------------------------------- submit_plugin_result
+
+#[test]
+fn submit_plugin_result_is_still_accepted_alongside_plugins() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["pii-leak"]));
+    let resp = engine.request(&plugin_request(json!("sub1")));
+    assert_eq!(expect_result(&resp), json!({"accepted": true}));
+    let r = evaluate(
+        &mut engine,
+        &leaky_trace(),
+        &json!([plugin("p", "pii-leak", json!({})), builtin("b", "contains", "refund")]),
+    );
+    check(&r[0], "hard_fail", 0.0, &["leaks personal data"]);
+    check(&r[1], "pass", 1.0, &[]);
+    // A result reported under a loaded plugin's name is recorded, not run.
+    let mut req = plugin_request(json!("sub2"));
+    req["params"]["plugin_name"] = json!("pii-leak");
+    assert_eq!(expect_result(&engine.request(&req)), json!({"accepted": true}));
+    let bad = rpc(json!("sub3"), "submit_plugin_result", json!({"trace_id": "t"}));
+    let err = engine.request(&bad);
+    assert!(err.get("error").is_some(), "an incomplete submission is refused: {err}");
+    let resp = engine.request(&shutdown_request(json!("bye")));
+    expect_result(&resp);
+}
