@@ -95,6 +95,20 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<Arc<Validator>, SpecEr
     Ok(validator)
 }
 
+/// The first validation errors, each as `at <instance path>: <message>`.
+/// Shared by schema assertions and plugin config checks.
+pub fn describe_errors(errors: &[jsonschema::ValidationError<'_>]) -> Vec<String> {
+    errors
+        .iter()
+        .take(MAX_REPORTED_ERRORS)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            let at = if at.is_empty() { "(root)".to_owned() } else { at };
+            format!("at {at}: {}", clip(&e.to_string(), 200))
+        })
+        .collect()
+}
+
 impl SchemaCheck {
     pub fn compile(spec: &Spec<'_>) -> Result<SchemaCheck, SpecError> {
         let target_text = spec.str("target")?;
@@ -131,15 +145,7 @@ impl SchemaCheck {
             return Verdict::pass(format!("{t} matches schema (draft {}).", self.draft));
         }
         let errors: Vec<_> = self.validator.iter_errors(&value).collect();
-        let shown: Vec<String> = errors
-            .iter()
-            .take(MAX_REPORTED_ERRORS)
-            .map(|e| {
-                let at = e.instance_path().to_string();
-                let at = if at.is_empty() { "(root)".to_owned() } else { at };
-                format!("at {at}: {}", clip(&e.to_string(), 200))
-            })
-            .collect();
+        let shown = describe_errors(&errors);
         let more = match errors.len().saturating_sub(MAX_REPORTED_ERRORS) {
             0 => String::new(),
             n => format!(" (and {n} more)"),

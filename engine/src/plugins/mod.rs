@@ -309,19 +309,8 @@ pub struct Outcome {
 impl Plugin {
     /// Checks an assertion's `config` against the plugin's schema; lists up to 3 problems.
     pub fn check_config(&self, config: &Value) -> Result<(), String> {
-        let errors: Vec<String> = self
-            .validator
-            .iter_errors(config)
-            .take(3)
-            .map(|e| {
-                let at = e.instance_path().to_string();
-                format!(
-                    "at {}: {}",
-                    if at.is_empty() { "(root)" } else { &at },
-                    crate::text::clip(&e.to_string(), 200)
-                )
-            })
-            .collect();
+        let errors: Vec<_> = self.validator.iter_errors(config).collect();
+        let errors = crate::layers::schema::describe_errors(&errors);
         if errors.is_empty() {
             Ok(())
         } else {
