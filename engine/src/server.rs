@@ -26,9 +26,9 @@ use tokio_util::task::TaskTracker;
 
 /// Room for the request envelope around the trace in one input line.
 pub const LINE_HEADROOM_BYTES: usize = 1024 * 1024;
-/// Params this large are evaluated with `block_in_place`, so a heavy batch
-/// does not stall the other tasks on its worker thread.
-const LARGE_PARAMS_BYTES: usize = 256 * 1024;
+/// Lines this large are handled on the blocking pool, so a heavy batch does
+/// not stall the other tasks on its worker thread.
+const LARGE_LINE_BYTES: usize = 256 * 1024;
 
 /// Bytes a success response adds around its id and result:
 /// `{"jsonrpc":"2.0","id":` + `,"result":` + `}`.
@@ -107,13 +107,33 @@ where
 
 /// Handles one line and sends its response, if any.
 async fn respond(engine: Arc<Engine>, line: Vec<u8>, out: mpsc::Sender<Vec<u8>>, _permit: OwnedSemaphorePermit, admission: Admission) {
-    if let Some(reply) = handle_line(&engine, &line, admission.seq).await {
+    let seq = admission.seq;
+    let reply = if may_block(&line) {
+        // Plugin calls and huge batches can hold a thread for up to the eval
+        // timeout. Off the async workers they cannot stall other requests,
+        // even on the single-threaded runtime used on one CPU.
+        let runtime = tokio::runtime::Handle::current();
+        let blocking = tokio::task::spawn_blocking(move || runtime.block_on(handle_line(&engine, &line, seq)));
+        blocking.await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "request handler on the blocking pool failed");
+            None
+        })
+    } else {
+        handle_line(&engine, &line, seq).await
+    };
+    if let Some(reply) = reply {
         if out.send(reply).await.is_err() {
             tracing::warn!("response dropped: stdout writer has stopped");
         }
     }
     // Only now does the request stop counting as in flight.
     drop(admission);
+}
+
+/// Whether handling `line` may occupy a thread for long: it is large, or it
+/// may name a plugin (a false positive only costs a thread hand-off).
+fn may_block(line: &[u8]) -> bool {
+    line.len() > LARGE_LINE_BYTES || memchr::memmem::find(line, b"plugin").is_some()
 }
 
 /// The response line for one input line (`None`: nothing to answer).
@@ -281,7 +301,6 @@ async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id
     match method {
         Method::EvaluateBatch => {
             let deadline = Instant::now() + engine.config.eval_timeout;
-            let large = params.is_some_and(|p| p.get().len() > LARGE_PARAMS_BYTES);
             // A panic in an evaluator (a bug) becomes a 3001 for this request
             // only; every request still gets exactly one response.
             let run = || {
@@ -298,11 +317,7 @@ async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id
                     ))
                 })
             };
-            let mut result = if large && tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-                tokio::task::block_in_place(run)?
-            } else {
-                run()?
-            };
+            let mut result = run()?;
             // The SDK reader fails on lines over the limit: the envelope takes
             // `{"jsonrpc":"2.0","id":…,"result":…}`.
             let budget = engine.config.max_response_bytes.saturating_sub(ENVELOPE_BYTES + id_len);

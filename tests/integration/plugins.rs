@@ -1505,6 +1505,23 @@ fn malformed_verdicts_are_contained() {
     );
     check_fault(&r[0], "malformed", "returned 2 results for 1 configs");
     check(&r[1], "pass", 1.0, &[]);
+
+    // In one call with other configs, a wrong count is retried config by
+    // config: only the config that causes it faults.
+    for (kind, why) in [("missing_result", "returned 0 results"), ("extra_result", "returned 2 results")] {
+        let r = evaluate(
+            &mut engine,
+            &refund_trace(),
+            &json!([
+                plugin("ok1", "malformed", json!({"kind": "valid"})),
+                plugin("bad", "malformed", json!({"kind": kind})),
+                plugin("ok2", "malformed", json!({"kind": "valid"})),
+            ]),
+        );
+        check(&r[0], "pass", 1.0, &["malformed plugin, kind valid"]);
+        check_fault(&r[1], "malformed", &format!("{why} for 1 configs"));
+        check(&r[2], "pass", 1.0, &["malformed plugin, kind valid"]);
+    }
 }
 
 /// A config file giving `spin` a wall-clock limit instead of a fuel limit,
@@ -1618,7 +1635,7 @@ fn a_spinning_plugin_does_not_hold_up_concurrent_requests() {
 }
 
 #[test]
-#[ignore = "known bug: plugin calls run on tokio workers (issue 3 note)"]
+
 fn spinning_plugins_on_every_worker_do_not_stall_other_requests() {
     // More spin batches in flight than the engine has worker threads (one per
     // CPU). Once they are running, a built-in batch and list_plugins must
@@ -1891,7 +1908,7 @@ fn a_garbage_cache_file_is_ignored_and_recompiled() {
     let mut engine = start(cache.path(), &flags);
     assert_eq!(sources(&mut engine), ["compiled", "compiled"]);
     assert!(
-        engine.stderr_text().contains("ignoring a stale compiled plugin"),
+        engine.stderr_text().contains("ignoring a cached compiled plugin; recompiling"),
         "{}",
         engine.stderr_text()
     );
@@ -1910,7 +1927,7 @@ fn a_garbage_cache_file_is_ignored_and_recompiled() {
 }
 
 #[test]
-#[ignore = "known bug: cached artefacts are not checksummed (issue 3 note)"]
+
 fn a_cache_file_with_corrupted_code_is_recompiled_not_run() {
     // Damage inside a compiled artefact (a bad disk, a partial copy of the
     // cache directory) that keeps the header intact. The engine must not

@@ -38,7 +38,7 @@ impl PluginCheck {
                 return Err(SpecError::new(
                     "spec.config",
                     format!("spec.config must be an object, got {}", super::spec::type_name(other)),
-                    format!("Set spec.config to an object matching plugin {}'s config schema.", quote(id)),
+                    format!("Set spec.config to an object matching the config schema of plugin {}.", quote(id)),
                 ))
             }
         };

@@ -6,15 +6,20 @@
 //! the `.wasm` bytes and of the engine build (engine version plus wasmtime's
 //! own compatibility hash), so a restart loads it in well under a millisecond.
 //!
-//! Only files this engine wrote are deserialised: names are content hashes,
-//! files are written to a temporary name and renamed into place, and a file
-//! wasmtime rejects (another engine build or configuration) is recompiled
-//! and replaced.
+//! Deserialising compiled code means running it, so a cached file is only
+//! used when it is exactly what this engine wrote: names are content hashes,
+//! files are written to a temporary name and renamed into place, and every
+//! file ends with the SHA-256 of the artefact before it. A file whose
+//! checksum does not match (a bad disk, a partial copy) or that wasmtime
+//! rejects (another engine build or configuration) is recompiled and replaced.
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use wasmtime::component::Component;
 use wasmtime::Engine;
+
+/// Bytes of the SHA-256 trailer after each stored artefact.
+const CHECKSUM_BYTES: usize = 32;
 
 /// Whether a load came from the cache; reported by `list_plugins` and `plugin check`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -51,11 +56,19 @@ impl ArtefactCache {
     pub fn load(&self, engine: &Engine, wasm: &[u8]) -> anyhow::Result<(Component, Source)> {
         let path = self.path_for(engine, wasm);
         if let Some(p) = path.as_deref().filter(|p| p.is_file()) {
-            // SAFETY: the file is named by the hash of its input and engine, and
-            // only this cache writes into the directory (see module docs).
-            match unsafe { Component::deserialize_file(engine, p) } {
-                Ok(c) => return Ok((c, Source::Cache)),
-                Err(e) => tracing::warn!(path = %p.display(), error = %e, "ignoring a stale compiled plugin"),
+            match std::fs::read(p).map(|bytes| verified(&bytes).map(<[u8]>::to_vec)) {
+                Ok(Some(artefact)) => {
+                    // SAFETY: the bytes are, checksum-verified, what this cache
+                    // stored for this input and engine build (see module docs).
+                    match unsafe { Component::deserialize(engine, &artefact) } {
+                        Ok(c) => return Ok((c, Source::Cache)),
+                        Err(e) => tracing::warn!(path = %p.display(), reason = %e, "ignoring a cached compiled plugin; recompiling"),
+                    }
+                }
+                Ok(None) => {
+                    tracing::warn!(path = %p.display(), reason = "checksum mismatch: the file is damaged", "ignoring a cached compiled plugin; recompiling")
+                }
+                Err(e) => tracing::warn!(path = %p.display(), reason = %e, "ignoring a cached compiled plugin; recompiling"),
             }
         }
         let compiled = engine.precompile_component(wasm)?;
@@ -70,11 +83,38 @@ impl ArtefactCache {
     }
 }
 
-fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// The artefact in a stored file, if its checksum trailer matches.
+fn verified(file: &[u8]) -> Option<&[u8]> {
+    let (artefact, sum) = file.split_at_checked(file.len().checked_sub(CHECKSUM_BYTES)?)?;
+    (Sha256::digest(artefact).as_slice() == sum).then_some(artefact)
+}
+
+fn store(path: &Path, artefact: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
+    let mut file = Vec::with_capacity(artefact.len() + CHECKSUM_BYTES);
+    file.extend_from_slice(artefact);
+    file.extend_from_slice(&Sha256::digest(artefact));
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
+    std::fs::write(&tmp, &file)?;
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_files_with_a_matching_checksum_are_used() {
+        let artefact = b"compiled code".as_slice();
+        let mut file = artefact.to_vec();
+        file.extend_from_slice(&Sha256::digest(artefact));
+        assert_eq!(verified(&file), Some(artefact));
+        let mut flipped = file.clone();
+        flipped[3] ^= 1;
+        assert_eq!(verified(&flipped), None);
+        assert_eq!(verified(&file[..file.len() - 1]), None);
+        assert_eq!(verified(&[0; 5]), None);
+    }
 }

@@ -10,7 +10,7 @@ pub mod cache;
 pub mod sandbox;
 
 use cache::{ArtefactCache, Source};
-use sandbox::{AssertionPluginPre, Fault, PluginError, Sandbox, State, Status, SUPPORTED_API_VERSIONS};
+use sandbox::{AssertionPluginPre, PluginError, Sandbox, State, Status, SUPPORTED_API_VERSIONS};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -319,22 +319,24 @@ impl Plugin {
     }
 
     /// Runs the plugin once for several configs on one trace. If the call
-    /// faults and there was more than one config, each config is retried on
-    /// its own so that one bad config cannot take the others down.
+    /// faults or answers with the wrong number of results and there was more
+    /// than one config, each config is retried on its own so that one bad
+    /// config cannot take the others down.
     pub fn evaluate(&self, trace: &str, configs: &[String]) -> Vec<Outcome> {
         let sandbox = match Sandbox::get() {
             Ok(s) => s,
             Err(e) => return configs.iter().map(|_| self.fault_outcome(&e.to_string())).collect(),
         };
-        match sandbox.evaluate(&self.pre, &self.id, &self.limits, trace, configs) {
-            Ok(results) if results.len() == configs.len() => results.into_iter().map(|r| self.check(r)).collect(),
-            Ok(results) => {
-                let why = format!("returned {} results for {} configs", results.len(), configs.len());
-                configs.iter().map(|_| self.fault_outcome(&why)).collect()
-            }
-            Err(fault) if configs.len() == 1 => vec![self.fault(&fault)],
-            Err(_) => configs.iter().flat_map(|c| self.evaluate(trace, std::slice::from_ref(c))).collect(),
+        let why = match sandbox.evaluate(&self.pre, &self.id, &self.limits, trace, configs) {
+            Ok(results) if results.len() == configs.len() => return results.into_iter().map(|r| self.check(r)).collect(),
+            Ok(results) => format!("returned {} results for {} configs", results.len(), configs.len()),
+            Err(fault) => fault.to_string(),
+        };
+        if configs.len() > 1 {
+            return configs.iter().flat_map(|c| self.evaluate(trace, std::slice::from_ref(c))).collect();
         }
+        tracing::warn!(plugin = %self.id, fault = %why, "plugin call failed");
+        vec![self.fault_outcome(&why)]
     }
 
     fn check(&self, result: Result<sandbox::Verdict, PluginError>) -> Outcome {
@@ -370,11 +372,6 @@ impl Plugin {
             explanation: v.explanation,
             details,
         }
-    }
-
-    fn fault(&self, fault: &Fault) -> Outcome {
-        tracing::warn!(plugin = %self.id, %fault, "plugin call failed");
-        self.fault_outcome(&fault.to_string())
     }
 
     fn fault_outcome(&self, why: &str) -> Outcome {
