@@ -9,9 +9,11 @@
 //!   than a silently wrong answer.
 
 use crate::config::Config;
+use crate::history::{dynamic_status, DriftReport, DriftStatus, Fingerprint, Row, Rows};
 use crate::layers::{AssertionType, Check, CompiledAssertion, SpecError, Status, Verdict};
 use crate::plugins::{Outcome, Plugin};
 use crate::protocol::{ErrorCode, RpcError};
+use crate::report::{LoggedBatch, ReportedResult};
 use crate::session::Engine;
 use crate::text::{clip_in_place, quote};
 use crate::trace::parse_trace;
@@ -97,6 +99,9 @@ pub struct BatchResult {
     /// The evaluated trace (not serialised; for logs and the CLI).
     #[serde(skip)]
     pub trace_id: String,
+    /// Drift detected by dynamic thresholds, for `drift_alert` notifications.
+    #[serde(skip)]
+    pub alerts: Vec<crate::history::DriftReport>,
     pub results: Vec<AssertionResult>,
     pub total_cost: f64,
     pub total_duration_ms: u64,
@@ -205,6 +210,8 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
     // Only hashed when some assertion carries a request_id.
     let trace_digest = plan.iter().any(|p| p.request_id.is_some()).then(|| digest(trace_raw.get()));
     let mut plugin_outcomes = run_plugins(trace_raw.get(), &plan);
+    let mut rows = Vec::new();
+    let mut alerts = Vec::new();
     for p in &plan {
         if Instant::now() > deadline {
             return Err(timeout(engine.config.eval_timeout, results.len(), plan.len()));
@@ -246,8 +253,25 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
                 (status, verdict, None, 0)
             }
         };
+        let fp = Fingerprint::new(&p.compiled.spec_digest, trace.agent_id.as_deref());
         let mut explanation = verdict.explanation;
+        let mut status = status;
+        // Faults and `forbidden` stay hard: history must not excuse them.
+        if p.compiled.dynamic && !verdict.always_hard {
+            let (s, why, alert) = dynamic(engine, fp, &p.id, verdict.score, p.compiled.soft);
+            status = s;
+            explanation.push(' ');
+            explanation.push_str(&why);
+            alerts.extend(alert);
+        }
         clip_in_place(&mut explanation, max_chars);
+        rows.push(Row {
+            assertion_id: p.id.clone(),
+            fingerprint: fp,
+            assertion_type: p.kind.name(),
+            status: status.as_str(),
+            score: verdict.score,
+        });
         let result = AssertionResult {
             assertion_id: p.id.clone(),
             status,
@@ -271,13 +295,68 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
         results.push(result);
     }
     engine.count_evaluated(results.len() as u64);
+    if let Some(history) = &engine.history {
+        history.record(Rows {
+            trace_id: trace.trace_id.clone(),
+            agent_id: trace.agent_id.clone(),
+            rows,
+        });
+    }
+    if engine.session_log.enabled() {
+        engine.session_log.record(LoggedBatch {
+            trace_id: trace.trace_id.clone(),
+            agent_id: trace.agent_id.clone(),
+            results: results
+                .iter()
+                .zip(&plan)
+                .map(|(r, p)| ReportedResult {
+                    assertion_id: r.assertion_id.clone(),
+                    kind: p.kind.name().to_owned(),
+                    layer: p.kind.layer(),
+                    status: r.status,
+                    score: r.score,
+                    explanation: r.explanation.clone(),
+                    cost: r.cost,
+                    duration_ms: r.duration_ms,
+                    source: "batch",
+                })
+                .collect(),
+        });
+    }
     let total_cost = results.iter().map(|r| r.cost).sum();
     Ok(BatchResult {
+        alerts,
         trace_id: trace.trace_id,
         results,
         total_cost,
         total_duration_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// Judges a score against its history (`threshold: "dynamic"`); a failure
+/// judged from history also yields a drift report for `drift_alert`.
+fn dynamic(engine: &Engine, fp: Fingerprint, id: &str, score: f64, soft: bool) -> (Status, String, Option<DriftReport>) {
+    let window = engine.config.dynamic_window as u64;
+    let scores = engine.history.as_ref().map(|h| {
+        h.recent_scores(fp, window).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot read result history; using the static band");
+            Vec::new()
+        })
+    });
+    let (status, why) = dynamic_status(score, scores.as_deref(), engine.config.dynamic_min_samples, soft);
+    let alert = match &scores {
+        Some(past) if status != Status::Pass && past.len() >= engine.config.dynamic_min_samples => {
+            // The window as it will be once this result is recorded.
+            let mut window_scores = Vec::with_capacity(past.len() + 1);
+            window_scores.push(score);
+            window_scores.extend(past.iter().take((window as usize).saturating_sub(1)).copied());
+            let mut report = DriftReport::from_window(id.to_owned(), Some(fp), &window_scores, window);
+            report.status = DriftStatus::DriftDetected;
+            Some(report)
+        }
+        _ => None,
+    };
+    (status, why, alert)
 }
 
 /// Runs every plugin assertion of the batch: one sandboxed call per plugin,

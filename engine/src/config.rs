@@ -37,6 +37,19 @@ pub struct Config {
     pub plugins: Vec<PluginSpec>,
     /// Where compiled plugins are cached (`None`: no cache).
     pub cache_dir: Option<PathBuf>,
+    /// Result history (`None`: off). Lives in the cache directory by default.
+    pub history: Option<crate::history::HistoryConfig>,
+    /// Scores in history needed before `threshold: "dynamic"` uses them.
+    pub dynamic_min_samples: usize,
+    /// How many recent scores a dynamic threshold looks at.
+    pub dynamic_window: usize,
+    /// Send `drift_alert` notifications on stdout (off: they confuse SDKs
+    /// that read the next line as the answer).
+    pub drift_alerts: bool,
+    /// Session reports written at shutdown and end of input.
+    pub reports: Vec<crate::report::ReportSpec>,
+    /// The session's cost budget in USD, shown in reports.
+    pub budget_usd: Option<f64>,
 }
 
 impl Default for Config {
@@ -54,6 +67,12 @@ impl Default for Config {
             max_plugin_results: 100_000,
             plugins: Vec::new(),
             cache_dir: default_cache_dir(),
+            history: None,
+            dynamic_min_samples: 10,
+            dynamic_window: 50,
+            drift_alerts: false,
+            reports: Vec::new(),
+            budget_usd: None,
         }
     }
 }
@@ -80,6 +99,19 @@ pub struct FileConfig {
     pub plugins: Vec<FilePlugin>,
     /// Cache directory (`""` disables caching).
     pub cache_dir: Option<PathBuf>,
+    /// Result history on (default) or off.
+    pub history: Option<bool>,
+    /// History database file (default `<cache_dir>/history.sqlite3`).
+    pub history_path: Option<PathBuf>,
+    pub history_max_rows: Option<u64>,
+    pub history_max_age: Option<String>,
+    pub dynamic_min_samples: Option<usize>,
+    pub dynamic_window: Option<usize>,
+    pub drift_alerts: Option<bool>,
+    /// `["junit=path", "json=path", "markdown=path"]`.
+    #[serde(default)]
+    pub reports: Vec<String>,
+    pub budget_usd: Option<f64>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -109,6 +141,10 @@ pub struct Overrides {
     /// `--plugin <file.wasm>`, repeatable.
     pub plugins: Vec<PathBuf>,
     pub plugin_dir: Option<PathBuf>,
+    /// `--report kind=path`, repeatable.
+    pub reports: Vec<String>,
+    /// `--no-history`.
+    pub no_history: bool,
 }
 
 /// The environment variables the engine reads, in one place for the docs.
@@ -119,7 +155,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("ATTEST_MAX_CONCURRENT_REQUESTS", "requests evaluated at once (1-1024)"),
     ("ATTEST_STRICT_STEP_TYPES", "true to reject unknown step types"),
     ("ATTEST_PLUGIN_DIR", "directory whose .wasm files are loaded as plugins"),
-    ("ATTEST_CACHE_DIR", "cache directory (compiled plugins); default ~/.attest/cache"),
+    (
+        "ATTEST_CACHE_DIR",
+        "cache directory (compiled plugins, result history); default ~/.attest/cache",
+    ),
+    ("ATTEST_HISTORY", "false to switch the result history off"),
+    ("ATTEST_DRIFT_ALERTS", "true to send drift_alert notifications on stdout"),
 ];
 
 impl Config {
@@ -215,6 +256,55 @@ impl Config {
             c.cache_dir = (!dir.as_os_str().is_empty()).then_some(dir);
         }
 
+        let history_on = match env("ATTEST_HISTORY") {
+            Some(v) => parse_bool(&v).context("ATTEST_HISTORY")?,
+            None => file.history.unwrap_or(true),
+        } && !overrides.no_history;
+        let history_path = file
+            .history_path
+            .as_ref()
+            .map(|p| base.join(p))
+            .or_else(|| c.cache_dir.as_ref().map(|d| d.join("history.sqlite3")));
+        let max_age = match &file.history_max_age {
+            Some(v) => parse_duration(v).with_context(|| src("history_max_age"))?,
+            None => Duration::from_secs(90 * 24 * 3600),
+        };
+        c.history = history_path.filter(|_| history_on).map(|path| crate::history::HistoryConfig {
+            path,
+            max_rows: file.history_max_rows.unwrap_or(1_000_000),
+            max_age,
+        });
+        c.dynamic_min_samples = file.dynamic_min_samples.unwrap_or(c.dynamic_min_samples);
+        c.dynamic_window = file.dynamic_window.unwrap_or(c.dynamic_window);
+        c.drift_alerts = match env("ATTEST_DRIFT_ALERTS") {
+            Some(v) => parse_bool(&v).context("ATTEST_DRIFT_ALERTS")?,
+            None => file.drift_alerts.unwrap_or(false),
+        };
+        for r in file.reports.iter() {
+            c.reports
+                .push(crate::report::ReportSpec::parse(r, &base).with_context(|| src("reports"))?);
+        }
+        for r in &overrides.reports {
+            c.reports
+                .push(crate::report::ReportSpec::parse(r, Path::new("")).context("--report")?);
+        }
+        if let Some(b) = file.budget_usd {
+            if !(b.is_finite() && b >= 0.0) {
+                bail!("budget_usd must be a non-negative number of US dollars, got {b}");
+            }
+            c.budget_usd = Some(b);
+        }
+        if c.dynamic_min_samples < 2 || c.dynamic_window < c.dynamic_min_samples {
+            bail!(
+                "dynamic_min_samples must be at least 2 and at most dynamic_window; got {} and {}",
+                c.dynamic_min_samples,
+                c.dynamic_window
+            );
+        }
+        if c.history.as_ref().is_some_and(|h| h.max_rows == 0) {
+            bail!("history_max_rows must be greater than zero (set history = false to switch history off)");
+        }
+
         if !(1..=1024).contains(&c.max_concurrent_requests) {
             bail!(
                 "max_concurrent_requests must be between 1 and 1024, got {}",
@@ -235,7 +325,7 @@ fn read_file(path: &Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| {
         format!(
-            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, [plugin_defaults], [[plugins]])",
+            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, reports, budget_usd, [plugin_defaults], [[plugins]])",
             path.display()
         )
     })

@@ -58,6 +58,7 @@ pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: F
         };
         outcomes.push(Outcome { trace: label, body });
     }
+    engine.finish();
     match format {
         Format::Json => {
             serde_json::to_writer_pretty(&mut *out, &outcomes)?;

@@ -20,11 +20,13 @@
 pub mod batch;
 pub mod config;
 pub mod eval_cmd;
+pub mod history;
 pub mod layers;
 pub mod logging;
 pub mod plugin_results;
 pub mod plugins;
 pub mod protocol;
+pub mod report;
 pub mod server;
 pub mod session;
 pub mod target;

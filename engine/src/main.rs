@@ -42,6 +42,13 @@ struct Cli {
     /// Load every .wasm file in this directory as a plugin.
     #[arg(long, global = true, value_name = "DIR")]
     plugin_dir: Option<PathBuf>,
+    /// Write a session report at shutdown or end of input: junit=<path>,
+    /// json=<path> or markdown=<path> (repeatable).
+    #[arg(long = "report", global = true, value_name = "KIND=PATH")]
+    reports: Vec<String>,
+    /// Do not record results in the history store.
+    #[arg(long, global = true)]
+    no_history: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -104,6 +111,8 @@ fn main() -> ExitCode {
         strict_step_types: cli.strict_step_types,
         plugins: cli.plugins.clone(),
         plugin_dir: cli.plugin_dir.clone(),
+        reports: cli.reports.clone(),
+        no_history: cli.no_history,
     };
     let config = match Config::load(&overrides, |k| std::env::var(k).ok()) {
         Ok(c) => c,

@@ -58,6 +58,11 @@ impl PluginResults {
         items.iter().filter(|r| r.trace_id == trace_id).cloned().collect()
     }
 
+    /// Every recorded result, oldest first.
+    pub fn all(&self) -> Vec<PluginResult> {
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
+    }
+
     pub fn len(&self) -> usize {
         self.items.lock().unwrap_or_else(|e| e.into_inner()).len()
     }

@@ -99,6 +99,7 @@ where
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!(abandoned = tracker.len(), "drain timeout reached; exiting with requests unanswered");
     }
+    engine.finish();
     drop(out);
     // The writer exits once every sender is gone and the queue is flushed.
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
@@ -131,13 +132,31 @@ async fn respond(engine: Arc<Engine>, line: Vec<u8>, out: mpsc::Sender<Vec<u8>>,
 }
 
 /// Whether handling `line` may occupy a thread for long: it is large, or it
-/// may name a plugin (a false positive only costs a thread hand-off).
+/// may name a plugin or read history (a false positive only costs a thread
+/// hand-off).
 fn may_block(line: &[u8]) -> bool {
-    line.len() > LARGE_LINE_BYTES || memchr::memmem::find(line, b"plugin").is_some()
+    // Plugin calls, history reads (dynamic thresholds, query_drift).
+    const SLOW: [&[u8]; 3] = [b"plugin", b"dynamic", b"query_drift"];
+    line.len() > LARGE_LINE_BYTES || SLOW.iter().any(|w| memchr::memmem::find(line, w).is_some())
 }
 
 /// The response line for one input line (`None`: nothing to answer).
 pub async fn handle_line(engine: &Engine, line: &[u8], seq: u64) -> Option<Vec<u8>> {
+    let mut notes = Vec::new();
+    let reply = answer_line(engine, line, seq, &mut notes).await;
+    if notes.is_empty() {
+        return reply;
+    }
+    // Notifications go out just before the response they came from.
+    let mut out = notes.join(&b'\n');
+    if let Some(reply) = reply {
+        out.push(b'\n');
+        out.extend_from_slice(&reply);
+    }
+    Some(out)
+}
+
+async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec<u8>>) -> Option<Vec<u8>> {
     let text = match std::str::from_utf8(line) {
         Ok(t) => t.trim(),
         Err(e) => {
@@ -182,14 +201,14 @@ pub async fn handle_line(engine: &Engine, line: &[u8], seq: u64) -> Option<Vec<u
         // Batch members run in order; the batch as a whole runs concurrently with other lines.
         let mut replies = Vec::with_capacity(items.len());
         for raw in &items {
-            replies.extend(handle_one(engine, raw.get(), seq).await);
+            replies.extend(handle_one(engine, raw.get(), seq, notes).await);
         }
         if replies.is_empty() {
             return None;
         }
         return Some(join_batch(replies, engine.config.max_response_bytes));
     }
-    handle_one(engine, text, seq).await
+    handle_one(engine, text, seq, notes).await
 }
 
 /// Joins the responses of a JSON-RPC batch into one array line of at most
@@ -240,7 +259,7 @@ fn join_batch(mut replies: Vec<Vec<u8>>, limit: usize) -> Vec<u8> {
     out
 }
 
-async fn handle_one(engine: &Engine, text: &str, seq: u64) -> Option<Vec<u8>> {
+async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u8>>) -> Option<Vec<u8>> {
     let req = match parse_request(text) {
         Ok(r) => r,
         Err(rejected) => return Some(error_line(&rejected.id, &rejected.error)),
@@ -264,7 +283,7 @@ async fn handle_one(engine: &Engine, text: &str, seq: u64) -> Option<Vec<u8>> {
         }
     };
     let id_len = id.map_or(4, |i| i.get().len());
-    let outcome = dispatch(engine, method, params, id_len, seq).await;
+    let outcome = dispatch(engine, method, params, id_len, seq, notes).await;
     let Some(id) = id else {
         if let Err(e) = &outcome {
             tracing::warn!(method = method.name(), error = %e, "notification failed (no response is sent for notifications)");
@@ -288,7 +307,16 @@ fn to_raw<T: Serialize>(value: &T) -> Result<Box<RawValue>, RpcError> {
         .map_err(|e| RpcError::new(ErrorCode::EngineError, "failed to serialise the result", e.to_string()))
 }
 
-async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id_len: usize, seq: u64) -> Result<Box<RawValue>, RpcError> {
+/// Runs one request. Notification lines to send before its response (drift
+/// alerts, when enabled) are added to `notes`.
+async fn dispatch(
+    engine: &Engine,
+    method: Method,
+    params: Option<&RawValue>,
+    id_len: usize,
+    seq: u64,
+    notes: &mut Vec<Vec<u8>>,
+) -> Result<Box<RawValue>, RpcError> {
     if method == Method::Initialize {
         return to_raw(&engine.initialize(params)?);
     }
@@ -318,6 +346,12 @@ async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id
                 })
             };
             let mut result = run()?;
+            if engine.config.drift_alerts {
+                for alert in result.alerts.drain(..) {
+                    let note = serde_json::json!({"jsonrpc": "2.0", "method": "drift_alert", "params": alert});
+                    notes.extend(serde_json::to_vec(&note).ok());
+                }
+            }
             // The SDK reader fails on lines over the limit: the envelope takes
             // `{"jsonrpc":"2.0","id":…,"result":…}`.
             let budget = engine.config.max_response_bytes.saturating_sub(ENVELOPE_BYTES + id_len);
@@ -340,16 +374,38 @@ async fn dispatch(engine: &Engine, method: Method, params: Option<&RawValue>, id
         Method::SubmitPluginResult => {
             let record = plugin_results::parse(params)?;
             tracing::debug!(trace_id = %record.trace_id, plugin = %record.plugin_name, "plugin result recorded");
+            if let Some(history) = &engine.history {
+                history.record(crate::history::Rows {
+                    trace_id: record.trace_id.clone(),
+                    agent_id: None,
+                    rows: vec![crate::history::Row {
+                        assertion_id: record.assertion_id.clone(),
+                        fingerprint: crate::history::Fingerprint::submitted(&record.plugin_name),
+                        assertion_type: "plugin",
+                        status: record.status.as_str(),
+                        score: record.score,
+                    }],
+                });
+            }
             engine.plugin_results.record(record);
             engine.count_evaluated(1);
             to_raw(&Accepted { accepted: true })
         }
         Method::ListPlugins => to_raw(&engine.plugins.listing()),
-        Method::QueryDrift => Err(RpcError::new(
-            ErrorCode::MethodNotFound,
-            "method not available: query_drift",
-            "query_drift needs the result history store, which this engine build does not include (capability 'continuous_eval' is not advertised).",
-        )),
+        Method::QueryDrift => {
+            let (subject, window) = crate::history::parse_query(params)?;
+            let Some(history) = &engine.history else {
+                return Err(RpcError::new(
+                    ErrorCode::EngineError,
+                    "history store not available",
+                    "Result history is off or could not be opened (see the engine log). Enable it with history = true in the config file (or unset ATTEST_HISTORY=false, drop --no-history) and make sure the cache directory (ATTEST_CACHE_DIR) is writable.",
+                ));
+            };
+            let report = history
+                .drift(subject, window)
+                .map_err(|e| RpcError::new(ErrorCode::EngineError, format!("query_drift failed: {e}"), "The history database could not be read; see the engine log.",))?;
+            to_raw(&serde_json::json!({ "report": report }))
+        }
         Method::GenerateUserMessage => Err(RpcError::new(
             ErrorCode::MethodNotFound,
             "method not available: generate_user_message",

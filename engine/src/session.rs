@@ -6,9 +6,11 @@
 
 use crate::batch::BatchCaches;
 use crate::config::Config;
+use crate::history::History;
 use crate::plugin_results::PluginResults;
 use crate::plugins::PluginHost;
 use crate::protocol::{Method, RpcError};
+use crate::report::SessionLog;
 use crate::trace::Limits;
 use crate::ENGINE_VERSION;
 use serde::Serialize;
@@ -28,6 +30,9 @@ pub const OLDEST_PROTOCOL_VERSION: i64 = PROTOCOL_VERSION - 1;
 /// `plugins`/`layer_8`: WebAssembly assertion plugins run inside the engine,
 /// and `submit_plugin_result` is validated and recorded.
 pub const CAPABILITIES: &[&str] = &["layers_1_4", "soft_failures", "plugins", "layer_8"];
+/// Advertised when the result history is open: `query_drift` and
+/// `threshold: "dynamic"` use it.
+pub const HISTORY_CAPABILITY: &str = "continuous_eval";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -54,6 +59,10 @@ pub struct Engine {
     pub plugin_results: PluginResults,
     /// WebAssembly assertion plugins (layer 8).
     pub plugins: PluginHost,
+    /// Result history (`None`: switched off or could not be opened).
+    pub history: Option<History>,
+    /// Results kept for the session reports (only when reports are configured).
+    pub session_log: SessionLog,
     /// Cancelled when `shutdown` begins: the engine stops reading input.
     pub draining: CancellationToken,
 }
@@ -88,7 +97,19 @@ impl Engine {
             strict_step_types: config.strict_step_types,
             ..Limits::default()
         };
+        let history = config.history.as_ref().and_then(|h| match History::open(h) {
+            Ok(history) => {
+                tracing::info!(path = %h.path.display(), "result history open");
+                Some(history)
+            }
+            Err(e) => {
+                tracing::error!(path = %h.path.display(), error = %e, "cannot open the result history; query_drift and dynamic thresholds are unavailable");
+                None
+            }
+        });
         Engine {
+            history,
+            session_log: SessionLog::new(!config.reports.is_empty()),
             caches: BatchCaches::new(&config),
             plugin_results: PluginResults::new(config.max_plugin_results),
             plugins,
@@ -147,6 +168,35 @@ impl Engine {
         }
     }
 
+    /// End of the session (shutdown, end of input, signal, or the end of an
+    /// `eval` run): writes queued history and the configured reports.
+    pub fn finish(&self) {
+        if let Some(h) = &self.history {
+            h.flush();
+            if h.dropped_rows() > 0 {
+                tracing::warn!(dropped_rows = h.dropped_rows(), "some results were not recorded in history");
+            }
+        }
+        if !self.config.reports.is_empty() {
+            let now = time::OffsetDateTime::now_utc()
+                .replace_nanosecond(0)
+                .ok()
+                .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+                .unwrap_or_default();
+            let report = crate::report::Report::build(&self.session_log.batches(), &self.plugin_results.all(), self.config.budget_usd, now);
+            crate::report::write_all(&self.config.reports, &report);
+        }
+    }
+
+    /// What this engine process supports, as `initialize` reports it.
+    pub fn capabilities(&self) -> Vec<&'static str> {
+        let mut caps = CAPABILITIES.to_vec();
+        if self.history.is_some() {
+            caps.push(HISTORY_CAPABILITY);
+        }
+        caps
+    }
+
     pub fn initialize(&self, params: Option<&RawValue>) -> Result<InitializeResult, RpcError> {
         let p = InitializeParams::parse(params)?;
         if p.protocol_version > PROTOCOL_VERSION || p.protocol_version < OLDEST_PROTOCOL_VERSION {
@@ -179,13 +229,13 @@ impl Engine {
         let missing: Vec<String> = p
             .required_capabilities
             .into_iter()
-            .filter(|c| !CAPABILITIES.contains(&c.as_str()))
+            .filter(|c| !self.capabilities().contains(&c.as_str()))
             .collect();
         tracing::info!(sdk_name = %p.sdk_name, sdk_version = %p.sdk_version, protocol_version = p.protocol_version, missing = missing.len(), "session initialized");
         Ok(InitializeResult {
             engine_version: ENGINE_VERSION,
             protocol_version: PROTOCOL_VERSION,
-            capabilities: CAPABILITIES.to_vec(),
+            capabilities: self.capabilities(),
             compatible: missing.is_empty(),
             missing,
             encoding: "json",

@@ -428,7 +428,10 @@ fn initialize_result_has_every_spec_field() {
     }
     assert_eq!(result["engine_version"], json!(VERSION));
     assert_eq!(result["protocol_version"], json!(1));
-    assert_eq!(result["capabilities"], json!(["layers_1_4", "soft_failures", "plugins", "layer_8"]));
+    assert_eq!(
+        result["capabilities"],
+        json!(["layers_1_4", "soft_failures", "plugins", "layer_8", "continuous_eval"])
+    );
     assert_eq!(result["missing"], json!([]));
     assert_eq!(result["compatible"], json!(true));
     assert_eq!(result["encoding"], json!("json"));

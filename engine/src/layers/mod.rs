@@ -173,6 +173,10 @@ pub struct CompiledAssertion {
     pub kind: AssertionType,
     pub check: Check,
     pub soft: bool,
+    /// `threshold: "dynamic"`: the status comes from the score's history.
+    pub dynamic: bool,
+    /// The assertion's identity across runs, before the trace's agent is mixed in.
+    pub spec_digest: crate::history::SpecDigest,
 }
 
 impl CompiledAssertion {
@@ -187,10 +191,23 @@ impl CompiledAssertion {
             AssertionType::Plugin => Check::Plugin(plugin::PluginCheck::compile(&reader, plugins)?),
             other => unreachable!("{} is not an available type", other.name()),
         };
+        let dynamic = match reader.raw("threshold") {
+            Some(Value::String(s)) if s == "dynamic" => true,
+            Some(Value::String(s)) => {
+                return Err(SpecError::new(
+                    "spec.threshold",
+                    format!("threshold must be a number or \"dynamic\", got {}", crate::text::quote(s)),
+                    "Use a number, or \"dynamic\" to judge the score against this assertion's history (see README, Result history).",
+                ))
+            }
+            _ => false,
+        };
         Ok(CompiledAssertion {
             kind,
             check,
             soft: reader.bool_or("soft", false)?,
+            dynamic,
+            spec_digest: crate::history::SpecDigest::of(kind.name(), spec),
         })
     }
 

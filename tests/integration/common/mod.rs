@@ -38,7 +38,19 @@ const ENGINE_ENV: &[&str] = &[
     "ATTEST_EVAL_TIMEOUT",
     "ATTEST_MAX_CONCURRENT_REQUESTS",
     "ATTEST_STRICT_STEP_TYPES",
+    "ATTEST_PLUGIN_DIR",
+    "ATTEST_HISTORY",
+    "ATTEST_DRIFT_ALERTS",
 ];
+
+/// A cache directory (and so a result history) private to this test process,
+/// so that tests never read or write the user's `~/.attest/cache`.
+pub fn private_cache_dir() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("creating a temporary cache directory"))
+        .path()
+        .to_owned()
+}
 
 /// What to do with the engine's stderr.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -66,6 +78,7 @@ pub fn command() -> Command {
     for var in ENGINE_ENV {
         cmd.env_remove(var);
     }
+    cmd.env("ATTEST_CACHE_DIR", private_cache_dir());
     cmd
 }
 

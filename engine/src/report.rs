@@ -1,0 +1,480 @@
+//! Session reports: every batch result and every submitted plugin result of
+//! one engine session, grouped by trace, written as JUnit XML, JSON or
+//! Markdown at shutdown and at end of input (`--report kind=path`).
+//!
+//! Results are only kept in memory when at least one report is configured.
+
+use crate::layers::{AssertionType, Status};
+use crate::plugin_results::PluginResult;
+use anyhow::{bail, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportKind {
+    Junit,
+    Json,
+    Markdown,
+}
+
+const KINDS: &[(&str, ReportKind)] = &[
+    ("junit", ReportKind::Junit),
+    ("json", ReportKind::Json),
+    ("markdown", ReportKind::Markdown),
+];
+
+/// One `--report kind=path`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportSpec {
+    pub kind: ReportKind,
+    pub path: PathBuf,
+}
+
+impl ReportSpec {
+    /// Parses `kind=path`; a relative path in a config file is relative to it (`base`).
+    pub fn parse(text: &str, base: &Path) -> Result<ReportSpec> {
+        let valid = "use junit=<path>, json=<path> or markdown=<path>";
+        let Some((kind, path)) = text.split_once('=') else {
+            bail!("report '{text}' has no '=': {valid}");
+        };
+        let Some(&(_, kind)) = KINDS.iter().find(|(k, _)| *k == kind.trim()) else {
+            bail!("unknown report kind '{}': {valid}", kind.trim());
+        };
+        if path.trim().is_empty() {
+            bail!("report '{text}' has an empty path: {valid}");
+        }
+        Ok(ReportSpec {
+            kind,
+            path: base.join(path.trim()),
+        })
+    }
+}
+
+/// One assertion result as reports show it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReportedResult {
+    pub assertion_id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub layer: u8,
+    pub status: Status,
+    pub score: f64,
+    pub explanation: String,
+    pub cost: f64,
+    pub duration_ms: u64,
+    /// `batch` (evaluated here) or `submitted` (`submit_plugin_result`).
+    pub source: &'static str,
+}
+
+/// Results of one `evaluate_batch`.
+#[derive(Debug, Clone)]
+pub struct LoggedBatch {
+    pub trace_id: String,
+    pub agent_id: Option<String>,
+    pub results: Vec<ReportedResult>,
+}
+
+/// Everything reports need, collected during the session.
+pub struct SessionLog {
+    enabled: bool,
+    batches: Mutex<Vec<LoggedBatch>>,
+}
+
+impl SessionLog {
+    pub fn new(enabled: bool) -> SessionLog {
+        SessionLog {
+            enabled,
+            batches: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub fn record(&self, batch: LoggedBatch) {
+        if self.enabled {
+            self.batches.lock().unwrap_or_else(|e| e.into_inner()).push(batch);
+        }
+    }
+
+    pub fn batches(&self) -> Vec<LoggedBatch> {
+        self.batches.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Counts by status.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Counts {
+    pub total: u64,
+    pub passed: u64,
+    pub soft_failures: u64,
+    pub hard_failures: u64,
+}
+
+impl Counts {
+    fn add(&mut self, s: Status) {
+        self.total += 1;
+        match s {
+            Status::Pass => self.passed += 1,
+            Status::SoftFail => self.soft_failures += 1,
+            Status::HardFail => self.hard_failures += 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceReport {
+    pub trace_id: String,
+    pub agent_id: Option<String>,
+    pub counts: Counts,
+    pub cost: f64,
+    pub duration_ms: u64,
+    pub results: Vec<ReportedResult>,
+}
+
+/// The whole report, before rendering.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub engine_version: String,
+    pub generated_at: String,
+    pub counts: Counts,
+    /// Keyed by layer number, as text (`"1"` … `"8"`).
+    pub by_layer: BTreeMap<String, Counts>,
+    pub total_cost: f64,
+    pub total_duration_ms: u64,
+    pub budget_usd: Option<f64>,
+    pub traces: Vec<TraceReport>,
+}
+
+impl Report {
+    /// Groups batches and submitted results by trace, in first-seen order.
+    pub fn build(batches: &[LoggedBatch], submitted: &[PluginResult], budget_usd: Option<f64>, generated_at: String) -> Report {
+        let mut traces: Vec<TraceReport> = Vec::new();
+        fn slot(traces: &mut Vec<TraceReport>, trace_id: &str, agent_id: Option<&String>) -> usize {
+            match traces.iter().position(|t| t.trace_id == trace_id) {
+                Some(i) => i,
+                None => {
+                    traces.push(TraceReport {
+                        trace_id: trace_id.to_owned(),
+                        agent_id: agent_id.cloned(),
+                        counts: Counts::default(),
+                        cost: 0.0,
+                        duration_ms: 0,
+                        results: Vec::new(),
+                    });
+                    traces.len() - 1
+                }
+            }
+        }
+        for b in batches {
+            let i = slot(&mut traces, &b.trace_id, b.agent_id.as_ref());
+            traces[i].results.extend(b.results.iter().cloned());
+        }
+        for p in submitted {
+            let i = slot(&mut traces, &p.trace_id, None);
+            traces[i].results.push(ReportedResult {
+                assertion_id: p.assertion_id.clone(),
+                kind: format!("plugin:{}", p.plugin_name),
+                layer: AssertionType::Plugin.layer(),
+                status: p.status,
+                score: p.score,
+                explanation: p.explanation.clone(),
+                cost: 0.0,
+                duration_ms: 0,
+                source: "submitted",
+            });
+        }
+        let mut counts = Counts::default();
+        let mut by_layer: BTreeMap<String, Counts> = BTreeMap::new();
+        for t in &mut traces {
+            for r in &t.results {
+                t.counts.add(r.status);
+                t.cost += r.cost;
+                t.duration_ms += r.duration_ms;
+                counts.add(r.status);
+                by_layer.entry(r.layer.to_string()).or_default().add(r.status);
+            }
+        }
+        Report {
+            engine_version: crate::ENGINE_VERSION.to_owned(),
+            generated_at,
+            counts,
+            by_layer,
+            total_cost: traces.iter().map(|t| t.cost).sum(),
+            total_duration_ms: traces.iter().map(|t| t.duration_ms).sum(),
+            budget_usd,
+            traces,
+        }
+    }
+
+    pub fn render(&self, kind: ReportKind) -> String {
+        match kind {
+            ReportKind::Json => serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
+            ReportKind::Junit => self.junit(),
+            ReportKind::Markdown => self.markdown(),
+        }
+    }
+
+    /// JUnit XML: one `<testsuite>` per trace, one `<testcase>` per result.
+    /// Hard failures are `<failure>`s; soft failures pass, with the
+    /// explanation in `<system-out>` and a `status` property.
+    fn junit(&self) -> String {
+        let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
+        let secs = |ms: u64| format!("{:.3}", ms as f64 / 1000.0);
+        let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+        let _ = writeln!(
+            x,
+            "<testsuites name=\"attest-engine\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" time=\"{}\">",
+            self.counts.total,
+            self.counts.hard_failures,
+            secs(self.total_duration_ms)
+        );
+        for (i, t) in self.traces.iter().enumerate() {
+            let _ = writeln!(
+                x,
+                "  <testsuite name=\"{}\" id=\"{i}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" time=\"{}\" timestamp=\"{}\">",
+                esc(&t.trace_id),
+                t.counts.total,
+                t.counts.hard_failures,
+                secs(t.duration_ms),
+                esc(self.generated_at.trim_end_matches('Z')),
+            );
+            x.push_str("    <properties>\n");
+            let _ = writeln!(
+                x,
+                "      <property name=\"agent_id\" value=\"{}\"/>",
+                esc(t.agent_id.as_deref().unwrap_or(""))
+            );
+            let _ = writeln!(x, "      <property name=\"soft_failures\" value=\"{}\"/>", t.counts.soft_failures);
+            let _ = writeln!(x, "      <property name=\"cost_usd\" value=\"{}\"/>", t.cost);
+            x.push_str("    </properties>\n");
+            for r in &t.results {
+                let _ = write!(
+                    x,
+                    "    <testcase name=\"{}\" classname=\"{}.layer{}.{}\" time=\"{}\"",
+                    esc(&r.assertion_id),
+                    esc(&t.trace_id),
+                    r.layer,
+                    esc(&r.kind),
+                    secs(r.duration_ms)
+                );
+                match r.status {
+                    Status::Pass => x.push_str("/>\n"),
+                    Status::SoftFail => {
+                        let _ = writeln!(
+                            x,
+                            ">\n      <system-out>soft_fail (score {}): {}</system-out>\n    </testcase>",
+                            r.score,
+                            esc(&r.explanation)
+                        );
+                    }
+                    Status::HardFail => {
+                        let _ = writeln!(
+                            x,
+                            ">\n      <failure message=\"{}\" type=\"hard_fail\">score {}: {}</failure>\n    </testcase>",
+                            esc(&crate::text::clip(&r.explanation, 200)),
+                            r.score,
+                            esc(&r.explanation)
+                        );
+                    }
+                }
+            }
+            x.push_str("    <system-out></system-out>\n    <system-err></system-err>\n  </testsuite>\n");
+        }
+        x.push_str("</testsuites>\n");
+        x
+    }
+
+    fn markdown(&self) -> String {
+        let cell = |s: &str| s.replace('|', "\\|").replace('<', "&lt;").replace('\n', " ");
+        let mut m = String::from("# attest-engine session report\n\n");
+        let _ = writeln!(m, "Engine {}, generated {}.\n", self.engine_version, self.generated_at);
+        let _ = writeln!(
+            m,
+            "**{}** results: {} passed, {} soft failures, {} hard failures. Total cost ${:.4}, total duration {} ms.",
+            self.counts.total,
+            self.counts.passed,
+            self.counts.soft_failures,
+            self.counts.hard_failures,
+            self.total_cost,
+            self.total_duration_ms
+        );
+        match self.budget_usd {
+            Some(b) => {
+                let _ = writeln!(m, "Budget ${b:.4}: ${:.4} used.\n", self.total_cost);
+            }
+            None => m.push_str("No cost budget set.\n\n"),
+        }
+        m.push_str("## By layer\n\n| layer | total | passed | soft failures | hard failures |\n|---|---:|---:|---:|---:|\n");
+        for (layer, c) in &self.by_layer {
+            let _ = writeln!(
+                m,
+                "| {layer} | {} | {} | {} | {} |",
+                c.total, c.passed, c.soft_failures, c.hard_failures
+            );
+        }
+        for t in &self.traces {
+            let _ = writeln!(m, "\n## Trace `{}`\n", cell(&t.trace_id));
+            if let Some(a) = &t.agent_id {
+                let _ = writeln!(m, "Agent `{}`.\n", cell(a));
+            }
+            let _ = writeln!(
+                m,
+                "{} results: {} passed, {} soft failures, {} hard failures; cost ${:.4}; {} ms.\n",
+                t.counts.total, t.counts.passed, t.counts.soft_failures, t.counts.hard_failures, t.cost, t.duration_ms
+            );
+            m.push_str("| assertion | type | layer | status | score | explanation |\n|---|---|---:|---|---:|---|\n");
+            for r in &t.results {
+                let _ = writeln!(
+                    m,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    cell(&r.assertion_id),
+                    cell(&r.kind),
+                    r.layer,
+                    r.status.as_str(),
+                    r.score,
+                    cell(&r.explanation)
+                );
+            }
+        }
+        m
+    }
+}
+
+/// Writes every configured report; problems are logged, never fatal.
+pub fn write_all(specs: &[ReportSpec], report: &Report) {
+    for spec in specs {
+        let text = report.render(spec.kind);
+        let written = spec
+            .path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&spec.path, text));
+        match written {
+            Ok(()) => tracing::info!(path = %spec.path.display(), "report written"),
+            Err(e) => tracing::error!(path = %spec.path.display(), error = %e, "cannot write report"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(id: &str, kind: AssertionType, status: Status, score: f64, explanation: &str) -> ReportedResult {
+        ReportedResult {
+            assertion_id: id.into(),
+            kind: kind.name().into(),
+            layer: kind.layer(),
+            status,
+            score,
+            explanation: explanation.into(),
+            cost: 0.0,
+            duration_ms: 2,
+            source: "batch",
+        }
+    }
+
+    fn sample() -> Report {
+        let batches = vec![
+            LoggedBatch {
+                trace_id: "trc_refund".into(),
+                agent_id: Some("support-bot".into()),
+                results: vec![
+                    result(
+                        "schema_ok",
+                        AssertionType::Schema,
+                        Status::Pass,
+                        1.0,
+                        "output matches schema (draft 2020-12).",
+                    ),
+                    result(
+                        "cost_cap",
+                        AssertionType::Constraint,
+                        Status::SoftFail,
+                        0.0,
+                        "metadata.cost_usd = 0.02, expected <= 0.01.",
+                    ),
+                    result(
+                        "no_leak",
+                        AssertionType::Plugin,
+                        Status::HardFail,
+                        0.0,
+                        "plugin 'pii-leak': leaks <personal> data & \"more\"",
+                    ),
+                ],
+            },
+            LoggedBatch {
+                trace_id: "trc_2".into(),
+                agent_id: None,
+                results: vec![result("tools", AssertionType::Trace, Status::Pass, 1.0, "tools called in order.")],
+            },
+        ];
+        let submitted = vec![PluginResult {
+            trace_id: "trc_refund".into(),
+            plugin_name: "toxicity".into(),
+            assertion_id: "tox".into(),
+            status: Status::Pass,
+            score: 0.97,
+            explanation: "not toxic | fine".into(),
+            metadata: None,
+        }];
+        let mut r = Report::build(&batches, &submitted, Some(5.0), "2026-11-22T10:00:00Z".into());
+        r.engine_version = "0.0.0-test".into();
+        r
+    }
+
+    /// Golden files: a changed field, order or escape fails the comparison.
+    /// `UPDATE_GOLDEN=1 cargo test -p attest-engine report` rewrites them.
+    fn golden(name: &str, actual: &str) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden").join(name);
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, actual).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(actual, expected, "{} differs from the rendered report", path.display());
+    }
+
+    #[test]
+    fn junit_report_matches_golden_file() {
+        golden("report.junit.xml", &sample().render(ReportKind::Junit));
+    }
+
+    #[test]
+    fn json_report_matches_golden_file() {
+        golden("report.json", &sample().render(ReportKind::Json));
+    }
+
+    #[test]
+    fn markdown_report_matches_golden_file() {
+        golden("report.md", &sample().render(ReportKind::Markdown));
+    }
+
+    #[test]
+    fn counts_group_by_trace_and_layer() {
+        let r = sample();
+        assert_eq!(r.traces.len(), 2);
+        assert_eq!(r.traces[0].results.len(), 4, "the submitted result joins its trace");
+        assert_eq!(
+            (r.counts.total, r.counts.passed, r.counts.soft_failures, r.counts.hard_failures),
+            (5, 3, 1, 1)
+        );
+        assert_eq!(r.by_layer["8"].total, 2);
+        assert_eq!(r.traces[0].duration_ms, 6);
+    }
+
+    #[test]
+    fn report_specs_parse_or_explain() {
+        let s = ReportSpec::parse("junit=out/r.xml", Path::new("/base")).unwrap();
+        assert_eq!((s.kind, s.path), (ReportKind::Junit, PathBuf::from("/base/out/r.xml")));
+        let e = ReportSpec::parse("html=x", Path::new("")).unwrap_err().to_string();
+        assert!(e.contains("unknown report kind 'html'") && e.contains("markdown=<path>"), "{e}");
+        assert!(ReportSpec::parse("junit", Path::new("")).is_err());
+        assert!(ReportSpec::parse("json=", Path::new("")).is_err());
+    }
+}
