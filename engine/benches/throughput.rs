@@ -46,9 +46,25 @@ fn main() {
             println!("taskset not found: skipping the 1-core scenario");
             continue;
         }
-        let floor = pipelined(&cmd(me.as_os_str(), &[], pin, true), &workload);
-        let eng = pipelined(&cmd(engine.as_ref(), &["--log-level=warn"], pin, false), &workload);
+        let floor = pipelined(&cmd(me.as_os_str(), &[], pin, true), &workload).0;
+        let eng = pipelined(&cmd(engine.as_ref(), &["--log-level=warn", "--no-history"], pin, false), &workload).0;
         rows.push((label, floor, eng));
+    }
+    // The same workload with the result history on (a fresh SQLite file):
+    // until the last answer, and until the process has written every row and exited.
+    let mut history_rows = Vec::new();
+    for (label, pin) in [("1 core", true), ("all cores", false)] {
+        if pin && !has_taskset {
+            continue;
+        }
+        let off = pipelined(&cmd(engine.as_ref(), &["--log-level=warn", "--no-history"], pin, false), &workload);
+        let dir = std::env::temp_dir().join(format!("attest-bench-history-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut on_cmd = cmd(engine.as_ref(), &["--log-level=warn"], pin, false);
+        on_cmd.env("ATTEST_CACHE_DIR", &dir);
+        let on = pipelined(&on_cmd, &workload);
+        let _ = std::fs::remove_dir_all(&dir);
+        history_rows.push((label, off, on));
     }
     println!();
     println!("| scenario | parse-only floor (req/s) | attest-engine (req/s) | engine / floor |");
@@ -61,9 +77,22 @@ fn main() {
             100.0 * floor.as_secs_f64() / eng.as_secs_f64()
         );
     }
+    println!();
+    println!("| scenario | history off | history on | slowdown |");
+    println!("|---|---:|---:|---:|");
+    for (label, off, on) in &history_rows {
+        for (what, a, b) in [("last answer", off.0, on.0), ("exit, every row written", off.1, on.1)] {
+            println!(
+                "| {label}, {n} batches, until {what} | {:.0} ms | {:.0} ms | {:+.1}% |",
+                a.as_secs_f64() * 1e3,
+                b.as_secs_f64() * 1e3,
+                100.0 * (b.as_secs_f64() / a.as_secs_f64() - 1.0)
+            );
+        }
+    }
     let seq_n = (n / 10).clamp(100, 2_000);
     let floor = sequential(&cmd(me.as_os_str(), &[], false, true), &workload[..seq_n + 1]);
-    let eng = sequential(&cmd(engine.as_ref(), &["--log-level=warn"], false, false), &workload[..seq_n + 1]);
+    let eng = sequential(&cmd(engine.as_ref(), &["--log-level=warn", "--no-history"], false, false), &workload[..seq_n + 1]);
     println!(
         "| sequential round trip ({seq_n} requests) | {:.1} µs median | {:.1} µs median | — |",
         floor, eng
@@ -90,8 +119,9 @@ fn cmd(program: &std::ffi::OsStr, args: &[&str], pin: bool, floor: bool) -> Comm
     c
 }
 
-/// Writes every line without waiting and reads every answer; returns the wall time.
-fn pipelined(cmd: &Command, lines: &[String]) -> Duration {
+/// Writes every line without waiting and reads every answer. Returns the wall
+/// time until the last answer, and until the process exited after end of input.
+fn pipelined(cmd: &Command, lines: &[String]) -> (Duration, Duration) {
     let mut child = clone(cmd).spawn().expect("spawn");
     let mut stdin = child.stdin.take().unwrap();
     let stdout = child.stdout.take().unwrap();
@@ -112,7 +142,7 @@ fn pipelined(cmd: &Command, lines: &[String]) -> Duration {
     let elapsed = start.elapsed();
     drop(writer.join().unwrap());
     let _ = child.wait();
-    elapsed
+    (elapsed, start.elapsed())
 }
 
 /// One request at a time; returns the median round trip in microseconds.
