@@ -10,8 +10,11 @@
 //! 6. step-level rules (object, `type`, `name`, `result` payload size);
 //! 7. sub-trace depth.
 //!
-//! Sub-traces are then validated with rules 2–6 in step order. Every error is
-//! a `1001 INVALID_TRACE` with an actionable `detail` and the offending field.
+//! Sub-traces are then validated with rules 2–6 in step order, and finally
+//! the tree as a whole (rule 8, see [`super::tree::check_tree`]): each
+//! sub-trace's `parent_trace_id`, when set, names its parent's `trace_id`,
+//! and no `trace_id` appears twice. Every error is a `1001 INVALID_TRACE`
+//! with an actionable `detail` and the offending field.
 
 use super::{StepType, Trace};
 use crate::protocol::{ErrorCode, RpcError};
@@ -105,10 +108,11 @@ pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> 
         ));
     }
     check_sub_traces(&root, 1, limits, &mut warnings)?;
-    Ok(Parsed {
-        trace: Trace::from_validated(obj),
-        warnings,
-    })
+    let trace = Trace::from_validated(obj);
+    // 8. Tree integrity, on the typed tree: the links are easier to follow
+    // there, and the check returns at once for traces without sub-traces.
+    super::tree::check_tree(&trace).map_err(|e| invalid(e.message, e.detail, e.field))?;
+    Ok(Parsed { trace, warnings })
 }
 
 fn check_sub_traces(level: &Level<'_>, depth: usize, limits: &Limits, warnings: &mut Vec<String>) -> Result<(), RpcError> {
@@ -680,6 +684,28 @@ mod tests {
             "trace missing required field: output (in sub_trace of step 'helper' at depth 1)"
         );
         assert_eq!(e.field.as_deref(), Some("trace.steps[0].sub_trace.output"));
+    }
+
+    #[test]
+    fn tree_links_and_ids_are_checked_after_the_levels() {
+        let mut v = base();
+        v["steps"] = json!([{"type": "agent_call", "name": "helper",
+            "sub_trace": {"schema_version": 1, "trace_id": "s", "parent_trace_id": "other", "output": {"m": 1}}}]);
+        let e = check(v.clone()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "sub_trace 's' has parent_trace_id 'other' but its parent's trace_id is 't1'"
+        );
+        assert_eq!(e.field.as_deref(), Some("trace.steps[0].sub_trace.parent_trace_id"));
+        v["steps"][0]["sub_trace"]["parent_trace_id"] = json!("t1");
+        assert!(check(v.clone()).is_ok());
+        v["steps"][0]["sub_trace"]["trace_id"] = json!("t1");
+        let e = check(v).unwrap_err();
+        assert_eq!(e.message, "duplicate trace_id 't1' in the tree (cycle or copy)");
+        assert_eq!(e.field.as_deref(), Some("trace.steps[0].sub_trace.trace_id"));
+        let mut v = base();
+        v["steps"] = json!([{"type": "agent_call", "name": "untraced"}]);
+        assert!(check(v).is_ok(), "an agent_call without sub_trace is a call, not an error");
     }
 
     #[test]
