@@ -92,7 +92,10 @@ fn main() {
     }
     let seq_n = (n / 10).clamp(100, 2_000);
     let floor = sequential(&cmd(me.as_os_str(), &[], false, true), &workload[..seq_n + 1]);
-    let eng = sequential(&cmd(engine.as_ref(), &["--log-level=warn", "--no-history"], false, false), &workload[..seq_n + 1]);
+    let eng = sequential(
+        &cmd(engine.as_ref(), &["--log-level=warn", "--no-history"], false, false),
+        &workload[..seq_n + 1],
+    );
     println!(
         "| sequential round trip ({seq_n} requests) | {:.1} µs median | {:.1} µs median | — |",
         floor, eng

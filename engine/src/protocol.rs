@@ -161,10 +161,11 @@ pub enum Method {
     QueryDrift,
     GenerateUserMessage,
     ListPlugins,
+    ValidateTraceTree,
 }
 
 impl Method {
-    pub const ALL: [Method; 7] = [
+    pub const ALL: [Method; 8] = [
         Method::Initialize,
         Method::EvaluateBatch,
         Method::SubmitPluginResult,
@@ -172,6 +173,7 @@ impl Method {
         Method::QueryDrift,
         Method::GenerateUserMessage,
         Method::ListPlugins,
+        Method::ValidateTraceTree,
     ];
 
     pub fn name(self) -> &'static str {
@@ -183,6 +185,7 @@ impl Method {
             Method::QueryDrift => "query_drift",
             Method::GenerateUserMessage => "generate_user_message",
             Method::ListPlugins => "list_plugins",
+            Method::ValidateTraceTree => "validate_trace_tree",
         }
     }
 

@@ -392,6 +392,7 @@ async fn dispatch(
             to_raw(&Accepted { accepted: true })
         }
         Method::ListPlugins => to_raw(&engine.plugins.listing()),
+        Method::ValidateTraceTree => to_raw(&validate_trace_tree(engine, params)?),
         Method::QueryDrift => {
             let (subject, window) = crate::history::parse_query(params)?;
             let Some(history) = &engine.history else {
@@ -413,6 +414,45 @@ async fn dispatch(
         )),
         Method::Initialize | Method::Shutdown => unreachable!("handled above"),
     }
+}
+
+/// `validate_trace_tree`: the tree's integrity, depth, agents and aggregates,
+/// without assertions. Problems between levels (links, duplicate ids, depth)
+/// are reported in `errors`; a level that breaks spec §7 is a 1001.
+fn validate_trace_tree(engine: &Engine, params: Option<&RawValue>) -> Result<crate::trace::tree::TreeSummary, RpcError> {
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        trace: Option<&'a RawValue>,
+    }
+    let shape = "Send {\"trace\": <trace object>} (spec §3).";
+    let trace = params
+        .and_then(|p| serde_json::from_str::<Params<'_>>(p.get()).ok())
+        .and_then(|p| p.trace)
+        .filter(|t| t.get() != "null")
+        .ok_or_else(|| {
+            RpcError::new(
+                ErrorCode::InvalidTrace,
+                "validate_trace_tree params missing required field: trace",
+                shape,
+            )
+            .with_field("params.trace")
+        })?;
+    let limits = crate::trace::Limits {
+        // Depth is reported, not refused; serde_json's recursion limit still bounds it.
+        max_depth: usize::MAX,
+        ..engine.limits.clone()
+    };
+    let parsed = crate::trace::validate::parse_trace_levels(trace, &limits)?;
+    let mut summary = crate::trace::tree::summary(&parsed.trace);
+    if summary.depth > engine.limits.max_depth {
+        summary.errors.insert(
+            0,
+            format!("trace nesting depth {} exceeds maximum {}", summary.depth, engine.limits.max_depth),
+        );
+        summary.valid = false;
+    }
+    Ok(summary)
 }
 
 /// The answer to a line longer than the limit: 1001 for an evaluation

@@ -27,9 +27,20 @@ pub const OLDEST_PROTOCOL_VERSION: i64 = PROTOCOL_VERSION - 1;
 
 /// What this build really supports. `soft_failures`: `soft: true` yields
 /// `soft_fail` on every layer-1–4 check that allows it.
+/// `multi_agent`/`layer_7`/`trace_tree`: `trace_tree` assertions over
+/// sub-traces (seed 001 names the first, seed 000 the second, the Go
+/// reference the third; the SDK may ask for any of them).
 /// `plugins`/`layer_8`: WebAssembly assertion plugins run inside the engine,
 /// and `submit_plugin_result` is validated and recorded.
-pub const CAPABILITIES: &[&str] = &["layers_1_4", "soft_failures", "plugins", "layer_8"];
+pub const CAPABILITIES: &[&str] = &[
+    "layers_1_4",
+    "soft_failures",
+    "multi_agent",
+    "layer_7",
+    "trace_tree",
+    "plugins",
+    "layer_8",
+];
 /// Advertised when the result history is open: `query_drift` and
 /// `threshold: "dynamic"` use it.
 pub const HISTORY_CAPABILITY: &str = "continuous_eval";

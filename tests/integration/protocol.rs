@@ -395,7 +395,8 @@ fn capabilities_are_negotiated() {
         (json!(["layers_1_4", "soft_failures"]), json!([]), true),
         (json!([]), json!([]), true),
         (json!(["plugins", "layer_8"]), json!([]), true),
-        (json!(["multi_agent"]), json!(["multi_agent"]), false),
+        (json!(["multi_agent", "layer_7", "trace_tree"]), json!([]), true),
+        (json!(["layers_5_6"]), json!(["layers_5_6"]), false),
         (json!(["layers_1_4", "layers_5_6", "plugins"]), json!(["layers_5_6"]), false),
     ];
     for (required, missing, compatible) in cases {
@@ -430,7 +431,16 @@ fn initialize_result_has_every_spec_field() {
     assert_eq!(result["protocol_version"], json!(1));
     assert_eq!(
         result["capabilities"],
-        json!(["layers_1_4", "soft_failures", "plugins", "layer_8", "continuous_eval"])
+        json!([
+            "layers_1_4",
+            "soft_failures",
+            "multi_agent",
+            "layer_7",
+            "trace_tree",
+            "plugins",
+            "layer_8",
+            "continuous_eval"
+        ])
     );
     assert_eq!(result["missing"], json!([]));
     assert_eq!(result["compatible"], json!(true));
@@ -480,7 +490,7 @@ fn unknown_assertion_type_lists_supported_types() {
     assert_eq!(err["message"], json!("assertion 'a1': unknown assertion type 'magic'"));
     assert_eq!(
         err["data"]["detail"],
-        json!("Supported assertion types: schema, constraint, trace, content, plugin.")
+        json!("Supported assertion types: schema, constraint, trace, content, trace_tree, plugin.")
     );
     assert_eq!(err["data"]["assertion_id"], json!("a1"));
     assert_eq!(err["data"]["field"], json!("params.assertions[0].type"));
@@ -504,7 +514,6 @@ fn unavailable_assertion_types_name_the_capability() {
             "(layer 6)",
             "layers_5_6",
         ),
-        ("trace_tree", json!({"check": "agent_count"}), "(layer 7)", "layer_7"),
     ];
     for (kind, spec, layer, capability) in cases {
         let mut assertions = refund_assertions();
@@ -526,7 +535,7 @@ fn unavailable_assertion_types_name_the_capability() {
             err["data"]["detail"]
                 .as_str()
                 .unwrap()
-                .contains("schema, constraint, trace, content, plugin"),
+                .contains("schema, constraint, trace, content, trace_tree, plugin"),
             "{err}"
         );
     }

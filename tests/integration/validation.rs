@@ -450,11 +450,14 @@ fn unknown_step_type_is_rejected_with_strict_step_types() {
     let err = expect_invalid(&mut e, &t, "trace step 'x' has invalid type 'banana'", "trace.steps[0].type");
     let detail = err["data"]["detail"].as_str().unwrap();
     assert!(detail.contains("llm_call, tool_call, retrieval, agent_call"), "{detail}");
+    // Trace ids are unique within a tree (validation rule 8).
+    let mut sub = base();
+    sub["trace_id"] = json!("trc_sub");
     t["steps"] = json!([
         {"type": "llm_call", "name": "a"},
         {"type": "tool_call", "name": "b"},
         {"type": "retrieval", "name": "c"},
-        {"type": "agent_call", "name": "d", "sub_trace": base()}
+        {"type": "agent_call", "name": "d", "sub_trace": sub}
     ]);
     expect_valid(&mut e, &t);
 }

@@ -40,8 +40,31 @@ const OPERATORS: &[(&str, Op)] = &[
     ("between", Op::Between),
 ];
 
+/// The operators that compare against a single `value` (all but `between`).
+const THRESHOLD_OPERATORS: &[(&str, Op)] = &[("lt", Op::Lt), ("lte", Op::Lte), ("gt", Op::Gt), ("gte", Op::Gte), ("eq", Op::Eq)];
+
 impl Comparison {
-    fn holds(self, x: f64) -> bool {
+    /// Reads `operator` (lt, lte, gt, gte, eq) and a required numeric `value`,
+    /// for checks where a range makes no sense (layer 7 aggregates).
+    pub fn compile_threshold(spec: &Spec<'_>, why: &str) -> Result<Comparison, SpecError> {
+        let op = spec.choice("operator", THRESHOLD_OPERATORS)?;
+        Ok(Comparison::with_value(op, spec.f64("value", why)?))
+    }
+
+    /// A single-threshold comparison; `op` is never `Between`.
+    fn with_value(op: Op, v: f64) -> Comparison {
+        match op {
+            Op::Lt => Comparison::Lt(v),
+            Op::Lte => Comparison::Lte(v),
+            Op::Gt => Comparison::Gt(v),
+            Op::Gte => Comparison::Gte(v),
+            Op::Eq => Comparison::Eq(v),
+            // Both callers read `between` with its two bounds before getting here.
+            Op::Between => unreachable!("between takes min and max, not a value"),
+        }
+    }
+
+    pub fn holds(self, x: f64) -> bool {
         match self {
             Comparison::Lt(v) => x < v,
             Comparison::Lte(v) => x <= v,
@@ -52,7 +75,8 @@ impl Comparison {
         }
     }
 
-    fn describe(self) -> String {
+    /// `lte 0.01`, `between [1, 2]`.
+    pub fn describe(self) -> String {
         match self {
             Comparison::Lt(v) => format!("lt {}", num(v)),
             Comparison::Lte(v) => format!("lte {}", num(v)),
@@ -95,14 +119,7 @@ impl ConstraintCheck {
             }
             op => {
                 let why = "every operator but 'between' compares against 'value'";
-                let v = spec.f64("value", why)?;
-                match op {
-                    Op::Lt => Comparison::Lt(v),
-                    Op::Lte => Comparison::Lte(v),
-                    Op::Gt => Comparison::Gt(v),
-                    Op::Gte => Comparison::Gte(v),
-                    _ => Comparison::Eq(v),
-                }
+                Comparison::with_value(op, spec.f64("value", why)?)
             }
         };
         Ok(ConstraintCheck { field, cmp })

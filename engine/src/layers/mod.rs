@@ -11,6 +11,7 @@ pub mod plugin;
 pub mod schema;
 pub mod spec;
 pub mod trace;
+pub mod trace_tree;
 
 use crate::plugins::PluginHost;
 use crate::trace::Trace;
@@ -86,7 +87,7 @@ impl AssertionType {
 
     /// Whether this build evaluates the type.
     pub fn is_available(self) -> bool {
-        self.layer() <= 4 || self == AssertionType::Plugin
+        self.layer() <= 4 || matches!(self, AssertionType::TraceTree | AssertionType::Plugin)
     }
 
     pub fn available_names() -> String {
@@ -163,6 +164,7 @@ pub enum Check {
     Constraint(constraint::ConstraintCheck),
     Trace(trace::TraceCheck),
     Content(content::ContentCheck),
+    TraceTree(trace_tree::TraceTreeCheck),
     /// Answered by a WebAssembly plugin; run per batch by [`crate::batch`].
     Plugin(plugin::PluginCheck),
 }
@@ -188,6 +190,7 @@ impl CompiledAssertion {
             AssertionType::Constraint => Check::Constraint(constraint::ConstraintCheck::compile(&reader)?),
             AssertionType::Trace => Check::Trace(trace::TraceCheck::compile(&reader)?),
             AssertionType::Content => Check::Content(content::ContentCheck::compile(&reader)?),
+            AssertionType::TraceTree => Check::TraceTree(trace_tree::TraceTreeCheck::compile(&reader)?),
             AssertionType::Plugin => Check::Plugin(plugin::PluginCheck::compile(&reader, plugins)?),
             other => unreachable!("{} is not an available type", other.name()),
         };
@@ -219,6 +222,7 @@ impl CompiledAssertion {
             Check::Constraint(c) => c.evaluate(trace),
             Check::Trace(c) => c.evaluate(trace),
             Check::Content(c) => c.evaluate(trace),
+            Check::TraceTree(c) => c.evaluate(trace),
             Check::Plugin(c) => unreachable!("plugin {} checks are evaluated per batch", c.plugin.id),
         };
         self.classify(verdict)

@@ -4,6 +4,7 @@
 //! against spec §7 in the spec's order and only then builds a [`Trace`], so
 //! evaluators work on typed, already-valid data.
 
+pub mod tree;
 pub mod validate;
 
 use serde_json::{Map, Value};

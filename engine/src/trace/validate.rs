@@ -10,8 +10,11 @@
 //! 6. step-level rules (object, `type`, `name`, `result` payload size);
 //! 7. sub-trace depth.
 //!
-//! Sub-traces are then validated with rules 2–6 in step order. Every error is
-//! a `1001 INVALID_TRACE` with an actionable `detail` and the offending field.
+//! Sub-traces are then validated with rules 2–6 in step order, and finally
+//! the tree as a whole (rule 8, see [`super::tree::check_tree`]): each
+//! sub-trace's `parent_trace_id`, when set, names its parent's `trace_id`,
+//! and no `trace_id` appears twice. Every error is a `1001 INVALID_TRACE`
+//! with an actionable `detail` and the offending field.
 
 use super::{StepType, Trace};
 use crate::protocol::{ErrorCode, RpcError};
@@ -75,6 +78,16 @@ struct Level<'a> {
 /// `raw` is the trace exactly as it appeared on the wire, so its length is
 /// the wire size the limit applies to.
 pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> {
+    let parsed = parse_trace_levels(raw, limits)?;
+    // 8. Tree integrity, on the typed tree: the links are easier to follow
+    // there, and the check returns at once for traces without sub-traces.
+    super::tree::check_tree(&parsed.trace).map_err(|e| invalid(e.message, e.detail, e.field))?;
+    Ok(parsed)
+}
+
+/// Rules 1–7: every level of the tree, but not the links between levels
+/// (`validate_trace_tree` reports those instead of refusing the trace).
+pub fn parse_trace_levels(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> {
     // 1. Top-level parse.
     let value: Value = serde_json::from_str(raw.get())
         .map_err(|e| invalid(format!("trace is not valid JSON: {e}"), "Send the trace as a JSON object.", "trace"))?;
@@ -680,6 +693,28 @@ mod tests {
             "trace missing required field: output (in sub_trace of step 'helper' at depth 1)"
         );
         assert_eq!(e.field.as_deref(), Some("trace.steps[0].sub_trace.output"));
+    }
+
+    #[test]
+    fn tree_links_and_ids_are_checked_after_the_levels() {
+        let mut v = base();
+        v["steps"] = json!([{"type": "agent_call", "name": "helper",
+            "sub_trace": {"schema_version": 1, "trace_id": "s", "parent_trace_id": "other", "output": {"m": 1}}}]);
+        let e = check(v.clone()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "sub_trace 's' has parent_trace_id 'other' but its parent's trace_id is 't1'"
+        );
+        assert_eq!(e.field.as_deref(), Some("trace.steps[0].sub_trace.parent_trace_id"));
+        v["steps"][0]["sub_trace"]["parent_trace_id"] = json!("t1");
+        assert!(check(v.clone()).is_ok());
+        v["steps"][0]["sub_trace"]["trace_id"] = json!("t1");
+        let e = check(v).unwrap_err();
+        assert_eq!(e.message, "duplicate trace_id 't1' in the tree (cycle or copy)");
+        assert_eq!(e.field.as_deref(), Some("trace.steps[0].sub_trace.trace_id"));
+        let mut v = base();
+        v["steps"] = json!([{"type": "agent_call", "name": "untraced"}]);
+        assert!(check(v).is_ok(), "an agent_call without sub_trace is a call, not an error");
     }
 
     #[test]
