@@ -46,6 +46,8 @@ pub struct Config {
     /// Send `drift_alert` notifications on stdout (off: they confuse SDKs
     /// that read the next line as the answer).
     pub drift_alerts: bool,
+    /// Drift alerts are also POSTed here (JSON), when set.
+    pub drift_webhook_url: Option<String>,
     /// Session reports written at shutdown and end of input.
     pub reports: Vec<crate::report::ReportSpec>,
     /// The session's cost budget in USD, shown in reports.
@@ -71,6 +73,7 @@ impl Default for Config {
             dynamic_min_samples: 10,
             dynamic_window: 50,
             drift_alerts: false,
+            drift_webhook_url: None,
             reports: Vec::new(),
             budget_usd: None,
         }
@@ -108,6 +111,7 @@ pub struct FileConfig {
     pub dynamic_min_samples: Option<usize>,
     pub dynamic_window: Option<usize>,
     pub drift_alerts: Option<bool>,
+    pub drift_webhook_url: Option<String>,
     /// `["junit=path", "json=path", "markdown=path"]`.
     #[serde(default)]
     pub reports: Vec<String>,
@@ -161,6 +165,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     ("ATTEST_HISTORY", "false to switch the result history off"),
     ("ATTEST_DRIFT_ALERTS", "true to send drift_alert notifications on stdout"),
+    ("ATTEST_DRIFT_WEBHOOK_URL", "POST drift alerts (JSON) to this http(s) URL"),
 ];
 
 impl Config {
@@ -280,6 +285,12 @@ impl Config {
             Some(v) => parse_bool(&v).context("ATTEST_DRIFT_ALERTS")?,
             None => file.drift_alerts.unwrap_or(false),
         };
+        c.drift_webhook_url = env("ATTEST_DRIFT_WEBHOOK_URL")
+            .or(file.drift_webhook_url.clone())
+            .filter(|u| !u.is_empty());
+        if let Some(url) = &c.drift_webhook_url {
+            crate::alerts::Webhook::new(url).context("drift_webhook_url")?;
+        }
         for r in file.reports.iter() {
             c.reports
                 .push(crate::report::ReportSpec::parse(r, &base).with_context(|| src("reports"))?);
@@ -325,7 +336,7 @@ fn read_file(path: &Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| {
         format!(
-            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, reports, budget_usd, [plugin_defaults], [[plugins]])",
+            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, drift_webhook_url, reports, budget_usd, [plugin_defaults], [[plugins]])",
             path.display()
         )
     })

@@ -17,6 +17,7 @@
 //! - [`plugins`]: the WebAssembly plugin host (layer 8) and its sandbox.
 //! - [`config`], [`logging`], [`eval_cmd`]: configuration, stderr logs, the CLI evaluator.
 
+pub mod alerts;
 pub mod batch;
 pub mod config;
 pub mod eval_cmd;

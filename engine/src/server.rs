@@ -346,10 +346,12 @@ async fn dispatch(
                 })
             };
             let mut result = run()?;
-            if engine.config.drift_alerts {
-                for alert in result.alerts.drain(..) {
-                    let note = serde_json::json!({"jsonrpc": "2.0", "method": "drift_alert", "params": alert});
-                    notes.extend(serde_json::to_vec(&note).ok());
+            for alert in result.alerts.drain(..) {
+                if engine.config.drift_alerts {
+                    notes.extend(crate::alerts::notification(&alert));
+                }
+                if let Some(webhook) = &engine.webhook {
+                    webhook.send(alert);
                 }
             }
             // The SDK reader fails on lines over the limit: the envelope takes

@@ -72,6 +72,8 @@ pub struct Engine {
     pub plugins: PluginHost,
     /// Result history (`None`: switched off or could not be opened).
     pub history: Option<History>,
+    /// Where drift alerts are posted, if configured.
+    pub webhook: Option<crate::alerts::Webhook>,
     /// Results kept for the session reports (only when reports are configured).
     pub session_log: SessionLog,
     /// Cancelled when `shutdown` begins: the engine stops reading input.
@@ -118,7 +120,18 @@ impl Engine {
                 None
             }
         });
+        let webhook = config
+            .drift_webhook_url
+            .as_deref()
+            .and_then(|url| match crate::alerts::Webhook::new(url) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::error!(error = %e, "drift webhook disabled");
+                    None
+                }
+            });
         Engine {
+            webhook,
             history,
             session_log: SessionLog::new(!config.reports.is_empty()),
             caches: BatchCaches::new(&config),
