@@ -94,7 +94,8 @@ impl Fingerprint {
     }
 
     pub fn parse(hex: &str) -> Option<Fingerprint> {
-        if hex.len() != 32 || !hex.is_ascii() {
+        // from_str_radix alone would accept a leading '+' in each pair.
+        if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let mut out = [0; 16];
@@ -283,8 +284,14 @@ const QUERY_SHAPE: &str =
 pub fn parse_query(params: Option<&serde_json::value::RawValue>) -> Result<(Subject, u64), crate::protocol::RpcError> {
     use crate::protocol::{ErrorCode, RpcError};
     use serde_json::Value;
-    let bad =
-        |field: &str, message: String| RpcError::new(ErrorCode::AssertionError, message, QUERY_SHAPE).with_field(format!("params.{field}"));
+    let bad = |field: &str, message: String| {
+        let path = if field.is_empty() {
+            "params".to_owned()
+        } else {
+            format!("params.{field}")
+        };
+        RpcError::new(ErrorCode::AssertionError, message, QUERY_SHAPE).with_field(path)
+    };
     let value: Value = match params {
         Some(p) => serde_json::from_str(p.get()).unwrap_or(Value::Null),
         None => Value::Null,
