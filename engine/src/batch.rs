@@ -253,25 +253,27 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
                 (status, verdict, None, 0)
             }
         };
-        let fp = Fingerprint::new(&p.compiled.spec_digest, trace.agent_id.as_deref());
+        let fp = || Fingerprint::new(&p.compiled.spec_digest, trace.agent_id.as_deref());
         let mut explanation = verdict.explanation;
         let mut status = status;
         // Faults and `forbidden` stay hard: history must not excuse them.
         if p.compiled.dynamic && !verdict.always_hard {
-            let (s, why, alert) = dynamic(engine, fp, &p.id, verdict.score, p.compiled.soft);
+            let (s, why, alert) = dynamic(engine, fp(), &p.id, verdict.score, p.compiled.soft);
             status = s;
             explanation.push(' ');
             explanation.push_str(&why);
             alerts.extend(alert);
         }
         clip_in_place(&mut explanation, max_chars);
-        rows.push(Row {
-            assertion_id: p.id.clone(),
-            fingerprint: fp,
-            assertion_type: p.kind.name(),
-            status: status.as_str(),
-            score: verdict.score,
-        });
+        if engine.history.is_some() {
+            rows.push(Row {
+                assertion_id: p.id.clone(),
+                fingerprint: fp(),
+                assertion_type: p.kind.name(),
+                status: status.as_str(),
+                score: verdict.score,
+            });
+        }
         let result = AssertionResult {
             assertion_id: p.id.clone(),
             status,
