@@ -13,10 +13,12 @@ use crate::history::{dynamic_status, DriftReport, DriftStatus, Fingerprint, Row,
 use crate::layers::{AssertionType, Check, CompiledAssertion, SpecError, Status, Verdict};
 use crate::plugins::{Outcome, Plugin};
 use crate::protocol::{ErrorCode, RpcError};
+use crate::providers::ProviderError;
 use crate::report::{LoggedBatch, ReportedResult};
 use crate::session::Engine;
 use crate::text::{clip_in_place, quote};
 use crate::trace::parse_trace;
+use crate::trace::Trace;
 use quick_cache::sync::Cache;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -186,8 +188,31 @@ fn assertion_error(message: String, detail: impl Into<String>, field: String) ->
     RpcError::new(ErrorCode::AssertionError, message, detail).with_field(field)
 }
 
+/// How one assertion of the batch stands while the batch is evaluated.
+enum Progress {
+    /// Answered from the `request_id` cache.
+    Cached(AssertionResult),
+    /// Waiting for its provider (layers 5 and 6).
+    Pending,
+    Done(Evaluated),
+}
+
+struct Evaluated {
+    status: Status,
+    verdict: Verdict,
+    details: Option<Value>,
+    duration_ms: u64,
+    cost: f64,
+    /// Not run (short-circuit): no history, no dynamic threshold.
+    skipped: bool,
+}
+
 /// Evaluates one `evaluate_batch` request. `deadline` bounds the work (3002).
-pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -> Result<BatchResult, RpcError> {
+///
+/// Free checks run first, in request order. Paid checks (layers 5 and 6)
+/// then run concurrently, unless a layer 1–4 assertion hard-failed and
+/// short-circuiting is on. Results keep request order.
+pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -> Result<BatchResult, RpcError> {
     let started = Instant::now();
     let (trace_raw, wire) = read_params(params)?;
     let trace_raw = trace_raw.filter(|t| t.get() != "null").ok_or_else(|| {
@@ -205,36 +230,39 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
     let trace = parsed.trace;
     let plan = plan(engine, wire?)?;
 
-    let mut results = Vec::with_capacity(plan.len());
-    let max_chars = engine.config.max_explanation_chars;
     // Only hashed when some assertion carries a request_id.
     let trace_digest = plan.iter().any(|p| p.request_id.is_some()).then(|| digest(trace_raw.get()));
     let mut plugin_outcomes = run_plugins(trace_raw.get(), &plan);
-    let mut rows = Vec::new();
-    let mut alerts = Vec::new();
-    for p in &plan {
+    let mut outcomes = Vec::with_capacity(plan.len());
+    for (done, p) in plan.iter().enumerate() {
         if Instant::now() > deadline {
-            return Err(timeout(engine.config.eval_timeout, results.len(), plan.len()));
+            return Err(timeout(engine.config.eval_timeout, done, plan.len()));
         }
-        if let Some(rid) = &p.request_id {
-            if let Some(hit) = engine.caches.by_request_id.get(rid) {
-                if hit.fingerprint != fingerprint(p.kind, p.spec_text, trace_digest) {
-                    return Err(RpcError::new(
-                        ErrorCode::AssertionError,
-                        format!("assertion {}: request_id {} was already used for a different request", quote(&p.id), quote(rid)),
-                        "A request_id is an idempotency key: resend it only with the same type, spec and trace. Use a fresh request_id for a new evaluation.",
-                    )
-                    .with_assertion(&p.id)
-                    .with_field("request_id"));
-                }
-                results.push(AssertionResult {
-                    assertion_id: p.id.clone(),
-                    duration_ms: 0,
-                    cached: true,
-                    ..hit.result.clone()
-                });
-                continue;
+        if let Some(hit) = p.request_id.as_deref().and_then(|rid| engine.caches.by_request_id.get(rid)) {
+            if hit.fingerprint != fingerprint(p.kind, p.spec_text, trace_digest) {
+                return Err(RpcError::new(
+                    ErrorCode::AssertionError,
+                    format!(
+                        "assertion {}: request_id {} was already used for a different request",
+                        quote(&p.id),
+                        quote(p.request_id.as_deref().unwrap_or_default())
+                    ),
+                    "A request_id is an idempotency key: resend it only with the same type, spec and trace. Use a fresh request_id for a new evaluation.",
+                )
+                .with_assertion(&p.id)
+                .with_field("request_id"));
             }
+            outcomes.push(Progress::Cached(AssertionResult {
+                assertion_id: p.id.clone(),
+                duration_ms: 0,
+                cached: true,
+                ..hit.result.clone()
+            }));
+            continue;
+        }
+        if p.kind.is_paid() {
+            outcomes.push(Progress::Pending);
+            continue;
         }
         let t0 = Instant::now();
         let (status, verdict, details, plugin_ms) = match plugin_outcomes.remove(&p.id) {
@@ -253,37 +281,63 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
                 (status, verdict, None, 0)
             }
         };
+        outcomes.push(Progress::Done(Evaluated {
+            status,
+            verdict,
+            details,
+            duration_ms: t0.elapsed().as_millis() as u64 + plugin_ms,
+            cost: 0.0,
+            skipped: false,
+        }));
+    }
+    if outcomes.iter().any(|o| matches!(o, Progress::Pending)) {
+        run_paid(engine, &plan, &trace, &mut outcomes, deadline).await?;
+    }
+
+    let max_chars = engine.config.max_explanation_chars;
+    let mut results = Vec::with_capacity(plan.len());
+    let mut rows = Vec::new();
+    let mut alerts = Vec::new();
+    for (p, outcome) in plan.iter().zip(outcomes) {
+        let e = match outcome {
+            Progress::Cached(r) => {
+                results.push(r);
+                continue;
+            }
+            Progress::Done(e) => e,
+            Progress::Pending => unreachable!("run_paid settles every pending assertion"),
+        };
         let fp = || Fingerprint::new(&p.compiled.spec_digest, trace.agent_id.as_deref());
-        let mut explanation = verdict.explanation;
-        let mut status = status;
+        let mut explanation = e.verdict.explanation;
+        let mut status = e.status;
         // Faults and `forbidden` stay hard: history must not excuse them.
-        if p.compiled.dynamic && !verdict.always_hard {
-            let (s, why, alert) = dynamic(engine, fp(), &p.id, verdict.score, p.compiled.soft);
+        if p.compiled.dynamic && !e.verdict.always_hard && !e.skipped {
+            let (s, why, alert) = dynamic(engine, fp(), &p.id, e.verdict.score, p.compiled.soft);
             status = s;
             explanation.push(' ');
             explanation.push_str(&why);
             alerts.extend(alert);
         }
         clip_in_place(&mut explanation, max_chars);
-        if engine.history.is_some() {
+        if engine.history.is_some() && !e.skipped {
             rows.push(Row {
                 assertion_id: p.id.clone(),
                 fingerprint: fp(),
                 assertion_type: p.kind.name(),
                 status: status.as_str(),
-                score: verdict.score,
+                score: e.verdict.score,
             });
         }
         let result = AssertionResult {
             assertion_id: p.id.clone(),
             status,
-            score: verdict.score,
+            score: e.verdict.score,
             explanation,
-            cost: 0.0,
-            duration_ms: t0.elapsed().as_millis() as u64 + plugin_ms,
+            cost: e.cost,
+            duration_ms: e.duration_ms,
             request_id: p.request_id.clone(),
             cached: false,
-            details,
+            details: e.details,
         };
         if let Some(rid) = &p.request_id {
             engine.caches.by_request_id.insert(
@@ -333,6 +387,126 @@ pub fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -
         total_cost,
         total_duration_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// Settles every pending (paid) assertion: skipped when a layer 1–4
+/// assertion hard-failed and short-circuiting is on, refused when the
+/// session's budget is spent, else asked of its provider, all concurrently.
+async fn run_paid(
+    engine: &Engine,
+    plan: &[Planned<'_>],
+    trace: &Trace,
+    outcomes: &mut [Progress],
+    deadline: Instant,
+) -> Result<(), RpcError> {
+    let pending: Vec<usize> = (0..plan.len()).filter(|i| matches!(outcomes[*i], Progress::Pending)).collect();
+    let providers = &engine.providers;
+    if providers.short_circuit {
+        let failed = plan.iter().zip(outcomes.iter()).find(|(p, o)| {
+            p.kind.layer() <= 4
+                && match o {
+                    Progress::Done(e) => e.status == Status::HardFail,
+                    Progress::Cached(r) => r.status == Status::HardFail,
+                    Progress::Pending => false,
+                }
+        });
+        if let Some((culprit, _)) = failed {
+            for i in pending {
+                outcomes[i] = Progress::Done(Evaluated {
+                    status: Status::HardFail,
+                    verdict: Verdict::fail(format!(
+                        "Skipped: layer {} assertion {} ({}) hard-failed, so this {} assertion was not sent to its provider (cost 0). Set short_circuit = false under [providers] to always run paid layers.",
+                        culprit.kind.layer(),
+                        quote(&culprit.id),
+                        culprit.kind.name(),
+                        plan[i].kind.name()
+                    )),
+                    details: None,
+                    duration_ms: 0,
+                    cost: 0.0,
+                    skipped: true,
+                });
+            }
+            return Ok(());
+        }
+    }
+    if let Some(budget) = engine.config.budget_usd {
+        let spent = engine.cost_spent();
+        if spent >= budget {
+            let first = &plan[pending[0]];
+            return Err(RpcError::new(
+                ErrorCode::AssertionError,
+                format!(
+                    "assertion {} ({}) refused: the session's cost budget of ${} is spent (${:.6} so far)",
+                    quote(&first.id),
+                    first.kind.name(),
+                    crate::text::num(budget),
+                    spent
+                ),
+                "Paid assertions (embedding, llm_judge) are refused once a session's evaluated cost reaches budget_usd. Raise budget_usd in the config file or start a new engine session; layers 1-4, 7 and 8 still run.",
+            )
+            .with_assertion(&first.id)
+            .with_field(format!("params.assertions[{}]", pending[0])));
+        }
+    }
+    let calls = pending.iter().map(|&i| async move {
+        let t0 = Instant::now();
+        let r = plan[i].compiled.evaluate_paid(trace, providers, deadline.into()).await;
+        (i, r, t0.elapsed().as_millis() as u64)
+    });
+    let answers = tokio::time::timeout_at(deadline.into(), futures_util::future::join_all(calls))
+        .await
+        .map_err(|_| paid_timeout(engine, pending.len()))?;
+    let mut first_error = None;
+    for (i, answer, ms) in answers {
+        match answer {
+            Ok((verdict, cost)) => {
+                engine.add_cost(cost);
+                let (status, verdict) = plan[i].compiled.classify(verdict);
+                outcomes[i] = Progress::Done(Evaluated {
+                    status,
+                    verdict,
+                    details: None,
+                    duration_ms: ms,
+                    cost,
+                    skipped: false,
+                });
+            }
+            Err(e) if first_error.is_none() => first_error = Some((i, e)),
+            Err(_) => {}
+        }
+    }
+    match first_error {
+        None => Ok(()),
+        Some((_, ProviderError::Timeout)) => Err(paid_timeout(engine, pending.len())),
+        Some((i, e)) => Err(provider_error(&plan[i], i, e)),
+    }
+}
+
+fn paid_timeout(engine: &Engine, paid: usize) -> RpcError {
+    RpcError::new(
+        ErrorCode::Timeout,
+        format!("evaluation timed out after {}ms", engine.config.eval_timeout.as_millis()),
+        format!("{paid} LLM-backed assertions (layers 5-6) were still waiting for their provider at the deadline. Reduce the batch size, check the provider's latency, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT)."),
+    )
+}
+
+fn provider_error(p: &Planned<'_>, index: usize, e: ProviderError) -> RpcError {
+    let (message, detail) = match e {
+        ProviderError::Failed { message, attempts } => (
+            format!("{message}{}", if attempts > 1 { format!(" (after {attempts} attempts)") } else { String::new() }),
+            "Wait and retry. The engine retries 429, 5xx, time-outs and connection errors with exponential backoff (up to 3 attempts, honouring Retry-After) before surfacing this error; check the provider's status, URL, model and API key.".to_owned(),
+        ),
+        ProviderError::Unavailable { message, detail } => (message, detail),
+        ProviderError::Timeout => unreachable!("handled by the caller"),
+    };
+    RpcError::new(
+        ErrorCode::ProviderError,
+        format!("assertion {} ({}): {message}", quote(&p.id), p.kind.name()),
+        detail,
+    )
+    .with_assertion(&p.id)
+    .with_field(format!("params.assertions[{index}]"))
 }
 
 /// Judges a score against its history (`threshold: "dynamic"`); a failure
@@ -511,36 +685,16 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
         let Some(kind_name) = w.kind.as_deref() else {
             return fail(
                 format!("assertion {}: missing required field: type", quote(id)),
-                format!("Set type to one of: {}.", AssertionType::available_names()),
+                format!("Set type to one of: {}.", AssertionType::names()),
                 "type",
             );
         };
-        let kind = match AssertionType::parse(kind_name) {
-            Some(k) if k.is_available() => k,
-            Some(k) => {
-                return fail(
-                    format!(
-                        "assertion {}: assertion type '{}' (layer {}) is not available: this engine does not support capability '{}'",
-                        quote(id),
-                        k.name(),
-                        k.layer(),
-                        k.capability()
-                    ),
-                    format!(
-                        "Supported assertion types: {}. Check the capabilities returned by initialize before sending {} assertions.",
-                        AssertionType::available_names(),
-                        k.name()
-                    ),
-                    "type",
-                )
-            }
-            None => {
-                return fail(
-                    format!("assertion {}: unknown assertion type {}", quote(id), quote(kind_name)),
-                    format!("Supported assertion types: {}.", AssertionType::available_names()),
-                    "type",
-                )
-            }
+        let Some(kind) = AssertionType::parse(kind_name) else {
+            return fail(
+                format!("assertion {}: unknown assertion type {}", quote(id), quote(kind_name)),
+                format!("Supported assertion types: {}.", AssertionType::names()),
+                "type",
+            );
         };
         if let Some(first) = seen.insert(id, i) {
             return fail(

@@ -50,8 +50,11 @@ pub struct Config {
     pub drift_webhook_url: Option<String>,
     /// Session reports written at shutdown and end of input.
     pub reports: Vec<crate::report::ReportSpec>,
-    /// The session's cost budget in USD, shown in reports.
+    /// The session's cost budget in USD: paid assertions are refused once
+    /// it is spent; shown in reports.
     pub budget_usd: Option<f64>,
+    /// Embedding and judge providers (layers 5 and 6).
+    pub providers: crate::providers::config::ProvidersConfig,
 }
 
 impl Default for Config {
@@ -76,6 +79,7 @@ impl Default for Config {
             drift_webhook_url: None,
             reports: Vec::new(),
             budget_usd: None,
+            providers: Default::default(),
         }
     }
 }
@@ -116,6 +120,14 @@ pub struct FileConfig {
     #[serde(default)]
     pub reports: Vec<String>,
     pub budget_usd: Option<f64>,
+    /// `[embedding]`: the layer 5 provider.
+    pub embedding: Option<crate::providers::config::FileEmbedding>,
+    /// `[judge]`: the layer 6 provider.
+    pub judge: Option<crate::providers::config::FileJudge>,
+    /// `[providers]`: concurrency, pacing, time-outs, short-circuit, cache.
+    pub providers: Option<crate::providers::config::FileProviders>,
+    /// `[prices."<model>"]`: USD per million tokens.
+    pub prices: Option<std::collections::HashMap<String, crate::providers::Price>>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -166,6 +178,21 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("ATTEST_HISTORY", "false to switch the result history off"),
     ("ATTEST_DRIFT_ALERTS", "true to send drift_alert notifications on stdout"),
     ("ATTEST_DRIFT_WEBHOOK_URL", "POST drift alerts (JSON) to this http(s) URL"),
+    ("ATTEST_EMBEDDING_PROVIDER", "auto | openai | local | off"),
+    (
+        "ATTEST_EMBEDDING_BASE_URL",
+        "OpenAI-compatible embeddings API, e.g. http://localhost:11434/v1",
+    ),
+    ("ATTEST_EMBEDDING_API_KEY", "API key for the embeddings API"),
+    ("ATTEST_EMBEDDING_MODEL", "default embedding model"),
+    ("ATTEST_EMBEDDING_MODEL_DIR", "local sentence-transformers model directory"),
+    ("ATTEST_JUDGE_PROVIDER", "openai | anthropic | off"),
+    ("ATTEST_JUDGE_BASE_URL", "judge API base URL"),
+    ("ATTEST_JUDGE_API_KEY", "judge API key"),
+    ("ATTEST_JUDGE_MODEL", "default judge model"),
+    ("ATTEST_JUDGE_SAMPLES", "judge samples per assertion (1-10)"),
+    ("ATTEST_OPENAI_API_KEY", "API key for OpenAI (embeddings and judge)"),
+    ("ATTEST_ANTHROPIC_API_KEY", "API key for Anthropic (judge)"),
 ];
 
 impl Config {
@@ -305,6 +332,18 @@ impl Config {
             }
             c.budget_usd = Some(b);
         }
+        c.providers = crate::providers::config::ProvidersConfig::load(
+            crate::providers::config::FileSections {
+                embedding: file.embedding.as_ref(),
+                judge: file.judge.as_ref(),
+                providers: file.providers.as_ref(),
+                prices: file.prices.as_ref(),
+                base: &base,
+            },
+            c.cache_dir.as_deref(),
+            &env,
+        )
+        .with_context(|| src("[embedding]/[judge]/[providers]/[prices]"))?;
         if c.dynamic_min_samples < 2 || c.dynamic_window < c.dynamic_min_samples {
             bail!(
                 "dynamic_min_samples must be at least 2 and at most dynamic_window; got {} and {}",
@@ -336,7 +375,7 @@ fn read_file(path: &Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| {
         format!(
-            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, drift_webhook_url, reports, budget_usd, [plugin_defaults], [[plugins]])",
+            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, drift_webhook_url, reports, budget_usd, [plugin_defaults], [[plugins]], [embedding], [judge], [providers], [prices])",
             path.display()
         )
     })

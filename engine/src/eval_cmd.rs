@@ -46,13 +46,18 @@ pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: F
     let assertions = read_assertions(assertions_path)?;
     let traces = read_traces(trace_path)?;
     let mut outcomes = Vec::with_capacity(traces.len());
+    // Paid layers (5 and 6) talk to providers asynchronously.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
     for (label, trace_text) in traces {
         let params = format!("{{\"trace\":{trace_text},\"assertions\":{assertions}}}");
         let raw = RawValue::from_string(params).context("building the evaluation request")?;
         // request_ids are idempotency keys within one trace's evaluation, not across the file.
         engine.caches.forget_request_ids();
         let deadline = Instant::now() + engine.config.eval_timeout;
-        let body = match batch::evaluate(engine, Some(&raw), deadline) {
+        let body = match runtime.block_on(batch::evaluate(engine, Some(&raw), deadline)) {
             Ok(r) => Body::Results(r),
             Err(error) => Body::Error { error },
         };

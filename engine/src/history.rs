@@ -423,12 +423,7 @@ impl History {
 }
 
 fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(path)?;
-    // WAL lets several engine processes share the file; NORMAL sync is safe
-    // under WAL (a crash loses at most the last transactions, never the file).
-    conn.busy_timeout(Duration::from_secs(5))?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    let conn = crate::store::open_shared(path)?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS results (
             id INTEGER PRIMARY KEY,

@@ -15,6 +15,7 @@
 //! - [`batch`]: `evaluate_batch` orchestration and the idempotency cache.
 //! - [`plugin_results`]: `submit_plugin_result` validation and recording.
 //! - [`plugins`]: the WebAssembly plugin host (layer 8) and its sandbox.
+//! - [`providers`]: embedding and LLM judge providers (layers 5 and 6), their cache.
 //! - [`config`], [`logging`], [`eval_cmd`]: configuration, stderr logs, the CLI evaluator.
 
 pub mod alerts;
@@ -27,9 +28,12 @@ pub mod logging;
 pub mod plugin_results;
 pub mod plugins;
 pub mod protocol;
+pub mod providers;
 pub mod report;
 pub mod server;
 pub mod session;
+pub mod simulation;
+pub mod store;
 pub mod target;
 pub mod text;
 pub mod trace;

@@ -162,10 +162,11 @@ pub enum Method {
     GenerateUserMessage,
     ListPlugins,
     ValidateTraceTree,
+    CacheStats,
 }
 
 impl Method {
-    pub const ALL: [Method; 8] = [
+    pub const ALL: [Method; 9] = [
         Method::Initialize,
         Method::EvaluateBatch,
         Method::SubmitPluginResult,
@@ -174,6 +175,7 @@ impl Method {
         Method::GenerateUserMessage,
         Method::ListPlugins,
         Method::ValidateTraceTree,
+        Method::CacheStats,
     ];
 
     pub fn name(self) -> &'static str {
@@ -186,6 +188,7 @@ impl Method {
             Method::GenerateUserMessage => "generate_user_message",
             Method::ListPlugins => "list_plugins",
             Method::ValidateTraceTree => "validate_trace_tree",
+            Method::CacheStats => "cache_stats",
         }
     }
 

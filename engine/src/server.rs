@@ -331,8 +331,9 @@ async fn dispatch(
             let deadline = Instant::now() + engine.config.eval_timeout;
             // A panic in an evaluator (a bug) becomes a 3001 for this request
             // only; every request still gets exactly one response.
-            let run = || {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch::evaluate(engine, params, deadline))).unwrap_or_else(|panic| {
+            let run = async {
+                use futures_util::FutureExt;
+                std::panic::AssertUnwindSafe(batch::evaluate(engine, params, deadline)).catch_unwind().await.unwrap_or_else(|panic| {
                     let what = panic
                         .downcast_ref::<String>()
                         .map(String::as_str)
@@ -345,7 +346,7 @@ async fn dispatch(
                     ))
                 })
             };
-            let mut result = run()?;
+            let mut result = run.await?;
             for alert in result.alerts.drain(..) {
                 if engine.config.drift_alerts {
                     notes.extend(crate::alerts::notification(&alert));
@@ -409,11 +410,18 @@ async fn dispatch(
                 .map_err(|e| RpcError::new(ErrorCode::EngineError, format!("query_drift failed: {e}"), "The history database could not be read; see the engine log.",))?;
             to_raw(&serde_json::json!({ "report": report }))
         }
-        Method::GenerateUserMessage => Err(RpcError::new(
-            ErrorCode::MethodNotFound,
-            "method not available: generate_user_message",
-            "generate_user_message needs an LLM provider, which this engine build does not include (capability 'simulation' is not advertised).",
-        )),
+        Method::GenerateUserMessage => {
+            let deadline = tokio::time::Instant::now() + engine.config.eval_timeout;
+            to_raw(&crate::simulation::generate(&engine.providers, params, deadline).await?)
+        }
+        Method::CacheStats => match &engine.providers.cache {
+            Some(cache) => to_raw(&cache.stats().await),
+            None => Err(RpcError::new(
+                ErrorCode::EngineError,
+                "provider cache not available",
+                "The provider cache is off or could not be opened (see the engine log). It lives in <cache_dir>/providers.sqlite3; enable it with providers.cache = true and a writable ATTEST_CACHE_DIR.",
+            )),
+        },
         Method::Initialize | Method::Shutdown => unreachable!("handled above"),
     }
 }

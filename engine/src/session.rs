@@ -10,6 +10,7 @@ use crate::history::History;
 use crate::plugin_results::PluginResults;
 use crate::plugins::PluginHost;
 use crate::protocol::{Method, RpcError};
+use crate::providers::Providers;
 use crate::report::SessionLog;
 use crate::trace::Limits;
 use crate::ENGINE_VERSION;
@@ -78,6 +79,10 @@ pub struct Engine {
     pub session_log: SessionLog,
     /// Cancelled when `shutdown` begins: the engine stops reading input.
     pub draining: CancellationToken,
+    /// Embedding and judge providers (layers 5 and 6).
+    pub providers: Providers,
+    /// What paid assertions have cost this session, in USD (f64 bits).
+    cost_spent: AtomicU64,
 }
 
 #[derive(Debug, Serialize)]
@@ -131,6 +136,8 @@ impl Engine {
                 }
             });
         Engine {
+            providers: Providers::new(&config.providers),
+            cost_spent: AtomicU64::new(0f64.to_bits()),
             webhook,
             history,
             session_log: SessionLog::new(!config.reports.is_empty()),
@@ -160,6 +167,20 @@ impl Engine {
 
     pub fn count_evaluated(&self, n: u64) {
         self.assertions_evaluated.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds a paid assertion's cost to the session's spending.
+    pub fn add_cost(&self, usd: f64) {
+        if usd > 0.0 {
+            let _ = self.cost_spent.fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
+                Some((f64::from_bits(bits) + usd).to_bits())
+            });
+        }
+    }
+
+    /// What paid assertions have cost this session, in USD.
+    pub fn cost_spent(&self) -> f64 {
+        f64::from_bits(self.cost_spent.load(Ordering::Acquire))
     }
 
     /// Admits one input line: it gets the next sequence number and counts as
@@ -217,6 +238,17 @@ impl Engine {
         let mut caps = CAPABILITIES.to_vec();
         if self.history.is_some() {
             caps.push(HISTORY_CAPABILITY);
+        }
+        // Paid layers are advertised only with a provider to answer them.
+        let (embedding, judge) = (self.providers.has_embedder(), self.providers.has_judge());
+        if embedding {
+            caps.push("embedding");
+        }
+        if judge {
+            caps.push("llm_judge");
+        }
+        if embedding && judge {
+            caps.push("layers_5_6");
         }
         caps
     }

@@ -575,7 +575,7 @@ ERROR_CASES = [
         id="invalid-regex-fails-whole-batch",
     ),
     pytest.param(lambda e: e._add("no_such_assertion_type", {"soft": False}), id="unknown-assertion-type"),
-    pytest.param(lambda e: e.output_similar_to("Your refund was processed."), id="embedding-not-implemented"),
+    pytest.param(lambda e: e.passes_judge("polite", rubric="vibes"), id="unknown-judge-rubric"),
 ]
 
 

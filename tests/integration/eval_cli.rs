@@ -179,14 +179,19 @@ fn bad_assertion_exits_2() {
         (
             "judge.json",
             json!([{"assertion_id": "j", "type": "llm_judge", "spec": {"rubric": "helpfulness"}}]),
-            "assertion 'j': assertion type 'llm_judge' (layer 6) is not available: this engine does not support capability 'layers_5_6'",
+            "assertion 'j' (llm_judge): no LLM judge provider is configured",
         ),
     ] {
         let assertions = write_json(&dir, name, &list);
         let out = eval(&trace, &assertions, &[]);
         assert_eq!(out.status.code(), Some(2), "{name}");
         let text = stdout(&out);
-        assert!(text.contains(&format!("error 1002 (ASSERTION_ERROR): {message}")), "{name}: {text}");
+        let code = if name == "judge.json" {
+            "2001 (PROVIDER_ERROR)"
+        } else {
+            "1002 (ASSERTION_ERROR)"
+        };
+        assert!(text.contains(&format!("error {code}: {message}")), "{name}: {text}");
     }
 }
 

@@ -498,46 +498,36 @@ fn unknown_assertion_type_lists_supported_types() {
 }
 
 #[test]
-fn unavailable_assertion_types_name_the_capability() {
+fn paid_assertion_types_without_a_provider_say_how_to_configure_one() {
     let mut engine = Engine::spawn();
     engine.initialize();
     let cases = [
         (
             "embedding",
             json!({"target": "output.message", "reference": "refund processed", "threshold": 0.8}),
-            "(layer 5)",
-            "layers_5_6",
+            "assertion 'x_embedding' (embedding): no embedding provider is available",
+            "ATTEST_EMBEDDING_BASE_URL",
         ),
         (
             "llm_judge",
             json!({"rubric": "helpfulness", "threshold": 0.7, "model": "gpt-4.1"}),
-            "(layer 6)",
-            "layers_5_6",
+            "assertion 'x_llm_judge' (llm_judge): no LLM judge provider is configured",
+            "ATTEST_JUDGE_BASE_URL",
         ),
     ];
-    for (kind, spec, layer, capability) in cases {
+    for (kind, spec, message, how) in cases {
         let mut assertions = refund_assertions();
         assertions
             .as_array_mut()
             .unwrap()
             .push(json!({"assertion_id": format!("x_{kind}"), "type": kind, "spec": spec}));
-        let err = batch_error(&mut engine, assertions);
-        assert_eq!(
-            err["message"],
-            json!(format!(
-                "assertion 'x_{kind}': assertion type '{kind}' {layer} is not available: this engine does not support capability '{capability}'"
-            )),
-            "{err}"
-        );
+        let resp = engine.request(&evaluate_request(json!(1), refund_trace(), assertions));
+        let err = &resp["error"];
+        assert_eq!(err["code"], 2001, "{resp}");
+        assert!(err["message"].as_str().unwrap().starts_with(message), "{err}");
         assert_eq!(err["data"]["assertion_id"], json!(format!("x_{kind}")));
-        assert_eq!(err["data"]["field"], json!("params.assertions[5].type"));
-        assert!(
-            err["data"]["detail"]
-                .as_str()
-                .unwrap()
-                .contains("schema, constraint, trace, content, trace_tree, plugin"),
-            "{err}"
-        );
+        assert_eq!(err["data"]["field"], json!("params.assertions[5]"));
+        assert!(err["data"]["detail"].as_str().unwrap().contains(how), "{err}");
     }
     assert_still_serving(&mut engine, true);
 }

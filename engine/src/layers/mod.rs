@@ -7,6 +7,9 @@
 
 pub mod constraint;
 pub mod content;
+pub mod embedding;
+pub mod llm_judge;
+pub mod paid;
 pub mod plugin;
 pub mod schema;
 pub mod spec;
@@ -14,6 +17,7 @@ pub mod trace;
 pub mod trace_tree;
 
 use crate::plugins::PluginHost;
+use crate::providers::{ProviderError, Providers};
 use crate::trace::Trace;
 use serde::Serialize;
 use serde_json::Value;
@@ -85,18 +89,15 @@ impl AssertionType {
         }
     }
 
-    /// Whether this build evaluates the type.
-    pub fn is_available(self) -> bool {
-        self.layer() <= 4 || matches!(self, AssertionType::TraceTree | AssertionType::Plugin)
+    /// Whether the layer calls a model provider (and may cost money).
+    pub fn is_paid(self) -> bool {
+        matches!(self, AssertionType::Embedding | AssertionType::LlmJudge)
     }
 
-    pub fn available_names() -> String {
-        AssertionType::ALL
-            .iter()
-            .filter(|t| t.is_available())
-            .map(|t| t.name())
-            .collect::<Vec<_>>()
-            .join(", ")
+    /// Every type's name, for `detail` texts. All are evaluated; layers 5
+    /// and 6 without a provider fail with `2001`, which says how to add one.
+    pub fn names() -> String {
+        AssertionType::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -167,6 +168,9 @@ pub enum Check {
     TraceTree(trace_tree::TraceTreeCheck),
     /// Answered by a WebAssembly plugin; run per batch by [`crate::batch`].
     Plugin(plugin::PluginCheck),
+    /// Answered by a provider, asynchronously; see [`CompiledAssertion::evaluate_paid`].
+    Embedding(embedding::EmbeddingCheck),
+    LlmJudge(llm_judge::JudgeCheck),
 }
 
 /// A compiled assertion: shareable across requests (see the batch cache).
@@ -192,7 +196,8 @@ impl CompiledAssertion {
             AssertionType::Content => Check::Content(content::ContentCheck::compile(&reader)?),
             AssertionType::TraceTree => Check::TraceTree(trace_tree::TraceTreeCheck::compile(&reader)?),
             AssertionType::Plugin => Check::Plugin(plugin::PluginCheck::compile(&reader, plugins)?),
-            other => unreachable!("{} is not an available type", other.name()),
+            AssertionType::Embedding => Check::Embedding(embedding::EmbeddingCheck::compile(&reader)?),
+            AssertionType::LlmJudge => Check::LlmJudge(llm_judge::JudgeCheck::compile(&reader)?),
         };
         let dynamic = match reader.raw("threshold") {
             Some(Value::String(s)) if s == "dynamic" => true,
@@ -224,8 +229,25 @@ impl CompiledAssertion {
             Check::Content(c) => c.evaluate(trace),
             Check::TraceTree(c) => c.evaluate(trace),
             Check::Plugin(c) => unreachable!("plugin {} checks are evaluated per batch", c.plugin.id),
+            Check::Embedding(_) | Check::LlmJudge(_) => unreachable!("paid checks are evaluated with evaluate_paid"),
         };
         self.classify(verdict)
+    }
+
+    /// Evaluates a paid check (layers 5 and 6) through its provider; returns
+    /// the verdict and its cost in USD. Provider failures are errors, never
+    /// verdicts: an unreachable judge says nothing about the agent.
+    pub async fn evaluate_paid(
+        &self,
+        trace: &Trace,
+        providers: &Providers,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Verdict, f64), ProviderError> {
+        match &self.check {
+            Check::Embedding(c) => c.evaluate(trace, providers, deadline).await,
+            Check::LlmJudge(c) => c.evaluate(trace, providers, deadline).await,
+            _ => unreachable!("{} is not a paid check", self.kind.name()),
+        }
     }
 
     /// Applies `soft` to a verdict.

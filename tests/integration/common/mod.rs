@@ -41,6 +41,18 @@ const ENGINE_ENV: &[&str] = &[
     "ATTEST_PLUGIN_DIR",
     "ATTEST_HISTORY",
     "ATTEST_DRIFT_ALERTS",
+    "ATTEST_DRIFT_WEBHOOK_URL",
+    "ATTEST_EMBEDDING_PROVIDER",
+    "ATTEST_EMBEDDING_BASE_URL",
+    "ATTEST_EMBEDDING_API_KEY",
+    "ATTEST_EMBEDDING_MODEL",
+    "ATTEST_JUDGE_PROVIDER",
+    "ATTEST_JUDGE_BASE_URL",
+    "ATTEST_JUDGE_API_KEY",
+    "ATTEST_JUDGE_MODEL",
+    "ATTEST_JUDGE_SAMPLES",
+    "ATTEST_OPENAI_API_KEY",
+    "ATTEST_ANTHROPIC_API_KEY",
 ];
 
 /// A cache directory (and so a result history) private to this test process,
@@ -79,6 +91,8 @@ pub fn command() -> Command {
         cmd.env_remove(var);
     }
     cmd.env("ATTEST_CACHE_DIR", private_cache_dir());
+    // Never pick up a local embedding model from the user's home directory.
+    cmd.env("ATTEST_EMBEDDING_MODEL_DIR", private_cache_dir().join("no-model"));
     cmd
 }
 
@@ -98,8 +112,14 @@ impl Engine {
     }
 
     pub fn spawn_with(args: &[&str], stderr: Stderr) -> Engine {
+        Engine::spawn_env(args, stderr, &[])
+    }
+
+    /// Like [`Engine::spawn_with`], with extra environment variables.
+    pub fn spawn_env(args: &[&str], stderr: Stderr, env: &[(&str, &str)]) -> Engine {
         let mut child = command()
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

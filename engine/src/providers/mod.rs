@@ -1,0 +1,314 @@
+//! Model providers for the paid layers: embeddings (layer 5) and LLM judges
+//! (layer 6).
+//!
+//! - Remote providers speak HTTP ([`openai`] for OpenAI-compatible servers,
+//!   [`anthropic`] for Anthropic's Messages API) through one retrying,
+//!   concurrency-bounded client ([`http`]).
+//! - Embeddings can also be computed in-process by a local model ([`local`]).
+//! - Answers are cached persistently ([`cache`]).
+//!
+//! Nothing here touches the network or loads a model at start-up: the
+//! engine answers `initialize` at once, and work starts with the first
+//! assertion that needs it.
+
+pub mod anthropic;
+pub mod cache;
+pub mod config;
+pub mod http;
+pub mod local;
+pub mod openai;
+
+use cache::{Key, ProviderCache};
+use config::{EmbeddingSource, ProvidersConfig};
+use http::HttpClient;
+use openai::Endpoint;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::{OnceCell, Semaphore};
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JudgeKind {
+    OpenAi,
+    Anthropic,
+}
+
+impl JudgeKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            JudgeKind::OpenAi => "openai",
+            JudgeKind::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    #[serde(default)]
+    pub output_per_mtok: f64,
+}
+
+/// Tokens a provider call used, as the provider reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+pub struct Completion {
+    pub text: String,
+    pub usage: Usage,
+}
+
+/// Why a provider could not give an answer. Never an agent failure: these
+/// become request errors (`2001`, `3002`), not `hard_fail` results.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderError {
+    /// The request's evaluation deadline passed (→ `3002`).
+    Timeout,
+    /// The provider failed, after `attempts` attempts (→ `2001`).
+    Failed { message: String, attempts: u32 },
+    /// No provider is configured for this layer (→ `2001`); `detail` says
+    /// how to enable one.
+    Unavailable { message: String, detail: String },
+}
+
+impl ProviderError {
+    pub fn failed(message: impl Into<String>, attempts: u32) -> ProviderError {
+        ProviderError::Failed {
+            message: message.into(),
+            attempts,
+        }
+    }
+}
+
+/// Embeddings and what they cost.
+pub struct Embedded {
+    pub vectors: Vec<Vec<f32>>,
+    pub cost: f64,
+    /// How many of the texts came from the cache.
+    pub cached: usize,
+    /// The model that produced them, for explanations.
+    pub model: String,
+}
+
+enum Embedder {
+    Remote { endpoint: Endpoint, model: String },
+    Local(LocalEmbedder),
+}
+
+struct LocalEmbedder {
+    dir: PathBuf,
+    name: String,
+    model: OnceCell<Result<Arc<local::LocalModel>, String>>,
+    /// Inference is CPU-bound: at most one per core at a time.
+    permits: Semaphore,
+}
+
+pub struct Judge {
+    pub kind: JudgeKind,
+    endpoint: Endpoint,
+    pub model: String,
+}
+
+pub struct Providers {
+    http: HttpClient,
+    embedder: Result<Embedder, String>,
+    judge: Option<Judge>,
+    pub cache: Option<ProviderCache>,
+    prices: HashMap<String, Price>,
+    pub short_circuit: bool,
+    pub judge_samples: u32,
+}
+
+impl Providers {
+    /// Builds the providers without touching the network or loading models.
+    pub fn new(c: &ProvidersConfig) -> Providers {
+        let embedder = match &c.embedding {
+            EmbeddingSource::Remote { base_url, api_key, model } => Ok(Embedder::Remote {
+                endpoint: Endpoint {
+                    base_url: base_url.clone(),
+                    api_key: api_key.clone(),
+                },
+                model: model.clone(),
+            }),
+            EmbeddingSource::Local { dir } => Ok(Embedder::Local(LocalEmbedder {
+                name: local::model_name(dir),
+                dir: dir.clone(),
+                model: OnceCell::new(),
+                permits: Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            })),
+            EmbeddingSource::Off { why } => Err(why.clone()),
+        };
+        let cache = c
+            .cache_path
+            .as_ref()
+            .and_then(|p| match ProviderCache::open(p, c.cache_max_entries) {
+                Ok(cache) => Some(cache),
+                Err(e) => {
+                    tracing::error!(path = %p.display(), error = %e, "cannot open the provider cache; provider answers will not be cached");
+                    None
+                }
+            });
+        Providers {
+            http: HttpClient::new(c.max_concurrency, c.requests_per_second, c.attempt_timeout),
+            embedder,
+            judge: c.judge.as_ref().map(|j| Judge {
+                kind: j.kind,
+                endpoint: Endpoint {
+                    base_url: j.base_url.clone(),
+                    api_key: j.api_key.clone(),
+                },
+                model: j.model.clone(),
+            }),
+            cache,
+            prices: c.prices.clone(),
+            short_circuit: c.short_circuit,
+            judge_samples: c.judge_samples,
+        }
+    }
+
+    pub fn has_embedder(&self) -> bool {
+        self.embedder.is_ok()
+    }
+
+    pub fn has_judge(&self) -> bool {
+        self.judge.is_some()
+    }
+
+    /// The configured judge, or why there is none.
+    pub fn judge(&self) -> Result<&Judge, ProviderError> {
+        self.judge.as_ref().ok_or_else(|| ProviderError::Unavailable {
+            message: "no LLM judge provider is configured".into(),
+            detail: "Set ATTEST_JUDGE_BASE_URL (an OpenAI-compatible server such as OpenAI, Ollama, vLLM or llama.cpp) and/or ATTEST_JUDGE_API_KEY (or ATTEST_OPENAI_API_KEY), or ATTEST_ANTHROPIC_API_KEY for Anthropic; or the [judge] section of the config file. See README, Layers 5 and 6.".into(),
+        })
+    }
+
+    /// What a call to `model` cost, from the price table (0 when unknown).
+    pub fn cost(&self, model: &str, usage: Usage) -> f64 {
+        self.prices.get(model).map_or(0.0, |p| {
+            (usage.input_tokens as f64 * p.input_per_mtok + usage.output_tokens as f64 * p.output_per_mtok) / 1_000_000.0
+        })
+    }
+
+    /// Embeds `texts` with the configured embedder (`model` overrides a
+    /// remote provider's default model), using the cache for each text.
+    pub async fn embed(&self, texts: &[&str], model: Option<&str>, deadline: Instant) -> Result<Embedded, ProviderError> {
+        let embedder = self.embedder.as_ref().map_err(|why| ProviderError::Unavailable {
+            message: format!("no embedding provider is available: {why}"),
+            detail: "Either point the engine at an OpenAI-compatible embeddings API (ATTEST_EMBEDDING_BASE_URL and/or ATTEST_EMBEDDING_API_KEY, or [embedding] in the config file), or install a local sentence-transformers model (config.json, tokenizer.json, model.safetensors of all-MiniLM-L6-v2) in ~/.attest/models/all-MiniLM-L6-v2 or the directory named by ATTEST_EMBEDDING_MODEL_DIR. See README, Layers 5 and 6.".into(),
+        })?;
+        let (source, model_name) = match embedder {
+            Embedder::Remote { model: default, .. } => ("remote", model.unwrap_or(default).to_owned()),
+            Embedder::Local(l) => {
+                if let Some(m) = model.filter(|m| *m != l.name) {
+                    return Err(ProviderError::Unavailable {
+                        message: format!("embedding model '{}' is not available: this engine embeds locally with {}", crate::text::clip(m, 80), l.name),
+                        detail: format!("Drop spec.model (or set it to '{}'), or configure an OpenAI-compatible embeddings API that serves this model (ATTEST_EMBEDDING_BASE_URL).", l.name),
+                    });
+                }
+                ("local", l.name.clone())
+            }
+        };
+        let keys: Vec<Key> = texts.iter().map(|t| cache::key(&["embedding", source, &model_name, t])).collect();
+        let mut vectors: Vec<Option<Vec<f32>>> = Vec::with_capacity(texts.len());
+        for k in &keys {
+            vectors.push(match &self.cache {
+                Some(c) => c.embedding(*k).await,
+                None => None,
+            });
+        }
+        let todo: Vec<usize> = (0..texts.len()).filter(|i| vectors[*i].is_none()).collect();
+        let cached = texts.len() - todo.len();
+        let mut cost = 0.0;
+        if !todo.is_empty() {
+            let batch: Vec<&str> = todo.iter().map(|i| texts[*i]).collect();
+            let fresh = match embedder {
+                Embedder::Remote { endpoint, .. } => {
+                    let (v, usage) = openai::embed(&self.http, endpoint, &model_name, &batch, deadline).await?;
+                    cost = self.cost(&model_name, usage);
+                    v
+                }
+                Embedder::Local(l) => l.embed(&batch, deadline).await?,
+            };
+            for (i, v) in todo.into_iter().zip(fresh) {
+                if let Some(c) = &self.cache {
+                    c.put_embedding(keys[i], model_name.clone(), &v).await;
+                }
+                vectors[i] = Some(v);
+            }
+        }
+        Ok(Embedded {
+            vectors: vectors.into_iter().map(Option::unwrap_or_default).collect(),
+            cost,
+            cached,
+            model: model_name,
+        })
+    }
+
+    /// One chat completion from the judge provider; returns it and its cost.
+    pub async fn complete(
+        &self,
+        judge: &Judge,
+        model: &str,
+        messages: serde_json::Value,
+        temperature: f64,
+        max_tokens: u32,
+        deadline: Instant,
+    ) -> Result<(Completion, f64), ProviderError> {
+        let c = match judge.kind {
+            JudgeKind::OpenAi => openai::chat(&self.http, &judge.endpoint, model, messages, temperature, max_tokens, deadline).await?,
+            JudgeKind::Anthropic => {
+                anthropic::chat(&self.http, &judge.endpoint, model, messages, temperature, max_tokens, deadline).await?
+            }
+        };
+        let cost = self.cost(model, c.usage);
+        Ok((c, cost))
+    }
+}
+
+impl LocalEmbedder {
+    async fn embed(&self, texts: &[&str], deadline: Instant) -> Result<Vec<Vec<f32>>, ProviderError> {
+        let model = self
+            .model
+            .get_or_init(|| async {
+                let dir = self.dir.clone();
+                let started = std::time::Instant::now();
+                let loaded = tokio::task::spawn_blocking(move || local::LocalModel::load(&dir))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| format!("{e:#}")));
+                match &loaded {
+                    Ok(_) => tracing::info!(dir = %self.dir.display(), ms = started.elapsed().as_millis() as u64, "local embedding model loaded"),
+                    Err(e) => tracing::error!(dir = %self.dir.display(), error = %e, "cannot load the local embedding model"),
+                }
+                loaded.map(Arc::new)
+            })
+            .await
+            .clone()
+            .map_err(|e| ProviderError::Unavailable {
+                message: format!("the local embedding model in {} could not be loaded: {}", self.dir.display(), crate::text::clip(&e, 300)),
+                detail: "The directory needs config.json, tokenizer.json and model.safetensors of a BERT sentence-transformers model (all-MiniLM-L6-v2). Reinstall it, point ATTEST_EMBEDDING_MODEL_DIR elsewhere, or configure an embeddings API (ATTEST_EMBEDDING_BASE_URL).".into(),
+            })?;
+        let _permit = tokio::time::timeout_at(deadline, self.permits.acquire())
+            .await
+            .map_err(|_| ProviderError::Timeout)?
+            .expect("the semaphore is never closed");
+        let owned: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
+        let run = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
+            model.embed(&refs)
+        });
+        match tokio::time::timeout_at(deadline, run).await {
+            Err(_) => Err(ProviderError::Timeout),
+            Ok(Err(e)) => Err(ProviderError::failed(format!("local embedding model failed: {e}"), 1)),
+            Ok(Ok(Err(e))) => Err(ProviderError::failed(format!("local embedding model failed: {e:#}"), 1)),
+            Ok(Ok(Ok(v))) => Ok(v),
+        }
+    }
+}
