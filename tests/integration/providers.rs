@@ -891,3 +891,62 @@ fn the_local_model_embeds_without_any_network() {
     let resp = e.request(&evaluate_request(json!(2), refund_trace(), json!([other])));
     assert_eq!(resp["error"]["code"], 2001, "{resp}");
 }
+
+#[test]
+fn generate_user_message_plays_the_persona_through_the_judge_provider() {
+    let fake = Fake::start();
+    struct Persona;
+    impl Respond for Persona {
+        fn respond(&self, req: &Request) -> ResponseTemplate {
+            let body: Value = serde_json::from_slice(&req.body).unwrap();
+            let turns = body["messages"].as_array().unwrap().len();
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"choices": [{"message": {"content": format!("  Where is my refund? (turn {turns})  ")}}]}))
+        }
+    }
+    fake.mount(Mock::given(path("/v1/chat/completions")).respond_with(Persona));
+    let mut e = engine_for(&fake, &[]);
+    let params = json!({
+        "persona": {"name": "Impatient Ida", "system_prompt": "You are an impatient customer.", "style": "terse", "temperature": 0.9, "max_tokens": 60},
+        "conversation_history": [{"role": "user", "content": "I want a refund."}, {"role": "assistant", "content": "Which order?"}]
+    });
+    let resp = e.request(&rpc(json!(1), "generate_user_message", params));
+    assert_eq!(resp["result"], json!({"message": "Where is my refund? (turn 3)"}), "{resp}");
+    let body = &fake.bodies("/v1/chat/completions")[0];
+    assert_eq!(body["temperature"], 0.9);
+    assert_eq!(body["max_tokens"], 60);
+    let system = system_message(body);
+    assert!(
+        system.starts_with("You are an impatient customer.") && system.contains("terse") && system.contains("Impatient Ida"),
+        "{system}"
+    );
+    assert_eq!(body["messages"][2]["content"], "Which order?");
+
+    // Bad params name the field.
+    let resp = e.request(&rpc(
+        json!(2),
+        "generate_user_message",
+        json!({"persona": {"name": "x", "system_prompt": "p"}, "conversation_history": [{"role": "robot", "content": "hi"}]}),
+    ));
+    assert_eq!(resp["error"]["code"], 1002, "{resp}");
+    assert_eq!(resp["error"]["data"]["field"], "params.conversation_history[0].role");
+    // An injected fault is reported as such.
+    let resp = e.request(&rpc(
+        json!(3),
+        "generate_user_message",
+        json!({"persona": {"name": "x", "system_prompt": "p"}, "fault_config": {"error_rate": 1.0, "latency_jitter_ms": 0, "content_corruption": false, "timeout_after_ms": 0}}),
+    ));
+    assert_eq!(resp["error"]["code"], 2001, "{resp}");
+    assert!(resp["error"]["message"].as_str().unwrap().contains("injected fault"));
+
+    // Without a provider it says how to configure one.
+    let mut bare = Engine::spawn();
+    bare.initialize();
+    let resp = bare.request(&rpc(
+        json!(4),
+        "generate_user_message",
+        json!({"persona": {"name": "x", "system_prompt": "p"}}),
+    ));
+    assert_eq!(resp["error"]["code"], 2001, "{resp}");
+    assert!(resp["error"]["data"]["detail"].as_str().unwrap().contains("ATTEST_JUDGE_BASE_URL"));
+}
