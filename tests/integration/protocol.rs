@@ -490,7 +490,7 @@ fn unknown_assertion_type_lists_supported_types() {
     assert_eq!(err["message"], json!("assertion 'a1': unknown assertion type 'magic'"));
     assert_eq!(
         err["data"]["detail"],
-        json!("Supported assertion types: schema, constraint, trace, content, trace_tree, plugin.")
+        json!("Supported assertion types: schema, constraint, trace, content, embedding, llm_judge, trace_tree, plugin.")
     );
     assert_eq!(err["data"]["assertion_id"], json!("a1"));
     assert_eq!(err["data"]["field"], json!("params.assertions[0].type"));
