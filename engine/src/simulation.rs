@@ -12,7 +12,7 @@
 //! Result: `{"message": "<text>"}`.
 
 use crate::protocol::{ErrorCode, RpcError};
-use crate::providers::{ProviderError, Providers};
+use crate::providers::{Chat, ProviderError, Providers};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -142,12 +142,13 @@ pub async fn generate(providers: &Providers, params: Option<&RawValue>, deadline
     if p.conversation_history.is_empty() {
         messages.push(json!({"role": "user", "content": "Start the conversation."}));
     }
-    let temperature = p.persona.temperature.unwrap_or(0.7);
-    let max_tokens = p.persona.max_tokens.filter(|m| *m > 0).unwrap_or(300);
-    let (c, _cost) = providers
-        .complete(judge, &judge.model, Value::Array(messages), temperature, max_tokens, deadline)
-        .await
-        .map_err(to_rpc)?;
+    let chat = Chat {
+        model: &judge.model,
+        messages,
+        temperature: p.persona.temperature.unwrap_or(0.7),
+        max_tokens: p.persona.max_tokens.filter(|m| *m > 0).unwrap_or(300),
+    };
+    let (c, _cost) = providers.complete(judge, &chat, deadline).await.map_err(to_rpc)?;
     let mut message = c.text.trim().to_owned();
     if faults.content_corruption {
         message = corrupt(&message);

@@ -3,35 +3,27 @@
 
 use super::http::HttpClient;
 use super::openai::Endpoint;
-use super::{Completion, ProviderError, Usage};
+use super::{Chat, Completion, ProviderError, Usage};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 const API_VERSION: &str = "2023-06-01";
 
-/// One completion. `messages` are OpenAI-style `{role, content}` objects; a
-/// `system` message becomes the request's top-level `system` field.
-pub async fn chat(
-    http: &HttpClient,
-    ep: &Endpoint,
-    model: &str,
-    messages: Value,
-    temperature: f64,
-    max_tokens: u32,
-    deadline: Instant,
-) -> Result<Completion, ProviderError> {
+/// One completion. A `system` message becomes the request's top-level
+/// `system` field.
+pub async fn chat(http: &HttpClient, ep: &Endpoint, chat: &Chat<'_>, deadline: Instant) -> Result<Completion, ProviderError> {
     let mut system = String::new();
     let mut turns = Vec::new();
-    for m in messages.as_array().into_iter().flatten() {
+    for m in &chat.messages {
         match m.get("role").and_then(Value::as_str) {
             Some("system") => system.push_str(m.get("content").and_then(Value::as_str).unwrap_or("")),
             _ => turns.push(m.clone()),
         }
     }
     let mut body = json!({
-        "model": model,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
+        "model": chat.model,
+        "max_tokens": chat.max_tokens,
+        "temperature": chat.temperature,
         "messages": turns,
     });
     if !system.is_empty() {

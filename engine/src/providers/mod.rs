@@ -60,6 +60,15 @@ pub struct Usage {
     pub output_tokens: u64,
 }
 
+/// One chat completion request, in the OpenAI message shape.
+pub struct Chat<'a> {
+    pub model: &'a str,
+    /// `{role, content}` objects; roles `system`, `user`, `assistant`.
+    pub messages: Vec<serde_json::Value>,
+    pub temperature: f64,
+    pub max_tokens: u32,
+}
+
 pub struct Completion {
     pub text: String,
     pub usage: Usage,
@@ -252,22 +261,12 @@ impl Providers {
     }
 
     /// One chat completion from the judge provider; returns it and its cost.
-    pub async fn complete(
-        &self,
-        judge: &Judge,
-        model: &str,
-        messages: serde_json::Value,
-        temperature: f64,
-        max_tokens: u32,
-        deadline: Instant,
-    ) -> Result<(Completion, f64), ProviderError> {
+    pub async fn complete(&self, judge: &Judge, chat: &Chat<'_>, deadline: Instant) -> Result<(Completion, f64), ProviderError> {
         let c = match judge.kind {
-            JudgeKind::OpenAi => openai::chat(&self.http, &judge.endpoint, model, messages, temperature, max_tokens, deadline).await?,
-            JudgeKind::Anthropic => {
-                anthropic::chat(&self.http, &judge.endpoint, model, messages, temperature, max_tokens, deadline).await?
-            }
+            JudgeKind::OpenAi => openai::chat(&self.http, &judge.endpoint, chat, deadline).await?,
+            JudgeKind::Anthropic => anthropic::chat(&self.http, &judge.endpoint, chat, deadline).await?,
         };
-        let cost = self.cost(model, c.usage);
+        let cost = self.cost(chat.model, c.usage);
         Ok((c, cost))
     }
 }

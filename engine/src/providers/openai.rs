@@ -3,7 +3,7 @@
 //! server all speak it; `base_url` includes the `/v1` part.
 
 use super::http::{Header, HttpClient};
-use super::{Completion, ProviderError, Usage};
+use super::{Chat, Completion, ProviderError, Usage};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -62,20 +62,12 @@ pub async fn embed(
 }
 
 /// One chat completion with a system and a user message.
-pub async fn chat(
-    http: &HttpClient,
-    ep: &Endpoint,
-    model: &str,
-    messages: Value,
-    temperature: f64,
-    max_tokens: u32,
-    deadline: Instant,
-) -> Result<Completion, ProviderError> {
+pub async fn chat(http: &HttpClient, ep: &Endpoint, chat: &Chat<'_>, deadline: Instant) -> Result<Completion, ProviderError> {
     let body = json!({
-        "model": model,
-        "messages": messages,
-        "temperature": temperature,
-        "max_tokens": max_tokens,
+        "model": chat.model,
+        "messages": chat.messages,
+        "temperature": chat.temperature,
+        "max_tokens": chat.max_tokens,
     });
     let reply = http
         .post_json("judge", &ep.url("chat/completions"), &ep.headers(), &body, deadline)
