@@ -307,12 +307,12 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
             Progress::Done(e) => e,
             Progress::Pending => unreachable!("run_paid settles every pending assertion"),
         };
-        let fp = || Fingerprint::new(&p.compiled.spec_digest, trace.agent_id.as_deref());
         let mut explanation = e.verdict.explanation;
         let mut status = e.status;
         // Faults and `forbidden` stay hard: history must not excuse them.
         if p.compiled.dynamic && !e.verdict.always_hard && !e.skipped {
-            let (s, why, alert) = dynamic(engine, fp(), &p.id, e.verdict.score, p.compiled.soft);
+            let fp = Fingerprint::new(&p.compiled.spec_digest, trace.agent_id.as_deref());
+            let (s, why, alert) = dynamic(engine, fp, &p.id, e.verdict.score, p.compiled.soft);
             status = s;
             explanation.push(' ');
             explanation.push_str(&why);
@@ -322,7 +322,7 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
         if engine.history.is_some() && !e.skipped {
             rows.push(Row {
                 assertion_id: p.id.clone(),
-                fingerprint: fp(),
+                spec: p.compiled.spec_digest,
                 assertion_type: p.kind.name(),
                 status: status.as_str(),
                 score: e.verdict.score,

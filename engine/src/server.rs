@@ -383,7 +383,7 @@ async fn dispatch(
                     agent_id: None,
                     rows: vec![crate::history::Row {
                         assertion_id: record.assertion_id.clone(),
-                        fingerprint: crate::history::Fingerprint::submitted(&record.plugin_name),
+                        spec: crate::history::SpecDigest::submitted(&record.plugin_name),
                         assertion_type: "plugin",
                         status: record.status.as_str(),
                         score: record.score,
