@@ -24,10 +24,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// room for a burst of 100,000 batches of 8 while the low-priority writer
 /// waits for idle CPU (about 100 bytes a row).
 const MAX_QUEUED_ROWS: usize = 800_000;
-/// How often the writer looks for queued rows when nothing wakes it sooner.
+/// Rows waiting that make the writer write even while a burst goes on.
+const HIGH_WATERMARK: usize = 200_000;
+/// How often the writer looks at the queue when nothing wakes it sooner.
 const IDLE_FLUSH: Duration = Duration::from_millis(100);
-/// Rows per transaction at most.
-const ROWS_PER_TRANSACTION: usize = 8_192;
 /// Retention is enforced after this many rows written (and at start-up).
 const PRUNE_EVERY_ROWS: u64 = 50_000;
 
@@ -363,15 +363,26 @@ enum Msg {
 /// Handle to the history store; cheap to share.
 ///
 /// Requests hand rows over on a lock-free channel and never wake the writer
-/// thread for them: it wakes every [`IDLE_FLUSH`], when a transaction's
-/// worth of rows is waiting, for a query, or at shutdown. So a request pays
-/// for a channel push, never for a disk write, a lock or a thread wake-up.
+/// thread for them. The writer looks every [`IDLE_FLUSH`] and writes once
+/// no rows arrived since its last look (the burst is over), when
+/// [`HIGH_WATERMARK`] rows are waiting, for a query, or at shutdown. So a
+/// request pays for a channel push, never for a disk write, a lock or a
+/// thread wake-up, and a burst of requests is not slowed by writing.
 pub struct History {
     tx: Sender<Msg>,
     writer: std::thread::Thread,
-    queued_rows: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
     dropped: AtomicU64,
     pub path: PathBuf,
+}
+
+/// What the writer reads to decide whether to write now.
+#[derive(Default)]
+struct Shared {
+    /// Rows sent and not yet taken by the writer.
+    queued_rows: AtomicUsize,
+    /// Queries (and the shutdown) waiting: write at once.
+    urgent: AtomicUsize,
 }
 
 impl History {
@@ -382,22 +393,22 @@ impl History {
         }
         let conn = open_connection(&config.path)?;
         let (tx, rx) = channel();
-        let queued_rows = Arc::new(AtomicUsize::new(0));
+        let shared = Arc::new(Shared::default());
         let writer = Writer {
             conn,
             config: config.clone(),
             written_since_prune: 0,
         };
         writer.prune();
-        let queued = queued_rows.clone();
+        let state = shared.clone();
         let handle = std::thread::Builder::new().name("attest-history".into()).spawn(move || {
             lower_thread_priority();
-            writer.run(&rx, &queued)
+            writer.run(&rx, &state)
         })?;
         Ok(History {
             tx,
             writer: handle.thread().clone(),
-            queued_rows,
+            shared,
             dropped: AtomicU64::new(0),
             path: config.path.clone(),
         })
@@ -410,9 +421,9 @@ impl History {
         if n == 0 {
             return;
         }
-        let was = self.queued_rows.fetch_add(n, Ordering::AcqRel);
+        let was = self.shared.queued_rows.fetch_add(n, Ordering::AcqRel);
         if was + n > MAX_QUEUED_ROWS {
-            self.queued_rows.fetch_sub(n, Ordering::AcqRel);
+            self.shared.queued_rows.fetch_sub(n, Ordering::AcqRel);
             let before = self.dropped.fetch_add(n as u64, Ordering::Relaxed);
             if before == 0 || (before + n as u64) / 10_000 > before / 10_000 {
                 tracing::warn!(
@@ -426,14 +437,14 @@ impl History {
             tracing::error!("history writer has stopped; results were not recorded");
             return;
         }
-        // Wake the writer once per transaction's worth, when the count crosses it.
-        if was < ROWS_PER_TRANSACTION && was + n >= ROWS_PER_TRANSACTION {
+        if was < HIGH_WATERMARK && was + n >= HIGH_WATERMARK {
             self.writer.unpark();
         }
     }
 
     fn ask<T>(&self, query: impl FnOnce(SyncSender<rusqlite::Result<T>>) -> Query) -> anyhow::Result<T> {
         let (reply, answer) = sync_channel(1);
+        self.shared.urgent.fetch_add(1, Ordering::AcqRel);
         self.tx
             .send(Msg::Query(query(reply)))
             .map_err(|_| anyhow::anyhow!("history writer has stopped"))?;
@@ -465,6 +476,7 @@ impl History {
 
 impl Drop for History {
     fn drop(&mut self) {
+        self.shared.urgent.fetch_add(1, Ordering::AcqRel);
         let _ = self.tx.send(Msg::Close);
         self.writer.unpark();
     }
@@ -516,19 +528,27 @@ struct Writer {
 }
 
 impl Writer {
-    fn run(mut self, rx: &Receiver<Msg>, queued_rows: &AtomicUsize) {
+    fn run(mut self, rx: &Receiver<Msg>, shared: &Shared) {
+        let mut seen = 0;
         loop {
             std::thread::park_timeout(IDLE_FLUSH);
+            let queued = shared.queued_rows.load(Ordering::Acquire);
+            let quiet = queued == seen;
+            seen = queued;
+            if !quiet && queued < HIGH_WATERMARK && shared.urgent.load(Ordering::Acquire) == 0 {
+                continue; // a burst is on: write after it
+            }
             let mut rows = Vec::new();
             let mut closed = false;
             loop {
                 match rx.try_recv() {
                     Ok(Msg::Rows(r)) => {
-                        queued_rows.fetch_sub(r.rows.len(), Ordering::AcqRel);
+                        shared.queued_rows.fetch_sub(r.rows.len(), Ordering::AcqRel);
                         rows.push(r);
                     }
                     // Queries are answered after the rows queued before them.
                     Ok(Msg::Query(q)) => {
+                        shared.urgent.fetch_sub(1, Ordering::AcqRel);
                         self.write(&mut rows);
                         self.answer(q);
                     }
@@ -540,6 +560,7 @@ impl Writer {
                 }
             }
             self.write(&mut rows);
+            seen = shared.queued_rows.load(Ordering::Acquire);
             if closed {
                 return;
             }
