@@ -419,7 +419,7 @@ async fn dispatch(
             None => Err(RpcError::new(
                 ErrorCode::EngineError,
                 "provider cache not available",
-                "The provider cache is off or could not be opened (see the engine log). It lives in <cache_dir>/providers.sqlite3; enable it with providers.cache = true and a writable ATTEST_CACHE_DIR.",
+                "The provider cache is off, no embedding or judge provider is configured, or the cache could not be opened (see the engine log). It lives in <cache_dir>/providers.sqlite3; it needs a provider, providers.cache = true and a writable ATTEST_CACHE_DIR.",
             )),
         },
         Method::Initialize | Method::Shutdown => unreachable!("handled above"),

@@ -590,7 +590,8 @@ fn paid_layers_are_skipped_when_a_free_layer_hard_fails() {
 
 #[test]
 fn without_providers_paid_assertions_get_2001_saying_how_to_enable_them() {
-    let mut e = Engine::spawn();
+    let cache = fresh_cache();
+    let mut e = Engine::spawn_env(&["--log-level=warn"], Stderr::Drain, &[("ATTEST_CACHE_DIR", &cache)]);
     let init = e.initialize();
     let caps = init["capabilities"].as_array().unwrap();
     assert!(
@@ -611,6 +612,10 @@ fn without_providers_paid_assertions_get_2001_saying_how_to_enable_them() {
     let resp = e.request(&evaluate_request(json!(2), refund_trace(), json!([judge("j", "tone")])));
     assert_eq!(resp["error"]["code"], 2001, "{resp}");
     assert!(resp["error"]["data"]["detail"].as_str().unwrap().contains("ATTEST_JUDGE_BASE_URL"));
+    // Nothing to cache, so no cache file either.
+    let stats = e.request(&rpc(json!(3), "cache_stats", json!({})));
+    assert_eq!(stats["error"]["code"], 3001, "{stats}");
+    assert!(!std::path::Path::new(&cache).join("providers.sqlite3").exists());
 }
 
 #[test]

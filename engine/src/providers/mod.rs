@@ -154,9 +154,12 @@ impl Providers {
             })),
             EmbeddingSource::Off { why } => Err(why.clone()),
         };
+        // Without any provider there is nothing to cache: no file is opened.
+        let any_provider = embedder.is_ok() || c.judge.is_some();
         let cache = c
             .cache_path
             .as_ref()
+            .filter(|_| any_provider)
             .and_then(|p| match ProviderCache::open(p, c.cache_max_entries) {
                 Ok(cache) => Some(cache),
                 Err(e) => {
