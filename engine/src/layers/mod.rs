@@ -79,16 +79,6 @@ impl AssertionType {
         }
     }
 
-    /// The capability an SDK should check before sending this type.
-    pub fn capability(self) -> &'static str {
-        match self {
-            AssertionType::Schema | AssertionType::Constraint | AssertionType::Trace | AssertionType::Content => "layers_1_4",
-            AssertionType::Embedding | AssertionType::LlmJudge => "layers_5_6",
-            AssertionType::TraceTree => "layer_7",
-            AssertionType::Plugin => "layer_8",
-        }
-    }
-
     /// Whether the layer calls a model provider (and may cost money).
     pub fn is_paid(self) -> bool {
         matches!(self, AssertionType::Embedding | AssertionType::LlmJudge)

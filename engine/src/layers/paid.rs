@@ -10,8 +10,8 @@ use serde_json::Value;
 /// history by the batch; `default` then only shapes the explanation).
 pub fn threshold(spec: &Spec<'_>, default: f64) -> Result<f64, SpecError> {
     match spec.raw("threshold") {
-        Some(Value::String(s)) if s == "dynamic" => Ok(default),
-        // Other strings are refused, with the valid choices, by CompiledAssertion::compile.
+        // "dynamic"; any other string is refused, with the valid choices,
+        // by CompiledAssertion::compile.
         Some(Value::String(_)) => Ok(default),
         _ => match spec.opt_f64("threshold")? {
             None => Ok(default),
