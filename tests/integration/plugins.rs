@@ -425,7 +425,7 @@ fn plugin_dir_loads_every_plugin_and_refuses_future_api() {
     let error = failure(&listing, "future-api.wasm");
     assert!(error.contains("attest:plugin@9.0.0"), "{error}");
     assert!(error.contains(&format!("attest:plugin@{API}")), "{error}");
-    assert!(engine.stderr_text().contains("future-api.wasm"), "the refusal is logged");
+    assert!(engine.stderr_shows("future-api.wasm"), "the refusal is logged");
 
     let python = listed(&listing, "json-output-keys");
     assert_eq!(python["api_version"], json!(API), "{python}");
@@ -1908,7 +1908,7 @@ fn a_garbage_cache_file_is_ignored_and_recompiled() {
     let mut engine = start(cache.path(), &flags);
     assert_eq!(sources(&mut engine), ["compiled", "compiled"]);
     assert!(
-        engine.stderr_text().contains("ignoring a cached compiled plugin; recompiling"),
+        engine.stderr_shows("ignoring a cached compiled plugin; recompiling"),
         "{}",
         engine.stderr_text()
     );

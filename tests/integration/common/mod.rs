@@ -309,6 +309,20 @@ impl Engine {
         assert!(status.success(), "kill -{name} failed");
     }
 
+    /// Whether `needle` shows up on stderr within [`TIMEOUT`]. Log lines are
+    /// written by the engine's logger thread, so a line may arrive after the
+    /// response that followed the event.
+    pub fn stderr_shows(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + TIMEOUT;
+        while !self.stderr_text().contains(needle) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+
     /// Everything the engine wrote to stderr so far ([`Stderr::Drain`] only).
     pub fn stderr_text(&self) -> String {
         String::from_utf8_lossy(&self.stderr_buf.lock().unwrap()).into_owned()
