@@ -31,6 +31,7 @@ pub struct Export<P>(PhantomData<P>);
 
 impl<P: AssertionPlugin> bindings::Guest for Export<P> {
     fn describe() -> wit::PluginInfo {
+        report_panics();
         let info = P::info();
         wit::PluginInfo {
             id: info.id,
@@ -41,10 +42,22 @@ impl<P: AssertionPlugin> bindings::Guest for Export<P> {
     }
 
     fn evaluate(trace: String, configs: Vec<String>) -> Vec<Result<wit::Verdict, wit::PluginError>> {
-        crate::evaluate_batch::<P>(&trace, &configs)
+        report_panics();
+        crate::evaluate_trace::<P>(crate::Trace::from_string(trace), &configs)
             .into_iter()
             .map(|r| r.map(verdict_to_wit).map_err(error_to_wit))
             .collect()
+    }
+}
+
+/// A panic in a component is a trap, and the engine can only say "trapped".
+/// Sending the panic message to the engine's log first tells the plugin's
+/// author what went wrong. Native builds keep the test harness's hook.
+fn report_panics() {
+    #[cfg(target_arch = "wasm32")]
+    {
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(|| std::panic::set_hook(Box::new(|info| crate::log(crate::LogLevel::Error, &format!("panicked: {info}")))));
     }
 }
 
@@ -86,7 +99,7 @@ mod tests {
         }
 
         fn evaluate(trace: &Trace, _: &NoConfig) -> Result<Verdict, PluginError> {
-            match trace.trace_id.as_str() {
+            match trace.trace_id() {
                 "pass" => Ok(Verdict::pass("p").with_score(0.5).with_details(serde_json::json!([1]))),
                 "hard" => Ok(Verdict::hard_fail("h")),
                 _ => Err(PluginError::internal("boom")),

@@ -111,11 +111,20 @@ pub trait AssertionPlugin: 'static {
     fn evaluate(trace: &Trace, config: &Self::Config) -> Result<Verdict, PluginError>;
 }
 
-/// What the component's `evaluate` export does: decodes the trace once,
-/// then decodes each config and evaluates it, one result per config, in
-/// order. Exposed so native tests exercise exactly the exported path.
+/// What the component's `evaluate` export does: reads the trace once (see
+/// [`trace`]: its parts are decoded on first use and shared by every
+/// config), then decodes each config and evaluates it, one result per
+/// config, in order. Exposed so native tests exercise exactly the exported
+/// path.
 pub fn evaluate_batch<P: AssertionPlugin>(trace_json: &str, configs: &[impl AsRef<str>]) -> Vec<Result<Verdict, PluginError>> {
-    let trace = match Trace::from_json(trace_json) {
+    evaluate_trace::<P>(Trace::from_json(trace_json), configs)
+}
+
+pub(crate) fn evaluate_trace<P: AssertionPlugin>(
+    trace: Result<Trace, PluginError>,
+    configs: &[impl AsRef<str>],
+) -> Vec<Result<Verdict, PluginError>> {
+    let trace = match trace {
         Ok(t) => t,
         Err(e) => return configs.iter().map(|_| Err(e.clone())).collect(),
     };

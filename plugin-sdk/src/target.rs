@@ -120,21 +120,21 @@ impl Target {
     /// Resolves the target against `trace`.
     pub fn resolve<'t>(&self, trace: &'t Trace) -> Result<Cow<'t, Value>, Missing> {
         let start: Cow<'t, Value> = match &self.base {
-            Base::Output => Cow::Borrowed(&trace.output),
-            Base::Input => match &trace.input {
+            Base::Output => Cow::Borrowed(trace.output()),
+            Base::Input => match trace.input() {
                 Some(v) => Cow::Borrowed(v),
                 None => return Err(Missing("trace has no input".into())),
             },
-            Base::Metadata => match &trace.metadata {
+            Base::Metadata => match trace.metadata() {
                 Some(v) => Cow::Borrowed(v),
                 None => return Err(Missing("trace has no metadata".into())),
             },
             Base::StepCount(sel) => {
-                let n = trace.steps.iter().enumerate().filter(|(i, s)| sel.matches(*i, s)).count();
+                let n = trace.steps().iter().enumerate().filter(|(i, s)| sel.matches(*i, s)).count();
                 Cow::Owned(Value::from(n))
             }
             Base::StepField(sel, field) => {
-                let Some((_, step)) = trace.steps.iter().enumerate().find(|(i, s)| sel.matches(*i, s)) else {
+                let Some((_, step)) = trace.steps().iter().enumerate().find(|(i, s)| sel.matches(*i, s)) else {
                     return Err(Missing(sel.not_found(trace)));
                 };
                 let v = match field {
@@ -225,7 +225,7 @@ impl StepSelector {
         match self {
             StepSelector::All => "trace has no steps".into(),
             StepSelector::Name(n) => {
-                let names: Vec<&str> = trace.steps.iter().map(|s| s.name.as_str()).collect();
+                let names: Vec<&str> = trace.steps().iter().map(|s| s.name.as_str()).collect();
                 if names.is_empty() {
                     format!("no step named {} (the trace has no steps)", quote(n))
                 } else {
@@ -233,7 +233,7 @@ impl StepSelector {
                 }
             }
             StepSelector::Type(t) => format!("no step of type {}", quote(t)),
-            StepSelector::Index(i) => format!("no step at index {i} (the trace has {} steps)", trace.steps.len()),
+            StepSelector::Index(i) => format!("no step at index {i} (the trace has {} steps)", trace.steps().len()),
         }
     }
 }

@@ -115,7 +115,7 @@ mod tests {
         }
 
         fn evaluate(trace: &Trace, _: &NoConfig) -> Result<Verdict, PluginError> {
-            Ok(Verdict::pass(trace.output["message"].as_str().unwrap_or_default().to_owned()))
+            Ok(Verdict::pass(trace.output()["message"].as_str().unwrap_or_default().to_owned()))
         }
     }
 

@@ -1,15 +1,25 @@
-//! The trace model plugins see: a typed, serde-decoded mirror of the engine's
+//! The trace model plugins see: a typed mirror of the engine's
 //! (`engine/src/trace/mod.rs`, spec §3).
 //!
 //! The engine hands a plugin the trace's JSON text exactly as it received it,
 //! after validating it, so decoding here is lenient in the same places the
 //! engine's own construction is: an explicit `null` means "not provided",
 //! unknown step types are kept, and unknown fields are ignored.
+//!
+//! A [`Trace`] is decoded lazily. Building one only scans the text once and
+//! decodes the small identifying fields; `input`, `output`, `metadata` and
+//! `steps` are each decoded the first time they are read. A plugin that
+//! checks `output.message` never pays for decoding the steps, and one that
+//! does not look at the trace pays for nothing but the scan. Inside a
+//! component, building JSON trees is most of what a simple plugin costs
+//! (docs/benchmarks.md).
 
 use crate::PluginError;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
-
+use std::cell::OnceCell;
+use std::ops::Range;
 /// A step's `type`. Unknown types are kept as [`StepType::Other`], as the
 /// engine does in lax mode.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -103,57 +113,221 @@ pub struct Step {
 }
 
 /// A whole trace, as the engine validated it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Read it through its accessors; each large part is decoded on first use
+/// and then kept (see the module docs).
+#[derive(Debug, Clone)]
 pub struct Trace {
+    text: Box<str>,
+    schema_version: i64,
+    trace_id: String,
+    agent_id: Option<String>,
+    parent_trace_id: Option<String>,
+    input: Lazy<Value>,
+    output: Lazy<Value>,
+    metadata: Lazy<Value>,
+    steps: Lazy<Vec<Step>>,
+}
+
+/// One large field: where its JSON sits in the trace text (`None` when it is
+/// absent or `null`), and its decoded value once someone asked for it.
+#[derive(Debug, Clone)]
+struct Lazy<T> {
+    span: Option<Range<usize>>,
+    value: OnceCell<T>,
+}
+
+/// What the scan decodes at once: the identifying fields, and only the
+/// extent of the large ones.
+#[derive(Deserialize)]
+struct Scan<'a> {
     #[serde(default = "current_schema_version")]
-    pub schema_version: i64,
+    schema_version: i64,
     #[serde(default)]
-    pub trace_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input: Option<Value>,
-    /// `null` or absent both mean no steps.
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub steps: Vec<Step>,
-    /// The engine guarantees a non-empty JSON object.
+    trace_id: String,
     #[serde(default)]
-    pub output: Value,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_trace_id: Option<String>,
+    agent_id: Option<String>,
+    #[serde(default)]
+    parent_trace_id: Option<String>,
+    #[serde(default, borrow)]
+    input: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    output: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    metadata: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    steps: Option<&'a RawValue>,
 }
 
 fn current_schema_version() -> i64 {
     1
 }
 
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Step>, D::Error> {
-    Ok(Option::<Vec<Step>>::deserialize(d)?.unwrap_or_default())
-}
+static NULL: Value = Value::Null;
 
 impl Trace {
-    /// Decodes a trace from the JSON text the engine sends. A trace the SDK
-    /// cannot read is an `unsupported-trace` error for every config.
+    /// Reads a trace from the JSON text the engine sends. Only the scan
+    /// happens here; a trace the SDK cannot read at all is an
+    /// `unsupported-trace` error for every config.
     pub fn from_json(json: &str) -> Result<Trace, PluginError> {
-        serde_json::from_str(json).map_err(|e| PluginError::UnsupportedTrace(format!("the trace could not be decoded: {e}")))
+        Trace::from_string(json.into())
     }
 
-    /// Decodes a trace from a JSON value (handy in tests with `json!`).
+    /// [`Trace::from_json`], keeping the given text instead of copying it.
+    pub fn from_string(text: String) -> Result<Trace, PluginError> {
+        let text = text.into_boxed_str();
+        let scan: Scan<'_> = serde_json::from_str(&text).map_err(undecodable)?;
+        let span = |raw: Option<&RawValue>| {
+            raw.map(|r| {
+                let start = r.get().as_ptr() as usize - text.as_ptr() as usize;
+                start..start + r.get().len()
+            })
+        };
+        // The shapes the engine guarantees, checked now so that a trace that
+        // is not one fails up front rather than on first access.
+        for (field, raw, open, kind) in [("steps", scan.steps, '[', "an array"), ("output", scan.output, '{', "an object")] {
+            if raw.is_some_and(|r| !r.get().starts_with(open)) {
+                return Err(PluginError::UnsupportedTrace(format!(
+                    "the trace could not be decoded: {field} must be {kind}"
+                )));
+            }
+        }
+        let (input, output, metadata, steps) = (span(scan.input), span(scan.output), span(scan.metadata), span(scan.steps));
+        Ok(Trace {
+            schema_version: scan.schema_version,
+            trace_id: scan.trace_id,
+            agent_id: scan.agent_id,
+            parent_trace_id: scan.parent_trace_id,
+            input: Lazy::new(input),
+            output: Lazy::new(output),
+            metadata: Lazy::new(metadata),
+            steps: Lazy::new(steps),
+            text,
+        })
+    }
+
+    /// Reads a trace from a JSON value (handy in tests with `json!`).
     pub fn from_value(value: Value) -> Result<Trace, PluginError> {
-        serde_json::from_value(value).map_err(|e| PluginError::UnsupportedTrace(format!("the trace could not be decoded: {e}")))
+        Trace::from_string(value.to_string())
+    }
+
+    /// Decodes every part now, so that a trace the SDK's model cannot hold
+    /// is an error here rather than a panic on first access. Tests use it;
+    /// plugins need not (the engine validates traces before sending them).
+    pub fn decode_all(&self) -> Result<&Trace, PluginError> {
+        self.input.try_get(&self.text, "input")?;
+        self.output.try_get(&self.text, "output")?;
+        self.metadata.try_get(&self.text, "metadata")?;
+        self.steps.try_get(&self.text, "steps")?;
+        Ok(self)
+    }
+
+    /// The trace's JSON text, exactly as the engine sent it.
+    pub fn as_json(&self) -> &str {
+        &self.text
+    }
+
+    pub fn schema_version(&self) -> i64 {
+        self.schema_version
+    }
+
+    pub fn trace_id(&self) -> &str {
+        &self.trace_id
+    }
+
+    pub fn agent_id(&self) -> Option<&str> {
+        self.agent_id.as_deref()
+    }
+
+    /// The parent's trace id, for a trace delegated to from another.
+    pub fn parent_trace_id(&self) -> Option<&str> {
+        self.parent_trace_id.as_deref()
+    }
+
+    pub fn input(&self) -> Option<&Value> {
+        self.input.get(&self.text, "input")
+    }
+
+    /// The output object (the engine guarantees a non-empty one); `null`
+    /// when a hand-built trace has none.
+    pub fn output(&self) -> &Value {
+        self.output.get(&self.text, "output").unwrap_or(&NULL)
+    }
+
+    pub fn metadata(&self) -> Option<&Value> {
+        self.metadata.get(&self.text, "metadata")
+    }
+
+    /// The top-level steps, in order (empty when `steps` is absent or `null`).
+    pub fn steps(&self) -> &[Step] {
+        self.steps.get(&self.text, "steps").map_or(&[], Vec::as_slice)
     }
 
     /// Top-level steps that count as tool calls, in order, with their indexes
     /// (the same notion as the engine's trace layer).
     pub fn tool_steps(&self) -> impl Iterator<Item = (usize, &Step)> {
-        self.steps.iter().enumerate().filter(|(_, s)| s.kind.is_tool())
+        self.steps().iter().enumerate().filter(|(_, s)| s.kind.is_tool())
     }
 
     /// Top-level steps with this name, in order, with their indexes.
     pub fn steps_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = (usize, &'a Step)> + 'a {
-        self.steps.iter().enumerate().filter(move |(_, s)| s.name == name)
+        self.steps().iter().enumerate().filter(move |(_, s)| s.name == name)
+    }
+}
+
+impl<T: serde::de::DeserializeOwned> Lazy<T> {
+    fn new(span: Option<Range<usize>>) -> Lazy<T> {
+        Lazy {
+            span,
+            value: OnceCell::new(),
+        }
+    }
+
+    fn try_get(&self, text: &str, field: &str) -> Result<Option<&T>, PluginError> {
+        let Some(span) = &self.span else { return Ok(None) };
+        if let Some(v) = self.value.get() {
+            return Ok(Some(v));
+        }
+        let decoded = serde_json::from_str(&text[span.clone()])
+            .map_err(|e| PluginError::UnsupportedTrace(format!("the trace's {field} could not be decoded: {e}")))?;
+        Ok(Some(self.value.get_or_init(|| decoded)))
+    }
+
+    /// The engine validated the trace before sending it, so a part that does
+    /// not decode means the SDK and the engine disagree about the trace
+    /// model. Panicking (a trap, with the message in the engine's log) is the
+    /// honest answer: no verdict can be trusted.
+    fn get(&self, text: &str, field: &str) -> Option<&T> {
+        match self.try_get(text, field) {
+            Ok(v) => v,
+            Err(e) => panic!("attest-plugin-sdk: {e}"),
+        }
+    }
+}
+
+fn undecodable(e: serde_json::Error) -> PluginError {
+    PluginError::UnsupportedTrace(format!("the trace could not be decoded: {e}"))
+}
+
+/// Traces compare by their JSON text.
+impl PartialEq for Trace {
+    fn eq(&self, other: &Trace) -> bool {
+        self.text == other.text
+    }
+}
+
+/// A delegated agent's trace inside a step: kept as text, decoded lazily too.
+impl<'de> Deserialize<'de> for Trace {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Trace, D::Error> {
+        let raw = Box::<RawValue>::deserialize(d)?;
+        Trace::from_string(Box::<str>::from(raw).into_string()).map_err(|e| serde::de::Error::custom(e.message()))
+    }
+}
+
+impl Serialize for Trace {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let raw: &RawValue = serde_json::from_str(&self.text).map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
     }
 }
 
@@ -180,22 +354,26 @@ mod tests {
             "unknown_field": 1
         }))
         .unwrap();
-        assert_eq!(t.trace_id, "t1");
-        assert_eq!(t.steps.len(), 3);
-        assert_eq!(t.steps[0].kind, StepType::ToolCall);
-        assert_eq!(t.steps[0].ended_at_ms, Some(2.0));
-        assert_eq!(t.steps[1].sub_trace.as_ref().unwrap().output["message"], "sub");
-        assert_eq!(t.steps[2].kind, StepType::Other("custom_kind".into()));
-        assert_eq!(t.steps[2].args, None, "null means absent");
+        assert_eq!((t.schema_version(), t.trace_id(), t.agent_id()), (1, "t1", Some("a")));
+        assert_eq!(t.input(), Some(&json!({"q": "hi"})));
+        assert_eq!(t.steps().len(), 3);
+        assert_eq!(t.steps()[0].kind, StepType::ToolCall);
+        assert_eq!(t.steps()[0].ended_at_ms, Some(2.0));
+        let sub = t.steps()[1].sub_trace.as_ref().unwrap();
+        assert_eq!((sub.trace_id(), &sub.output()["message"]), ("t2", &json!("sub")));
+        assert_eq!(t.steps()[2].kind, StepType::Other("custom_kind".into()));
+        assert_eq!(t.steps()[2].args, None, "null means absent");
         assert_eq!(t.tool_steps().map(|(i, _)| i).collect::<Vec<_>>(), vec![0]);
-        assert_eq!(t.parent_trace_id.as_deref(), Some("p"));
+        assert_eq!(t.metadata(), Some(&json!({"cost_usd": 0.1})));
+        assert_eq!(t.parent_trace_id(), Some("p"));
     }
 
     #[test]
     fn minimal_trace_and_null_steps() {
         let t = Trace::from_json(r#"{"schema_version":1,"trace_id":"t","steps":null,"output":{"message":"m"}}"#).unwrap();
-        assert!(t.steps.is_empty());
-        assert_eq!(t.input, None);
+        assert!(t.steps().is_empty());
+        assert_eq!((t.input(), t.metadata()), (None, None));
+        assert_eq!(t.output()["message"], "m");
     }
 
     #[test]
@@ -203,6 +381,29 @@ mod tests {
         let s: Step = serde_json::from_value(json!({"type": "retrieval", "name": "r"})).unwrap();
         assert!(s.kind.is_tool());
         assert_eq!(serde_json::to_value(&s).unwrap(), json!({"type": "retrieval", "name": "r"}));
+    }
+
+    #[test]
+    fn parts_are_decoded_on_first_use_only() {
+        // Steps the model cannot hold: the scan accepts the trace, reading
+        // the output works, and only touching the steps fails.
+        let t = Trace::from_json(r#"{"trace_id":"t","steps":[{"name":5}],"output":{"message":"m"}}"#).unwrap();
+        assert_eq!(t.output()["message"], "m");
+        assert!(t.steps.value.get().is_none(), "steps not decoded by reading the output");
+        let err = t.decode_all().unwrap_err();
+        assert!(err.message().contains("steps could not be decoded"), "{err:?}");
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.steps().len())).unwrap_err();
+        assert!(panic.downcast_ref::<String>().unwrap().contains("steps could not be decoded"));
+    }
+
+    #[test]
+    fn serialises_as_its_text_and_compares_by_it() {
+        let text = r#"{"schema_version":1,"trace_id":"t","output":{"message":"m"}}"#;
+        let t = Trace::from_json(text).unwrap();
+        assert_eq!(serde_json::to_string(&t).unwrap(), text);
+        assert_eq!(t.as_json(), text);
+        assert_eq!(t, t.clone());
+        assert_ne!(t, Trace::from_json(r#"{"trace_id":"u"}"#).unwrap());
     }
 
     #[test]
