@@ -39,18 +39,20 @@ fn main() {
 
     // 1. Per-call overhead.
     let noop = host.get("noop").expect("noop loaded");
-    let configs = vec!["{}".to_owned()];
-    let per_call = time_per_iter(20_000, || {
-        let out = noop.evaluate(&trace, &configs);
-        assert!(out[0].passed);
-    });
-    println!("noop plugin, one assertion per call: {:.1} µs per call", micros(per_call));
+    let one = vec!["{}".to_owned()];
     let eight: Vec<String> = (0..8).map(|_| "{}".to_owned()).collect();
-    let per_call8 = time_per_iter(10_000, || {
-        let out = noop.evaluate(&trace, &eight);
-        assert_eq!(out.len(), 8);
-    });
-    println!("noop plugin, eight assertions per call: {:.1} µs per call", micros(per_call8));
+    let [per_call, per_call8] = rounds([
+        &mut || {
+            let out = noop.evaluate(&trace, &one);
+            assert!(out[0].passed);
+        },
+        &mut || {
+            let out = noop.evaluate(&trace, &eight);
+            assert_eq!(out.len(), 8);
+        },
+    ]);
+    println!("noop plugin, one assertion per call: {per_call}");
+    println!("noop plugin, eight assertions per call: {per_call8}");
 
     // 2. contains: plugin vs native, inside evaluate_batch.
     let engine = Engine::with_plugins(Config::default(), host);
@@ -92,15 +94,13 @@ fn main() {
             r.results
         );
     };
-    let t_native = time_per_iter(20_000, || run(&native_req));
-    let t_plugin = time_per_iter(20_000, || run(&plugin_req));
+    let [t_native, t_plugin] = rounds([&mut || run(&native_req), &mut || run(&plugin_req)]);
     println!(
-        "evaluate_batch of 8 contains assertions: native {:.1} µs ({:.2} µs per assertion), plugin {:.1} µs ({:.2} µs per assertion): {:.1}x",
-        micros(t_native),
-        micros(t_native) / 8.0,
-        micros(t_plugin),
-        micros(t_plugin) / 8.0,
-        t_plugin.as_secs_f64() / t_native.as_secs_f64()
+        "evaluate_batch of 8 contains assertions: native {t_native} ({:.2} µs per assertion), plugin {t_plugin} ({:.2} µs per assertion): {:.2}x (median of per-round ratios {:.2}x)",
+        t_native.median / 8.0,
+        t_plugin.median / 8.0,
+        t_plugin.median / t_native.median,
+        median(t_native.rounds.iter().zip(&t_plugin.rounds).map(|(n, p)| p / n).collect()),
     );
 
     if std::env::var_os("BENCH_SKIP_STARTUP").is_some() {
@@ -135,20 +135,50 @@ fn main() {
     let _ = std::fs::remove_dir_all(&cache);
 }
 
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
+/// Rounds per measurement, and runs per round.
+const ROUNDS: usize = 11;
+const RUNS_PER_ROUND: u32 = 2_000;
+
+/// Per-run times in µs: one mean per round, and their median.
+struct Timing {
+    rounds: Vec<f64>,
+    median: f64,
 }
 
-/// Mean wall time of `f` over `n` runs, after `n / 10` warm-up runs.
-fn time_per_iter(n: u32, mut f: impl FnMut()) -> Duration {
-    for _ in 0..n / 10 {
-        f();
+impl std::fmt::Display for Timing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (lo, hi) = self.rounds.iter().fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        write!(f, "{:.1} µs (median of {ROUNDS} rounds; {lo:.1}–{hi:.1})", self.median)
     }
-    let t0 = Instant::now();
-    for _ in 0..n {
-        f();
+}
+
+/// Times each workload in interleaved rounds (A, B, A, B, …), so that a noisy
+/// stretch on a shared machine hits every workload alike; reports medians.
+fn rounds<const N: usize>(mut work: [&mut dyn FnMut(); N]) -> [Timing; N] {
+    for w in work.iter_mut() {
+        for _ in 0..RUNS_PER_ROUND {
+            w();
+        }
     }
-    t0.elapsed() / n
+    let mut per: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
+    for _ in 0..ROUNDS {
+        for (w, times) in work.iter_mut().zip(per.iter_mut()) {
+            let t0 = Instant::now();
+            for _ in 0..RUNS_PER_ROUND {
+                w();
+            }
+            times.push(t0.elapsed().as_secs_f64() * 1e6 / f64::from(RUNS_PER_ROUND));
+        }
+    }
+    per.map(|rounds| Timing {
+        median: median(rounds.clone()),
+        rounds,
+    })
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
 }
 
 fn tempdir(name: &str) -> PathBuf {

@@ -392,7 +392,7 @@ fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::
         if fuel == 0 {
             bail!("fuel must be greater than zero");
         }
-        l.fuel = fuel;
+        l.fuel = Some(fuel);
     }
     if let Some(mib) = f.memory_mib {
         if !(1..=1024).contains(&mib) {

@@ -203,9 +203,12 @@ fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) 
                 p.api_version,
                 SUPPORTED_API_VERSIONS.join(", ")
             );
+            let cpu = match p.limits.fuel {
+                Some(fuel) => format!("{fuel} fuel per call"),
+                None => "no fuel metering (the deadline bounds CPU)".to_owned(),
+            };
             println!(
-                "limits:       {} fuel per call, {} MiB memory, {} ms per call",
-                p.limits.fuel,
+                "limits:       {cpu}, {} MiB memory, {} ms per call",
                 p.limits.memory_bytes / (1024 * 1024),
                 p.limits.timeout.as_millis()
             );

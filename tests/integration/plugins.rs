@@ -30,9 +30,10 @@ const SHARED_CACHE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/plugi
 const LOAD_TIMEOUT: Duration = Duration::from_secs(180);
 /// The WIT version the engine serves.
 const API: &str = "0.1.0";
-/// Default per-call limits (`PluginLimits::default`).
-const DEFAULT_FUEL: u64 = 1_000_000_000;
+/// Default per-call limits (`PluginLimits::default`): no fuel metering.
 const DEFAULT_MEMORY: u64 = 64 * 1024 * 1024;
+/// The fuel budget the fault-containment test gives hostile plugins.
+const HOSTILE_FUEL: u64 = 1_000_000_000;
 const DEFAULT_TIMEOUT_MS: u64 = 2000;
 /// Longest explanation in a result (`max_explanation_chars`).
 const MAX_EXPLANATION_CHARS: usize = 1024;
@@ -249,12 +250,12 @@ fn failure<'a>(listing: &'a Value, file_name: &str) -> &'a str {
         .unwrap()
 }
 
-fn limits(fuel: u64, memory_bytes: u64, timeout_ms: u64) -> Value {
+fn limits(fuel: Option<u64>, memory_bytes: u64, timeout_ms: u64) -> Value {
     json!({"fuel": fuel, "memory_bytes": memory_bytes, "timeout_ms": timeout_ms})
 }
 
 fn default_limits() -> Value {
-    limits(DEFAULT_FUEL, DEFAULT_MEMORY, DEFAULT_TIMEOUT_MS)
+    limits(None, DEFAULT_MEMORY, DEFAULT_TIMEOUT_MS)
 }
 
 /// `loaded_from` of every listed plugin.
@@ -1374,7 +1375,13 @@ fn config_that_is_not_an_object_is_assertion_error() {
 #[test]
 fn hostile_plugins_are_contained_and_builtins_still_pass() {
     let cache = fresh_cache();
-    let mut engine = start(cache.path(), &plugin_flags(&["spin", "hog", "trap", "verbose", "snoop"]));
+    // Metered: the spinning plugin stops on fuel, deterministically and long
+    // before its deadline (the deadline alone is tested below).
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &format!("[plugin_defaults]\nfuel = {HOSTILE_FUEL}\n"));
+    let mut args = vec!["--config".to_owned(), config];
+    args.extend(plugin_flags(&["spin", "hog", "trap", "verbose", "snoop"]));
+    let mut engine = start(cache.path(), &args);
     let assertions = json!([
         builtin("before", "contains", "refund"),
         plugin("spin", "spin", json!({})),
@@ -1396,13 +1403,19 @@ fn hostile_plugins_are_contained_and_builtins_still_pass() {
         check_fault(
             find(&r, "spin"),
             "spin",
-            &format!("exceeded its CPU budget ({DEFAULT_FUEL} fuel per call)"),
+            &format!("exceeded its CPU budget ({HOSTILE_FUEL} fuel per call)"),
         );
         // soft never softens a fault.
         check_fault(find(&r, "spin_soft"), "spin", "exceeded its CPU budget");
         check_fault(find(&r, "hog"), "hog", "exceeded its memory limit (64 MiB)");
         check_fault(find(&r, "trap_panic"), "trap", "trapped");
         assert!(find(&r, "trap_panic")["explanation"].as_str().unwrap().contains("unreachable"));
+        // The SDK's panic hook sends the message to the engine's log before the trap.
+        assert!(
+            engine.stderr_shows("panicked: ") && engine.stderr_shows("the trap test plugin panics on purpose"),
+            "the panic message is logged: {}",
+            engine.stderr_text()
+        );
         check_fault(find(&r, "trap_stack"), "trap", "trapped");
         // A 10 MiB explanation is accepted and clipped; 10 MiB of details are dropped.
         let verbose = find(&r, "verbose");
@@ -1524,13 +1537,13 @@ fn malformed_verdicts_are_contained() {
     }
 }
 
-/// A config file giving `spin` a wall-clock limit instead of a fuel limit,
-/// so that its batches stay in flight for `timeout`.
+/// A config file giving `spin` (unmetered, the default) a deadline of
+/// `timeout`, so that its batches stay in flight that long.
 fn slow_spin_config(dir: &Path, timeout: &str) -> String {
     write_config(
         dir,
         &format!(
-            "[[plugins]]\npath = {}\nfuel = 100000000000000\ntimeout = '{timeout}'\n\n[[plugins]]\npath = {}\n",
+            "[[plugins]]\npath = {}\ntimeout = '{timeout}'\n\n[[plugins]]\npath = {}\n",
             toml_str(&wasm("spin")),
             toml_str(&wasm("pii-leak"))
         ),
@@ -1544,10 +1557,7 @@ fn a_spinning_plugin_does_not_hold_up_concurrent_requests() {
     let config = slow_spin_config(dir.path(), "3s");
     let mut engine = start(cache.path(), &["--config", &config]);
     let listing = list_plugins(&mut engine);
-    assert_eq!(
-        listed(&listing, "spin")["limits"],
-        limits(100_000_000_000_000, DEFAULT_MEMORY, 3000)
-    );
+    assert_eq!(listed(&listing, "spin")["limits"], limits(None, DEFAULT_MEMORY, 3000));
 
     let spin_batch = json!([
         builtin("s", "contains", "refund"),
@@ -1694,7 +1704,7 @@ fn per_plugin_limits_from_the_config_file_take_effect() {
             "[plugin_defaults]\nmemory_mib = 32\ntimeout = '1500ms'\n\n\
              [[plugins]]\npath = {}\nfuel = 20000\n\n\
              [[plugins]]\npath = {}\nmemory_mib = 8\n\n\
-             [[plugins]]\npath = {}\nfuel = 100000000000000\ntimeout = '300ms'\n\n\
+             [[plugins]]\npath = {}\ntimeout = '300ms'\n\n\
              [[plugins]]\npath = {}\n\n\
              [[plugins]]\npath = {}\nfuel = 1000\n",
             toml_str(&wasm("pii-leak")),
@@ -1708,10 +1718,10 @@ fn per_plugin_limits_from_the_config_file_take_effect() {
     let listing = list_plugins(&mut engine);
     assert_eq!(listed_ids(&listing), ["pii-leak", "hog", "spin", "tool-args"], "{listing}");
     let mib = 1024 * 1024;
-    assert_eq!(listed(&listing, "pii-leak")["limits"], limits(20_000, 32 * mib, 1500));
-    assert_eq!(listed(&listing, "hog")["limits"], limits(DEFAULT_FUEL, 8 * mib, 1500));
-    assert_eq!(listed(&listing, "spin")["limits"], limits(100_000_000_000_000, 32 * mib, 300));
-    assert_eq!(listed(&listing, "tool-args")["limits"], limits(DEFAULT_FUEL, 32 * mib, 1500));
+    assert_eq!(listed(&listing, "pii-leak")["limits"], limits(Some(20_000), 32 * mib, 1500));
+    assert_eq!(listed(&listing, "hog")["limits"], limits(None, 8 * mib, 1500));
+    assert_eq!(listed(&listing, "spin")["limits"], limits(None, 32 * mib, 300));
+    assert_eq!(listed(&listing, "tool-args")["limits"], limits(None, 32 * mib, 1500));
     // 1000 fuel is not even enough for describe(): refused at load, with the reason.
     let error = failure(&listing, "refusal.wasm");
     assert!(
@@ -1748,7 +1758,13 @@ fn per_plugin_limits_from_the_config_file_take_effect() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(
-        stdout.contains("limits:       1000000000 fuel per call, 8 MiB memory, 1500 ms per call"),
+        stdout.contains("limits:       no fuel metering (the deadline bounds CPU), 8 MiB memory, 1500 ms per call"),
+        "{stdout}"
+    );
+    let out = run_with(cache.path(), &["--config", &config, "plugin", "check", &wasm("pii-leak")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("limits:       20000 fuel per call, 32 MiB memory, 1500 ms per call"),
         "{stdout}"
     );
 }
@@ -1801,7 +1817,7 @@ fn plugin_check_prints_metadata_api_version_and_limits() {
             format!("plugin:       {id} 0.1.0"),
             format!("file:         {}", wasm(id)),
             format!("api version:  attest:plugin@{API} (engine serves {API})"),
-            format!("limits:       {DEFAULT_FUEL} fuel per call, 64 MiB memory, {DEFAULT_TIMEOUT_MS} ms per call"),
+            format!("limits:       no fuel metering (the deadline bounds CPU), 64 MiB memory, {DEFAULT_TIMEOUT_MS} ms per call"),
             "loaded from:  Compiled in ".to_owned(),
             "config schema:\n{".to_owned(),
         ] {

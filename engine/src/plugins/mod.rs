@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 /// What one plugin call may use.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PluginLimits {
-    /// Fuel per call (roughly one unit per wasm instruction).
-    pub fuel: u64,
+    /// Fuel per call (roughly one unit per wasm instruction), when the
+    /// plugin is metered; otherwise the `timeout` alone bounds its CPU use.
+    pub fuel: Option<u64>,
     /// Linear memory cap per instance.
     pub memory_bytes: usize,
     /// Wall-clock cap per call.
@@ -37,7 +38,7 @@ fn as_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error
 impl Default for PluginLimits {
     fn default() -> Self {
         PluginLimits {
-            fuel: 1_000_000_000,
+            fuel: None,
             memory_bytes: 64 * 1024 * 1024,
             timeout: Duration::from_secs(2),
         }
@@ -61,6 +62,7 @@ pub struct Plugin {
     pub limits: PluginLimits,
     pub config_schema: Value,
     validator: jsonschema::Validator,
+    sandbox: &'static Sandbox,
     pre: AssertionPluginPre<State>,
     pub source: Source,
     pub load_ms: f64,
@@ -229,7 +231,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Stri
             sandbox::MAX_MEMORY_BYTES
         ));
     }
-    let sandbox = Sandbox::get().map_err(|e| e.to_string())?;
+    let sandbox = Sandbox::get(spec.limits.fuel.is_some()).map_err(|e| e.to_string())?;
     let (component, source) = cache
         .load(sandbox.engine(), &wasm)
         .map_err(|e| format!("invalid component: {}", crate::text::clip(&format!("{e:#}"), 400)))?;
@@ -290,6 +292,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Stri
         limits: spec.limits.clone(),
         config_schema,
         validator,
+        sandbox,
         pre,
         source,
         load_ms: started.elapsed().as_secs_f64() * 1000.0,
@@ -323,11 +326,7 @@ impl Plugin {
     /// than one config, each config is retried on its own so that one bad
     /// config cannot take the others down.
     pub fn evaluate(&self, trace: &str, configs: &[String]) -> Vec<Outcome> {
-        let sandbox = match Sandbox::get() {
-            Ok(s) => s,
-            Err(e) => return configs.iter().map(|_| self.fault_outcome(&e.to_string())).collect(),
-        };
-        let why = match sandbox.evaluate(&self.pre, &self.id, &self.limits, trace, configs) {
+        let why = match self.sandbox.evaluate(&self.pre, &self.id, &self.limits, trace, configs) {
             Ok(results) if results.len() == configs.len() => return results.into_iter().map(|r| self.check(r)).collect(),
             Ok(results) => format!("returned {} results for {} configs", results.len(), configs.len()),
             Err(fault) => fault.to_string(),

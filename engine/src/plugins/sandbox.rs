@@ -1,11 +1,14 @@
-//! The sandbox plugins run in: one wasmtime engine, one linker per supported
+//! The sandbox plugins run in: a wasmtime engine, one linker per supported
 //! WIT version, and a fresh, limited store for every call.
 //!
 //! Deny by default:
 //! - no filesystem, network, environment, arguments or stdio (WASI is linked
 //!   only so that components from other toolchains can instantiate; its
 //!   context grants nothing);
-//! - CPU: fuel per call, plus an epoch deadline as a wall-clock backstop;
+//! - CPU: an epoch deadline per call, and for plugins configured with a
+//!   `fuel` budget, fuel metering on top (a deterministic instruction count,
+//!   at 10–20% of the guest's speed, so it is opt-in; such plugins run in a
+//!   second engine that compiles the metering in);
 //! - memory: a cap per instance (growth beyond it traps), bounded tables and
 //!   instances, and a bounded wasm stack. Accesses are bounds-checked in the
 //!   compiled code rather than by guard pages.
@@ -111,7 +114,7 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-/// The shared wasmtime engine and its epoch ticker.
+/// A wasmtime engine (with its epoch ticker) and its linker.
 pub struct Sandbox {
     engine: Engine,
     linker: Linker<State>,
@@ -138,20 +141,23 @@ impl std::fmt::Display for Fault {
 }
 
 impl Sandbox {
-    /// The process-wide sandbox (one engine, so compiled artefacts and the
-    /// pooling allocator are shared by every plugin).
-    pub fn get() -> anyhow::Result<&'static Sandbox> {
-        static SANDBOX: OnceLock<Result<Sandbox, String>> = OnceLock::new();
-        SANDBOX
-            .get_or_init(|| Sandbox::new().map_err(|e| format!("{e:#}")))
+    /// The process-wide sandbox for plugins with (`metered`) or without a
+    /// fuel budget. Fuel metering is compiled into the code, so the two kinds
+    /// need separate engines; each is created on first use and shared by
+    /// every plugin of its kind (compiled artefacts, pooling allocator).
+    pub fn get(metered: bool) -> anyhow::Result<&'static Sandbox> {
+        static PLAIN: OnceLock<Result<Sandbox, String>> = OnceLock::new();
+        static METERED: OnceLock<Result<Sandbox, String>> = OnceLock::new();
+        let cell = if metered { &METERED } else { &PLAIN };
+        cell.get_or_init(|| Sandbox::new(metered).map_err(|e| format!("{e:#}")))
             .as_ref()
             .map_err(|e| anyhow::anyhow!("cannot start the plugin sandbox: {e}"))
     }
 
-    fn new() -> anyhow::Result<Sandbox> {
+    fn new(metered: bool) -> anyhow::Result<Sandbox> {
         let mut config = Config::new();
         config.wasm_component_model(true);
-        config.consume_fuel(true);
+        config.consume_fuel(metered);
         config.epoch_interruption(true);
         config.max_wasm_stack(512 * 1024);
         // Explicit bounds checks instead of guard pages and signal handlers.
@@ -256,7 +262,9 @@ impl Sandbox {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
-        store.set_fuel(limits.fuel).expect("fuel is enabled");
+        if let Some(fuel) = limits.fuel {
+            store.set_fuel(fuel).expect("plugins with a fuel budget run in the metered sandbox");
+        }
         let ticks = limits.timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64;
         store.set_epoch_deadline(ticks);
         store
@@ -294,7 +302,9 @@ fn classify(e: wasmtime::Error, store: &Store<State>, limits: &PluginLimits) -> 
         };
     }
     match e.downcast_ref::<Trap>() {
-        Some(Trap::OutOfFuel) => Fault::OutOfFuel { fuel: limits.fuel },
+        Some(Trap::OutOfFuel) => Fault::OutOfFuel {
+            fuel: limits.fuel.unwrap_or_default(),
+        },
         Some(Trap::Interrupt) => Fault::Timeout { after: limits.timeout },
         Some(trap) => Fault::Trap(trap.to_string()),
         None => Fault::Trap(crate::text::clip(&format!("{e:#}"), 300)),
