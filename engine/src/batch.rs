@@ -265,7 +265,7 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
             continue;
         }
         let t0 = Instant::now();
-        let (status, verdict, details, plugin_ms) = match plugin_outcomes.remove(&p.id) {
+        let (status, verdict, details, plugin_ms) = match plugin_outcomes[done].take() {
             Some((outcome, ms)) => {
                 let verdict = Verdict {
                     passed: outcome.passed,
@@ -536,27 +536,27 @@ fn dynamic(engine: &Engine, fp: Fingerprint, id: &str, score: f64, soft: bool) -
 }
 
 /// Runs every plugin assertion of the batch: one sandboxed call per plugin,
-/// with all of that plugin's configs. Returns each assertion's outcome and
-/// its share of the call's wall time, by assertion id.
-fn run_plugins(trace_text: &str, plan: &[Planned<'_>]) -> HashMap<String, (Outcome, u64)> {
-    let mut by_plugin: Vec<(&Arc<Plugin>, Vec<&str>, Vec<String>)> = Vec::new();
-    for p in plan {
+/// with all of that plugin's configs. Returns, by position in `plan`, each
+/// plugin assertion's outcome and its share of the call's wall time.
+fn run_plugins(trace_text: &str, plan: &[Planned<'_>]) -> Vec<Option<(Outcome, u64)>> {
+    let mut out: Vec<Option<(Outcome, u64)>> = plan.iter().map(|_| None).collect();
+    let mut by_plugin: Vec<(&Arc<Plugin>, Vec<usize>, Vec<String>)> = Vec::new();
+    for (i, p) in plan.iter().enumerate() {
         let Check::Plugin(check) = &p.compiled.check else { continue };
         match by_plugin.iter_mut().find(|(pl, _, _)| Arc::ptr_eq(pl, &check.plugin)) {
-            Some((_, ids, configs)) => {
-                ids.push(&p.id);
+            Some((_, at, configs)) => {
+                at.push(i);
                 configs.push(check.config.clone());
             }
-            None => by_plugin.push((&check.plugin, vec![&p.id], vec![check.config.clone()])),
+            None => by_plugin.push((&check.plugin, vec![i], vec![check.config.clone()])),
         }
     }
-    let mut out = HashMap::new();
-    for (plugin, ids, configs) in by_plugin {
+    for (plugin, at, configs) in by_plugin {
         let t0 = Instant::now();
         let outcomes = plugin.evaluate(trace_text, &configs);
-        let share = t0.elapsed().as_millis() as u64 / ids.len() as u64;
-        for (id, outcome) in ids.into_iter().zip(outcomes) {
-            out.insert(id.to_owned(), (outcome, share));
+        let share = t0.elapsed().as_millis() as u64 / at.len() as u64;
+        for (i, outcome) in at.into_iter().zip(outcomes) {
+            out[i] = Some((outcome, share));
         }
     }
     out

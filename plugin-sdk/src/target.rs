@@ -150,42 +150,46 @@ impl Target {
                 }
             }
         };
-        walk(start, &self.path, self.text[..self.base_len].to_owned())
+        walk(start, &self.path, &self.text[..self.base_len])
     }
 }
 
-fn walk<'t>(mut cur: Cow<'t, Value>, path: &[Segment], mut at: String) -> Result<Cow<'t, Value>, Missing> {
-    for seg in path {
+/// Follows `path` from `cur`. Error messages name where the walk stopped
+/// (`base` plus the segments followed so far); that text is only built when
+/// one is needed, as resolving is on every plugin's hot path.
+fn walk<'t>(mut cur: Cow<'t, Value>, path: &[Segment], base: &str) -> Result<Cow<'t, Value>, Missing> {
+    for (depth, seg) in path.iter().enumerate() {
+        let at = || path[..depth].iter().fold(base.to_owned(), |at, s| at + &s.render());
         let next = match (cur, seg) {
             (Cow::Borrowed(Value::Object(m)), Segment::Key(k)) => match m.get(k) {
                 Some(v) => Cow::Borrowed(v),
-                None => return Err(missing_key(k, &at, m.keys())),
+                None => return Err(missing_key(k, &at(), m.keys())),
             },
             (Cow::Owned(Value::Object(mut m)), Segment::Key(k)) => match m.remove(k) {
                 Some(v) => Cow::Owned(v),
-                None => return Err(missing_key(k, &at, m.keys())),
+                None => return Err(missing_key(k, &at(), m.keys())),
             },
             (c, Segment::Key(k)) if k == "length" && c.is_array() => Cow::Owned(Value::from(c.as_array().map_or(0, Vec::len))),
             (Cow::Borrowed(Value::Array(a)), Segment::Index(i)) => match a.get(*i) {
                 Some(v) => Cow::Borrowed(v),
-                None => return Err(Missing(format!("index {i} is out of range for {at} (length {})", a.len()))),
+                None => return Err(Missing(format!("index {i} is out of range for {} (length {})", at(), a.len()))),
             },
             (Cow::Owned(Value::Array(mut a)), Segment::Index(i)) => {
                 if *i < a.len() {
                     Cow::Owned(a.swap_remove(*i))
                 } else {
-                    return Err(Missing(format!("index {i} is out of range for {at} (length {})", a.len())));
+                    return Err(Missing(format!("index {i} is out of range for {} (length {})", at(), a.len())));
                 }
             }
             (c, seg) => {
                 return Err(Missing(format!(
-                    "{at} is {}, so {} cannot be read from it",
+                    "{} is {}, so {} cannot be read from it",
+                    at(),
                     describe_kind(&c),
                     seg.describe()
                 )))
             }
         };
-        at.push_str(&seg.render());
         cur = next;
     }
     Ok(cur)

@@ -20,7 +20,22 @@ pub fn clip(s: &str, max: usize) -> String {
 
 /// `'value'`, clipped to [`MAX_QUOTED_CHARS`].
 pub fn quote(s: &str) -> String {
-    format!("'{}'", clip(s, MAX_QUOTED_CHARS))
+    // One allocation: explanations quote on every call of most plugins.
+    let (keep, cut) = match s.char_indices().nth(MAX_QUOTED_CHARS) {
+        None => (s, false),
+        Some((end, _)) => (
+            &s[..s[..end].char_indices().nth(MAX_QUOTED_CHARS - 1).map_or(end, |(i, _)| i)],
+            true,
+        ),
+    };
+    let mut out = String::with_capacity(keep.len() + 5);
+    out.push('\'');
+    out.push_str(keep);
+    if cut {
+        out.push('…');
+    }
+    out.push('\'');
+    out
 }
 
 /// `['a', 'b']`, each clipped, at most 20 items shown.
@@ -51,6 +66,16 @@ mod tests {
         assert_eq!(clip("héllo", 10), "héllo");
         assert_eq!(clip("héllo", 3), "hé…");
         assert_eq!(clip("", 0), "");
+    }
+
+    #[test]
+    fn quote_clips_like_clip() {
+        assert_eq!(quote("a"), "'a'");
+        assert_eq!(quote(""), "''");
+        let long = "é".repeat(MAX_QUOTED_CHARS + 5);
+        assert_eq!(quote(&long), format!("'{}'", clip(&long, MAX_QUOTED_CHARS)));
+        let exact = "x".repeat(MAX_QUOTED_CHARS);
+        assert_eq!(quote(&exact), format!("'{exact}'"));
     }
 
     #[test]
