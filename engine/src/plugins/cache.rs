@@ -56,18 +56,18 @@ impl ArtefactCache {
     pub fn load(&self, engine: &Engine, wasm: &[u8]) -> anyhow::Result<(Component, Source)> {
         let path = self.path_for(engine, wasm);
         if let Some(p) = path.as_deref().filter(|p| p.is_file()) {
-            match std::fs::read(p).map(|bytes| verified(&bytes).map(<[u8]>::to_vec)) {
-                Ok(Some(artefact)) => {
+            match std::fs::read(p) {
+                Ok(file) => match verified(&file) {
                     // SAFETY: the bytes are, checksum-verified, what this cache
                     // stored for this input and engine build (see module docs).
-                    match unsafe { Component::deserialize(engine, &artefact) } {
+                    Some(artefact) => match unsafe { Component::deserialize(engine, artefact) } {
                         Ok(c) => return Ok((c, Source::Cache)),
                         Err(e) => tracing::warn!(path = %p.display(), reason = %e, "ignoring a cached compiled plugin; recompiling"),
+                    },
+                    None => {
+                        tracing::warn!(path = %p.display(), reason = "checksum mismatch: the file is damaged", "ignoring a cached compiled plugin; recompiling")
                     }
-                }
-                Ok(None) => {
-                    tracing::warn!(path = %p.display(), reason = "checksum mismatch: the file is damaged", "ignoring a cached compiled plugin; recompiling")
-                }
+                },
                 Err(e) => tracing::warn!(path = %p.display(), reason = %e, "ignoring a cached compiled plugin; recompiling"),
             }
         }
