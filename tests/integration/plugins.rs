@@ -1980,13 +1980,20 @@ fn a_cache_file_with_corrupted_code_is_recompiled_not_run() {
             lines.len(),
             engine.stderr_text()
         );
-        let listing = expect_result(&serde_json::from_slice(&lines[1]).unwrap());
+        // Requests are answered concurrently: find each response by its id.
+        let by_id = |id: &str| {
+            lines
+                .iter()
+                .find(|l| serde_json::from_slice::<Value>(l).is_ok_and(|v| v["id"] == json!(id)))
+                .unwrap_or_else(|| panic!("no response with id {id}"))
+        };
+        let listing = expect_result(&serde_json::from_slice(by_id("lp")).unwrap());
         assert_eq!(
             listing["plugins"][0]["loaded_from"],
             json!("compiled"),
             "a damaged artefact was loaded from the cache: {listing}"
         );
-        let r = check_batch_line(&lines[2], &json!([plugin("p", "pii-leak", json!({}))]));
+        let r = check_batch_line(by_id("eval"), &json!([plugin("p", "pii-leak", json!({}))]));
         check(&r[0], "hard_fail", 0.0, &["leaks personal data"]);
     }
 }

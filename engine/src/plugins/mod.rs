@@ -324,18 +324,22 @@ impl Plugin {
     /// Runs the plugin once for several configs on one trace. If the call
     /// faults or answers with the wrong number of results and there was more
     /// than one config, each config is retried on its own so that one bad
-    /// config cannot take the others down.
+    /// config cannot take the others down; except after a timeout, which
+    /// fails every config of the call.
     pub fn evaluate(&self, trace: &str, configs: &[String]) -> Vec<Outcome> {
-        let why = match self.sandbox.evaluate(&self.pre, &self.id, &self.limits, trace, configs) {
+        let (why, retry) = match self.sandbox.evaluate(&self.pre, &self.id, &self.limits, trace, configs) {
             Ok(results) if results.len() == configs.len() => return results.into_iter().map(|r| self.check(r)).collect(),
-            Ok(results) => format!("returned {} results for {} configs", results.len(), configs.len()),
-            Err(fault) => fault.to_string(),
+            Ok(results) => (format!("returned {} results for {} configs", results.len(), configs.len()), true),
+            // Retrying after a timeout would hold the batch for one more
+            // deadline per config.
+            Err(fault @ sandbox::Fault::Timeout { .. }) => (fault.to_string(), false),
+            Err(fault) => (fault.to_string(), true),
         };
-        if configs.len() > 1 {
+        if retry && configs.len() > 1 {
             return configs.iter().flat_map(|c| self.evaluate(trace, std::slice::from_ref(c))).collect();
         }
         tracing::warn!(plugin = %self.id, fault = %why, "plugin call failed");
-        vec![self.fault_outcome(&why)]
+        configs.iter().map(|_| self.fault_outcome(&why)).collect()
     }
 
     fn check(&self, result: Result<sandbox::Verdict, PluginError>) -> Outcome {

@@ -7,7 +7,7 @@
 //!   context grants nothing);
 //! - CPU: an epoch deadline per call, and for plugins configured with a
 //!   `fuel` budget, fuel metering on top (a deterministic instruction count,
-//!   at 10–20% of the guest's speed, so it is opt-in; such plugins run in a
+//!   costing the guest 20% or more of its speed, so it is opt-in; such plugins run in a
 //!   second engine that compiles the metering in);
 //! - memory: a cap per instance (growth beyond it traps), bounded tables and
 //!   instances, and a bounded wasm stack. Accesses are bounds-checked in the
@@ -166,6 +166,10 @@ impl Sandbox {
         // mprotects them back; in a multi-threaded process each mprotect is
         // a TLB shootdown across cores. That was 30% of a small plugin's call
         // time; explicit checks cost the guest far less (docs/benchmarks.md).
+        // Trade-off: wasmtime then compiles without Spectre mitigations on
+        // heap and table accesses (it requires them off). Bounds are still
+        // checked on every access; only speculative out-of-bounds reads are
+        // not prevented (docs/plugins.md, "The sandbox").
         config.signals_based_traps(false);
         config.memory_guard_size(0);
         let mut pool = wasmtime::PoolingAllocationConfig::default();

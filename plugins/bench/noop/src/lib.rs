@@ -1,5 +1,5 @@
-//! Benchmark plugin `noop`: decodes the trace (the SDK always does) and
-//! passes. What it costs is the host's per-call overhead.
+//! Benchmark plugin `noop`: passes without reading the trace (the SDK only
+//! scans it). What it costs is the host's per-call overhead.
 
 use attest_plugin_sdk::{AssertionPlugin, NoConfig, PluginError, PluginInfo, Trace, Verdict};
 
