@@ -85,6 +85,7 @@ fn main() {
             &engine,
             Some(req),
             Instant::now() + Duration::from_secs(30),
+            usize::MAX,
         ))
         .expect("free checks never wait")
         .expect("batch evaluates");

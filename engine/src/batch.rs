@@ -36,8 +36,36 @@ pub const MAX_ASSERTION_ID_BYTES: usize = 256;
 const MAX_CACHED_SPEC_BYTES: usize = 64 * 1024;
 
 pub struct BatchCaches {
-    compiled: Cache<SpecKey, Arc<CompiledAssertion>>,
-    by_request_id: Cache<String, Arc<CachedResult>>,
+    compiled: Cache<SpecKey, Arc<CompiledAssertion>, CompiledWeight>,
+    by_request_id: Cache<String, Arc<CachedResult>, ResultWeight>,
+}
+
+/// Weighs compiled assertions by their estimated memory, and at least an
+/// equal share of the byte budget so the entry bound holds too.
+#[derive(Clone)]
+struct CompiledWeight {
+    floor: u64,
+}
+
+impl quick_cache::Weighter<SpecKey, Arc<CompiledAssertion>> for CompiledWeight {
+    fn weight(&self, key: &SpecKey, value: &Arc<CompiledAssertion>) -> u64 {
+        ((key.text.len() + value.memory_bytes()) as u64).max(self.floor)
+    }
+}
+
+/// Weighs cached results by the bytes they hold.
+#[derive(Clone)]
+struct ResultWeight {
+    floor: u64,
+}
+
+impl quick_cache::Weighter<String, Arc<CachedResult>> for ResultWeight {
+    fn weight(&self, key: &String, value: &Arc<CachedResult>) -> u64 {
+        let r = &value.result;
+        let details = r.details.as_ref().map_or(0, |_| MAX_DETAILS_BYTES);
+        let bytes = 160 + key.len() + r.assertion_id.len() + r.explanation.len() + r.request_id.as_ref().map_or(0, |s| s.len()) + details;
+        (bytes as u64).max(self.floor)
+    }
 }
 
 /// Compiled-assertion cache key; looked up with a borrowed [`SpecKeyRef`]
@@ -67,9 +95,23 @@ struct CachedResult {
 
 impl BatchCaches {
     pub fn new(config: &Config) -> BatchCaches {
+        let compiled_entries = config.compiled_cache_entries.max(1);
+        let results = config.idempotency_cache_entries.max(1);
         BatchCaches {
-            compiled: Cache::new(config.compiled_cache_entries.max(1)),
-            by_request_id: Cache::new(config.idempotency_cache_entries.max(1)),
+            compiled: Cache::with_weighter(
+                compiled_entries,
+                config.compiled_cache_bytes,
+                CompiledWeight {
+                    floor: config.compiled_cache_bytes / compiled_entries as u64,
+                },
+            ),
+            by_request_id: Cache::with_weighter(
+                results,
+                config.idempotency_cache_bytes,
+                ResultWeight {
+                    floor: config.idempotency_cache_bytes / results as u64,
+                },
+            ),
         }
     }
 
@@ -155,8 +197,11 @@ struct LooseEnvelope<'a> {
 impl<'a> LooseEnvelope<'a> {
     fn parse(i: usize, raw: &'a RawValue) -> Result<Envelope<'a>, RpcError> {
         let at = |f: &str| format!("params.assertions[{i}]{f}");
-        let loose: LooseEnvelope<'a> = serde_json::from_str(raw.get())
-            .map_err(|_| assertion_error(format!("assertions[{i}] must be an object"), ASSERTIONS_SHAPE, at("")))?;
+        let loose: LooseEnvelope<'a> =
+            serde_json::from_str(raw.get()).map_err(|e| match crate::json_errors::unrepresentable(raw.get(), &e, &at("")) {
+                Some(u) => assertion_error(u.message, ASSERTIONS_SHAPE, u.field),
+                None => assertion_error(format!("assertions[{i}] must be an object"), ASSERTIONS_SHAPE, at("")),
+            })?;
         let string = |v: Option<Value>, name: &str| match v {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(Cow::Owned(s))),
@@ -212,9 +257,13 @@ struct Evaluated {
 /// Free checks run first, in request order. Paid checks (layers 5 and 6)
 /// then run concurrently, unless a layer 1–4 assertion hard-failed and
 /// short-circuiting is on. Results keep request order.
-pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant) -> Result<BatchResult, RpcError> {
+///
+/// `answer_bytes` is the room the serialised result has (one response
+/// line, or a share of one): a batch whose results cannot fit it even
+/// with empty explanations is refused before anything is evaluated.
+pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant, answer_bytes: usize) -> Result<BatchResult, RpcError> {
     let started = Instant::now();
-    let (trace_raw, wire) = read_params(params)?;
+    let (trace_raw, wire) = read_params(params, engine.limits.max_depth)?;
     let trace_raw = trace_raw.filter(|t| t.get() != "null").ok_or_else(|| {
         RpcError::new(
             ErrorCode::InvalidTrace,
@@ -227,12 +276,25 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
     for w in &parsed.warnings {
         tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
     }
-    let trace = parsed.trace;
+    let trace = Arc::new(parsed.trace);
     let plan = plan(engine, wire?)?;
+    let floor = smallest_answer(&plan);
+    if floor > answer_bytes {
+        return Err(RpcError::new(
+            ErrorCode::AssertionError,
+            format!(
+                "batch too large to answer: {} results need at least {floor} bytes, the response has room for {answer_bytes}",
+                plan.len()
+            ),
+            "SDKs read responses as single lines of at most 64 KiB (shared equally between the members of a JSON-RPC batch). Nothing was evaluated: split the assertions into several evaluate_batch requests, or send this request on its own line.",
+        )
+        .with_field("params.assertions"));
+    }
 
     // Only hashed when some assertion carries a request_id.
     let trace_digest = plan.iter().any(|p| p.request_id.is_some()).then(|| digest(trace_raw.get()));
     let mut plugin_outcomes = run_plugins(trace_raw.get(), &plan);
+    let mut guarded = guarded_verdicts(engine, &plan, &trace, trace_raw.get().len(), deadline).await?;
     let mut outcomes = Vec::with_capacity(plan.len());
     for (done, p) in plan.iter().enumerate() {
         if Instant::now() > deadline {
@@ -277,7 +339,10 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
                 (status, verdict, bounded_details(outcome.details), ms)
             }
             None => {
-                let (status, verdict) = p.compiled.evaluate(&trace);
+                let (status, verdict) = match guarded.as_mut().and_then(|g| g[done].take()) {
+                    Some(done) => done,
+                    None => p.compiled.evaluate(&trace),
+                };
                 (status, verdict, None, 0)
             }
         };
@@ -331,7 +396,12 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
         let result = AssertionResult {
             assertion_id: p.id.clone(),
             status,
-            score: e.verdict.score,
+            // Scores are in [0, 1] whatever a plugin or provider returned.
+            score: if e.verdict.score.is_nan() {
+                0.0
+            } else {
+                e.verdict.score.clamp(0.0, 1.0)
+            },
             explanation,
             cost: e.cost,
             duration_ms: e.duration_ms,
@@ -379,14 +449,66 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
                 .collect(),
         });
     }
-    let total_cost = results.iter().map(|r| r.cost).sum();
+    // Summed from +0.0: an empty f64 sum is -0.0, which would print as such.
+    let total_cost = results.iter().fold(0.0, |acc, r| acc + r.cost);
     Ok(BatchResult {
         alerts,
-        trace_id: trace.trace_id,
+        trace_id: trace.trace_id.clone(),
         results,
         total_cost,
         total_duration_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// Built-in checks whose regex work on this trace could outlast the
+/// deadline are run ahead, under the watchdog; `None` when none could.
+async fn guarded_verdicts(
+    engine: &Engine,
+    plan: &[Planned<'_>],
+    trace: &Arc<Trace>,
+    trace_bytes: usize,
+    deadline: Instant,
+) -> Result<Option<Vec<Option<(Status, Verdict)>>>, RpcError> {
+    let weight: u64 = plan.iter().map(|p| p.compiled.scan_weight() as u64).sum();
+    if weight.saturating_mul(trace_bytes as u64) <= crate::watchdog::GUARDED_SCAN_COST {
+        return Ok(None);
+    }
+    let jobs: Vec<(usize, Arc<CompiledAssertion>)> = plan
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.compiled.scan_weight() > 0)
+        .map(|(i, p)| (i, p.compiled.clone()))
+        .collect();
+    let (n, trace) = (plan.len(), trace.clone());
+    let verdicts = crate::watchdog::run(deadline, move || {
+        let mut out: Vec<Option<(Status, Verdict)>> = (0..n).map(|_| None).collect();
+        for (i, c) in jobs {
+            out[i] = Some(c.evaluate(&trace));
+        }
+        out
+    })
+    .await
+    .map_err(|_| {
+        RpcError::new(
+            ErrorCode::Timeout,
+            format!("evaluation timed out after {}ms", engine.config.eval_timeout.as_millis()),
+            "Regex checks (regex_match, schema pattern) over this trace did not finish before the deadline. Use simpler patterns, target a smaller field than the whole trace, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT).",
+        )
+    })?;
+    Ok(Some(verdicts))
+}
+
+/// A lower bound on the serialised result of `plan`: every result with an
+/// empty explanation.
+fn smallest_answer(plan: &[Planned<'_>]) -> usize {
+    // `{"assertion_id":"","status":"hard_fail","score":0.0,"explanation":"","cost":0.0,"duration_ms":0,"request_id":null}`
+    const EMPTY_RESULT_BYTES: usize = 110;
+    const ENVELOPE: usize = r#"{"results":[],"total_cost":0.0,"total_duration_ms":0}"#.len();
+    ENVELOPE
+        + plan
+            .iter()
+            .map(|p| EMPTY_RESULT_BYTES + p.id.len() + p.request_id.as_ref().map_or(0, |r| r.len()) + 1)
+            .sum::<usize>()
 }
 
 /// Settles every pending (paid) assertion: skipped when a layer 1–4
@@ -562,9 +684,11 @@ fn run_plugins(trace_text: &str, plan: &[Planned<'_>]) -> Vec<Option<(Outcome, u
     out
 }
 
+/// Largest plugin `details` kept in a result, serialised.
+const MAX_DETAILS_BYTES: usize = 4096;
+
 /// Plugin details are kept only while small: they travel in the response line.
 fn bounded_details(details: Option<Value>) -> Option<Value> {
-    const MAX_DETAILS_BYTES: usize = 4096;
     let d = details?;
     let len = d.to_string().len();
     if len <= MAX_DETAILS_BYTES {
@@ -607,7 +731,7 @@ type SplitParams<'a> = (Option<&'a RawValue>, Result<Vec<Envelope<'a>>, RpcError
 /// Splits the params into the raw trace and the assertion envelopes. The
 /// assertions' own problems are returned separately: they are reported only
 /// after the trace has been validated.
-fn read_params(params: Option<&RawValue>) -> Result<SplitParams<'_>, RpcError> {
+fn read_params(params: Option<&RawValue>, max_depth: usize) -> Result<SplitParams<'_>, RpcError> {
     let text = params.map_or("null", |p| p.get());
     // serde would also accept positional (array) params for a struct: refuse them.
     if !text.starts_with('{') {
@@ -627,9 +751,7 @@ fn read_params(params: Option<&RawValue>) -> Result<SplitParams<'_>, RpcError> {
         return Ok((fast.trace, fast.assertions.ok_or_else(missing)));
     }
     // Slow path, only for malformed requests: find exactly what is wrong.
-    let p: Params<'_> = serde_json::from_str(text).map_err(|_| {
-        RpcError::invalid_params("evaluate_batch params must be an object with trace and assertions", PARAMS_SHAPE).with_field("params")
-    })?;
+    let p: Params<'_> = serde_json::from_str(text).map_err(|e| unusable_params(text, &e, max_depth))?;
     let wire = (|| {
         let raw = p.assertions.filter(|a| a.get() != "null").ok_or_else(missing)?;
         let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|_| {
@@ -642,6 +764,29 @@ fn read_params(params: Option<&RawValue>) -> Result<SplitParams<'_>, RpcError> {
         items.iter().enumerate().map(|(i, item)| LooseEnvelope::parse(i, item)).collect()
     })();
     Ok((p.trace, wire))
+}
+
+/// Why params that are a syntactically valid object still cannot be read:
+/// a value nothing can represent, inside the trace (1001), the assertions
+/// (1002) or elsewhere (-32602).
+fn unusable_params(text: &str, e: &serde_json::Error, max_depth: usize) -> RpcError {
+    let Some(u) = crate::json_errors::unrepresentable(text, e, "params") else {
+        return RpcError::invalid_params("evaluate_batch params must be an object with trace and assertions", PARAMS_SHAPE)
+            .with_field("params");
+    };
+    let plain = "Send plain JSON: finite numbers within ±1.8e308, strings of valid Unicode (no lone \\ud800-\\udfff escapes), at most 128 levels of nesting.";
+    if let Some(in_trace) = u.field.strip_prefix("params.").filter(|f| f.starts_with("trace")) {
+        // Trace errors name fields from the trace down, as validation does.
+        let u = crate::json_errors::Unrepresentable {
+            message: u.message.replacen("params.trace", "trace", 1),
+            field: in_trace.to_owned(),
+        };
+        crate::trace::validate::unrepresentable_trace(text, u, max_depth)
+    } else if u.field.starts_with("params.assertions") {
+        assertion_error(u.message, plain, u.field)
+    } else {
+        RpcError::invalid_params(u.message, plain).with_field(u.field)
+    }
 }
 
 /// Checks every assertion's envelope and compiles its spec, before anything runs.
@@ -734,7 +879,16 @@ fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<
             return Ok(hit);
         }
     }
-    let spec: Value = serde_json::from_str(spec_text).expect("spec text was parsed as JSON already");
+    // The request was read as raw text, which checks only syntax: a number
+    // beyond f64, a lone surrogate or very deep nesting surfaces here.
+    let spec: Value = serde_json::from_str(spec_text).map_err(|e| match crate::json_errors::unrepresentable(spec_text, &e, "spec") {
+        Some(u) => SpecError::new(
+            u.field,
+            u.message,
+            "Send the spec as plain JSON: finite numbers within ±1.8e308, strings of valid Unicode (no lone \\ud800-\\udfff escapes), at most 128 levels of nesting.",
+        ),
+        None => SpecError::new("spec", format!("spec is not usable JSON: {}", crate::text::clip(&e.to_string(), 200)), "Send the spec as a JSON object."),
+    })?;
     let compiled = Arc::new(CompiledAssertion::compile(kind, Some(&spec), &engine.plugins)?);
     if cacheable {
         let key = SpecKey {

@@ -25,6 +25,18 @@ pub struct Config {
     pub idempotency_cache_entries: usize,
     /// Compiled assertion specs kept for reuse across requests.
     pub compiled_cache_entries: usize,
+    /// Estimated bytes the compiled-assertion cache may hold (regex
+    /// programs and their DFA caches count in full).
+    pub compiled_cache_bytes: u64,
+    /// Bytes the `request_id` result cache may hold.
+    pub idempotency_cache_bytes: u64,
+    /// Bytes the `submit_plugin_result` store may hold.
+    pub plugin_results_bytes: usize,
+    /// Bytes of results kept for session reports.
+    pub session_log_bytes: usize,
+    /// Estimated parse memory of all requests in flight together: a request
+    /// waits to be read further while admitting it would pass this.
+    pub max_inflight_bytes: usize,
     /// Longest explanation in a result, in characters.
     pub max_explanation_chars: usize,
     /// Longest response line (excluding the newline). SDK readers fail above 64 KiB.
@@ -66,6 +78,11 @@ impl Default for Config {
             strict_step_types: false,
             idempotency_cache_entries: 10_000,
             compiled_cache_entries: 4_096,
+            compiled_cache_bytes: 128 * 1024 * 1024,
+            idempotency_cache_bytes: 32 * 1024 * 1024,
+            plugin_results_bytes: 32 * 1024 * 1024,
+            session_log_bytes: 64 * 1024 * 1024,
+            max_inflight_bytes: 384 * 1024 * 1024,
             max_explanation_chars: 1_024,
             max_response_bytes: 65_536,
             drain_timeout: Duration::from_secs(30),
@@ -94,6 +111,11 @@ pub struct FileConfig {
     pub strict_step_types: Option<bool>,
     pub idempotency_cache_entries: Option<usize>,
     pub compiled_cache_entries: Option<usize>,
+    pub compiled_cache_mib: Option<u64>,
+    pub idempotency_cache_mib: Option<u64>,
+    pub plugin_results_mib: Option<usize>,
+    pub session_log_mib: Option<usize>,
+    pub max_inflight_mib: Option<usize>,
     pub max_explanation_chars: Option<usize>,
     pub drain_timeout: Option<String>,
     pub max_plugin_results: Option<usize>,
@@ -224,6 +246,14 @@ impl Config {
         c.strict_step_types = file.strict_step_types.unwrap_or(c.strict_step_types);
         c.idempotency_cache_entries = file.idempotency_cache_entries.unwrap_or(c.idempotency_cache_entries);
         c.compiled_cache_entries = file.compiled_cache_entries.unwrap_or(c.compiled_cache_entries);
+        const MIB: usize = 1024 * 1024;
+        c.compiled_cache_bytes = file.compiled_cache_mib.map_or(c.compiled_cache_bytes, |m| m.max(1) * MIB as u64);
+        c.idempotency_cache_bytes = file
+            .idempotency_cache_mib
+            .map_or(c.idempotency_cache_bytes, |m| m.max(1) * MIB as u64);
+        c.plugin_results_bytes = file.plugin_results_mib.map_or(c.plugin_results_bytes, |m| m.max(1) * MIB);
+        c.session_log_bytes = file.session_log_mib.map_or(c.session_log_bytes, |m| m.max(1) * MIB);
+        c.max_inflight_bytes = file.max_inflight_mib.map_or(c.max_inflight_bytes, |m| m.max(16) * MIB);
         c.max_explanation_chars = file.max_explanation_chars.unwrap_or(c.max_explanation_chars);
         c.max_plugin_results = file.max_plugin_results.unwrap_or(c.max_plugin_results);
 
@@ -375,7 +405,7 @@ fn read_file(path: &Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| {
         format!(
-            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, drift_webhook_url, reports, budget_usd, [plugin_defaults], [[plugins]], [embedding], [judge], [providers], [prices])",
+            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, compiled_cache_mib, idempotency_cache_mib, plugin_results_mib, session_log_mib, max_inflight_mib, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, drift_webhook_url, reports, budget_usd, [plugin_defaults], [[plugins]], [embedding], [judge], [providers], [prices])",
             path.display()
         )
     })

@@ -57,7 +57,7 @@ pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: F
         // request_ids are idempotency keys within one trace's evaluation, not across the file.
         engine.caches.forget_request_ids();
         let deadline = Instant::now() + engine.config.eval_timeout;
-        let body = match runtime.block_on(batch::evaluate(engine, Some(&raw), deadline)) {
+        let body = match runtime.block_on(batch::evaluate(engine, Some(&raw), deadline, usize::MAX)) {
             Ok(r) => Body::Results(r),
             Err(error) => Body::Error { error },
         };

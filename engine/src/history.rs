@@ -304,13 +304,7 @@ pub fn parse_query(params: Option<&serde_json::value::RawValue>) -> Result<(Subj
         };
         RpcError::new(ErrorCode::AssertionError, message, QUERY_SHAPE).with_field(path)
     };
-    let value: Value = match params {
-        Some(p) => serde_json::from_str(p.get()).unwrap_or(Value::Null),
-        None => Value::Null,
-    };
-    let Value::Object(map) = value else {
-        return Err(bad("", "query_drift params must be an object".into()));
-    };
+    let map = crate::params::object(crate::protocol::Method::QueryDrift, params)?;
     let window = match map.get("window_size") {
         None | Some(Value::Null) => DEFAULT_WINDOW,
         Some(v) => match v.as_u64() {
@@ -320,13 +314,24 @@ pub fn parse_query(params: Option<&serde_json::value::RawValue>) -> Result<(Subj
             _ => {
                 return Err(bad(
                     "window_size",
-                    format!("query_drift window_size must be a whole number from 1 to {MAX_WINDOW}, got {v}"),
+                    format!(
+                        "query_drift window_size must be a whole number from 1 to {MAX_WINDOW}, got {}",
+                        crate::layers::spec::type_name(v)
+                    ),
                 ))
             }
         },
     };
     let text = |key: &str| match map.get(key) {
         None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.len() > crate::batch::MAX_ASSERTION_ID_BYTES => Err(bad(
+            key,
+            format!(
+                "query_drift {key} exceeds maximum length: {} > {} bytes",
+                s.len(),
+                crate::batch::MAX_ASSERTION_ID_BYTES
+            ),
+        )),
         Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
         Some(_) => Err(bad(key, format!("query_drift {key} must be a non-empty string"))),
     };

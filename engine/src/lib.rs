@@ -23,8 +23,10 @@ pub mod batch;
 pub mod config;
 pub mod eval_cmd;
 pub mod history;
+pub mod json_errors;
 pub mod layers;
 pub mod logging;
+pub mod params;
 pub mod plugin_results;
 pub mod plugins;
 pub mod protocol;
@@ -38,6 +40,7 @@ pub mod target;
 pub mod text;
 pub mod trace;
 pub mod transport;
+pub mod watchdog;
 
 /// The engine's semver, reported by `initialize` and `--version`.
 pub const ENGINE_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,8 +1,10 @@
 //! `submit_plugin_result`: results an SDK computed itself (spec §2.4),
 //! validated and recorded against their trace.
 //!
-//! Records are kept in memory, newest last, up to a configured bound; the
-//! oldest are dropped first and counted.
+//! Records are kept in memory, newest last, up to a configured number and
+//! a configured number of bytes; the oldest are dropped first and counted.
+//! Each record is itself bounded: ids of at most 256 bytes, an explanation
+//! clipped to 4,096 characters, metadata of at most 16 KiB.
 
 use crate::layers::Status;
 use crate::protocol::{ErrorCode, RpcError};
@@ -27,7 +29,28 @@ pub struct PluginResult {
 
 pub struct PluginResults {
     max: usize,
-    items: Mutex<VecDeque<PluginResult>>,
+    max_bytes: usize,
+    items: Mutex<Store>,
+}
+
+#[derive(Default)]
+struct Store {
+    items: VecDeque<(PluginResult, usize)>,
+    bytes: usize,
+    dropped: u64,
+}
+
+/// Longest id accepted (`trace_id`, `plugin_name`, `assertion_id`), as in `evaluate_batch`.
+pub const MAX_ID_BYTES: usize = 256;
+/// Largest `result.metadata`, serialised.
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+impl PluginResult {
+    /// Bytes the record holds in memory, roughly.
+    fn size(&self) -> usize {
+        let metadata = self.metadata.as_ref().map_or(0, |m| 2 * m.to_string().len());
+        128 + self.trace_id.len() + self.plugin_name.len() + self.assertion_id.len() + self.explanation.len() + metadata
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -36,35 +59,65 @@ pub struct Accepted {
 }
 
 impl PluginResults {
-    pub fn new(max: usize) -> PluginResults {
+    pub fn new(max: usize, max_bytes: usize) -> PluginResults {
         PluginResults {
             max: max.max(1),
-            items: Mutex::new(VecDeque::new()),
+            max_bytes: max_bytes.max(1),
+            items: Mutex::new(Store::default()),
         }
     }
 
     pub fn record(&self, r: PluginResult) {
-        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
-        if items.len() >= self.max {
-            items.pop_front();
-            tracing::warn!(max = self.max, "plugin result store full; dropped the oldest result");
+        let size = r.size();
+        let mut store = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        while !store.items.is_empty() && (store.items.len() >= self.max || store.bytes + size > self.max_bytes) {
+            if let Some((_, old)) = store.items.pop_front() {
+                store.bytes -= old;
+            }
+            store.dropped += 1;
+            if store.dropped.is_power_of_two() {
+                tracing::warn!(
+                    max = self.max,
+                    max_bytes = self.max_bytes,
+                    dropped = store.dropped,
+                    "plugin result store full; dropped the oldest results"
+                );
+            }
         }
-        items.push_back(r);
+        store.bytes += size;
+        store.items.push_back((r, size));
     }
 
     /// Every recorded result for `trace_id`, oldest first.
     pub fn for_trace(&self, trace_id: &str) -> Vec<PluginResult> {
-        let items = self.items.lock().unwrap_or_else(|e| e.into_inner());
-        items.iter().filter(|r| r.trace_id == trace_id).cloned().collect()
+        let store = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        store
+            .items
+            .iter()
+            .map(|(r, _)| r)
+            .filter(|r| r.trace_id == trace_id)
+            .cloned()
+            .collect()
     }
 
     /// Every recorded result, oldest first.
     pub fn all(&self) -> Vec<PluginResult> {
-        self.items.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
+        let store = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        store.items.iter().map(|(r, _)| r.clone()).collect()
+    }
+
+    /// Results dropped to stay within the bounds.
+    pub fn dropped(&self) -> u64 {
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).dropped
+    }
+
+    /// Bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).bytes
     }
 
     pub fn len(&self) -> usize {
-        self.items.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).items.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -83,10 +136,15 @@ fn field_error(field: &str, message: String) -> RpcError {
 
 /// Validates `submit_plugin_result` params into a record.
 pub fn parse(params: Option<&RawValue>) -> Result<PluginResult, RpcError> {
-    let map: Map<String, Value> = params
-        .and_then(|p| serde_json::from_str(p.get()).ok())
-        .ok_or_else(|| field_error("", "submit_plugin_result params must be an object".into()))?;
+    let map: Map<String, Value> = crate::params::object(crate::protocol::Method::SubmitPluginResult, params)?;
     let string = |m: &Map<String, Value>, key: &str, path: &str| match m.get(key) {
+        Some(Value::String(s)) if s.len() > MAX_ID_BYTES => Err(field_error(
+            path,
+            format!(
+                "submit_plugin_result {path} exceeds maximum length: {} > {MAX_ID_BYTES} bytes",
+                s.len()
+            ),
+        )),
         Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
         None | Some(Value::Null) => Err(field_error(path, format!("submit_plugin_result missing required field: {path}"))),
         Some(_) => Err(field_error(path, format!("submit_plugin_result {path} must be a non-empty string"))),
@@ -167,7 +225,16 @@ pub fn parse(params: Option<&RawValue>) -> Result<PluginResult, RpcError> {
     };
     let metadata = match result.get("metadata") {
         None | Some(Value::Null) => None,
-        Some(m @ Value::Object(_)) => Some(m.clone()),
+        Some(m @ Value::Object(_)) => {
+            let size = m.to_string().len();
+            if size > MAX_METADATA_BYTES {
+                return Err(field_error(
+                    "result.metadata",
+                    format!("submit_plugin_result result.metadata is too large: {size} > {MAX_METADATA_BYTES} bytes"),
+                ));
+            }
+            Some(m.clone())
+        }
         Some(_) => {
             return Err(field_error(
                 "result.metadata",
@@ -230,7 +297,7 @@ mod tests {
 
     #[test]
     fn store_is_bounded_and_queryable() {
-        let store = PluginResults::new(2);
+        let store = PluginResults::new(2, usize::MAX);
         for id in ["a", "b", "c"] {
             let mut r = p(good()).unwrap();
             r.assertion_id = id.into();

@@ -13,6 +13,13 @@ use std::fmt;
 /// the 64 KiB line limit of SDK readers.
 pub const MAX_ID_BYTES: usize = 1024;
 
+/// Bounds on the parts of an error response, in characters (at most 4
+/// bytes each): together with the 1 KiB id they keep an error line far
+/// below the 64 KiB limit whatever the request held.
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+pub const MAX_DETAIL_CHARS: usize = 2048;
+pub const MAX_ECHOED_ID_CHARS: usize = 300;
+
 /// Every error code the engine emits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
@@ -79,6 +86,9 @@ pub struct RpcError {
     pub assertion_id: Option<String>,
     /// The request field the error concerns, as a path (`trace.steps[2].name`).
     pub field: Option<String>,
+    /// Overrides the code's usual `retryable`: a provider that is not
+    /// configured is a 2001 that no retry can fix.
+    pub retryable: Option<bool>,
 }
 
 impl RpcError {
@@ -89,7 +99,13 @@ impl RpcError {
             detail: detail.into(),
             assertion_id: None,
             field: None,
+            retryable: None,
         }
+    }
+
+    pub fn not_retryable(mut self) -> Self {
+        self.retryable = Some(false);
+        self
     }
 
     pub fn with_field(mut self, field: impl Into<String>) -> Self {
@@ -135,15 +151,21 @@ impl Serialize for RpcError {
             message: &'a str,
             data: Data<'a>,
         }
+        // Every part may echo the request: bound each here, in the one place
+        // errors are written, so no error line can outgrow an SDK's reader.
+        let message = crate::text::clip(&self.message, MAX_MESSAGE_CHARS);
+        let detail = crate::text::clip(&self.detail, MAX_DETAIL_CHARS);
+        let assertion_id = self.assertion_id.as_deref().map(|a| crate::text::clip(a, MAX_ECHOED_ID_CHARS));
+        let field = self.field.as_deref().map(|f| crate::text::clip(f, MAX_ECHOED_ID_CHARS));
         Wire {
             code: self.code.code(),
-            message: &self.message,
+            message: &message,
             data: Data {
                 error_type: self.code.error_type(),
-                retryable: self.code.retryable(),
-                detail: &self.detail,
-                assertion_id: self.assertion_id.as_deref(),
-                field: self.field.as_deref(),
+                retryable: self.retryable.unwrap_or_else(|| self.code.retryable()),
+                detail: &detail,
+                assertion_id: assertion_id.as_deref(),
+                field: field.as_deref(),
             },
         }
         .serialize(s)
@@ -244,6 +266,24 @@ pub fn parse_request(text: &str) -> Result<Request<'_>, Rejected> {
         id,
         error: RpcError::new(code, message, detail),
     };
+    // serde would read an array as positional struct fields: `["2.0",7,"shutdown"]`
+    // must be refused, not run.
+    if !text.starts_with('{') {
+        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+            Ok(_) => reject(
+                null_id(),
+                ErrorCode::InvalidRequest,
+                "invalid request: expected a JSON object",
+                "Each line must hold one JSON-RPC 2.0 request object, or an array of request objects (a batch).".into(),
+            ),
+            Err(e) => reject(
+                null_id(),
+                ErrorCode::ParseError,
+                "parse error: line is not valid JSON",
+                format!("{e}. Send one compact JSON-RPC request per line."),
+            ),
+        });
+    }
     let wire: WireRequest<'_> = match serde_json::from_str(text) {
         Ok(w) => w,
         Err(e) if e.is_syntax() || e.is_eof() => {
@@ -433,6 +473,14 @@ mod tests {
         assert_eq!(parse_request("{} x").err().unwrap().error.code, ErrorCode::ParseError);
         assert_eq!(parse_request("42").err().unwrap().error.code, ErrorCode::InvalidRequest);
         assert_eq!(parse_request("\"s\"").err().unwrap().error.code, ErrorCode::InvalidRequest);
+        assert_eq!(parse_request("tru").err().unwrap().error.code, ErrorCode::ParseError);
+    }
+
+    #[test]
+    fn arrays_are_not_positional_requests() {
+        let rej = parse_request(r#"["2.0",7,"list_plugins"]"#).err().unwrap();
+        assert_eq!(rej.error.code, ErrorCode::InvalidRequest);
+        assert_eq!(rej.id.get(), "null");
     }
 
     #[test]

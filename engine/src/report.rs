@@ -78,16 +78,39 @@ pub struct LoggedBatch {
 }
 
 /// Everything reports need, collected during the session.
+/// Bounded by bytes: past the bound the oldest batches are dropped, and
+/// reports say how many results they held (`omitted_results`).
 pub struct SessionLog {
     enabled: bool,
-    batches: Mutex<Vec<LoggedBatch>>,
+    max_bytes: usize,
+    log: Mutex<Log>,
+}
+
+#[derive(Default)]
+struct Log {
+    batches: std::collections::VecDeque<(LoggedBatch, usize)>,
+    bytes: usize,
+    omitted_results: u64,
+}
+
+impl LoggedBatch {
+    fn size(&self) -> usize {
+        64 + self.trace_id.len()
+            + self.agent_id.as_ref().map_or(0, |a| a.len())
+            + self
+                .results
+                .iter()
+                .map(|r| 96 + r.assertion_id.len() + r.kind.len() + r.explanation.len())
+                .sum::<usize>()
+    }
 }
 
 impl SessionLog {
-    pub fn new(enabled: bool) -> SessionLog {
+    pub fn new(enabled: bool, max_bytes: usize) -> SessionLog {
         SessionLog {
             enabled,
-            batches: Mutex::new(Vec::new()),
+            max_bytes,
+            log: Mutex::new(Log::default()),
         }
     }
 
@@ -96,13 +119,29 @@ impl SessionLog {
     }
 
     pub fn record(&self, batch: LoggedBatch) {
-        if self.enabled {
-            self.batches.lock().unwrap_or_else(|e| e.into_inner()).push(batch);
+        if !self.enabled {
+            return;
         }
+        let size = batch.size();
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        while !log.batches.is_empty() && log.bytes + size > self.max_bytes {
+            if let Some((old, bytes)) = log.batches.pop_front() {
+                log.bytes -= bytes;
+                log.omitted_results += old.results.len() as u64;
+            }
+        }
+        log.bytes += size;
+        log.batches.push_back((batch, size));
     }
 
     pub fn batches(&self) -> Vec<LoggedBatch> {
-        self.batches.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.batches.iter().map(|(b, _)| b.clone()).collect()
+    }
+
+    /// Results dropped from the log to stay within its bound.
+    pub fn omitted_results(&self) -> u64 {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).omitted_results
     }
 }
 
@@ -147,7 +186,15 @@ pub struct Report {
     pub total_cost: f64,
     pub total_duration_ms: u64,
     pub budget_usd: Option<f64>,
+    /// Results evaluated but no longer held when the report was written
+    /// (the session log is bounded by `session_log_mib`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub omitted_results: u64,
     pub traces: Vec<TraceReport>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Report {
@@ -207,6 +254,7 @@ impl Report {
             total_cost: traces.iter().map(|t| t.cost).sum(),
             total_duration_ms: traces.iter().map(|t| t.duration_ms).sum(),
             budget_usd,
+            omitted_results: 0,
             traces,
         }
     }

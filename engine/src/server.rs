@@ -53,6 +53,8 @@ where
     let mut reader = LineReader::new(input, max_line);
     let (out, writer) = spawn_writer(output);
     let permits = Arc::new(Semaphore::new(engine.config.max_concurrent_requests));
+    let memory_kib = (engine.config.max_inflight_bytes / 1024).clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+    let memory = Arc::new(Semaphore::new(memory_kib));
     let tracker = TaskTracker::new();
     let mut signals = Signals::new();
     tracing::info!(
@@ -85,7 +87,17 @@ where
                 break Ended::InputError;
             }
         };
-        let task = respond(engine.clone(), bytes, out.clone(), permit, engine.admit());
+        // Admission by estimated parse memory as well as by count: a line
+        // waits here (and input is not read further) until the requests in
+        // flight leave room for it. A line larger than the whole budget
+        // waits until it can run alone.
+        let weight = (parse_memory_estimate(&bytes) / 1024).clamp(1, memory_kib) as u32;
+        let memory_permit = tokio::select! {
+            p = memory.clone().acquire_many_owned(weight) => p.expect("semaphore is never closed"),
+            _ = engine.draining.cancelled() => break Ended::Shutdown,
+            _ = signals.recv() => break Ended::Signal,
+        };
+        let task = respond(engine.clone(), bytes, out.clone(), (permit, memory_permit), engine.admit());
         if engine.state() == State::Uninitialized {
             task.await;
         } else {
@@ -107,7 +119,21 @@ where
 }
 
 /// Handles one line and sends its response, if any.
-async fn respond(engine: Arc<Engine>, line: Vec<u8>, out: mpsc::Sender<Vec<u8>>, _permit: OwnedSemaphorePermit, admission: Admission) {
+/// Memory parsing a request line may take at its peak, in bytes: the line,
+/// its copies, and a parsed JSON value per element. Arrays of tiny
+/// elements (`[0,0,0,…]`) expand the most, about 100 bytes per element.
+pub fn parse_memory_estimate(line: &[u8]) -> usize {
+    const PER_ELEMENT: usize = 104;
+    2 * line.len() + PER_ELEMENT * memchr::memchr_iter(b',', line).count()
+}
+
+async fn respond(
+    engine: Arc<Engine>,
+    line: Vec<u8>,
+    out: mpsc::Sender<Vec<u8>>,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    admission: Admission,
+) {
     let seq = admission.seq;
     let reply = if may_block(&line) {
         // Plugin calls and huge batches can hold a thread for up to the eval
@@ -156,9 +182,22 @@ pub async fn handle_line(engine: &Engine, line: &[u8], seq: u64) -> Option<Vec<u
     Some(out)
 }
 
+/// Most members a JSON-RPC batch array may hold; a larger batch is refused
+/// before any member runs.
+pub const MAX_BATCH_MEMBERS: usize = 128;
+/// The smallest response a batch member must have room for: an error with
+/// a short message, besides its id.
+const MIN_MEMBER_RESPONSE_BYTES: usize = 400;
+
+/// JSON's own whitespace: other Unicode spaces (`\x0b`, `\x0c`, U+00A0) are
+/// not blank, they are invalid JSON and get `-32700`.
+fn trim_json_whitespace(s: &str) -> &str {
+    s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
+}
+
 async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec<u8>>) -> Option<Vec<u8>> {
     let text = match std::str::from_utf8(line) {
-        Ok(t) => t.trim(),
+        Ok(t) => trim_json_whitespace(t),
         Err(e) => {
             return Some(error_line(
                 &null_id(),
@@ -174,80 +213,63 @@ async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec
         tracing::debug!("ignoring blank input line");
         return None;
     }
-    if text.starts_with('[') {
-        let items: Vec<&RawValue> = match serde_json::from_str(text) {
-            Ok(items) => items,
-            Err(e) => {
-                return Some(error_line(
-                    &null_id(),
-                    &RpcError::new(
-                        ErrorCode::ParseError,
-                        "parse error: line is not valid JSON",
-                        format!("{e}. Send one compact JSON-RPC request per line."),
-                    ),
-                ))
-            }
-        };
-        if items.is_empty() {
+    let limit = engine.config.max_response_bytes;
+    if !text.starts_with('[') {
+        return handle_one(engine, text, seq, notes, limit).await;
+    }
+    let items: Vec<&RawValue> = match serde_json::from_str(text) {
+        Ok(items) => items,
+        Err(e) => {
             return Some(error_line(
                 &null_id(),
                 &RpcError::new(
-                    ErrorCode::InvalidRequest,
-                    "invalid request: empty batch",
-                    "A JSON-RPC batch array must hold at least one request.",
+                    ErrorCode::ParseError,
+                    "parse error: line is not valid JSON",
+                    format!(
+                        "{}. Send one compact JSON-RPC request per line.",
+                        crate::text::clip(&e.to_string(), 200)
+                    ),
                 ),
-            ));
+            ))
         }
-        // Batch members run in order; the batch as a whole runs concurrently with other lines.
-        let mut replies = Vec::with_capacity(items.len());
-        for raw in &items {
-            replies.extend(handle_one(engine, raw.get(), seq, notes).await);
-        }
-        if replies.is_empty() {
-            return None;
-        }
-        return Some(join_batch(replies, engine.config.max_response_bytes));
-    }
-    handle_one(engine, text, seq, notes).await
-}
-
-/// Joins the responses of a JSON-RPC batch into one array line of at most
-/// `limit` bytes. When they do not fit, the largest are replaced by short
-/// errors asking for the request to be sent on its own line.
-fn join_batch(mut replies: Vec<Vec<u8>>, limit: usize) -> Vec<u8> {
-    let size = |r: &[Vec<u8>]| r.iter().map(|x| x.len() + 1).sum::<usize>() + 1;
-    let mut by_size: Vec<usize> = (0..replies.len()).collect();
-    by_size.sort_by_key(|&i| std::cmp::Reverse(replies[i].len()));
-    for i in by_size {
-        if size(&replies) <= limit {
-            break;
-        }
-        let id = serde_json::from_slice::<protocol::ReplyId>(&replies[i])
-            .map(|r| r.id)
-            .unwrap_or_else(|_| null_id());
-        replies[i] = error_line(
-            &id,
-            &RpcError::new(
-                ErrorCode::EngineError,
-                "response too large for a batch array",
-                "Together the responses of this JSON-RPC batch exceed the 64 KiB line limit. Send this request on its own line.",
-            ),
+    };
+    let refuse = |message: String, detail: String| Some(error_line(&null_id(), &RpcError::new(ErrorCode::InvalidRequest, message, detail)));
+    if items.is_empty() {
+        return refuse(
+            "invalid request: empty batch".into(),
+            "A JSON-RPC batch array must hold at least one request.".into(),
         );
     }
-    if size(&replies) > limit {
-        return error_line(
-            &null_id(),
-            &RpcError::new(
-                ErrorCode::InvalidRequest,
-                "invalid request: batch too large",
-                format!(
-                    "The {} responses of this JSON-RPC batch cannot fit in one {limit}-byte line. Send fewer requests per batch.",
-                    replies.len()
-                ),
-            ),
+    if items.len() > MAX_BATCH_MEMBERS {
+        return refuse(
+            format!("invalid request: batch too large: {} members > {MAX_BATCH_MEMBERS}", items.len()),
+            format!("A JSON-RPC batch may hold at most {MAX_BATCH_MEMBERS} requests; none of this batch was run. Send fewer requests per batch, or one request per line."),
         );
     }
-    let mut out = Vec::with_capacity(size(&replies));
+    // Every member's response shares one line: each gets an equal share,
+    // and the batch is refused before anything runs if a share cannot
+    // hold even a short error under the member's id.
+    let share = limit.saturating_sub(2 + items.len()) / items.len();
+    let longest_id = items
+        .iter()
+        .map(|raw| sniff_request(raw.get().as_bytes()).0.map_or(4, |id| id.get().len()))
+        .max()
+        .unwrap_or(4);
+    if longest_id + MIN_MEMBER_RESPONSE_BYTES > share {
+        return refuse(
+            format!("invalid request: batch too large: {} responses cannot share one {limit}-byte line", items.len()),
+            format!("Each member of this batch would get {share} bytes of the response line, too few for its answer; none of this batch was run. Send fewer requests per batch, or one request per line."),
+        );
+    }
+    // Batch members run in order; the batch as a whole runs concurrently with other lines.
+    let mut replies = Vec::with_capacity(items.len());
+    for raw in &items {
+        replies.extend(handle_one(engine, raw.get(), seq, notes, share).await);
+    }
+    if replies.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(replies.iter().map(|r| r.len() + 1).sum::<usize>() + 1);
     out.push(b'[');
     for (i, r) in replies.iter().enumerate() {
         if i > 0 {
@@ -256,10 +278,11 @@ fn join_batch(mut replies: Vec<Vec<u8>>, limit: usize) -> Vec<u8> {
         out.extend_from_slice(r);
     }
     out.push(b']');
-    out
+    Some(out)
 }
 
-async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u8>>) -> Option<Vec<u8>> {
+/// Answers one request object in at most `budget` bytes.
+async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u8>>, budget: usize) -> Option<Vec<u8>> {
     let req = match parse_request(text) {
         Ok(r) => r,
         Err(rejected) => return Some(error_line(&rejected.id, &rejected.error)),
@@ -283,7 +306,8 @@ async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u
         }
     };
     let id_len = id.map_or(4, |i| i.get().len());
-    let outcome = dispatch(engine, method, params, id_len, seq, notes).await;
+    let result_budget = budget.saturating_sub(ENVELOPE_BYTES + id_len);
+    let outcome = dispatch(engine, method, params, result_budget, seq, notes).await;
     let Some(id) = id else {
         if let Err(e) = &outcome {
             tracing::warn!(method = method.name(), error = %e, "notification failed (no response is sent for notifications)");
@@ -291,13 +315,23 @@ async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u
         return None;
     };
     Some(match outcome {
-        Ok(result) => match success_line(id, &result) {
-            Ok(line) => line,
-            Err(e) => error_line(
+        Ok(result) if result.get().len() <= result_budget => success_line(id, &result).unwrap_or_else(|e| {
+            error_line(
                 id,
                 &RpcError::new(ErrorCode::EngineError, "failed to serialise the result", e.to_string()),
+            )
+        }),
+        // Every method bounds what it echoes; this is the last line of
+        // defence for the response-size guarantee, and for batch members
+        // whose share of the line is small.
+        Ok(result) => error_line(
+            id,
+            &RpcError::new(
+                ErrorCode::InvalidRequest,
+                format!("{} result too large: {} bytes > {result_budget}", method.name(), result.get().len()),
+                "The answer does not fit the response line it has (64 KiB, shared equally between the members of a JSON-RPC batch). Send this request on its own line.",
             ),
-        },
+        ),
         Err(e) => error_line(id, &e),
     })
 }
@@ -313,12 +347,16 @@ async fn dispatch(
     engine: &Engine,
     method: Method,
     params: Option<&RawValue>,
-    id_len: usize,
+    budget: usize,
     seq: u64,
     notes: &mut Vec<Vec<u8>>,
 ) -> Result<Box<RawValue>, RpcError> {
     if method == Method::Initialize {
         return to_raw(&engine.initialize(params)?);
+    }
+    if matches!(method, Method::Shutdown | Method::ListPlugins | Method::CacheStats) {
+        // They take no params; any object is accepted for forward compatibility.
+        crate::params::require_object(method, params)?;
     }
     if method == Method::Shutdown {
         let result = engine.shutdown(seq).await?;
@@ -333,7 +371,7 @@ async fn dispatch(
             // only; every request still gets exactly one response.
             let run = async {
                 use futures_util::FutureExt;
-                std::panic::AssertUnwindSafe(batch::evaluate(engine, params, deadline)).catch_unwind().await.unwrap_or_else(|panic| {
+                std::panic::AssertUnwindSafe(batch::evaluate(engine, params, deadline, budget)).catch_unwind().await.unwrap_or_else(|panic| {
                     let what = panic
                         .downcast_ref::<String>()
                         .map(String::as_str)
@@ -355,9 +393,6 @@ async fn dispatch(
                     webhook.send(alert);
                 }
             }
-            // The SDK reader fails on lines over the limit: the envelope takes
-            // `{"jsonrpc":"2.0","id":…,"result":…}`.
-            let budget = engine.config.max_response_bytes.saturating_sub(ENVELOPE_BYTES + id_len);
             let raw = to_raw(&result)?;
             if raw.get().len() <= budget {
                 tracing::debug!(trace_id = %result.trace_id, assertions = result.results.len(), duration_ms = result.total_duration_ms, "evaluation complete");
@@ -399,11 +434,13 @@ async fn dispatch(
         Method::QueryDrift => {
             let (subject, window) = crate::history::parse_query(params)?;
             let Some(history) = &engine.history else {
+                // A backend this engine was not given: configuration, not a fault.
                 return Err(RpcError::new(
-                    ErrorCode::EngineError,
+                    ErrorCode::ProviderError,
                     "history store not available",
                     "Result history is off or could not be opened (see the engine log). Enable it with history = true in the config file (or unset ATTEST_HISTORY=false, drop --no-history) and make sure the cache directory (ATTEST_CACHE_DIR) is writable.",
-                ));
+                )
+                .not_retryable());
             };
             let report = history
                 .drift(subject, window)
@@ -417,10 +454,11 @@ async fn dispatch(
         Method::CacheStats => match &engine.providers.cache {
             Some(cache) => to_raw(&cache.stats().await),
             None => Err(RpcError::new(
-                ErrorCode::EngineError,
+                ErrorCode::ProviderError,
                 "provider cache not available",
                 "The provider cache is off, no embedding or judge provider is configured, or the cache could not be opened (see the engine log). It lives in <cache_dir>/providers.sqlite3; it needs a provider, providers.cache = true and a writable ATTEST_CACHE_DIR.",
-            )),
+            )
+            .not_retryable()),
         },
         Method::Initialize | Method::Shutdown => unreachable!("handled above"),
     }
@@ -436,8 +474,19 @@ fn validate_trace_tree(engine: &Engine, params: Option<&RawValue>) -> Result<cra
         trace: Option<&'a RawValue>,
     }
     let shape = "Send {\"trace\": <trace object>} (spec §3).";
+    crate::params::require_object(Method::ValidateTraceTree, params)?;
     let trace = params
-        .and_then(|p| serde_json::from_str::<Params<'_>>(p.get()).ok())
+        .map(|p| serde_json::from_str::<Params<'_>>(p.get()))
+        .transpose()
+        .map_err(
+            |e| match crate::json_errors::unrepresentable(params.map_or("", |p| p.get()), &e, "params") {
+                Some(u) if u.field.starts_with("params.trace") => {
+                    crate::trace::validate::unrepresentable_trace(params.map_or("", |p| p.get()), u, engine.limits.max_depth)
+                }
+                Some(u) => RpcError::new(ErrorCode::InvalidTrace, u.message, shape).with_field(u.field),
+                None => RpcError::new(ErrorCode::InvalidTrace, "validate_trace_tree params could not be read", shape).with_field("params"),
+            },
+        )?
         .and_then(|p| p.trace)
         .filter(|t| t.get() != "null")
         .ok_or_else(|| {

@@ -140,9 +140,9 @@ impl Engine {
             cost_spent: AtomicU64::new(0f64.to_bits()),
             webhook,
             history,
-            session_log: SessionLog::new(!config.reports.is_empty()),
+            session_log: SessionLog::new(!config.reports.is_empty(), config.session_log_bytes),
             caches: BatchCaches::new(&config),
-            plugin_results: PluginResults::new(config.max_plugin_results),
+            plugin_results: PluginResults::new(config.max_plugin_results, config.plugin_results_bytes),
             plugins,
             limits,
             config,
@@ -228,7 +228,9 @@ impl Engine {
                 .ok()
                 .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
                 .unwrap_or_default();
-            let report = crate::report::Report::build(&self.session_log.batches(), &self.plugin_results.all(), self.config.budget_usd, now);
+            let mut report =
+                crate::report::Report::build(&self.session_log.batches(), &self.plugin_results.all(), self.config.budget_usd, now);
+            report.omitted_results = self.session_log.omitted_results();
             crate::report::write_all(&self.config.reports, &report);
         }
     }
@@ -282,17 +284,25 @@ impl Engine {
             ));
         }
         self.sessions.fetch_add(1, Ordering::Relaxed);
-        let missing: Vec<String> = p
+        // Echoed back: each name and the list are bounded, with a marker
+        // entry for what was left out.
+        const MAX_LISTED: usize = 64;
+        let capabilities = self.capabilities();
+        let unknown: Vec<&String> = p
             .required_capabilities
-            .into_iter()
-            .filter(|c| !self.capabilities().contains(&c.as_str()))
+            .iter()
+            .filter(|c| !capabilities.contains(&c.as_str()))
             .collect();
+        let mut missing: Vec<String> = unknown.iter().take(MAX_LISTED).map(|c| crate::text::clip(c, 64)).collect();
+        if unknown.len() > MAX_LISTED {
+            missing.push(format!("… and {} more", unknown.len() - MAX_LISTED));
+        }
         tracing::info!(sdk_name = %p.sdk_name, sdk_version = %p.sdk_version, protocol_version = p.protocol_version, missing = missing.len(), "session initialized");
         Ok(InitializeResult {
             engine_version: ENGINE_VERSION,
             protocol_version: PROTOCOL_VERSION,
             capabilities: self.capabilities(),
-            compatible: missing.is_empty(),
+            compatible: unknown.is_empty(),
             missing,
             encoding: "json",
             max_concurrent_requests: self.config.max_concurrent_requests,
@@ -376,9 +386,7 @@ struct InitializeParams {
 impl InitializeParams {
     fn parse(params: Option<&RawValue>) -> Result<InitializeParams, RpcError> {
         let example = "Send {\"sdk_name\":\"attest-python\",\"sdk_version\":\"0.9.0\",\"protocol_version\":1,\"required_capabilities\":[\"layers_1_4\"],\"preferred_encoding\":\"json\"}.";
-        let map: Map<String, Value> = params
-            .and_then(|p| serde_json::from_str(p.get()).ok())
-            .ok_or_else(|| RpcError::invalid_params("initialize params must be an object", example).with_field("params"))?;
+        let map: Map<String, Value> = crate::params::object(Method::Initialize, params)?;
         let bad = |field: &str, want: &str| {
             RpcError::invalid_params(format!("initialize params field {field} must be {want}"), example)
                 .with_field(format!("params.{field}"))

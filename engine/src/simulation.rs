@@ -11,7 +11,7 @@
 //!
 //! Result: `{"message": "<text>"}`.
 
-use crate::protocol::{ErrorCode, RpcError};
+use crate::protocol::{ErrorCode, Method, RpcError};
 use crate::providers::{Chat, ProviderError, Providers};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -68,15 +68,16 @@ fn invalid(message: impl Into<String>, field: &str) -> RpcError {
 }
 
 fn parse(params: Option<&RawValue>) -> Result<Params, RpcError> {
-    let text = params.map_or("null", |p| p.get());
-    let p: Params = serde_json::from_str(text).map_err(|e| invalid(format!("invalid generate_user_message params: {e}"), "params"))?;
+    crate::params::require_object(Method::GenerateUserMessage, params)?;
+    let text = params.map_or("{}", |p| p.get());
+    let p: Params = serde_json::from_str(text).map_err(|e| crate::params::member_error(Method::GenerateUserMessage, text, &e, SHAPE))?;
     if p.persona.system_prompt.trim().is_empty() {
         return Err(invalid("persona.system_prompt must not be empty", "params.persona.system_prompt"));
     }
     if let Some(t) = p.persona.temperature {
         if !(0.0..=2.0).contains(&t) {
             return Err(invalid(
-                format!("persona.temperature {t} is out of range (0 to 2)"),
+                format!("persona.temperature {} is out of range (0 to 2)", crate::text::num(t)),
                 "params.persona.temperature",
             ));
         }
@@ -95,7 +96,10 @@ fn parse(params: Option<&RawValue>) -> Result<Params, RpcError> {
     if let Some(f) = &p.fault_config {
         if !(0.0..=1.0).contains(&f.error_rate) {
             return Err(invalid(
-                format!("fault_config.error_rate {} is out of range (0 to 1)", f.error_rate),
+                format!(
+                    "fault_config.error_rate {} is out of range (0 to 1)",
+                    crate::text::num(f.error_rate)
+                ),
                 "params.fault_config.error_rate",
             ));
         }

@@ -5,26 +5,61 @@
 //! [`quote`], which is what keeps response lines far below the 64 KiB limit
 //! of SDK readers.
 
+use std::borrow::Cow;
+
 /// Longest user value quoted inside an explanation or error message.
 pub const MAX_QUOTED_CHARS: usize = 120;
 
 /// Truncates `s` to at most `max` characters, marking the cut with `…`.
+/// Bidirectional-text controls are made visible (`<U+202E>`), so that an
+/// echoed value can never reorder how a report or terminal shows the text
+/// around it.
 pub fn clip(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_owned(),
+    let clipped = match s.char_indices().nth(max) {
+        None => Cow::Borrowed(s),
         Some((cut, _)) => {
             let keep = s[..cut].char_indices().nth(max.saturating_sub(1)).map_or(cut, |(i, _)| i);
-            format!("{}…", &s[..keep])
+            Cow::Owned(format!("{}…", &s[..keep]))
         }
+    };
+    match neutralise_bidi(&clipped) {
+        Cow::Owned(o) => o,
+        Cow::Borrowed(_) => clipped.into_owned(),
     }
 }
 
-/// Truncates `s` in place to at most `max` characters (with `…`).
+/// Whether `c` changes the display order of surrounding text (the Unicode
+/// bidi embedding, override and isolate controls, and the implicit marks).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' | '\u{061C}')
+}
+
+/// Replaces bidi controls with a visible `<U+XXXX>`; borrows when there are none.
+pub fn neutralise_bidi(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(is_bidi_control) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if is_bidi_control(c) {
+            out.push_str(&format!("<U+{:04X}>", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Truncates `s` in place to at most `max` characters (with `…`), and
+/// neutralises bidi controls as [`clip`] does.
 pub fn clip_in_place(s: &mut String, max: usize) {
     if let Some((cut, _)) = s.char_indices().nth(max) {
         let keep = s[..cut].char_indices().nth(max.saturating_sub(1)).map_or(cut, |(i, _)| i);
         s.truncate(keep);
         s.push('…');
+    }
+    if let Cow::Owned(o) = neutralise_bidi(s) {
+        *s = o;
     }
 }
 
@@ -43,10 +78,14 @@ pub fn quote_list<S: AsRef<str>>(items: &[S]) -> String {
     format!("[{}]", out.join(", "))
 }
 
-/// Formats a number the way people write it: `3`, `0.0067`, `1e-9`.
+/// Formats a number the way people write it: `3`, `0.0067`, `1e-9`,
+/// `1e308` (never hundreds of digits).
 pub fn num(x: f64) -> String {
     if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e15 {
         format!("{}", x as i64)
+    } else if x.is_finite() {
+        // Shortest round-trip form, in exponent notation when that is shorter.
+        ryu::Buffer::new().format_finite(x).to_owned()
     } else {
         format!("{x}")
     }
@@ -67,7 +106,17 @@ mod tests {
     }
 
     #[test]
+    fn bidi_controls_are_made_visible() {
+        assert_eq!(clip("a\u{202E}b", 10), "a<U+202E>b");
+        let mut s = String::from("x\u{2066}y");
+        clip_in_place(&mut s, 50);
+        assert_eq!(s, "x<U+2066>y");
+    }
+
+    #[test]
     fn numbers_are_compact() {
+        assert_eq!(num(1e308), "1e308");
+        assert_eq!(num(-2.5e-9), "-2.5e-9");
         assert_eq!(num(3.0), "3");
         assert_eq!(num(0.0067), "0.0067");
         assert_eq!(num(-2.5), "-2.5");

@@ -297,7 +297,7 @@ fn an_assertion_id_resolves_to_the_fingerprint_of_its_latest_result() {
 }
 
 #[test]
-fn history_off_hides_the_capability_and_query_drift_is_3001() {
+fn history_off_hides_the_capability_and_query_drift_is_a_configuration_error() {
     for (args, env) in [
         (vec!["--no-history"], vec![]),
         (vec![], vec![("ATTEST_HISTORY", "false")]),
@@ -316,7 +316,8 @@ fn history_off_hides_the_capability_and_query_drift_is_3001() {
         let why = r["explanation"].as_str().unwrap();
         assert!(why.contains("static band (result history is off)"), "{why}");
         let resp = query_drift(&mut e, json!({"assertion_id": "k"}));
-        let err = expect_error(&resp, 3001);
+        let err = expect_error(&resp, 2001);
+        assert_eq!(err["data"]["retryable"], json!(false), "{resp}");
         assert_eq!(err["message"], json!("history store not available"), "{resp}");
         assert!(err["data"]["detail"].as_str().unwrap().contains("ATTEST_HISTORY"), "{resp}");
         shutdown(&mut e, 1);
@@ -333,7 +334,7 @@ fn history_false_in_the_config_file_switches_it_off_and_env_overrides_the_file()
     let config = config_file(dir.path(), "history = false\n");
     let mut e = spawn_in(dir.path(), &["--config", &config], &[]);
     assert!(!capabilities(&e.initialize()).contains(&"continuous_eval".to_owned()));
-    expect_error(&query_drift(&mut e, json!({"assertion_id": "k"})), 3001);
+    expect_error(&query_drift(&mut e, json!({"assertion_id": "k"})), 2001);
     let mut e = spawn_in(dir.path(), &["--config", &config], &[("ATTEST_HISTORY", "true")]);
     assert!(capabilities(&e.initialize()).contains(&"continuous_eval".to_owned()));
     assert_eq!(drift_report(&mut e, json!({"assertion_id": "k"}))["status"], json!("no_data"));
@@ -481,11 +482,13 @@ fn query_drift_params_that_are_not_an_object_name_the_params_field() {
     let cache = tempfile::tempdir().unwrap();
     let mut e = spawn_in(cache.path(), &[], &[]);
     e.initialize();
-    for params in [json!(["a"]), json!(null)] {
-        let resp = query_drift(&mut e, params.clone());
-        let err = expect_error(&resp, 1002);
-        assert_eq!(err["data"]["field"], json!("params"), "{params}: {resp}");
-    }
+    let resp = query_drift(&mut e, json!(["a"]));
+    let err = expect_error(&resp, -32602);
+    assert_eq!(err["data"]["field"], json!("params"), "{resp}");
+    // Absent params read as {}: the missing member is named.
+    let resp = query_drift(&mut e, json!(null));
+    let err = expect_error(&resp, 1002);
+    assert_eq!(err["data"]["field"], json!("params.assertion_id"), "{resp}");
 }
 
 // ---------------------------------------------------------------- dynamic thresholds

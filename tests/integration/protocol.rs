@@ -465,11 +465,14 @@ fn initialize_params_errors_are_invalid_params() {
     let err = expect_error(&engine.request(&initialize_request(json!(2), bad_version)), -32602);
     assert_eq!(err["message"], json!("initialize params field protocol_version must be an integer"));
 
+    // Absent params read as {}: the first missing member is named.
     let resp = engine.request(&json!({"jsonrpc": "2.0", "id": 3, "method": "initialize"}));
     let err = expect_error(&resp, -32602);
-    assert_eq!(err["message"], json!("initialize params must be an object"));
+    assert_eq!(err["message"], json!("initialize params missing required field: sdk_name"));
     let resp = engine.request(&json!({"jsonrpc": "2.0", "id": 4, "method": "initialize", "params": ["attest", "0.1.0", 1]}));
-    expect_error(&resp, -32602);
+    let err = expect_error(&resp, -32602);
+    assert_eq!(err["message"], json!("initialize params must be an object"));
+    assert_eq!(err["data"]["field"], json!("params"));
     assert_still_serving(&mut engine, false);
 }
 

@@ -614,7 +614,8 @@ fn without_providers_paid_assertions_get_2001_saying_how_to_enable_them() {
     assert!(resp["error"]["data"]["detail"].as_str().unwrap().contains("ATTEST_JUDGE_BASE_URL"));
     // Nothing to cache, so no cache file either.
     let stats = e.request(&rpc(json!(3), "cache_stats", json!({})));
-    assert_eq!(stats["error"]["code"], 3001, "{stats}");
+    assert_eq!(stats["error"]["code"], 2001, "{stats}");
+    assert_eq!(stats["error"]["data"]["retryable"], false, "{stats}");
     assert!(!std::path::Path::new(&cache).join("providers.sqlite3").exists());
 }
 

@@ -3,9 +3,13 @@
 //! - `case_sensitive` defaults to false for `contains`, `not_contains`,
 //!   `keyword_all`, `keyword_any` and `forbidden` (comparison by Unicode
 //!   lower-casing of both sides).
-//! - `regex_match` is RE2 syntax (the `regex` crate: linear time, no
+//! - `regex_match` is RE2 syntax (the `regex` crate's engine: linear time, no
 //!   backtracking) and case-sensitive unless `case_sensitive: false` is given
-//!   explicitly; patterns are compiled once with the assertion.
+//!   explicitly; patterns are compiled once with the assertion, within
+//!   [`REGEX_SIZE_LIMIT`] bytes of compiled program and a lazy-DFA cache of
+//!   [`REGEX_DFA_CACHE_BYTES`], so one pattern's memory is bounded. Matching
+//!   time is at worst proportional to program size × text length; batches
+//!   where that product is large run under a watchdog (see `batch`).
 //! - `forbidden` failures are always `hard_fail`, even with `soft: true`.
 //! - A non-string target is matched against its compact JSON text.
 
@@ -13,12 +17,18 @@ use super::{Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::{clip, quote, quote_list};
 use crate::trace::Trace;
-use regex::{Regex, RegexBuilder};
+use regex_automata::meta::Regex;
+use regex_automata::util::syntax;
 use serde_json::Value;
 use std::borrow::Cow;
 
 /// Longest accepted regex pattern, in bytes.
 pub const MAX_PATTERN_BYTES: usize = 10_000;
+/// Largest compiled regex program (its NFA), in bytes. Bounds both the
+/// memory a pattern holds and the cost of each text position it scans.
+pub const REGEX_SIZE_LIMIT: usize = 1024 * 1024;
+/// Capacity of a regex's lazy-DFA transition cache, per thread using it.
+pub const REGEX_DFA_CACHE_BYTES: usize = 512 * 1024;
 
 #[derive(Debug)]
 pub struct ContentCheck {
@@ -31,10 +41,17 @@ pub struct ContentCheck {
 enum Rule {
     Contains(Needle),
     NotContains(Needle),
-    RegexMatch(Regex),
+    RegexMatch(Pattern),
     KeywordAll(Vec<Needle>),
     KeywordAny(Vec<Needle>),
     Forbidden(Vec<Needle>),
+}
+
+/// A compiled regex with the text it was written as.
+#[derive(Debug)]
+struct Pattern {
+    written: String,
+    regex: Regex,
 }
 
 /// A search string as written and as compared.
@@ -124,9 +141,9 @@ impl ContentCheck {
                 let tail = if ok { "" } else { " but should not" };
                 Verdict::from_bool(ok, format!("{t} {rel} {}{tail}{mode}.", quote(&n.written)))
             }
-            Rule::RegexMatch(re) => match re.find(&hay) {
-                Some(m) => Verdict::pass(format!("{t} matches regex {} at {}.", quote(re.as_str()), quote(m.as_str()))),
-                None => Verdict::fail(format!("{t} does not match regex {}.", quote(re.as_str()))),
+            Rule::RegexMatch(p) => match p.regex.find(hay.as_bytes()) {
+                Some(m) => Verdict::pass(format!("{t} matches regex {} at {}.", quote(&p.written), quote(&hay[m.range()]))),
+                None => Verdict::fail(format!("{t} does not match regex {}.", quote(&p.written))),
             },
             Rule::KeywordAll(ns) => {
                 let missing: Vec<&str> = ns
@@ -176,7 +193,30 @@ impl ContentCheck {
     }
 }
 
-fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Regex, SpecError> {
+impl ContentCheck {
+    /// Bytes of compiled program a scan of the target walks: with the
+    /// text's length, an upper bound on how long matching may take.
+    pub fn scan_weight(&self) -> usize {
+        match &self.rule {
+            Rule::RegexMatch(p) => p.regex.memory_usage().max(1),
+            _ => 0,
+        }
+    }
+
+    /// Memory this check holds, for cache accounting: the compiled program
+    /// plus a full lazy-DFA cache for each of two concurrent users.
+    pub fn memory_bytes(&self) -> usize {
+        match &self.rule {
+            Rule::RegexMatch(p) => p.regex.memory_usage() + 2 * REGEX_DFA_CACHE_BYTES + p.written.len(),
+            Rule::Contains(n) | Rule::NotContains(n) => n.written.len() + n.compared.len(),
+            Rule::KeywordAll(ns) | Rule::KeywordAny(ns) | Rule::Forbidden(ns) => {
+                ns.iter().map(|n| n.written.len() + n.compared.len() + 48).sum()
+            }
+        }
+    }
+}
+
+fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecError> {
     if pattern.len() > MAX_PATTERN_BYTES {
         return Err(SpecError::new(
             "spec.value",
@@ -187,11 +227,22 @@ fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Regex, SpecError
             "Shorten the pattern; split very large alternations into several assertions or use keyword_any.",
         ));
     }
-    RegexBuilder::new(pattern)
-        .case_insensitive(!case_sensitive)
-        .size_limit(16 * 1024 * 1024)
-        .build()
+    let regex = Regex::builder()
+        .syntax(syntax::Config::new().case_insensitive(!case_sensitive))
+        .configure(
+            Regex::config()
+                .nfa_size_limit(Some(REGEX_SIZE_LIMIT))
+                .hybrid_cache_capacity(REGEX_DFA_CACHE_BYTES),
+        )
+        .build(pattern)
         .map_err(|e| {
+            if e.size_limit().is_some() {
+                return SpecError::new(
+                    "spec.value",
+                    format!("regex {} is too large: it compiles to more than {REGEX_SIZE_LIMIT} bytes", quote(pattern)),
+                    "Large counted repetitions (a{10000}, \\w{500}) and big Unicode classes repeated many times make huge programs. Use smaller counts, ASCII classes ((?-u:\\w)), or split the check into several assertions.",
+                );
+            }
             let reason = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
             SpecError::new(
                 "spec.value",
@@ -202,7 +253,11 @@ fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Regex, SpecError
                     clip(&reason, 200)
                 ),
             )
-        })
+        })?;
+    Ok(Pattern {
+        written: pattern.to_owned(),
+        regex,
+    })
 }
 
 #[cfg(test)]

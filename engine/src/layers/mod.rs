@@ -209,6 +209,27 @@ impl CompiledAssertion {
         })
     }
 
+    /// Bytes of compiled regex program a scan of the target may walk per
+    /// byte of text (0 for checks without patterns). With the trace's size
+    /// it bounds the check's running time.
+    pub fn scan_weight(&self) -> usize {
+        match &self.check {
+            Check::Content(c) => c.scan_weight(),
+            Check::Schema(c) => c.scan_weight(),
+            _ => 0,
+        }
+    }
+
+    /// Estimated memory this compiled assertion holds, for cache accounting.
+    pub fn memory_bytes(&self) -> usize {
+        const BASE: usize = 512;
+        BASE + match &self.check {
+            Check::Content(c) => c.memory_bytes(),
+            Check::Schema(c) => c.memory_bytes(),
+            _ => 0,
+        }
+    }
+
     /// Evaluates a built-in check. Plugin checks are run per batch instead
     /// (see [`crate::batch`]) and classified with [`CompiledAssertion::classify`].
     pub fn evaluate(&self, trace: &Trace) -> (Status, Verdict) {

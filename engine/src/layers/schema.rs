@@ -4,7 +4,12 @@
 //! `$schema`. The seed spelling `https://json-schema.org/draft/2020-12`
 //! (without `/schema`) is accepted as 2020-12. Schemas are compiled once and
 //! cached by their canonical text; remote `$ref`s are never fetched.
+//!
+//! `pattern` and `patternProperties` use the same RE2 engine and the same
+//! size bounds as `regex_match` (no lookaround, no backreferences), so a
+//! schema cannot smuggle in a pattern that layer 4 would refuse.
 
+use super::content::{REGEX_DFA_CACHE_BYTES, REGEX_SIZE_LIMIT};
 use super::{Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::clip;
@@ -14,8 +19,9 @@ use quick_cache::sync::Cache;
 use serde_json::Value;
 use std::sync::{Arc, OnceLock};
 
-/// How many distinct compiled schemas are kept.
+/// How many distinct compiled schemas are kept, and their estimated bytes.
 const SCHEMA_CACHE_ENTRIES: usize = 1024;
+const SCHEMA_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// How many validation errors an explanation lists.
 const MAX_REPORTED_ERRORS: usize = 3;
 
@@ -24,6 +30,10 @@ pub struct SchemaCheck {
     target: Target,
     draft: &'static str,
     validator: Arc<Validator>,
+    /// How many `pattern`/`patternProperties` the schema holds.
+    patterns: usize,
+    /// Length of the schema's canonical text.
+    text_bytes: usize,
 }
 
 const DRAFTS: &[(&str, Draft, &str)] = &[
@@ -67,32 +77,72 @@ fn supported_drafts() -> String {
     "Supported $schema values: https://json-schema.org/draft/2020-12/schema (default, also without /schema), https://json-schema.org/draft/2019-09/schema, http://json-schema.org/draft-07/schema#, http://json-schema.org/draft-06/schema#, http://json-schema.org/draft-04/schema#.".into()
 }
 
-fn cache() -> &'static Cache<String, Arc<Validator>> {
-    static CACHE: OnceLock<Cache<String, Arc<Validator>>> = OnceLock::new();
-    CACHE.get_or_init(|| Cache::new(SCHEMA_CACHE_ENTRIES))
+/// Estimated bytes a compiled schema holds: its tree (a multiple of its
+/// text) plus, per pattern, a full program and lazy-DFA cache.
+fn schema_bytes(text_bytes: usize, patterns: usize) -> u64 {
+    (text_bytes as u64) * 8 + (patterns as u64) * (REGEX_SIZE_LIMIT as u64 / 4 + 2 * REGEX_DFA_CACHE_BYTES as u64)
 }
 
-fn compile_schema(schema: &Value, draft: Draft) -> Result<Arc<Validator>, SpecError> {
+#[derive(Clone)]
+struct SchemaWeight;
+
+impl quick_cache::Weighter<String, (Arc<Validator>, usize)> for SchemaWeight {
+    fn weight(&self, key: &String, value: &(Arc<Validator>, usize)) -> u64 {
+        // At least an equal share, so the entry bound holds too.
+        schema_bytes(key.len(), value.1).max(SCHEMA_CACHE_BYTES / SCHEMA_CACHE_ENTRIES as u64)
+    }
+}
+
+type SchemaCache = Cache<String, (Arc<Validator>, usize), SchemaWeight>;
+
+fn cache() -> &'static SchemaCache {
+    static CACHE: OnceLock<SchemaCache> = OnceLock::new();
+    CACHE.get_or_init(|| Cache::with_weighter(SCHEMA_CACHE_ENTRIES, SCHEMA_CACHE_BYTES, SchemaWeight))
+}
+
+/// How many `pattern`/`patternProperties` members the schema holds.
+fn count_patterns(schema: &Value) -> usize {
+    match schema {
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| usize::from(k == "pattern" || k == "patternProperties") + count_patterns(v))
+            .sum(),
+        Value::Array(a) => a.iter().map(count_patterns).sum(),
+        _ => 0,
+    }
+}
+
+fn compile_schema(schema: &Value, draft: Draft) -> Result<(Arc<Validator>, usize, usize), SpecError> {
     // Canonical text: serde_json maps are ordered, so key order does not matter.
     let key = format!("{draft:?}{schema}");
-    if let Some(v) = cache().get(&key) {
-        return Ok(v);
+    let text_bytes = key.len();
+    if let Some((v, patterns)) = cache().get(&key) {
+        return Ok((v, patterns, text_bytes));
     }
+    let patterns = count_patterns(schema);
     let mut body = schema.clone();
     if let Some(m) = body.as_object_mut() {
         // The draft is already chosen; dropping `$schema` lets non-canonical spellings compile.
         m.remove("$schema");
     }
-    let validator = jsonschema::options().with_draft(draft).build(&body).map_err(|e| {
+    let validator = jsonschema::options()
+        .with_draft(draft)
+        .with_pattern_options(
+            jsonschema::PatternOptions::regex()
+                .size_limit(REGEX_SIZE_LIMIT)
+                .dfa_size_limit(REGEX_DFA_CACHE_BYTES),
+        )
+        .build(&body)
+        .map_err(|e| {
         SpecError::new(
             "spec.schema",
             format!("malformed JSON Schema: {}", clip(&e.to_string(), 300)),
-            "Fix the schema so it is valid for its draft (remote $refs are not fetched; inline them under $defs).",
+            "Fix the schema so it is valid for its draft (remote $refs are not fetched; inline them under $defs). Patterns use RE2 syntax, as regex_match does: no lookaround or backreferences, and at most 1 MiB compiled.",
         )
     })?;
     let validator = Arc::new(validator);
-    cache().insert(key, validator.clone());
-    Ok(validator)
+    cache().insert(key, (validator.clone(), patterns));
+    Ok((validator, patterns, text_bytes))
 }
 
 /// The first validation errors, each as `at <instance path>: <message>`.
@@ -128,11 +178,24 @@ impl SchemaCheck {
             ));
         }
         let (draft, draft_name) = draft_of(schema)?;
+        let (validator, patterns, text_bytes) = compile_schema(schema, draft)?;
         Ok(SchemaCheck {
             target,
             draft: draft_name,
-            validator: compile_schema(schema, draft)?,
+            validator,
+            patterns,
+            text_bytes,
         })
+    }
+
+    /// Bytes of regex program a validation may walk per byte of input.
+    pub fn scan_weight(&self) -> usize {
+        self.patterns * (REGEX_SIZE_LIMIT / 4)
+    }
+
+    /// Estimated memory held, for cache accounting.
+    pub fn memory_bytes(&self) -> usize {
+        schema_bytes(self.text_bytes, self.patterns) as usize
     }
 
     pub fn evaluate(&self, trace: &Trace) -> Verdict {

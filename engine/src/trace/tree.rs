@@ -265,15 +265,33 @@ pub struct TreeSummary {
 /// Summarises the tree under `root`, reporting all integrity problems.
 /// Aggregates of absent metadata are 0 here (the summary has no "unknown").
 pub fn summary(root: &Trace) -> TreeSummary {
+    // Echoed lists are bounded so the answer fits one response line; the
+    // counts stay exact and a marker entry says what was left out.
+    const MAX_LISTED: usize = 100;
     let tree = Tree::new(root);
-    let errors: Vec<String> = tree.problems().into_iter().map(|e| e.message).collect();
-    let agent_ids: Vec<String> = tree.agent_ids().into_iter().map(str::to_owned).collect();
-    let total = |m| tree.aggregate(m).map_or(0.0, |a| a.total);
+    let problems = tree.problems();
+    let valid = problems.is_empty();
+    let mut errors: Vec<String> = problems
+        .iter()
+        .take(MAX_LISTED)
+        .map(|e| crate::text::clip(&e.message, 300))
+        .collect();
+    if problems.len() > MAX_LISTED {
+        errors.push(format!("… and {} more problems", problems.len() - MAX_LISTED));
+    }
+    let all_ids = tree.agent_ids();
+    let mut agent_ids: Vec<String> = all_ids.iter().take(MAX_LISTED).map(|a| crate::text::clip(a, 128)).collect();
+    if all_ids.len() > MAX_LISTED {
+        agent_ids.push(format!("… and {} more", all_ids.len() - MAX_LISTED));
+    }
+    // Sums of huge values saturate instead of becoming infinite (which JSON
+    // cannot carry).
+    let total = |m| tree.aggregate(m).map_or(0.0, |a| a.total.min(f64::MAX));
     TreeSummary {
-        valid: errors.is_empty(),
+        valid,
         errors,
         depth: tree.depth(),
-        agent_count: agent_ids.len(),
+        agent_count: all_ids.len(),
         agent_ids,
         // Validation guarantees non-negative numbers; token and millisecond
         // counts are integers on the wire, so rounding only hides float noise.

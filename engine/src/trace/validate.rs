@@ -85,12 +85,41 @@ pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> 
     Ok(parsed)
 }
 
+/// The 1001 for a trace whose text holds a value nothing can represent.
+/// Nesting beyond the parser's limit is almost always sub-traces nested far
+/// too deep, which rule 7 names in its own words.
+pub fn unrepresentable_trace(text: &str, u: crate::json_errors::Unrepresentable, max_depth: usize) -> RpcError {
+    if u.message.starts_with("nesting too deep") {
+        let depth = crate::json_errors::max_key_nesting(text, "sub_trace");
+        if depth > max_depth {
+            return invalid(
+                format!("trace nesting depth {depth} exceeds maximum {max_depth}"),
+                format!(
+                    "Sub-agent traces may nest at most {max_depth} levels below the root trace. Flatten deep delegation chains or submit the deepest sub-traces as separate traces."
+                ),
+                "trace.steps",
+            );
+        }
+    }
+    invalid(
+        u.message,
+        "Send the trace as plain JSON: finite numbers within ±1.8e308, strings of valid Unicode (no lone \\ud800-\\udfff escapes), at most 128 levels of nesting.",
+        u.field,
+    )
+}
+
 /// Rules 1–7: every level of the tree, but not the links between levels
 /// (`validate_trace_tree` reports those instead of refusing the trace).
 pub fn parse_trace_levels(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> {
     // 1. Top-level parse.
-    let value: Value = serde_json::from_str(raw.get())
-        .map_err(|e| invalid(format!("trace is not valid JSON: {e}"), "Send the trace as a JSON object.", "trace"))?;
+    let value: Value = serde_json::from_str(raw.get()).map_err(|e| match crate::json_errors::unrepresentable(raw.get(), &e, "trace") {
+        Some(u) => unrepresentable_trace(raw.get(), u, limits.max_depth),
+        None => invalid(
+            format!("trace is not valid JSON: {}", clip(&e.to_string(), 200)),
+            "Send the trace as a JSON object.",
+            "trace",
+        ),
+    })?;
     let Value::Object(obj) = value else {
         return Err(invalid(
             format!("trace must be a JSON object, got {}", kind_of(&value)),

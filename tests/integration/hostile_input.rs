@@ -1,0 +1,336 @@
+//! Hostile and careless input through the real binary: values serde cannot
+//! represent, regexes built to be slow or huge, echoed input that would
+//! overflow a response line, JSON-RPC batches that are too large or hold
+//! non-request members, oversized stores, and the one code policy for
+//! malformed params. Every case must get exactly one bounded, specific
+//! answer and leave the engine serving.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const LINE_LIMIT: usize = 65_536;
+
+/// Sends one raw line and returns the raw response line, checking its size.
+fn raw_exchange(engine: &mut Engine, line: &str) -> Value {
+    engine.send_line(line);
+    let bytes = engine.recv_bytes();
+    assert!(bytes.len() <= LINE_LIMIT, "response line of {} bytes", bytes.len());
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not JSON ({e})"))
+}
+
+fn eval_line(id: &str, trace_text: &str, assertions_text: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":"{id}","method":"evaluate_batch","params":{{"trace":{trace_text},"assertions":{assertions_text}}}}}"#)
+}
+
+const TRACE: &str = r#"{"schema_version":1,"trace_id":"t1","output":{"message":"hello"},"steps":[]}"#;
+
+fn still_serving(engine: &mut Engine) {
+    let r = engine.request(&evaluate_request(
+        json!("alive"),
+        minimal_trace(),
+        json!([content("c", "contains", "hello")]),
+    ));
+    assert_eq!(statuses(&expect_result(&r)), ["pass"], "{r}");
+}
+
+#[test]
+fn unrepresentable_spec_values_are_1002_naming_the_field() {
+    let mut e = Engine::spawn();
+    e.initialize();
+    let deep = format!("{}1{}", "[".repeat(130), "]".repeat(130));
+    let cases = [
+        (
+            r#"{"target":"output.message","check":"contains","value":1e400}"#.to_owned(),
+            "number out of range",
+            "spec.value",
+        ),
+        (
+            r#"{"target":"output.message","check":"contains","value":"\ud800"}"#.to_owned(),
+            "invalid escape",
+            "spec.value",
+        ),
+        (
+            format!(r#"{{"target":"output.message","check":"contains","value":{deep}}}"#),
+            "nesting too deep",
+            "spec.value",
+        ),
+    ];
+    for (i, (spec, what, field)) in cases.iter().enumerate() {
+        let line = eval_line(
+            &format!("s{i}"),
+            TRACE,
+            &format!(r#"[{{"assertion_id":"a","type":"content","spec":{spec}}}]"#),
+        );
+        let r = raw_exchange(&mut e, &line);
+        let err = expect_error(&r, 1002);
+        assert!(err["message"].as_str().unwrap().contains(what), "{r}");
+        let at = err["data"]["field"].as_str().unwrap();
+        assert!(at.starts_with(&format!("params.assertions[0].{field}")), "{r}");
+        assert!(at.len() < 120, "{r}");
+        assert_eq!(err["data"]["assertion_id"], json!("a"), "{r}");
+    }
+    still_serving(&mut e);
+}
+
+#[test]
+fn unrepresentable_trace_values_are_1001_naming_the_field() {
+    let mut e = Engine::spawn();
+    e.initialize();
+    let trace =
+        r#"{"schema_version":1,"trace_id":"t","output":{"message":"m"},"steps":[{"type":"tool_call","name":"x","args":{"n":1e400}}]}"#;
+    let r = raw_exchange(&mut e, &eval_line("n", trace, "[]"));
+    let err = expect_error(&r, 1001);
+    assert_eq!(err["data"]["field"], json!("trace.steps[0].args.n"), "{r}");
+    assert!(err["message"].as_str().unwrap().starts_with("number out of range"), "{r}");
+
+    // 50 levels of sub-traces: the trace rule's own words, not the parser's.
+    let mut nested = r#"{"schema_version":1,"trace_id":"leaf","output":{"message":"m"}}"#.to_owned();
+    for i in 0..50 {
+        nested = format!(
+            r#"{{"schema_version":1,"trace_id":"t{i}","output":{{"message":"m"}},"steps":[{{"type":"agent_call","name":"a","sub_trace":{nested}}}]}}"#
+        );
+    }
+    let r = raw_exchange(&mut e, &eval_line("deep", &nested, "[]"));
+    let err = expect_error(&r, 1001);
+    let msg = err["message"].as_str().unwrap();
+    assert!(msg.starts_with("trace nesting depth 50 exceeds maximum 5"), "{r}");
+    still_serving(&mut e);
+}
+
+#[test]
+fn huge_regex_programs_are_refused_at_compile_time() {
+    let mut e = Engine::spawn();
+    e.initialize();
+    for (i, pattern) in ["a{100000}", "\\w{200}\\d{50}N", "[\\s\\S]{0,5000}z"].iter().enumerate() {
+        let r = e.request(&evaluate_request(
+            json!(i),
+            minimal_trace(),
+            json!([content("r", "regex_match", pattern)]),
+        ));
+        let err = expect_error(&r, 1002);
+        assert!(err["message"].as_str().unwrap().contains("too large"), "{r}");
+        assert_eq!(err["data"]["field"], json!("params.assertions[0].spec.value"));
+    }
+    // A schema pattern has the same engine and bounds as regex_match.
+    let schema = json!({"assertion_id": "s", "type": "schema", "spec": {"target": "output", "schema": {"properties": {"message": {"pattern": "(?<=a)b"}}}}});
+    let r = e.request(&evaluate_request(json!("lookbehind"), minimal_trace(), json!([schema])));
+    expect_error(&r, 1002);
+    still_serving(&mut e);
+}
+
+#[test]
+fn a_slow_regex_scan_is_answered_at_the_deadline_and_shutdown_is_not_held() {
+    let mut e = Engine::spawn_args(&["--log-level=warn", "--eval-timeout", "1s"]);
+    e.initialize();
+    // Within every limit: a 500,000-character output and a program near the
+    // size bound whose DFA blows up, so matching falls back to the NFA.
+    let output = "ab".repeat(250_000);
+    let trace = json!({"schema_version": 1, "trace_id": "slow", "output": {"message": output}});
+    let pattern = "(?:[ab]{0,40}a[ab]{20}){20}[ab]{0,400}c";
+    let t0 = Instant::now();
+    let r = e.request(&evaluate_request(
+        json!("slow"),
+        trace,
+        json!([content("r", "regex_match", pattern)]),
+    ));
+    let took = t0.elapsed();
+    match r.get("error") {
+        Some(_) => {
+            expect_error(&r, 3002);
+        }
+        // A machine fast enough to finish within the deadline is fine too.
+        None => assert_eq!(statuses(&expect_result(&r)), ["hard_fail"], "{r}"),
+    }
+    assert!(took < Duration::from_secs(20), "answered after {took:?}");
+    let t0 = Instant::now();
+    let r = e.request(&shutdown_request(json!("bye")));
+    expect_result(&r);
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn echoed_input_never_makes_a_line_over_64_kib() {
+    let mut e = Engine::spawn();
+    let many: Vec<String> = (0..10_000).map(|i| format!("capability_{i}_{}", "x".repeat(20))).collect();
+    let mut params = init_params();
+    params["required_capabilities"] = json!(many);
+    let r = raw_exchange(&mut e, &initialize_request(json!("init"), params).to_string());
+    let result = expect_result(&r);
+    assert_eq!(result["compatible"], json!(false));
+    assert!(
+        result["missing"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .contains("more"),
+        "{r}"
+    );
+
+    let long = "i".repeat(100_000);
+    let line = evaluate_request(json!(1), minimal_trace(), json!([content(&long, "contains", "x")])).to_string();
+    let r = raw_exchange(&mut e, &line);
+    expect_error(&r, 1002);
+    let line = rpc(json!(2), "query_drift", json!({"window_size": "w".repeat(100_000)})).to_string();
+    expect_error(&raw_exchange(&mut e, &line), 1002);
+    let line = rpc(json!(3), "query_drift", json!({"assertion_id": long})).to_string();
+    raw_exchange(&mut e, &line);
+    let line = rpc(
+        json!(4),
+        "generate_user_message",
+        json!({"persona": {"name": long, "system_prompt": 5}}),
+    )
+    .to_string();
+    expect_error(&raw_exchange(&mut e, &line), 1002);
+    let line = rpc(json!(5), &"m".repeat(100_000), json!({})).to_string();
+    expect_error(&raw_exchange(&mut e, &line), -32601);
+    let mut p = plugin_request(json!(6));
+    p["params"]["assertion_id"] = json!(long);
+    let err = expect_error(&raw_exchange(&mut e, &p.to_string()), 1002);
+    assert_eq!(err["data"]["field"], json!("params.assertion_id"));
+    still_serving(&mut e);
+}
+
+#[test]
+fn oversized_json_rpc_batches_are_refused_before_anything_runs() {
+    let mut e = Engine::spawn();
+    e.initialize();
+    // 300 members: over the member limit.
+    let members: Vec<Value> = (0..300)
+        .map(|i| evaluate_request(json!(i), refund_trace(), refund_assertions()))
+        .collect();
+    let r = raw_exchange(&mut e, &Value::Array(members).to_string());
+    let err = expect_error(&r, -32600);
+    assert!(err["message"].as_str().unwrap().contains("batch too large"), "{r}");
+    let members: Vec<Value> = (0..2000).map(|i| plugin_request(json!(i))).collect();
+    expect_error(&raw_exchange(&mut e, &Value::Array(members).to_string()), -32600);
+    // 100 members whose answers cannot share one line: each refused unrun.
+    let members: Vec<Value> = (0..100)
+        .map(|i| evaluate_request(json!(i), refund_trace(), refund_assertions()))
+        .collect();
+    let r = raw_exchange(&mut e, &Value::Array(members).to_string());
+    let answers = r.as_array().unwrap_or_else(|| panic!("expected an array: {r}"));
+    assert_eq!(answers.len(), 100);
+    for (i, a) in answers.iter().enumerate() {
+        assert_eq!(a["id"], json!(i));
+        expect_error(a, 1002);
+    }
+    let r = e.request(&shutdown_request(json!("bye")));
+    assert_eq!(expect_result(&r)["assertions_evaluated"], json!(0), "{r}");
+}
+
+#[test]
+fn batch_members_that_are_not_objects_are_invalid_requests() {
+    let mut e = Engine::spawn();
+    e.initialize();
+    let r = raw_exchange(
+        &mut e,
+        r#"[["2.0",7,"list_plugins"],["2.0","s1","shutdown"],5,{"jsonrpc":"2.0","id":"ok","method":"list_plugins"}]"#,
+    );
+    let answers = r.as_array().unwrap();
+    assert_eq!(answers.len(), 4, "{r}");
+    for a in &answers[..3] {
+        expect_error(a, -32600);
+        assert_eq!(a["id"], Value::Null);
+    }
+    assert_eq!(answers[3]["id"], json!("ok"));
+    expect_result(&answers[3]);
+    still_serving(&mut e);
+}
+
+#[test]
+fn stores_bound_payloads() {
+    let mut e = Engine::spawn();
+    e.initialize();
+    let mut p = plugin_request(json!("big"));
+    p["params"]["result"]["metadata"] = json!({"blob": "x".repeat(5 * 1024 * 1024)});
+    let err = expect_error(&raw_exchange(&mut e, &p.to_string()), 1002);
+    assert_eq!(err["data"]["field"], json!("params.result.metadata"));
+    assert!(err["message"].as_str().unwrap().contains("too large"));
+    expect_result(&e.request(&plugin_request(json!("small"))));
+}
+
+#[test]
+fn smaller_things() {
+    let mut e = Engine::spawn();
+    e.initialize();
+    // Vertical tab and form feed are not JSON whitespace.
+    e.send_bytes(b"\x0b\x0c");
+    let r: Value = serde_json::from_slice(&e.recv_bytes()).unwrap();
+    expect_error(&r, -32700);
+    // An empty sum of costs is 0.0, never -0.0.
+    e.send(&evaluate_request(json!("z"), minimal_trace(), json!([])));
+    let line = e.recv_line();
+    assert!(line.contains(r#""total_cost":0.0"#), "{line}");
+    // Huge numbers print compactly; bidi controls are made visible.
+    let trace = json!({"schema_version": 1, "trace_id": "t", "output": {"message": "safe \u{202E}txt.exe"}, "metadata": {"cost_usd": 1.0}});
+    let assertions = json!([
+        {"assertion_id": "big", "type": "constraint", "spec": {"field": "metadata.cost_usd", "operator": "gt", "value": 1e308}},
+        content("bidi", "contains", "nothing"),
+    ]);
+    let r = e.request(&evaluate_request(json!("n"), trace, assertions));
+    let results = expect_result(&r)["results"].clone();
+    let big = results[0]["explanation"].as_str().unwrap();
+    assert!(big.contains("1e308") && big.len() < 300, "{big}");
+    let bidi = results[1]["explanation"].as_str().unwrap_or_default();
+    assert!(!r.to_string().contains('\u{202E}'), "{bidi}");
+    // Aggregates that overflow stay finite numbers.
+    let tree = json!({"schema_version": 1, "trace_id": "r", "output": {"message": "m"}, "metadata": {"cost_usd": 1e308},
+        "steps": [{"type": "agent_call", "name": "a", "sub_trace": {"schema_version": 1, "trace_id": "s", "output": {"message": "m"}, "metadata": {"cost_usd": 1e308}}}]});
+    let r = e.request(&rpc(json!("tree"), "validate_trace_tree", json!({"trace": tree})));
+    assert!(expect_result(&r)["aggregate_cost_usd"].is_f64(), "{r}");
+}
+
+#[test]
+fn one_code_policy_for_malformed_params() {
+    let mut e = Engine::spawn_args(&["--log-level=warn", "--no-history"]);
+    e.initialize();
+    for method in [
+        "evaluate_batch",
+        "submit_plugin_result",
+        "query_drift",
+        "validate_trace_tree",
+        "generate_user_message",
+        "list_plugins",
+        "cache_stats",
+    ] {
+        let r = raw_exchange(&mut e, &rpc(json!(method), method, json!([1, 2, 3])).to_string());
+        let err = expect_error(&r, -32602);
+        assert_eq!(err["data"]["field"], json!("params"), "{method}: {r}");
+        let message = err["message"].as_str().unwrap();
+        assert!(!message.contains("struct") && !message.contains("elements"), "{message}");
+    }
+    // Backends this engine was not given are configuration, not faults.
+    let r = e.request(&rpc(json!("c"), "cache_stats", json!({})));
+    assert_eq!(expect_error(&r, 2001)["data"]["retryable"], json!(false), "{r}");
+    let r = e.request(&rpc(json!("d"), "query_drift", json!({"assertion_id": "x"})));
+    assert_eq!(expect_error(&r, 2001)["data"]["retryable"], json!(false), "{r}");
+}
+
+#[test]
+fn parse_memory_is_admitted_by_bytes() {
+    let mut e = Engine::spawn();
+    e.initialize();
+    // Arrays of tiny elements expand the most when parsed.
+    let zeros = vec!["0"; 2_000_000].join(",");
+    let trace = format!(r#"{{"schema_version":1,"trace_id":"z","output":{{"message":"m"}},"metadata":{{"z":[{zeros}]}}}}"#);
+    let line = eval_line(
+        "z",
+        &trace,
+        r#"[{"assertion_id":"c","type":"content","spec":{"target":"output.message","check":"contains","value":"m"}}]"#,
+    );
+    for _ in 0..8 {
+        e.send_line(&line);
+    }
+    for _ in 0..8 {
+        let r: Value = serde_json::from_slice(&e.recv_bytes_within(Duration::from_secs(120))).unwrap();
+        expect_result(&r);
+    }
+    let peak_mib = e.proc_status_kb("VmHWM") / 1024;
+    assert!(peak_mib < 1024, "peak RSS {peak_mib} MiB");
+}
