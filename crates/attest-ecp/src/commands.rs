@@ -18,7 +18,9 @@ fn positive_seconds(arg: Option<f64>, env_name: &str, flag: &str, default: Optio
         Some(v) => (Some(v.to_string()), flag.to_string()),
         None => (std::env::var(env_name).ok().filter(|v| !v.is_empty()), env_name.to_string()),
     };
-    let Some(raw) = value.or_else(|| default.map(|d| d.to_string())) else { return Ok(None) };
+    let Some(raw) = value.or_else(|| default.map(|d| d.to_string())) else {
+        return Ok(None);
+    };
     match raw.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(Some(Duration::from_secs_f64(v))),
         _ => Err(format!("{source} must be a positive number of seconds, got '{raw}'")),
@@ -51,7 +53,12 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
             return Ok(1);
         }
     };
-    let opts = RunOptions { rpc_timeout, max_duration, jobs: usize::from(args.jobs), progress: !args.quiet };
+    let opts = RunOptions {
+        rpc_timeout,
+        max_duration,
+        jobs: usize::from(args.jobs),
+        progress: !args.quiet,
+    };
     let outcome = runner::run(&manifest, host.as_ref(), &opts).await;
     let (passed, total) = outcome.tally();
     let failed = total - passed;
@@ -126,7 +133,11 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
     let mut checks = Vec::new();
     match Agent::start(&target, &AgentEnv::default()) {
         Err(e) => {
-            checks.push(check("initialize response", "agent/initialize", Err(format!("agent could not start: {}", e.message))));
+            checks.push(check(
+                "initialize response",
+                "agent/initialize",
+                Err(format!("agent could not start: {}", e.message)),
+            ));
             checks.push(skipped("step result contract", "agent/step"));
             checks.push(skipped("reset response", "agent/reset"));
         }
@@ -147,7 +158,13 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
                 }
             };
             let reset = call(&mut agent, timeout, "agent/reset", json!({})).await;
-            let reset = reset.and_then(|r| if r == json!(true) { Ok(()) } else { Err(format!("agent/reset result must be true, got {r}")) });
+            let reset = reset.and_then(|r| {
+                if r == json!(true) {
+                    Ok(())
+                } else {
+                    Err(format!("agent/reset result must be true, got {r}"))
+                }
+            });
             let mut c = check("reset response", "agent/reset", reset);
             if c["passed"] == json!(true) && !caps.contains_key("reset") {
                 c["message"] = json!("passed, but the agent does not declare the 'reset' capability, so the call may do nothing");
@@ -168,7 +185,11 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
     } else {
         for c in report["checks"].as_array().into_iter().flatten() {
             let mark = if c["passed"] == json!(true) { "PASS" } else { "FAIL" };
-            println!("{mark} | {} | {}", c["name"].as_str().unwrap_or(""), c["message"].as_str().unwrap_or(""));
+            println!(
+                "{mark} | {} | {}",
+                c["name"].as_str().unwrap_or(""),
+                c["message"].as_str().unwrap_or("")
+            );
         }
         println!("Conformance: {passed}/{total} checks passed");
     }
@@ -258,7 +279,10 @@ pub fn init(dir: &Path, force: bool) -> i32 {
     // The manifest is YAML: quote the command so any path survives.
     let command = format!("python3 {}", shell_quote(&agent_path.to_string_lossy()));
     let target = serde_json::to_string(&command).unwrap_or(command);
-    for (path, text) in [(&agent_path, STARTER_AGENT.to_string()), (&manifest_path, starter_manifest(&target))] {
+    for (path, text) in [
+        (&agent_path, STARTER_AGENT.to_string()),
+        (&manifest_path, starter_manifest(&target)),
+    ] {
         if let Err(e) = std::fs::write(path, text) {
             eprintln!("error: cannot write {}: {e}", path.display());
             return 1;
@@ -284,11 +308,19 @@ fn load_point(path: &Path) -> Option<RunPoint> {
         return None;
     }
     let v: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-    let num = |k: &str| v.get(k).and_then(|x| x.as_u64().or_else(|| x.as_f64().map(|f| f.max(0.0) as u64))).unwrap_or(0);
+    let num = |k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_u64().or_else(|| x.as_f64().map(|f| f.max(0.0) as u64)))
+            .unwrap_or(0)
+    };
     let total = num("total");
     let passed = num("passed").min(total);
     Some(RunPoint {
-        manifest: v.get("manifest").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| path.display().to_string()),
+        manifest: v
+            .get("manifest")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| path.display().to_string()),
         passed,
         total,
         rate: if total > 0 { passed as f64 / total as f64 } else { 0.0 },
@@ -329,7 +361,11 @@ pub fn trend(args: &TrendArgs) -> i32 {
     let window = args.window as usize;
     let recent = &matched[matched.len().saturating_sub(window)..];
     let runs: Vec<RunPoint> = recent.iter().filter_map(|p| load_point(p)).collect();
-    let s = if runs.len() < 2 { 0.0 } else { slope(&runs.iter().map(|r| r.rate).collect::<Vec<_>>()) };
+    let s = if runs.len() < 2 {
+        0.0
+    } else {
+        slope(&runs.iter().map(|r| r.rate).collect::<Vec<_>>())
+    };
     let direction = if s > 0.001 {
         "improving"
     } else if s < -0.001 {
@@ -352,8 +388,22 @@ pub fn trend(args: &TrendArgs) -> i32 {
         println!("{:<5}  {:<45}  {:>6}  {:>6}  {:>6}", "Run", "Manifest", "Passed", "Total", "Rate");
         println!("{}", "-".repeat(74));
         for (i, r) in runs.iter().enumerate() {
-            let label = if r.manifest.len() > 45 { Path::new(&r.manifest).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default() } else { r.manifest.clone() };
-            println!("{:<5}  {:<45}  {:>6}  {:>6}  {:>5.1}%", i + 1, label, r.passed, r.total, r.rate * 100.0);
+            let label = if r.manifest.len() > 45 {
+                Path::new(&r.manifest)
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            } else {
+                r.manifest.clone()
+            };
+            println!(
+                "{:<5}  {:<45}  {:>6}  {:>6}  {:>5.1}%",
+                i + 1,
+                label,
+                r.passed,
+                r.total,
+                r.rate * 100.0
+            );
         }
         println!("\nTrend direction : {}", direction.to_uppercase());
         println!("Slope (per run) : {s:+.6}");
@@ -381,7 +431,10 @@ mod tests {
     #[test]
     fn timeouts_must_be_positive() {
         assert!(positive_seconds(Some(-1.0), "X_UNSET_VAR", "--timeout", Some(30.0)).is_err());
-        assert_eq!(positive_seconds(None, "X_UNSET_VAR", "--timeout", Some(30.0)).unwrap(), Some(Duration::from_secs(30)));
+        assert_eq!(
+            positive_seconds(None, "X_UNSET_VAR", "--timeout", Some(30.0)).unwrap(),
+            Some(Duration::from_secs(30))
+        );
         assert_eq!(positive_seconds(None, "X_UNSET_VAR", "--max-duration", None).unwrap(), None);
     }
 }

@@ -56,12 +56,22 @@ impl StepResult {
         let status = match obj.get("status").and_then(Value::as_str) {
             Some("done") => AgentStatus::Done,
             Some("paused") => AgentStatus::Paused,
-            _ => return Err(format!("agent/step result status must be one of: done, paused (got {})", clip_value(obj.get("status")))),
+            _ => {
+                return Err(format!(
+                    "agent/step result status must be one of: done, paused (got {})",
+                    clip_value(obj.get("status"))
+                ))
+            }
         };
         for f in ["public_output", "evaluation_context", "private_thought", "logs"] {
             match obj.get(f) {
                 None | Some(Value::Null) | Some(Value::String(_)) => {}
-                Some(other) => return Err(format!("agent/step result {f} must be a string or null (got {})", clip_value(Some(other)))),
+                Some(other) => {
+                    return Err(format!(
+                        "agent/step result {f} must be a string or null (got {})",
+                        clip_value(Some(other))
+                    ))
+                }
             }
         }
         let mut tool_calls = Vec::new();
@@ -72,7 +82,7 @@ impl StepResult {
                     let Some(c) = c.as_object() else {
                         return Err(format!("agent/step result tool_calls[{i}] must be an object"));
                     };
-                    if !c.get("name").and_then(Value::as_str).is_some_and(|n| !n.is_empty()) {
+                    if c.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
                         return Err(format!("agent/step result tool_calls[{i}].name must be a non-empty string"));
                     }
                     if c.get("arguments").is_some_and(|a| !a.is_object()) {
@@ -143,18 +153,41 @@ pub fn check_text_match(condition: TextCondition, value: Option<&str>, pattern: 
     match condition {
         TextCondition::Contains => {
             let ok = text.contains(value);
-            (ok, if ok { format!("contains '{shown}'") } else { format!("does not contain '{shown}'") })
+            (
+                ok,
+                if ok {
+                    format!("contains '{shown}'")
+                } else {
+                    format!("does not contain '{shown}'")
+                },
+            )
         }
         TextCondition::Equals => {
             let ok = text == value;
-            (ok, if ok { format!("equals '{shown}'") } else { format!("expected exactly '{shown}', got '{}'", clip(text, 200)) })
+            (
+                ok,
+                if ok {
+                    format!("equals '{shown}'")
+                } else {
+                    format!("expected exactly '{shown}', got '{}'", clip(text, 200))
+                },
+            )
         }
         TextCondition::DoesNotContain => {
             let ok = !text.contains(value);
-            (ok, if ok { format!("does not contain '{shown}'") } else { format!("contains '{shown}', which it must not") })
+            (
+                ok,
+                if ok {
+                    format!("does not contain '{shown}'")
+                } else {
+                    format!("contains '{shown}', which it must not")
+                },
+            )
         }
         TextCondition::Regex => {
-            let Some(re) = pattern else { return (false, "no pattern given".into()) };
+            let Some(re) = pattern else {
+                return (false, "no pattern given".into());
+            };
             match re.is_match(text) {
                 Ok(true) => (true, format!("matches /{}/", re.as_str())),
                 Ok(false) => (false, format!("no match for /{}/", re.as_str())),
@@ -182,7 +215,10 @@ pub fn py_eq(a: &Value, b: &Value) -> bool {
         (Value::Object(x), Value::Object(y)) => x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| py_eq(v, w))),
         _ => match (num(a), num(b)) {
             (Some(Value::Number(x)), Some(Value::Number(y))) => {
-                if let (Some(p), Some(q)) = (x.as_i64().map(i128::from).or(x.as_u64().map(i128::from)), y.as_i64().map(i128::from).or(y.as_u64().map(i128::from))) {
+                if let (Some(p), Some(q)) = (
+                    x.as_i64().map(i128::from).or(x.as_u64().map(i128::from)),
+                    y.as_i64().map(i128::from).or(y.as_u64().map(i128::from)),
+                ) {
                     p == q
                 } else {
                     x.as_f64() == y.as_f64()
@@ -227,7 +263,11 @@ pub fn check_tool_usage(tool_name: Option<&str>, expected: &Map<String, Value>, 
                 continue;
             }
         }
-        let args = ["arguments", "args"].iter().find(|k| truthy(call.get(**k))).and_then(|k| call[*k].as_object()).unwrap_or(&empty);
+        let args = ["arguments", "args"]
+            .iter()
+            .find(|k| truthy(call.get(**k)))
+            .and_then(|k| call[*k].as_object())
+            .unwrap_or(&empty);
         if expected.iter().all(|(k, v)| args.get(k).is_some_and(|a| py_eq(a, v))) {
             return (true, format!("found a call to {} with the expected arguments", name));
         }
@@ -238,7 +278,10 @@ pub fn check_tool_usage(tool_name: Option<&str>, expected: &Map<String, Value>, 
         reason.push_str(&format!(" named '{n}'"));
     }
     if !expected.is_empty() {
-        reason.push_str(&format!(" with arguments {}", clip(&Value::Object(expected.clone()).to_string(), 300)));
+        reason.push_str(&format!(
+            " with arguments {}",
+            clip(&Value::Object(expected.clone()).to_string(), 300)
+        ));
     }
     reason.push_str(&format!("; calls seen: [{}]", clip(&seen.join(", "), 300)));
     (false, reason)
@@ -270,7 +313,12 @@ pub async fn grade_step(host: &dyn GradingHost, step: &Step, turns: &[Turn], ctx
             status: None,
         };
         let c = match grader {
-            Grader::TextMatch { field, condition, value, pattern } => {
+            Grader::TextMatch {
+                field,
+                condition,
+                value,
+                pattern,
+            } => {
                 let (ok, why) = check_text_match(*condition, value.as_deref(), pattern.as_ref().map(|p| &p.1), result.text(*field));
                 check(ok, why)
             }
@@ -279,7 +327,10 @@ pub async fn grade_step(host: &dyn GradingHost, step: &Step, turns: &[Turn], ctx
                 check(ok, why)
             }
             Grader::LlmJudge { field, prompt, .. } => match host.judge(JudgeRequest::new(*field, result.text(*field), prompt)).await {
-                Ok(v) => CheckResult { score: v.score, ..check(v.passed, v.reasoning) },
+                Ok(v) => CheckResult {
+                    score: v.score,
+                    ..check(v.passed, v.reasoning)
+                },
                 Err(e) => check(false, format!("LLM judge error: {e}")),
             },
             Grader::Attest { field, scope, assertion } => {
@@ -290,7 +341,8 @@ pub async fn grade_step(host: &dyn GradingHost, step: &Step, turns: &[Turn], ctx
                 let trace = trace::build(span, *field, ctx, turns.len());
                 let mut assertion = assertion.clone();
                 if let Some(obj) = assertion.as_object_mut() {
-                    obj.entry("assertion_id").or_insert_with(|| Value::from(format!("ecp_s{}_t{}_g{}", ctx.scenario_index + 1, turns.len(), gi + 1)));
+                    obj.entry("assertion_id")
+                        .or_insert_with(|| Value::from(format!("ecp_s{}_t{}_g{}", ctx.scenario_index + 1, turns.len(), gi + 1)));
                 }
                 match host.attest(&trace, &assertion).await {
                     Ok(o) => CheckResult {
@@ -299,7 +351,11 @@ pub async fn grade_step(host: &dyn GradingHost, step: &Step, turns: &[Turn], ctx
                         // A soft failure is a warning in Attest: it does not fail the check.
                         passed: o.status != GradeStatus::HardFail,
                         score: o.score,
-                        reasoning: if o.status == GradeStatus::SoftFail { format!("soft failure: {}", o.explanation) } else { o.explanation },
+                        reasoning: if o.status == GradeStatus::SoftFail {
+                            format!("soft failure: {}", o.explanation)
+                        } else {
+                            o.explanation
+                        },
                         status: Some(o.status),
                     },
                     Err(GradeError::Unavailable(e)) => check(false, format!("attest grader unavailable: {e}")),
@@ -327,9 +383,15 @@ mod tests {
         assert!(check_text_match(Contains, Some("Paris"), None, "in Paris.").0);
         assert!(!check_text_match(Contains, Some("paris"), None, "in Paris.").0);
         assert!(!check_text_match(Equals, Some("hi"), None, "hi ").0);
-        assert!(!check_text_match(DoesNotContain, Some("x"), None, "").0, "empty text fails even does_not_contain");
+        assert!(
+            !check_text_match(DoesNotContain, Some("x"), None, "").0,
+            "empty text fails even does_not_contain"
+        );
         assert!(check_text_match(Regex, None, Some(&re(r"\d{2}")), "a 42").0);
-        assert!(check_text_match(Regex, None, Some(&re(r"(?<=a )\d")), "a 42").0, "lookbehind as in Python re");
+        assert!(
+            check_text_match(Regex, None, Some(&re(r"(?<=a )\d")), "a 42").0,
+            "lookbehind as in Python re"
+        );
         assert!(!check_text_match(Regex, None, Some(&re(r"^42")), "a 42").0);
     }
 
@@ -345,13 +407,22 @@ mod tests {
     #[test]
     fn tool_usage_subset_semantics() {
         let calls: Vec<Map<String, Value>> = vec![
-            json!({"name": "search", "arguments": {"q": "x", "n": 3}}).as_object().unwrap().clone(),
-            json!({"name": "calc", "arguments": {}, "args": {"e": "2+2"}}).as_object().unwrap().clone(),
+            json!({"name": "search", "arguments": {"q": "x", "n": 3}})
+                .as_object()
+                .unwrap()
+                .clone(),
+            json!({"name": "calc", "arguments": {}, "args": {"e": "2+2"}})
+                .as_object()
+                .unwrap()
+                .clone(),
         ];
         let args = |v: Value| v.as_object().unwrap().clone();
         assert!(check_tool_usage(Some("search"), &args(json!({"n": 3.0})), &calls).0);
         assert!(!check_tool_usage(Some("search"), &args(json!({"n": "3"})), &calls).0);
-        assert!(check_tool_usage(None, &args(json!({"e": "2+2"})), &calls).0, "empty arguments fall back to args");
+        assert!(
+            check_tool_usage(None, &args(json!({"e": "2+2"})), &calls).0,
+            "empty arguments fall back to args"
+        );
         assert!(check_tool_usage(Some(""), &Map::new(), &calls).0);
         let (ok, why) = check_tool_usage(Some("missing"), &Map::new(), &calls);
         assert!(!ok && why.contains("\"search\""), "{why}");
@@ -365,7 +436,9 @@ mod tests {
         assert_eq!(r.text(Field::EvaluationContext), "p");
         let r = StepResult::from_wire(&json!({"status": "done", "evaluation_context": "", "private_thought": "p"})).unwrap();
         assert_eq!(r.text(Field::EvaluationContext), "p");
-        assert!(StepResult::from_wire(&json!({"status": "finished"})).unwrap_err().contains("done, paused"));
+        assert!(StepResult::from_wire(&json!({"status": "finished"}))
+            .unwrap_err()
+            .contains("done, paused"));
         assert!(StepResult::from_wire(&json!({"status": "done", "usage": {"input_tokens": -1}})).is_err());
         assert!(StepResult::from_wire(&json!({"status": "done", "tool_calls": [{"name": ""}]})).is_err());
     }

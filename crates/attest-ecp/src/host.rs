@@ -90,7 +90,9 @@ impl JudgeRequest {
     }
 
     pub fn with_env(field: Field, text: &str, criteria: &str, env: impl Fn(&str) -> Option<String>) -> JudgeRequest {
-        let model = env("ECP_LLM_JUDGE_MODEL").filter(|m| !m.is_empty()).unwrap_or_else(|| DEFAULT_JUDGE_MODEL.to_string());
+        let model = env("ECP_LLM_JUDGE_MODEL")
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| DEFAULT_JUDGE_MODEL.to_string());
         let temperature = env("ECP_LLM_JUDGE_TEMPERATURE")
             .and_then(|t| t.trim().parse::<f64>().ok())
             .filter(|t| t.is_finite())
@@ -101,7 +103,15 @@ impl JudgeRequest {
              Explain your decision in a few sentences, then finish with exactly one line: \
              \"{PASS_MARKER}\" if the text meets the criteria, or \"{FAIL_MARKER}\" if it does not."
         );
-        JudgeRequest { model, temperature, system_prompt, user_prompt, text: text.to_string(), criteria: criteria.to_string(), field: field.as_str() }
+        JudgeRequest {
+            model,
+            temperature,
+            system_prompt,
+            user_prompt,
+            text: text.to_string(),
+            criteria: criteria.to_string(),
+            field: field.as_str(),
+        }
     }
 
     /// The chat messages to send.
@@ -126,7 +136,11 @@ impl JudgeVerdict {
     pub fn from_reply(content: &str) -> JudgeVerdict {
         let passed = content.contains(PASS_MARKER);
         let reasoning = content.replace(PASS_MARKER, "").replace(FAIL_MARKER, "").trim().to_string();
-        JudgeVerdict { passed, score: if passed { 1.0 } else { 0.0 }, reasoning }
+        JudgeVerdict {
+            passed,
+            score: if passed { 1.0 } else { 0.0 },
+            reasoning,
+        }
     }
 }
 
@@ -170,7 +184,11 @@ const MAX_JUDGE_BODY: usize = 4 * 1024 * 1024;
 impl OpenAiJudgeHost {
     pub fn new(base_url: impl Into<String>, api_key: Option<String>, timeout: Duration) -> anyhow::Result<Self> {
         let client = reqwest::Client::builder().timeout(timeout).build()?;
-        Ok(OpenAiJudgeHost { client, base_url: base_url.into().trim_end_matches('/').to_string(), api_key })
+        Ok(OpenAiJudgeHost {
+            client,
+            base_url: base_url.into().trim_end_matches('/').to_string(),
+            api_key,
+        })
     }
 
     pub fn from_env() -> anyhow::Result<Self> {
@@ -183,7 +201,9 @@ impl OpenAiJudgeHost {
 
     async fn complete(&self, request: &JudgeRequest) -> Result<String, GradeError> {
         let Some(key) = &self.api_key else {
-            return Err(GradeError::Unavailable("llm_judge needs OPENAI_API_KEY (and optionally OPENAI_API_BASE) to be set".into()));
+            return Err(GradeError::Unavailable(
+                "llm_judge needs OPENAI_API_KEY (and optionally OPENAI_API_BASE) to be set".into(),
+            ));
         };
         let model = request.model.strip_prefix("openai/").unwrap_or(&request.model);
         let body = json!({"model": model, "messages": request.messages(), "temperature": request.temperature});
@@ -197,7 +217,11 @@ impl OpenAiJudgeHost {
             .map_err(|e| GradeError::Failed(format!("judge request failed: {e}")))?;
         let status = resp.status();
         let mut raw = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| GradeError::Failed(format!("judge reply failed: {e}")))? {
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| GradeError::Failed(format!("judge reply failed: {e}")))?
+        {
             if raw.len() + chunk.len() > MAX_JUDGE_BODY {
                 return Err(GradeError::Failed(format!("judge reply exceeds {MAX_JUDGE_BODY} bytes")));
             }
@@ -205,7 +229,10 @@ impl OpenAiJudgeHost {
         }
         let text = String::from_utf8_lossy(&raw);
         if !status.is_success() {
-            return Err(GradeError::Failed(format!("judge endpoint answered HTTP {status}: {}", crate::util::clip(&text, 500))));
+            return Err(GradeError::Failed(format!(
+                "judge endpoint answered HTTP {status}: {}",
+                crate::util::clip(&text, 500)
+            )));
         }
         let v: Value = serde_json::from_str(&text).map_err(|e| GradeError::Failed(format!("judge reply is not JSON: {e}")))?;
         match v.pointer("/choices/0/message/content") {
@@ -252,7 +279,9 @@ mod tests {
             _ => None,
         });
         assert_eq!((r.model.as_str(), r.temperature), ("m", 0.0));
-        let d = JudgeRequest::with_env(Field::PublicOutput, "t", "c", |k| (k == "ECP_LLM_JUDGE_TEMPERATURE").then(|| "0.5".into()));
+        let d = JudgeRequest::with_env(Field::PublicOutput, "t", "c", |k| {
+            (k == "ECP_LLM_JUDGE_TEMPERATURE").then(|| "0.5".into())
+        });
         assert_eq!((d.model.as_str(), d.temperature), (DEFAULT_JUDGE_MODEL, 0.5));
         assert!(d.user_prompt.contains("<text>\nt\n</text>"));
     }

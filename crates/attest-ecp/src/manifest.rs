@@ -216,24 +216,38 @@ const GRADER_TYPES: &str = "text_match, llm_judge, tool_usage, attest";
 fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if meta.len() > MAX_FILE_BYTES {
-        return Err(format!("{} is {} bytes; the limit is {MAX_FILE_BYTES} bytes", path.display(), meta.len()));
+        return Err(format!(
+            "{} is {} bytes; the limit is {MAX_FILE_BYTES} bytes",
+            path.display(),
+            meta.len()
+        ));
     }
     std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 /// Load, expand and validate a manifest file.
 pub fn load(path: &Path) -> Result<Manifest, ManifestErrors> {
-    let fail = |e: String| ManifestErrors { path: path.to_path_buf(), errors: vec![e] };
+    let fail = |e: String| ManifestErrors {
+        path: path.to_path_buf(),
+        errors: vec![e],
+    };
     let bytes = read_bounded(path).map_err(fail)?;
     let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
     let text = String::from_utf8(bytes).map_err(|_| fail("the file is not UTF-8".into()))?;
     let doc: Value = serde_yaml_ng::from_str(&text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
-    let base_dir = path.canonicalize().ok().and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_else(|| PathBuf::from("."));
+    let base_dir = path
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."));
     let mut v = Validator { errors: Vec::new() };
     let manifest = v.manifest(&doc, path, &base_dir, digest);
     match manifest {
         Some(m) if v.errors.is_empty() => Ok(m),
-        _ => Err(ManifestErrors { path: path.to_path_buf(), errors: v.errors }),
+        _ => Err(ManifestErrors {
+            path: path.to_path_buf(),
+            errors: v.errors,
+        }),
     }
 }
 
@@ -291,13 +305,18 @@ impl Validator {
 
     fn manifest(&mut self, doc: &Value, path: &Path, base_dir: &Path, digest: String) -> Option<Manifest> {
         let Some(root) = doc.as_object() else {
-            self.err(format!("the top level must be a mapping with fields {ROOT_KEYS}, got {}", type_of(doc)));
+            self.err(format!(
+                "the top level must be a mapping with fields {ROOT_KEYS}, got {}",
+                type_of(doc)
+            ));
             return None;
         };
         self.unknown_keys(root, ROOT_KEYS, "manifest");
         match root.get("manifest_version") {
             Some(Value::String(s)) if s == "v1" => {}
-            Some(other) => self.err(format!("manifest: field 'manifest_version' must be \"v1\" (the only version), got {other}")),
+            Some(other) => self.err(format!(
+                "manifest: field 'manifest_version' must be \"v1\" (the only version), got {other}"
+            )),
             None => self.err("manifest: field 'manifest_version' is required; valid choices: v1".into()),
         }
         let name = self.string(root, "name", "manifest", true);
@@ -335,7 +354,10 @@ impl Validator {
                     }
                 }
             }
-            Some(other) => self.err(format!("manifest: field 'env' must be a mapping of NAME: value, got {}", type_of(other))),
+            Some(other) => self.err(format!(
+                "manifest: field 'env' must be a mapping of NAME: value, got {}",
+                type_of(other)
+            )),
         }
         let mut pass_env = Vec::new();
         match root.get("pass_env") {
@@ -348,7 +370,10 @@ impl Validator {
                     }
                 }
             }
-            Some(other) => self.err(format!("manifest: field 'pass_env' must be a list of variable names, got {}", type_of(other))),
+            Some(other) => self.err(format!(
+                "manifest: field 'pass_env' must be a list of variable names, got {}",
+                type_of(other)
+            )),
         }
         let mut scenarios = Vec::new();
         match root.get("scenarios") {
@@ -377,7 +402,10 @@ impl Validator {
     fn scenario(&mut self, v: &Value, index: usize, base_dir: &Path) -> Option<Scenario> {
         let loc0 = format!("scenario #{index}");
         let Some(obj) = v.as_object() else {
-            self.err(format!("{loc0}: must be a mapping with 'name' and 'steps' or 'dataset', got {}", type_of(v)));
+            self.err(format!(
+                "{loc0}: must be a mapping with 'name' and 'steps' or 'dataset', got {}",
+                type_of(v)
+            ));
             return None;
         };
         let name = self.string(obj, "name", &loc0, true);
@@ -425,7 +453,9 @@ impl Validator {
         let source = self.string(obj, "source", &loc, true);
         let input_col = self.string(obj, "input_column", &loc, false).unwrap_or_else(|| "input".into());
         let output_col = self.string(obj, "output_column", &loc, false).unwrap_or_else(|| "output".into());
-        let (Some(kind), Some(source)) = (kind, source) else { return Vec::new() };
+        let (Some(kind), Some(source)) = (kind, source) else {
+            return Vec::new();
+        };
         if kind != "csv" && kind != "jsonl" {
             self.err(format!("{loc}: field 'type' is '{kind}'; valid choices: csv, jsonl"));
             return Vec::new();
@@ -503,7 +533,12 @@ impl Validator {
                 graders: if output.is_empty() {
                     Vec::new()
                 } else {
-                    vec![Grader::TextMatch { field: Field::PublicOutput, condition: TextCondition::Equals, value: Some(output), pattern: None }]
+                    vec![Grader::TextMatch {
+                        field: Field::PublicOutput,
+                        condition: TextCondition::Equals,
+                        value: Some(output),
+                        pattern: None,
+                    }]
                 },
             })
             .collect()
@@ -538,7 +573,10 @@ impl Validator {
 
     fn grader(&mut self, v: &Value, loc: &str) -> Option<Grader> {
         let Some(obj) = v.as_object() else {
-            self.err(format!("{loc}: must be a mapping with a 'type' ({GRADER_TYPES}), got {}", type_of(v)));
+            self.err(format!(
+                "{loc}: must be a mapping with a 'type' ({GRADER_TYPES}), got {}",
+                type_of(v)
+            ));
             return None;
         };
         self.unknown_keys(obj, GRADER_KEYS, loc);
@@ -559,7 +597,10 @@ impl Validator {
                 f
             }
             Some(other) => {
-                self.err(format!("{loc}: field 'field' must be a string; valid choices: {}, got {other}", Field::CHOICES));
+                self.err(format!(
+                    "{loc}: field 'field' must be a string; valid choices: {}, got {other}",
+                    Field::CHOICES
+                ));
                 None
             }
         };
@@ -571,7 +612,10 @@ impl Validator {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
             Some(other) => {
-                self.err(format!("{loc}: field 'arguments' must be a mapping of expected argument values, got {}", type_of(other)));
+                self.err(format!(
+                    "{loc}: field 'arguments' must be a mapping of expected argument values, got {}",
+                    type_of(other)
+                ));
                 Map::new()
             }
         };
@@ -589,11 +633,17 @@ impl Validator {
         match kind.as_str() {
             "text_match" => {
                 let Some(raw) = condition_raw else {
-                    self.err(format!("{loc}: field 'condition' is required; valid choices: {}", TextCondition::CHOICES));
+                    self.err(format!(
+                        "{loc}: field 'condition' is required; valid choices: {}",
+                        TextCondition::CHOICES
+                    ));
                     return None;
                 };
                 let Some(condition) = TextCondition::parse(&raw) else {
-                    self.err(format!("{loc}: field 'condition' is '{raw}'; valid choices: {}", TextCondition::CHOICES));
+                    self.err(format!(
+                        "{loc}: field 'condition' is '{raw}'; valid choices: {}",
+                        TextCondition::CHOICES
+                    ));
                     return None;
                 };
                 let mut compiled = None;
@@ -615,15 +665,26 @@ impl Validator {
                     self.err(format!("{loc}: condition '{raw}' requires field 'value' (a string)"));
                     return None;
                 }
-                Some(Grader::TextMatch { field: field?, condition, value, pattern: compiled })
+                Some(Grader::TextMatch {
+                    field: field?,
+                    condition,
+                    value,
+                    pattern: compiled,
+                })
             }
             "llm_judge" => {
                 let Some(prompt) = prompt.filter(|p| !p.trim().is_empty()) else {
-                    self.err(format!("{loc}: field 'prompt' is required and must not be blank: the criteria the judge applies"));
+                    self.err(format!(
+                        "{loc}: field 'prompt' is required and must not be blank: the criteria the judge applies"
+                    ));
                     return None;
                 };
                 let assertion = obj.get("assertion").and_then(Value::as_str).map(str::to_string);
-                Some(Grader::LlmJudge { field: field?, prompt, assertion })
+                Some(Grader::LlmJudge {
+                    field: field?,
+                    prompt,
+                    assertion,
+                })
             }
             "tool_usage" => Some(Grader::ToolUsage { tool_name, arguments }),
             "attest" => {
@@ -646,7 +707,9 @@ impl Validator {
                         return None;
                     }
                     None => {
-                        self.err(format!("{loc}: field 'assertion' is required: an evaluate_batch assertion mapping with 'type' and 'spec'"));
+                        self.err(format!(
+                            "{loc}: field 'assertion' is required: an evaluate_batch assertion mapping with 'type' and 'spec'"
+                        ));
                         return None;
                     }
                 };
@@ -660,7 +723,11 @@ impl Validator {
                     self.err(format!("{loc}: assertion needs a 'spec' mapping"));
                     return None;
                 }
-                Some(Grader::Attest { field: field?, scope, assertion: Value::Object(assertion.clone()) })
+                Some(Grader::Attest {
+                    field: field?,
+                    scope,
+                    assertion: Value::Object(assertion.clone()),
+                })
             }
             other => {
                 self.err(format!("{loc}: unknown grader type '{other}'; valid choices: {GRADER_TYPES}"));
@@ -730,7 +797,11 @@ mod tests {
     fn datasets_expand_into_equality_steps() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("d.csv"), "question,answer\nhi,Echo: hi\nbye,\n").unwrap();
-        std::fs::write(dir.path().join("d.jsonl"), "{\"input\": \"a\", \"output\": \"Echo: a\"}\n\n{\"input\": \"b\"}\n").unwrap();
+        std::fs::write(
+            dir.path().join("d.jsonl"),
+            "{\"input\": \"a\", \"output\": \"Echo: a\"}\n\n{\"input\": \"b\"}\n",
+        )
+        .unwrap();
         let p = dir.path().join("m.yaml");
         std::fs::write(
             &p,

@@ -208,7 +208,10 @@ pub fn html(outcome: &RunOutcome, manifest: &Manifest) -> String {
         outcome.duration_ms,
         outcome.exit_reason.as_str()
     ));
-    h.push_str(&format!("<p><span class=\"{}\">{passed}/{total} checks passed</span></p>\n", if passed == total { "pass" } else { "fail" }));
+    h.push_str(&format!(
+        "<p><span class=\"{}\">{passed}/{total} checks passed</span></p>\n",
+        if passed == total { "pass" } else { "fail" }
+    ));
     for s in &outcome.scenarios {
         let sp = s.steps.iter().flat_map(|st| &st.checks).filter(|c| c.passed).count();
         let stot: usize = s.steps.iter().map(|st| st.checks.len()).sum();
@@ -282,7 +285,11 @@ pub fn junit(outcome: &RunOutcome, manifest: &Manifest) -> anyhow::Result<String
     root.push_attribute(("time", format!("{:.3}", outcome.duration_ms / 1000.0).as_str()));
     w.write_event(Event::Start(root))?;
     for s in &outcome.scenarios {
-        let failures = s.steps.iter().filter(|st| st.status == StepStatus::Ok && st.checks.iter().any(|c| !c.passed)).count();
+        let failures = s
+            .steps
+            .iter()
+            .filter(|st| st.status == StepStatus::Ok && st.checks.iter().any(|c| !c.passed))
+            .count();
         let errors = s.steps.iter().filter(|st| st.status == StepStatus::Failed).count();
         let skipped = s.steps.iter().filter(|st| st.status == StepStatus::Skipped).count();
         let mut suite = BytesStart::new("testsuite");
@@ -300,7 +307,12 @@ pub fn junit(outcome: &RunOutcome, manifest: &Manifest) -> anyhow::Result<String
             case.push_attribute(("classname", format!("{}.{}", manifest.name, s.name).as_str()));
             case.push_attribute(("time", format!("{:.3}", st.duration_ms / 1000.0).as_str()));
             w.write_event(Event::Start(case))?;
-            let failed: Vec<String> = st.checks.iter().filter(|c| !c.passed).map(|c| format!("{} on {}: {}", c.kind, c.field, c.reasoning)).collect();
+            let failed: Vec<String> = st
+                .checks
+                .iter()
+                .filter(|c| !c.passed)
+                .map(|c| format!("{} on {}: {}", c.kind, c.field, c.reasoning))
+                .collect();
             match st.status {
                 StepStatus::Skipped => {
                     let mut e = BytesStart::new("skipped");
@@ -315,7 +327,10 @@ pub fn junit(outcome: &RunOutcome, manifest: &Manifest) -> anyhow::Result<String
                 }
                 StepStatus::Ok if !failed.is_empty() => {
                     let mut e = BytesStart::new("failure");
-                    e.push_attribute(("message", format!("{} of {} check(s) failed", failed.len(), st.checks.len()).as_str()));
+                    e.push_attribute((
+                        "message",
+                        format!("{} of {} check(s) failed", failed.len(), st.checks.len()).as_str(),
+                    ));
                     w.write_event(Event::Start(e))?;
                     w.write_event(Event::CData(BytesCData::new(cdata_safe(&clip(&failed.join("\n"), MAX_SHOWN)))))?;
                     w.write_event(Event::End(BytesEnd::new("failure")))?;
@@ -342,7 +357,10 @@ pub fn junit(outcome: &RunOutcome, manifest: &Manifest) -> anyhow::Result<String
 
 /// CDATA cannot hold `]]>` or control characters XML forbids.
 fn cdata_safe(s: &str) -> String {
-    s.replace("]]>", "]]]]><![CDATA[>").chars().map(|c| if c.is_control() && !"\n\r\t".contains(c) { '\u{FFFD}' } else { c }).collect()
+    s.replace("]]>", "]]]]><![CDATA[>")
+        .chars()
+        .map(|c| if c.is_control() && !"\n\r\t".contains(c) { '\u{FFFD}' } else { c })
+        .collect()
 }
 
 #[cfg(test)]
@@ -362,7 +380,10 @@ mod tests {
     fn usage_is_summed() {
         let a = json!({"input_tokens": 2, "output_tokens": 3}).as_object().unwrap().clone();
         let b = json!({"input_tokens": 1}).as_object().unwrap().clone();
-        assert_eq!(merge_usage([Some(&a), None, Some(&b)].into_iter()), json!({"input_tokens": 3, "output_tokens": 3, "total_tokens": 6}));
+        assert_eq!(
+            merge_usage([Some(&a), None, Some(&b)].into_iter()),
+            json!({"input_tokens": 3, "output_tokens": 3, "total_tokens": 6})
+        );
         assert_eq!(merge_usage([None].into_iter()), Value::Null);
     }
 

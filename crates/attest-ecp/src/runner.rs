@@ -111,7 +111,10 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(enabled: bool) -> Progress {
-        Progress { enabled, color: enabled && std::io::stderr().is_terminal() }
+        Progress {
+            enabled,
+            color: enabled && std::io::stderr().is_terminal(),
+        }
     }
 
     pub fn line(&self, text: &str) {
@@ -159,17 +162,27 @@ pub async fn run(manifest: &Manifest, host: &dyn GradingHost, opts: &RunOptions)
         opts,
         run_id: uuid4(),
         deadline: opts.max_duration.map(|d| start + d),
-        env: AgentEnv { set: manifest.env.clone(), pass: manifest.pass_env.clone() },
+        env: AgentEnv {
+            set: manifest.env.clone(),
+            pass: manifest.pass_env.clone(),
+        },
         agent_info: Mutex::new(None),
         abort: Mutex::new(None),
         undeclared_warned: AtomicBool::new(false),
         progress: Progress::new(opts.progress),
     };
     // Over HTTP every scenario talks to the same server, so they run one at a time.
-    let jobs = if crate::transport::is_http_target(&manifest.target) { 1 } else { opts.jobs.max(1) };
+    let jobs = if crate::transport::is_http_target(&manifest.target) {
+        1
+    } else {
+        opts.jobs.max(1)
+    };
     let total = manifest.scenarios.len();
-    let scenarios: Vec<ScenarioRecord> =
-        stream::iter(manifest.scenarios.iter().enumerate()).map(|(i, s)| run_scenario(&shared, i, total, s)).buffered(jobs).collect().await;
+    let scenarios: Vec<ScenarioRecord> = stream::iter(manifest.scenarios.iter().enumerate())
+        .map(|(i, s)| run_scenario(&shared, i, total, s))
+        .buffered(jobs)
+        .collect()
+        .await;
 
     let mut exit_reason = ExitReason::Ok;
     for s in &scenarios {
@@ -197,7 +210,14 @@ pub async fn run(manifest: &Manifest, host: &dyn GradingHost, opts: &RunOptions)
 }
 
 fn execution_check(message: &str) -> CheckResult {
-    CheckResult { kind: "execution".into(), field: "agent".into(), passed: false, score: 0.0, reasoning: message.to_string(), status: None }
+    CheckResult {
+        kind: "execution".into(),
+        field: "agent".into(),
+        passed: false,
+        score: 0.0,
+        reasoning: message.to_string(),
+        status: None,
+    }
 }
 
 fn skipped_steps(scenario: &Scenario, from: usize, message: &str) -> Vec<StepRecord> {
@@ -233,7 +253,10 @@ fn skipped_scenario(scenario: &Scenario, reason: ExitReason, message: &str, stde
 
 impl Shared<'_> {
     fn budget_message(&self) -> String {
-        format!("run exceeded --max-duration of {:.1}s", self.opts.max_duration.map(|d| d.as_secs_f64()).unwrap_or(0.0))
+        format!(
+            "run exceeded --max-duration of {:.1}s",
+            self.opts.max_duration.map(|d| d.as_secs_f64()).unwrap_or(0.0)
+        )
     }
 
     fn out_of_budget(&self) -> bool {
@@ -261,7 +284,10 @@ impl Shared<'_> {
         let resp = match agent.call(method, params, timeout).await {
             Ok(r) => r,
             Err(e) if e.reason == ExitReason::Timeout && budget_bound => {
-                return Err(CallError::new(ExitReason::MaxDurationExceeded, format!("{} while waiting for {method} at {where_}", self.budget_message())))
+                return Err(CallError::new(
+                    ExitReason::MaxDurationExceeded,
+                    format!("{} while waiting for {method} at {where_}", self.budget_message()),
+                ))
             }
             Err(e) => return Err(CallError::new(e.reason, format!("{method} failed at {where_}: {}", e.message))),
         };
@@ -282,12 +308,18 @@ pub(crate) fn envelope_result(resp: &Value, method: &str) -> Result<Value, CallE
         let code = err.get("code").and_then(Value::as_i64);
         let message = err.get("message").and_then(Value::as_str);
         let (Some(code), Some(message)) = (code, message) else {
-            return proto(format!("{method} error must be an object with an integer code and a string message, got {}", clip(&err.to_string(), 300)));
+            return proto(format!(
+                "{method} error must be an object with an integer code and a string message, got {}",
+                clip(&err.to_string(), 300)
+            ));
         };
         if code == VERSION_UNSUPPORTED_CODE {
             return proto(format!("VERSION_UNSUPPORTED ({code}): {}", clip(message, 500)));
         }
-        return Err(CallError::new(ExitReason::AgentError, format!("the agent returned error {code}: {}", clip(message, 2000))));
+        return Err(CallError::new(
+            ExitReason::AgentError,
+            format!("the agent returned error {code}: {}", clip(message, 2000)),
+        ));
     }
     match resp.get("result") {
         Some(r) => Ok(r.clone()),
@@ -308,22 +340,34 @@ fn parse_version(v: &str) -> Option<(u64, u64)> {
 /// Validate an `agent/initialize` result; returns (name, negotiated version, capabilities).
 pub fn check_initialize(result: &Value) -> Result<(String, String, Map<String, Value>), CallError> {
     let proto = |m: String| CallError::new(ExitReason::ProtocolError, m);
-    let obj = result.as_object().ok_or_else(|| proto("agent/initialize result must be an object".into()))?;
-    let name = obj.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()).ok_or_else(|| proto("agent/initialize result name must be a non-empty string".into()))?;
-    let caps = obj.get("capabilities").and_then(Value::as_object).ok_or_else(|| proto("agent/initialize result capabilities must be an object".into()))?;
+    let obj = result
+        .as_object()
+        .ok_or_else(|| proto("agent/initialize result must be an object".into()))?;
+    let name = obj
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| proto("agent/initialize result name must be a non-empty string".into()))?;
+    let caps = obj
+        .get("capabilities")
+        .and_then(Value::as_object)
+        .ok_or_else(|| proto("agent/initialize result capabilities must be an object".into()))?;
     for (k, v) in caps {
         if k.is_empty() || !v.is_object() {
-            return Err(proto(format!("agent/initialize capability '{k}' must map to an object (use {{}} when there are no options)")));
+            return Err(proto(format!(
+                "agent/initialize capability '{k}' must map to an object (use {{}} when there are no options)"
+            )));
         }
     }
     let version = match obj.get("protocol_version") {
         // Agents from before negotiation existed: the legacy protocol.
         None => "0.1".to_string(),
         Some(v) => {
-            let (major, minor) = v
-                .as_str()
-                .and_then(parse_version)
-                .ok_or_else(|| proto(format!("agent/initialize result protocol_version must be a MAJOR.MINOR string, got {v}")))?;
+            let (major, minor) = v.as_str().and_then(parse_version).ok_or_else(|| {
+                proto(format!(
+                    "agent/initialize result protocol_version must be a MAJOR.MINOR string, got {v}"
+                ))
+            })?;
             if major != PROTOCOL_VERSION.0 {
                 return Err(proto(format!(
                     "VERSION_UNSUPPORTED ({VERSION_UNSUPPORTED_CODE}): runtime supports protocol {}.{}, but the agent selected {major}.{minor}",
@@ -412,14 +456,27 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                 let mut abort = sh.abort.lock().unwrap_or_else(|p| p.into_inner());
                 abort.get_or_insert_with(|| f.error.message.clone());
             }
-            sh.progress.line(&format!("{label}: could not start ({}): {}", f.error.reason.as_str(), f.error.message));
+            sh.progress.line(&format!(
+                "{label}: could not start ({}): {}",
+                f.error.reason.as_str(),
+                f.error.message
+            ));
             let mut rec = skipped_scenario(scenario, f.error.reason, &f.error.message, stderr);
             rec.wall_ms = wall.elapsed().as_secs_f64() * 1000.0;
             return rec;
         }
     };
-    let agent_name = sh.agent_info.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|a| a.name.clone());
-    let ctx = TraceContext { run_id: &sh.run_id, agent_name: agent_name.as_deref(), scenario_index: index };
+    let agent_name = sh
+        .agent_info
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|a| a.name.clone());
+    let ctx = TraceContext {
+        run_id: &sh.run_id,
+        agent_name: agent_name.as_deref(),
+        scenario_index: index,
+    };
     let mut steps = Vec::with_capacity(scenario.steps.len());
     let mut turns: Vec<Turn> = Vec::new();
     let mut exit_reason = ExitReason::Ok;
@@ -439,7 +496,11 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
         let duration_ms = t0.elapsed().as_secs_f64() * 1000.0;
         match outcome {
             Ok(result) => {
-                turns.push(Turn { input: step.input.clone(), result: result.clone(), duration_ms });
+                turns.push(Turn {
+                    input: step.input.clone(),
+                    result: result.clone(),
+                    duration_ms,
+                });
                 let checks = grade::grade_step(sh.host, step, &turns, &ctx).await;
                 sh.host.record(&scenario.name, si + 1, &checks).await;
                 let passed = checks.iter().filter(|c| c.passed).count();
@@ -449,11 +510,16 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                     scenario.steps.len(),
                     sh.progress.mark(passed == checks.len()),
                     checks.len(),
-                    if result.status == AgentStatus::Paused { ", agent paused" } else { "" },
+                    if result.status == AgentStatus::Paused {
+                        ", agent paused"
+                    } else {
+                        ""
+                    },
                     duration_ms
                 ));
                 for c in checks.iter().filter(|c| !c.passed) {
-                    sh.progress.line(&format!("    {} on {}: {}", c.kind, c.field, clip(&c.reasoning, 300)));
+                    sh.progress
+                        .line(&format!("    {} on {}: {}", c.kind, c.field, clip(&c.reasoning, 300)));
                 }
                 steps.push(StepRecord {
                     input: step.input.clone(),
@@ -471,7 +537,14 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                 });
             }
             Err(e) => {
-                sh.progress.line(&format!("{label}: step {}/{} {} ({}): {}", si + 1, scenario.steps.len(), sh.progress.mark(false), e.reason.as_str(), clip(&e.message, 500)));
+                sh.progress.line(&format!(
+                    "{label}: step {}/{} {} ({}): {}",
+                    si + 1,
+                    scenario.steps.len(),
+                    sh.progress.mark(false),
+                    e.reason.as_str(),
+                    clip(&e.message, 500)
+                ));
                 steps.push(StepRecord {
                     input: step.input.clone(),
                     output: None,
@@ -488,7 +561,11 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                 });
                 exit_reason = e.reason;
                 if si + 1 < scenario.steps.len() {
-                    steps.extend(skipped_steps(scenario, si + 1, &format!("skipped after step {} failed ({})", si + 1, e.reason.as_str())));
+                    steps.extend(skipped_steps(
+                        scenario,
+                        si + 1,
+                        &format!("skipped after step {} failed ({})", si + 1, e.reason.as_str()),
+                    ));
                 }
                 break;
             }
@@ -497,7 +574,11 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
     agent.stop().await;
     ScenarioRecord {
         name: scenario.name.clone(),
-        status: if exit_reason == ExitReason::Ok { StepStatus::Ok } else { StepStatus::Failed },
+        status: if exit_reason == ExitReason::Ok {
+            StepStatus::Ok
+        } else {
+            StepStatus::Failed
+        },
         exit_reason,
         steps,
         stderr: agent.stderr(),
@@ -528,8 +609,15 @@ mod tests {
 
     #[test]
     fn envelope_classification() {
-        assert_eq!(envelope_result(&json!({"jsonrpc": "2.0", "id": 1, "result": true}), "m").unwrap(), json!(true));
-        let e = envelope_result(&json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": "boom"}}), "m").unwrap_err();
+        assert_eq!(
+            envelope_result(&json!({"jsonrpc": "2.0", "id": 1, "result": true}), "m").unwrap(),
+            json!(true)
+        );
+        let e = envelope_result(
+            &json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": "boom"}}),
+            "m",
+        )
+        .unwrap_err();
         assert_eq!(e.reason, ExitReason::AgentError);
         let e = envelope_result(&json!({"id": 1, "result": 1}), "m").unwrap_err();
         assert_eq!(e.reason, ExitReason::ProtocolError);

@@ -23,14 +23,24 @@ pub fn build(span: &[Turn], field: Field, ctx: &TraceContext<'_>, turn_number: u
     for (i, turn) in span.iter().enumerate() {
         for call in &turn.result.tool_calls {
             let name = call.get("name").and_then(Value::as_str).unwrap_or("").to_string();
-            let args = call.get("arguments").cloned().filter(Value::is_object).unwrap_or_else(|| Value::Object(Map::new()));
+            let args = call
+                .get("arguments")
+                .cloned()
+                .filter(Value::is_object)
+                .unwrap_or_else(|| Value::Object(Map::new()));
             let mut step = json!({"type": "tool_call", "name": name, "args": args, "metadata": {"turn": first_turn + i}});
             if let Some(r) = call.get("result") {
                 step["result"] = if r.is_object() { r.clone() } else { json!({"value": r}) };
             }
             steps.push(step);
         }
-        if let Some(t) = turn.result.usage.as_ref().and_then(|u| u.get("total_tokens")).and_then(Value::as_u64) {
+        if let Some(t) = turn
+            .result
+            .usage
+            .as_ref()
+            .and_then(|u| u.get("total_tokens"))
+            .and_then(Value::as_u64)
+        {
             total_tokens += t;
             saw_tokens = true;
         }
@@ -76,17 +86,31 @@ mod tests {
     use crate::grade::StepResult;
 
     fn turn(input: &str, v: Value) -> Turn {
-        Turn { input: input.into(), result: StepResult::from_wire(&v).unwrap(), duration_ms: 10.0 }
+        Turn {
+            input: input.into(),
+            result: StepResult::from_wire(&v).unwrap(),
+            duration_ms: 10.0,
+        }
     }
 
     #[test]
     fn context_stays_out_of_the_output() {
-        let t = turn("hi", json!({"status": "done", "public_output": "hello", "evaluation_context": "secret", "tool_calls": [{"name": "a", "arguments": {"x": 1}}]}));
-        let ctx = TraceContext { run_id: "r-1", agent_name: Some("A"), scenario_index: 0 };
+        let t = turn(
+            "hi",
+            json!({"status": "done", "public_output": "hello", "evaluation_context": "secret", "tool_calls": [{"name": "a", "arguments": {"x": 1}}]}),
+        );
+        let ctx = TraceContext {
+            run_id: "r-1",
+            agent_name: Some("A"),
+            scenario_index: 0,
+        };
         let tr = build(std::slice::from_ref(&t), Field::PublicOutput, &ctx, 1);
         assert_eq!(tr["output"], json!({"message": "hello"}));
         assert_eq!(tr["metadata"]["evaluation_context"], "secret");
-        assert_eq!(tr["steps"][0], json!({"type": "tool_call", "name": "a", "args": {"x": 1}, "metadata": {"turn": 1}}));
+        assert_eq!(
+            tr["steps"][0],
+            json!({"type": "tool_call", "name": "a", "args": {"x": 1}, "metadata": {"turn": 1}})
+        );
         let tr = build(std::slice::from_ref(&t), Field::EvaluationContext, &ctx, 1);
         assert_eq!(tr["output"]["message"], "secret");
         assert!(tr["metadata"].get("evaluation_context").is_none());
@@ -94,9 +118,19 @@ mod tests {
 
     #[test]
     fn transcript_spans_turns_in_order() {
-        let a = turn("one", json!({"status": "done", "public_output": "1", "tool_calls": [{"name": "lookup"}]}));
-        let b = turn("two", json!({"status": "done", "public_output": "2", "tool_calls": [{"name": "refund"}]}));
-        let ctx = TraceContext { run_id: "r", agent_name: None, scenario_index: 1 };
+        let a = turn(
+            "one",
+            json!({"status": "done", "public_output": "1", "tool_calls": [{"name": "lookup"}]}),
+        );
+        let b = turn(
+            "two",
+            json!({"status": "done", "public_output": "2", "tool_calls": [{"name": "refund"}]}),
+        );
+        let ctx = TraceContext {
+            run_id: "r",
+            agent_name: None,
+            scenario_index: 1,
+        };
         let tr = build(&[a, b], Field::PublicOutput, &ctx, 2);
         let names: Vec<_> = tr["steps"].as_array().unwrap().iter().map(|s| s["name"].clone()).collect();
         assert_eq!(names, vec![json!("lookup"), json!("refund")]);

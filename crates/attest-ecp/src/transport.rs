@@ -33,7 +33,9 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Environment variables a spawned agent inherits from the runtime; anything
 /// else must be named in the manifest (`env:` or `pass_env:`).
-pub const ENV_ALLOWLIST: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM"];
+pub const ENV_ALLOWLIST: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM",
+];
 
 /// Why a run, scenario or step ended; the audit record's `exit_reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +72,10 @@ pub struct CallError {
 
 impl CallError {
     pub fn new(reason: ExitReason, message: impl Into<String>) -> Self {
-        CallError { reason, message: message.into() }
+        CallError {
+            reason,
+            message: message.into(),
+        }
     }
 }
 
@@ -95,7 +100,7 @@ pub fn is_http_target(target: &str) -> bool {
 }
 
 pub enum Agent {
-    Stdio(StdioAgent),
+    Stdio(Box<StdioAgent>),
     Http(HttpAgent),
 }
 
@@ -104,7 +109,7 @@ impl Agent {
         if is_http_target(target) {
             Ok(Agent::Http(HttpAgent::new(target.trim())?))
         } else {
-            Ok(Agent::Stdio(StdioAgent::spawn(target, env)?))
+            Ok(Agent::Stdio(Box::new(StdioAgent::spawn(target, env)?)))
         }
     }
 
@@ -182,7 +187,10 @@ impl StdioAgent {
         for (k, v) in &env.set {
             cmd.env(k, v);
         }
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
         #[cfg(unix)]
         cmd.process_group(0);
         #[cfg(target_os = "linux")]
@@ -203,7 +211,9 @@ impl StdioAgent {
                 });
             }
         }
-        let mut child = cmd.spawn().map_err(|e| CallError::new(ExitReason::TransportError, format!("could not start agent `{target}`: {e}")))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| CallError::new(ExitReason::TransportError, format!("could not start agent `{target}`: {e}")))?;
         let pgid = child.id().map(|p| p as i32);
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
@@ -240,7 +250,15 @@ impl StdioAgent {
                 }
             }
         });
-        Ok(StdioAgent { stdin: child.stdin.take(), child, pgid, lines: rx, stderr, next_id: 0, reaped: false })
+        Ok(StdioAgent {
+            stdin: child.stdin.take(),
+            child,
+            pgid,
+            lines: rx,
+            stderr,
+            next_id: 0,
+            reaped: false,
+        })
     }
 
     pub fn stderr_tail(&self) -> String {
@@ -294,7 +312,10 @@ impl StdioAgent {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 let exit = self.exit_note().await;
-                return Err(CallError::new(ExitReason::TransportError, format!("agent crashed or closed its stdin: {e}{exit}{}", self.stderr_note())));
+                return Err(CallError::new(
+                    ExitReason::TransportError,
+                    format!("agent crashed or closed its stdin: {e}{exit}{}", self.stderr_note()),
+                ));
             }
             Err(_) => return Err(self.timed_out(method, timeout)),
         }
@@ -325,7 +346,10 @@ impl StdioAgent {
                     let Some(obj) = parsed.as_object() else {
                         return Err(CallError::new(
                             ExitReason::ProtocolError,
-                            format!("protocol violation: the agent wrote JSON that is not a JSON-RPC object on stdout: {}", clip(trimmed, 300)),
+                            format!(
+                                "protocol violation: the agent wrote JSON that is not a JSON-RPC object on stdout: {}",
+                                clip(trimmed, 300)
+                            ),
                         ));
                     };
                     if obj.contains_key("method") && !obj.contains_key("id") {
@@ -341,14 +365,25 @@ impl StdioAgent {
                     return Ok(parsed);
                 }
                 LineEvent::TooLong => {
-                    return Err(CallError::new(ExitReason::ProtocolError, format!("protocol violation: the agent wrote a stdout line longer than {MAX_LINE_BYTES} bytes")))
+                    return Err(CallError::new(
+                        ExitReason::ProtocolError,
+                        format!("protocol violation: the agent wrote a stdout line longer than {MAX_LINE_BYTES} bytes"),
+                    ))
                 }
-                LineEvent::Failed(e) => return Err(CallError::new(ExitReason::TransportError, format!("reading the agent's stdout failed: {e}"))),
+                LineEvent::Failed(e) => {
+                    return Err(CallError::new(
+                        ExitReason::TransportError,
+                        format!("reading the agent's stdout failed: {e}"),
+                    ))
+                }
                 LineEvent::Eof => {
                     let exit = self.exit_note().await;
                     return Err(CallError::new(
                         ExitReason::TransportError,
-                        format!("agent crashed or closed its stdout before answering {method}{exit}{}", self.stderr_note()),
+                        format!(
+                            "agent crashed or closed its stdout before answering {method}{exit}{}",
+                            self.stderr_note()
+                        ),
                     ));
                 }
             }
@@ -356,7 +391,14 @@ impl StdioAgent {
     }
 
     fn timed_out(&self, method: &str, timeout: Duration) -> CallError {
-        CallError::new(ExitReason::Timeout, format!("agent did not answer {method} within {:.1}s{}", timeout.as_secs_f64(), self.stderr_note()))
+        CallError::new(
+            ExitReason::Timeout,
+            format!(
+                "agent did not answer {method} within {:.1}s{}",
+                timeout.as_secs_f64(),
+                self.stderr_note()
+            ),
+        )
     }
 
     fn kill_group(&self, sig: i32) {
@@ -414,14 +456,23 @@ impl HttpAgent {
         let client = reqwest::Client::builder()
             .build()
             .map_err(|e| CallError::new(ExitReason::TransportError, format!("HTTP client setup failed: {e}")))?;
-        Ok(HttpAgent { endpoint: endpoint.to_string(), client, next_id: 0 })
+        Ok(HttpAgent {
+            endpoint: endpoint.to_string(),
+            client,
+            next_id: 0,
+        })
     }
 
     pub async fn call(&mut self, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
         self.next_id += 1;
         let id = self.next_id;
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let timed_out = || CallError::new(ExitReason::Timeout, format!("agent did not answer {method} within {:.1}s", timeout.as_secs_f64()));
+        let timed_out = || {
+            CallError::new(
+                ExitReason::Timeout,
+                format!("agent did not answer {method} within {:.1}s", timeout.as_secs_f64()),
+            )
+        };
         let exchange = async {
             let mut resp = self
                 .client
@@ -439,11 +490,23 @@ impl HttpAgent {
                     }
                 })?;
             let status = resp.status();
-            let content_type = resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
+            let content_type = resp
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_ascii_lowercase();
             let mut raw = Vec::new();
-            while let Some(chunk) = resp.chunk().await.map_err(|e| CallError::new(ExitReason::TransportError, format!("reading the HTTP response failed: {e}")))? {
+            while let Some(chunk) = resp
+                .chunk()
+                .await
+                .map_err(|e| CallError::new(ExitReason::TransportError, format!("reading the HTTP response failed: {e}")))?
+            {
                 if raw.len() + chunk.len() > MAX_HTTP_BODY {
-                    return Err(CallError::new(ExitReason::ProtocolError, format!("HTTP response exceeds {MAX_HTTP_BODY} bytes")));
+                    return Err(CallError::new(
+                        ExitReason::ProtocolError,
+                        format!("HTTP response exceeds {MAX_HTTP_BODY} bytes"),
+                    ));
                 }
                 raw.extend_from_slice(&chunk);
                 if content_type.contains("text/event-stream") {
@@ -455,7 +518,10 @@ impl HttpAgent {
             }
             let text = String::from_utf8_lossy(&raw).into_owned();
             if !status.is_success() {
-                return Err(CallError::new(ExitReason::TransportError, format!("HTTP {status} from {}: {}", self.endpoint, clip(&text, 500))));
+                return Err(CallError::new(
+                    ExitReason::TransportError,
+                    format!("HTTP {status} from {}: {}", self.endpoint, clip(&text, 500)),
+                ));
             }
             if content_type.contains("text/event-stream") {
                 return parse_sse(&text, true)
@@ -463,10 +529,17 @@ impl HttpAgent {
                     .ok_or_else(|| CallError::new(ExitReason::ProtocolError, "SSE stream ended without a JSON-RPC response"));
             }
             if text.trim().is_empty() {
-                return Err(CallError::new(ExitReason::ProtocolError, format!("empty HTTP response to {method} (status {status})")));
+                return Err(CallError::new(
+                    ExitReason::ProtocolError,
+                    format!("empty HTTP response to {method} (status {status})"),
+                ));
             }
-            let v: Value = serde_json::from_str(&text)
-                .map_err(|e| CallError::new(ExitReason::ProtocolError, format!("HTTP response is not valid JSON ({e}): {}", clip(&text, 300))))?;
+            let v: Value = serde_json::from_str(&text).map_err(|e| {
+                CallError::new(
+                    ExitReason::ProtocolError,
+                    format!("HTTP response is not valid JSON ({e}): {}", clip(&text, 300)),
+                )
+            })?;
             Ok((status, v))
         };
         let (status, v) = match tokio::time::timeout(timeout, exchange).await {
@@ -474,13 +547,19 @@ impl HttpAgent {
             Err(_) => return Err(timed_out()),
         };
         if !status.is_success() {
-            return Err(CallError::new(ExitReason::TransportError, format!("HTTP {status} from {}", self.endpoint)));
+            return Err(CallError::new(
+                ExitReason::TransportError,
+                format!("HTTP {status} from {}", self.endpoint),
+            ));
         }
         let Some(obj) = v.as_object() else {
             return Err(CallError::new(ExitReason::ProtocolError, "HTTP response must be a JSON-RPC object"));
         };
         if obj.get("id") != Some(&json!(id)) {
-            return Err(CallError::new(ExitReason::ProtocolError, format!("JSON-RPC response id mismatch: expected {id}, got {}", clip_json(obj.get("id")))));
+            return Err(CallError::new(
+                ExitReason::ProtocolError,
+                format!("JSON-RPC response id mismatch: expected {id}, got {}", clip_json(obj.get("id"))),
+            ));
         }
         Ok(v)
     }
@@ -495,7 +574,11 @@ fn parse_sse(raw: &str, complete: bool) -> Option<Value> {
         events.pop();
     }
     for event in events {
-        let data: Vec<&str> = event.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| d.strip_prefix(' ').unwrap_or(d)).collect();
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect();
         if data.is_empty() {
             continue;
         }

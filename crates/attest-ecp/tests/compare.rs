@@ -16,7 +16,9 @@ fn prepare(dir: &Path, target: &str) -> String {
     for f in ["qa.csv", "qa.jsonl"] {
         std::fs::copy(fixtures.join(f), dir.join(f)).unwrap();
     }
-    let manifest = std::fs::read_to_string(fixtures.join("manifest.yaml")).unwrap().replace("TARGET", &format!("'{target}'"));
+    let manifest = std::fs::read_to_string(fixtures.join("manifest.yaml"))
+        .unwrap()
+        .replace("TARGET", &format!("'{target}'"));
     write(dir, "manifest.yaml", &manifest).display().to_string()
 }
 
@@ -32,7 +34,10 @@ async fn verdicts_match_the_reference_runtime() {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    assert!(has_litellm, "the reference llm_judge needs litellm importable offline: see scripts/test (ecp-runtime[judge] and the tiktoken cache)");
+    assert!(
+        has_litellm,
+        "the reference llm_judge needs litellm importable offline: see scripts/test (ecp-runtime[judge] and the tiktoken cache)"
+    );
     let judge = fake_judge().await;
     let base = format!("{}/v1", judge.uri());
     let dir = tempfile::tempdir().unwrap();
@@ -59,7 +64,11 @@ async fn verdicts_match_the_reference_runtime() {
     })
     .await
     .unwrap();
-    assert!(reference_out.exists(), "reference run failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        reference_out.exists(),
+        "reference run failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let reference_code = out.status.code();
     let reference = read_json(&reference_out);
 
@@ -69,7 +78,19 @@ async fn verdicts_match_the_reference_runtime() {
         let envs: Vec<(String, String)> = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move || {
             let env_refs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            run_bin(&["run", "--manifest", &manifest, "--json-out", ours_out.to_str().unwrap(), "--jobs", "2"], &env_refs, None)
+            run_bin(
+                &[
+                    "run",
+                    "--manifest",
+                    &manifest,
+                    "--json-out",
+                    ours_out.to_str().unwrap(),
+                    "--jobs",
+                    "2",
+                ],
+                &env_refs,
+                None,
+            )
         }
     })
     .await
@@ -80,7 +101,13 @@ async fn verdicts_match_the_reference_runtime() {
     let mine = verdicts(&ours);
     assert!(theirs.len() >= 40, "the comparison covers many checks, got {}", theirs.len());
     for (a, b) in theirs.iter().zip(&mine) {
-        assert_eq!(a, b, "verdicts differ\nreference reasoning: {}\nour reasoning: {}", reasoning(&reference, a), reasoning(&ours, b));
+        assert_eq!(
+            a,
+            b,
+            "verdicts differ\nreference reasoning: {}\nour reasoning: {}",
+            reasoning(&reference, a),
+            reasoning(&ours, b)
+        );
     }
     assert_eq!(theirs.len(), mine.len());
     assert_eq!(reference_code, ours_run.status.code(), "same exit status");
@@ -99,7 +126,12 @@ async fn verdicts_match_the_reference_runtime() {
 }
 
 fn reasoning(report: &Value, v: &(String, usize, usize, String, String, bool)) -> String {
-    let s = report["scenarios"].as_array().unwrap().iter().find(|s| s["name"] == v.0.as_str()).unwrap();
+    let s = report["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == v.0.as_str())
+        .unwrap();
     s["steps"][v.1 - 1]["checks"][v.2 - 1]["reasoning"].to_string()
 }
 
@@ -121,7 +153,12 @@ async fn judge_settings_reach_the_endpoint() {
     let out = tokio::task::spawn_blocking(move || {
         run_bin(
             &["run", "-m", m.to_str().unwrap(), "--json"],
-            &[("OPENAI_API_KEY", "sk-test"), ("OPENAI_API_BASE", &base), ("ECP_LLM_JUDGE_MODEL", "judge-model-x"), ("ECP_LLM_JUDGE_TEMPERATURE", "0.25")],
+            &[
+                ("OPENAI_API_KEY", "sk-test"),
+                ("OPENAI_API_BASE", &base),
+                ("ECP_LLM_JUDGE_MODEL", "judge-model-x"),
+                ("ECP_LLM_JUDGE_TEMPERATURE", "0.25"),
+            ],
             None,
         )
     })
@@ -129,7 +166,10 @@ async fn judge_settings_reach_the_endpoint() {
     .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["scenarios"][0]["steps"][0]["checks"][0]["reasoning"], "The text was checked.");
+    assert_eq!(
+        report["scenarios"][0]["steps"][0]["checks"][0]["reasoning"],
+        "The text was checked."
+    );
     let requests = judge.received_requests().await.unwrap();
     let body: Value = serde_json::from_slice(&requests[0].body).unwrap();
     assert_eq!(body["model"], "judge-model-x");

@@ -68,18 +68,30 @@ fn stdio_run_grades_and_writes_valid_reports() {
     assert_eq!(code, 2, "one check fails, so the run exits 2; stderr:\n{stderr}");
     let v: Vec<bool> = verdicts(&report).iter().map(|v| v.5).collect();
     assert_eq!(v, vec![true, true, true, true, false, true, true, true, false]);
-    assert_eq!((report["passed"].as_u64(), report["total"].as_u64(), report["failed"].as_u64()), (Some(7), Some(9), Some(2)));
+    assert_eq!(
+        (report["passed"].as_u64(), report["total"].as_u64(), report["failed"].as_u64()),
+        (Some(7), Some(9), Some(2))
+    );
     assert_eq!(report["scenarios"][0]["steps"][1]["agent_status"], "paused");
     assert_eq!(report["scenarios"][0]["steps"][0]["checks"][3]["field"], "tool_calls");
     assert_eq!(report["audit"]["usage"]["total_tokens"], 28);
     validate_schema("report.schema.json", &report);
     validate_schema("audit.schema.json", &report["audit"]);
     validate_schema("audit.schema.json", &read_json(Path::new(&audit)));
-    assert!(stderr.contains("step 1/2 FAIL 4/5 check(s)"), "plain progress lines when not a terminal:\n{stderr}");
+    assert!(
+        stderr.contains("step 1/2 FAIL 4/5 check(s)"),
+        "plain progress lines when not a terminal:\n{stderr}"
+    );
 
     let page = std::fs::read_to_string(&html).unwrap();
-    assert!(page.contains("Refunds &lt;b&gt;&amp;&lt;/b&gt;") && page.contains("refund ORD-7 &lt;script&gt;"), "escaped");
-    assert!(!page.contains("<script") && !page.contains("src=\"http") && !page.contains("href=\"http"), "self-contained");
+    assert!(
+        page.contains("Refunds &lt;b&gt;&amp;&lt;/b&gt;") && page.contains("refund ORD-7 &lt;script&gt;"),
+        "escaped"
+    );
+    assert!(
+        !page.contains("<script") && !page.contains("src=\"http") && !page.contains("href=\"http"),
+        "self-contained"
+    );
     assert!(page.contains("process_refund") && page.contains("FAIL") && page.contains("agent paused"));
 
     let xml = std::fs::read_to_string(&junit).unwrap();
@@ -175,7 +187,14 @@ fn hanging_agent_times_out_and_its_whole_group_is_stopped() {
     assert_eq!(report["exit_reason"], "timeout");
     let steps = &report["scenarios"][0]["steps"];
     assert_eq!(steps[0]["exit_reason"], "timeout");
-    assert!(steps[0]["error"].as_str().unwrap().contains("did not answer agent/step within 2.0s"), "{}", steps[0]["error"]);
+    assert!(
+        steps[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer agent/step within 2.0s"),
+        "{}",
+        steps[0]["error"]
+    );
     assert_eq!(steps[1]["status"], "skipped");
     assert_eq!(steps[1]["checks"][0]["type"], "execution");
     let pids = std::fs::read_to_string(&pid_file).unwrap();
@@ -225,9 +244,15 @@ fn crashing_agent_fails_its_step_with_stderr_and_the_next_scenario_starts_fresh(
     assert_eq!(steps[0]["checks"][0]["passed"], true);
     assert_eq!(steps[1]["exit_reason"], "transport_error");
     let err = steps[1]["error"].as_str().unwrap();
-    assert!(err.contains("exit status: 3") && err.contains("the model server went away"), "{err}");
+    assert!(
+        err.contains("exit status: 3") && err.contains("the model server went away"),
+        "{err}"
+    );
     assert_eq!(steps[2]["status"], "skipped");
-    assert!(report["scenarios"][0]["stderr"].as_str().unwrap().contains("model server went away"));
+    assert!(report["scenarios"][0]["stderr"]
+        .as_str()
+        .unwrap()
+        .contains("model server went away"));
     assert_eq!(report["scenarios"][1]["steps"][0]["checks"][0]["passed"], true);
     assert_eq!(report["exit_reason"], "transport_error");
     assert_no_survivors(&pid_file);
@@ -241,13 +266,20 @@ fn stray_stdout_text_is_a_protocol_violation_naming_the_line() {
     let m = manifest(
         dir.path(),
         &format!("{} {} noisy", python(&venv), agent("misbehaving_agent.py")),
-        &format!("env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Noisy\n    steps:\n      - input: one\n", pid_file.display()),
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Noisy\n    steps:\n      - input: one\n",
+            pid_file.display()
+        ),
     );
     // A long per-call timeout: the violation must end the step, not the clock.
     let (_, report, _) = run_json(dir.path(), &m, &["--timeout", "120"], &[]);
     let step = &report["scenarios"][0]["steps"][0];
     assert_eq!(step["exit_reason"], "protocol_error");
-    assert!(step["error"].as_str().unwrap().contains("\"Loading model weights... done\""), "{}", step["error"]);
+    assert!(
+        step["error"].as_str().unwrap().contains("\"Loading model weights... done\""),
+        "{}",
+        step["error"]
+    );
     assert_no_survivors(&pid_file);
 }
 
@@ -260,7 +292,10 @@ fn agent_that_never_initializes_is_reported_and_stopped() {
     let m = manifest(
         dir.path(),
         &target,
-        &format!("env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Mute\n    steps:\n      - input: one\n      - input: two\n", pid_file.display()),
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Mute\n    steps:\n      - input: one\n      - input: two\n",
+            pid_file.display()
+        ),
     );
     let (code, report, _) = run_json(dir.path(), &m, &["--timeout", "2"], &[]);
     assert_eq!(code, 2);
@@ -273,7 +308,10 @@ fn agent_that_never_initializes_is_reported_and_stopped() {
     let out = run_bin(&["conformance", "--target", &target, "--timeout", "2"], &[], None);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("FAIL | initialize response | agent did not answer agent/initialize"), "{text}");
+    assert!(
+        text.contains("FAIL | initialize response | agent did not answer agent/initialize"),
+        "{text}"
+    );
     assert!(text.contains("Conformance: 0/3 checks passed"), "{text}");
 }
 
@@ -298,7 +336,12 @@ scenarios:
         graders: [{type: text_match, condition: equals, value: "ECP_TEST_PASSED=passed through"}]
 "#,
     );
-    let (code, report, stderr) = run_json(dir.path(), &m, &[], &[("ECP_TEST_SECRET", "hunter2"), ("ECP_TEST_PASSED", "passed through")]);
+    let (code, report, stderr) = run_json(
+        dir.path(),
+        &m,
+        &[],
+        &[("ECP_TEST_SECRET", "hunter2"), ("ECP_TEST_PASSED", "passed through")],
+    );
     assert_eq!(code, 0, "{stderr}\n{report:#}");
 }
 
@@ -316,9 +359,18 @@ fn parallel_jobs_keep_report_order() {
     let m = manifest(dir.path(), &format!("{} {}", python(&venv), agent("support_agent.py")), &body);
     let (code, report, _) = run_json(dir.path(), &m, &["--jobs", "3"], &[]);
     assert_eq!(code, 0);
-    let names: Vec<&str> = report["scenarios"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = report["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["S0", "S1", "S2", "S3", "S4"]);
-    assert_eq!(std::fs::read_to_string(&pid_file).unwrap().lines().count(), 5, "one agent per scenario");
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap().lines().count(),
+        5,
+        "one agent per scenario"
+    );
     assert_no_survivors(&pid_file);
 }
 
@@ -335,7 +387,10 @@ fn required_capabilities_stop_the_run_before_any_step() {
     assert_eq!(code, 2);
     assert_eq!(report["exit_reason"], "protocol_error");
     let err = report["scenarios"][0]["steps"][0]["error"].as_str().unwrap();
-    assert!(err.contains("does not declare: tool_calls (needed by a tool_usage grader)"), "{err}");
+    assert!(
+        err.contains("does not declare: tool_calls (needed by a tool_usage grader)"),
+        "{err}"
+    );
     assert_eq!(report["scenarios"][1]["steps"][0]["status"], "skipped");
     assert_eq!(report["scenarios"][1]["exit_reason"], "protocol_error");
 }
@@ -352,11 +407,18 @@ fn validate_names_the_bad_field_and_the_choices() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scenario 'Checkout' (#1), step 2, grader 1 (text_match): field 'condition' is 'startswith'; valid choices: contains, equals, does_not_contain, regex"), "{err}");
-    assert!(err.contains("step 2, grader 2 (tool_usage): field 'arguments' must be a mapping"), "{err}");
+    assert!(
+        err.contains("step 2, grader 2 (tool_usage): field 'arguments' must be a mapping"),
+        "{err}"
+    );
     let out = run_bin(&["run", "-m", m.to_str().unwrap()], &[], None);
     assert_eq!(out.status.code(), Some(1), "a bad manifest is refused before any agent starts");
 
-    let good = write(dir.path(), "good.yaml", "manifest_version: v1\nname: n\ntarget: agent\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n");
+    let good = write(
+        dir.path(),
+        "good.yaml",
+        "manifest_version: v1\nname: n\ntarget: agent\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n",
+    );
     let out = run_bin(&["validate", good.to_str().unwrap()], &[], None);
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("Manifest valid"));
@@ -371,7 +433,11 @@ fn init_writes_a_project_that_passes_on_first_run() {
     let again = run_bin(&["init"], &[], Some(dir.path()));
     assert_eq!(again.status.code(), Some(1), "refuses to overwrite");
     let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
-    let out = run_bin(&["run", "--manifest", "ecp_eval/manifest.yaml"], &[("PATH", &path)], Some(dir.path()));
+    let out = run_bin(
+        &["run", "--manifest", "ecp_eval/manifest.yaml"],
+        &[("PATH", &path)],
+        Some(dir.path()),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("4/4 checks passed"));
     let out = run_bin(&["conformance", "python3 ecp_eval/agent.py"], &[("PATH", &path)], Some(dir.path()));
@@ -382,7 +448,11 @@ fn init_writes_a_project_that_passes_on_first_run() {
 fn trend_flags_a_degrading_pass_rate() {
     let dir = tempfile::tempdir().unwrap();
     for (i, passed) in [10, 9, 6].iter().enumerate() {
-        write(dir.path(), &format!("run-{i}.json"), &format!("{{\"manifest\": \"m.yaml\", \"passed\": {passed}, \"total\": 10}}"));
+        write(
+            dir.path(),
+            &format!("run-{i}.json"),
+            &format!("{{\"manifest\": \"m.yaml\", \"passed\": {passed}, \"total\": 10}}"),
+        );
     }
     write(dir.path(), "run-9.json", "not json");
     let pattern = format!("{}/run-*.json", dir.path().display());
@@ -395,4 +465,59 @@ fn trend_flags_a_degrading_pass_rate() {
     assert_eq!(v["direction"], "stable");
     let out = run_bin(&["trend", &format!("{}/none-*.json", dir.path().display())], &[], None);
     assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn server_sent_event_responses_are_read() {
+    let Some(venv) = venv() else { return };
+    let port = free_port();
+    let child = Command::new(python(&venv))
+        .args([agent("sse_agent.py").as_str(), &port.to_string()])
+        .spawn()
+        .unwrap();
+    let _server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the SSE agent did not start listening");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(
+        dir.path(),
+        &format!("http://127.0.0.1:{port}/ecp"),
+        "scenarios:\n  - name: SSE\n    steps:\n      - input: hi\n        graders:\n          - {type: text_match, condition: equals, value: 'SSE echo: hi'}\n          - {type: tool_usage, tool_name: stream, arguments: {n: 1}}\n",
+    );
+    let (code, report, stderr) = run_json(dir.path(), &m, &[], &[]);
+    assert_eq!(code, 0, "{stderr}\n{report:#}");
+    let out = run_bin(&["conformance", &format!("http://127.0.0.1:{port}/ecp")], &[], None);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn agent_dies_when_the_runtime_is_killed() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let m = manifest(
+        dir.path(),
+        &format!("{} {} mute", python(&venv), agent("misbehaving_agent.py")),
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Mute\n    steps:\n      - input: one\n",
+            pid_file.display()
+        ),
+    );
+    let mut runtime = Command::new(bin())
+        .args(["run", "-m", &m, "--timeout", "600"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&pid_file).map(|s| s.lines().count()).unwrap_or(0) < 1 {
+        assert!(Instant::now() < deadline, "the agent did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SIGKILL: the runtime gets no chance to clean up; the kernel's parent-death signal does it.
+    runtime.kill().unwrap();
+    runtime.wait().unwrap();
+    assert_no_survivors(&pid_file);
 }

@@ -5,7 +5,7 @@ failure tests. The mode is the first argument:
   starts a child process so the test can see the whole group is stopped;
 - crash: answers the first step, then dies on the second with a traceback;
 - noisy: prints a log line on stdout (which carries protocol only) before answering;
-- mute: never answers agent/initialize.
+- mute: never answers agent/initialize, and ignores the end of its stdin.
 
 Every process writes its pid to $ECP_TEST_PID_FILE when set.
 """
@@ -49,6 +49,7 @@ class Misbehaving:
 if __name__ == "__main__":
     note_pid(os.getpid())
     if MODE == "mute":
-        for _ in sys.stdin:
-            time.sleep(3600)
+        # Not even the end of stdin stops it: only a signal does.
+        sys.stdin.readline()
+        time.sleep(3600)
     serve(Misbehaving())

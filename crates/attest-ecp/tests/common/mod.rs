@@ -28,7 +28,11 @@ pub fn python(venv: &Path) -> String {
 }
 
 pub fn agent(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents").join(name).display().to_string()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/agents")
+        .join(name)
+        .display()
+        .to_string()
 }
 
 pub fn bin() -> &'static str {
@@ -80,7 +84,10 @@ pub fn verdicts(report: &Value) -> Vec<(String, usize, usize, String, String, bo
 fn alive(pid: i32) -> bool {
     // A zombie has exited; only its parent's bookkeeping is left.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')).unwrap_or(false),
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
         Err(_) => false,
     }
 }
@@ -101,10 +108,18 @@ pub fn assert_no_survivors(pid_file: &Path) {
 }
 
 pub fn validate_schema(schema_file: &str, instance: &Value) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/schema").join(schema_file);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/schema")
+        .join(schema_file);
     let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let validator = jsonschema::options().should_validate_formats(true).build(&schema).expect("the schema compiles");
-    let errors: Vec<String> = validator.iter_errors(instance).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(&schema)
+        .expect("the schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(instance)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
     assert!(errors.is_empty(), "{schema_file}: {errors:#?}");
 }
 
@@ -126,8 +141,17 @@ pub struct FakeJudge;
 impl wiremock::Respond for FakeJudge {
     fn respond(&self, req: &wiremock::Request) -> wiremock::ResponseTemplate {
         let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
-        let prompt = body["messages"].as_array().and_then(|m| m.last()).and_then(|m| m["content"].as_str()).unwrap_or("").to_string();
-        let verdict = if judged_text(&prompt).to_lowercase().contains("refund") { "RESULT: PASS" } else { "RESULT: FAIL" };
+        let prompt = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("")
+            .to_string();
+        let verdict = if judged_text(&prompt).to_lowercase().contains("refund") {
+            "RESULT: PASS"
+        } else {
+            "RESULT: FAIL"
+        };
         wiremock::ResponseTemplate::new(200).set_body_json(json!({
             "id": "chatcmpl-test",
             "object": "chat.completion",
