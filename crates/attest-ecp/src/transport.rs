@@ -217,7 +217,8 @@ impl StdioAgent {
         let pgid = child.id().map(|p| p as i32);
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
-        let (tx, rx) = mpsc::channel(64);
+        // Small: lines wait here only between calls, and each may be up to MAX_LINE_BYTES.
+        let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let mut framed = FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE_BYTES));
             loop {
