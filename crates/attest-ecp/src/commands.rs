@@ -58,6 +58,7 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
         max_duration,
         jobs: usize::from(args.jobs),
         progress: !args.quiet,
+        verbose: args.verbose,
     };
     let outcome = runner::run(&manifest, host.as_ref(), &opts).await;
     let (passed, total) = outcome.tally();

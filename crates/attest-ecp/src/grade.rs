@@ -144,7 +144,13 @@ pub struct Turn {
     pub duration_ms: f64,
 }
 
-pub fn check_text_match(condition: TextCondition, value: Option<&str>, pattern: Option<&fancy_regex::Regex>, text: &str) -> (bool, String) {
+/// `pattern` is the pattern as written and its compiled form.
+pub fn check_text_match(
+    condition: TextCondition,
+    value: Option<&str>,
+    pattern: Option<&(String, fancy_regex::Regex)>,
+    text: &str,
+) -> (bool, String) {
     if text.is_empty() {
         return (false, "the text is empty".into());
     }
@@ -185,13 +191,13 @@ pub fn check_text_match(condition: TextCondition, value: Option<&str>, pattern: 
             )
         }
         TextCondition::Regex => {
-            let Some(re) = pattern else {
+            let Some((written, re)) = pattern else {
                 return (false, "no pattern given".into());
             };
             match re.is_match(text) {
-                Ok(true) => (true, format!("matches /{}/", re.as_str())),
-                Ok(false) => (false, format!("no match for /{}/", re.as_str())),
-                Err(e) => (false, format!("regex /{}/ could not be evaluated: {e}", re.as_str())),
+                Ok(true) => (true, format!("matches /{written}/")),
+                Ok(false) => (false, format!("no match for /{written}/")),
+                Err(e) => (false, format!("regex /{written}/ could not be evaluated: {e}")),
             }
         }
     }
@@ -319,7 +325,7 @@ pub async fn grade_step(host: &dyn GradingHost, step: &Step, turns: &[Turn], ctx
                 value,
                 pattern,
             } => {
-                let (ok, why) = check_text_match(*condition, value.as_deref(), pattern.as_ref().map(|p| &p.1), result.text(*field));
+                let (ok, why) = check_text_match(*condition, value.as_deref(), pattern.as_ref(), result.text(*field));
                 check(ok, why)
             }
             Grader::ToolUsage { tool_name, arguments } => {
@@ -373,8 +379,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn re(p: &str) -> fancy_regex::Regex {
-        fancy_regex::Regex::new(p).unwrap()
+    fn re(p: &str) -> (String, fancy_regex::Regex) {
+        (p.to_string(), fancy_regex::Regex::new(&crate::manifest::python_regex(p)).unwrap())
     }
 
     #[test]

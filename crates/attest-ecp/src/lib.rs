@@ -89,8 +89,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub jobs: u16,
     /// No progress lines on stderr.
-    #[arg(long, short = 'q')]
+    #[arg(long, short = 'q', conflicts_with = "verbose")]
     pub quiet: bool,
+    /// Progress lines give the reason of every check, not only failed ones.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]

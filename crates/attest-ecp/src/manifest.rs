@@ -251,6 +251,62 @@ pub fn load(path: &Path) -> Result<Manifest, ManifestErrors> {
     }
 }
 
+/// Rewrite the few pieces of Python `re` syntax whose meaning differs in
+/// Rust regex syntax, so a pattern matches what it matches in the reference
+/// runtime: `$` (without the multiline flag) also matches before a final
+/// newline, `\Z` is the very end, `(?P=name)` is a named back-reference.
+pub fn python_regex(pattern: &str) -> String {
+    // Inline flags such as `(?m)`, `(?im)` or `(?m:...)` turn multiline on.
+    let multiline = pattern.match_indices("(?").any(|(i, _)| {
+        let flags: String = pattern[i + 2..].chars().take_while(char::is_ascii_alphabetic).collect();
+        flags.contains('m') && matches!(pattern[i + 2 + flags.len()..].chars().next(), Some(')' | ':'))
+    });
+    let mut out = String::with_capacity(pattern.len() + 8);
+    let mut chars = pattern.chars().peekable();
+    let mut in_class = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some('Z') if !in_class => out.push_str("\\z"),
+                Some(n) => {
+                    out.push('\\');
+                    out.push(n);
+                }
+                None => out.push('\\'),
+            },
+            '[' if !in_class => {
+                in_class = true;
+                out.push(c);
+                // A `]` right after `[` or `[^` is a literal in both syntaxes.
+                if chars.peek() == Some(&'^') {
+                    out.push(chars.next().unwrap_or('^'));
+                }
+                if chars.peek() == Some(&']') {
+                    out.push_str("\\]");
+                    chars.next();
+                }
+            }
+            ']' if in_class => {
+                in_class = false;
+                out.push(c);
+            }
+            '$' if !in_class && !multiline => out.push_str("(?=\\n?\\z)"),
+            '(' if !in_class && chars.peek() == Some(&'?') => {
+                let rest: String = chars.clone().take(3).collect();
+                if rest == "?P=" {
+                    chars.nth(2);
+                    let name: String = chars.by_ref().take_while(|c| *c != ')').collect();
+                    out.push_str(&format!("\\k<{name}>"));
+                } else {
+                    out.push(c);
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -653,7 +709,7 @@ impl Validator {
                             self.err(format!("{loc}: condition 'regex' requires a non-empty field 'pattern'"));
                             return None;
                         }
-                        Some(p) => match fancy_regex::Regex::new(p) {
+                        Some(p) => match fancy_regex::Regex::new(&python_regex(p)) {
                             Ok(re) => compiled = Some((p.to_string(), re)),
                             Err(e) => {
                                 self.err(format!("{loc}: field 'pattern' is not a valid regular expression: {e}"));
@@ -791,6 +847,19 @@ mod tests {
         .unwrap_err();
         assert!(err.errors[0].contains(AttestScope::CHOICES), "{err}");
         assert!(err.errors[1].contains("evaluate_batch assertion mapping"), "{err}");
+    }
+
+    #[test]
+    fn python_regex_semantics() {
+        let m = |p: &str, t: &str| fancy_regex::Regex::new(&python_regex(p)).unwrap().is_match(t).unwrap();
+        assert!(m("line$", "a line\n"), "$ before a final newline");
+        assert!(!m("line$", "a line\n\n"));
+        assert!(!m("line\\Z", "a line\n"));
+        assert!(m("(?m)^b$", "a\nb\nc"));
+        assert!(m("[$]", "cost $5"), "a $ in a class is literal");
+        assert!(m("[]a]", "]"));
+        assert!(m("(?P<q>['\"]).*(?P=q)", "say 'hi'"));
+        assert!(m("\\$\\d", "$5"));
     }
 
     #[test]

@@ -101,6 +101,8 @@ pub struct RunOptions {
     pub max_duration: Option<Duration>,
     pub jobs: usize,
     pub progress: bool,
+    /// Progress lines give the reason of passing checks too.
+    pub verbose: bool,
 }
 
 /// Line-based progress on stderr (stdout may carry the JSON report).
@@ -179,7 +181,17 @@ pub async fn run(manifest: &Manifest, host: &dyn GradingHost, opts: &RunOptions)
     };
     let total = manifest.scenarios.len();
     let scenarios: Vec<ScenarioRecord> = stream::iter(manifest.scenarios.iter().enumerate())
-        .map(|(i, s)| run_scenario(&shared, i, total, s))
+        .map(|(i, s)| {
+            let shared = &shared;
+            async move {
+                let record = run_scenario(shared, i, total, s).await;
+                // Every step reaches the host's history, failed and skipped ones included.
+                for (si, step) in record.steps.iter().enumerate() {
+                    shared.host.record(&record.name, si + 1, &step.checks).await;
+                }
+                record
+            }
+        })
         .buffered(jobs)
         .collect()
         .await;
@@ -502,10 +514,9 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                     duration_ms,
                 });
                 let checks = grade::grade_step(sh.host, step, &turns, &ctx).await;
-                sh.host.record(&scenario.name, si + 1, &checks).await;
                 let passed = checks.iter().filter(|c| c.passed).count();
                 sh.progress.line(&format!(
-                    "{label}: step {}/{} {} {passed}/{} check(s){} ({:.0} ms)",
+                    "{label}: step {}/{} {} {passed}/{} check(s){} ({:.1} ms)",
                     si + 1,
                     scenario.steps.len(),
                     sh.progress.mark(passed == checks.len()),
@@ -517,9 +528,10 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                     },
                     duration_ms
                 ));
-                for c in checks.iter().filter(|c| !c.passed) {
+                for c in checks.iter().filter(|c| !c.passed || sh.opts.verbose) {
+                    let mark = sh.progress.mark(c.passed);
                     sh.progress
-                        .line(&format!("    {} on {}: {}", c.kind, c.field, clip(&c.reasoning, 300)));
+                        .line(&format!("    {mark} {} on {}: {}", c.kind, c.field, clip(&c.reasoning, 300)));
                 }
                 steps.push(StepRecord {
                     input: step.input.clone(),

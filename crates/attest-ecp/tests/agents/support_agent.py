@@ -5,6 +5,7 @@ Behaviour by input:
 - "lookup ORD-n": one lookup call; "refund it": refunds the last order looked up;
 - "pause ...": answers with status paused (waiting for approval);
 - "env NAME": reports whether NAME is visible in its environment;
+- "two lines": two lines of output, ending with a newline;
 - "legacy": answers with the deprecated private_thought field only;
 - anything else: an echo.
 Run with --http PORT to serve Streamable HTTP on 127.0.0.1:PORT/ecp.
@@ -57,6 +58,8 @@ class SupportAgent:
             return Result(public_output=f"{words[1]}={os.environ.get(words[1], '<unset>')}")
         if text == "legacy":
             return Result(public_output="Legacy answer", private_thought="thought via the deprecated field")
+        if text == "two lines":
+            return Result(public_output="first line\nlast line\n")
         if text == "empty":
             return Result(public_output="")
         return Result(public_output=f"Echo: {text}", evaluation_context=f"Turn {self.turns}: echoed the input.")
