@@ -159,6 +159,7 @@ pub struct StdioAgent {
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<LineEvent>,
     stderr: Arc<Mutex<StderrTail>>,
+    stderr_task: Option<tokio::task::JoinHandle<()>>,
     next_id: i64,
     reaped: bool,
 }
@@ -236,7 +237,7 @@ impl StdioAgent {
         });
         let stderr = Arc::new(Mutex::new(StderrTail::default()));
         let sink = stderr.clone();
-        tokio::spawn(async move {
+        let stderr_task = tokio::spawn(async move {
             let mut chunk = [0u8; 8192];
             while let Ok(n) = stderr_pipe.read(&mut chunk).await {
                 if n == 0 {
@@ -257,6 +258,7 @@ impl StdioAgent {
             pgid,
             lines: rx,
             stderr,
+            stderr_task: Some(stderr_task),
             next_id: 0,
             reaped: false,
         })
@@ -414,9 +416,19 @@ impl StdioAgent {
         }
     }
 
-    /// Close stdin, ask the group to stop, then kill it after a grace period.
+    /// Close stdin, ask the group to stop, then kill it after a grace period;
+    /// then collect what is left of its stderr.
     pub async fn stop(&mut self) {
         self.stdin = None;
+        self.terminate().await;
+        if let Some(task) = self.stderr_task.take() {
+            // The pipe closes when the group is gone; a descendant that escaped the
+            // group could hold it open, so the wait is bounded.
+            let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+        }
+    }
+
+    async fn terminate(&mut self) {
         if self.reaped {
             return;
         }

@@ -95,6 +95,14 @@ fn stdio_run_grades_and_writes_valid_reports() {
     assert!(page.contains("process_refund") && page.contains("FAIL") && page.contains("agent paused"));
 
     let xml = std::fs::read_to_string(&junit).unwrap();
+    let mut reader = quick_xml::Reader::from_str(&xml);
+    loop {
+        match reader.read_event() {
+            Ok(quick_xml::events::Event::Eof) => break,
+            Ok(_) => {}
+            Err(e) => panic!("the JUnit report is not well-formed XML: {e}\n{xml}"),
+        }
+    }
     assert_eq!(xml.matches("<testsuite ").count(), 2);
     assert_eq!(xml.matches("<testcase ").count(), 4);
     assert!(xml.contains("<failure message=\"1 of 5 check(s) failed\">"), "{xml}");
@@ -520,4 +528,24 @@ fn agent_dies_when_the_runtime_is_killed() {
     runtime.kill().unwrap();
     runtime.wait().unwrap();
     assert_no_survivors(&pid_file);
+}
+
+#[test]
+fn agent_stderr_is_kept_bounded() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(
+        dir.path(),
+        &format!("{} {} chatty", python(&venv), agent("misbehaving_agent.py")),
+        "scenarios:\n  - name: Chatty\n    steps:\n      - input: a\n        graders: [{type: text_match, condition: equals, value: 'Echo: a'}]\n      - input: b\n",
+    );
+    let (code, report, _) = run_json(dir.path(), &m, &[], &[]);
+    assert_eq!(code, 0);
+    let stderr = report["scenarios"][0]["stderr"].as_str().unwrap();
+    assert!(stderr.len() <= 64 * 1024 + 100, "{} bytes kept", stderr.len());
+    assert!(
+        stderr.contains("earlier bytes dropped") && stderr.trim_end().ends_with(&"x".repeat(90)),
+        "the most recent output is kept"
+    );
+    assert!(stderr.contains("debug 01999"));
 }

@@ -5,6 +5,7 @@ failure tests. The mode is the first argument:
   starts a child process so the test can see the whole group is stopped;
 - crash: answers the first step, then dies on the second with a traceback;
 - noisy: prints a log line on stdout (which carries protocol only) before answering;
+- chatty: writes 200 KB to stderr on every step, then answers;
 - mute: never answers agent/initialize, and ignores the end of its stdin.
 
 Every process writes its pid to $ECP_TEST_PID_FILE when set.
@@ -41,6 +42,10 @@ class Misbehaving:
         if MODE == "crash" and self.steps == 2:
             print("Traceback (most recent call last):\n  RuntimeError: the model server went away", file=sys.stderr, flush=True)
             os._exit(3)
+        if MODE == "chatty":
+            for i in range(2000):
+                print(f"debug {i:05d} " + "x" * 90, file=sys.stderr)
+            sys.stderr.flush()
         if MODE == "noisy":
             print("Loading model weights... done", flush=True)
         return Result(public_output=f"Echo: {text}")
