@@ -132,7 +132,11 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
         }
     };
     let mut checks = Vec::new();
-    match Agent::start(&target, &AgentEnv::default()) {
+    let env = AgentEnv {
+        pass: args.pass_env.clone(),
+        ..AgentEnv::default()
+    };
+    match Agent::start(&target, &env) {
         Err(e) => {
             checks.push(check(
                 "initialize response",

@@ -116,6 +116,9 @@ pub struct ConformanceArgs {
     /// Seconds to wait for each call (default: ECP_RPC_TIMEOUT or 30).
     #[arg(long)]
     pub timeout: Option<f64>,
+    /// An environment variable to pass to a spawned agent, beyond the sanitized set (repeatable).
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pub pass_env: Vec<String>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
