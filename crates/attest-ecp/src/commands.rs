@@ -1,0 +1,445 @@
+//! The `ecp` subcommands: run, validate, conformance, init, trend.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::host::GradingHost;
+use crate::manifest;
+use crate::report;
+use crate::runner::{self, RunOptions};
+use crate::transport::{Agent, AgentEnv};
+use crate::{ConformanceArgs, RunArgs, TrendArgs};
+
+fn positive_seconds(arg: Option<f64>, env_name: &str, flag: &str, default: Option<f64>) -> Result<Option<Duration>, String> {
+    let (value, source) = match arg {
+        Some(v) => (Some(v.to_string()), flag.to_string()),
+        None => (std::env::var(env_name).ok().filter(|v| !v.is_empty()), env_name.to_string()),
+    };
+    let Some(raw) = value.or_else(|| default.map(|d| d.to_string())) else {
+        return Ok(None);
+    };
+    match raw.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(Some(Duration::from_secs_f64(v))),
+        _ => Err(format!("{source} must be a positive number of seconds, got '{raw}'")),
+    }
+}
+
+fn write_file(path: &Path, contents: &str, what: &str) -> anyhow::Result<()> {
+    std::fs::write(path, contents).map_err(|e| anyhow::anyhow!("cannot write the {what} to {}: {e}", path.display()))
+}
+
+pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i32> {
+    let rpc_timeout = match positive_seconds(args.timeout, "ECP_RPC_TIMEOUT", "--timeout", Some(30.0)) {
+        Ok(t) => t.expect("a default is given"),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(1);
+        }
+    };
+    let max_duration = match positive_seconds(args.max_duration, "ECP_MAX_DURATION", "--max-duration", None) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(1);
+        }
+    };
+    let manifest = match manifest::load(&args.manifest) {
+        Ok(m) => m,
+        Err(e) => {
+            eprint!("error: {e}");
+            return Ok(1);
+        }
+    };
+    let opts = RunOptions {
+        rpc_timeout,
+        max_duration,
+        jobs: usize::from(args.jobs),
+        progress: !args.quiet,
+        verbose: args.verbose,
+    };
+    let outcome = runner::run(&manifest, host.as_ref(), &opts).await;
+    let (passed, total) = outcome.tally();
+    let failed = total - passed;
+    let json_report = report::json_report(&outcome, &manifest);
+    if let Some(p) = &args.report {
+        write_file(p, &report::html(&outcome, &manifest), "HTML report")?;
+    }
+    if let Some(p) = &args.json_out {
+        write_file(p, &serde_json::to_string_pretty(&json_report)?, "JSON report")?;
+    }
+    if let Some(p) = &args.audit_out {
+        write_file(p, &(serde_json::to_string_pretty(&json_report["audit"])? + "\n"), "audit record")?;
+    }
+    if let Some(p) = &args.junit {
+        write_file(p, &report::junit(&outcome, &manifest)?, "JUnit report")?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json_report)?);
+    }
+    if !args.quiet {
+        eprintln!("{passed}/{total} checks passed; exit reason: {}", outcome.exit_reason.as_str());
+    }
+    let fail_on_error = !args.no_fail_on_error || args.fail_on_error;
+    Ok(if fail_on_error && failed > 0 { 2 } else { 0 })
+}
+
+pub fn validate(path: &Path) -> i32 {
+    match manifest::load(path) {
+        Ok(m) => {
+            println!("Manifest valid: {}", path.display());
+            println!("Name: {}", m.name);
+            println!("Scenarios: {}", m.scenarios.len());
+            println!("Steps: {}", m.step_count());
+            println!("Graders: {}", m.grader_count());
+            0
+        }
+        Err(e) => {
+            eprint!("{e}");
+            1
+        }
+    }
+}
+
+fn check(name: &str, method: &str, outcome: Result<(), String>) -> Value {
+    match outcome {
+        Ok(()) => json!({"name": name, "method": method, "passed": true, "message": "passed"}),
+        Err(m) => json!({"name": name, "method": method, "passed": false, "message": m}),
+    }
+}
+
+fn skipped(name: &str, method: &str) -> Value {
+    check(name, method, Err("skipped because a prerequisite failed".into()))
+}
+
+async fn call(agent: &mut Agent, timeout: Duration, method: &'static str, params: Value) -> Result<Value, String> {
+    let resp = agent.call(method, params, timeout).await.map_err(|e| e.message)?;
+    runner::envelope_result(&resp, method).map_err(|e| e.message)
+}
+
+pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
+    let Some(target) = args.target_opt.clone().or(args.target.clone()) else {
+        eprintln!("error: give the agent command or endpoint to check");
+        return Ok(1);
+    };
+    let timeout = match positive_seconds(args.timeout, "ECP_RPC_TIMEOUT", "--timeout", Some(30.0)) {
+        Ok(t) => t.expect("a default is given"),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(1);
+        }
+    };
+    let mut checks = Vec::new();
+    let env = AgentEnv {
+        pass: args.pass_env.clone(),
+        ..AgentEnv::default()
+    };
+    match Agent::start(&target, &env) {
+        Err(e) => {
+            checks.push(check(
+                "initialize response",
+                "agent/initialize",
+                Err(format!("agent could not start: {}", e.message)),
+            ));
+            checks.push(skipped("step result contract", "agent/step"));
+            checks.push(skipped("reset response", "agent/reset"));
+        }
+        Ok(mut agent) => {
+            let init = call(&mut agent, timeout, "agent/initialize", runner::initialize_params()).await;
+            let caps = match init.and_then(|r| runner::check_initialize(&r).map_err(|e| e.message)) {
+                Ok((_, _, caps)) => {
+                    checks.push(check("initialize response", "agent/initialize", Ok(())));
+                    let step = call(&mut agent, timeout, "agent/step", json!({"input": args.input})).await;
+                    let step = step.and_then(|r| crate::grade::StepResult::from_wire(&r).map(|_| ()));
+                    checks.push(check("step result contract", "agent/step", step));
+                    caps
+                }
+                Err(m) => {
+                    checks.push(check("initialize response", "agent/initialize", Err(m)));
+                    checks.push(skipped("step result contract", "agent/step"));
+                    serde_json::Map::new()
+                }
+            };
+            let reset = call(&mut agent, timeout, "agent/reset", json!({})).await;
+            let reset = reset.and_then(|r| {
+                if r == json!(true) {
+                    Ok(())
+                } else {
+                    Err(format!("agent/reset result must be true, got {r}"))
+                }
+            });
+            let mut c = check("reset response", "agent/reset", reset);
+            if c["passed"] == json!(true) && !caps.contains_key("reset") {
+                c["message"] = json!("passed, but the agent does not declare the 'reset' capability, so the call may do nothing");
+            }
+            checks.push(c);
+            agent.stop().await;
+        }
+    }
+    let passed = checks.iter().filter(|c| c["passed"] == json!(true)).count();
+    let total = checks.len();
+    let report = json!({"target": target, "conformant": passed == total, "passed": passed, "failed": total - passed, "total": total, "checks": checks});
+    let rendered = serde_json::to_string_pretty(&report)?;
+    if let Some(p) = &args.json_out {
+        write_file(p, &(rendered.clone() + "\n"), "conformance report")?;
+    }
+    if args.json {
+        println!("{rendered}");
+    } else {
+        for c in report["checks"].as_array().into_iter().flatten() {
+            let mark = if c["passed"] == json!(true) { "PASS" } else { "FAIL" };
+            println!(
+                "{mark} | {} | {}",
+                c["name"].as_str().unwrap_or(""),
+                c["message"].as_str().unwrap_or("")
+            );
+        }
+        println!("Conformance: {passed}/{total} checks passed");
+    }
+    Ok(if passed == total { 0 } else { 1 })
+}
+
+const STARTER_AGENT: &str = r#""""A starter ECP agent written with ecp-sdk: it answers every input with an
+echo, says why in its evaluation context, and reports the tool it used."""
+from ecp import Result, agent, on_reset, on_step, serve
+
+
+@agent(name="StarterAgent", capabilities={"tool_calls": {}, "evaluation_context": {}})
+class StarterAgent:
+    def __init__(self):
+        self.history = []
+
+    @on_step
+    def step(self, user_input: str):
+        self.history.append(user_input)
+        return Result(
+            public_output=f"Echo: {user_input}",
+            evaluation_context=f"Turn {len(self.history)}: repeated the input back unchanged.",
+            tool_calls=[{"name": "echo", "arguments": {"text": user_input}}],
+        )
+
+    @on_reset
+    def reset(self):
+        self.history.clear()
+
+
+if __name__ == "__main__":
+    serve(StarterAgent())
+"#;
+
+fn starter_manifest(target: &str) -> String {
+    format!(
+        r#"manifest_version: v1
+name: Starter evaluation
+# The command that starts the agent (stdio), or its http(s):// endpoint.
+target: {target}
+
+scenarios:
+  - name: Echo
+    steps:
+      - input: hello ecp
+        graders:
+          - type: text_match
+            field: public_output
+            condition: contains
+            value: hello ecp
+          - type: text_match
+            field: evaluation_context
+            condition: contains
+            value: repeated
+          - type: tool_usage
+            tool_name: echo
+            arguments:
+              text: hello ecp
+      - input: second turn
+        graders:
+          - type: text_match
+            condition: regex
+            pattern: "^Echo: second"
+"#
+    )
+}
+
+fn shell_quote(s: &str) -> String {
+    if s.chars().all(|c| c.is_alphanumeric() || "-_./".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+pub fn init(dir: &Path, force: bool) -> i32 {
+    let agent_path = dir.join("agent.py");
+    let manifest_path = dir.join("manifest.yaml");
+    if !force && (agent_path.exists() || manifest_path.exists()) {
+        eprintln!("error: {} already holds starter files; use --force to replace them", dir.display());
+        return 1;
+    }
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!("error: cannot create {}: {e}", dir.display());
+        return 1;
+    }
+    // The manifest is YAML: quote the command so any path survives.
+    let command = format!("python3 {}", shell_quote(&agent_path.to_string_lossy()));
+    let target = serde_json::to_string(&command).unwrap_or(command);
+    for (path, text) in [
+        (&agent_path, STARTER_AGENT.to_string()),
+        (&manifest_path, starter_manifest(&target)),
+    ] {
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return 1;
+        }
+        println!("Created {}", path.display());
+    }
+    println!("The agent needs the ecp-sdk Python package: pip install ecp-sdk");
+    println!("Try: attest-engine ecp validate {}", manifest_path.display());
+    println!("Then: attest-engine ecp run --manifest {}", manifest_path.display());
+    0
+}
+
+struct RunPoint {
+    manifest: String,
+    passed: u64,
+    total: u64,
+    rate: f64,
+}
+
+fn load_point(path: &Path) -> Option<RunPoint> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.len() > 256 * 1024 * 1024 {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let num = |k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_u64().or_else(|| x.as_f64().map(|f| f.max(0.0) as u64)))
+            .unwrap_or(0)
+    };
+    let total = num("total");
+    let passed = num("passed").min(total);
+    Some(RunPoint {
+        manifest: v
+            .get("manifest")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| path.display().to_string()),
+        passed,
+        total,
+        rate: if total > 0 { passed as f64 / total as f64 } else { 0.0 },
+    })
+}
+
+/// Least-squares slope of the pass rate per run.
+fn slope(rates: &[f64]) -> f64 {
+    let n = rates.len();
+    if n < 2 {
+        return 0.0;
+    }
+    let mean_x = (n - 1) as f64 / 2.0;
+    let mean_y = rates.iter().sum::<f64>() / n as f64;
+    let num: f64 = rates.iter().enumerate().map(|(i, r)| (i as f64 - mean_x) * (r - mean_y)).sum();
+    let den: f64 = (0..n).map(|i| (i as f64 - mean_x).powi(2)).sum();
+    if den == 0.0 {
+        0.0
+    } else {
+        num / den
+    }
+}
+
+pub fn trend(args: &TrendArgs) -> i32 {
+    let paths = match glob::glob(&args.pattern) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: '{}' is not a valid glob pattern: {e}", args.pattern);
+            return 1;
+        }
+    };
+    let mut matched: Vec<PathBuf> = paths.filter_map(Result::ok).collect();
+    matched.sort();
+    if matched.is_empty() {
+        eprintln!("No files matched the pattern: {}", args.pattern);
+        return 1;
+    }
+    let window = args.window as usize;
+    let recent = &matched[matched.len().saturating_sub(window)..];
+    let runs: Vec<RunPoint> = recent.iter().filter_map(|p| load_point(p)).collect();
+    let s = if runs.len() < 2 {
+        0.0
+    } else {
+        slope(&runs.iter().map(|r| r.rate).collect::<Vec<_>>())
+    };
+    let direction = if s > 0.001 {
+        "improving"
+    } else if s < -0.001 {
+        "degrading"
+    } else {
+        "stable"
+    };
+    let regression = direction == "degrading";
+    if args.json {
+        let out = json!({
+            "window": window,
+            "runs": runs.iter().map(|r| json!({"manifest": r.manifest, "passed": r.passed, "total": r.total, "pass_rate": r.rate})).collect::<Vec<_>>(),
+            "pass_rate_slope": (s * 1e6).round() / 1e6,
+            "direction": direction,
+            "any_regression": regression,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    } else {
+        println!("Found {} report(s). Analysing last {window}...\n", matched.len());
+        println!("{:<5}  {:<45}  {:>6}  {:>6}  {:>6}", "Run", "Manifest", "Passed", "Total", "Rate");
+        println!("{}", "-".repeat(74));
+        for (i, r) in runs.iter().enumerate() {
+            let label = if r.manifest.len() > 45 {
+                Path::new(&r.manifest)
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            } else {
+                r.manifest.clone()
+            };
+            println!(
+                "{:<5}  {:<45}  {:>6}  {:>6}  {:>5.1}%",
+                i + 1,
+                label,
+                r.passed,
+                r.total,
+                r.rate * 100.0
+            );
+        }
+        println!("\nTrend direction : {}", direction.to_uppercase());
+        println!("Slope (per run) : {s:+.6}");
+        println!("Window          : {} run(s) analysed (max {window})", runs.len());
+        println!("Regression      : {}", if regression { "YES" } else { "no" });
+    }
+    if regression && args.exit_on_regression {
+        eprintln!("Regression detected: exiting with status 2 (--exit-on-regression).");
+        return 2;
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slope_direction() {
+        assert!(slope(&[1.0, 0.5, 0.0]) < -0.001);
+        assert_eq!(slope(&[0.5, 0.5]), 0.0);
+        assert!(slope(&[0.0, 1.0]) > 0.0);
+    }
+
+    #[test]
+    fn timeouts_must_be_positive() {
+        assert!(positive_seconds(Some(-1.0), "X_UNSET_VAR", "--timeout", Some(30.0)).is_err());
+        assert_eq!(
+            positive_seconds(None, "X_UNSET_VAR", "--timeout", Some(30.0)).unwrap(),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(positive_seconds(None, "X_UNSET_VAR", "--max-duration", None).unwrap(), None);
+    }
+}

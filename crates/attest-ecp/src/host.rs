@@ -1,0 +1,288 @@
+//! The grading host: what the runtime asks of the evaluator it is plugged
+//! into (Attest assertions, LLM judgements, result history), and a standalone
+//! host that judges through any OpenAI-compatible chat completions endpoint.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::manifest::Field;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Outcome status of an Attest assertion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradeStatus {
+    Pass,
+    SoftFail,
+    HardFail,
+}
+
+impl GradeStatus {
+    pub fn parse(s: &str) -> Option<GradeStatus> {
+        match s {
+            "pass" => Some(GradeStatus::Pass),
+            "soft_fail" => Some(GradeStatus::SoftFail),
+            "hard_fail" => Some(GradeStatus::HardFail),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GradeStatus::Pass => "pass",
+            GradeStatus::SoftFail => "soft_fail",
+            GradeStatus::HardFail => "hard_fail",
+        }
+    }
+}
+
+/// One assertion result, as `evaluate_batch` reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GradeOutcome {
+    pub status: GradeStatus,
+    pub score: f64,
+    pub explanation: String,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GradeError {
+    /// The host cannot grade this kind of check at all (not configured).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Grading was attempted and failed (provider error, bad assertion, ...).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// One `llm_judge` grader applied to one step. The prompts are built here so
+/// every host asks the same question; the host only chooses how to reach a
+/// model (provider, cache, retries, budget) and must turn the model's reply
+/// into a verdict with [`JudgeVerdict::from_reply`].
+#[derive(Debug, Clone, Serialize)]
+pub struct JudgeRequest {
+    /// `ECP_LLM_JUDGE_MODEL`, default `gpt-4o-mini`.
+    pub model: String,
+    /// `ECP_LLM_JUDGE_TEMPERATURE`, default 0 (an unparsable value means 0).
+    pub temperature: f64,
+    pub system_prompt: String,
+    pub user_prompt: String,
+    /// The text under evaluation (already chosen by the grader's field).
+    pub text: String,
+    /// The grader's `prompt`: the criteria.
+    pub criteria: String,
+    pub field: &'static str,
+}
+
+pub const DEFAULT_JUDGE_MODEL: &str = "gpt-4o-mini";
+const PASS_MARKER: &str = "RESULT: PASS";
+const FAIL_MARKER: &str = "RESULT: FAIL";
+
+impl JudgeRequest {
+    /// Build the request from the grader and the environment variables the
+    /// ECP runtime honours.
+    pub fn new(field: Field, text: &str, criteria: &str) -> JudgeRequest {
+        Self::with_env(field, text, criteria, |k| std::env::var(k).ok())
+    }
+
+    pub fn with_env(field: Field, text: &str, criteria: &str, env: impl Fn(&str) -> Option<String>) -> JudgeRequest {
+        let model = env("ECP_LLM_JUDGE_MODEL")
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| DEFAULT_JUDGE_MODEL.to_string());
+        let temperature = env("ECP_LLM_JUDGE_TEMPERATURE")
+            .and_then(|t| t.trim().parse::<f64>().ok())
+            .filter(|t| t.is_finite())
+            .unwrap_or(0.0);
+        let system_prompt = "You are an impartial judge. You decide whether a text meets the criteria you are given.".to_string();
+        let user_prompt = format!(
+            "Judge the text below against the criteria.\n\n<text>\n{text}\n</text>\n\n<criteria>\n{criteria}\n</criteria>\n\n\
+             Explain your decision in a few sentences, then finish with exactly one line: \
+             \"{PASS_MARKER}\" if the text meets the criteria, or \"{FAIL_MARKER}\" if it does not."
+        );
+        JudgeRequest {
+            model,
+            temperature,
+            system_prompt,
+            user_prompt,
+            text: text.to_string(),
+            criteria: criteria.to_string(),
+            field: field.as_str(),
+        }
+    }
+
+    /// The chat messages to send.
+    pub fn messages(&self) -> Value {
+        json!([
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": self.user_prompt},
+        ])
+    }
+}
+
+/// A judge's decision: pass when the reply contains `RESULT: PASS`
+/// (case-sensitive, anywhere); the reasoning is the reply without the markers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JudgeVerdict {
+    pub passed: bool,
+    pub score: f64,
+    pub reasoning: String,
+}
+
+impl JudgeVerdict {
+    pub fn from_reply(content: &str) -> JudgeVerdict {
+        let passed = content.contains(PASS_MARKER);
+        let reasoning = content.replace(PASS_MARKER, "").replace(FAIL_MARKER, "").trim().to_string();
+        JudgeVerdict {
+            passed,
+            score: if passed { 1.0 } else { 0.0 },
+            reasoning,
+        }
+    }
+}
+
+/// One check's result, as it appears in the JSON report.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CheckResult {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub field: String,
+    pub passed: bool,
+    pub score: f64,
+    pub reasoning: String,
+    /// For `attest` checks: the assertion's status (`pass`, `soft_fail`, `hard_fail`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<GradeStatus>,
+}
+
+/// What the runtime needs from the evaluator it runs inside.
+pub trait GradingHost: Send + Sync {
+    /// Evaluate one `evaluate_batch` assertion object against an Attest v1 trace.
+    fn attest<'a>(&'a self, trace: &'a Value, assertion: &'a Value) -> BoxFuture<'a, Result<GradeOutcome, GradeError>>;
+    /// Ask an LLM judge; see [`JudgeRequest`].
+    fn judge(&self, request: JudgeRequest) -> BoxFuture<'_, Result<JudgeVerdict, GradeError>>;
+    /// Every graded step is reported here (1-based step index) so results reach the host's history.
+    fn record<'a>(&'a self, scenario: &'a str, step: usize, results: &'a [CheckResult]) -> BoxFuture<'a, ()>;
+}
+
+/// Standalone host: `llm_judge` through an OpenAI-compatible
+/// `/chat/completions` endpoint (`OPENAI_API_BASE` or `OPENAI_BASE_URL`,
+/// default `https://api.openai.com/v1`; key `OPENAI_API_KEY`), no `attest`
+/// evaluator, no history.
+pub struct OpenAiJudgeHost {
+    client: reqwest::Client,
+    base_url: String,
+    api_key: Option<String>,
+}
+
+/// Largest judge reply body read.
+const MAX_JUDGE_BODY: usize = 4 * 1024 * 1024;
+
+impl OpenAiJudgeHost {
+    pub fn new(base_url: impl Into<String>, api_key: Option<String>, timeout: Duration) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder().timeout(timeout).build()?;
+        Ok(OpenAiJudgeHost {
+            client,
+            base_url: base_url.into().trim_end_matches('/').to_string(),
+            api_key,
+        })
+    }
+
+    pub fn from_env() -> anyhow::Result<Self> {
+        let base = std::env::var("OPENAI_API_BASE")
+            .or_else(|_| std::env::var("OPENAI_BASE_URL"))
+            .unwrap_or_else(|_| "https://api.openai.com/v1".to_string());
+        let key = std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty());
+        Self::new(base, key, Duration::from_secs(120))
+    }
+
+    async fn complete(&self, request: &JudgeRequest) -> Result<String, GradeError> {
+        let Some(key) = &self.api_key else {
+            return Err(GradeError::Unavailable(
+                "llm_judge needs OPENAI_API_KEY (and optionally OPENAI_API_BASE) to be set".into(),
+            ));
+        };
+        let model = request.model.strip_prefix("openai/").unwrap_or(&request.model);
+        let body = json!({"model": model, "messages": request.messages(), "temperature": request.temperature});
+        let mut resp = self
+            .client
+            .post(format!("{}/chat/completions", self.base_url))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| GradeError::Failed(format!("judge request failed: {e}")))?;
+        let status = resp.status();
+        let mut raw = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| GradeError::Failed(format!("judge reply failed: {e}")))?
+        {
+            if raw.len() + chunk.len() > MAX_JUDGE_BODY {
+                return Err(GradeError::Failed(format!("judge reply exceeds {MAX_JUDGE_BODY} bytes")));
+            }
+            raw.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&raw);
+        if !status.is_success() {
+            return Err(GradeError::Failed(format!(
+                "judge endpoint answered HTTP {status}: {}",
+                crate::util::clip(&text, 500)
+            )));
+        }
+        let v: Value = serde_json::from_str(&text).map_err(|e| GradeError::Failed(format!("judge reply is not JSON: {e}")))?;
+        match v.pointer("/choices/0/message/content") {
+            Some(Value::String(s)) => Ok(s.clone()),
+            _ => Err(GradeError::Failed("judge returned non-text content".into())),
+        }
+    }
+}
+
+impl GradingHost for OpenAiJudgeHost {
+    fn attest<'a>(&'a self, _trace: &'a Value, _assertion: &'a Value) -> BoxFuture<'a, Result<GradeOutcome, GradeError>> {
+        Box::pin(async { Err(GradeError::Unavailable("no attest evaluator configured".into())) })
+    }
+
+    fn judge(&self, request: JudgeRequest) -> BoxFuture<'_, Result<JudgeVerdict, GradeError>> {
+        Box::pin(async move { self.complete(&request).await.map(|c| JudgeVerdict::from_reply(&c)) })
+    }
+
+    fn record<'a>(&'a self, _scenario: &'a str, _step: usize, _results: &'a [CheckResult]) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdict_needs_the_exact_pass_marker() {
+        let v = JudgeVerdict::from_reply("Looks right.\nRESULT: PASS");
+        assert!(v.passed);
+        assert_eq!(v.reasoning, "Looks right.");
+        assert!(!JudgeVerdict::from_reply("result: pass").passed);
+        let f = JudgeVerdict::from_reply("RESULT: FAIL because RESULT: PASS was not earned");
+        assert!(f.passed, "the marker anywhere means pass");
+        assert_eq!(JudgeVerdict::from_reply("  RESULT: FAIL ").reasoning, "");
+    }
+
+    #[test]
+    fn judge_settings_come_from_the_environment() {
+        let r = JudgeRequest::with_env(Field::PublicOutput, "t", "c", |k| match k {
+            "ECP_LLM_JUDGE_MODEL" => Some("m".into()),
+            "ECP_LLM_JUDGE_TEMPERATURE" => Some("warm".into()),
+            _ => None,
+        });
+        assert_eq!((r.model.as_str(), r.temperature), ("m", 0.0));
+        let d = JudgeRequest::with_env(Field::PublicOutput, "t", "c", |k| {
+            (k == "ECP_LLM_JUDGE_TEMPERATURE").then(|| "0.5".into())
+        });
+        assert_eq!((d.model.as_str(), d.temperature), (DEFAULT_JUDGE_MODEL, 0.5));
+        assert!(d.user_prompt.contains("<text>\nt\n</text>"));
+    }
+}

@@ -1,0 +1,149 @@
+//! An ECP (Evaluation Context Protocol) runtime: it drives agents over
+//! JSON-RPC (stdio or Streamable HTTP) through the scenarios of a YAML
+//! manifest, grades every step, and writes JSON, audit, HTML and JUnit
+//! reports. Grading that needs an evaluator (Attest assertions, LLM judges)
+//! goes through a [`GradingHost`] supplied by the program embedding this crate.
+//!
+//! Entry points: [`EcpCommand`] (the `ecp` subcommands, for clap) and
+//! [`run_command`].
+
+pub mod commands;
+pub mod grade;
+pub mod host;
+pub mod manifest;
+pub mod report;
+pub mod runner;
+pub mod trace;
+pub mod transport;
+mod util;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use host::{BoxFuture, CheckResult, GradeError, GradeOutcome, GradeStatus, GradingHost, JudgeRequest, JudgeVerdict, OpenAiJudgeHost};
+
+/// `ecp` subcommands.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EcpCommand {
+    #[command(subcommand)]
+    pub action: EcpAction,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum EcpAction {
+    /// Run the scenarios of a manifest against its agent and grade them.
+    Run(RunArgs),
+    /// Check a manifest without running the agent.
+    Validate {
+        /// The manifest YAML file.
+        manifest: PathBuf,
+    },
+    /// Check that an agent honours the protocol contract (initialize, step, reset).
+    Conformance(ConformanceArgs),
+    /// Write a starter agent (Python, ecp-sdk) and a manifest that passes on first run.
+    Init {
+        /// Directory for the starter files.
+        #[arg(default_value = "ecp_eval")]
+        directory: PathBuf,
+        /// Overwrite existing starter files.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Pass-rate trend across saved JSON reports.
+    Trend(TrendArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The manifest YAML file.
+    #[arg(long, short = 'm')]
+    pub manifest: PathBuf,
+    /// Write a self-contained HTML report here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Print the JSON report on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+    /// Write the audit record here.
+    #[arg(long)]
+    pub audit_out: Option<PathBuf>,
+    /// Write JUnit XML here (one testsuite per scenario, one testcase per step).
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// Seconds to wait for each agent call (default: ECP_RPC_TIMEOUT or 30).
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// Seconds the whole run may take (default: ECP_MAX_DURATION, else unlimited).
+    #[arg(long)]
+    pub max_duration: Option<f64>,
+    /// Exit with status 2 when any check fails (the default).
+    #[arg(long, overrides_with = "no_fail_on_error")]
+    pub fail_on_error: bool,
+    /// Exit with status 0 even when checks fail.
+    #[arg(long)]
+    pub no_fail_on_error: bool,
+    /// Scenarios run in parallel, each with its own agent process.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: u16,
+    /// No progress lines on stderr.
+    #[arg(long, short = 'q', conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Progress lines give the reason of every check, not only failed ones.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConformanceArgs {
+    /// Agent command or http(s):// endpoint.
+    #[arg(required_unless_present = "target_opt")]
+    pub target: Option<String>,
+    /// Agent command or http(s):// endpoint (same as the positional argument).
+    #[arg(long = "target", short = 't')]
+    pub target_opt: Option<String>,
+    /// Input for the conformance agent/step call.
+    #[arg(long, default_value = "hello")]
+    pub input: String,
+    /// Write the conformance report (JSON) here.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+    /// Print only the JSON conformance report.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to wait for each call (default: ECP_RPC_TIMEOUT or 30).
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// An environment variable to pass to a spawned agent, beyond the sanitized set (repeatable).
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pub pass_env: Vec<String>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrendArgs {
+    /// Glob of saved JSON reports, e.g. 'results/run-*.json'.
+    pub pattern: String,
+    /// How many of the most recent reports to analyse.
+    #[arg(long, short = 'w', default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub window: u32,
+    /// Exit with status 2 when the pass rate is degrading.
+    #[arg(long)]
+    pub exit_on_regression: bool,
+    /// Print the analysis as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run one `ecp` subcommand; returns the process exit code
+/// (0 success, 1 usage or input error, 2 failed checks / regression).
+pub async fn run_command(cmd: EcpCommand, host: Arc<dyn GradingHost>) -> anyhow::Result<i32> {
+    match cmd.action {
+        EcpAction::Run(args) => commands::run(args, host).await,
+        EcpAction::Validate { manifest } => Ok(commands::validate(&manifest)),
+        EcpAction::Conformance(args) => commands::conformance(args).await,
+        EcpAction::Init { directory, force } => Ok(commands::init(&directory, force)),
+        EcpAction::Trend(args) => Ok(commands::trend(&args)),
+    }
+}

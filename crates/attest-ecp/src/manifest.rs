@@ -1,0 +1,887 @@
+//! The ECP manifest: parsing the YAML file, expanding CSV/JSONL datasets into
+//! steps and validating every grader once, so the runner only ever sees typed,
+//! checked values. Errors name the scenario, step, grader and field and list
+//! the valid choices.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// Largest manifest or dataset file read into memory.
+const MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
+
+/// Which agent result field a text, judge or `attest` grader reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    PublicOutput,
+    EvaluationContext,
+    /// Deprecated alias of `evaluation_context`.
+    PrivateThought,
+}
+
+impl Field {
+    pub const CHOICES: &'static str = "public_output, evaluation_context, private_thought";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Field::PublicOutput => "public_output",
+            Field::EvaluationContext => "evaluation_context",
+            Field::PrivateThought => "private_thought",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Field> {
+        match s {
+            "public_output" => Some(Field::PublicOutput),
+            "evaluation_context" => Some(Field::EvaluationContext),
+            "private_thought" => Some(Field::PrivateThought),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextCondition {
+    Contains,
+    Equals,
+    DoesNotContain,
+    Regex,
+}
+
+impl TextCondition {
+    pub const CHOICES: &'static str = "contains, equals, does_not_contain, regex";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TextCondition::Contains => "contains",
+            TextCondition::Equals => "equals",
+            TextCondition::DoesNotContain => "does_not_contain",
+            TextCondition::Regex => "regex",
+        }
+    }
+
+    fn parse(s: &str) -> Option<TextCondition> {
+        match s {
+            "contains" => Some(TextCondition::Contains),
+            "equals" => Some(TextCondition::Equals),
+            "does_not_contain" => Some(TextCondition::DoesNotContain),
+            "regex" => Some(TextCondition::Regex),
+            _ => None,
+        }
+    }
+}
+
+/// What an `attest` grader turns into a trace: the current step alone, or
+/// every step of the scenario so far (so `contains_in_order` can span turns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttestScope {
+    Step,
+    Transcript,
+}
+
+impl AttestScope {
+    pub const CHOICES: &'static str = "step, transcript";
+}
+
+#[derive(Debug, Clone)]
+pub enum Grader {
+    TextMatch {
+        field: Field,
+        condition: TextCondition,
+        /// Present for every condition but `regex`.
+        value: Option<String>,
+        /// Present for `regex`; compiled once here.
+        pattern: Option<(String, fancy_regex::Regex)>,
+    },
+    LlmJudge {
+        field: Field,
+        prompt: String,
+        assertion: Option<String>,
+    },
+    ToolUsage {
+        tool_name: Option<String>,
+        arguments: Map<String, Value>,
+    },
+    Attest {
+        field: Field,
+        scope: AttestScope,
+        /// An Attest `evaluate_batch` assertion object (`type`, `spec`, ...).
+        assertion: Value,
+    },
+}
+
+impl Grader {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Grader::TextMatch { .. } => "text_match",
+            Grader::LlmJudge { .. } => "llm_judge",
+            Grader::ToolUsage { .. } => "tool_usage",
+            Grader::Attest { .. } => "attest",
+        }
+    }
+
+    /// The field name a check reports: `tool_calls` for tool usage.
+    pub fn field_name(&self) -> &'static str {
+        match self {
+            Grader::TextMatch { field, .. } | Grader::LlmJudge { field, .. } | Grader::Attest { field, .. } => field.as_str(),
+            Grader::ToolUsage { .. } => "tool_calls",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub input: String,
+    pub graders: Vec<Grader>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: String,
+    pub steps: Vec<Step>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    pub path: PathBuf,
+    pub digest: String,
+    pub name: String,
+    pub target: String,
+    pub require_capabilities: bool,
+    /// Variables set in the agent's environment (extension: `env:`).
+    pub env: BTreeMap<String, String>,
+    /// Variables copied from the runtime's environment (extension: `pass_env:`).
+    pub pass_env: Vec<String>,
+    pub scenarios: Vec<Scenario>,
+}
+
+impl Manifest {
+    /// Capabilities the manifest's graders need, with the grader that needs each.
+    pub fn required_capabilities(&self) -> BTreeMap<&'static str, String> {
+        let mut needed = BTreeMap::new();
+        for grader in self.scenarios.iter().flat_map(|s| &s.steps).flat_map(|s| &s.graders) {
+            match grader {
+                Grader::ToolUsage { .. } => {
+                    needed.entry("tool_calls").or_insert_with(|| "a tool_usage grader".to_string());
+                }
+                Grader::TextMatch { field, .. } | Grader::LlmJudge { field, .. } | Grader::Attest { field, .. }
+                    if *field != Field::PublicOutput =>
+                {
+                    needed
+                        .entry("evaluation_context")
+                        .or_insert_with(|| format!("a {} grader on {}", grader.type_name(), field.as_str()));
+                }
+                _ => {}
+            }
+        }
+        needed
+    }
+
+    pub fn step_count(&self) -> usize {
+        self.scenarios.iter().map(|s| s.steps.len()).sum()
+    }
+
+    pub fn grader_count(&self) -> usize {
+        self.scenarios.iter().flat_map(|s| &s.steps).map(|s| s.graders.len()).sum()
+    }
+}
+
+/// Every problem found in a manifest, each with its location.
+#[derive(Debug)]
+pub struct ManifestErrors {
+    pub path: PathBuf,
+    pub errors: Vec<String>,
+}
+
+impl fmt::Display for ManifestErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "manifest {} is invalid ({} problem(s)):", self.path.display(), self.errors.len())?;
+        for e in &self.errors {
+            writeln!(f, "  - {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ManifestErrors {}
+
+const ROOT_KEYS: &str = "manifest_version, name, target, require_capabilities, scenarios, env, pass_env";
+const STEP_KEYS: &str = "input, constraints, graders";
+const GRADER_KEYS: &str = "type, field, condition, value, pattern, prompt, assertion, tool_name, arguments, scope";
+const GRADER_TYPES: &str = "text_match, llm_judge, tool_usage, attest";
+
+fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "{} is {} bytes; the limit is {MAX_FILE_BYTES} bytes",
+            path.display(),
+            meta.len()
+        ));
+    }
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// Load, expand and validate a manifest file.
+pub fn load(path: &Path) -> Result<Manifest, ManifestErrors> {
+    let fail = |e: String| ManifestErrors {
+        path: path.to_path_buf(),
+        errors: vec![e],
+    };
+    let bytes = read_bounded(path).map_err(fail)?;
+    let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
+    let text = String::from_utf8(bytes).map_err(|_| fail("the file is not UTF-8".into()))?;
+    let doc: Value = serde_yaml_ng::from_str(&text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
+    let base_dir = path
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."));
+    let mut v = Validator { errors: Vec::new() };
+    let manifest = v.manifest(&doc, path, &base_dir, digest);
+    match manifest {
+        Some(m) if v.errors.is_empty() => Ok(m),
+        _ => Err(ManifestErrors {
+            path: path.to_path_buf(),
+            errors: v.errors,
+        }),
+    }
+}
+
+/// Rewrite the few pieces of Python `re` syntax whose meaning differs in
+/// Rust regex syntax, so a pattern matches what it matches in the reference
+/// runtime: `$` (without the multiline flag) also matches before a final
+/// newline, `\Z` is the very end, `(?P=name)` is a named back-reference.
+pub fn python_regex(pattern: &str) -> String {
+    // Inline flags such as `(?m)`, `(?im)` or `(?m:...)` turn multiline on.
+    let multiline = pattern.match_indices("(?").any(|(i, _)| {
+        let flags: String = pattern[i + 2..].chars().take_while(char::is_ascii_alphabetic).collect();
+        flags.contains('m') && matches!(pattern[i + 2 + flags.len()..].chars().next(), Some(')' | ':'))
+    });
+    let mut out = String::with_capacity(pattern.len() + 8);
+    let mut chars = pattern.chars().peekable();
+    let mut in_class = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some('Z') if !in_class => out.push_str("\\z"),
+                Some(n) => {
+                    out.push('\\');
+                    out.push(n);
+                }
+                None => out.push('\\'),
+            },
+            '[' if !in_class => {
+                in_class = true;
+                out.push(c);
+                // A `]` right after `[` or `[^` is a literal in both syntaxes.
+                if chars.peek() == Some(&'^') {
+                    out.push(chars.next().unwrap_or('^'));
+                }
+                if chars.peek() == Some(&']') {
+                    out.push_str("\\]");
+                    chars.next();
+                }
+            }
+            ']' if in_class => {
+                in_class = false;
+                out.push(c);
+            }
+            '$' if !in_class && !multiline => out.push_str("(?=\\n?\\z)"),
+            '(' if !in_class && chars.peek() == Some(&'?') => {
+                let rest: String = chars.clone().take(3).collect();
+                if rest == "?P=" {
+                    chars.nth(2);
+                    let name: String = chars.by_ref().take_while(|c| *c != ')').collect();
+                    out.push_str(&format!("\\k<{name}>"));
+                } else {
+                    out.push(c);
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn type_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+struct Validator {
+    errors: Vec<String>,
+}
+
+impl Validator {
+    fn err(&mut self, msg: String) {
+        // Bounded: a pathological manifest does not produce unbounded output.
+        if self.errors.len() < 200 {
+            self.errors.push(msg);
+        }
+    }
+
+    fn unknown_keys(&mut self, obj: &Map<String, Value>, allowed: &str, loc: &str) {
+        let allowed_list: Vec<&str> = allowed.split(", ").collect();
+        for key in obj.keys() {
+            if !allowed_list.contains(&key.as_str()) {
+                self.err(format!("{loc}: unknown field '{key}'; valid fields: {allowed}"));
+            }
+        }
+    }
+
+    fn string(&mut self, obj: &Map<String, Value>, key: &str, loc: &str, required: bool) -> Option<String> {
+        match obj.get(key) {
+            None | Some(Value::Null) => {
+                if required {
+                    self.err(format!("{loc}: field '{key}' is required"));
+                }
+                None
+            }
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => {
+                self.err(format!("{loc}: field '{key}' must be a string, got {}", type_of(other)));
+                None
+            }
+        }
+    }
+
+    fn manifest(&mut self, doc: &Value, path: &Path, base_dir: &Path, digest: String) -> Option<Manifest> {
+        let Some(root) = doc.as_object() else {
+            self.err(format!(
+                "the top level must be a mapping with fields {ROOT_KEYS}, got {}",
+                type_of(doc)
+            ));
+            return None;
+        };
+        self.unknown_keys(root, ROOT_KEYS, "manifest");
+        match root.get("manifest_version") {
+            Some(Value::String(s)) if s == "v1" => {}
+            Some(other) => self.err(format!(
+                "manifest: field 'manifest_version' must be \"v1\" (the only version), got {other}"
+            )),
+            None => self.err("manifest: field 'manifest_version' is required; valid choices: v1".into()),
+        }
+        let name = self.string(root, "name", "manifest", true);
+        if name.as_deref() == Some("") {
+            self.err("manifest: field 'name' must not be empty".into());
+        }
+        let target = self.string(root, "target", "manifest", true);
+        if target.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            self.err("manifest: field 'target' must not be empty: give the agent command or its http(s):// endpoint".into());
+        }
+        let require_capabilities = match root.get("require_capabilities") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                self.err(format!("manifest: field 'require_capabilities' must be true or false, got {other}"));
+                false
+            }
+        };
+        let mut env = BTreeMap::new();
+        match root.get("env") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                for (k, v) in m {
+                    match v {
+                        Value::String(s) => {
+                            env.insert(k.clone(), s.clone());
+                        }
+                        Value::Number(n) => {
+                            env.insert(k.clone(), n.to_string());
+                        }
+                        Value::Bool(b) => {
+                            env.insert(k.clone(), b.to_string());
+                        }
+                        other => self.err(format!("manifest: env '{k}' must be a string, got {}", type_of(other))),
+                    }
+                }
+            }
+            Some(other) => self.err(format!(
+                "manifest: field 'env' must be a mapping of NAME: value, got {}",
+                type_of(other)
+            )),
+        }
+        let mut pass_env = Vec::new();
+        match root.get("pass_env") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(a)) => {
+                for v in a {
+                    match v.as_str() {
+                        Some(s) => pass_env.push(s.to_string()),
+                        None => self.err(format!("manifest: pass_env entries must be variable names, got {v}")),
+                    }
+                }
+            }
+            Some(other) => self.err(format!(
+                "manifest: field 'pass_env' must be a list of variable names, got {}",
+                type_of(other)
+            )),
+        }
+        let mut scenarios = Vec::new();
+        match root.get("scenarios") {
+            Some(Value::Array(list)) => {
+                for (i, s) in list.iter().enumerate() {
+                    if let Some(s) = self.scenario(s, i + 1, base_dir) {
+                        scenarios.push(s);
+                    }
+                }
+            }
+            Some(other) => self.err(format!("manifest: field 'scenarios' must be a list, got {}", type_of(other))),
+            None => self.err("manifest: field 'scenarios' is required (a list of scenarios with steps or a dataset)".into()),
+        }
+        Some(Manifest {
+            path: path.to_path_buf(),
+            digest,
+            name: name?,
+            target: target?,
+            require_capabilities,
+            env,
+            pass_env,
+            scenarios,
+        })
+    }
+
+    fn scenario(&mut self, v: &Value, index: usize, base_dir: &Path) -> Option<Scenario> {
+        let loc0 = format!("scenario #{index}");
+        let Some(obj) = v.as_object() else {
+            self.err(format!(
+                "{loc0}: must be a mapping with 'name' and 'steps' or 'dataset', got {}",
+                type_of(v)
+            ));
+            return None;
+        };
+        let name = self.string(obj, "name", &loc0, true);
+        let loc = match &name {
+            Some(n) => format!("scenario '{n}' (#{index})"),
+            None => loc0,
+        };
+        let mut steps = Vec::new();
+        match obj.get("steps") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(list)) => {
+                for (i, s) in list.iter().enumerate() {
+                    if let Some(s) = self.step(s, &format!("{loc}, step {}", i + 1)) {
+                        steps.push(s);
+                    }
+                }
+            }
+            Some(other) => self.err(format!("{loc}: field 'steps' must be a list, got {}", type_of(other))),
+        }
+        let has_steps = matches!(obj.get("steps"), Some(Value::Array(a)) if !a.is_empty());
+        match obj.get("dataset") {
+            None | Some(Value::Null) => {
+                if !has_steps {
+                    self.err(format!("{loc}: needs either 'steps' (a non-empty list) or 'dataset'"));
+                }
+            }
+            Some(d) => {
+                let loaded = self.dataset(d, &loc, base_dir);
+                // Explicit steps win over a dataset, as in the reference runtime.
+                if !has_steps {
+                    steps = loaded;
+                }
+            }
+        }
+        Some(Scenario { name: name?, steps })
+    }
+
+    fn dataset(&mut self, v: &Value, loc: &str, base_dir: &Path) -> Vec<Step> {
+        let loc = format!("{loc}, dataset");
+        let Some(obj) = v.as_object() else {
+            self.err(format!("{loc}: must be a mapping with 'type' and 'source', got {}", type_of(v)));
+            return Vec::new();
+        };
+        let kind = self.string(obj, "type", &loc, true);
+        let source = self.string(obj, "source", &loc, true);
+        let input_col = self.string(obj, "input_column", &loc, false).unwrap_or_else(|| "input".into());
+        let output_col = self.string(obj, "output_column", &loc, false).unwrap_or_else(|| "output".into());
+        let (Some(kind), Some(source)) = (kind, source) else {
+            return Vec::new();
+        };
+        if kind != "csv" && kind != "jsonl" {
+            self.err(format!("{loc}: field 'type' is '{kind}'; valid choices: csv, jsonl"));
+            return Vec::new();
+        }
+        let file = base_dir.join(&source);
+        let bytes = match read_bounded(&file) {
+            Ok(b) => b,
+            Err(e) => {
+                self.err(format!("{loc}: dataset file not found or unreadable ({e})"));
+                return Vec::new();
+            }
+        };
+        let rows: Vec<(String, String)> = if kind == "csv" {
+            let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(bytes.as_slice());
+            let headers = match reader.headers() {
+                Ok(h) => h.clone(),
+                Err(e) => {
+                    self.err(format!("{loc}: {}: not valid CSV: {e}", file.display()));
+                    return Vec::new();
+                }
+            };
+            let col = |name: &str| headers.iter().position(|h| h == name);
+            let (ic, oc) = (col(&input_col), col(&output_col));
+            let mut rows = Vec::new();
+            for (n, rec) in reader.records().enumerate() {
+                match rec {
+                    Ok(r) => {
+                        let get = |c: Option<usize>| c.and_then(|c| r.get(c)).unwrap_or("").to_string();
+                        rows.push((get(ic), get(oc)));
+                    }
+                    Err(e) => {
+                        self.err(format!("{loc}: {} row {}: not valid CSV: {e}", file.display(), n + 2));
+                        return Vec::new();
+                    }
+                }
+            }
+            rows
+        } else {
+            let text = String::from_utf8_lossy(&bytes);
+            let mut rows = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let lloc = format!("{loc}: {} line {}", file.display(), n + 1);
+                let row: Value = match serde_json::from_str(line) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.err(format!("{lloc}: not valid JSON: {e}"));
+                        continue;
+                    }
+                };
+                let Some(obj) = row.as_object() else {
+                    self.err(format!("{lloc}: each line must be a JSON object, got {}", type_of(&row)));
+                    continue;
+                };
+                let mut cell = |col: &str| match obj.get(col) {
+                    None => Some(String::new()),
+                    Some(Value::String(s)) => Some(s.clone()),
+                    Some(other) => {
+                        self.err(format!("{lloc}: column '{col}' must be a string, got {}", type_of(other)));
+                        None
+                    }
+                };
+                if let (Some(i), Some(o)) = (cell(&input_col), cell(&output_col)) {
+                    rows.push((i, o));
+                }
+            }
+            rows
+        };
+        rows.into_iter()
+            .map(|(input, output)| Step {
+                input,
+                // A row with an expected output is graded by exact equality.
+                graders: if output.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![Grader::TextMatch {
+                        field: Field::PublicOutput,
+                        condition: TextCondition::Equals,
+                        value: Some(output),
+                        pattern: None,
+                    }]
+                },
+            })
+            .collect()
+    }
+
+    fn step(&mut self, v: &Value, loc: &str) -> Option<Step> {
+        let Some(obj) = v.as_object() else {
+            self.err(format!("{loc}: must be a mapping with 'input' and 'graders', got {}", type_of(v)));
+            return None;
+        };
+        self.unknown_keys(obj, STEP_KEYS, loc);
+        let input = self.string(obj, "input", loc, true);
+        if let Some(c) = obj.get("constraints") {
+            if !c.is_object() && !c.is_null() {
+                self.err(format!("{loc}: field 'constraints' must be a mapping, got {}", type_of(c)));
+            }
+        }
+        let mut graders = Vec::new();
+        match obj.get("graders") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(list)) => {
+                for (i, g) in list.iter().enumerate() {
+                    if let Some(g) = self.grader(g, &format!("{loc}, grader {}", i + 1)) {
+                        graders.push(g);
+                    }
+                }
+            }
+            Some(other) => self.err(format!("{loc}: field 'graders' must be a list, got {}", type_of(other))),
+        }
+        Some(Step { input: input?, graders })
+    }
+
+    fn grader(&mut self, v: &Value, loc: &str) -> Option<Grader> {
+        let Some(obj) = v.as_object() else {
+            self.err(format!(
+                "{loc}: must be a mapping with a 'type' ({GRADER_TYPES}), got {}",
+                type_of(v)
+            ));
+            return None;
+        };
+        self.unknown_keys(obj, GRADER_KEYS, loc);
+        let kind = self.string(obj, "type", loc, false);
+        let Some(kind) = kind else {
+            self.err(format!("{loc}: field 'type' is required; valid choices: {GRADER_TYPES}"));
+            return None;
+        };
+        let loc = format!("{loc} ({kind})");
+        let loc = loc.as_str();
+        let field = match obj.get("field") {
+            None | Some(Value::Null) => Some(Field::PublicOutput),
+            Some(Value::String(s)) => {
+                let f = Field::parse(s);
+                if f.is_none() {
+                    self.err(format!("{loc}: field 'field' is '{s}'; valid choices: {}", Field::CHOICES));
+                }
+                f
+            }
+            Some(other) => {
+                self.err(format!(
+                    "{loc}: field 'field' must be a string; valid choices: {}, got {other}",
+                    Field::CHOICES
+                ));
+                None
+            }
+        };
+        let value = self.string(obj, "value", loc, false);
+        let pattern = self.string(obj, "pattern", loc, false);
+        let prompt = self.string(obj, "prompt", loc, false);
+        let tool_name = self.string(obj, "tool_name", loc, false);
+        let arguments = match obj.get("arguments") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(other) => {
+                self.err(format!(
+                    "{loc}: field 'arguments' must be a mapping of expected argument values, got {}",
+                    type_of(other)
+                ));
+                Map::new()
+            }
+        };
+        let condition_raw = self.string(obj, "condition", loc, false);
+        if kind != "attest" {
+            if obj.contains_key("scope") {
+                self.err(format!("{loc}: field 'scope' only applies to attest graders"));
+            }
+            if let Some(a) = obj.get("assertion") {
+                if !a.is_string() && !a.is_null() {
+                    self.err(format!("{loc}: field 'assertion' must be a string, got {}", type_of(a)));
+                }
+            }
+        }
+        match kind.as_str() {
+            "text_match" => {
+                let Some(raw) = condition_raw else {
+                    self.err(format!(
+                        "{loc}: field 'condition' is required; valid choices: {}",
+                        TextCondition::CHOICES
+                    ));
+                    return None;
+                };
+                let Some(condition) = TextCondition::parse(&raw) else {
+                    self.err(format!(
+                        "{loc}: field 'condition' is '{raw}'; valid choices: {}",
+                        TextCondition::CHOICES
+                    ));
+                    return None;
+                };
+                let mut compiled = None;
+                if condition == TextCondition::Regex {
+                    match pattern.as_deref() {
+                        None | Some("") => {
+                            self.err(format!("{loc}: condition 'regex' requires a non-empty field 'pattern'"));
+                            return None;
+                        }
+                        Some(p) => match fancy_regex::Regex::new(&python_regex(p)) {
+                            Ok(re) => compiled = Some((p.to_string(), re)),
+                            Err(e) => {
+                                self.err(format!("{loc}: field 'pattern' is not a valid regular expression: {e}"));
+                                return None;
+                            }
+                        },
+                    }
+                } else if value.is_none() {
+                    self.err(format!("{loc}: condition '{raw}' requires field 'value' (a string)"));
+                    return None;
+                }
+                Some(Grader::TextMatch {
+                    field: field?,
+                    condition,
+                    value,
+                    pattern: compiled,
+                })
+            }
+            "llm_judge" => {
+                let Some(prompt) = prompt.filter(|p| !p.trim().is_empty()) else {
+                    self.err(format!(
+                        "{loc}: field 'prompt' is required and must not be blank: the criteria the judge applies"
+                    ));
+                    return None;
+                };
+                let assertion = obj.get("assertion").and_then(Value::as_str).map(str::to_string);
+                Some(Grader::LlmJudge {
+                    field: field?,
+                    prompt,
+                    assertion,
+                })
+            }
+            "tool_usage" => Some(Grader::ToolUsage { tool_name, arguments }),
+            "attest" => {
+                let scope = match obj.get("scope") {
+                    None | Some(Value::Null) => AttestScope::Step,
+                    Some(Value::String(s)) if s == "step" => AttestScope::Step,
+                    Some(Value::String(s)) if s == "transcript" => AttestScope::Transcript,
+                    Some(other) => {
+                        self.err(format!("{loc}: field 'scope' is {other}; valid choices: {}", AttestScope::CHOICES));
+                        return None;
+                    }
+                };
+                let assertion = match obj.get("assertion") {
+                    Some(Value::Object(a)) => a,
+                    Some(other) => {
+                        self.err(format!(
+                            "{loc}: field 'assertion' must be an evaluate_batch assertion mapping with 'type' and 'spec', got {}",
+                            type_of(other)
+                        ));
+                        return None;
+                    }
+                    None => {
+                        self.err(format!(
+                            "{loc}: field 'assertion' is required: an evaluate_batch assertion mapping with 'type' and 'spec'"
+                        ));
+                        return None;
+                    }
+                };
+                if !assertion.get("type").is_some_and(Value::is_string) {
+                    self.err(format!(
+                        "{loc}: assertion needs a string 'type'; valid choices: schema, constraint, trace, content, embedding, llm_judge, trace_tree, or a plugin type"
+                    ));
+                    return None;
+                }
+                if !assertion.get("spec").is_some_and(Value::is_object) {
+                    self.err(format!("{loc}: assertion needs a 'spec' mapping"));
+                    return None;
+                }
+                Some(Grader::Attest {
+                    field: field?,
+                    scope,
+                    assertion: Value::Object(assertion.clone()),
+                })
+            }
+            other => {
+                self.err(format!("{loc}: unknown grader type '{other}'; valid choices: {GRADER_TYPES}"));
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(yaml: &str) -> Result<Manifest, ManifestErrors> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.yaml");
+        std::fs::write(&p, yaml).unwrap();
+        load(&p)
+    }
+
+    #[test]
+    fn unknown_condition_names_location_and_choices() {
+        let err = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - type: text_match\n            condition: startswith\n            value: x\n",
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("scenario 'S' (#1), step 1, grader 1 (text_match)"), "{msg}");
+        assert!(msg.contains("'startswith'") && msg.contains(TextCondition::CHOICES), "{msg}");
+    }
+
+    #[test]
+    fn unknown_grader_type_and_field_are_listed() {
+        let err = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - type: fuzzy\n          - type: llm_judge\n            field: thoughts\n            prompt: p\n",
+        )
+        .unwrap_err();
+        assert_eq!(err.errors.len(), 2, "{err}");
+        assert!(err.errors[0].contains(GRADER_TYPES));
+        assert!(err.errors[1].contains("step 1, grader 2") && err.errors[1].contains(Field::CHOICES));
+    }
+
+    #[test]
+    fn bad_regex_and_missing_fields_are_refused() {
+        let err = load_str(
+            "manifest_version: v2\nname: n\ntarget: t\nextra: 1\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - type: text_match\n            condition: regex\n            pattern: '('\n  - name: Empty\n",
+        )
+        .unwrap_err();
+        let all = err.errors.join("\n");
+        assert!(all.contains("manifest_version"), "{all}");
+        assert!(all.contains("unknown field 'extra'"), "{all}");
+        assert!(all.contains("not a valid regular expression"), "{all}");
+        assert!(all.contains("scenario 'Empty' (#2): needs either 'steps'"), "{all}");
+    }
+
+    #[test]
+    fn attest_grader_requires_an_assertion_object() {
+        let err = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - type: attest\n            scope: all\n            assertion: {type: content, spec: {}}\n          - type: attest\n            assertion: contains refund\n",
+        )
+        .unwrap_err();
+        assert!(err.errors[0].contains(AttestScope::CHOICES), "{err}");
+        assert!(err.errors[1].contains("evaluate_batch assertion mapping"), "{err}");
+    }
+
+    #[test]
+    fn python_regex_semantics() {
+        let m = |p: &str, t: &str| fancy_regex::Regex::new(&python_regex(p)).unwrap().is_match(t).unwrap();
+        assert!(m("line$", "a line\n"), "$ before a final newline");
+        assert!(!m("line$", "a line\n\n"));
+        assert!(!m("line\\Z", "a line\n"));
+        assert!(m("(?m)^b$", "a\nb\nc"));
+        assert!(m("[$]", "cost $5"), "a $ in a class is literal");
+        assert!(m("[]a]", "]"));
+        assert!(m("(?P<q>['\"]).*(?P=q)", "say 'hi'"));
+        assert!(m("\\$\\d", "$5"));
+    }
+
+    #[test]
+    fn datasets_expand_into_equality_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("d.csv"), "question,answer\nhi,Echo: hi\nbye,\n").unwrap();
+        std::fs::write(
+            dir.path().join("d.jsonl"),
+            "{\"input\": \"a\", \"output\": \"Echo: a\"}\n\n{\"input\": \"b\"}\n",
+        )
+        .unwrap();
+        let p = dir.path().join("m.yaml");
+        std::fs::write(
+            &p,
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: C\n    dataset: {type: csv, source: d.csv, input_column: question, output_column: answer}\n  - name: J\n    dataset: {type: jsonl, source: d.jsonl}\n",
+        )
+        .unwrap();
+        let m = load(&p).unwrap();
+        assert_eq!(m.scenarios[0].steps.len(), 2);
+        assert_eq!(m.scenarios[0].steps[0].graders.len(), 1);
+        assert!(m.scenarios[0].steps[1].graders.is_empty());
+        assert_eq!(m.scenarios[1].steps[0].input, "a");
+        assert_eq!(m.scenarios[1].steps.len(), 2);
+    }
+}

@@ -1,0 +1,639 @@
+//! Running a manifest: one agent per scenario (scenarios optionally in
+//! parallel), protocol negotiation, steps, grading, and the per-call and
+//! whole-run time limits. A failing agent never raises: its step gets a failed
+//! `execution` check, the rest of the scenario is skipped, and the next
+//! scenario starts from a fresh agent.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures_util::stream::{self, StreamExt};
+use serde_json::{json, Map, Value};
+
+use crate::grade::{self, AgentStatus, StepResult, TraceContext, Turn};
+use crate::host::{CheckResult, GradingHost};
+use crate::manifest::{Manifest, Scenario};
+use crate::transport::{Agent, AgentEnv, CallError, ExitReason};
+use crate::util::{clip, round3, utc_now, uuid4};
+
+/// The protocol version this runtime speaks.
+pub const PROTOCOL_VERSION: (u64, u64) = (1, 0);
+const VERSION_UNSUPPORTED_CODE: i64 = -32001;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepStatus {
+    Ok,
+    Failed,
+    Skipped,
+}
+
+impl StepStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Ok => "ok",
+            StepStatus::Failed => "failed",
+            StepStatus::Skipped => "skipped",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StepRecord {
+    pub input: String,
+    pub output: Option<String>,
+    pub evaluation_context: Option<String>,
+    pub tool_calls: Vec<Value>,
+    pub logs: Option<String>,
+    pub checks: Vec<CheckResult>,
+    pub status: StepStatus,
+    pub exit_reason: ExitReason,
+    pub duration_ms: f64,
+    pub usage: Option<Map<String, Value>>,
+    pub error: Option<String>,
+    /// What the agent said (`done` or `paused`); None when it never answered.
+    pub agent_status: Option<AgentStatus>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ScenarioRecord {
+    pub name: String,
+    pub status: StepStatus,
+    pub exit_reason: ExitReason,
+    pub steps: Vec<StepRecord>,
+    /// The retained tail of the agent's stderr.
+    pub stderr: String,
+    pub wall_ms: f64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AgentInfo {
+    pub name: Option<String>,
+    pub protocol_version: String,
+    pub capabilities: Map<String, Value>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub run_id: String,
+    pub scenarios: Vec<ScenarioRecord>,
+    pub exit_reason: ExitReason,
+    pub agent: Option<AgentInfo>,
+    pub started_at: String,
+    pub finished_at: String,
+    pub duration_ms: f64,
+    pub rpc_timeout_s: f64,
+    pub max_duration_s: Option<f64>,
+}
+
+impl RunOutcome {
+    /// (passed, total) over every check, execution checks included.
+    pub fn tally(&self) -> (usize, usize) {
+        let checks = self.scenarios.iter().flat_map(|s| &s.steps).flat_map(|s| &s.checks);
+        checks.fold((0, 0), |(p, t), c| (p + usize::from(c.passed), t + 1))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub rpc_timeout: Duration,
+    pub max_duration: Option<Duration>,
+    pub jobs: usize,
+    pub progress: bool,
+    /// Progress lines give the reason of passing checks too.
+    pub verbose: bool,
+}
+
+/// Line-based progress on stderr (stdout may carry the JSON report).
+pub struct Progress {
+    enabled: bool,
+    color: bool,
+}
+
+impl Progress {
+    pub fn new(enabled: bool) -> Progress {
+        Progress {
+            enabled,
+            color: enabled && std::io::stderr().is_terminal(),
+        }
+    }
+
+    pub fn line(&self, text: &str) {
+        if self.enabled {
+            let _ = writeln!(std::io::stderr().lock(), "{text}");
+        }
+    }
+
+    fn mark(&self, passed: bool) -> &'static str {
+        match (passed, self.color) {
+            (true, true) => "\x1b[32mPASS\x1b[0m",
+            (false, true) => "\x1b[31mFAIL\x1b[0m",
+            (true, false) => "PASS",
+            (false, false) => "FAIL",
+        }
+    }
+}
+
+struct Shared<'a> {
+    manifest: &'a Manifest,
+    host: &'a dyn GradingHost,
+    opts: &'a RunOptions,
+    run_id: String,
+    deadline: Option<Instant>,
+    env: AgentEnv,
+    agent_info: Mutex<Option<AgentInfo>>,
+    /// Set when negotiation fails in a way every scenario would hit.
+    abort: Mutex<Option<String>>,
+    undeclared_warned: AtomicBool,
+    progress: Progress,
+}
+
+/// Why a scenario could not start, and whether the whole run must stop.
+struct StartFailure {
+    error: CallError,
+    fatal: bool,
+}
+
+pub async fn run(manifest: &Manifest, host: &dyn GradingHost, opts: &RunOptions) -> RunOutcome {
+    let started_at = utc_now();
+    let start = Instant::now();
+    let shared = Shared {
+        manifest,
+        host,
+        opts,
+        run_id: uuid4(),
+        deadline: opts.max_duration.map(|d| start + d),
+        env: AgentEnv {
+            set: manifest.env.clone(),
+            pass: manifest.pass_env.clone(),
+        },
+        agent_info: Mutex::new(None),
+        abort: Mutex::new(None),
+        undeclared_warned: AtomicBool::new(false),
+        progress: Progress::new(opts.progress),
+    };
+    // Over HTTP every scenario talks to the same server, so they run one at a time.
+    let jobs = if crate::transport::is_http_target(&manifest.target) {
+        1
+    } else {
+        opts.jobs.max(1)
+    };
+    let total = manifest.scenarios.len();
+    let scenarios: Vec<ScenarioRecord> = stream::iter(manifest.scenarios.iter().enumerate())
+        .map(|(i, s)| {
+            let shared = &shared;
+            async move {
+                let record = run_scenario(shared, i, total, s).await;
+                // Every step reaches the host's history, failed and skipped ones included.
+                for (si, step) in record.steps.iter().enumerate() {
+                    shared.host.record(&record.name, si + 1, &step.checks).await;
+                }
+                record
+            }
+        })
+        .buffered(jobs)
+        .collect()
+        .await;
+
+    let mut exit_reason = ExitReason::Ok;
+    for s in &scenarios {
+        if s.exit_reason == ExitReason::MaxDurationExceeded {
+            exit_reason = ExitReason::MaxDurationExceeded;
+        } else if s.status != StepStatus::Ok && exit_reason == ExitReason::Ok {
+            exit_reason = s.exit_reason;
+        }
+    }
+    if shared.abort.lock().unwrap_or_else(|p| p.into_inner()).is_some() && exit_reason != ExitReason::MaxDurationExceeded {
+        exit_reason = ExitReason::ProtocolError;
+    }
+    let agent = shared.agent_info.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    RunOutcome {
+        run_id: shared.run_id.clone(),
+        scenarios,
+        exit_reason,
+        agent,
+        started_at,
+        finished_at: utc_now(),
+        duration_ms: start.elapsed().as_secs_f64() * 1000.0,
+        rpc_timeout_s: opts.rpc_timeout.as_secs_f64(),
+        max_duration_s: opts.max_duration.map(|d| d.as_secs_f64()),
+    }
+}
+
+fn execution_check(message: &str) -> CheckResult {
+    CheckResult {
+        kind: "execution".into(),
+        field: "agent".into(),
+        passed: false,
+        score: 0.0,
+        reasoning: message.to_string(),
+        status: None,
+    }
+}
+
+fn skipped_steps(scenario: &Scenario, from: usize, message: &str) -> Vec<StepRecord> {
+    scenario.steps[from..]
+        .iter()
+        .map(|s| StepRecord {
+            input: s.input.clone(),
+            output: None,
+            evaluation_context: None,
+            tool_calls: Vec::new(),
+            logs: None,
+            checks: vec![execution_check(message)],
+            status: StepStatus::Skipped,
+            exit_reason: ExitReason::Ok,
+            duration_ms: 0.0,
+            usage: None,
+            error: Some(message.to_string()),
+            agent_status: None,
+        })
+        .collect()
+}
+
+fn skipped_scenario(scenario: &Scenario, reason: ExitReason, message: &str, stderr: String) -> ScenarioRecord {
+    ScenarioRecord {
+        name: scenario.name.clone(),
+        status: StepStatus::Failed,
+        exit_reason: reason,
+        steps: skipped_steps(scenario, 0, message),
+        stderr,
+        wall_ms: 0.0,
+    }
+}
+
+impl Shared<'_> {
+    fn budget_message(&self) -> String {
+        format!(
+            "run exceeded --max-duration of {:.1}s",
+            self.opts.max_duration.map(|d| d.as_secs_f64()).unwrap_or(0.0)
+        )
+    }
+
+    fn out_of_budget(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// Timeout for the next call, and whether the run budget (not the per-call timeout) sets it.
+    fn call_timeout(&self) -> (Duration, bool) {
+        match self.deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left < self.opts.rpc_timeout {
+                    (left, true)
+                } else {
+                    (self.opts.rpc_timeout, false)
+                }
+            }
+            None => (self.opts.rpc_timeout, false),
+        }
+    }
+
+    /// Call a method and return its `result`, classifying every failure.
+    async fn rpc(&self, agent: &mut Agent, method: &str, params: Value, where_: &str) -> Result<Value, CallError> {
+        let (timeout, budget_bound) = self.call_timeout();
+        let resp = match agent.call(method, params, timeout).await {
+            Ok(r) => r,
+            Err(e) if e.reason == ExitReason::Timeout && budget_bound => {
+                return Err(CallError::new(
+                    ExitReason::MaxDurationExceeded,
+                    format!("{} while waiting for {method} at {where_}", self.budget_message()),
+                ))
+            }
+            Err(e) => return Err(CallError::new(e.reason, format!("{method} failed at {where_}: {}", e.message))),
+        };
+        envelope_result(&resp, method).map_err(|e| CallError::new(e.reason, format!("{method} failed at {where_}: {}", e.message)))
+    }
+}
+
+/// Check a JSON-RPC response envelope and return its result.
+pub(crate) fn envelope_result(resp: &Value, method: &str) -> Result<Value, CallError> {
+    let proto = |m: String| Err(CallError::new(ExitReason::ProtocolError, m));
+    if resp.get("jsonrpc") != Some(&json!("2.0")) {
+        return proto(format!("{method} response must include jsonrpc='2.0'"));
+    }
+    if resp.get("result").is_some() && resp.get("error").is_some() {
+        return proto(format!("{method} response cannot include both result and error"));
+    }
+    if let Some(err) = resp.get("error") {
+        let code = err.get("code").and_then(Value::as_i64);
+        let message = err.get("message").and_then(Value::as_str);
+        let (Some(code), Some(message)) = (code, message) else {
+            return proto(format!(
+                "{method} error must be an object with an integer code and a string message, got {}",
+                clip(&err.to_string(), 300)
+            ));
+        };
+        if code == VERSION_UNSUPPORTED_CODE {
+            return proto(format!("VERSION_UNSUPPORTED ({code}): {}", clip(message, 500)));
+        }
+        return Err(CallError::new(
+            ExitReason::AgentError,
+            format!("the agent returned error {code}: {}", clip(message, 2000)),
+        ));
+    }
+    match resp.get("result") {
+        Some(r) => Ok(r.clone()),
+        None => proto(format!("{method} response must include result")),
+    }
+}
+
+fn parse_version(v: &str) -> Option<(u64, u64)> {
+    let (a, b) = v.split_once('.')?;
+    let ok = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if ok(a) && ok(b) {
+        Some((a.parse().ok()?, b.parse().ok()?))
+    } else {
+        None
+    }
+}
+
+/// Validate an `agent/initialize` result; returns (name, negotiated version, capabilities).
+pub fn check_initialize(result: &Value) -> Result<(String, String, Map<String, Value>), CallError> {
+    let proto = |m: String| CallError::new(ExitReason::ProtocolError, m);
+    let obj = result
+        .as_object()
+        .ok_or_else(|| proto("agent/initialize result must be an object".into()))?;
+    let name = obj
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| proto("agent/initialize result name must be a non-empty string".into()))?;
+    let caps = obj
+        .get("capabilities")
+        .and_then(Value::as_object)
+        .ok_or_else(|| proto("agent/initialize result capabilities must be an object".into()))?;
+    for (k, v) in caps {
+        if k.is_empty() || !v.is_object() {
+            return Err(proto(format!(
+                "agent/initialize capability '{k}' must map to an object (use {{}} when there are no options)"
+            )));
+        }
+    }
+    let version = match obj.get("protocol_version") {
+        // Agents from before negotiation existed: the legacy protocol.
+        None => "0.1".to_string(),
+        Some(v) => {
+            let (major, minor) = v.as_str().and_then(parse_version).ok_or_else(|| {
+                proto(format!(
+                    "agent/initialize result protocol_version must be a MAJOR.MINOR string, got {v}"
+                ))
+            })?;
+            if major != PROTOCOL_VERSION.0 {
+                return Err(proto(format!(
+                    "VERSION_UNSUPPORTED ({VERSION_UNSUPPORTED_CODE}): runtime supports protocol {}.{}, but the agent selected {major}.{minor}",
+                    PROTOCOL_VERSION.0, PROTOCOL_VERSION.1
+                )));
+            }
+            format!("{major}.{}", minor.min(PROTOCOL_VERSION.1))
+        }
+    };
+    Ok((name.to_string(), version, caps.clone()))
+}
+
+pub fn initialize_params() -> Value {
+    json!({"protocol_version": format!("{}.{}", PROTOCOL_VERSION.0, PROTOCOL_VERSION.1), "config": {}})
+}
+
+async fn start_agent(sh: &Shared<'_>, scenario: &Scenario) -> Result<Agent, (StartFailure, String)> {
+    let mut agent = Agent::start(&sh.manifest.target, &sh.env).map_err(|e| (StartFailure { error: e, fatal: false }, String::new()))?;
+    let where_ = format!("scenario='{}'", scenario.name);
+    let r = async {
+        let result = sh.rpc(&mut agent, "agent/initialize", initialize_params(), &where_).await.map_err(|e| {
+            let fatal = e.message.contains("VERSION_UNSUPPORTED");
+            StartFailure { error: e, fatal }
+        })?;
+        let (name, version, caps) = check_initialize(&result).map_err(|e| {
+            let fatal = e.message.contains("VERSION_UNSUPPORTED");
+            StartFailure { error: CallError::new(e.reason, format!("invalid agent/initialize result at {where_}: {}", e.message)), fatal }
+        })?;
+        let needed = sh.manifest.required_capabilities();
+        let missing: Vec<String> = needed.iter().filter(|(k, _)| !caps.contains_key(**k)).map(|(k, why)| format!("{k} (needed by {why})")).collect();
+        if !missing.is_empty() {
+            let declared: Vec<&String> = caps.keys().collect();
+            let declared = if declared.is_empty() { "nothing".to_string() } else { format!("{declared:?}") };
+            if sh.manifest.require_capabilities {
+                let msg = format!(
+                    "agent '{name}' does not declare: {}. It declares {declared}. This manifest sets require_capabilities: true",
+                    missing.join("; ")
+                );
+                return Err(StartFailure { error: CallError::new(ExitReason::ProtocolError, msg), fatal: true });
+            }
+            if !sh.undeclared_warned.swap(true, Ordering::SeqCst) {
+                sh.progress.line(&format!(
+                    "warning: agent '{name}' does not declare {}; a failure there may mean it did not report it. Set require_capabilities: true to make this fatal.",
+                    missing.join("; ")
+                ));
+            }
+        }
+        {
+            let mut info = sh.agent_info.lock().unwrap_or_else(|p| p.into_inner());
+            if info.is_none() {
+                *info = Some(AgentInfo { name: Some(name), protocol_version: version, capabilities: caps.clone() });
+            }
+        }
+        // An HTTP agent outlives the scenario: start each scenario from a clean state.
+        if agent.is_http() && caps.contains_key("reset") {
+            sh.rpc(&mut agent, "agent/reset", json!({}), &where_).await.map_err(|e| StartFailure { error: e, fatal: false })?;
+        }
+        Ok(())
+    }
+    .await;
+    match r {
+        Ok(()) => Ok(agent),
+        Err(f) => {
+            agent.stop().await;
+            let stderr = agent.stderr();
+            Err((f, stderr))
+        }
+    }
+}
+
+async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Scenario) -> ScenarioRecord {
+    let label = format!("[{}/{total}] {}", index + 1, scenario.name);
+    if let Some(msg) = sh.abort.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        return skipped_scenario(scenario, ExitReason::ProtocolError, &msg, String::new());
+    }
+    if sh.out_of_budget() {
+        sh.progress.line(&format!("{label}: skipped, {}", sh.budget_message()));
+        return skipped_scenario(scenario, ExitReason::MaxDurationExceeded, &sh.budget_message(), String::new());
+    }
+    let wall = Instant::now();
+    sh.progress.line(&format!("{label}: starting {} step(s)", scenario.steps.len()));
+    let mut agent = match start_agent(sh, scenario).await {
+        Ok(a) => a,
+        Err((f, stderr)) => {
+            if f.fatal {
+                let mut abort = sh.abort.lock().unwrap_or_else(|p| p.into_inner());
+                abort.get_or_insert_with(|| f.error.message.clone());
+            }
+            sh.progress.line(&format!(
+                "{label}: could not start ({}): {}",
+                f.error.reason.as_str(),
+                f.error.message
+            ));
+            let mut rec = skipped_scenario(scenario, f.error.reason, &f.error.message, stderr);
+            rec.wall_ms = wall.elapsed().as_secs_f64() * 1000.0;
+            return rec;
+        }
+    };
+    let agent_name = sh
+        .agent_info
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|a| a.name.clone());
+    let ctx = TraceContext {
+        run_id: &sh.run_id,
+        agent_name: agent_name.as_deref(),
+        scenario_index: index,
+    };
+    let mut steps = Vec::with_capacity(scenario.steps.len());
+    let mut turns: Vec<Turn> = Vec::new();
+    let mut exit_reason = ExitReason::Ok;
+    for (si, step) in scenario.steps.iter().enumerate() {
+        if sh.out_of_budget() {
+            exit_reason = ExitReason::MaxDurationExceeded;
+            steps.extend(skipped_steps(scenario, si, &sh.budget_message()));
+            break;
+        }
+        let where_ = format!("scenario='{}', step={}", scenario.name, si + 1);
+        let t0 = Instant::now();
+        let outcome = match sh.rpc(&mut agent, "agent/step", json!({"input": step.input}), &where_).await {
+            Ok(result) => StepResult::from_wire(&result)
+                .map_err(|e| CallError::new(ExitReason::ProtocolError, format!("invalid agent/step result at {where_}: {e}"))),
+            Err(e) => Err(e),
+        };
+        let duration_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        match outcome {
+            Ok(result) => {
+                turns.push(Turn {
+                    input: step.input.clone(),
+                    result: result.clone(),
+                    duration_ms,
+                });
+                let checks = grade::grade_step(sh.host, step, &turns, &ctx).await;
+                let passed = checks.iter().filter(|c| c.passed).count();
+                sh.progress.line(&format!(
+                    "{label}: step {}/{} {} {passed}/{} check(s){} ({:.1} ms)",
+                    si + 1,
+                    scenario.steps.len(),
+                    sh.progress.mark(passed == checks.len()),
+                    checks.len(),
+                    if result.status == AgentStatus::Paused {
+                        ", agent paused"
+                    } else {
+                        ""
+                    },
+                    duration_ms
+                ));
+                for c in checks.iter().filter(|c| !c.passed || sh.opts.verbose) {
+                    let mark = sh.progress.mark(c.passed);
+                    sh.progress
+                        .line(&format!("    {mark} {} on {}: {}", c.kind, c.field, clip(&c.reasoning, 300)));
+                }
+                steps.push(StepRecord {
+                    input: step.input.clone(),
+                    output: result.public_output.clone(),
+                    evaluation_context: result.evaluation_context.clone(),
+                    tool_calls: result.tool_calls.iter().cloned().map(Value::Object).collect(),
+                    logs: result.logs.clone(),
+                    checks,
+                    status: StepStatus::Ok,
+                    exit_reason: ExitReason::Ok,
+                    duration_ms,
+                    usage: result.usage.clone(),
+                    error: None,
+                    agent_status: Some(result.status),
+                });
+            }
+            Err(e) => {
+                sh.progress.line(&format!(
+                    "{label}: step {}/{} {} ({}): {}",
+                    si + 1,
+                    scenario.steps.len(),
+                    sh.progress.mark(false),
+                    e.reason.as_str(),
+                    clip(&e.message, 500)
+                ));
+                steps.push(StepRecord {
+                    input: step.input.clone(),
+                    output: None,
+                    evaluation_context: None,
+                    tool_calls: Vec::new(),
+                    logs: None,
+                    checks: vec![execution_check(&format!("{}: {}", e.reason.as_str(), e.message))],
+                    status: StepStatus::Failed,
+                    exit_reason: e.reason,
+                    duration_ms,
+                    usage: None,
+                    error: Some(e.message.clone()),
+                    agent_status: None,
+                });
+                exit_reason = e.reason;
+                if si + 1 < scenario.steps.len() {
+                    steps.extend(skipped_steps(
+                        scenario,
+                        si + 1,
+                        &format!("skipped after step {} failed ({})", si + 1, e.reason.as_str()),
+                    ));
+                }
+                break;
+            }
+        }
+    }
+    agent.stop().await;
+    ScenarioRecord {
+        name: scenario.name.clone(),
+        status: if exit_reason == ExitReason::Ok {
+            StepStatus::Ok
+        } else {
+            StepStatus::Failed
+        },
+        exit_reason,
+        steps,
+        stderr: agent.stderr(),
+        wall_ms: wall.elapsed().as_secs_f64() * 1000.0,
+    }
+}
+
+/// Round a duration for the report.
+pub fn ms(x: f64) -> f64 {
+    round3(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initialize_negotiation() {
+        let (n, v, _) = check_initialize(&json!({"name": "A", "capabilities": {}})).unwrap();
+        assert_eq!((n.as_str(), v.as_str()), ("A", "0.1"));
+        let (_, v, _) = check_initialize(&json!({"name": "A", "capabilities": {}, "protocol_version": "1.7"})).unwrap();
+        assert_eq!(v, "1.0");
+        let e = check_initialize(&json!({"name": "A", "capabilities": {}, "protocol_version": "2.0"})).unwrap_err();
+        assert!(e.message.contains("VERSION_UNSUPPORTED"));
+        assert!(check_initialize(&json!({"name": "A", "capabilities": {"reset": true}})).is_err());
+        assert!(check_initialize(&json!({"name": "A", "capabilities": {}, "protocol_version": "01.0"})).is_err());
+    }
+
+    #[test]
+    fn envelope_classification() {
+        assert_eq!(
+            envelope_result(&json!({"jsonrpc": "2.0", "id": 1, "result": true}), "m").unwrap(),
+            json!(true)
+        );
+        let e = envelope_result(
+            &json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": "boom"}}),
+            "m",
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, ExitReason::AgentError);
+        let e = envelope_result(&json!({"id": 1, "result": 1}), "m").unwrap_err();
+        assert_eq!(e.reason, ExitReason::ProtocolError);
+        let e = envelope_result(&json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32001, "message": "v"}}), "m").unwrap_err();
+        assert!(e.message.contains("VERSION_UNSUPPORTED"));
+    }
+}

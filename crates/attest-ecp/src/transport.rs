@@ -1,0 +1,631 @@
+//! Talking JSON-RPC 2.0 to an agent, over stdio (the runtime spawns the
+//! target command) or Streamable HTTP (the target is an `http(s)://` URL).
+//!
+//! Spawned agents are untrusted: they get a sanitized environment (an
+//! allowlist plus what the manifest passes), their own process group, and on
+//! Linux `PR_SET_PDEATHSIG` so they die with the runtime even when it is
+//! SIGKILLed. Dropping an [`Agent`] kills the whole group. Stdout carries
+//! protocol only: a line that is not JSON fails the call at once as a protocol
+//! violation naming the line. Stderr is kept, bounded, for the report.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin};
+use tokio::sync::mpsc;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+
+use crate::util::clip;
+
+/// Longest stdout line (one JSON-RPC message) accepted from an agent.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// Largest HTTP response body accepted from an agent.
+pub const MAX_HTTP_BODY: usize = 16 * 1024 * 1024;
+/// How much of an agent's stderr is kept (the most recent bytes).
+pub const STDERR_KEEP_BYTES: usize = 64 * 1024;
+/// How long a stopping agent gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Environment variables a spawned agent inherits from the runtime; anything
+/// else must be named in the manifest (`env:` or `pass_env:`).
+pub const ENV_ALLOWLIST: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM",
+];
+
+/// Why a run, scenario or step ended; the audit record's `exit_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitReason {
+    Ok,
+    Timeout,
+    TransportError,
+    ProtocolError,
+    AgentError,
+    MaxDurationExceeded,
+    Error,
+}
+
+impl ExitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitReason::Ok => "ok",
+            ExitReason::Timeout => "timeout",
+            ExitReason::TransportError => "transport_error",
+            ExitReason::ProtocolError => "protocol_error",
+            ExitReason::AgentError => "agent_error",
+            ExitReason::MaxDurationExceeded => "max_duration_exceeded",
+            ExitReason::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct CallError {
+    pub reason: ExitReason,
+    pub message: String,
+}
+
+impl CallError {
+    pub fn new(reason: ExitReason, message: impl Into<String>) -> Self {
+        CallError {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// What a spawned agent's environment is built from.
+#[derive(Debug, Clone, Default)]
+pub struct AgentEnv {
+    pub set: BTreeMap<String, String>,
+    pub pass: Vec<String>,
+}
+
+/// True when the target names a Streamable HTTP endpoint rather than a command.
+pub fn is_http_target(target: &str) -> bool {
+    let t = target.trim();
+    let lower = t.get(..8).unwrap_or(t).to_ascii_lowercase();
+    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+        return false;
+    }
+    match reqwest::Url::parse(t) {
+        Ok(u) => matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty()),
+        Err(_) => false,
+    }
+}
+
+pub enum Agent {
+    Stdio(Box<StdioAgent>),
+    Http(HttpAgent),
+}
+
+impl Agent {
+    pub fn start(target: &str, env: &AgentEnv) -> Result<Agent, CallError> {
+        if is_http_target(target) {
+            Ok(Agent::Http(HttpAgent::new(target.trim())?))
+        } else {
+            Ok(Agent::Stdio(Box::new(StdioAgent::spawn(target, env)?)))
+        }
+    }
+
+    /// Send one request and return its validated-as-JSON response object.
+    pub async fn call(&mut self, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
+        match self {
+            Agent::Stdio(a) => a.call(method, params, timeout).await,
+            Agent::Http(a) => a.call(method, params, timeout).await,
+        }
+    }
+
+    /// The retained tail of the agent's stderr ("" over HTTP).
+    pub fn stderr(&self) -> String {
+        match self {
+            Agent::Stdio(a) => a.stderr_tail(),
+            Agent::Http(_) => String::new(),
+        }
+    }
+
+    pub async fn stop(&mut self) {
+        if let Agent::Stdio(a) = self {
+            a.stop().await;
+        }
+    }
+
+    pub fn is_http(&self) -> bool {
+        matches!(self, Agent::Http(_))
+    }
+}
+
+enum LineEvent {
+    Line(String),
+    TooLong,
+    Eof,
+    Failed(String),
+}
+
+#[derive(Default)]
+struct StderrTail {
+    buf: Vec<u8>,
+    dropped: usize,
+}
+
+pub struct StdioAgent {
+    child: Child,
+    pgid: Option<i32>,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<LineEvent>,
+    stderr: Arc<Mutex<StderrTail>>,
+    stderr_task: Option<tokio::task::JoinHandle<()>>,
+    next_id: i64,
+    reaped: bool,
+}
+
+/// The shell command line: simple commands are `exec`ed so the agent itself
+/// (not an intermediate shell) is the process that carries the death signal.
+fn shell_line(target: &str) -> String {
+    let simple = target.chars().all(|c| c.is_alphanumeric() || " \t-_./=:,+@%'\"".contains(c));
+    if simple {
+        format!("exec {target}")
+    } else {
+        target.to_string()
+    }
+}
+
+impl StdioAgent {
+    pub fn spawn(target: &str, env: &AgentEnv) -> Result<StdioAgent, CallError> {
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.arg("-c").arg(shell_line(target));
+        cmd.env_clear();
+        for k in ENV_ALLOWLIST.iter().copied().chain(env.pass.iter().map(String::as_str)) {
+            if let Some(v) = std::env::var_os(k) {
+                cmd.env(k, v);
+            }
+        }
+        for (k, v) in &env.set {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        #[cfg(unix)]
+        cmd.process_group(0);
+        #[cfg(target_os = "linux")]
+        {
+            let parent = std::process::id() as libc::pid_t;
+            // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    // Die with the runtime thread that spawned us. That is a tokio
+                    // worker thread, which lives as long as the runtime.
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::getppid() != parent {
+                        libc::_exit(1);
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| CallError::new(ExitReason::TransportError, format!("could not start agent `{target}`: {e}")))?;
+        let pgid = child.id().map(|p| p as i32);
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
+        // Small: lines wait here only between calls, and each may be up to MAX_LINE_BYTES.
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut framed = FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE_BYTES));
+            loop {
+                let ev = match framed.next().await {
+                    Some(Ok(l)) => LineEvent::Line(l),
+                    Some(Err(LinesCodecError::MaxLineLengthExceeded)) => LineEvent::TooLong,
+                    Some(Err(LinesCodecError::Io(e))) => LineEvent::Failed(e.to_string()),
+                    None => LineEvent::Eof,
+                };
+                let last = !matches!(ev, LineEvent::Line(_));
+                if tx.send(ev).await.is_err() || last {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(StderrTail::default()));
+        let sink = stderr.clone();
+        let stderr_task = tokio::spawn(async move {
+            let mut chunk = [0u8; 8192];
+            while let Ok(n) = stderr_pipe.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+                let mut t = sink.lock().unwrap_or_else(|p| p.into_inner());
+                t.buf.extend_from_slice(&chunk[..n]);
+                if t.buf.len() > STDERR_KEEP_BYTES {
+                    let cut = t.buf.len() - STDERR_KEEP_BYTES;
+                    t.buf.drain(..cut);
+                    t.dropped += cut;
+                }
+            }
+        });
+        Ok(StdioAgent {
+            stdin: child.stdin.take(),
+            child,
+            pgid,
+            lines: rx,
+            stderr,
+            stderr_task: Some(stderr_task),
+            next_id: 0,
+            reaped: false,
+        })
+    }
+
+    pub fn stderr_tail(&self) -> String {
+        let t = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        let text = String::from_utf8_lossy(&t.buf).into_owned();
+        if t.dropped > 0 {
+            format!("[{} earlier bytes dropped]\n{text}", t.dropped)
+        } else {
+            text
+        }
+    }
+
+    fn stderr_note(&self) -> String {
+        let tail = self.stderr_tail();
+        let tail = tail.trim();
+        if tail.is_empty() {
+            String::new()
+        } else {
+            // The end of stderr is where a traceback's cause is.
+            let start = tail.len().saturating_sub(2000);
+            let start = (start..tail.len()).find(|i| tail.is_char_boundary(*i)).unwrap_or(0);
+            format!("; stderr: {}", &tail[start..])
+        }
+    }
+
+    async fn exit_note(&mut self) -> String {
+        match tokio::time::timeout(Duration::from_millis(500), self.child.wait()).await {
+            Ok(Ok(status)) => {
+                self.reaped = true;
+                format!(" (agent exited: {status})")
+            }
+            _ => String::new(),
+        }
+    }
+
+    pub async fn call(&mut self, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let mut line = serde_json::to_vec(&request).map_err(|e| CallError::new(ExitReason::Error, e.to_string()))?;
+        line.push(b'\n');
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Err(CallError::new(ExitReason::TransportError, "agent stdin is closed"));
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let write = async {
+            stdin.write_all(&line).await?;
+            stdin.flush().await
+        };
+        match tokio::time::timeout_at(deadline, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let exit = self.exit_note().await;
+                return Err(CallError::new(
+                    ExitReason::TransportError,
+                    format!("agent crashed or closed its stdin: {e}{exit}{}", self.stderr_note()),
+                ));
+            }
+            Err(_) => return Err(self.timed_out(method, timeout)),
+        }
+        loop {
+            let ev = match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+                Ok(Some(ev)) => ev,
+                Ok(None) => LineEvent::Eof,
+                Err(_) => return Err(self.timed_out(method, timeout)),
+            };
+            match ev {
+                LineEvent::Line(l) => {
+                    let trimmed = l.trim();
+                    if trimmed.is_empty() {
+                        continue;
+                    }
+                    let parsed: Value = match serde_json::from_str(trimmed) {
+                        Ok(v) => v,
+                        Err(_) => {
+                            return Err(CallError::new(
+                                ExitReason::ProtocolError,
+                                format!(
+                                    "protocol violation: the agent wrote a line on stdout that is not JSON-RPC: {:?} (stdout carries protocol messages only; log to stderr)",
+                                    clip(trimmed, 300)
+                                ),
+                            ))
+                        }
+                    };
+                    let Some(obj) = parsed.as_object() else {
+                        return Err(CallError::new(
+                            ExitReason::ProtocolError,
+                            format!(
+                                "protocol violation: the agent wrote JSON that is not a JSON-RPC object on stdout: {}",
+                                clip(trimmed, 300)
+                            ),
+                        ));
+                    };
+                    if obj.contains_key("method") && !obj.contains_key("id") {
+                        // A notification from the agent: nothing in ECP needs an answer.
+                        continue;
+                    }
+                    if obj.get("id") != Some(&json!(id)) {
+                        return Err(CallError::new(
+                            ExitReason::ProtocolError,
+                            format!("JSON-RPC response id mismatch: expected {id}, got {}", clip_json(obj.get("id"))),
+                        ));
+                    }
+                    return Ok(parsed);
+                }
+                LineEvent::TooLong => {
+                    return Err(CallError::new(
+                        ExitReason::ProtocolError,
+                        format!("protocol violation: the agent wrote a stdout line longer than {MAX_LINE_BYTES} bytes"),
+                    ))
+                }
+                LineEvent::Failed(e) => {
+                    return Err(CallError::new(
+                        ExitReason::TransportError,
+                        format!("reading the agent's stdout failed: {e}"),
+                    ))
+                }
+                LineEvent::Eof => {
+                    let exit = self.exit_note().await;
+                    return Err(CallError::new(
+                        ExitReason::TransportError,
+                        format!(
+                            "agent crashed or closed its stdout before answering {method}{exit}{}",
+                            self.stderr_note()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn timed_out(&self, method: &str, timeout: Duration) -> CallError {
+        CallError::new(
+            ExitReason::Timeout,
+            format!(
+                "agent did not answer {method} within {:.1}s{}",
+                timeout.as_secs_f64(),
+                self.stderr_note()
+            ),
+        )
+    }
+
+    fn kill_group(&self, sig: i32) {
+        #[cfg(unix)]
+        if let Some(pgid) = self.pgid {
+            if !self.reaped && pgid > 0 {
+                // SAFETY: plain syscall; the group leader is not reaped, so the id is still ours.
+                unsafe {
+                    libc::kill(-pgid, sig);
+                }
+            }
+        }
+    }
+
+    /// Close stdin, ask the group to stop, then kill it after a grace period;
+    /// then collect what is left of its stderr.
+    pub async fn stop(&mut self) {
+        self.stdin = None;
+        self.terminate().await;
+        if let Some(task) = self.stderr_task.take() {
+            // The pipe closes when the group is gone; a descendant that escaped the
+            // group could hold it open, so the wait is bounded.
+            let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+        }
+    }
+
+    async fn terminate(&mut self) {
+        if self.reaped {
+            return;
+        }
+        self.kill_group(libc::SIGTERM);
+        match tokio::time::timeout(STOP_GRACE, self.child.wait()).await {
+            Ok(_) => {
+                // The leader is gone; anything it left in the group goes too.
+                self.kill_group(libc::SIGKILL);
+                self.reaped = true;
+            }
+            Err(_) => {
+                self.kill_group(libc::SIGKILL);
+                let _ = self.child.kill().await;
+                self.reaped = true;
+            }
+        }
+    }
+}
+
+fn clip_json(v: Option<&Value>) -> String {
+    v.map(|v| clip(&v.to_string(), 100)).unwrap_or_else(|| "no id".into())
+}
+
+impl Drop for StdioAgent {
+    fn drop(&mut self) {
+        self.kill_group(libc::SIGKILL);
+    }
+}
+
+pub struct HttpAgent {
+    endpoint: String,
+    client: reqwest::Client,
+    next_id: i64,
+}
+
+impl HttpAgent {
+    pub fn new(endpoint: &str) -> Result<HttpAgent, CallError> {
+        let client = reqwest::Client::builder()
+            .build()
+            .map_err(|e| CallError::new(ExitReason::TransportError, format!("HTTP client setup failed: {e}")))?;
+        Ok(HttpAgent {
+            endpoint: endpoint.to_string(),
+            client,
+            next_id: 0,
+        })
+    }
+
+    pub async fn call(&mut self, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let timed_out = || {
+            CallError::new(
+                ExitReason::Timeout,
+                format!("agent did not answer {method} within {:.1}s", timeout.as_secs_f64()),
+            )
+        };
+        let exchange = async {
+            let mut resp = self
+                .client
+                .post(&self.endpoint)
+                .header("Accept", "application/json, text/event-stream")
+                .header("Content-Type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .map_err(|e| {
+                    if e.is_timeout() {
+                        timed_out()
+                    } else {
+                        CallError::new(ExitReason::TransportError, format!("HTTP request to {} failed: {e}", self.endpoint))
+                    }
+                })?;
+            let status = resp.status();
+            let content_type = resp
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            let mut raw = Vec::new();
+            while let Some(chunk) = resp
+                .chunk()
+                .await
+                .map_err(|e| CallError::new(ExitReason::TransportError, format!("reading the HTTP response failed: {e}")))?
+            {
+                if raw.len() + chunk.len() > MAX_HTTP_BODY {
+                    return Err(CallError::new(
+                        ExitReason::ProtocolError,
+                        format!("HTTP response exceeds {MAX_HTTP_BODY} bytes"),
+                    ));
+                }
+                raw.extend_from_slice(&chunk);
+                if content_type.contains("text/event-stream") {
+                    // A server may keep the stream open after the response event.
+                    if let Some(v) = parse_sse(&String::from_utf8_lossy(&raw), false) {
+                        return Ok((status, v));
+                    }
+                }
+            }
+            let text = String::from_utf8_lossy(&raw).into_owned();
+            if !status.is_success() {
+                return Err(CallError::new(
+                    ExitReason::TransportError,
+                    format!("HTTP {status} from {}: {}", self.endpoint, clip(&text, 500)),
+                ));
+            }
+            if content_type.contains("text/event-stream") {
+                return parse_sse(&text, true)
+                    .map(|v| (status, v))
+                    .ok_or_else(|| CallError::new(ExitReason::ProtocolError, "SSE stream ended without a JSON-RPC response"));
+            }
+            if text.trim().is_empty() {
+                return Err(CallError::new(
+                    ExitReason::ProtocolError,
+                    format!("empty HTTP response to {method} (status {status})"),
+                ));
+            }
+            let v: Value = serde_json::from_str(&text).map_err(|e| {
+                CallError::new(
+                    ExitReason::ProtocolError,
+                    format!("HTTP response is not valid JSON ({e}): {}", clip(&text, 300)),
+                )
+            })?;
+            Ok((status, v))
+        };
+        let (status, v) = match tokio::time::timeout(timeout, exchange).await {
+            Ok(r) => r?,
+            Err(_) => return Err(timed_out()),
+        };
+        if !status.is_success() {
+            return Err(CallError::new(
+                ExitReason::TransportError,
+                format!("HTTP {status} from {}", self.endpoint),
+            ));
+        }
+        let Some(obj) = v.as_object() else {
+            return Err(CallError::new(ExitReason::ProtocolError, "HTTP response must be a JSON-RPC object"));
+        };
+        if obj.get("id") != Some(&json!(id)) {
+            return Err(CallError::new(
+                ExitReason::ProtocolError,
+                format!("JSON-RPC response id mismatch: expected {id}, got {}", clip_json(obj.get("id"))),
+            ));
+        }
+        Ok(v)
+    }
+}
+
+/// The first SSE event whose data is a JSON-RPC response. With `complete`
+/// false, only events already terminated by a blank line are considered.
+fn parse_sse(raw: &str, complete: bool) -> Option<Value> {
+    let normalized = raw.replace("\r\n", "\n");
+    let mut events: Vec<&str> = normalized.split("\n\n").collect();
+    if !complete {
+        events.pop();
+    }
+    for event in events {
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect();
+        if data.is_empty() {
+            continue;
+        }
+        if let Ok(v) = serde_json::from_str::<Value>(&data.join("\n")) {
+            if v.get("result").is_some() || v.get("error").is_some() {
+                return Some(v);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_targets_are_urls_with_a_host() {
+        assert!(is_http_target("http://127.0.0.1:8765/ecp"));
+        assert!(is_http_target("https://agent.example/ecp"));
+        assert!(!is_http_target("python agent.py"));
+        assert!(!is_http_target("http:/nohost"));
+    }
+
+    #[test]
+    fn sse_events_are_parsed() {
+        let raw = "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"note\"}\r\n\r\ndata: {\"jsonrpc\":\"2.0\",\r\ndata: \"id\":1,\"result\":true}\r\n\r\n";
+        assert_eq!(parse_sse(raw, true).unwrap()["result"], true);
+        assert!(parse_sse("data: {\"id\":1,\"result\":1}", false).is_none());
+    }
+
+    #[test]
+    fn simple_commands_are_execed() {
+        assert_eq!(shell_line("python3 agent.py --x=1"), "exec python3 agent.py --x=1");
+        assert_eq!(shell_line("cd a && python3 b.py"), "cd a && python3 b.py");
+    }
+}

@@ -1,0 +1,47 @@
+//! Small helpers shared by the runtime's modules.
+
+/// `s` cut to at most `max` bytes on a char boundary, with a note of how much was cut.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes)", &s[..end], s.len() - end)
+}
+
+/// Current UTC time as ISO-8601 with milliseconds and a trailing Z.
+pub fn utc_now() -> String {
+    let now = time::OffsetDateTime::now_utc();
+    let fmt = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+    now.format(&fmt).unwrap_or_else(|_| now.unix_timestamp().to_string())
+}
+
+/// A random version-4 UUID string, used as the run id.
+pub fn uuid4() -> String {
+    let mut b: [u8; 16] = fastrand::u128(..).to_le_bytes();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+/// Round to 3 decimals, as the audit record does.
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_respects_char_boundaries() {
+        assert_eq!(clip("abc", 5), "abc");
+        assert!(clip("ééé", 3).starts_with("é…"));
+        assert_eq!(uuid4().len(), 36);
+        assert!(utc_now().ends_with('Z'));
+    }
+}

@@ -1,0 +1,551 @@
+//! The ECP runtime binary driving real ecp-sdk agents over stdio and HTTP,
+//! including agents that hang, crash, write to stdout or never initialize.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn manifest(dir: &Path, target: &str, body: &str) -> String {
+    let text = format!("manifest_version: v1\nname: runtime test\ntarget: '{target}'\n{body}");
+    write(dir, "manifest.yaml", &text).display().to_string()
+}
+
+fn run_json(dir: &Path, manifest: &str, extra: &[&str], envs: &[(&str, &str)]) -> (i32, Value, String) {
+    let out_path = dir.join("report.json");
+    let out_str = out_path.display().to_string();
+    let mut args = vec!["run", "--manifest", manifest, "--json-out", &out_str];
+    args.extend_from_slice(extra);
+    let out = run_bin(&args, envs, None);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out_path.exists(), "no report written; stderr:\n{stderr}");
+    (out.status.code().unwrap_or(-1), read_json(&out_path), stderr)
+}
+
+const SUPPORT_SCENARIOS: &str = r#"
+env:
+  ECP_TEST_PID_FILE: PIDFILE
+scenarios:
+  - name: Refunds <b>&</b>
+    steps:
+      - input: refund ORD-7 <script>
+        graders:
+          - {type: text_match, condition: contains, value: "refund for ORD-7"}
+          - {type: text_match, condition: does_not_contain, value: "cannot"}
+          - {type: text_match, field: evaluation_context, condition: regex, pattern: 'within \d+ days'}
+          - {type: tool_usage, tool_name: process_refund, arguments: {amount: 89.99, notify: 1, tags: [refund, 1.0]}}
+          - {type: tool_usage, tool_name: process_refund, arguments: {amount: "89.99"}}
+      - input: pause please
+        graders:
+          - {type: text_match, condition: equals, value: "Waiting for a manager to approve."}
+  - name: Legacy context
+    steps:
+      - input: legacy
+        graders:
+          - {type: text_match, field: private_thought, condition: contains, value: deprecated}
+          - {type: text_match, field: evaluation_context, condition: contains, value: deprecated}
+      - input: empty
+        graders:
+          - {type: text_match, condition: does_not_contain, value: anything}
+"#;
+
+#[test]
+fn stdio_run_grades_and_writes_valid_reports() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let body = SUPPORT_SCENARIOS.replace("PIDFILE", &pid_file.display().to_string());
+    let m = manifest(dir.path(), &format!("{} {}", python(&venv), agent("support_agent.py")), &body);
+    let html = dir.path().join("r.html").display().to_string();
+    let junit = dir.path().join("r.xml").display().to_string();
+    let audit = dir.path().join("audit.json").display().to_string();
+    let (code, report, stderr) = run_json(dir.path(), &m, &["--report", &html, "--junit", &junit, "--audit-out", &audit], &[]);
+    assert_eq!(code, 2, "one check fails, so the run exits 2; stderr:\n{stderr}");
+    let v: Vec<bool> = verdicts(&report).iter().map(|v| v.5).collect();
+    assert_eq!(v, vec![true, true, true, true, false, true, true, true, false]);
+    assert_eq!(
+        (report["passed"].as_u64(), report["total"].as_u64(), report["failed"].as_u64()),
+        (Some(7), Some(9), Some(2))
+    );
+    assert_eq!(report["scenarios"][0]["steps"][1]["agent_status"], "paused");
+    assert_eq!(report["scenarios"][0]["steps"][0]["checks"][3]["field"], "tool_calls");
+    assert_eq!(report["audit"]["usage"]["total_tokens"], 28);
+    validate_schema("report.schema.json", &report);
+    validate_schema("audit.schema.json", &report["audit"]);
+    validate_schema("audit.schema.json", &read_json(Path::new(&audit)));
+    assert!(
+        stderr.contains("step 1/2 FAIL 4/5 check(s)"),
+        "plain progress lines when not a terminal:\n{stderr}"
+    );
+
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("Refunds &lt;b&gt;&amp;&lt;/b&gt;") && page.contains("refund ORD-7 &lt;script&gt;"),
+        "escaped"
+    );
+    assert!(
+        !page.contains("<script") && !page.contains("src=\"http") && !page.contains("href=\"http"),
+        "self-contained"
+    );
+    assert!(page.contains("process_refund") && page.contains("FAIL") && page.contains("agent paused"));
+
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    let mut reader = quick_xml::Reader::from_str(&xml);
+    loop {
+        match reader.read_event() {
+            Ok(quick_xml::events::Event::Eof) => break,
+            Ok(_) => {}
+            Err(e) => panic!("the JUnit report is not well-formed XML: {e}\n{xml}"),
+        }
+    }
+    assert_eq!(xml.matches("<testsuite ").count(), 2);
+    assert_eq!(xml.matches("<testcase ").count(), 4);
+    assert!(xml.contains("<failure message=\"1 of 5 check(s) failed\">"), "{xml}");
+    assert_no_survivors(&pid_file);
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http_agent(venv: &Path) -> (Server, String) {
+    let port = free_port();
+    let child = Command::new(python(venv))
+        .args([agent("support_agent.py").as_str(), "--http", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the HTTP agent did not start listening");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, format!("http://127.0.0.1:{port}/ecp"))
+}
+
+#[test]
+fn streamable_http_agent_runs_and_conforms() {
+    let Some(venv) = venv() else { return };
+    let (_server, url) = http_agent(&venv);
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(
+        dir.path(),
+        &url,
+        r#"
+scenarios:
+  - name: Two turns
+    steps:
+      - input: lookup ORD-3
+        graders:
+          - {type: tool_usage, tool_name: lookup_order, arguments: {order_id: ORD-3}}
+      - input: refund it
+        graders:
+          - {type: text_match, condition: contains, value: ORD-3}
+  - name: Reset between scenarios
+    steps:
+      - input: refund it
+        graders:
+          - {type: text_match, condition: contains, value: None}
+"#,
+    );
+    let (code, report, stderr) = run_json(dir.path(), &m, &[], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(verdicts(&report).iter().filter(|v| v.5).count(), 3);
+    validate_schema("report.schema.json", &report);
+    validate_schema("audit.schema.json", &report["audit"]);
+
+    let out = run_bin(&["conformance", &url, "--json"], &[], None);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let conf: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(conf["conformant"], true);
+    assert_eq!(conf["total"], 3);
+}
+
+#[test]
+fn hanging_agent_times_out_and_its_whole_group_is_stopped() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let m = manifest(
+        dir.path(),
+        &format!("{} {} hang", python(&venv), agent("misbehaving_agent.py")),
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Hang\n    steps:\n      - input: one\n      - input: two\n",
+            pid_file.display()
+        ),
+    );
+    let (code, report, _) = run_json(dir.path(), &m, &["--timeout", "2"], &[]);
+    assert_eq!(code, 2);
+    assert_eq!(report["exit_reason"], "timeout");
+    let steps = &report["scenarios"][0]["steps"];
+    assert_eq!(steps[0]["exit_reason"], "timeout");
+    assert!(
+        steps[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer agent/step within 2.0s"),
+        "{}",
+        steps[0]["error"]
+    );
+    assert_eq!(steps[1]["status"], "skipped");
+    assert_eq!(steps[1]["checks"][0]["type"], "execution");
+    let pids = std::fs::read_to_string(&pid_file).unwrap();
+    assert_eq!(pids.lines().count(), 2, "the agent and the child it started");
+    assert_no_survivors(&pid_file);
+}
+
+#[test]
+fn run_budget_stops_a_slow_agent_and_skips_what_is_left() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let m = manifest(
+        dir.path(),
+        &format!("{} {} hang", python(&venv), agent("misbehaving_agent.py")),
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Slow\n    steps:\n      - input: one\n  - name: Never started\n    steps:\n      - input: two\n",
+            pid_file.display()
+        ),
+    );
+    let (_, report, _) = run_json(dir.path(), &m, &["--timeout", "60", "--max-duration", "2"], &[]);
+    assert_eq!(report["exit_reason"], "max_duration_exceeded");
+    assert_eq!(report["scenarios"][0]["steps"][0]["exit_reason"], "max_duration_exceeded");
+    assert_eq!(report["scenarios"][1]["exit_reason"], "max_duration_exceeded");
+    assert_eq!(report["scenarios"][1]["steps"][0]["status"], "skipped");
+    assert_eq!(report["audit"]["limits"]["max_duration_s"], 2.0);
+    validate_schema("audit.schema.json", &report["audit"]);
+    assert_no_survivors(&pid_file);
+}
+
+#[test]
+fn crashing_agent_fails_its_step_with_stderr_and_the_next_scenario_starts_fresh() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let m = manifest(
+        dir.path(),
+        &format!("{} {} crash", python(&venv), agent("misbehaving_agent.py")),
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Crash\n    steps:\n      - input: one\n        graders: [{{type: text_match, condition: equals, value: 'Echo: one'}}]\n      - input: two\n      - input: three\n  - name: Fresh\n    steps:\n      - input: again\n        graders: [{{type: text_match, condition: equals, value: 'Echo: again'}}]\n",
+            pid_file.display()
+        ),
+    );
+    let (code, report, _) = run_json(dir.path(), &m, &[], &[]);
+    assert_eq!(code, 2);
+    let steps = &report["scenarios"][0]["steps"];
+    assert_eq!(steps[0]["checks"][0]["passed"], true);
+    assert_eq!(steps[1]["exit_reason"], "transport_error");
+    let err = steps[1]["error"].as_str().unwrap();
+    assert!(
+        err.contains("exit status: 3") && err.contains("the model server went away"),
+        "{err}"
+    );
+    assert_eq!(steps[2]["status"], "skipped");
+    assert!(report["scenarios"][0]["stderr"]
+        .as_str()
+        .unwrap()
+        .contains("model server went away"));
+    assert_eq!(report["scenarios"][1]["steps"][0]["checks"][0]["passed"], true);
+    assert_eq!(report["exit_reason"], "transport_error");
+    assert_no_survivors(&pid_file);
+}
+
+#[test]
+fn stray_stdout_text_is_a_protocol_violation_naming_the_line() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let m = manifest(
+        dir.path(),
+        &format!("{} {} noisy", python(&venv), agent("misbehaving_agent.py")),
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Noisy\n    steps:\n      - input: one\n",
+            pid_file.display()
+        ),
+    );
+    // A long per-call timeout: the violation must end the step, not the clock.
+    let (_, report, _) = run_json(dir.path(), &m, &["--timeout", "120"], &[]);
+    let step = &report["scenarios"][0]["steps"][0];
+    assert_eq!(step["exit_reason"], "protocol_error");
+    assert!(
+        step["error"].as_str().unwrap().contains("\"Loading model weights... done\""),
+        "{}",
+        step["error"]
+    );
+    assert_no_survivors(&pid_file);
+}
+
+#[test]
+fn agent_that_never_initializes_is_reported_and_stopped() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let target = format!("{} {} mute", python(&venv), agent("misbehaving_agent.py"));
+    let m = manifest(
+        dir.path(),
+        &target,
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Mute\n    steps:\n      - input: one\n      - input: two\n",
+            pid_file.display()
+        ),
+    );
+    let (code, report, _) = run_json(dir.path(), &m, &["--timeout", "2"], &[]);
+    assert_eq!(code, 2);
+    let s = &report["scenarios"][0];
+    assert_eq!(s["exit_reason"], "timeout");
+    assert!(s["steps"][0]["error"].as_str().unwrap().contains("did not answer agent/initialize"));
+    assert_eq!(s["steps"][1]["status"], "skipped");
+    assert_no_survivors(&pid_file);
+
+    let out = run_bin(&["conformance", "--target", &target, "--timeout", "2"], &[], None);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("FAIL | initialize response | agent did not answer agent/initialize"),
+        "{text}"
+    );
+    assert!(text.contains("Conformance: 0/3 checks passed"), "{text}");
+}
+
+#[test]
+fn agents_get_a_sanitized_environment() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(
+        dir.path(),
+        &format!("{} {}", python(&venv), agent("support_agent.py")),
+        r#"
+env: {GIVEN: "set in the manifest"}
+pass_env: [ECP_TEST_PASSED]
+scenarios:
+  - name: Env
+    steps:
+      - input: env ECP_TEST_SECRET
+        graders: [{type: text_match, condition: equals, value: "ECP_TEST_SECRET=<unset>"}]
+      - input: env GIVEN
+        graders: [{type: text_match, condition: equals, value: "GIVEN=set in the manifest"}]
+      - input: env ECP_TEST_PASSED
+        graders: [{type: text_match, condition: equals, value: "ECP_TEST_PASSED=passed through"}]
+"#,
+    );
+    let (code, report, stderr) = run_json(
+        dir.path(),
+        &m,
+        &[],
+        &[("ECP_TEST_SECRET", "hunter2"), ("ECP_TEST_PASSED", "passed through")],
+    );
+    assert_eq!(code, 0, "{stderr}\n{report:#}");
+}
+
+#[test]
+fn parallel_jobs_keep_report_order() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let mut body = format!("env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n", pid_file.display());
+    for i in 0..5 {
+        body.push_str(&format!(
+            "  - name: S{i}\n    steps:\n      - input: hello {i}\n        graders: [{{type: text_match, condition: equals, value: 'Echo: hello {i}'}}]\n"
+        ));
+    }
+    let m = manifest(dir.path(), &format!("{} {}", python(&venv), agent("support_agent.py")), &body);
+    let (code, report, _) = run_json(dir.path(), &m, &["--jobs", "3"], &[]);
+    assert_eq!(code, 0);
+    let names: Vec<&str> = report["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["S0", "S1", "S2", "S3", "S4"]);
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap().lines().count(),
+        5,
+        "one agent per scenario"
+    );
+    assert_no_survivors(&pid_file);
+}
+
+#[test]
+fn required_capabilities_stop_the_run_before_any_step() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(
+        dir.path(),
+        &format!("{} {} crash", python(&venv), agent("misbehaving_agent.py")),
+        "require_capabilities: true\nscenarios:\n  - name: A\n    steps:\n      - input: x\n        graders: [{type: tool_usage, tool_name: t}]\n  - name: B\n    steps:\n      - input: y\n",
+    );
+    let (code, report, _) = run_json(dir.path(), &m, &[], &[]);
+    assert_eq!(code, 2);
+    assert_eq!(report["exit_reason"], "protocol_error");
+    let err = report["scenarios"][0]["steps"][0]["error"].as_str().unwrap();
+    assert!(
+        err.contains("does not declare: tool_calls (needed by a tool_usage grader)"),
+        "{err}"
+    );
+    assert_eq!(report["scenarios"][1]["steps"][0]["status"], "skipped");
+    assert_eq!(report["scenarios"][1]["exit_reason"], "protocol_error");
+}
+
+#[test]
+fn validate_names_the_bad_field_and_the_choices() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(
+        dir.path(),
+        "bad.yaml",
+        "manifest_version: v1\nname: n\ntarget: agent\nscenarios:\n  - name: Checkout\n    steps:\n      - input: hi\n      - input: pay\n        graders:\n          - {type: text_match, condition: startswith, value: x}\n          - {type: tool_usage, field: public_output, arguments: [1]}\n",
+    );
+    let out = run_bin(&["validate", m.to_str().unwrap()], &[], None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("scenario 'Checkout' (#1), step 2, grader 1 (text_match): field 'condition' is 'startswith'; valid choices: contains, equals, does_not_contain, regex"), "{err}");
+    assert!(
+        err.contains("step 2, grader 2 (tool_usage): field 'arguments' must be a mapping"),
+        "{err}"
+    );
+    let out = run_bin(&["run", "-m", m.to_str().unwrap()], &[], None);
+    assert_eq!(out.status.code(), Some(1), "a bad manifest is refused before any agent starts");
+
+    let good = write(
+        dir.path(),
+        "good.yaml",
+        "manifest_version: v1\nname: n\ntarget: agent\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n",
+    );
+    let out = run_bin(&["validate", good.to_str().unwrap()], &[], None);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Manifest valid"));
+}
+
+#[test]
+fn init_writes_a_project_that_passes_on_first_run() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_bin(&["init"], &[], Some(dir.path()));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let again = run_bin(&["init"], &[], Some(dir.path()));
+    assert_eq!(again.status.code(), Some(1), "refuses to overwrite");
+    let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let out = run_bin(
+        &["run", "--manifest", "ecp_eval/manifest.yaml"],
+        &[("PATH", &path)],
+        Some(dir.path()),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("4/4 checks passed"));
+    let out = run_bin(&["conformance", "python3 ecp_eval/agent.py"], &[("PATH", &path)], Some(dir.path()));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn trend_flags_a_degrading_pass_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, passed) in [10, 9, 6].iter().enumerate() {
+        write(
+            dir.path(),
+            &format!("run-{i}.json"),
+            &format!("{{\"manifest\": \"m.yaml\", \"passed\": {passed}, \"total\": 10}}"),
+        );
+    }
+    write(dir.path(), "run-9.json", "not json");
+    let pattern = format!("{}/run-*.json", dir.path().display());
+    let out = run_bin(&["trend", &pattern, "--exit-on-regression"], &[], None);
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("DEGRADING") && text.contains("-0.200000"), "{text}");
+    let out = run_bin(&["trend", &pattern, "--window", "1", "--json"], &[], None);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["direction"], "stable");
+    let out = run_bin(&["trend", &format!("{}/none-*.json", dir.path().display())], &[], None);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn server_sent_event_responses_are_read() {
+    let Some(venv) = venv() else { return };
+    let port = free_port();
+    let child = Command::new(python(&venv))
+        .args([agent("sse_agent.py").as_str(), &port.to_string()])
+        .spawn()
+        .unwrap();
+    let _server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the SSE agent did not start listening");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(
+        dir.path(),
+        &format!("http://127.0.0.1:{port}/ecp"),
+        "scenarios:\n  - name: SSE\n    steps:\n      - input: hi\n        graders:\n          - {type: text_match, condition: equals, value: 'SSE echo: hi'}\n          - {type: tool_usage, tool_name: stream, arguments: {n: 1}}\n",
+    );
+    let (code, report, stderr) = run_json(dir.path(), &m, &[], &[]);
+    assert_eq!(code, 0, "{stderr}\n{report:#}");
+    let out = run_bin(&["conformance", &format!("http://127.0.0.1:{port}/ecp")], &[], None);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn agent_dies_when_the_runtime_is_killed() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let m = manifest(
+        dir.path(),
+        &format!("{} {} mute", python(&venv), agent("misbehaving_agent.py")),
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Mute\n    steps:\n      - input: one\n",
+            pid_file.display()
+        ),
+    );
+    let mut runtime = Command::new(bin())
+        .args(["run", "-m", &m, "--timeout", "600"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&pid_file).map(|s| s.lines().count()).unwrap_or(0) < 1 {
+        assert!(Instant::now() < deadline, "the agent did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SIGKILL: the runtime gets no chance to clean up; the kernel's parent-death signal does it.
+    runtime.kill().unwrap();
+    runtime.wait().unwrap();
+    assert_no_survivors(&pid_file);
+}
+
+#[test]
+fn agent_stderr_is_kept_bounded() {
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(
+        dir.path(),
+        &format!("{} {} chatty", python(&venv), agent("misbehaving_agent.py")),
+        "scenarios:\n  - name: Chatty\n    steps:\n      - input: a\n        graders: [{type: text_match, condition: equals, value: 'Echo: a'}]\n      - input: b\n",
+    );
+    let (code, report, _) = run_json(dir.path(), &m, &[], &[]);
+    assert_eq!(code, 0);
+    let stderr = report["scenarios"][0]["stderr"].as_str().unwrap();
+    assert!(stderr.len() <= 64 * 1024 + 100, "{} bytes kept", stderr.len());
+    assert!(
+        stderr.contains("earlier bytes dropped") && stderr.trim_end().ends_with(&"x".repeat(90)),
+        "the most recent output is kept"
+    );
+    assert!(stderr.contains("debug 01999"));
+}
