@@ -43,6 +43,9 @@ pub struct CollectArgs {
     /// Append one line per assertion result to this file (idempotent per trace, rule, assertion).
     #[arg(long)]
     pub results_jsonl: Option<PathBuf>,
+    /// Append every assembled Attest trace to this file, one per line (re-score it later with `--jsonl`).
+    #[arg(long)]
+    pub traces_out: Option<PathBuf>,
     /// Model prices (YAML/JSON: `models: {NAME: {input_per_million, output_per_million}}`).
     #[arg(long)]
     pub prices: Option<PathBuf>,
@@ -187,7 +190,23 @@ pub async fn run_collect(
     let rules = Arc::new(RuleSet::load(&args.rules, evaluator.as_ref())?);
     let prices = Arc::new(load_prices(&args.prices)?);
     let metrics = Arc::new(Metrics::default());
-    let pipeline = Arc::new(Pipeline { rules, metrics: metrics.clone(), sinks: sinks(&args.results_jsonl, history)?, prices });
+    let trace_archive = match &args.traces_out {
+        None => None,
+        Some(p) => Some(Mutex::new(std::io::BufWriter::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("--traces-out {}: cannot be opened for appending", p.display()))?,
+        ))),
+    };
+    let pipeline = Arc::new(Pipeline {
+        rules,
+        metrics: metrics.clone(),
+        sinks: sinks(&args.results_jsonl, history)?,
+        prices,
+        trace_archive,
+    });
     let publisher = match &args.nats {
         Some(url) => Some(Arc::new(distributed::Publisher::connect(url, &args.nats_opts).await?)),
         None => None,
@@ -345,6 +364,7 @@ pub async fn run_worker(
         metrics,
         sinks: sinks(&args.results_jsonl, history)?,
         prices: Arc::new(PriceTable::default()),
+        trace_archive: None,
     });
     match args.role {
         WorkerRole::Evaluate => distributed::run_evaluate(&args, pipeline).await?,

@@ -3,7 +3,8 @@
 //! embedded collector and the NATS workers.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -34,6 +35,8 @@ pub struct Pipeline {
     pub metrics: Arc<Metrics>,
     pub sinks: SharedSinks,
     pub prices: Arc<PriceTable>,
+    /// `--traces-out`: every assembled Attest trace, one per line (the format `--jsonl` reads back).
+    pub trace_archive: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
 }
 
 impl Pipeline {
@@ -43,6 +46,7 @@ impl Pipeline {
         match convert::convert(&closed.trace_id, &closed.spans, &self.prices) {
             Converted::Trace { trace, context } => {
                 self.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
+                self.archive(&trace);
                 self.select(trace, &context)
             }
             Converted::NoRoot => {
@@ -52,6 +56,19 @@ impl Pipeline {
             Converted::UnknownConvention => {
                 self.metrics.dropped(DropReason::UnknownConvention.as_str(), closed.spans.len() as u64);
                 None
+            }
+        }
+    }
+
+    fn archive(&self, trace: &Value) {
+        if let Some(w) = &self.trace_archive {
+            let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+            let written = serde_json::to_writer(&mut *w, trace).map_err(std::io::Error::from).and_then(|_| {
+                w.write_all(b"\n")?;
+                w.flush()
+            });
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "writing --traces-out failed");
             }
         }
     }

@@ -191,6 +191,12 @@ pub struct RuleSet {
     pub rules: Vec<Rule>,
 }
 
+impl std::fmt::Debug for RuleSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.rules.iter().map(|r| &r.name)).finish()
+    }
+}
+
 /// A refused rules file.
 #[derive(Debug)]
 pub struct RulesFileError(pub String);
