@@ -106,11 +106,15 @@ pub struct Collector {
 
 impl Collector {
     pub fn start(dir: &Path, rules: &str, extra: &[&str]) -> Collector {
+        Self::start_with_env(dir, rules, extra, &[])
+    }
+
+    pub fn start_with_env(dir: &Path, rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Collector {
         let rules_path = dir.join("rules.yaml");
         std::fs::write(&rules_path, rules).unwrap();
         let mut args = vec!["collect", "--rules", rules_path.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"];
         args.extend_from_slice(extra);
-        let mut proc = Proc::spawn(dir, "collector", &args, &[]);
+        let mut proc = Proc::spawn(dir, "collector", &args, env);
         let text = proc.wait_for("listening for OTLP/HTTP on ", 30);
         let url = text
             .lines()
@@ -154,4 +158,68 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+/// OTLP request building for tests, with the `opentelemetry-proto` types.
+pub mod otlp {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+
+    pub fn kv(key: &str, value: &str) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: Some(AnyValue { value: Some(any_value::Value::StringValue(value.into())) }),
+            ..Default::default()
+        }
+    }
+
+    pub fn span(trace: u8, id: u64, parent: Option<u64>, name: &str, attrs: Vec<KeyValue>) -> Span {
+        Span {
+            trace_id: vec![trace; 16],
+            span_id: (id + 1).to_be_bytes().to_vec(),
+            parent_span_id: parent.map(|p| (p + 1).to_be_bytes().to_vec()).unwrap_or_default(),
+            name: name.into(),
+            start_time_unix_nano: 1_700_000_000_000_000_000 + id * 1000,
+            end_time_unix_nano: 1_700_000_000_000_000_000 + id * 1000 + 500,
+            attributes: attrs,
+            ..Default::default()
+        }
+    }
+
+    /// An agent trace: invoke_agent root plus `tools` execute_tool spans (GenAI conventions).
+    pub fn agent_trace(trace: u8, tools: usize, tool_name: &str) -> Vec<Span> {
+        let mut spans = vec![span(
+            trace,
+            0,
+            None,
+            "invoke_agent refund-agent",
+            vec![
+                kv("gen_ai.operation.name", "invoke_agent"),
+                kv("gen_ai.agent.name", "refund-agent"),
+                kv("gen_ai.output.messages", r#"[{"role":"assistant","parts":[{"type":"text","content":"refund issued"}]}]"#),
+            ],
+        )];
+        for i in 0..tools {
+            spans.push(span(
+                trace,
+                i as u64 + 1,
+                Some(0),
+                "execute_tool",
+                vec![kv("gen_ai.operation.name", "execute_tool"), kv("gen_ai.tool.name", tool_name)],
+            ));
+        }
+        spans
+    }
+
+    pub fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource { attributes: vec![kv("service.name", "refund-service")], ..Default::default() }),
+                scope_spans: vec![ScopeSpans { spans, ..Default::default() }],
+                ..Default::default()
+            }],
+        }
+    }
 }
