@@ -313,8 +313,11 @@ async fn consume(
 pub(crate) async fn handle_item(pipeline: &Pipeline, publisher: Option<&distributed::Publisher>, item: WorkItem) {
     if let Some(p) = publisher {
         match p.publish(&item).await {
-            Ok(()) => {
+            Ok(duplicate) => {
                 pipeline.metrics.traces_published.fetch_add(1, Ordering::Relaxed);
+                if duplicate {
+                    pipeline.metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Err(e) => {
                 pipeline.metrics.dropped("publish_failed", 0);

@@ -119,10 +119,10 @@ impl Publisher {
         Ok(Publisher { js, names })
     }
 
-    pub async fn publish(&self, item: &WorkItem) -> anyhow::Result<()> {
+    /// Publishes a selected trace; returns true when the server already had it (duplicate).
+    pub async fn publish(&self, item: &WorkItem) -> anyhow::Result<bool> {
         let payload = serde_json::to_vec(item)?;
-        publish_with_id(&self.js, &self.names.traces_subject, item.trace_id(), payload).await?;
-        Ok(())
+        publish_with_id(&self.js, &self.names.traces_subject, item.trace_id(), payload).await
     }
 }
 

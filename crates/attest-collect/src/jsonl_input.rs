@@ -80,9 +80,10 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
 fn progress(pipeline: &Pipeline, lines: u64, malformed: u64, started: Instant) {
     let evaluated = pipeline.metrics.traces_evaluated.load(Ordering::Relaxed);
     let published = pipeline.metrics.traces_published.load(Ordering::Relaxed);
+    let duplicates = pipeline.metrics.publish_duplicates.load(Ordering::Relaxed);
     let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-3);
     eprintln!(
-        "attest-collect: --jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {published} published"
+        "attest-collect: --jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {published} published ({duplicates} already in the stream)"
     );
 }
 

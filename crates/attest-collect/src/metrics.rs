@@ -17,6 +17,8 @@ pub struct Metrics {
     pub traces_sampled: AtomicU64,
     pub traces_evaluated: AtomicU64,
     pub traces_published: AtomicU64,
+    /// Publishes the server dropped as duplicates (same trace id within the duplicate window).
+    pub publish_duplicates: AtomicU64,
     pub queue_depth: AtomicU64,
     /// Milliseconds between a trace closing and its evaluation starting (last seen).
     pub queue_lag_ms: AtomicU64,
@@ -86,6 +88,7 @@ impl Metrics {
         counter(&mut out, "attest_collect_traces_sampled_total", "Traces selected by at least one rule after sampling.", ld(&self.traces_sampled));
         counter(&mut out, "attest_collect_traces_evaluated_total", "Trace evaluations completed (one per trace and rule).", ld(&self.traces_evaluated));
         counter(&mut out, "attest_collect_traces_published_total", "Traces published to the NATS work stream.", ld(&self.traces_published));
+        counter(&mut out, "attest_collect_publish_duplicates_total", "Publishes dropped by the server as duplicates of a trace already in the stream.", ld(&self.publish_duplicates));
         counter(&mut out, "attest_collect_redeliveries_total", "Work messages received again after a failed or unacknowledged attempt.", ld(&self.redeliveries));
         counter(&mut out, "attest_collect_dead_lettered_total", "Work messages moved to the dead-letter subject.", ld(&self.dead_lettered));
         gauge(&mut out, "attest_collect_queue_depth", "Traces waiting for evaluation.", ld(&self.queue_depth) as f64);
