@@ -166,7 +166,11 @@ impl Assembler {
             let too_many = entry.spans.len() + 1 > self.limits.max_trace_spans;
             let too_large = entry.bytes + size > self.limits.max_trace_bytes;
             if too_many || too_large {
-                let reason = if too_many { DropReason::TooManySpans } else { DropReason::TraceTooLarge };
+                let reason = if too_many {
+                    DropReason::TooManySpans
+                } else {
+                    DropReason::TraceTooLarge
+                };
                 let dropped = self.remove(&trace_id).map(|t| t.spans.len() as u64).unwrap_or(0);
                 push_drop(&mut events, &trace_id, reason, dropped + 1);
                 self.remember_closed(trace_id, reason);
@@ -199,7 +203,11 @@ impl Assembler {
         for (_, id) in settled {
             if let Some(t) = self.remove(&id) {
                 self.remember_closed(id.clone(), DropReason::LateSpan);
-                events.ready.push(ClosedTrace { trace_id: id, spans: t.spans, early: false });
+                events.ready.push(ClosedTrace {
+                    trace_id: id,
+                    spans: t.spans,
+                    early: false,
+                });
             }
         }
         for id in orphans {
@@ -217,7 +225,11 @@ impl Assembler {
         for id in ids {
             if let Some(t) = self.remove(&id) {
                 if t.has_root {
-                    events.ready.push(ClosedTrace { trace_id: id, spans: t.spans, early: true });
+                    events.ready.push(ClosedTrace {
+                        trace_id: id,
+                        spans: t.spans,
+                        early: true,
+                    });
                 } else {
                     push_drop(&mut events, &id, DropReason::NoRoot, t.spans.len() as u64);
                 }
@@ -233,7 +245,11 @@ impl Assembler {
             self.bytes -= t.bytes;
             if t.has_root {
                 self.remember_closed(oldest.clone(), DropReason::LateSpan);
-                events.ready.push(ClosedTrace { trace_id: oldest, spans: t.spans, early: true });
+                events.ready.push(ClosedTrace {
+                    trace_id: oldest,
+                    spans: t.spans,
+                    early: true,
+                });
             } else {
                 push_drop(events, &oldest, DropReason::EvictedWithoutRoot, t.spans.len() as u64);
             }
@@ -266,7 +282,11 @@ fn push_drop(events: &mut Events, trace_id: &str, reason: DropReason, spans: u64
             return;
         }
     }
-    events.dropped.push(Dropped { trace_id: trace_id.to_string(), reason, spans });
+    events.dropped.push(Dropped {
+        trace_id: trace_id.to_string(),
+        reason,
+        spans,
+    });
 }
 
 #[cfg(test)]
@@ -314,7 +334,14 @@ mod tests {
         assert_eq!(ev.ready.len(), 1);
         assert_eq!(ev.ready[0].spans.len(), 2);
         let late = a.add(vec![span("t1", "c", Some("a"))], t0 + Duration::from_secs(4));
-        assert_eq!(late.dropped, vec![Dropped { trace_id: "t1".into(), reason: DropReason::LateSpan, spans: 1 }]);
+        assert_eq!(
+            late.dropped,
+            vec![Dropped {
+                trace_id: "t1".into(),
+                reason: DropReason::LateSpan,
+                spans: 1
+            }]
+        );
         assert_eq!(a.open_traces(), 0);
         assert_eq!(a.open_bytes(), 0);
     }
@@ -339,10 +366,22 @@ mod tests {
         let mut a = Assembler::new(limits());
         let t0 = Instant::now();
         let ev = a.add(
-            vec![span("t1", "a", None), span("t1", "b", Some("a")), span("t1", "c", Some("a")), span("t1", "d", Some("a"))],
+            vec![
+                span("t1", "a", None),
+                span("t1", "b", Some("a")),
+                span("t1", "c", Some("a")),
+                span("t1", "d", Some("a")),
+            ],
             t0,
         );
-        assert_eq!(ev.dropped, vec![Dropped { trace_id: "t1".into(), reason: DropReason::TooManySpans, spans: 4 }]);
+        assert_eq!(
+            ev.dropped,
+            vec![Dropped {
+                trace_id: "t1".into(),
+                reason: DropReason::TooManySpans,
+                spans: 4
+            }]
+        );
         let ev = a.add(vec![span("t1", "e", Some("a"))], t0);
         assert_eq!(ev.dropped[0].reason, DropReason::TooManySpans);
         let mut big = span("t2", "a", None);

@@ -133,7 +133,12 @@ pub struct WorkerArgs {
 fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
     let Some(p) = path else { return Ok(PriceTable::default()) };
     let text = std::fs::read_to_string(p).with_context(|| format!("--prices {}", p.display()))?;
-    serde_norway::from_str(&text).with_context(|| format!("--prices {}: expected `models: {{NAME: {{input_per_million, output_per_million}}}}`", p.display()))
+    serde_norway::from_str(&text).with_context(|| {
+        format!(
+            "--prices {}: expected `models: {{NAME: {{input_per_million, output_per_million}}}}`",
+            p.display()
+        )
+    })
 }
 
 fn sinks(results_jsonl: &Option<PathBuf>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<crate::SharedSinks> {
@@ -165,27 +170,30 @@ pub(crate) async fn shutdown_signal() {
 
 /// Runs the collector until SIGTERM (or the end of `--jsonl` input), then
 /// drains: open traces are evaluated, results flushed. Returns the exit code.
-pub async fn run_collect(
-    args: CollectArgs,
-    evaluator: Arc<dyn Evaluator>,
-    history: Option<Arc<dyn HistorySink>>,
-) -> anyhow::Result<i32> {
+pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
     if !args.otlp_http.ip().is_loopback() && !args.listen_public && args.jsonl.is_none() {
         bail!(
             "--otlp-http {} is not a loopback address: pass --listen-public to accept traces from other hosts (and consider --bearer-token-env)",
             args.otlp_http
         );
     }
-    for (name, v) in [("--concurrency", args.concurrency), ("--queue-capacity", args.queue_capacity), ("--max-inflight-requests", args.max_inflight_requests)] {
+    for (name, v) in [
+        ("--concurrency", args.concurrency),
+        ("--queue-capacity", args.queue_capacity),
+        ("--max-inflight-requests", args.max_inflight_requests),
+    ] {
         if v == 0 {
             bail!("{name} must be at least 1");
         }
     }
     let bearer_token = match &args.bearer_token_env {
         None => None,
-        Some(var) => Some(std::env::var(var).ok().filter(|t| !t.is_empty()).with_context(|| {
-            format!("--bearer-token-env {var}: the environment variable is not set or empty")
-        })?),
+        Some(var) => Some(
+            std::env::var(var)
+                .ok()
+                .filter(|t| !t.is_empty())
+                .with_context(|| format!("--bearer-token-env {var}: the environment variable is not set or empty"))?,
+        ),
     };
     let rules = Arc::new(RuleSet::load(&args.rules, evaluator.as_ref())?);
     let prices = Arc::new(load_prices(&args.prices)?);
@@ -295,7 +303,10 @@ async fn consume(
     while let Some((closed, closed_at)) = rx.recv().await {
         pipeline.metrics.queue_depth.store(rx.len() as u64, Ordering::Relaxed);
         let Ok(permit) = sem.clone().acquire_owned().await else { break };
-        pipeline.metrics.queue_lag_ms.store(closed_at.elapsed().as_millis() as u64, Ordering::Relaxed);
+        pipeline
+            .metrics
+            .queue_lag_ms
+            .store(closed_at.elapsed().as_millis() as u64, Ordering::Relaxed);
         let pipeline = pipeline.clone();
         let publisher = publisher.clone();
         tasks.spawn(async move {
@@ -340,17 +351,15 @@ pub(crate) async fn handle_item(pipeline: &Pipeline, publisher: Option<&distribu
 }
 
 /// Runs a NATS worker until SIGTERM; returns the exit code.
-pub async fn run_worker(
-    args: WorkerArgs,
-    evaluator: Arc<dyn Evaluator>,
-    history: Option<Arc<dyn HistorySink>>,
-) -> anyhow::Result<i32> {
+pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
     if args.concurrency == 0 {
         bail!("--concurrency must be at least 1");
     }
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = args.metrics_addr {
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics-addr {addr}"))?;
         let router = server::metrics_router(metrics.clone());
         tokio::spawn(async move { axum::serve(listener, router).await });
     }

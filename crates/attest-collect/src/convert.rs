@@ -55,7 +55,11 @@ pub fn classify(span: &Span) -> (SpanRole, Option<Convention>) {
         return (SpanRole::Tool, Some(Convention::GenAi));
     }
     if span.attributes.contains_key("gen_ai.system") || span.attributes.contains_key("gen_ai.provider.name") {
-        let role = if span.attributes.contains_key("gen_ai.request.model") { SpanRole::Llm } else { SpanRole::Passthrough };
+        let role = if span.attributes.contains_key("gen_ai.request.model") {
+            SpanRole::Llm
+        } else {
+            SpanRole::Passthrough
+        };
         return (role, Some(Convention::GenAi));
     }
     if span.attributes.contains_key("gen_ai.agent.name") {
@@ -92,9 +96,8 @@ impl PriceTable {
     }
 
     pub fn cost(&self, model: &str, input_tokens: u64, output_tokens: u64) -> Option<f64> {
-        self.price(model).map(|p| {
-            (input_tokens as f64 * p.input_per_million + output_tokens as f64 * p.output_per_million) / 1e6
-        })
+        self.price(model)
+            .map(|p| (input_tokens as f64 * p.input_per_million + output_tokens as f64 * p.output_per_million) / 1e6)
     }
 }
 
@@ -217,7 +220,11 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
     for (k, v) in root.resource.iter().chain(root.attributes.iter()) {
         attributes.insert(k.clone(), scalar_string(v));
     }
-    let context = MatchContext { agent_id, root_span_name: Some(root.name.clone()), attributes };
+    let context = MatchContext {
+        agent_id,
+        root_span_name: Some(root.name.clone()),
+        attributes,
+    };
     Converted::Trace { trace, context }
 }
 
@@ -230,7 +237,10 @@ fn scalar_string(v: &Value) -> String {
 
 impl<'a> Tree<'a> {
     fn kids(&self, idx: usize) -> &[usize] {
-        self.children.get(self.spans[idx].span_id.as_str()).map(Vec::as_slice).unwrap_or(&[])
+        self.children
+            .get(self.spans[idx].span_id.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
     }
 
     fn first_agent(&self, root: usize) -> Option<usize> {
@@ -316,9 +326,18 @@ impl<'a> Tree<'a> {
 
     fn llm_step(&self, span: &Span, totals: &mut Totals) -> Value {
         let model = first_str(span, &["gen_ai.request.model", "gen_ai.response.model", "llm.model_name"]);
-        let input_tokens = first_u64(span, &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"]);
-        let output_tokens =
-            first_u64(span, &["gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"]);
+        let input_tokens = first_u64(
+            span,
+            &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"],
+        );
+        let output_tokens = first_u64(
+            span,
+            &[
+                "gen_ai.usage.output_tokens",
+                "gen_ai.usage.completion_tokens",
+                "llm.token_count.completion",
+            ],
+        );
         let inputs = input_messages(span);
         let outputs = output_messages(span);
         let completion = outputs.iter().rev().find(|m| !m.content.is_empty()).map(|m| m.content.clone());
@@ -345,7 +364,11 @@ impl<'a> Tree<'a> {
             }
         }
         let provider = first_str(span, &["gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"]);
-        let prompt = inputs.iter().map(|m| format!("{}: {}", m.role, m.content)).collect::<Vec<_>>().join("\n");
+        let prompt = inputs
+            .iter()
+            .map(|m| format!("{}: {}", m.role, m.content))
+            .collect::<Vec<_>>()
+            .join("\n");
         let finish = span
             .attributes
             .get("gen_ai.response.finish_reasons")
@@ -435,7 +458,8 @@ fn as_object(v: Value, key: &str) -> Value {
 }
 
 fn first_str(span: &Span, keys: &[&str]) -> Option<String> {
-    keys.iter().find_map(|k| span.attr_str(k).filter(|s| !s.is_empty()).map(str::to_string))
+    keys.iter()
+        .find_map(|k| span.attr_str(k).filter(|s| !s.is_empty()).map(str::to_string))
 }
 
 fn first_value(span: &Span, keys: &[&str]) -> Option<Value> {
@@ -444,7 +468,9 @@ fn first_value(span: &Span, keys: &[&str]) -> Option<Value> {
 
 fn first_u64(span: &Span, keys: &[&str]) -> Option<u64> {
     keys.iter().find_map(|k| {
-        span.attributes.get(*k).and_then(|v| v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())))
+        span.attributes
+            .get(*k)
+            .and_then(|v| v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())))
     })
 }
 
@@ -500,7 +526,10 @@ fn genai_messages(span: &Span, key: &str) -> Vec<Message> {
 }
 
 fn genai_message(v: &Value) -> Message {
-    let mut m = Message { role: v["role"].as_str().unwrap_or("").to_string(), ..Default::default() };
+    let mut m = Message {
+        role: v["role"].as_str().unwrap_or("").to_string(),
+        ..Default::default()
+    };
     if let Some(parts) = v["parts"].as_array() {
         let mut texts = Vec::new();
         for p in parts {
@@ -541,7 +570,9 @@ fn indexed_messages(span: &Span, prefix: &str) -> Vec<Message> {
         };
         for j in 0..10_000 {
             let tp = format!("{p}tool_calls.{j}.tool_call.");
-            let Some(name) = span.attr_str(&format!("{tp}function.name")) else { break };
+            let Some(name) = span.attr_str(&format!("{tp}function.name")) else {
+                break;
+            };
             m.tool_calls.push(json!({
                 "id": span.attributes.get(&format!("{tp}id")),
                 "name": name,
@@ -585,7 +616,9 @@ fn legacy_genai(span: &Span, attr: &str, event: &str) -> Vec<Message> {
             break;
         }
         out.push(Message {
-            role: role.unwrap_or(if attr == "gen_ai.completion" { "assistant" } else { "" }).to_string(),
+            role: role
+                .unwrap_or(if attr == "gen_ai.completion" { "assistant" } else { "" })
+                .to_string(),
             content: content.unwrap_or("").to_string(),
             tool_calls: vec![],
         });
@@ -616,24 +649,57 @@ mod tests {
 
     fn prices() -> PriceTable {
         PriceTable {
-            models: [("gpt-4o".to_string(), ModelPrice { input_per_million: 1.0, output_per_million: 2.0 })].into(),
+            models: [(
+                "gpt-4o".to_string(),
+                ModelPrice {
+                    input_per_million: 1.0,
+                    output_per_million: 2.0,
+                },
+            )]
+            .into(),
         }
     }
 
     #[test]
     fn genai_older_names_with_nested_agent() {
         let spans = vec![
-            span("r", None, "invoke_agent planner", 0, json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner"})),
-            span("l1", Some("r"), "chat gpt-4o", 1, json!({
-                "gen_ai.system": "openai", "gen_ai.request.model": "gpt-4o-2024",
-                "gen_ai.usage.prompt_tokens": 100, "gen_ai.usage.completion_tokens": 50,
-                "gen_ai.prompt": "[{\"role\":\"user\",\"content\":\"plan a trip\"}]",
-                "gen_ai.completion": "[{\"role\":\"assistant\",\"content\":\"delegating\"}]"
-            })),
-            span("a2", Some("r"), "invoke_agent booker", 2, json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "booker"})),
-            span("t1", Some("a2"), "execute_tool book", 3, json!({"gen_ai.tool.name": "book", "gen_ai.tool.call.arguments": "{\"city\":\"Oslo\"}", "gen_ai.tool.call.result": "done"})),
+            span(
+                "r",
+                None,
+                "invoke_agent planner",
+                0,
+                json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner"}),
+            ),
+            span(
+                "l1",
+                Some("r"),
+                "chat gpt-4o",
+                1,
+                json!({
+                    "gen_ai.system": "openai", "gen_ai.request.model": "gpt-4o-2024",
+                    "gen_ai.usage.prompt_tokens": 100, "gen_ai.usage.completion_tokens": 50,
+                    "gen_ai.prompt": "[{\"role\":\"user\",\"content\":\"plan a trip\"}]",
+                    "gen_ai.completion": "[{\"role\":\"assistant\",\"content\":\"delegating\"}]"
+                }),
+            ),
+            span(
+                "a2",
+                Some("r"),
+                "invoke_agent booker",
+                2,
+                json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "booker"}),
+            ),
+            span(
+                "t1",
+                Some("a2"),
+                "execute_tool book",
+                3,
+                json!({"gen_ai.tool.name": "book", "gen_ai.tool.call.arguments": "{\"city\":\"Oslo\"}", "gen_ai.tool.call.result": "done"}),
+            ),
         ];
-        let Converted::Trace { trace, context } = convert("t", &spans, &prices()) else { panic!("not converted") };
+        let Converted::Trace { trace, context } = convert("t", &spans, &prices()) else {
+            panic!("not converted")
+        };
         assert_eq!(trace["agent_id"], "planner");
         assert_eq!(context.agent_id.as_deref(), Some("planner"));
         assert_eq!(trace["input"]["user_message"], "plan a trip");
@@ -652,18 +718,38 @@ mod tests {
     #[test]
     fn openinference_retriever_and_root_io() {
         let spans = vec![
-            span("r", None, "rag", 0, json!({"openinference.span.kind": "CHAIN", "input.value": "q?", "output.value": "a!"})),
-            span("x", Some("r"), "retrieve", 1, json!({
-                "openinference.span.kind": "RETRIEVER", "input.value": "q?",
-                "retrieval.documents.0.document.id": "d1", "retrieval.documents.0.document.content": "text", "retrieval.documents.0.document.score": 0.5
-            })),
-            span("l", Some("r"), "ChatCompletion", 2, json!({
-                "openinference.span.kind": "LLM", "llm.model_name": "m",
-                "llm.token_count.prompt": 3, "llm.token_count.completion": 4,
-                "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "a!"
-            })),
+            span(
+                "r",
+                None,
+                "rag",
+                0,
+                json!({"openinference.span.kind": "CHAIN", "input.value": "q?", "output.value": "a!"}),
+            ),
+            span(
+                "x",
+                Some("r"),
+                "retrieve",
+                1,
+                json!({
+                    "openinference.span.kind": "RETRIEVER", "input.value": "q?",
+                    "retrieval.documents.0.document.id": "d1", "retrieval.documents.0.document.content": "text", "retrieval.documents.0.document.score": 0.5
+                }),
+            ),
+            span(
+                "l",
+                Some("r"),
+                "ChatCompletion",
+                2,
+                json!({
+                    "openinference.span.kind": "LLM", "llm.model_name": "m",
+                    "llm.token_count.prompt": 3, "llm.token_count.completion": 4,
+                    "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "a!"
+                }),
+            ),
         ];
-        let Converted::Trace { trace, .. } = convert("t", &spans, &PriceTable::default()) else { panic!() };
+        let Converted::Trace { trace, .. } = convert("t", &spans, &PriceTable::default()) else {
+            panic!()
+        };
         assert_eq!(trace["input"]["user_message"], "q?");
         assert_eq!(trace["output"]["message"], "a!");
         assert_eq!(trace["steps"][0]["type"], "retrieval");

@@ -84,7 +84,11 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
             duplicate_window: DUPLICATE_WINDOW,
             // Bounded like everything else: 1 GiB per stream, oldest results go first.
             max_bytes: 1 << 30,
-            discard: if retention == stream::RetentionPolicy::WorkQueue { stream::DiscardPolicy::New } else { stream::DiscardPolicy::Old },
+            discard: if retention == stream::RetentionPolicy::WorkQueue {
+                stream::DiscardPolicy::New
+            } else {
+                stream::DiscardPolicy::Old
+            },
             ..Default::default()
         })
         .await
@@ -158,7 +162,10 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
         .messages()
         .await
         .context("pulling from the work stream")?;
-    eprintln!("attest-collect worker: evaluating from {} (consumer {})", names.traces_stream, names.workers_consumer);
+    eprintln!(
+        "attest-collect worker: evaluating from {} (consumer {})",
+        names.traces_stream, names.workers_consumer
+    );
     let fault_after: Option<u64> = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse().ok());
     let published = Arc::new(AtomicU64::new(0));
     let sem = Arc::new(Semaphore::new(args.concurrency));
@@ -280,7 +287,10 @@ impl WorkerCtx {
             Ok(Ok(_)) => {
                 self.pipeline.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 msg.double_ack_with(AckKind::Term).await.map_err(|e| anyhow::anyhow!("term: {e}"))?;
-                eprintln!("attest-collect worker: trace {trace_id} moved to {} ({why})", self.names.dead_subject);
+                eprintln!(
+                    "attest-collect worker: trace {trace_id} moved to {} ({why})",
+                    self.names.dead_subject
+                );
                 Ok(())
             }
             _ => anyhow::bail!("trace {trace_id}: could not dead-letter; it will be redelivered"),

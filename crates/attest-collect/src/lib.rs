@@ -114,19 +114,12 @@ impl std::error::Error for EvalError {}
 /// Turns a rule's assertion objects into a runnable [`Suite`]; called once per
 /// rule at start-up so that a bad rules file is refused before any traffic.
 pub trait Evaluator: Send + Sync + 'static {
-    fn compile(
-        &self,
-        rule: &str,
-        assertions: &[serde_json::Value],
-    ) -> Result<Arc<dyn Suite>, RuleError>;
+    fn compile(&self, rule: &str, assertions: &[serde_json::Value]) -> Result<Arc<dyn Suite>, RuleError>;
 }
 
 /// A compiled rule: evaluates Attest traces (protocol §3 shape).
 pub trait Suite: Send + Sync + 'static {
-    fn evaluate<'a>(
-        &'a self,
-        trace: &'a serde_json::Value,
-    ) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>;
+    fn evaluate<'a>(&'a self, trace: &'a serde_json::Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>;
 
     /// Paid model calls (judge or embedding) one evaluation makes at most; the
     /// per-rule budget is checked against it before evaluating. 0 = free layers only.

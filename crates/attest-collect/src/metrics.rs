@@ -58,7 +58,12 @@ impl Metrics {
     }
 
     pub fn dropped_count(&self, reason: &str) -> u64 {
-        self.dropped.lock().unwrap_or_else(|e| e.into_inner()).get(reason).copied().unwrap_or(0)
+        self.dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(reason)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn observe_latency(&self, d: Duration) {
@@ -82,19 +87,84 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        counter(&mut out, "attest_collect_spans_received_total", "Spans accepted by the OTLP receiver.", ld(&self.spans_received));
-        counter(&mut out, "attest_collect_traces_received_total", "Traces closed by the assembler (or read from JSONL).", ld(&self.traces_assembled));
-        counter(&mut out, "attest_collect_traces_assembled_total", "Traces converted to Attest traces.", ld(&self.traces_assembled));
-        counter(&mut out, "attest_collect_traces_sampled_total", "Traces selected by at least one rule after sampling.", ld(&self.traces_sampled));
-        counter(&mut out, "attest_collect_traces_evaluated_total", "Trace evaluations completed (one per trace and rule).", ld(&self.traces_evaluated));
-        counter(&mut out, "attest_collect_traces_published_total", "Traces published to the NATS work stream.", ld(&self.traces_published));
-        counter(&mut out, "attest_collect_publish_duplicates_total", "Publishes dropped by the server as duplicates of a trace already in the stream.", ld(&self.publish_duplicates));
-        counter(&mut out, "attest_collect_redeliveries_total", "Work messages received again after a failed or unacknowledged attempt.", ld(&self.redeliveries));
-        counter(&mut out, "attest_collect_dead_lettered_total", "Work messages moved to the dead-letter subject.", ld(&self.dead_lettered));
-        gauge(&mut out, "attest_collect_queue_depth", "Traces waiting for evaluation.", ld(&self.queue_depth) as f64);
-        gauge(&mut out, "attest_collect_queue_lag_seconds", "Wait between a trace closing and its evaluation starting (latest).", ld(&self.queue_lag_ms) as f64 / 1000.0);
-        gauge(&mut out, "attest_collect_open_traces", "Traces being assembled.", ld(&self.open_traces) as f64);
-        gauge(&mut out, "attest_collect_open_bytes", "Approximate bytes held by traces being assembled.", ld(&self.open_bytes) as f64);
+        counter(
+            &mut out,
+            "attest_collect_spans_received_total",
+            "Spans accepted by the OTLP receiver.",
+            ld(&self.spans_received),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_received_total",
+            "Traces closed by the assembler (or read from JSONL).",
+            ld(&self.traces_assembled),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_assembled_total",
+            "Traces converted to Attest traces.",
+            ld(&self.traces_assembled),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_sampled_total",
+            "Traces selected by at least one rule after sampling.",
+            ld(&self.traces_sampled),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_evaluated_total",
+            "Trace evaluations completed (one per trace and rule).",
+            ld(&self.traces_evaluated),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_published_total",
+            "Traces published to the NATS work stream.",
+            ld(&self.traces_published),
+        );
+        counter(
+            &mut out,
+            "attest_collect_publish_duplicates_total",
+            "Publishes dropped by the server as duplicates of a trace already in the stream.",
+            ld(&self.publish_duplicates),
+        );
+        counter(
+            &mut out,
+            "attest_collect_redeliveries_total",
+            "Work messages received again after a failed or unacknowledged attempt.",
+            ld(&self.redeliveries),
+        );
+        counter(
+            &mut out,
+            "attest_collect_dead_lettered_total",
+            "Work messages moved to the dead-letter subject.",
+            ld(&self.dead_lettered),
+        );
+        gauge(
+            &mut out,
+            "attest_collect_queue_depth",
+            "Traces waiting for evaluation.",
+            ld(&self.queue_depth) as f64,
+        );
+        gauge(
+            &mut out,
+            "attest_collect_queue_lag_seconds",
+            "Wait between a trace closing and its evaluation starting (latest).",
+            ld(&self.queue_lag_ms) as f64 / 1000.0,
+        );
+        gauge(
+            &mut out,
+            "attest_collect_open_traces",
+            "Traces being assembled.",
+            ld(&self.open_traces) as f64,
+        );
+        gauge(
+            &mut out,
+            "attest_collect_open_bytes",
+            "Approximate bytes held by traces being assembled.",
+            ld(&self.open_bytes) as f64,
+        );
         let _ = writeln!(out, "# HELP attest_collect_requests_total OTLP/HTTP export requests by response status.\n# TYPE attest_collect_requests_total counter");
         for ((status, enc), v) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "attest_collect_requests_total{{code=\"{status}\",encoding=\"{enc}\"}} {v}");
@@ -103,17 +173,34 @@ impl Metrics {
         for (reason, v) in self.dropped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "attest_collect_traces_dropped_total{{reason=\"{reason}\"}} {v}");
         }
-        let _ = writeln!(out, "# HELP attest_collect_spans_dropped_total Spans not evaluated, by reason.\n# TYPE attest_collect_spans_dropped_total counter");
+        let _ = writeln!(
+            out,
+            "# HELP attest_collect_spans_dropped_total Spans not evaluated, by reason.\n# TYPE attest_collect_spans_dropped_total counter"
+        );
         for (reason, v) in self.dropped_spans.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "attest_collect_spans_dropped_total{{reason=\"{reason}\"}} {v}");
         }
-        let _ = writeln!(out, "# HELP attest_collect_results_total Assertion results by rule and status.\n# TYPE attest_collect_results_total counter");
+        let _ = writeln!(
+            out,
+            "# HELP attest_collect_results_total Assertion results by rule and status.\n# TYPE attest_collect_results_total counter"
+        );
         for ((rule, status), v) in self.results.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "attest_collect_results_total{{rule=\"{}\",status=\"{status}\"}} {v}", label(rule));
+            let _ = writeln!(
+                out,
+                "attest_collect_results_total{{rule=\"{}\",status=\"{status}\"}} {v}",
+                label(rule)
+            );
         }
-        let _ = writeln!(out, "# HELP attest_collect_rule_events_total Per-rule events other than verdicts.\n# TYPE attest_collect_rule_events_total counter");
+        let _ = writeln!(
+            out,
+            "# HELP attest_collect_rule_events_total Per-rule events other than verdicts.\n# TYPE attest_collect_rule_events_total counter"
+        );
         for ((rule, event), v) in self.rule_events.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "attest_collect_rule_events_total{{rule=\"{}\",event=\"{event}\"}} {v}", label(rule));
+            let _ = writeln!(
+                out,
+                "attest_collect_rule_events_total{{rule=\"{}\",event=\"{event}\"}} {v}",
+                label(rule)
+            );
         }
         let h = self.latency.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# HELP attest_collect_evaluation_seconds Time to evaluate one trace against one rule.\n# TYPE attest_collect_evaluation_seconds histogram");
@@ -121,7 +208,11 @@ impl Metrics {
             let _ = writeln!(out, "attest_collect_evaluation_seconds_bucket{{le=\"{b}\"}} {}", h.0[i]);
         }
         let _ = writeln!(out, "attest_collect_evaluation_seconds_bucket{{le=\"+Inf\"}} {}", h.1);
-        let _ = writeln!(out, "attest_collect_evaluation_seconds_sum {}\nattest_collect_evaluation_seconds_count {}", h.2, h.1);
+        let _ = writeln!(
+            out,
+            "attest_collect_evaluation_seconds_sum {}\nattest_collect_evaluation_seconds_count {}",
+            h.2, h.1
+        );
         out
     }
 }

@@ -6,9 +6,7 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use prost::Message;
 use serde_json::{Map, Value};
@@ -95,11 +93,7 @@ pub struct Decoded {
 }
 
 /// Undoes `Content-Encoding: gzip`, refusing bodies that inflate past `max_bytes`.
-pub fn decompress(
-    body: &[u8],
-    content_encoding: Option<&str>,
-    max_bytes: usize,
-) -> Result<Vec<u8>, BadPayload> {
+pub fn decompress(body: &[u8], content_encoding: Option<&str>, max_bytes: usize) -> Result<Vec<u8>, BadPayload> {
     match content_encoding.map(|e| e.trim().to_ascii_lowercase()) {
         None => Ok(body.to_vec()),
         Some(e) if e.is_empty() || e == "identity" => Ok(body.to_vec()),
@@ -173,7 +167,10 @@ fn flatten(request: ExportTraceServiceRequest) -> Decoded {
                 let events: Vec<SpanEvent> = span
                     .events
                     .into_iter()
-                    .map(|e| SpanEvent { name: e.name, attributes: attributes_to_json(e.attributes) })
+                    .map(|e| SpanEvent {
+                        name: e.name,
+                        attributes: attributes_to_json(e.attributes),
+                    })
                     .collect();
                 let size_bytes = 256
                     + span.name.len()
@@ -221,10 +218,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 pub(crate) fn attributes_to_json(attributes: Vec<KeyValue>) -> Map<String, Value> {
-    attributes
-        .into_iter()
-        .map(|kv| (kv.key, any_to_json(kv.value)))
-        .collect()
+    attributes.into_iter().map(|kv| (kv.key, any_to_json(kv.value))).collect()
 }
 
 fn any_to_json(value: Option<AnyValue>) -> Value {
@@ -267,8 +261,11 @@ pub fn success_body(encoding: Encoding, rejected: u64, message: Option<String>) 
 /// Body of an error response (`google.rpc.Status`) in the request's encoding.
 pub fn error_body(encoding: Encoding, grpc_code: i32, message: &str) -> Vec<u8> {
     match encoding {
-        Encoding::Protobuf => RpcStatus { code: grpc_code, message: message.to_string() }.encode_to_vec(),
-        Encoding::Json => serde_json::to_vec(&serde_json::json!({"code": grpc_code, "message": message}))
-            .unwrap_or_default(),
+        Encoding::Protobuf => RpcStatus {
+            code: grpc_code,
+            message: message.to_string(),
+        }
+        .encode_to_vec(),
+        Encoding::Json => serde_json::to_vec(&serde_json::json!({"code": grpc_code, "message": message})).unwrap_or_default(),
     }
 }

@@ -2,8 +2,8 @@
 //! deterministic sampling, per-rule budgets, evaluation, sinks. Shared by the
 //! embedded collector and the NATS workers.
 
-use std::sync::atomic::Ordering;
 use std::io::Write;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -54,7 +54,8 @@ impl Pipeline {
                 None
             }
             Converted::UnknownConvention => {
-                self.metrics.dropped(DropReason::UnknownConvention.as_str(), closed.spans.len() as u64);
+                self.metrics
+                    .dropped(DropReason::UnknownConvention.as_str(), closed.spans.len() as u64);
                 None
             }
         }
@@ -134,7 +135,11 @@ impl Pipeline {
             let evaluated_at = crate::now_rfc3339();
             for o in outcomes {
                 records.push(ResultRecord {
-                    key: ResultKey { trace_id: trace_id.clone(), rule: name.clone(), assertion_id: o.assertion_id },
+                    key: ResultKey {
+                        trace_id: trace_id.clone(),
+                        rule: name.clone(),
+                        assertion_id: o.assertion_id,
+                    },
                     assertion_type: o.assertion_type,
                     status: o.status,
                     score: o.score,

@@ -106,7 +106,10 @@ impl Rule {
         };
         field(&self.agent_id, &ctx.agent_id)
             && field(&self.root_span, &ctx.root_span_name)
-            && self.attributes.iter().all(|(k, m)| ctx.attributes.get(k).map(|v| m.matches(v)).unwrap_or(false))
+            && self
+                .attributes
+                .iter()
+                .all(|(k, m)| ctx.attributes.get(k).map(|v| m.matches(v)).unwrap_or(false))
     }
 }
 
@@ -140,7 +143,14 @@ struct BudgetState {
 
 impl Budget {
     fn new(spec: BudgetSpec) -> Self {
-        Budget { spec, state: Mutex::new(BudgetState { calls: VecDeque::new(), day: 0, usd_today: 0.0 }) }
+        Budget {
+            spec,
+            state: Mutex::new(BudgetState {
+                calls: VecDeque::new(),
+                day: 0,
+                usd_today: 0.0,
+            }),
+        }
     }
 
     fn today() -> u64 {
@@ -157,7 +167,11 @@ impl Budget {
         }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        while s.calls.front().is_some_and(|(t, _)| now.duration_since(*t) >= Duration::from_secs(60)) {
+        while s
+            .calls
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) >= Duration::from_secs(60))
+        {
             s.calls.pop_front();
         }
         let day = Self::today();
@@ -213,8 +227,8 @@ const RULE_FIELDS: &str = "name, match, sample_rate, budget, assertions";
 
 impl RuleSet {
     pub fn load(path: &Path, evaluator: &dyn Evaluator) -> Result<RuleSet, RulesFileError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| RulesFileError(format!("rules file {}: cannot be read: {e}", path.display())))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| RulesFileError(format!("rules file {}: cannot be read: {e}", path.display())))?;
         let is_json = path.extension().is_some_and(|e| e == "json");
         Self::parse(&text, is_json, evaluator).map_err(|e| RulesFileError(format!("rules file {}: {}", path.display(), e.0)))
     }
@@ -247,16 +261,22 @@ impl RuleSet {
                 return Err(err("name", "must not be empty".into()));
             }
             if !seen.insert(spec.name.clone()) {
-                return Err(err("name", "another rule has the same name; names key the results and must be unique".into()));
+                return Err(err(
+                    "name",
+                    "another rule has the same name; names key the results and must be unique".into(),
+                ));
             }
             if !(0.0..=1.0).contains(&spec.sample_rate) || spec.sample_rate.is_nan() {
                 return Err(err("sample_rate", format!("{} is outside 0.0..=1.0", spec.sample_rate)));
             }
             if spec.assertions.is_empty() {
-                return Err(err("assertions", "is empty: list at least one evaluate_batch assertion object".into()));
+                return Err(err(
+                    "assertions",
+                    "is empty: list at least one evaluate_batch assertion object".into(),
+                ));
             }
             if let Some(b) = &spec.budget {
-                if b.usd_per_day.is_some_and(|u| !(u >= 0.0)) {
+                if b.usd_per_day.is_some_and(|u| u.is_nan() || u < 0.0) {
                     return Err(err("budget.usd_per_day", "must be a number >= 0".into()));
                 }
             }
@@ -264,8 +284,14 @@ impl RuleSet {
                 match m {
                     None => Ok(None),
                     Some(ValueMatchSpec::Equals(s)) => Ok(Some(ValueMatch::Equals(s))),
-                    Some(ValueMatchSpec::Op(OpSpec { equals: Some(s), regex: None })) => Ok(Some(ValueMatch::Equals(s))),
-                    Some(ValueMatchSpec::Op(OpSpec { equals: None, regex: Some(r) })) => Regex::new(&r)
+                    Some(ValueMatchSpec::Op(OpSpec {
+                        equals: Some(s),
+                        regex: None,
+                    })) => Ok(Some(ValueMatch::Equals(s))),
+                    Some(ValueMatchSpec::Op(OpSpec {
+                        equals: None,
+                        regex: Some(r),
+                    })) => Regex::new(&r)
                         .map(|r| Some(ValueMatch::Regex(r)))
                         .map_err(|e| err(field, format!("invalid regex: {e}"))),
                     Some(_) => Err(err(field, "give exactly one of `equals` or `regex`".into())),
@@ -282,13 +308,15 @@ impl RuleSet {
                     attributes.push((k, m));
                 }
             }
-            let suite = evaluator.compile(&spec.name, &spec.assertions).map_err(|e| err(&e.field, {
-                let mut m = e.message.clone();
-                if !e.valid_choices.is_empty() {
-                    m.push_str(&format!(" (valid choices: {})", e.valid_choices.join(", ")));
-                }
-                m
-            }))?;
+            let suite = evaluator.compile(&spec.name, &spec.assertions).map_err(|e| {
+                err(&e.field, {
+                    let mut m = e.message.clone();
+                    if !e.valid_choices.is_empty() {
+                        m.push_str(&format!(" (valid choices: {})", e.valid_choices.join(", ")));
+                    }
+                    m
+                })
+            })?;
             rules.push(Rule {
                 name: spec.name,
                 agent_id,
@@ -322,7 +350,11 @@ mod tests {
     impl Evaluator for Any {
         fn compile(&self, _: &str, a: &[Value]) -> Result<Arc<dyn Suite>, RuleError> {
             if a[0]["type"] == "bogus" {
-                return Err(RuleError { field: "assertions[0].type".into(), message: "unknown type 'bogus'".into(), valid_choices: vec!["trace".into()] });
+                return Err(RuleError {
+                    field: "assertions[0].type".into(),
+                    message: "unknown type 'bogus'".into(),
+                    valid_choices: vec!["trace".into()],
+                });
             }
             Ok(Arc::new(Noop))
         }
@@ -336,7 +368,11 @@ mod tests {
     fn matching_and_sampling() {
         let set = parse("rules:\n- name: r\n  match: {agent_id: a, root_span: {regex: '^invoke'}, attributes: {service.name: svc}}\n  sample_rate: 0.5\n  assertions: [{type: trace}]\n").unwrap();
         let r = &set.rules[0];
-        let mut ctx = MatchContext { agent_id: Some("a".into()), root_span_name: Some("invoke_agent a".into()), attributes: Default::default() };
+        let mut ctx = MatchContext {
+            agent_id: Some("a".into()),
+            root_span_name: Some("invoke_agent a".into()),
+            attributes: Default::default(),
+        };
         assert!(!r.matches(&ctx), "attribute missing");
         ctx.attributes.insert("service.name".into(), "svc".into());
         assert!(r.matches(&ctx));
@@ -350,7 +386,10 @@ mod tests {
     #[test]
     fn errors_name_rule_field_and_choices() {
         let e = parse("rules:\n- name: r1\n  smaple_rate: 1\n  assertions: [{type: trace}]\n").unwrap_err();
-        assert!(e.contains("rule #1 'r1'") && e.contains("smaple_rate") && e.contains("sample_rate"), "{e}");
+        assert!(
+            e.contains("rule #1 'r1'") && e.contains("smaple_rate") && e.contains("sample_rate"),
+            "{e}"
+        );
         let e = parse("rules:\n- name: r1\n  assertions: [{type: bogus}]\n").unwrap_err();
         assert!(e.contains("assertions[0].type") && e.contains("valid choices: trace"), "{e}");
         let e = parse("rules:\n- name: r1\n  match: {agent_id: {regex: '('}}\n  assertions: [{type: trace}]\n").unwrap_err();
@@ -365,12 +404,18 @@ mod tests {
 
     #[test]
     fn budget_limits_calls_per_minute_and_usd_per_day() {
-        let b = Budget::new(BudgetSpec { judge_calls_per_minute: Some(3), usd_per_day: Some(1.0) });
+        let b = Budget::new(BudgetSpec {
+            judge_calls_per_minute: Some(3),
+            usd_per_day: Some(1.0),
+        });
         assert!(b.try_reserve(2));
         assert!(!b.try_reserve(2));
         assert!(b.try_reserve(1));
         assert!(b.try_reserve(0), "free suites are never limited");
-        let b = Budget::new(BudgetSpec { judge_calls_per_minute: None, usd_per_day: Some(1.0) });
+        let b = Budget::new(BudgetSpec {
+            judge_calls_per_minute: None,
+            usd_per_day: Some(1.0),
+        });
         assert!(b.try_reserve(1));
         b.spend(1.5);
         assert!(!b.try_reserve(1));

@@ -124,8 +124,7 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
         return reply(StatusCode::SERVICE_UNAVAILABLE, encoding, body, Some(2));
     }
     let content_encoding = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok());
-    let decoded = otlp::decompress(&body, content_encoding, state.max_request_bytes)
-        .and_then(|raw| otlp::decode(&raw, encoding));
+    let decoded = otlp::decompress(&body, content_encoding, state.max_request_bytes).and_then(|raw| otlp::decode(&raw, encoding));
     let decoded = match decoded {
         Ok(d) => d,
         Err(e) => {
@@ -142,5 +141,10 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     };
     state.dispatch(events);
     state.metrics.request(200, label);
-    reply(StatusCode::OK, encoding, otlp::success_body(encoding, decoded.rejected, decoded.reject_reason), None)
+    reply(
+        StatusCode::OK,
+        encoding,
+        otlp::success_body(encoding, decoded.rejected, decoded.reject_reason),
+        None,
+    )
 }

@@ -48,7 +48,13 @@ impl JsonlSink {
             .map_err(|e| anyhow::anyhow!("--results-jsonl {}: cannot be opened for appending: {e}", path.display()))?;
         Ok(JsonlSink {
             path: path.to_path_buf(),
-            inner: Mutex::new(Inner { file: std::io::BufWriter::new(file), seen, order, written: 0, duplicates: 0 }),
+            inner: Mutex::new(Inner {
+                file: std::io::BufWriter::new(file),
+                seen,
+                order,
+                written: 0,
+                duplicates: 0,
+            }),
         })
     }
 
@@ -110,7 +116,11 @@ mod tests {
 
     fn rec(trace: &str, a: &str) -> ResultRecord {
         ResultRecord {
-            key: ResultKey { trace_id: trace.into(), rule: "r".into(), assertion_id: a.into() },
+            key: ResultKey {
+                trace_id: trace.into(),
+                rule: "r".into(),
+                assertion_id: a.into(),
+            },
             assertion_type: "trace".into(),
             status: Status::Pass,
             score: 1.0,
@@ -138,7 +148,17 @@ mod tests {
         let text = std::fs::read_to_string(&p).unwrap();
         assert_eq!(text.lines().count(), 3);
         let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
-        for f in ["trace_id", "rule", "assertion_id", "type", "status", "score", "explanation", "agent_id", "evaluated_at"] {
+        for f in [
+            "trace_id",
+            "rule",
+            "assertion_id",
+            "type",
+            "status",
+            "score",
+            "explanation",
+            "agent_id",
+            "evaluated_at",
+        ] {
             assert!(first.get(f).is_some(), "missing {f}");
         }
     }

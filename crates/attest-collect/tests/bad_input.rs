@@ -11,7 +11,10 @@ use support::otlp::{agent_trace, kv, request, span};
 use support::{metric, read_jsonl, Collector, Proc, RULES};
 
 async fn post(url: &str, content_type: &str, encoding: Option<&str>, body: Vec<u8>) -> reqwest::Response {
-    let mut req = reqwest::Client::new().post(format!("{url}/v1/traces")).header("content-type", content_type).body(body);
+    let mut req = reqwest::Client::new()
+        .post(format!("{url}/v1/traces"))
+        .header("content-type", content_type)
+        .body(body);
     if let Some(e) = encoding {
         req = req.header("content-encoding", e);
     }
@@ -28,7 +31,11 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 async fn malformed_payloads_get_otlp_answers_and_good_ones_still_work() {
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results.jsonl");
-    let c = Collector::start(dir.path(), RULES, &["--settle-ms", "200", "--results-jsonl", results.to_str().unwrap()]);
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &["--settle-ms", "200", "--results-jsonl", results.to_str().unwrap()],
+    );
 
     let r = post(&c.url, "text/plain", None, b"hello".to_vec()).await;
     assert_eq!(r.status(), 415);
@@ -47,7 +54,10 @@ async fn malformed_payloads_get_otlp_answers_and_good_ones_still_work() {
     let r = post(&c.url, "application/json", Some("br"), b"{}".to_vec()).await;
     assert_eq!(r.status(), 400);
     let body: serde_json::Value = r.json().await.unwrap();
-    assert!(body["message"].as_str().unwrap().contains("valid choices: gzip, identity"), "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("valid choices: gzip, identity"),
+        "{body}"
+    );
 
     let r = post(&c.url, "application/x-protobuf", Some("gzip"), b"not gzip at all".to_vec()).await;
     assert_eq!(r.status(), 400);
@@ -65,9 +75,21 @@ async fn malformed_payloads_get_otlp_answers_and_good_ones_still_work() {
     assert!(body["partialSuccess"]["errorMessage"].as_str().unwrap().contains("trace id"));
 
     let m = c.wait_metric("attest_collect_traces_evaluated_total", 1.0, 20).await;
-    assert_eq!(metric(&m, r#"attest_collect_requests_total{code="400",encoding="protobuf"}"#), 2.0, "{m}");
-    assert_eq!(metric(&m, r#"attest_collect_requests_total{code="400",encoding="json"}"#), 2.0, "{m}");
-    assert_eq!(metric(&m, r#"attest_collect_requests_total{code="415",encoding="unknown"}"#), 1.0, "{m}");
+    assert_eq!(
+        metric(&m, r#"attest_collect_requests_total{code="400",encoding="protobuf"}"#),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_requests_total{code="400",encoding="json"}"#),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_requests_total{code="415",encoding="unknown"}"#),
+        1.0,
+        "{m}"
+    );
     let (code, stderr) = c.proc.terminate();
     assert_eq!(code, 0, "{stderr}");
     let results = read_jsonl(&results);
@@ -96,10 +118,14 @@ async fn trace_limits_are_counted_outcomes() {
         dir.path(),
         RULES,
         &[
-            "--settle-ms", "300",
-            "--orphan-timeout-ms", "600",
-            "--max-trace-bytes", "8000000",
-            "--results-jsonl", results.to_str().unwrap(),
+            "--settle-ms",
+            "300",
+            "--orphan-timeout-ms",
+            "600",
+            "--max-trace-bytes",
+            "8000000",
+            "--results-jsonl",
+            results.to_str().unwrap(),
         ],
     );
     let send = |spans| {
@@ -122,16 +148,34 @@ async fn trace_limits_are_counted_outcomes() {
     // Spans of no known convention.
     send(vec![span(5, 0, None, "GET /orders", vec![kv("http.request.method", "GET")])]).await;
 
-    let m = c.wait_metric(r#"attest_collect_traces_dropped_total{reason="no_root"}"#, 1.0, 20).await;
+    let m = c
+        .wait_metric(r#"attest_collect_traces_dropped_total{reason="no_root"}"#, 1.0, 20)
+        .await;
     let m = if metric(&m, "attest_collect_traces_evaluated_total") < 1.0 {
         c.wait_metric("attest_collect_traces_evaluated_total", 1.0, 20).await
     } else {
         m
     };
-    assert_eq!(metric(&m, r#"attest_collect_traces_dropped_total{reason="too_many_spans"}"#), 1.0, "{m}");
-    assert_eq!(metric(&m, r#"attest_collect_spans_dropped_total{reason="too_many_spans"}"#), 10_001.0, "{m}");
-    assert_eq!(metric(&m, r#"attest_collect_traces_dropped_total{reason="trace_too_large"}"#), 1.0, "{m}");
-    assert_eq!(metric(&m, r#"attest_collect_traces_dropped_total{reason="unknown_convention"}"#), 1.0, "{m}");
+    assert_eq!(
+        metric(&m, r#"attest_collect_traces_dropped_total{reason="too_many_spans"}"#),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_spans_dropped_total{reason="too_many_spans"}"#),
+        10_001.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_traces_dropped_total{reason="trace_too_large"}"#),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_traces_dropped_total{reason="unknown_convention"}"#),
+        1.0,
+        "{m}"
+    );
     assert_eq!(metric(&m, r#"attest_collect_spans_dropped_total{reason="no_root"}"#), 2.0, "{m}");
     assert_eq!(metric(&m, "attest_collect_traces_evaluated_total"), 1.0, "{m}");
     assert_eq!(metric(&m, "attest_collect_open_traces"), 0.0, "{m}");
@@ -149,13 +193,28 @@ async fn a_full_evaluation_queue_answers_503_with_retry_after_and_sigterm_drains
     let c = Collector::start_with_env(
         dir.path(),
         RULES,
-        &["--settle-ms", "50", "--queue-capacity", "1", "--concurrency", "1", "--results-jsonl", results.to_str().unwrap()],
+        &[
+            "--settle-ms",
+            "50",
+            "--queue-capacity",
+            "1",
+            "--concurrency",
+            "1",
+            "--results-jsonl",
+            results.to_str().unwrap(),
+        ],
         &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "1500")],
     );
     let mut accepted = 0;
     let mut refused = None;
     for t in 1..=20u8 {
-        let r = post(&c.url, "application/x-protobuf", None, request(agent_trace(t, 1, "lookup_order")).encode_to_vec()).await;
+        let r = post(
+            &c.url,
+            "application/x-protobuf",
+            None,
+            request(agent_trace(t, 1, "lookup_order")).encode_to_vec(),
+        )
+        .await;
         if r.status() == 503 {
             refused = Some(r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string()));
             break;
@@ -178,11 +237,21 @@ async fn bearer_token_and_public_binding_are_explicit() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("rules.yaml"), RULES).unwrap();
     let rules = dir.path().join("rules.yaml");
-    let mut p = Proc::spawn(dir.path(), "public", &["collect", "--rules", rules.to_str().unwrap(), "--otlp-http", "0.0.0.0:0"], &[]);
+    let mut p = Proc::spawn(
+        dir.path(),
+        "public",
+        &["collect", "--rules", rules.to_str().unwrap(), "--otlp-http", "0.0.0.0:0"],
+        &[],
+    );
     assert_eq!(p.wait_exit(20), 2);
     assert!(p.stderr_text().contains("--listen-public"), "{}", p.stderr_text());
 
-    let c = Collector::start_with_env(dir.path(), RULES, &["--bearer-token-env", "COLLECT_TOKEN"], &[("COLLECT_TOKEN", "s3cret")]);
+    let c = Collector::start_with_env(
+        dir.path(),
+        RULES,
+        &["--bearer-token-env", "COLLECT_TOKEN"],
+        &[("COLLECT_TOKEN", "s3cret")],
+    );
     let body = request(agent_trace(9, 1, "lookup_order")).encode_to_vec();
     let r = post(&c.url, "application/x-protobuf", None, body.clone()).await;
     assert_eq!(r.status(), 401);
@@ -219,7 +288,12 @@ fn rules_files_with_errors_are_refused_at_start_up() {
     for (i, (yaml, needles)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("rules{i}.yaml"));
         std::fs::write(&path, yaml).unwrap();
-        let mut p = Proc::spawn(dir.path(), &format!("bad{i}"), &["collect", "--rules", path.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"], &[]);
+        let mut p = Proc::spawn(
+            dir.path(),
+            &format!("bad{i}"),
+            &["collect", "--rules", path.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"],
+            &[],
+        );
         assert_eq!(p.wait_exit(20), 2);
         let err = p.stderr_text();
         for n in *needles {
@@ -255,7 +329,15 @@ fn jsonl_backfill_counts_bad_lines_and_rescoring_never_counts_twice() {
         let mut p = Proc::spawn(
             dir.path(),
             &format!("backfill{run}"),
-            &["collect", "--rules", rules.to_str().unwrap(), "--jsonl", input.to_str().unwrap(), "--results-jsonl", results.to_str().unwrap()],
+            &[
+                "collect",
+                "--rules",
+                rules.to_str().unwrap(),
+                "--jsonl",
+                input.to_str().unwrap(),
+                "--results-jsonl",
+                results.to_str().unwrap(),
+            ],
             &[],
         );
         assert_eq!(p.wait_exit(60), 0, "{}", p.stderr_text());
@@ -267,6 +349,9 @@ fn jsonl_backfill_counts_bad_lines_and_rescoring_never_counts_twice() {
     }
     let results = read_jsonl(&results);
     assert_eq!(results.len(), 150, "50 traces x 3 assertions, written once over two runs");
-    let passes = results.iter().filter(|r| r["assertion_id"] == "uses-lookup" && r["status"] == "pass").count();
+    let passes = results
+        .iter()
+        .filter(|r| r["assertion_id"] == "uses-lookup" && r["status"] == "pass")
+        .count();
     assert_eq!(passes, 25);
 }

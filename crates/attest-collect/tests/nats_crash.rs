@@ -17,7 +17,11 @@ fn nats_server_bin() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
         return Some(PathBuf::from(p));
     }
-    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/sbin", "/usr/bin"]) {
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin", "/usr/bin"])
+    {
         let p = Path::new(dir).join("nats-server");
         if p.is_file() {
             return Some(p);
@@ -37,17 +41,32 @@ impl NatsServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = dir.join("nats.log");
         let child = Command::new(bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd", dir.join("js").to_str().unwrap()])
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-sd",
+                dir.join("js").to_str().unwrap(),
+            ])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start nats-server");
         let deadline = Instant::now() + Duration::from_secs(20);
         while !std::fs::read_to_string(&log).unwrap_or_default().contains("Server is ready") {
-            assert!(Instant::now() < deadline, "nats-server not ready: {}", std::fs::read_to_string(&log).unwrap_or_default());
+            assert!(
+                Instant::now() < deadline,
+                "nats-server not ready: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
-        NatsServer { child, url: format!("nats://127.0.0.1:{port}") }
+        NatsServer {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+        }
     }
 }
 
@@ -97,7 +116,11 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
     let sink = Proc::spawn(
         dir.path(),
         "sink",
-        &[&["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..], &common[..]].concat(),
+        &[
+            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
+            &common[..],
+        ]
+        .concat(),
         &[],
     );
     let worker = |name: &str, env: &[(&str, &str)]| {
@@ -126,7 +149,11 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
         assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
         let dups = if run == 0 { 0 } else { TRACES };
         let expected = format!("{TRACES} published ({dups} already in the stream)");
-        assert!(collector.stderr_text().contains(&expected), "{expected:?} not in {}", collector.stderr_text());
+        assert!(
+            collector.stderr_text().contains(&expected),
+            "{expected:?} not in {}",
+            collector.stderr_text()
+        );
     }
 
     // Kill one worker mid-batch.
@@ -159,7 +186,10 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
     for r in &records {
         let key = r["assertion_id"].as_str().unwrap().to_string();
         assert!(
-            per_trace.entry(r["trace_id"].as_str().unwrap().to_string()).or_default().insert(key),
+            per_trace
+                .entry(r["trace_id"].as_str().unwrap().to_string())
+                .or_default()
+                .insert(key),
             "counted twice: {r}"
         );
     }
@@ -172,8 +202,64 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
     let redelivered = records.iter().filter(|r| r["delivery"].as_u64().unwrap() >= 2).count();
     assert!(redelivered > 0, "no result came from a redelivery");
     assert!(
-        survivor_log.contains(&format!("of trace {crashed_trace}")) || std::fs::read_to_string(&killed.stderr).unwrap().contains(&format!("of trace {crashed_trace}")),
+        survivor_log.contains(&format!("of trace {crashed_trace}"))
+            || std::fs::read_to_string(&killed.stderr)
+                .unwrap()
+                .contains(&format!("of trace {crashed_trace}")),
         "trace {crashed_trace} was not redelivered; survivor:\n{survivor_log}"
     );
     eprintln!("{redelivered} results from redeliveries; crash-before-ack trace {crashed_trace} redelivered");
+}
+
+#[test]
+fn a_trace_that_keeps_failing_goes_to_the_dead_letter_subject_after_max_deliveries() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let rules = rules.to_str().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let input = dir.path().join("traces.jsonl");
+    let lines: Vec<String> = (0..5)
+        .map(|i| {
+            serde_json::json!({"schema_version": 1, "trace_id": format!("trc_{i}"), "agent_id": "refund-agent", "steps": [], "output": {"message": "x"}})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let common = ["--nats", &nats.url, "--ack-wait-secs", "3", "--max-deliver", "2"];
+    let sink = Proc::spawn(
+        dir.path(),
+        "sink",
+        &[
+            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
+            &common[..],
+        ]
+        .concat(),
+        &[],
+    );
+    let mut worker = Proc::spawn(
+        dir.path(),
+        "worker",
+        &[&["worker", "--rules", rules][..], &common[..]].concat(),
+        &[("ATTEST_COLLECT_TEST_FAIL_TRACE", "trc_3")],
+    );
+    worker.wait_for("evaluating from", 20);
+    let mut collector = Proc::spawn(
+        dir.path(),
+        "collector",
+        &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
+        &[],
+    );
+    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    let log = worker.wait_for("trace trc_3 moved to attest.dead (maximum deliveries reached)", 60);
+    assert!(log.contains("redelivery 2 of trace trc_3"), "{log}");
+    assert!(log.contains("redelivery 3 of trace trc_3"), "{log}");
+    assert_eq!(wait_lines(&results, 12, 30), 12, "the other four traces are evaluated");
+    let (code, _) = worker.terminate();
+    assert_eq!(code, 0);
+    let (code, _) = sink.terminate();
+    assert_eq!(code, 0);
+    assert!(read_jsonl(&results).iter().all(|r| r["trace_id"] != "trc_3"));
 }

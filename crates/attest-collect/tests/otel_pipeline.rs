@@ -29,7 +29,14 @@ async fn run_convention(convention: &str) {
     let collector = Collector::start(
         dir.path(),
         RULES,
-        &["--settle-ms", "300", "--results-jsonl", results.to_str().unwrap(), "--traces-out", traces.to_str().unwrap()],
+        &[
+            "--settle-ms",
+            "300",
+            "--results-jsonl",
+            results.to_str().unwrap(),
+            "--traces-out",
+            traces.to_str().unwrap(),
+        ],
     );
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/agent.py");
     let out = Command::new(&python)
@@ -60,7 +67,10 @@ async fn run_convention(convention: &str) {
         assert_eq!(steps[1]["args"]["order_id"], "ORD-7");
         assert_eq!(steps[1]["result"]["status"], "delivered");
         assert_eq!(steps[2]["result"]["completion"], "Your order ORD-7 was delivered; refund issued.");
-        assert!(t["input"]["user_message"].as_str().unwrap().starts_with("Where is my order ORD-7?"), "{t:#}");
+        assert!(
+            t["input"]["user_message"].as_str().unwrap().starts_with("Where is my order ORD-7?"),
+            "{t:#}"
+        );
         assert_eq!(t["output"]["message"], "Your order ORD-7 was delivered; refund issued.");
         assert_eq!(t["metadata"]["total_tokens"], 104, "two calls of 40 + 12 tokens");
         assert_eq!(t["metadata"]["service_name"], "refund-service");

@@ -19,8 +19,15 @@ enum Command {
 
 #[tokio::main]
 async fn main() {
-    let delay = std::env::var("ATTEST_COLLECT_TEST_EVAL_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    let evaluator = Arc::new(tool_evaluator::ToolEvaluator { delay: Duration::from_millis(delay) });
+    let delay = std::env::var("ATTEST_COLLECT_TEST_EVAL_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let fail_trace = std::env::var("ATTEST_COLLECT_TEST_FAIL_TRACE").ok();
+    let evaluator = Arc::new(tool_evaluator::ToolEvaluator {
+        delay: Duration::from_millis(delay),
+        fail_trace,
+    });
     let result = match Command::parse() {
         Command::Collect(args) => attest_collect::run_collect(args, evaluator, None).await,
         Command::Worker(args) => attest_collect::run_worker(args, evaluator, None).await,

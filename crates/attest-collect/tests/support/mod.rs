@@ -39,7 +39,10 @@ impl Proc {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        Proc { child: cmd.spawn().expect("spawn harness"), stderr }
+        Proc {
+            child: cmd.spawn().expect("spawn harness"),
+            stderr,
+        }
     }
 
     pub fn stderr_text(&self) -> String {
@@ -63,7 +66,10 @@ impl Proc {
     }
 
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status().unwrap();
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
         assert!(ok.success());
     }
 
@@ -170,7 +176,9 @@ pub mod otlp {
     pub fn kv(key: &str, value: &str) -> KeyValue {
         KeyValue {
             key: key.into(),
-            value: Some(AnyValue { value: Some(any_value::Value::StringValue(value.into())) }),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue(value.into())),
+            }),
             ..Default::default()
         }
     }
@@ -198,7 +206,10 @@ pub mod otlp {
             vec![
                 kv("gen_ai.operation.name", "invoke_agent"),
                 kv("gen_ai.agent.name", "refund-agent"),
-                kv("gen_ai.output.messages", r#"[{"role":"assistant","parts":[{"type":"text","content":"refund issued"}]}]"#),
+                kv(
+                    "gen_ai.output.messages",
+                    r#"[{"role":"assistant","parts":[{"type":"text","content":"refund issued"}]}]"#,
+                ),
             ],
         )];
         for i in 0..tools {
@@ -216,8 +227,14 @@ pub mod otlp {
     pub fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
         ExportTraceServiceRequest {
             resource_spans: vec![ResourceSpans {
-                resource: Some(Resource { attributes: vec![kv("service.name", "refund-service")], ..Default::default() }),
-                scope_spans: vec![ScopeSpans { spans, ..Default::default() }],
+                resource: Some(Resource {
+                    attributes: vec![kv("service.name", "refund-service")],
+                    ..Default::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
         }

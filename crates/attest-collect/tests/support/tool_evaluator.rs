@@ -11,6 +11,8 @@ use serde_json::Value;
 pub struct ToolEvaluator {
     /// Sleep before each evaluation (makes evaluations slow enough to crash mid-batch).
     pub delay: Duration,
+    /// Traces whose evaluation fails with a retryable error (exercises redelivery limits).
+    pub fail_trace: Option<String>,
 }
 
 enum Check {
@@ -21,6 +23,7 @@ enum Check {
 struct ToolSuite {
     checks: Vec<(String, &'static str, Check)>,
     delay: Duration,
+    fail_trace: Option<String>,
 }
 
 impl Evaluator for ToolEvaluator {
@@ -34,7 +37,12 @@ impl Evaluator for ToolEvaluator {
             })?;
             let check = match (a["type"].as_str(), a["spec"]["check"].as_str()) {
                 (Some("trace"), Some("required_tools")) => Check::RequiredTools(
-                    a["spec"]["tools"].as_array().into_iter().flatten().filter_map(|t| t.as_str().map(String::from)).collect(),
+                    a["spec"]["tools"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|t| t.as_str().map(String::from))
+                        .collect(),
                 ),
                 (Some("content"), Some("contains")) => Check::OutputContains(a["spec"]["value"].as_str().unwrap_or("").to_string()),
                 (Some("trace") | Some("content"), _) => {
@@ -52,10 +60,18 @@ impl Evaluator for ToolEvaluator {
                     })
                 }
             };
-            let ty = if matches!(check, Check::RequiredTools(_)) { "trace" } else { "content" };
+            let ty = if matches!(check, Check::RequiredTools(_)) {
+                "trace"
+            } else {
+                "content"
+            };
             checks.push((id.to_string(), ty, check));
         }
-        Ok(Arc::new(ToolSuite { checks, delay: self.delay }))
+        Ok(Arc::new(ToolSuite {
+            checks,
+            delay: self.delay,
+            fail_trace: self.fail_trace.clone(),
+        }))
     }
 }
 
@@ -76,6 +92,12 @@ impl Suite for ToolSuite {
             if !self.delay.is_zero() {
                 tokio::time::sleep(self.delay).await;
             }
+            if self.fail_trace.as_deref().is_some_and(|t| trace["trace_id"] == t) {
+                return Err(EvalError {
+                    message: "test evaluator: provider unavailable".into(),
+                    retryable: true,
+                });
+            }
             let mut used = Vec::new();
             tool_names(trace, &mut used);
             let output = trace["output"]["message"].as_str().unwrap_or("");
@@ -88,7 +110,10 @@ impl Suite for ToolSuite {
                             let missing: Vec<_> = tools.iter().filter(|t| !used.contains(t)).collect();
                             (missing.is_empty(), format!("tools used {used:?}; missing {missing:?}"))
                         }
-                        Check::OutputContains(v) => (output.contains(v.as_str()), format!("output contains {v:?}: {}", output.contains(v.as_str()))),
+                        Check::OutputContains(v) => (
+                            output.contains(v.as_str()),
+                            format!("output contains {v:?}: {}", output.contains(v.as_str())),
+                        ),
                     };
                     AssertionOutcome {
                         assertion_id: id.clone(),
