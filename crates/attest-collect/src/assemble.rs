@@ -186,8 +186,9 @@ impl Assembler {
         events
     }
 
-    /// Closes settled traces and drops orphans whose root never came.
-    pub fn poll(&mut self, now: Instant) -> Events {
+    /// Closes settled traces (at most `max_ready`, oldest first: the rest stay
+    /// open until the evaluation queue has room) and drops orphans whose root never came.
+    pub fn poll(&mut self, now: Instant, max_ready: usize) -> Events {
         let mut events = Events::default();
         let mut settled = Vec::new();
         let mut orphans = Vec::new();
@@ -200,6 +201,7 @@ impl Assembler {
             }
         }
         settled.sort();
+        settled.truncate(max_ready);
         for (_, id) in settled {
             if let Some(t) = self.remove(&id) {
                 self.remember_closed(id.clone(), DropReason::LateSpan);
@@ -327,10 +329,11 @@ mod tests {
         let mut a = Assembler::new(limits());
         let t0 = Instant::now();
         a.add(vec![span("t1", "b", Some("a"))], t0);
-        assert!(a.poll(t0 + Duration::from_secs(2)).ready.is_empty(), "no root yet");
+        assert!(a.poll(t0 + Duration::from_secs(2), 10).ready.is_empty(), "no root yet");
         a.add(vec![span("t1", "a", None)], t0 + Duration::from_secs(2));
-        assert!(a.poll(t0 + Duration::from_millis(2500)).ready.is_empty(), "not settled");
-        let ev = a.poll(t0 + Duration::from_secs(3));
+        assert!(a.poll(t0 + Duration::from_millis(2500), 10).ready.is_empty(), "not settled");
+        assert!(a.poll(t0 + Duration::from_secs(3), 0).ready.is_empty(), "no room in the queue: stays open");
+        let ev = a.poll(t0 + Duration::from_secs(3), 10);
         assert_eq!(ev.ready.len(), 1);
         assert_eq!(ev.ready[0].spans.len(), 2);
         let late = a.add(vec![span("t1", "c", Some("a"))], t0 + Duration::from_secs(4));
@@ -395,7 +398,7 @@ mod tests {
         let mut a = Assembler::new(limits());
         let t0 = Instant::now();
         a.add(vec![span("t1", "b", Some("a"))], t0);
-        assert_eq!(a.poll(t0 + Duration::from_secs(6)).dropped[0].reason, DropReason::NoRoot);
+        assert_eq!(a.poll(t0 + Duration::from_secs(6), 10).dropped[0].reason, DropReason::NoRoot);
         a.add(vec![span("t2", "a", None)], t0);
         a.add(vec![span("t3", "b", Some("a"))], t0);
         let ev = a.drain();

@@ -261,7 +261,8 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             let mut interval = tokio::time::interval(tick);
             loop {
                 interval.tick().await;
-                let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).poll(Instant::now());
+                let room = state.ready.capacity();
+                let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).poll(Instant::now(), room);
                 state.dispatch(events);
             }
         })
