@@ -316,7 +316,7 @@ fn jsonl_backfill_counts_bad_lines_and_rescoring_never_counts_twice() {
             serde_json::json!({
                 "schema_version": 1, "trace_id": format!("trc_{i}"), "agent_id": "refund-agent",
                 "steps": [{"type": "tool_call", "name": tool, "args": {}, "result": {}}],
-                "output": {"message": "refund issued"}
+                "output": {"message": "refund sent"}
             })
             .to_string(),
         );

@@ -105,7 +105,7 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
             serde_json::json!({
                 "schema_version": 1, "trace_id": format!("trc_{i:03}"), "agent_id": "refund-agent",
                 "steps": [{"type": "tool_call", "name": "lookup_order", "args": {}, "result": {}}],
-                "output": {"message": "refund issued"}
+                "output": {"message": "refund sent"}
             })
             .to_string()
         })

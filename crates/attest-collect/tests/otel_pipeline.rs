@@ -66,12 +66,12 @@ async fn run_convention(convention: &str) {
         assert_eq!(steps[1]["name"], "lookup_order");
         assert_eq!(steps[1]["args"]["order_id"], "ORD-7");
         assert_eq!(steps[1]["result"]["status"], "delivered");
-        assert_eq!(steps[2]["result"]["completion"], "Your order ORD-7 was delivered; refund issued.");
+        assert_eq!(steps[2]["result"]["completion"], "Your order ORD-7 was delivered; refund sent.");
         assert!(
             t["input"]["user_message"].as_str().unwrap().starts_with("Where is my order ORD-7?"),
             "{t:#}"
         );
-        assert_eq!(t["output"]["message"], "Your order ORD-7 was delivered; refund issued.");
+        assert_eq!(t["output"]["message"], "Your order ORD-7 was delivered; refund sent.");
         assert_eq!(t["metadata"]["total_tokens"], 104, "two calls of 40 + 12 tokens");
         assert_eq!(t["metadata"]["service_name"], "refund-service");
     }

@@ -28,7 +28,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         has_tool_result = any(m.get("role") == "tool" for m in body["messages"])
         if has_tool_result:
-            message = {"role": "assistant", "content": "Your order ORD-7 was delivered; refund issued."}
+            message = {"role": "assistant", "content": "Your order ORD-7 was delivered; refund sent."}
             finish = "stop"
         else:
             message = {

@@ -208,7 +208,7 @@ pub mod otlp {
                 kv("gen_ai.agent.name", "refund-agent"),
                 kv(
                     "gen_ai.output.messages",
-                    r#"[{"role":"assistant","parts":[{"type":"text","content":"refund issued"}]}]"#,
+                    r#"[{"role":"assistant","parts":[{"type":"text","content":"refund sent"}]}]"#,
                 ),
             ],
         )];
