@@ -4,10 +4,11 @@
 #   - embedded: `collect --jsonl` evaluating N traces in process;
 #   - NATS: `collect --jsonl --nats` publishing N traces, 1 then 2 workers,
 #     measured until the results sink has written every result.
-# usage: crates/attest-collect/benches/throughput.sh [N]   (needs nats-server)
+# usage: [WORKER_CONCURRENCY=8] crates/attest-collect/benches/throughput.sh [N]   (needs nats-server)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 n=${1:-20000}
+concurrency=${WORKER_CONCURRENCY:-8}
 cargo build --release -p attest-collect --bin attest-collect-testbin --locked -q
 bin="$PWD/target/release/attest-collect-testbin"
 work=$(mktemp -d)
@@ -47,7 +48,7 @@ for workers in 1 2; do
   url="nats://127.0.0.1:$port"
   "$bin" worker --role sink --nats "$url" --results-jsonl "$work/nats.jsonl" 2>/dev/null & pids=($!)
   for _ in $(seq "$workers"); do
-    "$bin" worker --rules "$work/rules.yaml" --nats "$url" --concurrency 8 2>/dev/null & pids+=($!)
+    "$bin" worker --rules "$work/rules.yaml" --nats "$url" --concurrency "$concurrency" 2>/dev/null & pids+=($!)
   done
   sleep 1
   t0=$(now)

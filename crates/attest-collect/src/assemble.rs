@@ -332,7 +332,10 @@ mod tests {
         assert!(a.poll(t0 + Duration::from_secs(2), 10).ready.is_empty(), "no root yet");
         a.add(vec![span("t1", "a", None)], t0 + Duration::from_secs(2));
         assert!(a.poll(t0 + Duration::from_millis(2500), 10).ready.is_empty(), "not settled");
-        assert!(a.poll(t0 + Duration::from_secs(3), 0).ready.is_empty(), "no room in the queue: stays open");
+        assert!(
+            a.poll(t0 + Duration::from_secs(3), 0).ready.is_empty(),
+            "no room in the queue: stays open"
+        );
         let ev = a.poll(t0 + Duration::from_secs(3), 10);
         assert_eq!(ev.ready.len(), 1);
         assert_eq!(ev.ready[0].spans.len(), 2);

@@ -48,6 +48,7 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
                 eprintln!("attest-collect: --jsonl line {line_no}: {why}");
             }
             Line::Trace(trace) => {
+                pipeline.metrics.traces_received.fetch_add(1, Ordering::Relaxed);
                 pipeline.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
                 let ctx = MatchContext {
                     agent_id: trace["agent_id"].as_str().map(str::to_string),

@@ -13,6 +13,7 @@ const LATENCY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0
 #[derive(Default)]
 pub struct Metrics {
     pub spans_received: AtomicU64,
+    pub traces_received: AtomicU64,
     pub traces_assembled: AtomicU64,
     pub traces_sampled: AtomicU64,
     pub traces_evaluated: AtomicU64,
@@ -96,8 +97,8 @@ impl Metrics {
         counter(
             &mut out,
             "attest_collect_traces_received_total",
-            "Traces closed by the assembler (or read from JSONL).",
-            ld(&self.traces_assembled),
+            "Traces closed by the assembler, or read from --jsonl.",
+            ld(&self.traces_received),
         );
         counter(
             &mut out,

@@ -43,6 +43,7 @@ impl Pipeline {
     /// Converts a closed trace and selects its rules; `None` when it was dropped
     /// (counted) or no rule selected it.
     pub fn prepare(&self, closed: ClosedTrace) -> Option<WorkItem> {
+        self.metrics.traces_received.fetch_add(1, Ordering::Relaxed);
         match convert::convert(&closed.trace_id, &closed.spans, &self.prices) {
             Converted::Trace { trace, context } => {
                 self.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
