@@ -174,3 +174,75 @@ impl Pipeline {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AssertionOutcome, BoxFuture, Evaluator, RuleError, Status, Suite};
+
+    /// A suite that reports one paid call per evaluation, costing $0.40.
+    struct Paid;
+    impl Suite for Paid {
+        fn evaluate<'a>(&'a self, _: &'a Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+            Box::pin(async {
+                Ok(vec![AssertionOutcome {
+                    assertion_id: "judge".into(),
+                    assertion_type: "llm_judge".into(),
+                    status: Status::Pass,
+                    score: 0.9,
+                    explanation: "ok".into(),
+                    cost_usd: 0.4,
+                    duration_ms: 1,
+                }])
+            })
+        }
+        fn paid_calls(&self) -> u32 {
+            1
+        }
+    }
+    struct PaidEvaluator;
+    impl Evaluator for PaidEvaluator {
+        fn compile(&self, _: &str, _: &[Value]) -> Result<Arc<dyn Suite>, RuleError> {
+            Ok(Arc::new(Paid))
+        }
+    }
+
+    fn pipeline(budget: &str) -> Pipeline {
+        let yaml = format!("rules:\n- name: judged\n  budget: {budget}\n  assertions: [{{type: llm_judge}}]\n");
+        Pipeline {
+            rules: Arc::new(RuleSet::parse(&yaml, false, &PaidEvaluator).unwrap()),
+            metrics: Arc::new(Metrics::default()),
+            sinks: Arc::new(vec![]),
+            prices: Arc::new(PriceTable::default()),
+            trace_archive: None,
+        }
+    }
+
+    fn item(i: usize) -> WorkItem {
+        WorkItem {
+            trace: serde_json::json!({"trace_id": format!("t{i}"), "output": {}}),
+            rules: vec!["judged".into()],
+        }
+    }
+
+    #[tokio::test]
+    async fn paid_rules_stop_at_their_budget_and_say_so() {
+        let p = pipeline("{judge_calls_per_minute: 2}");
+        let mut evaluated = 0;
+        for i in 0..5 {
+            evaluated += p.evaluate(&item(i), 1).await.unwrap().len();
+        }
+        assert_eq!(evaluated, 2, "two calls per minute");
+        assert!(p
+            .metrics
+            .render()
+            .contains(r#"attest_collect_rule_events_total{rule="judged",event="budget_exhausted"} 3"#));
+
+        let p = pipeline("{usd_per_day: 1.0}");
+        let mut evaluated = 0;
+        for i in 0..5 {
+            evaluated += p.evaluate(&item(i), 1).await.unwrap().len();
+        }
+        assert_eq!(evaluated, 3, "$0.40 each: the third crosses $1, the fourth is refused");
+    }
+}

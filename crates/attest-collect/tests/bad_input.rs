@@ -355,3 +355,40 @@ fn jsonl_backfill_counts_bad_lines_and_rescoring_never_counts_twice() {
         .count();
     assert_eq!(passes, 25);
 }
+
+#[tokio::test]
+async fn sigterm_evaluates_traces_that_are_still_settling() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &["--settle-ms", "600000", "--results-jsonl", results.to_str().unwrap()],
+    );
+    for t in 1..=3u8 {
+        let r = post(
+            &c.url,
+            "application/x-protobuf",
+            None,
+            request(agent_trace(t, 2, "lookup_order")).encode_to_vec(),
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+    }
+    // One trace without its root: dropped as no_root on drain, not evaluated.
+    let r = post(
+        &c.url,
+        "application/x-protobuf",
+        None,
+        request(agent_trace(4, 2, "lookup_order").split_off(1)).encode_to_vec(),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let m = c.metrics().await;
+    assert_eq!(metric(&m, "attest_collect_open_traces"), 4.0, "{m}");
+    assert_eq!(metric(&m, "attest_collect_traces_evaluated_total"), 0.0, "{m}");
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("drained; 3 traces evaluated"), "{stderr}");
+    assert_eq!(read_jsonl(&results).len(), 9);
+}

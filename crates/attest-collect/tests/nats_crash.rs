@@ -263,3 +263,62 @@ fn a_trace_that_keeps_failing_goes_to_the_dead_letter_subject_after_max_deliveri
     assert_eq!(code, 0);
     assert!(read_jsonl(&results).iter().all(|r| r["trace_id"] != "trc_3"));
 }
+
+#[test]
+fn a_slow_evaluation_keeps_its_message_with_progress_acks() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let rules = rules.to_str().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let input = dir.path().join("traces.jsonl");
+    let trace = serde_json::json!({"schema_version": 1, "trace_id": "trc_slow", "agent_id": "refund-agent", "steps": [], "output": {"message": "x"}});
+    std::fs::write(&input, trace.to_string()).unwrap();
+    // Evaluation takes 3.5 s, more than three times the 1 s ack wait.
+    let common = ["--nats", &nats.url, "--ack-wait-secs", "1", "--max-deliver", "5"];
+    let sink = Proc::spawn(
+        dir.path(),
+        "sink",
+        &[
+            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
+            &common[..],
+        ]
+        .concat(),
+        &[],
+    );
+    let mut workers: Vec<Proc> = (0..2)
+        .map(|i| {
+            Proc::spawn(
+                dir.path(),
+                &format!("worker{i}"),
+                &[&["worker", "--rules", rules][..], &common[..]].concat(),
+                &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "3500")],
+            )
+        })
+        .collect();
+    for w in &mut workers {
+        w.wait_for("evaluating from", 20);
+    }
+    let mut collector = Proc::spawn(
+        dir.path(),
+        "collector",
+        &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
+        &[],
+    );
+    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    assert_eq!(wait_lines(&results, 3, 30), 3);
+    std::thread::sleep(Duration::from_secs(2));
+    for w in workers {
+        let (code, log) = w.terminate();
+        assert_eq!(code, 0, "{log}");
+        assert!(
+            !log.contains("redelivery"),
+            "the message was taken away from the slow worker:\n{log}"
+        );
+    }
+    let (code, _) = sink.terminate();
+    assert_eq!(code, 0);
+    assert!(read_jsonl(&results).iter().all(|r| r["delivery"] == 1));
+}
