@@ -37,6 +37,11 @@ impl JsonlSink {
                 if let Ok(r) = serde_json::from_str::<ResultRecord>(&line) {
                     if seen.insert(r.key.clone()) {
                         order.push_back(r.key);
+                        if order.len() > DEDUPE_KEYS {
+                            if let Some(old) = order.pop_front() {
+                                seen.remove(&old);
+                            }
+                        }
                     }
                 }
             }
