@@ -140,6 +140,9 @@ struct Tree<'a> {
     spans: &'a [Span],
     children: HashMap<&'a str, Vec<usize>>,
     prices: &'a PriceTable,
+    /// Spans already turned into steps: duplicate span ids or parent cycles
+    /// (spans come from the network) must not make a span count twice.
+    visited: std::cell::RefCell<Vec<bool>>,
 }
 
 #[derive(Default)]
@@ -169,7 +172,12 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
     if spans.iter().all(|s| classify(s).0 == SpanRole::Unknown) {
         return Converted::UnknownConvention;
     }
-    let tree = Tree { spans, children, prices };
+    let tree = Tree {
+        spans,
+        children,
+        prices,
+        visited: std::cell::RefCell::new(vec![false; spans.len()]),
+    };
     let root = &spans[root_idx];
     // The outermost agent span is the trace's own agent; deeper agents become agent_call steps.
     let outer_agent = tree.first_agent(root_idx);
@@ -245,7 +253,11 @@ impl<'a> Tree<'a> {
 
     fn first_agent(&self, root: usize) -> Option<usize> {
         let mut queue = std::collections::VecDeque::from([root]);
+        let mut seen = vec![false; self.spans.len()];
         while let Some(i) = queue.pop_front() {
+            if std::mem::replace(&mut seen[i], true) {
+                continue;
+            }
             if classify(&self.spans[i]).0 == SpanRole::Agent {
                 return Some(i);
             }
@@ -263,7 +275,7 @@ impl<'a> Tree<'a> {
 
     fn walk(&self, idx: usize, own_agent: Option<usize>, totals: &mut Totals, trace_id: &str, out: &mut Vec<Value>, depth: usize) {
         // Span trees come from the network: parent links may form cycles or be very deep.
-        if depth > 256 {
+        if depth > 256 || std::mem::replace(&mut self.visited.borrow_mut()[idx], true) {
             return;
         }
         let span = &self.spans[idx];
@@ -757,6 +769,27 @@ mod tests {
         assert_eq!(trace["steps"][1]["result"]["tokens"], 7);
         assert!(trace.get("agent_id").is_none());
         assert!(trace["metadata"].get("cost_usd").is_none(), "no price, no cost");
+    }
+
+    #[test]
+    fn duplicate_span_ids_and_cycles_do_not_multiply_steps() {
+        let mut spans = vec![span(
+            "x",
+            None,
+            "invoke_agent a",
+            0,
+            json!({"gen_ai.operation.name": "invoke_agent"}),
+        )];
+        for i in 0..2_000 {
+            spans.push(span("x", Some("x"), "step", i + 1, json!({"gen_ai.tool.name": "t"})));
+            spans.push(span("x", Some("x"), "wrapper", i + 1, json!({"http.method": "GET"})));
+        }
+        // Every span is its own parent's child here; without the visited set the
+        // walk would revisit all 4,000 spans at each of 256 levels.
+        let Converted::Trace { trace, .. } = convert("t", &spans, &PriceTable::default()) else {
+            panic!()
+        };
+        assert_eq!(trace["steps"].as_array().unwrap().len(), 2_000, "each tool span once");
     }
 
     #[test]
