@@ -71,6 +71,9 @@ pub struct CollectArgs {
     /// Largest export request body, after gzip inflation.
     #[arg(long, default_value_t = 32 << 20)]
     pub max_request_bytes: usize,
+    /// Deadline for reading and answering one export request (408 past it).
+    #[arg(long, default_value_t = 30)]
+    pub request_timeout_secs: u64,
     /// Export requests handled at once; more get 429.
     #[arg(long, default_value_t = 64)]
     pub max_inflight_requests: usize,
@@ -267,9 +270,12 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             }
         })
     };
-    axum::serve(listener, server::router(state.clone()))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    axum::serve(
+        listener,
+        server::router(state.clone(), Duration::from_secs(args.request_timeout_secs.max(1))),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await?;
     poller.abort();
     eprintln!("attest-collect: draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();

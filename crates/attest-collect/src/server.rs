@@ -57,12 +57,17 @@ impl ReceiverState {
     }
 }
 
-pub fn router(state: Arc<ReceiverState>) -> Router {
+pub fn router(state: Arc<ReceiverState>, request_timeout: std::time::Duration) -> Router {
     let limit = state.max_request_bytes;
     Router::new()
         .route("/v1/traces", post(export))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(limit))
+        // A client that sends its body too slowly gets 408 instead of holding the request open.
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            request_timeout,
+        ))
         .with_state(state)
 }
 

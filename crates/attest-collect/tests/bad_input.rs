@@ -392,3 +392,27 @@ async fn sigterm_evaluates_traces_that_are_still_settling() {
     assert!(stderr.contains("drained; 3 traces evaluated"), "{stderr}");
     assert_eq!(read_jsonl(&results).len(), 9);
 }
+
+#[tokio::test]
+async fn a_body_sent_too_slowly_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collector::start(dir.path(), RULES, &["--request-timeout-secs", "1"]);
+    let addr = c.url.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!("POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&[0u8; 10]).await.unwrap();
+    let mut answer = vec![0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut answer))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    let (code, _) = c.proc.terminate();
+    assert_eq!(code, 0);
+}
