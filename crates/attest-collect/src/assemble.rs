@@ -1,0 +1,412 @@
+//! Grouping spans into traces. A trace is closed for evaluation once its root
+//! span has arrived and no span of it arrived for the settle time. Open traces
+//! are bounded by count and by bytes; when a bound is hit the oldest trace is
+//! closed early (if its root is there) or dropped, and every drop is counted
+//! with its reason.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::otlp::Span;
+
+/// Bounds and timings of the assembler; defaults are documented in docs/continuous.md.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub settle: Duration,
+    /// A trace whose root never arrives is dropped this long after its last span.
+    pub orphan_timeout: Duration,
+    pub max_open_traces: usize,
+    pub max_open_bytes: usize,
+    pub max_trace_bytes: usize,
+    pub max_trace_spans: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            settle: Duration::from_secs(2),
+            orphan_timeout: Duration::from_secs(30),
+            max_open_traces: 10_000,
+            max_open_bytes: 256 << 20,
+            max_trace_bytes: 16 << 20,
+            max_trace_spans: 10_000,
+        }
+    }
+}
+
+/// Why spans were dropped instead of evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DropReason {
+    /// The trace grew past `max_trace_bytes`.
+    TraceTooLarge,
+    /// The trace grew past `max_trace_spans`.
+    TooManySpans,
+    /// No root span arrived within the orphan timeout (or before shutdown).
+    NoRoot,
+    /// Evicted by the open-trace bounds before its root arrived.
+    EvictedWithoutRoot,
+    /// Arrived after its trace was already closed.
+    LateSpan,
+    /// Spans map to no known convention (neither GenAI nor OpenInference).
+    UnknownConvention,
+    /// The evaluation queue was full when the trace closed.
+    QueueFull,
+    /// A JSONL input line that is not an Attest trace.
+    Malformed,
+}
+
+impl DropReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::TraceTooLarge => "trace_too_large",
+            DropReason::TooManySpans => "too_many_spans",
+            DropReason::NoRoot => "no_root",
+            DropReason::EvictedWithoutRoot => "evicted_without_root",
+            DropReason::LateSpan => "late_span",
+            DropReason::UnknownConvention => "unknown_convention",
+            DropReason::QueueFull => "queue_full",
+            DropReason::Malformed => "malformed",
+        }
+    }
+}
+
+/// A complete trace ready for conversion.
+#[derive(Debug)]
+pub struct ClosedTrace {
+    pub trace_id: String,
+    pub spans: Vec<Span>,
+    /// True when the bounds closed it before its settle time passed.
+    pub early: bool,
+}
+
+#[derive(Debug, PartialEq)]
+pub struct Dropped {
+    pub trace_id: String,
+    pub reason: DropReason,
+    pub spans: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Events {
+    pub ready: Vec<ClosedTrace>,
+    pub dropped: Vec<Dropped>,
+}
+
+struct OpenTrace {
+    seq: u64,
+    spans: Vec<Span>,
+    bytes: usize,
+    has_root: bool,
+    last_arrival: Instant,
+}
+
+/// How many closed trace ids are remembered to recognise late spans.
+const CLOSED_MEMORY: usize = 100_000;
+
+pub struct Assembler {
+    limits: Limits,
+    open: HashMap<String, OpenTrace>,
+    /// Open traces by first arrival, oldest first.
+    order: BTreeMap<u64, String>,
+    next_seq: u64,
+    bytes: usize,
+    closed: HashMap<String, DropReason>,
+    closed_order: VecDeque<String>,
+}
+
+impl Assembler {
+    pub fn new(limits: Limits) -> Self {
+        Assembler {
+            limits,
+            open: HashMap::new(),
+            order: BTreeMap::new(),
+            next_seq: 0,
+            bytes: 0,
+            closed: HashMap::new(),
+            closed_order: VecDeque::new(),
+        }
+    }
+
+    pub fn open_traces(&self) -> usize {
+        self.open.len()
+    }
+
+    pub fn open_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn add(&mut self, spans: Vec<Span>, now: Instant) -> Events {
+        let mut events = Events::default();
+        for span in spans {
+            if let Some(reason) = self.closed.get(&span.trace_id) {
+                // Spans of a trace dropped for its size keep that reason; spans of
+                // an evaluated trace are late.
+                let reason = match reason {
+                    DropReason::TraceTooLarge | DropReason::TooManySpans => *reason,
+                    _ => DropReason::LateSpan,
+                };
+                push_drop(&mut events, &span.trace_id, reason, 1);
+                continue;
+            }
+            let trace_id = span.trace_id.clone();
+            let size = span.size_bytes;
+            let is_root = span.parent_span_id.is_none();
+            let seq = self.next_seq;
+            let entry = self.open.entry(trace_id.clone()).or_insert_with(|| OpenTrace {
+                seq,
+                spans: Vec::new(),
+                bytes: 0,
+                has_root: false,
+                last_arrival: now,
+            });
+            if entry.seq == seq {
+                self.next_seq += 1;
+                self.order.insert(seq, trace_id.clone());
+            }
+            let too_many = entry.spans.len() + 1 > self.limits.max_trace_spans;
+            let too_large = entry.bytes + size > self.limits.max_trace_bytes;
+            if too_many || too_large {
+                let reason = if too_many {
+                    DropReason::TooManySpans
+                } else {
+                    DropReason::TraceTooLarge
+                };
+                let dropped = self.remove(&trace_id).map(|t| t.spans.len() as u64).unwrap_or(0);
+                push_drop(&mut events, &trace_id, reason, dropped + 1);
+                self.remember_closed(trace_id, reason);
+                continue;
+            }
+            entry.spans.push(span);
+            entry.bytes += size;
+            entry.has_root |= is_root;
+            entry.last_arrival = now;
+            self.bytes += size;
+            self.enforce_bounds(&mut events);
+        }
+        events
+    }
+
+    /// Closes settled traces (at most `max_ready`, oldest first: the rest stay
+    /// open until the evaluation queue has room) and drops orphans whose root never came.
+    pub fn poll(&mut self, now: Instant, max_ready: usize) -> Events {
+        let mut events = Events::default();
+        let mut settled = Vec::new();
+        let mut orphans = Vec::new();
+        for (id, t) in &self.open {
+            let idle = now.saturating_duration_since(t.last_arrival);
+            if t.has_root && idle >= self.limits.settle {
+                settled.push((t.seq, id.clone()));
+            } else if !t.has_root && idle >= self.limits.orphan_timeout {
+                orphans.push(id.clone());
+            }
+        }
+        settled.sort();
+        settled.truncate(max_ready);
+        for (_, id) in settled {
+            if let Some(t) = self.remove(&id) {
+                self.remember_closed(id.clone(), DropReason::LateSpan);
+                events.ready.push(ClosedTrace {
+                    trace_id: id,
+                    spans: t.spans,
+                    early: false,
+                });
+            }
+        }
+        for id in orphans {
+            if let Some(t) = self.remove(&id) {
+                push_drop(&mut events, &id, DropReason::NoRoot, t.spans.len() as u64);
+            }
+        }
+        events
+    }
+
+    /// Closes everything (shutdown): traces with a root are evaluated, the rest dropped.
+    pub fn drain(&mut self) -> Events {
+        let mut events = Events::default();
+        let ids: Vec<String> = self.order.values().cloned().collect();
+        for id in ids {
+            if let Some(t) = self.remove(&id) {
+                if t.has_root {
+                    events.ready.push(ClosedTrace {
+                        trace_id: id,
+                        spans: t.spans,
+                        early: true,
+                    });
+                } else {
+                    push_drop(&mut events, &id, DropReason::NoRoot, t.spans.len() as u64);
+                }
+            }
+        }
+        events
+    }
+
+    fn enforce_bounds(&mut self, events: &mut Events) {
+        while self.open.len() > self.limits.max_open_traces || self.bytes > self.limits.max_open_bytes {
+            let Some((_, oldest)) = self.order.pop_first() else { break };
+            let Some(t) = self.open.remove(&oldest) else { continue };
+            self.bytes -= t.bytes;
+            if t.has_root {
+                self.remember_closed(oldest.clone(), DropReason::LateSpan);
+                events.ready.push(ClosedTrace {
+                    trace_id: oldest,
+                    spans: t.spans,
+                    early: true,
+                });
+            } else {
+                push_drop(events, &oldest, DropReason::EvictedWithoutRoot, t.spans.len() as u64);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &str) -> Option<OpenTrace> {
+        let t = self.open.remove(id)?;
+        self.order.remove(&t.seq);
+        self.bytes -= t.bytes;
+        Some(t)
+    }
+
+    fn remember_closed(&mut self, id: String, reason: DropReason) {
+        if self.closed.insert(id.clone(), reason).is_none() {
+            self.closed_order.push_back(id);
+            if self.closed_order.len() > CLOSED_MEMORY {
+                if let Some(old) = self.closed_order.pop_front() {
+                    self.closed.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+fn push_drop(events: &mut Events, trace_id: &str, reason: DropReason, spans: u64) {
+    if let Some(last) = events.dropped.last_mut() {
+        if last.trace_id == trace_id && last.reason == reason {
+            last.spans += spans;
+            return;
+        }
+    }
+    events.dropped.push(Dropped {
+        trace_id: trace_id.to_string(),
+        reason,
+        spans,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Map;
+    use std::sync::Arc;
+
+    fn span(trace: &str, id: &str, parent: Option<&str>) -> Span {
+        Span {
+            trace_id: trace.into(),
+            span_id: id.into(),
+            parent_span_id: parent.map(Into::into),
+            name: "s".into(),
+            start_unix_nanos: 0,
+            end_unix_nanos: 0,
+            attributes: Map::new(),
+            events: vec![],
+            resource: Arc::new(Map::new()),
+            is_error: false,
+            size_bytes: 100,
+        }
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            settle: Duration::from_secs(1),
+            orphan_timeout: Duration::from_secs(5),
+            max_open_traces: 2,
+            max_open_bytes: 10_000,
+            max_trace_bytes: 1_000,
+            max_trace_spans: 3,
+        }
+    }
+
+    #[test]
+    fn closes_after_settle_only_with_root() {
+        let mut a = Assembler::new(limits());
+        let t0 = Instant::now();
+        a.add(vec![span("t1", "b", Some("a"))], t0);
+        assert!(a.poll(t0 + Duration::from_secs(2), 10).ready.is_empty(), "no root yet");
+        a.add(vec![span("t1", "a", None)], t0 + Duration::from_secs(2));
+        assert!(a.poll(t0 + Duration::from_millis(2500), 10).ready.is_empty(), "not settled");
+        assert!(
+            a.poll(t0 + Duration::from_secs(3), 0).ready.is_empty(),
+            "no room in the queue: stays open"
+        );
+        let ev = a.poll(t0 + Duration::from_secs(3), 10);
+        assert_eq!(ev.ready.len(), 1);
+        assert_eq!(ev.ready[0].spans.len(), 2);
+        let late = a.add(vec![span("t1", "c", Some("a"))], t0 + Duration::from_secs(4));
+        assert_eq!(
+            late.dropped,
+            vec![Dropped {
+                trace_id: "t1".into(),
+                reason: DropReason::LateSpan,
+                spans: 1
+            }]
+        );
+        assert_eq!(a.open_traces(), 0);
+        assert_eq!(a.open_bytes(), 0);
+    }
+
+    #[test]
+    fn oldest_is_evaluated_or_dropped_when_count_bound_hit() {
+        let mut a = Assembler::new(limits());
+        let t0 = Instant::now();
+        a.add(vec![span("t1", "a", None)], t0);
+        a.add(vec![span("t2", "a", Some("x"))], t0);
+        let ev = a.add(vec![span("t3", "a", None)], t0);
+        assert_eq!(ev.ready.len(), 1);
+        assert_eq!(ev.ready[0].trace_id, "t1");
+        assert!(ev.ready[0].early);
+        let ev = a.add(vec![span("t4", "a", None)], t0);
+        assert_eq!(ev.dropped[0].reason, DropReason::EvictedWithoutRoot);
+        assert_eq!(a.open_traces(), 2);
+    }
+
+    #[test]
+    fn oversized_traces_are_dropped_with_their_later_spans() {
+        let mut a = Assembler::new(limits());
+        let t0 = Instant::now();
+        let ev = a.add(
+            vec![
+                span("t1", "a", None),
+                span("t1", "b", Some("a")),
+                span("t1", "c", Some("a")),
+                span("t1", "d", Some("a")),
+            ],
+            t0,
+        );
+        assert_eq!(
+            ev.dropped,
+            vec![Dropped {
+                trace_id: "t1".into(),
+                reason: DropReason::TooManySpans,
+                spans: 4
+            }]
+        );
+        let ev = a.add(vec![span("t1", "e", Some("a"))], t0);
+        assert_eq!(ev.dropped[0].reason, DropReason::TooManySpans);
+        let mut big = span("t2", "a", None);
+        big.size_bytes = 5_000;
+        assert_eq!(a.add(vec![big], t0).dropped[0].reason, DropReason::TraceTooLarge);
+        assert_eq!(a.open_bytes(), 0);
+    }
+
+    #[test]
+    fn orphans_time_out_and_drain_closes_everything() {
+        let mut a = Assembler::new(limits());
+        let t0 = Instant::now();
+        a.add(vec![span("t1", "b", Some("a"))], t0);
+        assert_eq!(a.poll(t0 + Duration::from_secs(6), 10).dropped[0].reason, DropReason::NoRoot);
+        a.add(vec![span("t2", "a", None)], t0);
+        a.add(vec![span("t3", "b", Some("a"))], t0);
+        let ev = a.drain();
+        assert_eq!(ev.ready.len(), 1);
+        assert_eq!(ev.dropped.len(), 1);
+        assert_eq!(a.open_traces(), 0);
+    }
+}

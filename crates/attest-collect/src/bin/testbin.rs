@@ -1,0 +1,42 @@
+//! Test harness binary: `collect` and `worker` wired to the integration tests'
+//! tool-name evaluator. The product binary is attest-engine, which wires the
+//! engine's evaluator instead.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+
+#[path = "../../tests/support/tool_evaluator.rs"]
+mod tool_evaluator;
+
+#[derive(Parser)]
+#[command(name = "attest-collect-testbin")]
+enum Command {
+    Collect(attest_collect::CollectArgs),
+    Worker(attest_collect::WorkerArgs),
+}
+
+#[tokio::main]
+async fn main() {
+    let delay = std::env::var("ATTEST_COLLECT_TEST_EVAL_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let fail_trace = std::env::var("ATTEST_COLLECT_TEST_FAIL_TRACE").ok();
+    let evaluator = Arc::new(tool_evaluator::ToolEvaluator {
+        delay: Duration::from_millis(delay),
+        fail_trace,
+    });
+    let result = match Command::parse() {
+        Command::Collect(args) => attest_collect::run_collect(args, evaluator, None).await,
+        Command::Worker(args) => attest_collect::run_worker(args, evaluator, None).await,
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}

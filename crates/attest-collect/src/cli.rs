@@ -1,0 +1,393 @@
+//! Command-line arguments of `collect` and `worker`, and their entry points.
+//! The host binary embeds [`CollectArgs`] / [`WorkerArgs`] as clap subcommands
+//! and calls [`run_collect`] / [`run_worker`] with its evaluator and history.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::assemble::{Assembler, ClosedTrace, Limits};
+use crate::convert::PriceTable;
+use crate::metrics::Metrics;
+use crate::pipeline::{Pipeline, WorkItem};
+use crate::rules::RuleSet;
+use crate::server::{self, ReceiverState};
+use crate::sink::JsonlSink;
+use crate::{distributed, jsonl_input, Evaluator, HistorySink};
+
+/// `collect`: receive traces, assemble them, evaluate (or publish to NATS).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CollectArgs {
+    /// Rules file (YAML, or JSON with a .json extension).
+    #[arg(long)]
+    pub rules: PathBuf,
+    /// OTLP/HTTP listen address.
+    #[arg(long, default_value = "127.0.0.1:4318")]
+    pub otlp_http: SocketAddr,
+    /// Required to listen on a non-loopback address.
+    #[arg(long)]
+    pub listen_public: bool,
+    /// Bearer token required on export requests (read from the environment so it stays out of `ps`).
+    #[arg(long = "bearer-token-env", value_name = "VAR")]
+    pub bearer_token_env: Option<String>,
+    /// Read Attest traces, one JSON object per line, from a file or `-` (stdin),
+    /// evaluate them and exit; the OTLP receiver is not started.
+    #[arg(long, value_name = "FILE|-")]
+    pub jsonl: Option<String>,
+    /// Append one line per assertion result to this file (idempotent per trace, rule, assertion).
+    #[arg(long)]
+    pub results_jsonl: Option<PathBuf>,
+    /// Append every assembled Attest trace to this file, one per line (re-score it later with `--jsonl`).
+    #[arg(long)]
+    pub traces_out: Option<PathBuf>,
+    /// Model prices (YAML/JSON: `models: {NAME: {input_per_million, output_per_million}}`).
+    #[arg(long)]
+    pub prices: Option<PathBuf>,
+    /// Publish selected traces to this NATS JetStream server instead of evaluating here.
+    #[arg(long)]
+    pub nats: Option<String>,
+    #[command(flatten)]
+    pub nats_opts: NatsOptions,
+    /// Quiet time after the last span of a trace (with its root) before it is evaluated.
+    #[arg(long, default_value_t = 2000)]
+    pub settle_ms: u64,
+    /// A trace whose root span never arrives is dropped this long after its last span.
+    #[arg(long, default_value_t = 30_000)]
+    pub orphan_timeout_ms: u64,
+    #[arg(long, default_value_t = 10_000)]
+    pub max_open_traces: usize,
+    #[arg(long, default_value_t = 256 << 20)]
+    pub max_open_bytes: usize,
+    #[arg(long, default_value_t = 16 << 20)]
+    pub max_trace_bytes: usize,
+    #[arg(long, default_value_t = 10_000)]
+    pub max_trace_spans: usize,
+    /// Largest export request body, after gzip inflation.
+    #[arg(long, default_value_t = 32 << 20)]
+    pub max_request_bytes: usize,
+    /// Deadline for reading and answering one export request (408 past it).
+    #[arg(long, default_value_t = 30)]
+    pub request_timeout_secs: u64,
+    /// Export requests handled at once; more get 429.
+    #[arg(long, default_value_t = 64)]
+    pub max_inflight_requests: usize,
+    /// Closed traces waiting for evaluation; when full, export requests get 503.
+    #[arg(long, default_value_t = 1024)]
+    pub queue_capacity: usize,
+    /// Traces evaluated at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+}
+
+/// NATS JetStream names and settings shared by collectors and workers.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NatsOptions {
+    /// Subject prefix; streams are `<PREFIX>_TRACES`, `<PREFIX>_RESULTS`, `<PREFIX>_DEAD` (upper-cased).
+    #[arg(long, default_value = "attest")]
+    pub nats_prefix: String,
+    /// Stream replicas (3 on a production cluster).
+    #[arg(long, default_value_t = 1)]
+    pub nats_replicas: usize,
+    /// Deliveries of a work message before it goes to the dead-letter subject.
+    #[arg(long, default_value_t = 5)]
+    pub max_deliver: i64,
+    /// Seconds a worker has to acknowledge (progress acks extend it while evaluating).
+    #[arg(long, default_value_t = 30)]
+    pub ack_wait_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkerRole {
+    /// Evaluate traces from the work stream, publish results.
+    Evaluate,
+    /// Write results from the results stream to the sinks.
+    Sink,
+}
+
+/// `worker`: evaluate traces from NATS JetStream, or (`--role sink`) store results.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    pub nats: String,
+    #[arg(long, value_enum, default_value_t = WorkerRole::Evaluate)]
+    pub role: WorkerRole,
+    /// Rules file; the same file as the collectors'.
+    #[arg(long, required_if_eq("role", "evaluate"))]
+    pub rules: Option<PathBuf>,
+    /// With `--role sink`: append results to this file.
+    #[arg(long)]
+    pub results_jsonl: Option<PathBuf>,
+    #[command(flatten)]
+    pub nats_opts: NatsOptions,
+    /// Traces evaluated at once by this worker.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Serve `/metrics` on this address.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
+    let Some(p) = path else { return Ok(PriceTable::default()) };
+    let text = std::fs::read_to_string(p).with_context(|| format!("--prices {}", p.display()))?;
+    serde_norway::from_str(&text).with_context(|| {
+        format!(
+            "--prices {}: expected `models: {{NAME: {{input_per_million, output_per_million}}}}`",
+            p.display()
+        )
+    })
+}
+
+fn sinks(results_jsonl: &Option<PathBuf>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<crate::SharedSinks> {
+    let mut v: Vec<Arc<dyn HistorySink>> = Vec::new();
+    if let Some(p) = results_jsonl {
+        v.push(Arc::new(JsonlSink::open(p)?));
+    }
+    if let Some(h) = history {
+        v.push(h);
+    }
+    Ok(Arc::new(v))
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub(crate) async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Runs the collector until SIGTERM (or the end of `--jsonl` input), then
+/// drains: open traces are evaluated, results flushed. Returns the exit code.
+pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
+    if !args.otlp_http.ip().is_loopback() && !args.listen_public && args.jsonl.is_none() {
+        bail!(
+            "--otlp-http {} is not a loopback address: pass --listen-public to accept traces from other hosts (and consider --bearer-token-env)",
+            args.otlp_http
+        );
+    }
+    for (name, v) in [
+        ("--concurrency", args.concurrency),
+        ("--queue-capacity", args.queue_capacity),
+        ("--max-inflight-requests", args.max_inflight_requests),
+    ] {
+        if v == 0 {
+            bail!("{name} must be at least 1");
+        }
+    }
+    let bearer_token = match &args.bearer_token_env {
+        None => None,
+        Some(var) => Some(
+            std::env::var(var)
+                .ok()
+                .filter(|t| !t.is_empty())
+                .with_context(|| format!("--bearer-token-env {var}: the environment variable is not set or empty"))?,
+        ),
+    };
+    let rules = Arc::new(RuleSet::load(&args.rules, evaluator.as_ref())?);
+    let prices = Arc::new(load_prices(&args.prices)?);
+    let metrics = Arc::new(Metrics::default());
+    let trace_archive = match &args.traces_out {
+        None => None,
+        Some(p) => Some(Mutex::new(std::io::BufWriter::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("--traces-out {}: cannot be opened for appending", p.display()))?,
+        ))),
+    };
+    let pipeline = Arc::new(Pipeline {
+        rules,
+        metrics: metrics.clone(),
+        sinks: sinks(&args.results_jsonl, history)?,
+        prices,
+        trace_archive,
+    });
+    let publisher = match &args.nats {
+        Some(url) => Some(Arc::new(distributed::Publisher::connect(url, &args.nats_opts).await?)),
+        None => None,
+    };
+
+    let (tx, rx) = mpsc::channel::<(ClosedTrace, Instant)>(args.queue_capacity);
+    let consumer = tokio::spawn(consume(rx, pipeline.clone(), publisher.clone(), args.concurrency));
+
+    if let Some(input) = &args.jsonl {
+        jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
+        drop(tx);
+        consumer.await?;
+        pipeline.flush().await?;
+        return Ok(0);
+    }
+
+    let limits = Limits {
+        settle: Duration::from_millis(args.settle_ms),
+        orphan_timeout: Duration::from_millis(args.orphan_timeout_ms),
+        max_open_traces: args.max_open_traces,
+        max_open_bytes: args.max_open_bytes,
+        max_trace_bytes: args.max_trace_bytes,
+        max_trace_spans: args.max_trace_spans,
+    };
+    let state = Arc::new(ReceiverState {
+        assembler: Mutex::new(Assembler::new(limits)),
+        metrics: metrics.clone(),
+        ready: tx,
+        bearer_token,
+        max_request_bytes: args.max_request_bytes,
+        inflight: Semaphore::new(args.max_inflight_requests),
+    });
+    let listener = tokio::net::TcpListener::bind(args.otlp_http)
+        .await
+        .with_context(|| format!("--otlp-http {}: cannot listen", args.otlp_http))?;
+    let local = listener.local_addr()?;
+    // One line on stderr so that scripts (and tests) can find an ephemeral port.
+    eprintln!("attest-collect: listening for OTLP/HTTP on http://{local}/v1/traces");
+
+    let poller = {
+        let state = state.clone();
+        let tick = Duration::from_millis((args.settle_ms / 4).clamp(20, 1000));
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(tick);
+            loop {
+                interval.tick().await;
+                let room = state.ready.capacity();
+                let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).poll(Instant::now(), room);
+                state.dispatch(events);
+            }
+        })
+    };
+    axum::serve(
+        listener,
+        server::router(state.clone(), Duration::from_secs(args.request_timeout_secs.max(1))),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await?;
+    poller.abort();
+    eprintln!("attest-collect: draining open traces");
+    let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();
+    for d in events.dropped {
+        metrics.dropped(d.reason.as_str(), d.spans);
+    }
+    for t in events.ready {
+        // Draining waits for room instead of dropping.
+        let _ = state.ready.send((t, Instant::now())).await;
+    }
+    drop(state);
+    consumer.await?;
+    pipeline.flush().await?;
+    eprintln!(
+        "attest-collect: drained; {} traces evaluated, {} published",
+        metrics.traces_evaluated.load(Ordering::Relaxed),
+        metrics.traces_published.load(Ordering::Relaxed)
+    );
+    Ok(0)
+}
+
+/// Takes closed traces off the queue: converts, selects, then evaluates here
+/// or publishes to NATS, at most `concurrency` at a time.
+async fn consume(
+    mut rx: mpsc::Receiver<(ClosedTrace, Instant)>,
+    pipeline: Arc<Pipeline>,
+    publisher: Option<Arc<distributed::Publisher>>,
+    concurrency: usize,
+) {
+    let sem = Arc::new(Semaphore::new(concurrency));
+    let mut tasks = JoinSet::new();
+    while let Some((closed, closed_at)) = rx.recv().await {
+        pipeline.metrics.queue_depth.store(rx.len() as u64, Ordering::Relaxed);
+        let Ok(permit) = sem.clone().acquire_owned().await else { break };
+        pipeline
+            .metrics
+            .queue_lag_ms
+            .store(closed_at.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let pipeline = pipeline.clone();
+        let publisher = publisher.clone();
+        tasks.spawn(async move {
+            let _permit = permit;
+            if let Some(item) = pipeline.prepare(closed) {
+                handle_item(&pipeline, publisher.as_deref(), item).await;
+            }
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Evaluates and stores one selected trace, or publishes it for the workers.
+pub(crate) async fn handle_item(pipeline: &Pipeline, publisher: Option<&distributed::Publisher>, item: WorkItem) {
+    if let Some(p) = publisher {
+        match p.publish(&item).await {
+            Ok(duplicate) => {
+                pipeline.metrics.traces_published.fetch_add(1, Ordering::Relaxed);
+                if duplicate {
+                    pipeline.metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) => {
+                pipeline.metrics.dropped("publish_failed", 0);
+                tracing::warn!(trace_id = %item.trace_id(), error = %e, "publishing to NATS failed");
+            }
+        }
+        return;
+    }
+    match pipeline.evaluate(&item, 1).await {
+        Ok(records) => {
+            if let Err(e) = pipeline.store(&records).await {
+                eprintln!("attest-collect: storing results of {} failed: {e:#}", item.trace_id());
+            }
+        }
+        Err(e) => {
+            pipeline.metrics.dropped("evaluation_failed", 0);
+            eprintln!("attest-collect: evaluation of {} failed: {e}", item.trace_id());
+        }
+    }
+}
+
+/// Runs a NATS worker until SIGTERM; returns the exit code.
+pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
+    if args.concurrency == 0 {
+        bail!("--concurrency must be at least 1");
+    }
+    let metrics = Arc::new(Metrics::default());
+    if let Some(addr) = args.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics-addr {addr}"))?;
+        let router = server::metrics_router(metrics.clone());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+    }
+    let rules = match (&args.rules, args.role) {
+        (Some(p), _) => Arc::new(RuleSet::load(p, evaluator.as_ref())?),
+        (None, WorkerRole::Sink) => Arc::new(RuleSet { rules: vec![] }),
+        (None, WorkerRole::Evaluate) => bail!("--rules is required for --role evaluate"),
+    };
+    if args.role == WorkerRole::Sink && args.results_jsonl.is_none() && history.is_none() {
+        bail!("--role sink needs somewhere to write: pass --results-jsonl");
+    }
+    let pipeline = Arc::new(Pipeline {
+        rules,
+        metrics,
+        sinks: sinks(&args.results_jsonl, history)?,
+        prices: Arc::new(PriceTable::default()),
+        trace_archive: None,
+    });
+    match args.role {
+        WorkerRole::Evaluate => distributed::run_evaluate(&args, pipeline).await?,
+        WorkerRole::Sink => distributed::run_sink(&args, pipeline).await?,
+    }
+    Ok(0)
+}

@@ -1,0 +1,802 @@
+//! Mapping spans onto Attest traces (protocol §3). Two conventions are read:
+//! the OpenTelemetry GenAI semantic conventions (current attribute names and
+//! the older ones used up to 1.36) and OpenInference. The table in
+//! docs/continuous.md is the reference for every attribute used here.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::otlp::Span;
+
+/// What a span is, once its convention is recognised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanRole {
+    Llm,
+    Tool,
+    Retrieval,
+    Agent,
+    /// Recognised convention, no step of its own (chain, embedding, ...): its children are walked.
+    Passthrough,
+    /// No known convention.
+    Unknown,
+}
+
+/// Which convention a span was read with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Convention {
+    GenAi,
+    OpenInference,
+}
+
+pub fn classify(span: &Span) -> (SpanRole, Option<Convention>) {
+    if let Some(kind) = span.attr_str("openinference.span.kind") {
+        let role = match kind.to_ascii_uppercase().as_str() {
+            "LLM" => SpanRole::Llm,
+            "TOOL" => SpanRole::Tool,
+            "RETRIEVER" => SpanRole::Retrieval,
+            "AGENT" => SpanRole::Agent,
+            _ => SpanRole::Passthrough,
+        };
+        return (role, Some(Convention::OpenInference));
+    }
+    if let Some(op) = span.attr_str("gen_ai.operation.name") {
+        let role = match op {
+            "chat" | "text_completion" | "generate_content" | "completion" => SpanRole::Llm,
+            "execute_tool" => SpanRole::Tool,
+            "invoke_agent" => SpanRole::Agent,
+            _ => SpanRole::Passthrough,
+        };
+        return (role, Some(Convention::GenAi));
+    }
+    // Older GenAI instrumentations set no operation name.
+    if span.attributes.contains_key("gen_ai.tool.name") {
+        return (SpanRole::Tool, Some(Convention::GenAi));
+    }
+    if span.attributes.contains_key("gen_ai.system") || span.attributes.contains_key("gen_ai.provider.name") {
+        let role = if span.attributes.contains_key("gen_ai.request.model") {
+            SpanRole::Llm
+        } else {
+            SpanRole::Passthrough
+        };
+        return (role, Some(Convention::GenAi));
+    }
+    if span.attributes.contains_key("gen_ai.agent.name") {
+        return (SpanRole::Agent, Some(Convention::GenAi));
+    }
+    (SpanRole::Unknown, None)
+}
+
+/// Per-model prices in USD per million tokens, used to fill `cost_usd`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PriceTable {
+    pub models: HashMap<String, ModelPrice>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub input_per_million: f64,
+    pub output_per_million: f64,
+}
+
+impl PriceTable {
+    /// Exact model name first, else the longest configured prefix
+    /// (`gpt-4o-mini-2024-07-18` is priced as `gpt-4o-mini`).
+    pub fn price(&self, model: &str) -> Option<&ModelPrice> {
+        self.models.get(model).or_else(|| {
+            self.models
+                .iter()
+                .filter(|(name, _)| model.starts_with(name.as_str()))
+                .max_by_key(|(name, _)| name.len())
+                .map(|(_, p)| p)
+        })
+    }
+
+    pub fn cost(&self, model: &str, input_tokens: u64, output_tokens: u64) -> Option<f64> {
+        self.price(model)
+            .map(|p| (input_tokens as f64 * p.input_per_million + output_tokens as f64 * p.output_per_million) / 1e6)
+    }
+}
+
+/// Facts about the trace that rules match on, besides the Attest trace itself.
+#[derive(Debug, Clone, Default)]
+pub struct MatchContext {
+    pub agent_id: Option<String>,
+    pub root_span_name: Option<String>,
+    /// Root span attributes and resource attributes (span wins on a clash), as strings.
+    pub attributes: HashMap<String, String>,
+}
+
+/// Result of converting one closed trace.
+#[derive(Debug)]
+pub enum Converted {
+    Trace { trace: Value, context: MatchContext },
+    NoRoot,
+    UnknownConvention,
+}
+
+/// A normalised chat message.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Message {
+    role: String,
+    content: String,
+    tool_calls: Vec<Value>,
+}
+
+impl Message {
+    fn to_json(&self) -> Value {
+        let mut m = json!({"role": self.role, "content": self.content});
+        if !self.tool_calls.is_empty() {
+            m["tool_calls"] = Value::Array(self.tool_calls.clone());
+        }
+        m
+    }
+}
+
+struct Tree<'a> {
+    spans: &'a [Span],
+    children: HashMap<&'a str, Vec<usize>>,
+    prices: &'a PriceTable,
+    /// Spans already turned into steps: duplicate span ids or parent cycles
+    /// (spans come from the network) must not make a span count twice.
+    visited: std::cell::RefCell<Vec<bool>>,
+}
+
+#[derive(Default)]
+struct Totals {
+    input_tokens: u64,
+    output_tokens: u64,
+    cost_usd: f64,
+    priced: bool,
+    model: Option<String>,
+    first_input: Option<String>,
+    last_output: Option<String>,
+}
+
+pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted {
+    let Some(root_idx) = spans.iter().position(|s| s.parent_span_id.is_none()) else {
+        return Converted::NoRoot;
+    };
+    let mut children: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, s) in spans.iter().enumerate() {
+        if let Some(p) = &s.parent_span_id {
+            children.entry(p.as_str()).or_default().push(i);
+        }
+    }
+    for list in children.values_mut() {
+        list.sort_by_key(|&i| (spans[i].start_unix_nanos, spans[i].end_unix_nanos));
+    }
+    if spans.iter().all(|s| classify(s).0 == SpanRole::Unknown) {
+        return Converted::UnknownConvention;
+    }
+    let tree = Tree {
+        spans,
+        children,
+        prices,
+        visited: std::cell::RefCell::new(vec![false; spans.len()]),
+    };
+    let root = &spans[root_idx];
+    // The outermost agent span is the trace's own agent; deeper agents become agent_call steps.
+    let outer_agent = tree.first_agent(root_idx);
+    let agent_span = outer_agent.map(|i| &spans[i]);
+    let agent_id = agent_span.and_then(agent_name);
+    let mut totals = Totals::default();
+    let steps = tree.steps(root_idx, outer_agent, &mut totals, trace_id);
+
+    let input = span_input(root)
+        .or_else(|| agent_span.and_then(span_input))
+        .or(totals.first_input.clone());
+    let output = span_output(root)
+        .or_else(|| agent_span.and_then(span_output))
+        .or(totals.last_output.clone());
+
+    let mut metadata = Map::new();
+    metadata.insert("total_tokens".into(), json!(totals.input_tokens + totals.output_tokens));
+    metadata.insert("input_tokens".into(), json!(totals.input_tokens));
+    metadata.insert("output_tokens".into(), json!(totals.output_tokens));
+    if totals.priced {
+        metadata.insert("cost_usd".into(), json!(totals.cost_usd));
+    }
+    metadata.insert("latency_ms".into(), json!(root.duration_ms()));
+    if let Some(m) = &totals.model {
+        metadata.insert("model".into(), json!(m));
+    }
+    metadata.insert("timestamp".into(), json!(crate::rfc3339_from_unix_nanos(root.start_unix_nanos)));
+    metadata.insert("span_count".into(), json!(spans.len()));
+    if let Some(service) = root.resource.get("service.name") {
+        metadata.insert("service_name".into(), service.clone());
+    }
+    metadata.insert("root_span".into(), json!(root.name));
+
+    let mut trace = json!({
+        "schema_version": 1,
+        "trace_id": trace_id,
+        "input": input.map(|m| json!({"user_message": m})).unwrap_or_else(|| json!({})),
+        "steps": steps,
+        "output": {"message": output.unwrap_or_default()},
+        "metadata": metadata,
+        "parent_trace_id": null,
+    });
+    if let Some(a) = &agent_id {
+        trace["agent_id"] = json!(a);
+    }
+
+    let mut attributes = HashMap::new();
+    for (k, v) in root.resource.iter().chain(root.attributes.iter()) {
+        attributes.insert(k.clone(), scalar_string(v));
+    }
+    let context = MatchContext {
+        agent_id,
+        root_span_name: Some(root.name.clone()),
+        attributes,
+    };
+    Converted::Trace { trace, context }
+}
+
+fn scalar_string(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl<'a> Tree<'a> {
+    fn kids(&self, idx: usize) -> &[usize] {
+        self.children
+            .get(self.spans[idx].span_id.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    fn first_agent(&self, root: usize) -> Option<usize> {
+        let mut queue = std::collections::VecDeque::from([root]);
+        let mut seen = vec![false; self.spans.len()];
+        while let Some(i) = queue.pop_front() {
+            if std::mem::replace(&mut seen[i], true) {
+                continue;
+            }
+            if classify(&self.spans[i]).0 == SpanRole::Agent {
+                return Some(i);
+            }
+            queue.extend(self.kids(i).iter().copied());
+        }
+        None
+    }
+
+    /// Steps under `idx` in start order; `own_agent` is walked through rather than made a step.
+    fn steps(&self, idx: usize, own_agent: Option<usize>, totals: &mut Totals, trace_id: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        self.walk(idx, own_agent, totals, trace_id, &mut out, 0);
+        out
+    }
+
+    fn walk(&self, idx: usize, own_agent: Option<usize>, totals: &mut Totals, trace_id: &str, out: &mut Vec<Value>, depth: usize) {
+        // Span trees come from the network: parent links may form cycles or be very deep.
+        if depth > 256 || std::mem::replace(&mut self.visited.borrow_mut()[idx], true) {
+            return;
+        }
+        let span = &self.spans[idx];
+        let (role, _) = classify(span);
+        match role {
+            SpanRole::Llm => out.push(self.llm_step(span, totals)),
+            SpanRole::Tool => out.push(tool_step(span)),
+            SpanRole::Retrieval => out.push(retrieval_step(span)),
+            SpanRole::Agent if Some(idx) != own_agent => out.push(self.agent_step(idx, totals, trace_id, depth)),
+            _ => {
+                for &k in self.kids(idx) {
+                    self.walk(k, own_agent, totals, trace_id, out, depth + 1);
+                }
+            }
+        }
+    }
+
+    fn agent_step(&self, idx: usize, parent_totals: &mut Totals, trace_id: &str, depth: usize) -> Value {
+        let span = &self.spans[idx];
+        let name = agent_name(span).unwrap_or_else(|| span.name.clone());
+        let mut totals = Totals::default();
+        let mut steps = Vec::new();
+        for &k in self.kids(idx) {
+            self.walk(k, Some(idx), &mut totals, trace_id, &mut steps, depth + 1);
+        }
+        let input = span_input(span).or(totals.first_input.clone());
+        let output = span_output(span).or(totals.last_output.clone()).unwrap_or_default();
+        parent_totals.input_tokens += totals.input_tokens;
+        parent_totals.output_tokens += totals.output_tokens;
+        parent_totals.cost_usd += totals.cost_usd;
+        parent_totals.priced |= totals.priced;
+        if parent_totals.model.is_none() {
+            parent_totals.model = totals.model.clone();
+        }
+        let mut metadata = json!({
+            "total_tokens": totals.input_tokens + totals.output_tokens,
+            "latency_ms": span.duration_ms(),
+        });
+        if totals.priced {
+            metadata["cost_usd"] = json!(totals.cost_usd);
+        }
+        json!({
+            "type": "agent_call",
+            "name": name,
+            "args": {"input": input},
+            "result": {"output": output},
+            "sub_trace": {
+                "schema_version": 1,
+                "trace_id": format!("{trace_id}:{}", span.span_id),
+                "agent_id": name,
+                "parent_trace_id": trace_id,
+                "input": input.map(|m| json!({"user_message": m})).unwrap_or_else(|| json!({})),
+                "steps": steps,
+                "output": {"message": output},
+                "metadata": metadata,
+            },
+            "metadata": step_metadata(span),
+        })
+    }
+
+    fn llm_step(&self, span: &Span, totals: &mut Totals) -> Value {
+        let model = first_str(span, &["gen_ai.request.model", "gen_ai.response.model", "llm.model_name"]);
+        let input_tokens = first_u64(
+            span,
+            &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"],
+        );
+        let output_tokens = first_u64(
+            span,
+            &[
+                "gen_ai.usage.output_tokens",
+                "gen_ai.usage.completion_tokens",
+                "llm.token_count.completion",
+            ],
+        );
+        let inputs = input_messages(span);
+        let outputs = output_messages(span);
+        let completion = outputs.iter().rev().find(|m| !m.content.is_empty()).map(|m| m.content.clone());
+        let tool_calls: Vec<Value> = outputs.iter().flat_map(|m| m.tool_calls.clone()).collect();
+        if totals.first_input.is_none() {
+            totals.first_input = inputs.iter().find(|m| m.role == "user").map(|m| m.content.clone());
+        }
+        if completion.is_some() {
+            totals.last_output = completion.clone();
+        }
+        let in_t = input_tokens.unwrap_or(0);
+        let out_t = output_tokens.unwrap_or(0);
+        totals.input_tokens += in_t;
+        totals.output_tokens += out_t;
+        let mut metadata = step_metadata(span);
+        if let Some(m) = &model {
+            if totals.model.is_none() {
+                totals.model = Some(m.clone());
+            }
+            if let Some(cost) = self.prices.cost(m, in_t, out_t) {
+                totals.cost_usd += cost;
+                totals.priced = true;
+                metadata["cost_usd"] = json!(cost);
+            }
+        }
+        let provider = first_str(span, &["gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"]);
+        let prompt = inputs
+            .iter()
+            .map(|m| format!("{}: {}", m.role, m.content))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let finish = span
+            .attributes
+            .get("gen_ai.response.finish_reasons")
+            .and_then(|v| v.as_array().and_then(|a| a.first()).and_then(Value::as_str).map(str::to_string))
+            .or_else(|| span.attr_str("llm.finish_reason").map(str::to_string));
+        json!({
+            "type": "llm_call",
+            "name": span.name,
+            "args": {
+                "model": model,
+                "provider": provider,
+                "prompt": prompt,
+                "messages": inputs.iter().map(Message::to_json).collect::<Vec<_>>(),
+            },
+            "result": {
+                "completion": completion,
+                "tool_calls": tool_calls,
+                "tokens": in_t + out_t,
+                "finish_reason": finish,
+            },
+            "metadata": metadata,
+        })
+    }
+}
+
+fn step_metadata(span: &Span) -> Value {
+    let mut m = json!({"duration_ms": span.duration_ms(), "span_id": span.span_id});
+    if span.is_error {
+        m["error"] = json!(true);
+    }
+    m
+}
+
+fn agent_name(span: &Span) -> Option<String> {
+    first_str(span, &["gen_ai.agent.name", "agent.name", "gen_ai.agent.id"]).or_else(|| {
+        // `invoke_agent {name}` is the GenAI span name when the attribute is missing.
+        span.name.strip_prefix("invoke_agent ").map(str::to_string)
+    })
+}
+
+fn tool_step(span: &Span) -> Value {
+    let name = first_str(span, &["gen_ai.tool.name", "tool.name"]).unwrap_or_else(|| span.name.clone());
+    let args = first_value(span, &["gen_ai.tool.call.arguments", "input.value", "tool.parameters"])
+        .map(|v| as_object(v, "input"))
+        .unwrap_or_else(|| json!({}));
+    let result = first_value(span, &["gen_ai.tool.call.result", "output.value"])
+        .map(|v| as_object(v, "output"))
+        .unwrap_or_else(|| json!({}));
+    json!({"type": "tool_call", "name": name, "args": args, "result": result, "metadata": step_metadata(span)})
+}
+
+fn retrieval_step(span: &Span) -> Value {
+    let query = first_value(span, &["input.value"]).unwrap_or(Value::Null);
+    let mut documents = Vec::new();
+    for i in 0..10_000 {
+        let p = format!("retrieval.documents.{i}.document.");
+        let content = span.attr_str(&format!("{p}content"));
+        let id = span.attributes.get(&format!("{p}id"));
+        if content.is_none() && id.is_none() {
+            break;
+        }
+        documents.push(json!({
+            "id": id,
+            "text": content,
+            "score": span.attributes.get(&format!("{p}score")),
+        }));
+    }
+    json!({
+        "type": "retrieval",
+        "name": span.name,
+        "args": {"query": query},
+        "result": {"documents": documents},
+        "metadata": step_metadata(span),
+    })
+}
+
+/// Parses a JSON-encoded attribute; an object stays as it is, anything else is wrapped.
+fn as_object(v: Value, key: &str) -> Value {
+    let parsed = match &v {
+        Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(v),
+        _ => v,
+    };
+    match parsed {
+        Value::Object(_) => parsed,
+        other => json!({ key: other }),
+    }
+}
+
+fn first_str(span: &Span, keys: &[&str]) -> Option<String> {
+    keys.iter()
+        .find_map(|k| span.attr_str(k).filter(|s| !s.is_empty()).map(str::to_string))
+}
+
+fn first_value(span: &Span, keys: &[&str]) -> Option<Value> {
+    keys.iter().find_map(|k| span.attributes.get(*k).cloned())
+}
+
+fn first_u64(span: &Span, keys: &[&str]) -> Option<u64> {
+    keys.iter().find_map(|k| {
+        span.attributes
+            .get(*k)
+            .and_then(|v| v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())))
+    })
+}
+
+/// Input text of an agent or root span (`input.value`, or GenAI input messages).
+fn span_input(span: &Span) -> Option<String> {
+    if let Some(v) = span.attr_str("input.value") {
+        return Some(v.to_string());
+    }
+    let msgs = genai_messages(span, "gen_ai.input.messages");
+    msgs.iter().find(|m| m.role == "user").map(|m| m.content.clone())
+}
+
+fn span_output(span: &Span) -> Option<String> {
+    if let Some(v) = span.attr_str("output.value") {
+        return Some(v.to_string());
+    }
+    let msgs = genai_messages(span, "gen_ai.output.messages");
+    msgs.iter().rev().find(|m| !m.content.is_empty()).map(|m| m.content.clone())
+}
+
+fn input_messages(span: &Span) -> Vec<Message> {
+    let current = genai_messages(span, "gen_ai.input.messages");
+    if !current.is_empty() {
+        return current;
+    }
+    let oi = indexed_messages(span, "llm.input_messages");
+    if !oi.is_empty() {
+        return oi;
+    }
+    legacy_genai(span, "gen_ai.prompt", "gen_ai.content.prompt")
+}
+
+fn output_messages(span: &Span) -> Vec<Message> {
+    let current = genai_messages(span, "gen_ai.output.messages");
+    if !current.is_empty() {
+        return current;
+    }
+    let oi = indexed_messages(span, "llm.output_messages");
+    if !oi.is_empty() {
+        return oi;
+    }
+    legacy_genai(span, "gen_ai.completion", "gen_ai.content.completion")
+}
+
+/// Current GenAI conventions: a JSON array of `{role, parts: [{type, content | name, arguments | response}]}`.
+fn genai_messages(span: &Span, key: &str) -> Vec<Message> {
+    let Some(raw) = span.attributes.get(key) else { return vec![] };
+    let parsed = match raw {
+        Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(Value::Null),
+        other => other.clone(),
+    };
+    parsed.as_array().map(|a| a.iter().map(genai_message).collect()).unwrap_or_default()
+}
+
+fn genai_message(v: &Value) -> Message {
+    let mut m = Message {
+        role: v["role"].as_str().unwrap_or("").to_string(),
+        ..Default::default()
+    };
+    if let Some(parts) = v["parts"].as_array() {
+        let mut texts = Vec::new();
+        for p in parts {
+            match p["type"].as_str() {
+                Some("text") => texts.push(p["content"].as_str().unwrap_or("").to_string()),
+                Some("tool_call") => m.tool_calls.push(json!({
+                    "id": p["id"], "name": p["name"], "arguments": p["arguments"],
+                })),
+                Some("tool_call_response") => texts.push(scalar_string(&p["response"])),
+                _ => {}
+            }
+        }
+        m.content = texts.join("");
+    } else if let Some(c) = v.get("content") {
+        // Older shape: {role, content} (events and the `gen_ai.prompt` attribute).
+        m.content = scalar_string(c);
+    } else if let Some(c) = v.get("message").and_then(|m| m.get("content")) {
+        m.content = scalar_string(c);
+    }
+    m
+}
+
+/// OpenInference flattened messages: `llm.input_messages.{i}.message.role|content|tool_calls.{j}.tool_call.function.name|arguments`.
+fn indexed_messages(span: &Span, prefix: &str) -> Vec<Message> {
+    let mut out = Vec::new();
+    for i in 0..10_000 {
+        let p = format!("{prefix}.{i}.message.");
+        let role = span.attr_str(&format!("{p}role"));
+        let content = span.attr_str(&format!("{p}content"));
+        let first_call = format!("{p}tool_calls.0.tool_call.function.name");
+        if role.is_none() && content.is_none() && !span.attributes.contains_key(&first_call) {
+            break;
+        }
+        let mut m = Message {
+            role: role.unwrap_or("").to_string(),
+            content: content.unwrap_or("").to_string(),
+            tool_calls: vec![],
+        };
+        for j in 0..10_000 {
+            let tp = format!("{p}tool_calls.{j}.tool_call.");
+            let Some(name) = span.attr_str(&format!("{tp}function.name")) else {
+                break;
+            };
+            m.tool_calls.push(json!({
+                "id": span.attributes.get(&format!("{tp}id")),
+                "name": name,
+                "arguments": span.attributes.get(&format!("{tp}function.arguments")),
+            }));
+        }
+        out.push(m);
+    }
+    out
+}
+
+/// GenAI conventions before structured messages: the `gen_ai.prompt` / `gen_ai.completion`
+/// attribute (JSON list of `{role, content}`), the same on span events
+/// `gen_ai.content.prompt` / `gen_ai.content.completion`, or indexed
+/// `gen_ai.prompt.{i}.role|content`.
+fn legacy_genai(span: &Span, attr: &str, event: &str) -> Vec<Message> {
+    let from_value = |v: &Value| -> Vec<Message> {
+        let parsed = match v {
+            Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or_else(|_| json!([{"role": "", "content": s}])),
+            other => other.clone(),
+        };
+        match parsed {
+            Value::Array(a) => a.iter().map(genai_message).collect(),
+            Value::Object(_) => vec![genai_message(&parsed)],
+            _ => vec![],
+        }
+    };
+    if let Some(v) = span.attributes.get(attr) {
+        return from_value(v);
+    }
+    if let Some(e) = span.events.iter().find(|e| e.name == event) {
+        if let Some(v) = e.attributes.get(attr) {
+            return from_value(v);
+        }
+    }
+    let mut out = Vec::new();
+    for i in 0..10_000 {
+        let role = span.attr_str(&format!("{attr}.{i}.role"));
+        let content = span.attr_str(&format!("{attr}.{i}.content"));
+        if role.is_none() && content.is_none() {
+            break;
+        }
+        out.push(Message {
+            role: role
+                .unwrap_or(if attr == "gen_ai.completion" { "assistant" } else { "" })
+                .to_string(),
+            content: content.unwrap_or("").to_string(),
+            tool_calls: vec![],
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn span(id: &str, parent: Option<&str>, name: &str, start: u64, attrs: Value) -> Span {
+        Span {
+            trace_id: "t".into(),
+            span_id: id.into(),
+            parent_span_id: parent.map(Into::into),
+            name: name.into(),
+            start_unix_nanos: start * 1_000_000,
+            end_unix_nanos: (start + 10) * 1_000_000,
+            attributes: attrs.as_object().unwrap().clone(),
+            events: vec![],
+            resource: Arc::new(json!({"service.name": "svc"}).as_object().unwrap().clone()),
+            is_error: false,
+            size_bytes: 1,
+        }
+    }
+
+    fn prices() -> PriceTable {
+        PriceTable {
+            models: [(
+                "gpt-4o".to_string(),
+                ModelPrice {
+                    input_per_million: 1.0,
+                    output_per_million: 2.0,
+                },
+            )]
+            .into(),
+        }
+    }
+
+    #[test]
+    fn genai_older_names_with_nested_agent() {
+        let spans = vec![
+            span(
+                "r",
+                None,
+                "invoke_agent planner",
+                0,
+                json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner"}),
+            ),
+            span(
+                "l1",
+                Some("r"),
+                "chat gpt-4o",
+                1,
+                json!({
+                    "gen_ai.system": "openai", "gen_ai.request.model": "gpt-4o-2024",
+                    "gen_ai.usage.prompt_tokens": 100, "gen_ai.usage.completion_tokens": 50,
+                    "gen_ai.prompt": "[{\"role\":\"user\",\"content\":\"plan a trip\"}]",
+                    "gen_ai.completion": "[{\"role\":\"assistant\",\"content\":\"delegating\"}]"
+                }),
+            ),
+            span(
+                "a2",
+                Some("r"),
+                "invoke_agent booker",
+                2,
+                json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "booker"}),
+            ),
+            span(
+                "t1",
+                Some("a2"),
+                "execute_tool book",
+                3,
+                json!({"gen_ai.tool.name": "book", "gen_ai.tool.call.arguments": "{\"city\":\"Oslo\"}", "gen_ai.tool.call.result": "done"}),
+            ),
+        ];
+        let Converted::Trace { trace, context } = convert("t", &spans, &prices()) else {
+            panic!("not converted")
+        };
+        assert_eq!(trace["agent_id"], "planner");
+        assert_eq!(context.agent_id.as_deref(), Some("planner"));
+        assert_eq!(trace["input"]["user_message"], "plan a trip");
+        assert_eq!(trace["output"]["message"], "delegating");
+        assert_eq!(trace["steps"][0]["type"], "llm_call");
+        assert_eq!(trace["steps"][0]["args"]["model"], "gpt-4o-2024");
+        assert_eq!(trace["steps"][1]["type"], "agent_call");
+        let sub = &trace["steps"][1]["sub_trace"];
+        assert_eq!(sub["steps"][0]["name"], "book");
+        assert_eq!(sub["steps"][0]["args"]["city"], "Oslo");
+        assert_eq!(sub["steps"][0]["result"]["output"], "done");
+        assert_eq!(trace["metadata"]["total_tokens"], 150);
+        assert_eq!(trace["metadata"]["cost_usd"], json!(0.0002));
+    }
+
+    #[test]
+    fn openinference_retriever_and_root_io() {
+        let spans = vec![
+            span(
+                "r",
+                None,
+                "rag",
+                0,
+                json!({"openinference.span.kind": "CHAIN", "input.value": "q?", "output.value": "a!"}),
+            ),
+            span(
+                "x",
+                Some("r"),
+                "retrieve",
+                1,
+                json!({
+                    "openinference.span.kind": "RETRIEVER", "input.value": "q?",
+                    "retrieval.documents.0.document.id": "d1", "retrieval.documents.0.document.content": "text", "retrieval.documents.0.document.score": 0.5
+                }),
+            ),
+            span(
+                "l",
+                Some("r"),
+                "ChatCompletion",
+                2,
+                json!({
+                    "openinference.span.kind": "LLM", "llm.model_name": "m",
+                    "llm.token_count.prompt": 3, "llm.token_count.completion": 4,
+                    "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "a!"
+                }),
+            ),
+        ];
+        let Converted::Trace { trace, .. } = convert("t", &spans, &PriceTable::default()) else {
+            panic!()
+        };
+        assert_eq!(trace["input"]["user_message"], "q?");
+        assert_eq!(trace["output"]["message"], "a!");
+        assert_eq!(trace["steps"][0]["type"], "retrieval");
+        assert_eq!(trace["steps"][0]["result"]["documents"][0]["id"], "d1");
+        assert_eq!(trace["steps"][1]["result"]["tokens"], 7);
+        assert!(trace.get("agent_id").is_none());
+        assert!(trace["metadata"].get("cost_usd").is_none(), "no price, no cost");
+    }
+
+    #[test]
+    fn duplicate_span_ids_and_cycles_do_not_multiply_steps() {
+        let mut spans = vec![span(
+            "x",
+            None,
+            "invoke_agent a",
+            0,
+            json!({"gen_ai.operation.name": "invoke_agent"}),
+        )];
+        for i in 0..2_000 {
+            spans.push(span("x", Some("x"), "step", i + 1, json!({"gen_ai.tool.name": "t"})));
+            spans.push(span("x", Some("x"), "wrapper", i + 1, json!({"http.method": "GET"})));
+        }
+        // Every span is its own parent's child here; without the visited set the
+        // walk would revisit all 4,000 spans at each of 256 levels.
+        let Converted::Trace { trace, .. } = convert("t", &spans, &PriceTable::default()) else {
+            panic!()
+        };
+        assert_eq!(trace["steps"].as_array().unwrap().len(), 2_000, "each tool span once");
+    }
+
+    #[test]
+    fn no_root_and_unknown_convention() {
+        let orphan = vec![span("a", Some("zz"), "x", 0, json!({"openinference.span.kind": "LLM"}))];
+        assert!(matches!(convert("t", &orphan, &PriceTable::default()), Converted::NoRoot));
+        let http = vec![span("a", None, "GET /", 0, json!({"http.method": "GET"}))];
+        assert!(matches!(convert("t", &http, &PriceTable::default()), Converted::UnknownConvention));
+    }
+}

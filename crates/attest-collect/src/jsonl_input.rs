@@ -1,0 +1,135 @@
+//! `--jsonl`: Attest traces, one JSON object per line, for back-filling and
+//! re-scoring. Lines go through the same rules, sampling and sinks as OTLP
+//! traces; a progress line on stderr shows how far it got.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Read};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::Value;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::assemble::DropReason;
+use crate::convert::MatchContext;
+use crate::distributed::Publisher;
+use crate::pipeline::Pipeline;
+
+/// Longest accepted line; longer ones are counted as malformed and skipped.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+enum Line {
+    Trace(Value),
+    Malformed(String),
+}
+
+pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Publisher>>, concurrency: usize) -> anyhow::Result<()> {
+    let reader: Box<dyn Read + Send> = if input == "-" {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(std::fs::File::open(input).with_context(|| format!("--jsonl {input}: cannot be read"))?)
+    };
+    let (tx, mut rx) = mpsc::channel::<(u64, Line)>(256);
+    let reader_task = tokio::task::spawn_blocking(move || read_lines(reader, tx));
+    let sem = Arc::new(Semaphore::new(concurrency));
+    let mut tasks = JoinSet::new();
+    let started = Instant::now();
+    let mut last_progress = Instant::now();
+    let (mut lines, mut malformed) = (0u64, 0u64);
+    while let Some((line_no, line)) = rx.recv().await {
+        lines += 1;
+        match line {
+            Line::Malformed(why) => {
+                malformed += 1;
+                pipeline.metrics.dropped(DropReason::Malformed.as_str(), 0);
+                eprintln!("attest-collect: --jsonl line {line_no}: {why}");
+            }
+            Line::Trace(trace) => {
+                pipeline.metrics.traces_received.fetch_add(1, Ordering::Relaxed);
+                pipeline.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
+                let ctx = MatchContext {
+                    agent_id: trace["agent_id"].as_str().map(str::to_string),
+                    root_span_name: trace["metadata"]["root_span"].as_str().map(str::to_string),
+                    attributes: HashMap::new(),
+                };
+                if let Some(item) = pipeline.select(trace, &ctx) {
+                    let permit = sem.clone().acquire_owned().await?;
+                    let pipeline = pipeline.clone();
+                    let publisher = publisher.clone();
+                    tasks.spawn(async move {
+                        let _permit = permit;
+                        crate::cli::handle_item(&pipeline, publisher.as_deref(), item).await;
+                    });
+                }
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+        if last_progress.elapsed() >= Duration::from_secs(1) {
+            progress(pipeline, lines, malformed, started);
+            last_progress = Instant::now();
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    reader_task.await??;
+    progress(pipeline, lines, malformed, started);
+    Ok(())
+}
+
+fn progress(pipeline: &Pipeline, lines: u64, malformed: u64, started: Instant) {
+    let evaluated = pipeline.metrics.traces_evaluated.load(Ordering::Relaxed);
+    let published = pipeline.metrics.traces_published.load(Ordering::Relaxed);
+    let duplicates = pipeline.metrics.publish_duplicates.load(Ordering::Relaxed);
+    let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-3);
+    eprintln!(
+        "attest-collect: --jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {published} published ({duplicates} already in the stream)"
+    );
+}
+
+fn read_lines(reader: Box<dyn Read + Send>, tx: mpsc::Sender<(u64, Line)>) -> anyhow::Result<()> {
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, reader);
+    let mut buf = Vec::new();
+    let mut line_no = 0u64;
+    loop {
+        buf.clear();
+        let n = (&mut reader).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        line_no += 1;
+        let line = if buf.len() > MAX_LINE_BYTES && !buf.ends_with(b"\n") {
+            // Skip the rest of the over-long line.
+            let mut rest = Vec::new();
+            loop {
+                rest.clear();
+                let m = (&mut reader).take(1 << 20).read_until(b'\n', &mut rest)?;
+                if m == 0 || rest.ends_with(b"\n") {
+                    break;
+                }
+            }
+            Line::Malformed(format!("longer than {MAX_LINE_BYTES} bytes; skipped"))
+        } else {
+            let text = String::from_utf8_lossy(&buf);
+            let text = text.trim();
+            if text.is_empty() {
+                continue;
+            }
+            parse(text)
+        };
+        if tx.blocking_send((line_no, line)).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+fn parse(text: &str) -> Line {
+    match serde_json::from_str::<Value>(text) {
+        Err(e) => Line::Malformed(format!("not JSON: {e}")),
+        Ok(v) if !v.is_object() => Line::Malformed("not a JSON object (expected an Attest trace)".into()),
+        Ok(v) if !v["trace_id"].is_string() => Line::Malformed("missing string field `trace_id` (Attest trace, protocol §3)".into()),
+        Ok(v) if !v["output"].is_object() => Line::Malformed("missing object field `output` (Attest trace, protocol §3)".into()),
+        Ok(v) => Line::Trace(v),
+    }
+}

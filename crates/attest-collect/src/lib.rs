@@ -1,0 +1,195 @@
+//! Continuous evaluation of production agent traces.
+//!
+//! This crate owns everything between an agent's telemetry and a stored
+//! verdict: OTLP/HTTP ingest ([`server`], [`otlp`]), grouping spans into
+//! traces ([`assemble`]), mapping the OpenTelemetry GenAI and OpenInference
+//! span conventions onto Attest traces ([`convert`]), the rules file that
+//! says which traces get which assertions ([`rules`]), result sinks
+//! ([`sink`]), Prometheus metrics ([`metrics`]) and the NATS JetStream
+//! distributed mode ([`distributed`]).
+//!
+//! It does not evaluate assertions itself: the host plugs an [`Evaluator`] in
+//! (the attest-engine binary plugs its layers 1–8) and, optionally, a
+//! [`HistorySink`] that stores results.
+
+pub mod assemble;
+pub mod cli;
+pub mod convert;
+pub mod distributed;
+pub mod jsonl_input;
+pub mod metrics;
+pub mod otlp;
+pub mod pipeline;
+pub mod rules;
+pub mod server;
+pub mod sink;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use cli::{run_collect, run_worker, CollectArgs, WorkerArgs, WorkerRole};
+pub use convert::PriceTable;
+
+/// A boxed, sendable future (the shape the host's async evaluators return).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Verdict of one assertion, as in the Attest protocol's `evaluate_batch` results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pass,
+    SoftFail,
+    HardFail,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::SoftFail => "soft_fail",
+            Status::HardFail => "hard_fail",
+        }
+    }
+}
+
+/// One assertion's outcome, returned by [`Suite::evaluate`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssertionOutcome {
+    pub assertion_id: String,
+    /// The assertion's `type` (`schema`, `constraint`, `trace`, ...).
+    #[serde(rename = "type")]
+    pub assertion_type: String,
+    pub status: Status,
+    pub score: f64,
+    pub explanation: String,
+    /// USD spent on this assertion (non-zero for paid layers).
+    #[serde(default)]
+    pub cost_usd: f64,
+    #[serde(default)]
+    pub duration_ms: u64,
+}
+
+/// A rules file's assertions refused by the evaluator: where, what, and what is accepted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleError {
+    /// Path inside the rule's `assertions`, e.g. `assertions[2].spec.check`.
+    pub field: String,
+    pub message: String,
+    /// Accepted values for `field`, when there is a closed set.
+    #[serde(default)]
+    pub valid_choices: Vec<String>,
+}
+
+impl std::fmt::Display for RuleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)?;
+        if !self.valid_choices.is_empty() {
+            write!(f, " (valid choices: {})", self.valid_choices.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RuleError {}
+
+/// Evaluation of one trace failed as a whole (not an assertion verdict).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalError {
+    pub message: String,
+    /// True when trying again later may succeed (provider outage, rate limit).
+    pub retryable: bool,
+}
+
+impl std::fmt::Display for EvalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for EvalError {}
+
+/// Turns a rule's assertion objects into a runnable [`Suite`]; called once per
+/// rule at start-up so that a bad rules file is refused before any traffic.
+pub trait Evaluator: Send + Sync + 'static {
+    fn compile(&self, rule: &str, assertions: &[serde_json::Value]) -> Result<Arc<dyn Suite>, RuleError>;
+}
+
+/// A compiled rule: evaluates Attest traces (protocol §3 shape).
+pub trait Suite: Send + Sync + 'static {
+    fn evaluate<'a>(&'a self, trace: &'a serde_json::Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>;
+
+    /// Paid model calls (judge or embedding) one evaluation makes at most; the
+    /// per-rule budget is checked against it before evaluating. 0 = free layers only.
+    fn paid_calls(&self) -> u32 {
+        0
+    }
+}
+
+/// Identity of a result: evaluating the same trace again yields the same key,
+/// so sinks can make writes idempotent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ResultKey {
+    pub trace_id: String,
+    pub rule: String,
+    pub assertion_id: String,
+}
+
+/// One stored assertion result: the line written by the JSONL sink and the
+/// record handed to [`HistorySink`]s.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultRecord {
+    #[serde(flatten)]
+    pub key: ResultKey,
+    #[serde(rename = "type")]
+    pub assertion_type: String,
+    pub status: Status,
+    pub score: f64,
+    pub explanation: String,
+    pub cost_usd: f64,
+    pub duration_ms: u64,
+    pub agent_id: Option<String>,
+    /// RFC 3339 time the evaluation finished.
+    pub evaluated_at: String,
+    /// Delivery attempt that produced it (1 unless a worker redelivery happened).
+    pub delivery: u64,
+}
+
+/// Where results go. Implementations must be idempotent on [`ResultRecord::key`]:
+/// a trace can be evaluated again (redelivery, re-scoring), and a key already
+/// stored must not be counted twice.
+pub trait HistorySink: Send + Sync + 'static {
+    /// Stores the results of one (trace, rule) evaluation; returns once they are durable.
+    fn record<'a>(&'a self, results: &'a [ResultRecord]) -> BoxFuture<'a, anyhow::Result<()>>;
+
+    /// Makes everything recorded so far durable (called on drain).
+    fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// RFC 3339 (UTC, milliseconds) for a Unix time in nanoseconds.
+pub(crate) fn rfc3339_from_unix_nanos(nanos: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+pub(crate) fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// Cuts a string echoed from input to at most `max` bytes (on a char boundary).
+pub(crate) fn bounded(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+pub(crate) type SharedSinks = Arc<Vec<Arc<dyn HistorySink>>>;

@@ -1,0 +1,224 @@
+//! Counters and gauges of the collector and workers, rendered in the
+//! Prometheus text exposition format at `/metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the evaluation latency histogram.
+const LATENCY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0];
+
+#[derive(Default)]
+pub struct Metrics {
+    pub spans_received: AtomicU64,
+    pub traces_received: AtomicU64,
+    pub traces_assembled: AtomicU64,
+    pub traces_sampled: AtomicU64,
+    pub traces_evaluated: AtomicU64,
+    pub traces_published: AtomicU64,
+    /// Publishes the server dropped as duplicates (same trace id within the duplicate window).
+    pub publish_duplicates: AtomicU64,
+    pub queue_depth: AtomicU64,
+    /// Milliseconds between a trace closing and its evaluation starting (last seen).
+    pub queue_lag_ms: AtomicU64,
+    pub open_traces: AtomicU64,
+    pub open_bytes: AtomicU64,
+    pub redeliveries: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    requests: Mutex<BTreeMap<(u16, &'static str), u64>>,
+    dropped: Mutex<BTreeMap<&'static str, u64>>,
+    dropped_spans: Mutex<BTreeMap<&'static str, u64>>,
+    results: Mutex<BTreeMap<(String, &'static str), u64>>,
+    rule_events: Mutex<BTreeMap<(String, &'static str), u64>>,
+    latency: Mutex<([u64; LATENCY_BUCKETS.len()], u64, f64)>,
+}
+
+fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K, n: u64) {
+    *map.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_insert(0) += n;
+}
+
+impl Metrics {
+    pub fn request(&self, status: u16, encoding: &'static str) {
+        bump(&self.requests, (status, encoding), 1);
+    }
+
+    pub fn dropped(&self, reason: &'static str, spans: u64) {
+        bump(&self.dropped, reason, 1);
+        bump(&self.dropped_spans, reason, spans);
+    }
+
+    pub fn result(&self, rule: &str, status: crate::Status) {
+        bump(&self.results, (rule.to_string(), status.as_str()), 1);
+    }
+
+    /// Per-rule events that are not verdicts: `budget_exhausted`, `eval_error`, `not_sampled`.
+    pub fn rule_event(&self, rule: &str, event: &'static str) {
+        bump(&self.rule_events, (rule.to_string(), event), 1);
+    }
+
+    pub fn dropped_count(&self, reason: &str) -> u64 {
+        self.dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(reason)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn observe_latency(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let mut h = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                h.0[i] += 1;
+            }
+        }
+        h.1 += 1;
+        h.2 += secs;
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        counter(
+            &mut out,
+            "attest_collect_spans_received_total",
+            "Spans accepted by the OTLP receiver.",
+            ld(&self.spans_received),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_received_total",
+            "Traces closed by the assembler, or read from --jsonl.",
+            ld(&self.traces_received),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_assembled_total",
+            "Traces converted to Attest traces.",
+            ld(&self.traces_assembled),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_sampled_total",
+            "Traces selected by at least one rule after sampling.",
+            ld(&self.traces_sampled),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_evaluated_total",
+            "Trace evaluations completed (one per trace and rule).",
+            ld(&self.traces_evaluated),
+        );
+        counter(
+            &mut out,
+            "attest_collect_traces_published_total",
+            "Traces published to the NATS work stream.",
+            ld(&self.traces_published),
+        );
+        counter(
+            &mut out,
+            "attest_collect_publish_duplicates_total",
+            "Publishes dropped by the server as duplicates of a trace already in the stream.",
+            ld(&self.publish_duplicates),
+        );
+        counter(
+            &mut out,
+            "attest_collect_redeliveries_total",
+            "Work messages received again after a failed or unacknowledged attempt.",
+            ld(&self.redeliveries),
+        );
+        counter(
+            &mut out,
+            "attest_collect_dead_lettered_total",
+            "Work messages moved to the dead-letter subject.",
+            ld(&self.dead_lettered),
+        );
+        gauge(
+            &mut out,
+            "attest_collect_queue_depth",
+            "Traces waiting for evaluation.",
+            ld(&self.queue_depth) as f64,
+        );
+        gauge(
+            &mut out,
+            "attest_collect_queue_lag_seconds",
+            "Wait between a trace closing and its evaluation starting (latest).",
+            ld(&self.queue_lag_ms) as f64 / 1000.0,
+        );
+        gauge(
+            &mut out,
+            "attest_collect_open_traces",
+            "Traces being assembled.",
+            ld(&self.open_traces) as f64,
+        );
+        gauge(
+            &mut out,
+            "attest_collect_open_bytes",
+            "Approximate bytes held by traces being assembled.",
+            ld(&self.open_bytes) as f64,
+        );
+        let _ = writeln!(out, "# HELP attest_collect_requests_total OTLP/HTTP export requests by response status.\n# TYPE attest_collect_requests_total counter");
+        for ((status, enc), v) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "attest_collect_requests_total{{code=\"{status}\",encoding=\"{enc}\"}} {v}");
+        }
+        let _ = writeln!(out, "# HELP attest_collect_traces_dropped_total Traces not evaluated, by reason.\n# TYPE attest_collect_traces_dropped_total counter");
+        for (reason, v) in self.dropped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "attest_collect_traces_dropped_total{{reason=\"{reason}\"}} {v}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP attest_collect_spans_dropped_total Spans not evaluated, by reason.\n# TYPE attest_collect_spans_dropped_total counter"
+        );
+        for (reason, v) in self.dropped_spans.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "attest_collect_spans_dropped_total{{reason=\"{reason}\"}} {v}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP attest_collect_results_total Assertion results by rule and status.\n# TYPE attest_collect_results_total counter"
+        );
+        for ((rule, status), v) in self.results.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(
+                out,
+                "attest_collect_results_total{{rule=\"{}\",status=\"{status}\"}} {v}",
+                label(rule)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP attest_collect_rule_events_total Per-rule events other than verdicts.\n# TYPE attest_collect_rule_events_total counter"
+        );
+        for ((rule, event), v) in self.rule_events.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(
+                out,
+                "attest_collect_rule_events_total{{rule=\"{}\",event=\"{event}\"}} {v}",
+                label(rule)
+            );
+        }
+        let h = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(out, "# HELP attest_collect_evaluation_seconds Time to evaluate one trace against one rule.\n# TYPE attest_collect_evaluation_seconds histogram");
+        for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
+            let _ = writeln!(out, "attest_collect_evaluation_seconds_bucket{{le=\"{b}\"}} {}", h.0[i]);
+        }
+        let _ = writeln!(out, "attest_collect_evaluation_seconds_bucket{{le=\"+Inf\"}} {}", h.1);
+        let _ = writeln!(
+            out,
+            "attest_collect_evaluation_seconds_sum {}\nattest_collect_evaluation_seconds_count {}",
+            h.2, h.1
+        );
+        out
+    }
+}
+
+/// Escapes a label value (rule names come from the rules file).
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}

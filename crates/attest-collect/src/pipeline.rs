@@ -1,0 +1,248 @@
+//! From a closed trace to stored results: conversion, rule matching,
+//! deterministic sampling, per-rule budgets, evaluation, sinks. Shared by the
+//! embedded collector and the NATS workers.
+
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::assemble::{ClosedTrace, DropReason};
+use crate::convert::{self, Converted, MatchContext, PriceTable};
+use crate::metrics::Metrics;
+use crate::rules::{sampled, RuleSet};
+use crate::{EvalError, ResultKey, ResultRecord, SharedSinks};
+
+/// An Attest trace and the rules that selected it: what collectors hand to
+/// evaluation (in process, or as a NATS work message).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkItem {
+    pub trace: Value,
+    pub rules: Vec<String>,
+}
+
+impl WorkItem {
+    pub fn trace_id(&self) -> &str {
+        self.trace["trace_id"].as_str().unwrap_or("")
+    }
+}
+
+pub struct Pipeline {
+    pub rules: Arc<RuleSet>,
+    pub metrics: Arc<Metrics>,
+    pub sinks: SharedSinks,
+    pub prices: Arc<PriceTable>,
+    /// `--traces-out`: every assembled Attest trace, one per line (the format `--jsonl` reads back).
+    pub trace_archive: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
+}
+
+impl Pipeline {
+    /// Converts a closed trace and selects its rules; `None` when it was dropped
+    /// (counted) or no rule selected it.
+    pub fn prepare(&self, closed: ClosedTrace) -> Option<WorkItem> {
+        self.metrics.traces_received.fetch_add(1, Ordering::Relaxed);
+        match convert::convert(&closed.trace_id, &closed.spans, &self.prices) {
+            Converted::Trace { trace, context } => {
+                self.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
+                self.archive(&trace);
+                self.select(trace, &context)
+            }
+            Converted::NoRoot => {
+                self.metrics.dropped(DropReason::NoRoot.as_str(), closed.spans.len() as u64);
+                None
+            }
+            Converted::UnknownConvention => {
+                self.metrics
+                    .dropped(DropReason::UnknownConvention.as_str(), closed.spans.len() as u64);
+                None
+            }
+        }
+    }
+
+    fn archive(&self, trace: &Value) {
+        if let Some(w) = &self.trace_archive {
+            let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+            let written = serde_json::to_writer(&mut *w, trace).map_err(std::io::Error::from).and_then(|_| {
+                w.write_all(b"\n")?;
+                w.flush()
+            });
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "writing --traces-out failed");
+            }
+        }
+    }
+
+    /// Rules that match and sample this trace.
+    pub fn select(&self, trace: Value, ctx: &MatchContext) -> Option<WorkItem> {
+        let trace_id = trace["trace_id"].as_str().unwrap_or("").to_string();
+        let mut rules = Vec::new();
+        for rule in &self.rules.rules {
+            if !rule.matches(ctx) {
+                continue;
+            }
+            if sampled(&trace_id, rule.sample_rate) {
+                rules.push(rule.name.clone());
+            } else {
+                self.metrics.rule_event(&rule.name, "not_sampled");
+            }
+        }
+        if rules.is_empty() {
+            return None;
+        }
+        self.metrics.traces_sampled.fetch_add(1, Ordering::Relaxed);
+        Some(WorkItem { trace, rules })
+    }
+
+    /// Evaluates every selected rule. A retryable failure of any rule fails the
+    /// whole item (the caller retries it; result keys make the retry idempotent);
+    /// other failures and budget refusals are counted and skip that rule.
+    pub async fn evaluate(&self, item: &WorkItem, delivery: u64) -> Result<Vec<ResultRecord>, EvalError> {
+        let trace_id = item.trace_id().to_string();
+        let agent_id = item.trace["agent_id"].as_str().map(str::to_string);
+        let mut records = Vec::new();
+        for name in &item.rules {
+            let Some(rule) = self.rules.get(name) else {
+                // A collector with a newer rules file than this worker.
+                self.metrics.rule_event(name, "unknown_rule");
+                continue;
+            };
+            if let Some(budget) = &rule.budget {
+                if !budget.try_reserve(rule.suite.paid_calls()) {
+                    self.metrics.rule_event(name, "budget_exhausted");
+                    continue;
+                }
+            }
+            let started = Instant::now();
+            let outcomes = match rule.suite.evaluate(&item.trace).await {
+                Ok(o) => o,
+                Err(e) if e.retryable => {
+                    self.metrics.rule_event(name, "eval_error_retryable");
+                    return Err(e);
+                }
+                Err(e) => {
+                    self.metrics.rule_event(name, "eval_error");
+                    tracing::warn!(rule = %name, trace_id = %trace_id, error = %e, "evaluation failed");
+                    continue;
+                }
+            };
+            self.metrics.observe_latency(started.elapsed());
+            self.metrics.traces_evaluated.fetch_add(1, Ordering::Relaxed);
+            if let Some(budget) = &rule.budget {
+                budget.spend(outcomes.iter().map(|o| o.cost_usd).sum());
+            }
+            let evaluated_at = crate::now_rfc3339();
+            for o in outcomes {
+                records.push(ResultRecord {
+                    key: ResultKey {
+                        trace_id: trace_id.clone(),
+                        rule: name.clone(),
+                        assertion_id: o.assertion_id,
+                    },
+                    assertion_type: o.assertion_type,
+                    status: o.status,
+                    score: o.score,
+                    explanation: o.explanation,
+                    cost_usd: o.cost_usd,
+                    duration_ms: o.duration_ms,
+                    agent_id: agent_id.clone(),
+                    evaluated_at: evaluated_at.clone(),
+                    delivery,
+                });
+            }
+        }
+        Ok(records)
+    }
+
+    /// Hands results to every sink; counts them by rule and status.
+    pub async fn store(&self, records: &[ResultRecord]) -> anyhow::Result<()> {
+        for sink in self.sinks.iter() {
+            sink.record(records).await?;
+        }
+        for r in records {
+            self.metrics.result(&r.key.rule, r.status);
+        }
+        Ok(())
+    }
+
+    pub async fn flush(&self) -> anyhow::Result<()> {
+        for sink in self.sinks.iter() {
+            sink.flush().await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AssertionOutcome, BoxFuture, Evaluator, RuleError, Status, Suite};
+
+    /// A suite that reports one paid call per evaluation, costing $0.40.
+    struct Paid;
+    impl Suite for Paid {
+        fn evaluate<'a>(&'a self, _: &'a Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+            Box::pin(async {
+                Ok(vec![AssertionOutcome {
+                    assertion_id: "judge".into(),
+                    assertion_type: "llm_judge".into(),
+                    status: Status::Pass,
+                    score: 0.9,
+                    explanation: "ok".into(),
+                    cost_usd: 0.4,
+                    duration_ms: 1,
+                }])
+            })
+        }
+        fn paid_calls(&self) -> u32 {
+            1
+        }
+    }
+    struct PaidEvaluator;
+    impl Evaluator for PaidEvaluator {
+        fn compile(&self, _: &str, _: &[Value]) -> Result<Arc<dyn Suite>, RuleError> {
+            Ok(Arc::new(Paid))
+        }
+    }
+
+    fn pipeline(budget: &str) -> Pipeline {
+        let yaml = format!("rules:\n- name: judged\n  budget: {budget}\n  assertions: [{{type: llm_judge}}]\n");
+        Pipeline {
+            rules: Arc::new(RuleSet::parse(&yaml, false, &PaidEvaluator).unwrap()),
+            metrics: Arc::new(Metrics::default()),
+            sinks: Arc::new(vec![]),
+            prices: Arc::new(PriceTable::default()),
+            trace_archive: None,
+        }
+    }
+
+    fn item(i: usize) -> WorkItem {
+        WorkItem {
+            trace: serde_json::json!({"trace_id": format!("t{i}"), "output": {}}),
+            rules: vec!["judged".into()],
+        }
+    }
+
+    #[tokio::test]
+    async fn paid_rules_stop_at_their_budget_and_say_so() {
+        let p = pipeline("{judge_calls_per_minute: 2}");
+        let mut evaluated = 0;
+        for i in 0..5 {
+            evaluated += p.evaluate(&item(i), 1).await.unwrap().len();
+        }
+        assert_eq!(evaluated, 2, "two calls per minute");
+        assert!(p
+            .metrics
+            .render()
+            .contains(r#"attest_collect_rule_events_total{rule="judged",event="budget_exhausted"} 3"#));
+
+        let p = pipeline("{usd_per_day: 1.0}");
+        let mut evaluated = 0;
+        for i in 0..5 {
+            evaluated += p.evaluate(&item(i), 1).await.unwrap().len();
+        }
+        assert_eq!(evaluated, 3, "$0.40 each: the third crosses $1, the fourth is refused");
+    }
+}

@@ -1,0 +1,418 @@
+//! Bad and extreme input to the collector: each case gets a clear answer or a
+//! counted outcome, and the collector keeps serving and drains cleanly.
+
+mod support;
+
+use std::io::Write;
+use std::time::Duration;
+
+use prost::Message;
+use support::otlp::{agent_trace, kv, request, span};
+use support::{metric, read_jsonl, Collector, Proc, RULES};
+
+async fn post(url: &str, content_type: &str, encoding: Option<&str>, body: Vec<u8>) -> reqwest::Response {
+    let mut req = reqwest::Client::new()
+        .post(format!("{url}/v1/traces"))
+        .header("content-type", content_type)
+        .body(body);
+    if let Some(e) = encoding {
+        req = req.header("content-encoding", e);
+    }
+    req.send().await.unwrap()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+#[tokio::test]
+async fn malformed_payloads_get_otlp_answers_and_good_ones_still_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &["--settle-ms", "200", "--results-jsonl", results.to_str().unwrap()],
+    );
+
+    let r = post(&c.url, "text/plain", None, b"hello".to_vec()).await;
+    assert_eq!(r.status(), 415);
+    assert!(r.text().await.unwrap().contains("application/x-protobuf, application/json"));
+
+    let r = post(&c.url, "application/x-protobuf", None, vec![0xff, 0xff, 0xff, 0x01]).await;
+    assert_eq!(r.status(), 400);
+    let status = opentelemetry_proto_status(&r.bytes().await.unwrap());
+    assert!(status.contains("not an OTLP ExportTraceServiceRequest protobuf"), "{status}");
+
+    let r = post(&c.url, "application/json", None, b"{\"resourceSpans\": 7}".to_vec()).await;
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(body["message"].as_str().unwrap().contains("OTLP/JSON"), "{body}");
+
+    let r = post(&c.url, "application/json", Some("br"), b"{}".to_vec()).await;
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("valid choices: gzip, identity"),
+        "{body}"
+    );
+
+    let r = post(&c.url, "application/x-protobuf", Some("gzip"), b"not gzip at all".to_vec()).await;
+    assert_eq!(r.status(), 400);
+
+    // A good trace, OTLP/JSON and gzip-compressed, with one span whose trace id is bad.
+    let mut req = request(agent_trace(7, 1, "lookup_order"));
+    let mut bad = span(7, 50, Some(0), "broken", vec![]);
+    bad.trace_id = vec![1, 2, 3];
+    req.resource_spans[0].scope_spans[0].spans.push(bad);
+    let json = serde_json::to_vec(&req).unwrap();
+    let r = post(&c.url, "application/json", Some("gzip"), gzip(&json)).await;
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["partialSuccess"]["rejectedSpans"], serde_json::json!(1), "{body}");
+    assert!(body["partialSuccess"]["errorMessage"].as_str().unwrap().contains("trace id"));
+
+    let m = c.wait_metric("attest_collect_traces_evaluated_total", 1.0, 20).await;
+    assert_eq!(
+        metric(&m, r#"attest_collect_requests_total{code="400",encoding="protobuf"}"#),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_requests_total{code="400",encoding="json"}"#),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_requests_total{code="415",encoding="unknown"}"#),
+        1.0,
+        "{m}"
+    );
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    let results = read_jsonl(&results);
+    assert_eq!(results.len(), 3);
+    assert!(results.iter().all(|r| r["trace_id"] == "07070707070707070707070707070707"));
+}
+
+fn opentelemetry_proto_status(body: &[u8]) -> String {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Status {
+        #[prost(int32, tag = "1")]
+        code: i32,
+        #[prost(string, tag = "2")]
+        message: String,
+    }
+    let s = Status::decode(body).expect("google.rpc.Status body");
+    assert_eq!(s.code, 3, "INVALID_ARGUMENT");
+    s.message
+}
+
+#[tokio::test]
+async fn trace_limits_are_counted_outcomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &[
+            "--settle-ms",
+            "300",
+            "--orphan-timeout-ms",
+            "600",
+            "--max-trace-bytes",
+            "8000000",
+            "--results-jsonl",
+            results.to_str().unwrap(),
+        ],
+    );
+    let send = |spans| {
+        let url = c.url.clone();
+        async move {
+            let r = post(&url, "application/x-protobuf", None, request(spans).encode_to_vec()).await;
+            assert_eq!(r.status(), 200);
+        }
+    };
+    // Exactly at the span limit: evaluated.
+    send(agent_trace(1, 9_999, "lookup_order")).await;
+    // One span over: dropped whole, counted.
+    send(agent_trace(2, 10_000, "lookup_order")).await;
+    // Over the byte limit.
+    let mut big = agent_trace(3, 1, "lookup_order");
+    big[1].attributes.push(kv("gen_ai.tool.call.result", &"x".repeat(9_000_000)));
+    send(big).await;
+    // No root span ever arrives.
+    send(agent_trace(4, 2, "lookup_order").split_off(1)).await;
+    // Spans of no known convention.
+    send(vec![span(5, 0, None, "GET /orders", vec![kv("http.request.method", "GET")])]).await;
+
+    let m = c
+        .wait_metric(r#"attest_collect_traces_dropped_total{reason="no_root"}"#, 1.0, 20)
+        .await;
+    let m = if metric(&m, "attest_collect_traces_evaluated_total") < 1.0 {
+        c.wait_metric("attest_collect_traces_evaluated_total", 1.0, 20).await
+    } else {
+        m
+    };
+    assert_eq!(
+        metric(&m, r#"attest_collect_traces_dropped_total{reason="too_many_spans"}"#),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_spans_dropped_total{reason="too_many_spans"}"#),
+        10_001.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_traces_dropped_total{reason="trace_too_large"}"#),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_traces_dropped_total{reason="unknown_convention"}"#),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(metric(&m, r#"attest_collect_spans_dropped_total{reason="no_root"}"#), 2.0, "{m}");
+    assert_eq!(metric(&m, "attest_collect_traces_evaluated_total"), 1.0, "{m}");
+    assert_eq!(metric(&m, "attest_collect_open_traces"), 0.0, "{m}");
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    let results = read_jsonl(&results);
+    assert_eq!(results.len(), 3);
+    assert!(results.iter().all(|r| r["trace_id"] == "01010101010101010101010101010101"));
+}
+
+#[tokio::test]
+async fn a_full_evaluation_queue_answers_503_with_retry_after_and_sigterm_drains_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let c = Collector::start_with_env(
+        dir.path(),
+        RULES,
+        &[
+            "--settle-ms",
+            "50",
+            "--queue-capacity",
+            "1",
+            "--concurrency",
+            "1",
+            "--results-jsonl",
+            results.to_str().unwrap(),
+        ],
+        &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "1500")],
+    );
+    let mut accepted = 0;
+    let mut refused = None;
+    for t in 1..=20u8 {
+        let r = post(
+            &c.url,
+            "application/x-protobuf",
+            None,
+            request(agent_trace(t, 1, "lookup_order")).encode_to_vec(),
+        )
+        .await;
+        if r.status() == 503 {
+            refused = Some(r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string()));
+            break;
+        }
+        assert_eq!(r.status(), 200);
+        accepted += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let retry_after = refused.expect("a 503 once the queue is full");
+    assert_eq!(retry_after.as_deref(), Some("2"));
+    // Open traces are evaluated on SIGTERM, results flushed, exit 0.
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    let results = read_jsonl(&results);
+    assert_eq!(results.len(), accepted * 3, "every accepted trace evaluated before exit");
+}
+
+#[tokio::test]
+async fn bearer_token_and_public_binding_are_explicit() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), RULES).unwrap();
+    let rules = dir.path().join("rules.yaml");
+    let mut p = Proc::spawn(
+        dir.path(),
+        "public",
+        &["collect", "--rules", rules.to_str().unwrap(), "--otlp-http", "0.0.0.0:0"],
+        &[],
+    );
+    assert_eq!(p.wait_exit(20), 2);
+    assert!(p.stderr_text().contains("--listen-public"), "{}", p.stderr_text());
+
+    let c = Collector::start_with_env(
+        dir.path(),
+        RULES,
+        &["--bearer-token-env", "COLLECT_TOKEN"],
+        &[("COLLECT_TOKEN", "s3cret")],
+    );
+    let body = request(agent_trace(9, 1, "lookup_order")).encode_to_vec();
+    let r = post(&c.url, "application/x-protobuf", None, body.clone()).await;
+    assert_eq!(r.status(), 401);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/traces", c.url))
+        .header("content-type", "application/x-protobuf")
+        .header("authorization", "Bearer s3cret")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (code, _) = c.proc.terminate();
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn rules_files_with_errors_are_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "rules:\n- name: refunds\n  sample_rat: 0.5\n  assertions: [{assertion_id: a, type: trace, spec: {check: required_tools, tools: [x]}}]\n",
+            &["rule #1 'refunds'", "unknown field `sample_rat`", "sample_rate"][..],
+        ),
+        (
+            "rules:\n- name: refunds\n  assertions: [{assertion_id: a, type: semantic, spec: {}}]\n",
+            &["rule #1 'refunds'", "assertions[0].type", "valid choices: trace, content"][..],
+        ),
+        (
+            "rules:\n- name: refunds\n  match: {agent: x}\n  assertions: [{assertion_id: a, type: trace, spec: {check: required_tools, tools: [x]}}]\n",
+            &["unknown field `agent`", "agent_id, root_span, attributes"][..],
+        ),
+    ];
+    for (i, (yaml, needles)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("rules{i}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        let mut p = Proc::spawn(
+            dir.path(),
+            &format!("bad{i}"),
+            &["collect", "--rules", path.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"],
+            &[],
+        );
+        assert_eq!(p.wait_exit(20), 2);
+        let err = p.stderr_text();
+        for n in *needles {
+            assert!(err.contains(n), "{n:?} not in {err}");
+        }
+    }
+}
+
+#[test]
+fn jsonl_backfill_counts_bad_lines_and_rescoring_never_counts_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), RULES).unwrap();
+    let rules = dir.path().join("rules.yaml");
+    let input = dir.path().join("traces.jsonl");
+    let results = dir.path().join("results.jsonl");
+    let mut lines = Vec::new();
+    for i in 0..50 {
+        let tool = if i % 2 == 0 { "lookup_order" } else { "cancel_order" };
+        lines.push(
+            serde_json::json!({
+                "schema_version": 1, "trace_id": format!("trc_{i}"), "agent_id": "refund-agent",
+                "steps": [{"type": "tool_call", "name": tool, "args": {}, "result": {}}],
+                "output": {"message": "refund sent"}
+            })
+            .to_string(),
+        );
+    }
+    lines.insert(10, "{not json".into());
+    lines.insert(20, "[1, 2]".into());
+    lines.insert(30, r#"{"trace_id": "no-output"}"#.into());
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    for run in 0..2 {
+        let mut p = Proc::spawn(
+            dir.path(),
+            &format!("backfill{run}"),
+            &[
+                "collect",
+                "--rules",
+                rules.to_str().unwrap(),
+                "--jsonl",
+                input.to_str().unwrap(),
+                "--results-jsonl",
+                results.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert_eq!(p.wait_exit(60), 0, "{}", p.stderr_text());
+        let err = p.stderr_text();
+        assert!(err.contains("--jsonl: 53 lines"), "{err}");
+        assert!(err.contains("3 malformed"), "{err}");
+        assert!(err.contains("line 11: not JSON"), "{err}");
+        assert!(err.contains("line 31: missing object field `output`"), "{err}");
+    }
+    let results = read_jsonl(&results);
+    assert_eq!(results.len(), 150, "50 traces x 3 assertions, written once over two runs");
+    let passes = results
+        .iter()
+        .filter(|r| r["assertion_id"] == "uses-lookup" && r["status"] == "pass")
+        .count();
+    assert_eq!(passes, 25);
+}
+
+#[tokio::test]
+async fn sigterm_evaluates_traces_that_are_still_settling() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &["--settle-ms", "600000", "--results-jsonl", results.to_str().unwrap()],
+    );
+    for t in 1..=3u8 {
+        let r = post(
+            &c.url,
+            "application/x-protobuf",
+            None,
+            request(agent_trace(t, 2, "lookup_order")).encode_to_vec(),
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+    }
+    // One trace without its root: dropped as no_root on drain, not evaluated.
+    let r = post(
+        &c.url,
+        "application/x-protobuf",
+        None,
+        request(agent_trace(4, 2, "lookup_order").split_off(1)).encode_to_vec(),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let m = c.metrics().await;
+    assert_eq!(metric(&m, "attest_collect_open_traces"), 4.0, "{m}");
+    assert_eq!(metric(&m, "attest_collect_traces_evaluated_total"), 0.0, "{m}");
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("drained; 3 traces evaluated"), "{stderr}");
+    assert_eq!(read_jsonl(&results).len(), 9);
+}
+
+#[tokio::test]
+async fn a_body_sent_too_slowly_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collector::start(dir.path(), RULES, &["--request-timeout-secs", "1"]);
+    let addr = c.url.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!("POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&[0u8; 10]).await.unwrap();
+    let mut answer = vec![0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut answer))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    let (code, _) = c.proc.terminate();
+    assert_eq!(code, 0);
+}

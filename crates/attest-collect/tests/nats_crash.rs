@@ -1,0 +1,324 @@
+//! Distributed mode on a real nats-server (Debian package `nats-server`, or a
+//! binary named by NATS_SERVER_BIN): three evaluation workers, one killed with
+//! SIGKILL mid-batch, one that exits after publishing a result and before
+//! acknowledging. Every trace must be evaluated exactly once in the sink —
+//! none lost, none counted twice — and redelivery must really have happened.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{read_jsonl, Proc, RULES};
+
+fn nats_server_bin() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin", "/usr/bin"])
+    {
+        let p = Path::new(dir).join("nats-server");
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    eprintln!("SKIPPED: nats-server not found (apt-get install nats-server, or set NATS_SERVER_BIN)");
+    None
+}
+
+struct NatsServer {
+    child: Child,
+    pub url: String,
+}
+
+impl NatsServer {
+    fn start(bin: &Path, dir: &Path) -> NatsServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = dir.join("nats.log");
+        let child = Command::new(bin)
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-sd",
+                dir.join("js").to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start nats-server");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("Server is ready") {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server not ready: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        NatsServer {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_lines(path: &Path, n: usize, secs: u64) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let have = std::fs::read_to_string(path).map(|t| t.lines().count()).unwrap_or(0);
+        if have >= n || Instant::now() > deadline {
+            return have;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let rules = rules.to_str().unwrap();
+    let results = dir.path().join("results.jsonl");
+
+    const TRACES: usize = 90;
+    let input = dir.path().join("traces.jsonl");
+    let lines: Vec<String> = (0..TRACES)
+        .map(|i| {
+            serde_json::json!({
+                "schema_version": 1, "trace_id": format!("trc_{i:03}"), "agent_id": "refund-agent",
+                "steps": [{"type": "tool_call", "name": "lookup_order", "args": {}, "result": {}}],
+                "output": {"message": "refund sent"}
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+
+    let common = ["--nats", &nats.url, "--ack-wait-secs", "3", "--max-deliver", "5"];
+    let sink = Proc::spawn(
+        dir.path(),
+        "sink",
+        &[
+            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
+            &common[..],
+        ]
+        .concat(),
+        &[],
+    );
+    let worker = |name: &str, env: &[(&str, &str)]| {
+        Proc::spawn(
+            dir.path(),
+            name,
+            &[&["worker", "--rules", rules, "--concurrency", "2"][..], &common[..]].concat(),
+            &[&[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "500")][..], env].concat(),
+        )
+    };
+    let mut killed = worker("killed", &[]);
+    let mut crashing = worker("crashing", &[("ATTEST_COLLECT_FAULT_EXIT_AFTER_PUBLISH", "3")]);
+    let mut survivor = worker("survivor", &[]);
+    for w in [&mut killed, &mut crashing, &mut survivor] {
+        w.wait_for("evaluating from", 20);
+    }
+
+    // Publish every trace twice: the server drops the second copy by message id.
+    for run in 0..2 {
+        let mut collector = Proc::spawn(
+            dir.path(),
+            &format!("collector{run}"),
+            &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
+            &[],
+        );
+        assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+        let dups = if run == 0 { 0 } else { TRACES };
+        let expected = format!("{TRACES} published ({dups} already in the stream)");
+        assert!(
+            collector.stderr_text().contains(&expected),
+            "{expected:?} not in {}",
+            collector.stderr_text()
+        );
+    }
+
+    // Kill one worker mid-batch.
+    let early = wait_lines(&results, 30, 60);
+    assert!(early >= 30, "no progress before the kill: {early} results");
+    killed.signal("KILL");
+    assert_eq!(killed.wait_exit(10), -1, "killed by a signal");
+
+    let total = wait_lines(&results, TRACES * 3, 120);
+    assert_eq!(total, TRACES * 3, "sink has {total} results");
+    // Give late redeliveries a moment to show up (they must not add lines).
+    std::thread::sleep(Duration::from_secs(4));
+
+    let crash_log = crashing.stderr_text();
+    assert_eq!(crashing.wait_exit(10), 70, "{crash_log}");
+    let crashed_trace = crash_log
+        .lines()
+        .find_map(|l| l.split("publishing results of ").nth(1))
+        .map(|s| s.split(',').next().unwrap().trim().to_string())
+        .expect("crashing worker said which trace it published");
+
+    let (code, survivor_log) = survivor.terminate();
+    assert_eq!(code, 0, "{survivor_log}");
+    let (code, sink_log) = sink.terminate();
+    assert_eq!(code, 0, "{sink_log}");
+
+    let records = read_jsonl(&results);
+    assert_eq!(records.len(), TRACES * 3);
+    let mut per_trace: HashMap<String, HashSet<String>> = HashMap::new();
+    for r in &records {
+        let key = r["assertion_id"].as_str().unwrap().to_string();
+        assert!(
+            per_trace
+                .entry(r["trace_id"].as_str().unwrap().to_string())
+                .or_default()
+                .insert(key),
+            "counted twice: {r}"
+        );
+    }
+    assert_eq!(per_trace.len(), TRACES, "every trace evaluated");
+    assert!(per_trace.values().all(|a| a.len() == 3));
+
+    // Redelivery really happened: the killed worker's in-flight traces were
+    // evaluated again (delivery >= 2), and the trace whose ack was lost in the
+    // crash was delivered again to a surviving worker.
+    let redelivered = records.iter().filter(|r| r["delivery"].as_u64().unwrap() >= 2).count();
+    assert!(redelivered > 0, "no result came from a redelivery");
+    assert!(
+        survivor_log.contains(&format!("of trace {crashed_trace}"))
+            || std::fs::read_to_string(&killed.stderr)
+                .unwrap()
+                .contains(&format!("of trace {crashed_trace}")),
+        "trace {crashed_trace} was not redelivered; survivor:\n{survivor_log}"
+    );
+    eprintln!("{redelivered} results from redeliveries; crash-before-ack trace {crashed_trace} redelivered");
+}
+
+#[test]
+fn a_trace_that_keeps_failing_goes_to_the_dead_letter_subject_after_max_deliveries() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let rules = rules.to_str().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let input = dir.path().join("traces.jsonl");
+    let lines: Vec<String> = (0..5)
+        .map(|i| {
+            serde_json::json!({"schema_version": 1, "trace_id": format!("trc_{i}"), "agent_id": "refund-agent", "steps": [], "output": {"message": "x"}})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let common = ["--nats", &nats.url, "--ack-wait-secs", "3", "--max-deliver", "2"];
+    let sink = Proc::spawn(
+        dir.path(),
+        "sink",
+        &[
+            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
+            &common[..],
+        ]
+        .concat(),
+        &[],
+    );
+    let mut worker = Proc::spawn(
+        dir.path(),
+        "worker",
+        &[&["worker", "--rules", rules][..], &common[..]].concat(),
+        &[("ATTEST_COLLECT_TEST_FAIL_TRACE", "trc_3")],
+    );
+    worker.wait_for("evaluating from", 20);
+    let mut collector = Proc::spawn(
+        dir.path(),
+        "collector",
+        &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
+        &[],
+    );
+    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    let log = worker.wait_for("trace trc_3 moved to attest.dead (maximum deliveries reached)", 60);
+    assert!(log.contains("redelivery 2 of trace trc_3"), "{log}");
+    assert!(log.contains("redelivery 3 of trace trc_3"), "{log}");
+    assert_eq!(wait_lines(&results, 12, 30), 12, "the other four traces are evaluated");
+    let (code, _) = worker.terminate();
+    assert_eq!(code, 0);
+    let (code, _) = sink.terminate();
+    assert_eq!(code, 0);
+    assert!(read_jsonl(&results).iter().all(|r| r["trace_id"] != "trc_3"));
+}
+
+#[test]
+fn a_slow_evaluation_keeps_its_message_with_progress_acks() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let rules = rules.to_str().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let input = dir.path().join("traces.jsonl");
+    let trace = serde_json::json!({"schema_version": 1, "trace_id": "trc_slow", "agent_id": "refund-agent", "steps": [], "output": {"message": "x"}});
+    std::fs::write(&input, trace.to_string()).unwrap();
+    // Evaluation takes 3.5 s, more than three times the 1 s ack wait.
+    let common = ["--nats", &nats.url, "--ack-wait-secs", "1", "--max-deliver", "5"];
+    let sink = Proc::spawn(
+        dir.path(),
+        "sink",
+        &[
+            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
+            &common[..],
+        ]
+        .concat(),
+        &[],
+    );
+    let mut workers: Vec<Proc> = (0..2)
+        .map(|i| {
+            Proc::spawn(
+                dir.path(),
+                &format!("worker{i}"),
+                &[&["worker", "--rules", rules][..], &common[..]].concat(),
+                &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "3500")],
+            )
+        })
+        .collect();
+    for w in &mut workers {
+        w.wait_for("evaluating from", 20);
+    }
+    let mut collector = Proc::spawn(
+        dir.path(),
+        "collector",
+        &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
+        &[],
+    );
+    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    assert_eq!(wait_lines(&results, 3, 30), 3);
+    std::thread::sleep(Duration::from_secs(2));
+    for w in workers {
+        let (code, log) = w.terminate();
+        assert_eq!(code, 0, "{log}");
+        assert!(
+            !log.contains("redelivery"),
+            "the message was taken away from the slow worker:\n{log}"
+        );
+    }
+    let (code, _) = sink.terminate();
+    assert_eq!(code, 0);
+    assert!(read_jsonl(&results).iter().all(|r| r["delivery"] == 1));
+}

@@ -1,0 +1,98 @@
+//! A real OpenTelemetry pipeline into the collector: the `openai` Python client
+//! instrumented by OpenInference or by the OpenTelemetry GenAI instrumentation,
+//! exported with the OTLP/HTTP protobuf exporter, talking to a fake
+//! OpenAI-compatible server on loopback. Checks the assembled Attest traces and
+//! the verdicts. Needs the venv named by COLLECT_TEST_VENV (scripts/test makes it).
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use support::{read_jsonl, Collector, RULES};
+
+fn venv_python() -> Option<PathBuf> {
+    match std::env::var("COLLECT_TEST_VENV") {
+        Ok(v) if !v.is_empty() => Some(PathBuf::from(v).join("bin/python")),
+        _ => {
+            eprintln!("SKIPPED: COLLECT_TEST_VENV is not set; the OpenTelemetry pipeline tests need the venv made by scripts/test");
+            None
+        }
+    }
+}
+
+async fn run_convention(convention: &str) {
+    let Some(python) = venv_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let traces = dir.path().join("traces.jsonl");
+    let collector = Collector::start(
+        dir.path(),
+        RULES,
+        &[
+            "--settle-ms",
+            "300",
+            "--results-jsonl",
+            results.to_str().unwrap(),
+            "--traces-out",
+            traces.to_str().unwrap(),
+        ],
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/agent.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .args([convention, &collector.url, "3"])
+        .env("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+        .env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
+        .output()
+        .expect("run the instrumented agent");
+    assert!(out.status.success(), "agent failed: {}", String::from_utf8_lossy(&out.stderr));
+
+    collector.wait_metric("attest_collect_traces_evaluated_total", 3.0, 30).await;
+    let metrics = collector.metrics().await;
+    assert_eq!(support::metric(&metrics, "attest_collect_spans_received_total"), 12.0, "{metrics}");
+    let (code, stderr) = collector.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+
+    let traces = read_jsonl(&traces);
+    assert_eq!(traces.len(), 3);
+    for t in &traces {
+        assert_eq!(t["agent_id"], "refund-agent", "{t:#}");
+        let steps = t["steps"].as_array().unwrap();
+        let kinds: Vec<_> = steps.iter().map(|s| s["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["llm_call", "tool_call", "llm_call"], "{t:#}");
+        assert_eq!(steps[0]["args"]["model"], "gpt-4o-mini");
+        assert_eq!(steps[0]["result"]["tool_calls"][0]["name"], "lookup_order", "{t:#}");
+        assert_eq!(steps[1]["name"], "lookup_order");
+        assert_eq!(steps[1]["args"]["order_id"], "ORD-7");
+        assert_eq!(steps[1]["result"]["status"], "delivered");
+        assert_eq!(steps[2]["result"]["completion"], "Your order ORD-7 was delivered; refund sent.");
+        assert!(
+            t["input"]["user_message"].as_str().unwrap().starts_with("Where is my order ORD-7?"),
+            "{t:#}"
+        );
+        assert_eq!(t["output"]["message"], "Your order ORD-7 was delivered; refund sent.");
+        assert_eq!(t["metadata"]["total_tokens"], 104, "two calls of 40 + 12 tokens");
+        assert_eq!(t["metadata"]["service_name"], "refund-service");
+    }
+
+    let results = read_jsonl(&results);
+    assert_eq!(results.len(), 9, "3 traces x 3 assertions");
+    for r in &results {
+        let expected = if r["assertion_id"] == "escalates" { "hard_fail" } else { "pass" };
+        assert_eq!(r["status"], expected, "{r}");
+        assert_eq!(r["rule"], "refund-tools");
+        assert_eq!(r["agent_id"], "refund-agent");
+        assert!(traces.iter().any(|t| t["trace_id"] == r["trace_id"]));
+    }
+}
+
+#[tokio::test]
+async fn genai_conventions_from_the_opentelemetry_openai_instrumentation() {
+    run_convention("genai").await;
+}
+
+#[tokio::test]
+async fn openinference_conventions_from_the_openinference_openai_instrumentation() {
+    run_convention("openinference").await;
+}

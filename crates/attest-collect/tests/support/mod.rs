@@ -1,0 +1,242 @@
+//! Helpers shared by the integration tests: spawning the test harness binary,
+//! reading its stderr, signalling it, reading result files.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_attest-collect-testbin")
+}
+
+pub const RULES: &str = r#"
+rules:
+  - name: refund-tools
+    match:
+      agent_id: refund-agent
+    sample_rate: 1.0
+    assertions:
+      - {assertion_id: uses-lookup, type: trace, spec: {check: required_tools, tools: [lookup_order]}}
+      - {assertion_id: says-refund, type: content, spec: {check: contains, value: refund}}
+      - {assertion_id: escalates, type: trace, spec: {check: required_tools, tools: [escalate]}}
+"#;
+
+/// A spawned harness process whose stderr goes to a file.
+pub struct Proc {
+    pub child: Child,
+    pub stderr: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        let stderr = dir.join(format!("{name}.stderr"));
+        let mut cmd = Command::new(bin());
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Proc {
+            child: cmd.spawn().expect("spawn harness"),
+            stderr,
+        }
+    }
+
+    pub fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits until stderr contains `needle`; panics (with stderr) after `secs`.
+    pub fn wait_for(&mut self, needle: &str, secs: u64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let text = self.stderr_text();
+            if text.contains(needle) {
+                return text;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("process exited ({status}) before printing {needle:?}; stderr:\n{text}");
+            }
+            assert!(Instant::now() < deadline, "no {needle:?} within {secs}s; stderr:\n{text}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
+    /// SIGTERM, then waits (bounded) for the exit code.
+    pub fn terminate(mut self) -> (i32, String) {
+        self.signal("TERM");
+        let code = self.wait_exit(30);
+        (code, self.stderr_text())
+    }
+
+    pub fn wait_exit(&mut self, secs: u64) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("process did not exit within {secs}s; stderr:\n{}", self.stderr_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A collector listening on an ephemeral loopback port.
+pub struct Collector {
+    pub proc: Proc,
+    pub url: String,
+}
+
+impl Collector {
+    pub fn start(dir: &Path, rules: &str, extra: &[&str]) -> Collector {
+        Self::start_with_env(dir, rules, extra, &[])
+    }
+
+    pub fn start_with_env(dir: &Path, rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Collector {
+        let rules_path = dir.join("rules.yaml");
+        std::fs::write(&rules_path, rules).unwrap();
+        let mut args = vec!["collect", "--rules", rules_path.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let mut proc = Proc::spawn(dir, "collector", &args, env);
+        let text = proc.wait_for("listening for OTLP/HTTP on ", 30);
+        let url = text
+            .lines()
+            .find_map(|l| l.split("listening for OTLP/HTTP on ").nth(1))
+            .unwrap()
+            .trim_end_matches("/v1/traces")
+            .to_string();
+        Collector { proc, url }
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.url)).await.unwrap().text().await.unwrap()
+    }
+
+    /// Waits until a metrics line starts with `prefix` and has a value >= `min`.
+    pub async fn wait_metric(&self, prefix: &str, min: f64, secs: u64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let m = self.metrics().await;
+            if metric(&m, prefix) >= min {
+                return m;
+            }
+            assert!(Instant::now() < deadline, "{prefix} did not reach {min} in {secs}s; metrics:\n{m}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Value of the series `prefix` (a name, with labels if it has any) in metrics text; 0 if absent.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix) && l.as_bytes().get(prefix.len()) == Some(&b' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// OTLP request building for tests, with the `opentelemetry-proto` types.
+pub mod otlp {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+
+    pub fn kv(key: &str, value: &str) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue(value.into())),
+            }),
+            ..Default::default()
+        }
+    }
+
+    pub fn span(trace: u8, id: u64, parent: Option<u64>, name: &str, attrs: Vec<KeyValue>) -> Span {
+        Span {
+            trace_id: vec![trace; 16],
+            span_id: (id + 1).to_be_bytes().to_vec(),
+            parent_span_id: parent.map(|p| (p + 1).to_be_bytes().to_vec()).unwrap_or_default(),
+            name: name.into(),
+            start_time_unix_nano: 1_700_000_000_000_000_000 + id * 1000,
+            end_time_unix_nano: 1_700_000_000_000_000_000 + id * 1000 + 500,
+            attributes: attrs,
+            ..Default::default()
+        }
+    }
+
+    /// An agent trace: invoke_agent root plus `tools` execute_tool spans (GenAI conventions).
+    pub fn agent_trace(trace: u8, tools: usize, tool_name: &str) -> Vec<Span> {
+        let mut spans = vec![span(
+            trace,
+            0,
+            None,
+            "invoke_agent refund-agent",
+            vec![
+                kv("gen_ai.operation.name", "invoke_agent"),
+                kv("gen_ai.agent.name", "refund-agent"),
+                kv(
+                    "gen_ai.output.messages",
+                    r#"[{"role":"assistant","parts":[{"type":"text","content":"refund sent"}]}]"#,
+                ),
+            ],
+        )];
+        for i in 0..tools {
+            spans.push(span(
+                trace,
+                i as u64 + 1,
+                Some(0),
+                "execute_tool",
+                vec![kv("gen_ai.operation.name", "execute_tool"), kv("gen_ai.tool.name", tool_name)],
+            ));
+        }
+        spans
+    }
+
+    pub fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: vec![kv("service.name", "refund-service")],
+                    ..Default::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+}
