@@ -225,7 +225,7 @@ struct Planned<'a> {
     id: String,
     request_id: Option<String>,
     kind: AssertionType,
-    spec_text: &'a str,
+    spec_text: Cow<'a, str>,
     compiled: Arc<CompiledAssertion>,
 }
 
@@ -276,9 +276,89 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
     for w in &parsed.warnings {
         tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
     }
-    let trace = Arc::new(parsed.trace);
     let plan = plan(engine, wire?)?;
-    let floor = smallest_answer(&plan);
+    run(engine, trace_raw, parsed.trace, &plan, deadline, answer_bytes, started).await
+}
+
+/// A suite of assertions checked and compiled once, to evaluate against
+/// many traces without going through JSON-RPC (the `eval` command, the
+/// collector, the ECP runtime).
+pub struct Suite {
+    plan: Vec<Planned<'static>>,
+}
+
+impl Suite {
+    /// Checks and compiles `assertions` (the objects of `evaluate_batch`'s
+    /// `assertions` list) exactly as `evaluate_batch` does, with the same
+    /// errors and field paths.
+    pub fn compile(engine: &Engine, assertions: &[Value]) -> Result<Suite, RpcError> {
+        let text = serde_json::to_string(assertions).map_err(|e| {
+            assertion_error(format!("assertions could not be read: {e}"), ASSERTIONS_SHAPE, "params.assertions".into())
+        })?;
+        let items: Vec<&RawValue> = serde_json::from_str(&text).map_err(|e| {
+            assertion_error(format!("assertions could not be read: {e}"), ASSERTIONS_SHAPE, "params.assertions".into())
+        })?;
+        let wire = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| LooseEnvelope::parse(i, item))
+            .collect::<Result<Vec<_>, _>>()?;
+        let plan = plan(engine, wire)?
+            .into_iter()
+            .map(|p| Planned {
+                spec_text: Cow::Owned(p.spec_text.into_owned()),
+                ..p
+            })
+            .collect();
+        Ok(Suite { plan })
+    }
+
+    pub fn len(&self) -> usize {
+        self.plan.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plan.is_empty()
+    }
+
+    /// The assertion types, in order.
+    pub fn kinds(&self) -> impl Iterator<Item = AssertionType> + '_ {
+        self.plan.iter().map(|p| p.kind)
+    }
+
+    /// Validates `trace_text` (Attest protocol v1 §7) and evaluates the
+    /// suite on it, with every effect of `evaluate_batch`: history rows,
+    /// dynamic thresholds, costs, the session log.
+    pub async fn evaluate(&self, engine: &Engine, trace_text: &str, deadline: Instant) -> Result<BatchResult, RpcError> {
+        let started = Instant::now();
+        let trace_raw: &RawValue = serde_json::from_str(trace_text).map_err(|e| {
+            RpcError::new(
+                ErrorCode::InvalidTrace,
+                format!("trace is not valid JSON: {}", crate::text::clip(&e.to_string(), 200)),
+                "Send the trace as a JSON object.",
+            )
+            .with_field("trace")
+        })?;
+        let parsed = parse_trace(trace_raw, &engine.limits)?;
+        for w in &parsed.warnings {
+            tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
+        }
+        run(engine, trace_raw, parsed.trace, &self.plan, deadline, usize::MAX, started).await
+    }
+}
+
+/// Evaluates a checked plan on a validated trace.
+async fn run(
+    engine: &Engine,
+    trace_raw: &RawValue,
+    trace: Trace,
+    plan: &[Planned<'_>],
+    deadline: Instant,
+    answer_bytes: usize,
+    started: Instant,
+) -> Result<BatchResult, RpcError> {
+    let trace = Arc::new(trace);
+    let floor = smallest_answer(plan);
     if floor > answer_bytes {
         return Err(RpcError::new(
             ErrorCode::AssertionError,
@@ -293,15 +373,15 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
 
     // Only hashed when some assertion carries a request_id.
     let trace_digest = plan.iter().any(|p| p.request_id.is_some()).then(|| digest(trace_raw.get()));
-    let mut plugin_outcomes = run_plugins(trace_raw.get(), &plan);
-    let mut guarded = guarded_verdicts(engine, &plan, &trace, trace_raw.get().len(), deadline).await?;
+    let mut plugin_outcomes = run_plugins(trace_raw.get(), plan);
+    let mut guarded = guarded_verdicts(engine, plan, &trace, trace_raw.get().len(), deadline).await?;
     let mut outcomes = Vec::with_capacity(plan.len());
     for (done, p) in plan.iter().enumerate() {
         if Instant::now() > deadline {
             return Err(timeout(engine.config.eval_timeout, done, plan.len()));
         }
         if let Some(hit) = p.request_id.as_deref().and_then(|rid| engine.caches.by_request_id.get(rid)) {
-            if hit.fingerprint != fingerprint(p.kind, p.spec_text, trace_digest) {
+            if hit.fingerprint != fingerprint(p.kind, &p.spec_text, trace_digest) {
                 return Err(RpcError::new(
                     ErrorCode::AssertionError,
                     format!(
@@ -356,7 +436,7 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
         }));
     }
     if outcomes.iter().any(|o| matches!(o, Progress::Pending)) {
-        run_paid(engine, &plan, &trace, &mut outcomes, deadline).await?;
+        run_paid(engine, plan, &trace, &mut outcomes, deadline).await?;
     }
 
     let max_chars = engine.config.max_explanation_chars;
@@ -413,7 +493,7 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
             engine.caches.by_request_id.insert(
                 rid.clone(),
                 Arc::new(CachedResult {
-                    fingerprint: fingerprint(p.kind, p.spec_text, trace_digest),
+                    fingerprint: fingerprint(p.kind, &p.spec_text, trace_digest),
                     result: result.clone(),
                 }),
             );
@@ -434,7 +514,7 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
             agent_id: trace.agent_id.clone(),
             results: results
                 .iter()
-                .zip(&plan)
+                .zip(plan)
                 .map(|(r, p)| ReportedResult {
                     assertion_id: r.assertion_id.clone(),
                     kind: p.kind.name().to_owned(),
@@ -865,7 +945,7 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
             id: id.to_owned(),
             request_id: w.request_id.as_deref().map(str::to_owned),
             kind,
-            spec_text,
+            spec_text: Cow::Borrowed(spec_text),
             compiled,
         });
     }

@@ -8,7 +8,7 @@
 //! Exit codes: 0 when nothing hard-failed, 1 when any assertion hard-failed,
 //! 2 when an input could not be evaluated (bad trace, bad assertion, bad file).
 
-use crate::batch::{self, BatchResult};
+use crate::batch::{BatchResult, Suite};
 use crate::layers::Status;
 use crate::protocol::RpcError;
 use crate::session::Engine;
@@ -51,13 +51,18 @@ pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: F
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    // Compiled once, evaluated on every trace.
+    let suite = Suite::compile(engine, &assertions);
     for (label, trace_text) in traces {
-        let params = format!("{{\"trace\":{trace_text},\"assertions\":{assertions}}}");
-        let raw = RawValue::from_string(params).context("building the evaluation request")?;
         // request_ids are idempotency keys within one trace's evaluation, not across the file.
         engine.caches.forget_request_ids();
         let deadline = Instant::now() + engine.config.eval_timeout;
-        let body = match runtime.block_on(batch::evaluate(engine, Some(&raw), deadline, usize::MAX)) {
+        let result = match &suite {
+            Ok(suite) => runtime.block_on(suite.evaluate(engine, &trace_text, deadline)),
+            // As in evaluate_batch, a trace's own problems are reported before the assertions'.
+            Err(e) => Err(trace_problem(engine, &trace_text).unwrap_or_else(|| e.clone())),
+        };
+        let body = match result {
             Ok(r) => Body::Results(r),
             Err(error) => Body::Error { error },
         };
@@ -84,18 +89,39 @@ pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: F
     })
 }
 
-fn read_assertions(path: &Path) -> Result<String> {
+/// Why `trace_text` is not a valid trace, if it is not.
+fn trace_problem(engine: &Engine, trace_text: &str) -> Option<RpcError> {
+    let raw: &RawValue = match serde_json::from_str(trace_text) {
+        Ok(raw) => raw,
+        Err(e) => {
+            return Some(
+                RpcError::new(
+                    crate::protocol::ErrorCode::InvalidTrace,
+                    format!("trace is not valid JSON: {}", clip(&e.to_string(), 200)),
+                    "Send the trace as a JSON object.",
+                )
+                .with_field("trace"),
+            )
+        }
+    };
+    crate::trace::parse_trace(raw, &engine.limits).err()
+}
+
+fn read_assertions(path: &Path) -> Result<Vec<Value>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read assertions file {}", path.display()))?;
     let v: Value = serde_json::from_str(&text).with_context(|| format!("assertions file {} is not valid JSON", path.display()))?;
     let list = match v {
-        Value::Array(_) => v,
-        Value::Object(mut m) if m.get("assertions").is_some_and(Value::is_array) => m.remove("assertions").unwrap_or_default(),
+        Value::Array(items) => items,
+        Value::Object(mut m) if m.get("assertions").is_some_and(Value::is_array) => match m.remove("assertions") {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        },
         _ => bail!(
             "assertions file {} must hold a JSON list of assertions or {{\"assertions\": [...]}}",
             path.display()
         ),
     };
-    Ok(list.to_string())
+    Ok(list)
 }
 
 /// `(label, trace JSON text)` per trace in the file.

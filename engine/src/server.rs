@@ -214,8 +214,11 @@ async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec
         return None;
     }
     let limit = engine.config.max_response_bytes;
+    // One deadline for a whole JSON-RPC batch: its members run in turn, and
+    // together they must not hold the line longer than one request may.
+    let deadline = Instant::now() + engine.config.eval_timeout;
     if !text.starts_with('[') {
-        return handle_one(engine, text, seq, notes, limit).await;
+        return handle_one(engine, text, seq, notes, limit, deadline).await;
     }
     let items: Vec<&RawValue> = match serde_json::from_str(text) {
         Ok(items) => items,
@@ -264,7 +267,7 @@ async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec
     // Batch members run in order; the batch as a whole runs concurrently with other lines.
     let mut replies = Vec::with_capacity(items.len());
     for raw in &items {
-        replies.extend(handle_one(engine, raw.get(), seq, notes, share).await);
+        replies.extend(handle_one(engine, raw.get(), seq, notes, share, deadline).await);
     }
     if replies.is_empty() {
         return None;
@@ -282,7 +285,7 @@ async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec
 }
 
 /// Answers one request object in at most `budget` bytes.
-async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u8>>, budget: usize) -> Option<Vec<u8>> {
+async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u8>>, budget: usize, deadline: Instant) -> Option<Vec<u8>> {
     let req = match parse_request(text) {
         Ok(r) => r,
         Err(rejected) => return Some(error_line(&rejected.id, &rejected.error)),
@@ -307,7 +310,7 @@ async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u
     };
     let id_len = id.map_or(4, |i| i.get().len());
     let result_budget = budget.saturating_sub(ENVELOPE_BYTES + id_len);
-    let outcome = dispatch(engine, method, params, result_budget, seq, notes).await;
+    let outcome = dispatch(engine, method, params, result_budget, deadline, seq, notes).await;
     let Some(id) = id else {
         if let Err(e) = &outcome {
             tracing::warn!(method = method.name(), error = %e, "notification failed (no response is sent for notifications)");
@@ -348,6 +351,7 @@ async fn dispatch(
     method: Method,
     params: Option<&RawValue>,
     budget: usize,
+    deadline: Instant,
     seq: u64,
     notes: &mut Vec<Vec<u8>>,
 ) -> Result<Box<RawValue>, RpcError> {
@@ -364,9 +368,15 @@ async fn dispatch(
         return to_raw(&result);
     }
     engine.require_ready(method, seq)?;
+    if matches!(method, Method::EvaluateBatch | Method::GenerateUserMessage) && Instant::now() >= deadline {
+        return Err(RpcError::new(
+            ErrorCode::Timeout,
+            format!("evaluation timed out after {}ms", engine.config.eval_timeout.as_millis()),
+            "The JSON-RPC batch this request belongs to used up the evaluation deadline before it could start. Send fewer or lighter requests per batch, or raise --eval-timeout.",
+        ));
+    }
     match method {
         Method::EvaluateBatch => {
-            let deadline = Instant::now() + engine.config.eval_timeout;
             // A panic in an evaluator (a bug) becomes a 3001 for this request
             // only; every request still gets exactly one response.
             let run = async {
@@ -448,8 +458,7 @@ async fn dispatch(
             to_raw(&serde_json::json!({ "report": report }))
         }
         Method::GenerateUserMessage => {
-            let deadline = tokio::time::Instant::now() + engine.config.eval_timeout;
-            to_raw(&crate::simulation::generate(&engine.providers, params, deadline).await?)
+            to_raw(&crate::simulation::generate(&engine.providers, params, deadline.into()).await?)
         }
         Method::CacheStats => match &engine.providers.cache {
             Some(cache) => to_raw(&cache.stats().await),

@@ -49,7 +49,7 @@ impl EmbeddingCheck {
         let Some(sim) = cosine(&e.vectors[0], &e.vectors[1]) else {
             return Err(ProviderError::failed(
                 format!(
-                    "embedding provider returned unusable vectors ({} and {} dimensions, or all zeros)",
+                    "embedding provider returned unusable vectors ({} and {} dimensions, all zeros, or non-finite values)",
                     e.vectors[0].len(),
                     e.vectors[1].len()
                 ),

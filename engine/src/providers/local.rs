@@ -93,6 +93,11 @@ pub fn cosine(a: &[f32], b: &[f32]) -> Option<f64> {
     }
     let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
     for (x, y) in a.iter().zip(b) {
+        // A provider that sends overflowing or NaN components has sent no
+        // usable vector: that is its failure, never a score.
+        if !x.is_finite() || !y.is_finite() {
+            return None;
+        }
         let (x, y) = (*x as f64, *y as f64);
         dot += x * y;
         na += x * x;
@@ -109,6 +114,7 @@ mod tests {
     fn cosine_basics() {
         assert_eq!(cosine(&[1.0, 0.0], &[1.0, 0.0]), Some(1.0));
         assert_eq!(cosine(&[1.0, 0.0], &[0.0, 2.0]), Some(0.0));
+        assert_eq!(cosine(&[f32::INFINITY, 0.0], &[1.0, 2.0]), None);
         assert!((cosine(&[1.0, 1.0], &[-1.0, -1.0]).unwrap() + 1.0).abs() < 1e-12);
         assert_eq!(cosine(&[1.0], &[1.0, 2.0]), None);
         assert_eq!(cosine(&[0.0, 0.0], &[1.0, 2.0]), None);
