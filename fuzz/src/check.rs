@@ -371,19 +371,25 @@ pub fn check_line(line: &[u8], len: usize, out: &mut Vec<Violation>) -> Option<R
 fn check_response(line: &[u8], span: std::ops::Range<usize>, out: &mut Vec<Violation>) -> Option<Response> {
     let text = String::from_utf8_lossy(&line[span.clone()]).into_owned();
     let invalid = |why: &str| Violation::new(Invariant::InvalidJsonRpc, format!("{why}: {}", clip(&text, 300)));
-    let Some(members) = json::object_members(line, span) else {
+    let Some(members) = json::object_members(line, span.clone()) else {
         out.push(invalid("response is not an object"));
         return None;
     };
-    let Ok(body) = serde_json::from_str::<Value>(&text) else {
+    let id_span = members.iter().find(|(k, _)| k == "id").map(|(_, r)| r.clone());
+    // Ids are echoed byte for byte, so one may hold what serde_json refuses
+    // (`1e400`, `"\ud800"`); the rest of the line is the engine's own JSON.
+    let body = serde_json::from_str::<Value>(&text).ok().or_else(|| {
+        let r = id_span.clone()?;
+        let mut bytes = line[span.start..r.start].to_vec();
+        bytes.extend_from_slice(b"null");
+        bytes.extend_from_slice(&line[r.end..span.end]);
+        serde_json::from_slice(&bytes).ok()
+    });
+    let Some(body) = body else {
         out.push(invalid("response does not parse as plain JSON"));
         return None;
     };
-    let Some(id) = members
-        .iter()
-        .find(|(k, _)| k == "id")
-        .map(|(_, r)| String::from_utf8_lossy(&line[r.clone()]).into_owned())
-    else {
+    let Some(id) = id_span.map(|r| String::from_utf8_lossy(&line[r]).into_owned()) else {
         out.push(invalid(if body.get("method").is_some() {
             "notification from the engine (drift alerts are off)"
         } else {
@@ -653,6 +659,8 @@ mod tests {
         // Ids are echoed byte for byte, of any type.
         let odd = br#"{"jsonrpc":"2.0","id":{"a":[1.50]},"method":"x"}"#;
         assert_eq!(run(&[odd], &[err(r#"{"a":[1.50]}"#, -32601)]), vec![]);
+        let edge = br#"{"jsonrpc":"2.0","id":"\ud800","method":"x"}"#;
+        assert_eq!(run(&[edge], &[err(r#""\ud800""#, -32601)]), vec![]);
     }
 
     #[test]
