@@ -254,6 +254,13 @@ impl Gen {
             },
             "parent_trace_id": parent,
         });
+        // Identifiers are echoed (tree summaries, explanations, drift reports):
+        // now and then make them long.
+        if self.chance(0.02) {
+            let len = self.rng.usize(1_000..70_000);
+            let key = *self.pick(&["trace_id", "agent_id"]);
+            t[key] = json!(self.long_text(len));
+        }
         if depth == 0 && self.chance(0.05) {
             let chars = self.rng.usize(10_000..MAX_OUTPUT_CHARS);
             t["output"]["message"] = json!(self.long_text(chars));

@@ -192,7 +192,11 @@ impl Fuzzer {
                         Some(Reply::One(r)) if r.id == probe_id => probe_seen = true,
                         Some(r) => {
                             received += 1;
-                            if let Reply::One(one) = &r {
+                            let members = match &r {
+                                Reply::One(one) => std::slice::from_ref(one),
+                                Reply::Batch(all) => all.as_slice(),
+                            };
+                            for one in members {
                                 let result = one.body.get("result");
                                 shutdown_answered |= result.is_some_and(|x| x.get("sessions_completed").is_some());
                                 initialized |= result.is_some_and(|x| x.get("compatible").is_some());
