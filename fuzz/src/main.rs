@@ -119,6 +119,8 @@ struct RoundEnd {
     violations: Vec<Violation>,
     /// The engine is gone or unusable: start a new one.
     restart: bool,
+    /// The engine may be shutting down: close its input and check it exits.
+    retire: bool,
 }
 
 impl Fuzzer {
@@ -271,6 +273,11 @@ impl Fuzzer {
             end.restart = true;
         } else if timed_out {
             end.restart = true;
+        } else if may_shut_down {
+            // A shutdown notification (or one inside a batch) gets no answer,
+            // so whether the engine is now draining is unknown: end the
+            // session by closing stdin, which must also end it cleanly.
+            end.retire = true;
         }
         if let Some(kib) = engine.peak_rss_kib() {
             self.stats.peak_rss_kib = self.stats.peak_rss_kib.max(kib);
@@ -504,7 +511,7 @@ fn main() -> Result<()> {
             if let Some(mut e) = fz.engine.take() {
                 e.kill();
             }
-        } else if fz.session_inputs >= fz.cli.respawn_every && replay_lines.is_none() {
+        } else if end.retire || (fz.session_inputs >= fz.cli.respawn_every && replay_lines.is_none()) {
             let v = fz.retire();
             stop |= fz.report("end_of_input", &[], v)?;
         }
