@@ -228,7 +228,12 @@ impl Fuzzer {
             for v in &mut matched {
                 if v.invariant == Invariant::MissingResponse {
                     v.invariant = Invariant::Hang;
-                    v.detail = format!("{} within {:.1}s", v.detail, deadline_len.as_secs_f64());
+                    let probe = if probe_seen {
+                        " (the probe sent after it was answered)"
+                    } else {
+                        ""
+                    };
+                    v.detail = format!("{} within {:.1}s{probe}", v.detail, deadline_len.as_secs_f64());
                 }
             }
             if !probe_seen && !may_shut_down {
