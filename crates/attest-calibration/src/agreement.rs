@@ -98,8 +98,10 @@ impl std::error::Error for AgreementError {}
 /// Matches the SDK's `compute_agreement` bit for bit, including its
 /// conventions: kappa is `0.0` when chance agreement is 1, ROC-AUC is `0.0`
 /// when all humans fall in one class, tied judge scores share their mean
-/// rank. Unlike the SDK, a NaN threshold and non-finite scores are rejected
-/// (the SDK's result for NaN depends on sort order and is meaningless).
+/// rank. Unlike the SDK, a NaN threshold and non-finite scores are rejected:
+/// for a NaN threshold the SDK returns all-zero statistics, and for a NaN
+/// judge score with both human classes present it never returns (its tie
+/// loop stops advancing).
 pub fn compute_agreement(pairs: &[LabelPair], threshold: f64) -> Result<JudgeAgreement, AgreementError> {
     if pairs.is_empty() {
         return Err(AgreementError::NoPairs);
@@ -284,6 +286,25 @@ mod tests {
                 cohen_kappa: 1.0,
                 roc_auc: 1.0
             }
+        );
+    }
+
+    #[test]
+    fn mixed_judge_keeps_the_sdk_rounding() {
+        // Values from attest-ai 0.9.0 on the same pairs; kappa is not 1/3
+        // because (2/3 - 1/2) / (1 - 1/2) rounds in doubles.
+        let got = compute_agreement(
+            &pairs(&[(1.0, 0.9), (0.0, 0.1), (1.0, 0.4), (0.0, 0.6), (1.0, 0.8), (0.0, 0.3)]),
+            0.5,
+        )
+        .expect("valid");
+        assert_eq!(got.label_count, 6);
+        assert_eq!(got.agreement, 0.6666666666666666);
+        assert_eq!(got.cohen_kappa, 0.33333333333333326);
+        assert_eq!(got.roc_auc, 0.8888888888888888);
+        assert_eq!(
+            serde_json::to_string(&got).expect("serialise"),
+            r#"{"label_count":6,"agreement":0.6666666666666666,"cohen_kappa":0.33333333333333326,"roc_auc":0.8888888888888888}"#
         );
     }
 

@@ -657,6 +657,11 @@ mod tests {
         let (line, got) = problem(load_labels_jsonl("{\"human_label\": 1}\n{\"human_label\": NaN}"));
         assert_eq!(line, 2);
         assert!(matches!(got, RowProblem::InvalidJson { .. }), "{got:?}");
+        // Rust strings cannot hold a lone surrogate: refused where it is read.
+        let (line, got) = problem(load_labels_jsonl("{\"human_label\": 1, \"input\": \"\\ud800\"}"));
+        assert_eq!(line, 1);
+        assert!(matches!(got, RowProblem::InvalidJson { .. }), "{got:?}");
+        assert!(load_labels_jsonl("{\"human_label\": 1, \"note\": \"\\ud800\"}").is_ok());
         assert_eq!(
             load_labels_jsonl("\n {} \n"),
             Err(LabelsError::NoLabeledRows {
