@@ -201,11 +201,11 @@ pub(crate) fn exact_ratio(num: u128, den: u128) -> f64 {
     }
     // Long division producing 54 quotient bits (53 significant + 1 rounding)
     // after scaling so the first quotient bit is 1; the remainder is sticky.
-    // Scale by halving the denominator's role: compare num * 2^k with den.
     let mut scale: i32 = 0;
     let (mut rem, mut den_scaled) = (num, den);
-    // Bring rem / den_scaled into [1, 2) without overflowing u128: the
-    // operands stay below 2^127 because callers pass values below 2^110.
+    // Bring rem / den_scaled into [1, 2). No step overflows u128: a slice of
+    // 16-byte pairs has fewer than 2^60 elements, so operands are below
+    // 2^120 and the doubled remainders below stay under 2^122.
     while rem < den_scaled {
         rem <<= 1;
         scale -= 1;

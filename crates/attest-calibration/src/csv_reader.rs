@@ -8,6 +8,8 @@
 //! unterminated quote runs to the end of the text and is kept; a carriage
 //! return in an unquoted field must be followed by a line feed; an empty
 //! line is an empty record; a field holds at most 131072 characters.
+//! The `csv` crate reads a lone `\r` as a record end, drops blank lines and
+//! has no field limit, so it would number lines and reject files differently.
 
 /// Python's default `csv.field_size_limit()`: the longest field, in characters.
 pub(crate) const FIELD_LIMIT_CHARS: usize = 131_072;

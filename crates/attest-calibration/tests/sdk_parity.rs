@@ -108,10 +108,11 @@ fn run_sdk(python: &Path, dir: &Path, request: &Value) -> Value {
     std::fs::write(&script, HARNESS).expect("write harness");
     std::fs::write(&request_path, serde_json::to_vec(request).expect("encode request")).expect("write request");
     let mut child = Command::new(python)
-        .arg("-I")
+        // Isolated from the user's site and PYTHON* variables; UTF-8 mode so
+        // the SDK reads label files as UTF-8 whatever the locale.
+        .args(["-I", "-X", "utf8"])
         .arg(&script)
         .arg(&request_path)
-        .env("PYTHONUTF8", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -312,8 +313,10 @@ fn compare_agreement(what: &str, rust: &Result<JudgeAgreement, AgreementError>, 
 /// How a named file is expected to come out.
 #[derive(Clone, Copy)]
 enum Expect {
-    /// Both load it (or both fail the same way); everything is compared.
-    Parity,
+    /// Both load it; records and statistics are compared.
+    Loads,
+    /// Both reject it, for the same mistake at the same line.
+    Rejected,
     /// The SDK accepts it; the engine rejects it on purpose at this line
     /// (see docs/calibration.md, "Differences from the SDK").
     EngineStricter { line: usize },
@@ -326,11 +329,13 @@ struct LabelFile {
 }
 
 fn label_files() -> Vec<LabelFile> {
-    let parity = |name, text: &str| LabelFile {
+    let file = |name, text: &str, expect| LabelFile {
         name,
         text: text.to_owned(),
-        expect: Expect::Parity,
+        expect,
     };
+    let loads = |name, text: &str| file(name, text, Expect::Loads);
+    let rejected = |name, text: &str| file(name, text, Expect::Rejected);
     let mut realistic_csv = String::from("input,human_label,judge_score\r\n# exported from the review tool\r\n");
     let mut realistic_jsonl = String::new();
     for i in 0..60u32 {
@@ -361,11 +366,11 @@ fn label_files() -> Vec<LabelFile> {
     realistic_jsonl.push_str("{}\n");
 
     vec![
-        parity(
+        loads(
             "single_class.csv",
             "input,human_label,judge_score\na,1,0.9\nb,0.9,0.2\nc,1,0.5\nd,0.75,0.7\n",
         ),
-        parity(
+        loads(
             "ties.jsonl",
             "{\"input\": \"a\", \"human_label\": 1, \"judge_score\": 0.5}\n\
              {\"input\": \"b\", \"human_label\": 0, \"judge_score\": 0.5}\n\
@@ -376,32 +381,32 @@ fn label_files() -> Vec<LabelFile> {
              {\"input\": \"g\", \"human_label\": 0, \"judge_score\": -0.0}\n\
              {\"input\": \"h\", \"human_label\": 1, \"judge_score\": 0}\n",
         ),
-        parity("all_agree.csv", "q1,1,0.95\nq2,0,0.05\nq3,1,0.6\nq4,0,0.4\nq5,1,1\n"),
-        parity(
+        loads("all_agree.csv", "q1,1,0.95\nq2,0,0.05\nq3,1,0.6\nq4,0,0.4\nq5,1,1\n"),
+        loads(
             "all_disagree.jsonl",
             "{\"human_label\": 1, \"judge_score\": 0.1}\n{\"human_label\": 0, \"judge_score\": 0.9}\n\
              {\"human_label\": true, \"judge_score\": \"0.2\"}\n{\"human_label\": false, \"judge_score\": 0.7}\n",
         ),
-        parity("realistic.csv", &realistic_csv),
-        parity("realistic.jsonl", &realistic_jsonl),
-        parity("one_pair.csv", "only,1,1\n"),
-        parity("constant_judge.csv", "a,1,0.9\nb,0,0.9\nc,1,0.9\nd,0,0.8\ne,1,0.7\n"),
-        parity("unjudged.csv", "input,human_label,judge_score\na,1,\nb,0\n"),
+        loads("realistic.csv", &realistic_csv),
+        loads("realistic.jsonl", &realistic_jsonl),
+        loads("one_pair.csv", "only,1,1\n"),
+        loads("constant_judge.csv", "a,1,0.9\nb,0,0.9\nc,1,0.9\nd,0,0.8\ne,1,0.7\n"),
+        loads("unjudged.csv", "input,human_label,judge_score\na,1,\nb,0\n"),
         // Malformed files: both sides fail, at the same line.
-        parity("bad_human.csv", "input,human_label\na,1\nb,0\nc,yes\n"),
-        parity("bad_judge.csv", "a,1,0.5\nb,1,0.5.1\n"),
-        parity("too_few_columns.csv", "a,1,0.5\n\n# note\nlonely\n"),
-        parity("empty.csv", ""),
-        parity("only_header.csv", "input,human_label,judge_score\n# nothing yet\n"),
-        parity(
+        rejected("bad_human.csv", "input,human_label\na,1\nb,0\nc,yes\n"),
+        rejected("bad_judge.csv", "a,1,0.5\nb,1,0.5.1\n"),
+        rejected("too_few_columns.csv", "a,1,0.5\n\n# note\nlonely\n"),
+        rejected("empty.csv", ""),
+        rejected("only_header.csv", "input,human_label,judge_score\n# nothing yet\n"),
+        rejected(
             "missing_human.jsonl",
             "{\"human_label\": 1}\n{\"input\": \"x\", \"judge_score\": 1}\n",
         ),
-        parity("bad_json.jsonl", "{\"human_label\": 1}\n{\"human_label\": 1,}\n"),
-        parity("human_null.jsonl", "{\"human_label\": 1}\n{\"human_label\": null}\n"),
-        parity("human_text.jsonl", "{\"human_label\": \"high\"}\n"),
-        parity("not_objects.jsonl", "0\nnull\n[1, 2]\n"),
-        parity("only_empty.jsonl", "{}\n\n[]\n"),
+        rejected("bad_json.jsonl", "{\"human_label\": 1}\n{\"human_label\": 1,}\n"),
+        rejected("human_null.jsonl", "{\"human_label\": 1}\n{\"human_label\": null}\n"),
+        rejected("human_text.jsonl", "{\"human_label\": \"high\"}\n"),
+        rejected("not_objects.jsonl", "0\nnull\n[1, 2]\n"),
+        rejected("only_empty.jsonl", "{}\n\n[]\n"),
         // Deliberate differences: values the SDK takes and the engine refuses.
         LabelFile {
             name: "nan_judge.csv",
@@ -713,8 +718,8 @@ fn sdk_parity() {
         // (its tie loop stops advancing), so files it is expected to accept
         // but the engine refuses are only loaded.
         let file_thresholds: &[f64] = match file.expect {
-            Expect::Parity => &thresholds,
-            Expect::EngineStricter { .. } => &[],
+            Expect::Loads => &thresholds,
+            Expect::Rejected | Expect::EngineStricter { .. } => &[],
         };
         let file_thresholds: Vec<u64> = file_thresholds.iter().map(|t| t.to_bits()).collect();
         file_requests.push(json!({"path": path, "thresholds": file_thresholds}));
@@ -738,7 +743,9 @@ fn sdk_parity() {
         let what = file.name;
         let rust = load_labels(&dir.path().join(file.name));
         match file.expect {
-            Expect::Parity => {
+            Expect::Loads | Expect::Rejected => {
+                let sdk_loaded = sdk_file["records"].get("ok").is_some();
+                assert_eq!(sdk_loaded, matches!(file.expect, Expect::Loads), "{what}: SDK gives {sdk_file}");
                 compare_records(what, &rust, &sdk_file["records"], &mut tally);
                 if let Ok(records) = &rust {
                     let pairs: Vec<_> = records.iter().filter_map(LabeledRecord::pair).collect();
