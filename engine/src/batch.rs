@@ -277,7 +277,13 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
         tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
     }
     let plan = plan(engine, wire?)?;
-    run(engine, trace_raw, parsed.trace, &plan, deadline, answer_bytes, started).await
+    let how = Run {
+        deadline,
+        answer_bytes,
+        started,
+        effects: Effects::All,
+    };
+    run(engine, trace_raw, parsed.trace, &plan, how).await
 }
 
 /// A suite of assertions checked and compiled once, to evaluate against
@@ -293,10 +299,18 @@ impl Suite {
     /// errors and field paths.
     pub fn compile(engine: &Engine, assertions: &[Value]) -> Result<Suite, RpcError> {
         let text = serde_json::to_string(assertions).map_err(|e| {
-            assertion_error(format!("assertions could not be read: {e}"), ASSERTIONS_SHAPE, "params.assertions".into())
+            assertion_error(
+                format!("assertions could not be read: {e}"),
+                ASSERTIONS_SHAPE,
+                "params.assertions".into(),
+            )
         })?;
         let items: Vec<&RawValue> = serde_json::from_str(&text).map_err(|e| {
-            assertion_error(format!("assertions could not be read: {e}"), ASSERTIONS_SHAPE, "params.assertions".into())
+            assertion_error(
+                format!("assertions could not be read: {e}"),
+                ASSERTIONS_SHAPE,
+                "params.assertions".into(),
+            )
         })?;
         let wire = items
             .iter()
@@ -330,6 +344,17 @@ impl Suite {
     /// suite on it, with every effect of `evaluate_batch`: history rows,
     /// dynamic thresholds, costs, the session log.
     pub async fn evaluate(&self, engine: &Engine, trace_text: &str, deadline: Instant) -> Result<BatchResult, RpcError> {
+        self.evaluate_with(engine, trace_text, deadline, Effects::All).await
+    }
+
+    /// [`Suite::evaluate`], choosing which effects it has.
+    pub async fn evaluate_with(
+        &self,
+        engine: &Engine,
+        trace_text: &str,
+        deadline: Instant,
+        effects: Effects,
+    ) -> Result<BatchResult, RpcError> {
         let started = Instant::now();
         let trace_raw: &RawValue = serde_json::from_str(trace_text).map_err(|e| {
             RpcError::new(
@@ -343,20 +368,43 @@ impl Suite {
         for w in &parsed.warnings {
             tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
         }
-        run(engine, trace_raw, parsed.trace, &self.plan, deadline, usize::MAX, started).await
+        let how = Run {
+            deadline,
+            answer_bytes: usize::MAX,
+            started,
+            effects,
+        };
+        run(engine, trace_raw, parsed.trace, &self.plan, how).await
     }
 }
 
-/// Evaluates a checked plan on a validated trace.
-async fn run(
-    engine: &Engine,
-    trace_raw: &RawValue,
-    trace: Trace,
-    plan: &[Planned<'_>],
+/// How one evaluation runs: its deadline (3002 past it), the room its
+/// answer has, when it started, and what it records.
+struct Run {
     deadline: Instant,
     answer_bytes: usize,
     started: Instant,
-) -> Result<BatchResult, RpcError> {
+    effects: Effects,
+}
+
+/// What an evaluation records besides its results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effects {
+    /// History rows, the session log and the evaluated count, as `evaluate_batch` does.
+    All,
+    /// Results only: the caller records them itself (the collector keys its
+    /// history rows by trace and rule, so redeliveries count once).
+    ResultsOnly,
+}
+
+/// Evaluates a checked plan on a validated trace.
+async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planned<'_>], how: Run) -> Result<BatchResult, RpcError> {
+    let Run {
+        deadline,
+        answer_bytes,
+        started,
+        effects,
+    } = how;
     let trace = Arc::new(trace);
     let floor = smallest_answer(plan);
     if floor > answer_bytes {
@@ -464,7 +512,7 @@ async fn run(
             alerts.extend(alert);
         }
         clip_in_place(&mut explanation, max_chars);
-        if engine.history.is_some() && !e.skipped {
+        if engine.history.is_some() && !e.skipped && effects == Effects::All {
             rows.push(Row {
                 assertion_id: p.id.clone(),
                 spec: p.compiled.spec_digest,
@@ -500,15 +548,18 @@ async fn run(
         }
         results.push(result);
     }
-    engine.count_evaluated(results.len() as u64);
-    if let Some(history) = &engine.history {
+    if effects == Effects::All {
+        engine.count_evaluated(results.len() as u64);
+    }
+    if let Some(history) = engine.history.as_ref().filter(|_| effects == Effects::All) {
         history.record(Rows {
+            keyed: false,
             trace_id: trace.trace_id.clone(),
             agent_id: trace.agent_id.clone(),
             rows,
         });
     }
-    if engine.session_log.enabled() {
+    if engine.session_log.enabled() && effects == Effects::All {
         engine.session_log.record(LoggedBatch {
             trace_id: trace.trace_id.clone(),
             agent_id: trace.agent_id.clone(),

@@ -165,6 +165,11 @@ pub struct Rows {
     pub trace_id: String,
     pub agent_id: Option<String>,
     pub rows: Vec<Row>,
+    /// Each row is written at most once per (trace id, assertion id), even
+    /// across restarts: production traces may be delivered and scored more
+    /// than once, and must count once. Test runs legitimately re-run traces,
+    /// so their rows are not keyed.
+    pub keyed: bool,
 }
 
 /// What `query_drift` asks about.
@@ -502,7 +507,13 @@ fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
             agent_id TEXT
         );
         CREATE INDEX IF NOT EXISTS results_by_fingerprint ON results (fingerprint, id);
-        CREATE INDEX IF NOT EXISTS results_by_assertion ON results (assertion_id, id);",
+        CREATE INDEX IF NOT EXISTS results_by_assertion ON results (assertion_id, id);
+        CREATE TABLE IF NOT EXISTS result_keys (
+            trace_id TEXT NOT NULL,
+            assertion_id TEXT NOT NULL,
+            recorded_at_ms INTEGER NOT NULL,
+            PRIMARY KEY (trace_id, assertion_id)
+        ) WITHOUT ROWID;",
     )?;
     Ok(conn)
 }
@@ -596,8 +607,14 @@ impl Writer {
                     "INSERT INTO results (recorded_at_ms, assertion_id, fingerprint, assertion_type, status, score, trace_id, agent_id)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 )?;
+                let mut key =
+                    tx.prepare_cached("INSERT OR IGNORE INTO result_keys (trace_id, assertion_id, recorded_at_ms) VALUES (?1, ?2, ?3)")?;
                 for batch in pending.iter() {
                     for r in &batch.rows {
+                        if batch.keyed && key.execute(params![batch.trace_id, r.assertion_id, at])? == 0 {
+                            // Already recorded by an earlier delivery of this trace.
+                            continue;
+                        }
                         let fingerprint = Fingerprint::new(&r.spec, batch.agent_id.as_deref());
                         insert.execute(params![
                             at,
@@ -635,6 +652,11 @@ impl Writer {
         let result = self
             .conn
             .execute("DELETE FROM results WHERE recorded_at_ms < ?1", params![cutoff])
+            .and_then(|a| {
+                self.conn
+                    .execute("DELETE FROM result_keys WHERE recorded_at_ms < ?1", params![cutoff])
+                    .map(|_| a)
+            })
             .and_then(|a| {
                 let b = self.conn.execute(
                     "DELETE FROM results WHERE id <= (SELECT id FROM results ORDER BY id DESC LIMIT 1 OFFSET ?1)",
@@ -709,6 +731,7 @@ mod tests {
 
     fn rows(id: &str, spec: SpecDigest, scores: &[f64]) -> Rows {
         Rows {
+            keyed: false,
             trace_id: "t".into(),
             agent_id: None,
             rows: scores

@@ -20,7 +20,9 @@
 
 pub mod alerts;
 pub mod batch;
+pub mod collect_host;
 pub mod config;
+pub mod ecp_host;
 pub mod eval_cmd;
 pub mod history;
 pub mod json_errors;

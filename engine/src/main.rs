@@ -70,6 +70,13 @@ enum Command {
     },
     /// Print the engine version.
     Version,
+    /// Score production traces: OTLP/HTTP ingest (or JSONL), trace assembly,
+    /// sampling rules, results to the history, JSONL and metrics.
+    Collect(attest_collect::CollectArgs),
+    /// Evaluate assembled traces from NATS JetStream (scale-out of `collect`).
+    Worker(attest_collect::WorkerArgs),
+    /// Drive agents over the Evaluation Context Protocol from YAML manifests.
+    Ecp(attest_ecp::EcpCommand),
     /// Inspect WebAssembly plugins.
     Plugin {
         #[command(subcommand)]
@@ -147,6 +154,31 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Collect(args) => {
+            logging::init(config.log_level);
+            run_front_door(config, |engine| async move {
+                let evaluator = Arc::new(attest_engine::collect_host::CollectEvaluator::new(engine.clone()));
+                let history = attest_engine::collect_host::HistoryResults::new(engine.clone())
+                    .map(|h| Arc::new(h) as Arc<dyn attest_collect::HistorySink>);
+                attest_collect::run_collect(args, evaluator, history).await
+            })
+        }
+        Command::Worker(args) => {
+            logging::init(config.log_level);
+            run_front_door(config, |engine| async move {
+                let evaluator = Arc::new(attest_engine::collect_host::CollectEvaluator::new(engine.clone()));
+                let history = attest_engine::collect_host::HistoryResults::new(engine.clone())
+                    .map(|h| Arc::new(h) as Arc<dyn attest_collect::HistorySink>);
+                attest_collect::run_worker(args, evaluator, history).await
+            })
+        }
+        Command::Ecp(cmd) => {
+            logging::init(config.log_level);
+            run_front_door(config, |engine| async move {
+                let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine));
+                attest_ecp::run_command(cmd, host).await
+            })
+        }
         Command::Serve => {
             logging::init(config.log_level);
             // With one CPU a work-stealing pool only adds thread hand-offs.
@@ -171,6 +203,32 @@ fn main() -> ExitCode {
             // stdin's blocking reader thread cannot be interrupted; exit rather
             // than wait for it. Responses were flushed by `serve`.
             std::process::exit(code);
+        }
+    }
+}
+
+/// Runs a front door that is not the stdio server (`collect`, `worker`,
+/// `ecp`) on a multi-threaded runtime over one engine; returns its exit code.
+fn run_front_door<F, Fut>(config: attest_engine::config::Config, front: F) -> ExitCode
+where
+    F: FnOnce(Arc<Engine>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<i32>>,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("attest-engine: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let engine = Arc::new(load_engine(config));
+    let code = runtime.block_on(front(engine.clone()));
+    engine.finish();
+    match code {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("attest-engine: {e:#}");
+            ExitCode::from(2)
         }
     }
 }

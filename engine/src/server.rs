@@ -424,6 +424,7 @@ async fn dispatch(
             tracing::debug!(trace_id = %record.trace_id, plugin = %record.plugin_name, "plugin result recorded");
             if let Some(history) = &engine.history {
                 history.record(crate::history::Rows {
+                    keyed: false,
                     trace_id: record.trace_id.clone(),
                     agent_id: None,
                     rows: vec![crate::history::Row {

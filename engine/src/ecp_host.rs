@@ -1,0 +1,156 @@
+//! The engine behind `attest-engine ecp`: the ECP runtime's `attest` grader
+//! runs any assertion through the same compiled checks as `evaluate_batch`
+//! (layers 1–8, plugins included), its `llm_judge` grader asks the engine's
+//! judge provider (retries, deadlines, pricing and the session budget), and
+//! every graded step lands in the result history.
+//!
+//! Without a configured judge provider, `llm_judge` falls back to the
+//! OpenAI-compatible endpoint the reference runtime reads (`OPENAI_API_BASE`
+//! or `OPENAI_BASE_URL`, `OPENAI_API_KEY`), so existing manifests keep working.
+
+use crate::batch::{Effects, Suite};
+use crate::history::{Row, Rows, SpecDigest};
+use crate::layers::Status;
+use crate::providers::Chat;
+use crate::session::Engine;
+use attest_ecp::{BoxFuture, CheckResult, GradeError, GradeOutcome, GradeStatus, GradingHost, JudgeRequest, JudgeVerdict};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct EngineGradingHost {
+    engine: Arc<Engine>,
+    fallback_judge: Option<attest_ecp::OpenAiJudgeHost>,
+    run_id: String,
+}
+
+impl EngineGradingHost {
+    pub fn new(engine: Arc<Engine>) -> EngineGradingHost {
+        let fallback_judge = match engine.providers.judge() {
+            Ok(_) => None,
+            Err(_) => attest_ecp::OpenAiJudgeHost::from_env().ok(),
+        };
+        let run_id = format!(
+            "ecp-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        );
+        EngineGradingHost {
+            engine,
+            fallback_judge,
+            run_id,
+        }
+    }
+}
+
+impl GradingHost for EngineGradingHost {
+    fn attest<'a>(&'a self, trace: &'a Value, assertion: &'a Value) -> BoxFuture<'a, Result<GradeOutcome, GradeError>> {
+        Box::pin(async move {
+            let failed = |e: crate::protocol::RpcError| {
+                GradeError::Failed(format!("{} ({}): {} {}", e.code.code(), e.code.error_type(), e.message, e.detail))
+            };
+            let suite = Suite::compile(&self.engine, std::slice::from_ref(assertion)).map_err(failed)?;
+            let deadline = Instant::now() + self.engine.config.eval_timeout;
+            let result = suite
+                .evaluate_with(&self.engine, &trace.to_string(), deadline, Effects::ResultsOnly)
+                .await
+                .map_err(failed)?;
+            self.engine.add_cost(result.total_cost);
+            let r = result
+                .results
+                .into_iter()
+                .next()
+                .ok_or_else(|| GradeError::Failed("the assertion produced no result".into()))?;
+            Ok(GradeOutcome {
+                status: match r.status {
+                    Status::Pass => GradeStatus::Pass,
+                    Status::SoftFail => GradeStatus::SoftFail,
+                    Status::HardFail => GradeStatus::HardFail,
+                },
+                score: r.score,
+                explanation: r.explanation,
+            })
+        })
+    }
+
+    fn judge(&self, request: JudgeRequest) -> BoxFuture<'_, Result<JudgeVerdict, GradeError>> {
+        Box::pin(async move {
+            let providers = &self.engine.providers;
+            let judge = match providers.judge() {
+                Ok(judge) => judge,
+                Err(e) => {
+                    return match &self.fallback_judge {
+                        Some(fallback) => fallback.judge(request).await,
+                        None => Err(GradeError::Unavailable(describe(e))),
+                    }
+                }
+            };
+            if let Some(budget) = self.engine.config.budget_usd {
+                if self.engine.cost_spent() >= budget {
+                    return Err(GradeError::Failed(format!(
+                        "the session's cost budget of ${budget} is spent; raise budget_usd to run more llm_judge checks"
+                    )));
+                }
+            }
+            let chat = Chat {
+                model: &request.model,
+                messages: match request.messages() {
+                    Value::Array(m) => m,
+                    other => vec![other],
+                },
+                temperature: request.temperature,
+                max_tokens: 1024,
+            };
+            let deadline = tokio::time::Instant::now() + self.engine.config.eval_timeout;
+            let (completion, cost) = providers
+                .complete(judge, &chat, deadline)
+                .await
+                .map_err(|e| GradeError::Failed(describe(e)))?;
+            self.engine.add_cost(cost);
+            Ok(JudgeVerdict::from_reply(&completion.text))
+        })
+    }
+
+    fn record<'a>(&'a self, scenario: &'a str, step: usize, results: &'a [CheckResult]) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(history) = &self.engine.history else {
+                return;
+            };
+            let rows = results
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    // Stable across runs, so query_drift follows one check over time.
+                    let name = format!("ecp/{scenario}/step{step}/{i}-{}", c.kind);
+                    Row {
+                        spec: SpecDigest::submitted(&name),
+                        assertion_id: crate::text::clip(&name, 250),
+                        assertion_type: "ecp",
+                        status: match (c.status, c.passed) {
+                            (Some(GradeStatus::SoftFail), _) => "soft_fail",
+                            (Some(GradeStatus::HardFail), _) | (None, false) => "hard_fail",
+                            _ => "pass",
+                        },
+                        score: c.score.clamp(0.0, 1.0),
+                    }
+                })
+                .collect();
+            history.record(Rows {
+                trace_id: format!("{}/{scenario}/{step}", self.run_id),
+                agent_id: None,
+                rows,
+                keyed: false,
+            });
+        })
+    }
+}
+
+fn describe(e: crate::providers::ProviderError) -> String {
+    use crate::providers::ProviderError;
+    match e {
+        ProviderError::Timeout => "the judge did not answer before the deadline (--eval-timeout)".into(),
+        ProviderError::Failed { message, attempts } => format!("{message} (after {attempts} attempts)"),
+        ProviderError::Unavailable { message, detail } => format!("{message}. {detail}"),
+    }
+}
