@@ -53,6 +53,7 @@ where
     let mut reader = LineReader::new(input, max_line);
     let (out, writer) = spawn_writer(output);
     let permits = Arc::new(Semaphore::new(engine.config.max_concurrent_requests));
+    let blocking_share = Arc::new(Semaphore::new(crate::plugins::call_share(engine.config.max_concurrent_requests)));
     let tracker = TaskTracker::new();
     let mut signals = Signals::new();
     tracing::info!(
@@ -85,7 +86,7 @@ where
                 break Ended::InputError;
             }
         };
-        let task = respond(engine.clone(), bytes, out.clone(), permit, engine.admit());
+        let task = respond(engine.clone(), bytes, out.clone(), (permit, blocking_share.clone()), engine.admit());
         if engine.state() == State::Uninitialized {
             task.await;
         } else {
@@ -107,8 +108,23 @@ where
 }
 
 /// Handles one line and sends its response, if any.
-async fn respond(engine: Arc<Engine>, line: Vec<u8>, out: mpsc::Sender<Vec<u8>>, _permit: OwnedSemaphorePermit, admission: Admission) {
+async fn respond(
+    engine: Arc<Engine>,
+    line: Vec<u8>,
+    out: mpsc::Sender<Vec<u8>>,
+    (permit, blocking_share): (OwnedSemaphorePermit, Arc<Semaphore>),
+    admission: Admission,
+) {
     let seq = admission.seq;
+    let mut _permit = Some(permit);
+    let mut _share = None;
+    if may_block(&line) {
+        // Requests that may block (plugin calls, huge batches) run on a share
+        // of their own and hand their general slot back, so slow plugins
+        // cannot hold every slot while plain requests wait behind them.
+        _share = blocking_share.acquire_owned().await.ok();
+        _permit = None;
+    }
     let reply = if may_block(&line) {
         // Plugin calls and huge batches can hold a thread for up to the eval
         // timeout. Off the async workers they cannot stall other requests,
