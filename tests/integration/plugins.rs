@@ -1919,6 +1919,7 @@ fn plugin_check_refuses_a_future_api_version() {
         stdout.contains("attest:plugin@9.0.0") && stdout.contains(&format!("attest:plugin@{API}")),
         "{stdout}"
     );
+    assert!(stdout.contains("rebuild the plugin against wit/since_v0.1.0/"), "{stdout}");
     assert!(!stdout.contains("plugin:"), "{stdout}");
 }
 
@@ -2386,4 +2387,30 @@ fn slow_describe_calls_load_side_by_side() {
         elapsed < Duration::from_secs(10),
         "six slow describe calls delayed the start by {elapsed:?}"
     );
+}
+
+// ---------------------------------------------------------------- contract versions
+
+/// A component built against `attest:plugin@0.1.0` before the contract was
+/// frozen in `wit/since_v0.1.0/` (the `noop` bench plugin).
+const V0_1_0_FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/plugins/v0_1_0-noop.wasm");
+
+#[test]
+fn a_plugin_built_against_0_1_0_still_loads_and_evaluates() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &["--plugin", V0_1_0_FIXTURE]);
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listed_ids(&listing), ["noop"], "{listing}");
+    assert_eq!(listed(&listing, "noop")["api_version"], json!("0.1.0"));
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([plugin("n", "noop", json!({})), builtin("b", "contains", "refund")]),
+    );
+    check(&r[0], "pass", 1.0, &["noop"]);
+    check(&r[1], "pass", 1.0, &[]);
+    let out = run_with(cache.path(), &["plugin", "check", V0_1_0_FIXTURE]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("api version:  attest:plugin@0.1.0"), "{stdout}");
 }

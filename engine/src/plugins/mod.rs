@@ -12,9 +12,10 @@
 
 pub mod cache;
 pub mod sandbox;
+pub mod since_v0_1_0;
 
 use cache::{ArtefactCache, Source};
-use sandbox::{Answer, PluginError, Prepared, Sandbox, Status, SUPPORTED_API_VERSIONS};
+use sandbox::{Answer, ApiVersion, PluginError, Prepared, Sandbox, Status, SUPPORTED_API_VERSIONS};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -322,21 +323,24 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Stri
         .load(sandbox.engine(), &wasm)
         .map_err(|e| format!("invalid component: {}", crate::text::clip(&format!("{e:#}"), 400)))?;
     let served = SUPPORTED_API_VERSIONS.join(", ");
-    let api_version = match sandbox.api_version(&component) {
-        Some(v) if Sandbox::serves(&v) => v,
-        Some(v) => {
-            return Err(format!(
-                "built against attest:plugin@{v}, but this engine serves attest:plugin@{served}; rebuild the plugin against wit/attest-plugin.wit (attest:plugin@{})",
-                SUPPORTED_API_VERSIONS[0]
-            ))
-        }
+    let newest = SUPPORTED_API_VERSIONS[0];
+    let (api, api_version) = match sandbox.api_version(&component) {
+        Some(v) => match ApiVersion::serving(&v) {
+            Some(api) => (api, v),
+            None => {
+                return Err(format!(
+                    "built against attest:plugin@{}, but this engine serves attest:plugin@{served}; rebuild the plugin against wit/since_v{newest}/ (attest:plugin@{newest})",
+                    crate::text::clip(&v, 40)
+                ))
+            }
+        },
         None => {
             return Err(format!(
-                "declares no attest:plugin API version (it imports neither attest:plugin/types nor attest:plugin/host); build it against wit/attest-plugin.wit (attest:plugin@{served})"
+                "declares no attest:plugin API version (it imports neither attest:plugin/types nor attest:plugin/host); build it against wit/since_v{newest}/ (attest:plugin@{served})"
             ))
         }
     };
-    let prepared = sandbox.prepare(&component).map_err(|e| {
+    let prepared = sandbox.prepare(&component, api).map_err(|e| {
         format!(
             "does not fit the assertion-plugin world or needs imports the sandbox does not grant: {}",
             crate::text::clip(&format!("{e:#}"), 400)

@@ -1,5 +1,6 @@
 //! The sandbox plugins run in: a wasmtime engine, one linker per supported
-//! WIT version, and a fresh, limited store for every call.
+//! contract version ([`ApiVersion`], each with a bindings module such as
+//! [`super::since_v0_1_0`]), and a fresh, limited store for every call.
 //!
 //! Deny by default:
 //! - no filesystem, network, environment, arguments or stdio (WASI is linked
@@ -21,20 +22,68 @@ use super::PluginLimits;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use wasmtime::component::__internal::{CanonicalAbiInfo, InstanceType, InterfaceType, LiftContext};
-use wasmtime::component::{Component, ComponentExportIndex, ComponentType, HasSelf, Lift, Linker, Resource, ResourceTable};
+use wasmtime::component::{Component, ComponentExportIndex, ComponentType, Lift, Linker, Resource, ResourceTable};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreContextMut, StoreLimits, StoreLimitsBuilder, Trap, ValRaw};
 use wasmtime_wasi::p2::{DynPollable, Pollable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-wasmtime::component::bindgen!({
-    path: "../wit",
-    world: "assertion-plugin",
-});
+/// The newest contract version's bindings: their types are the ones the
+/// rest of the engine works with; older versions convert into them.
+pub use super::since_v0_1_0 as latest;
+pub use latest::{PluginError, PluginInfo, Status, Verdict};
 
-// The world `use`s these types, so the bindings re-export them at the root.
-pub use attest::plugin::types::Status;
+/// The contract versions this engine serves, each with its own bindings
+/// module and linker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiVersion {
+    V0_1_0,
+}
 
-/// The WIT package versions this engine serves, newest first.
+impl ApiVersion {
+    /// Every version, newest first.
+    pub const ALL: [ApiVersion; 1] = [ApiVersion::V0_1_0];
+
+    /// The version its module was frozen at (`wit/since_vX.Y.Z/`).
+    pub fn min_version(self) -> (u64, u64, u64) {
+        match self {
+            ApiVersion::V0_1_0 => super::since_v0_1_0::MIN_VERSION,
+        }
+    }
+
+    fn add_to_linker(self, linker: &mut Linker<State>) -> anyhow::Result<()> {
+        match self {
+            ApiVersion::V0_1_0 => super::since_v0_1_0::add_to_linker(linker),
+        }
+    }
+
+    fn check_exports(self, pre: &wasmtime::component::InstancePre<State>) -> anyhow::Result<()> {
+        match self {
+            ApiVersion::V0_1_0 => super::since_v0_1_0::check_exports(pre),
+        }
+    }
+
+    /// The version that serves a plugin built against `version`: the same
+    /// major (for 0.x, the same minor), and no newer than the version its
+    /// module was frozen at.
+    pub fn serving(version: &str) -> Option<ApiVersion> {
+        let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
+        let want = (parts.next()??, parts.next()??, parts.next()??);
+        if parts.next().is_some() {
+            return None;
+        }
+        ApiVersion::ALL.into_iter().find(|v| {
+            let have = v.min_version();
+            let same_line = if have.0 == 0 {
+                want.0 == 0 && want.1 == have.1
+            } else {
+                want.0 == have.0
+            };
+            same_line && want <= have
+        })
+    }
+}
+
+/// The contract versions this engine serves, newest first, as text.
 pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1.0"];
 
 /// How often the epoch advances; timeouts are rounded up to it.
@@ -53,7 +102,7 @@ pub const MAX_DETAILS_BYTES: usize = 4096;
 /// Largest config schema a plugin may declare.
 pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
 /// Longest id, version or description kept from `describe()`, in characters.
-const MAX_INFO_CHARS: usize = 1000;
+pub const MAX_INFO_CHARS: usize = 1000;
 /// Log output one call may write: lines, and bytes over all its lines.
 pub const LOG_LINES_PER_CALL: u32 = 100;
 pub const LOG_BYTES_PER_CALL: usize = 64 * 1024;
@@ -138,10 +187,20 @@ impl wasmtime_wasi::HostMonotonicClock for CallClock {
     }
 }
 
-impl attest::plugin::host::Host for State {
-    fn log(&mut self, level: attest::plugin::host::LogLevel, message: String) {
-        use attest::plugin::host::LogLevel;
-        let message = crate::text::clip(&message, 2000);
+/// Log levels of `host.log`, as every contract version has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl State {
+    /// `host.log`: the line goes to the engine's log, attributed to the
+    /// plugin, while the call's log budget lasts.
+    pub fn write_log(&mut self, level: LogLevel, message: &str) {
+        let message = crate::text::clip(message, 2000);
         let budget = &mut self.log;
         if budget.lines == 0 || budget.bytes < message.len() {
             budget.lines = 0;
@@ -159,8 +218,6 @@ impl attest::plugin::host::Host for State {
         }
     }
 }
-
-impl attest::plugin::types::Host for State {}
 
 /// A call the sandbox refuses to serve; it traps the call and is named in
 /// the assertion's explanation.
@@ -258,14 +315,16 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-/// A wasmtime engine (with its epoch ticker) and its linker.
+/// A wasmtime engine (with its epoch ticker) and one linker per contract
+/// version.
 pub struct Sandbox {
     engine: Engine,
-    linker: Linker<State>,
+    linkers: Vec<(ApiVersion, Linker<State>)>,
 }
 
 /// A component linked once, ready to be instantiated for each call.
 pub struct Prepared {
+    api: ApiVersion,
     pre: wasmtime::component::InstancePre<State>,
     describe: ComponentExportIndex,
     evaluate: ComponentExportIndex,
@@ -369,12 +428,16 @@ impl Sandbox {
         pool.pagemap_scan(wasmtime::Enabled::Auto);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
-        let mut linker = Linker::new(&engine);
-        AssertionPlugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
-        // WASI is linked so components from other toolchains (Python, JS)
-        // instantiate; the context built per call grants no capability.
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
-        link_timers(&mut linker)?;
+        let mut linkers = Vec::new();
+        for api in ApiVersion::ALL {
+            let mut linker = Linker::new(&engine);
+            api.add_to_linker(&mut linker)?;
+            // WASI is linked so components from other toolchains (Python,
+            // JS) instantiate; the context built per call grants no capability.
+            wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+            link_timers(&mut linker)?;
+            linkers.push((api, linker));
+        }
         let ticker = engine.weak();
         std::thread::Builder::new().name("attest-epoch".into()).spawn(move || {
             while let Some(engine) = ticker.upgrade() {
@@ -383,7 +446,7 @@ impl Sandbox {
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
-        Ok(Sandbox { engine, linker })
+        Ok(Sandbox { engine, linkers })
     }
 
     pub fn engine(&self) -> &Engine {
@@ -402,30 +465,17 @@ impl Sandbox {
         versions.into_iter().next()
     }
 
-    /// Whether the engine serves `version`: the same major, and for 0.x the
-    /// same minor, no newer than what the engine knows.
-    pub fn serves(version: &str) -> bool {
-        let parse = |v: &str| -> Option<(u64, u64, u64)> {
-            let mut it = v.split('.').map(|p| p.parse::<u64>().ok());
-            Some((it.next()??, it.next()??, it.next()??))
-        };
-        let Some(want) = parse(version) else { return false };
-        SUPPORTED_API_VERSIONS.iter().filter_map(|s| parse(s)).any(|have| {
-            let same_line = if have.0 == 0 {
-                want.0 == 0 && want.1 == have.1
-            } else {
-                want.0 == have.0
-            };
-            same_line && want <= have
-        })
-    }
-
     /// Links a component once, so that each call only instantiates, and
     /// checks that it exports `describe` and `evaluate` with the types of the
     /// assertion-plugin world.
-    pub fn prepare(&self, component: &Component) -> anyhow::Result<Prepared> {
-        let pre = self.linker.instantiate_pre(component)?;
-        AssertionPluginPre::new(pre.clone())?;
+    pub fn prepare(&self, component: &Component, api: ApiVersion) -> anyhow::Result<Prepared> {
+        let linker = self
+            .linkers
+            .iter()
+            .find_map(|(v, l)| (*v == api).then_some(l))
+            .ok_or_else(|| anyhow::anyhow!("no linker for {api:?}"))?;
+        let pre = linker.instantiate_pre(component)?;
+        api.check_exports(&pre)?;
         let export = |name: &str| {
             component
                 .get_export_index(None, name)
@@ -436,6 +486,7 @@ impl Sandbox {
             .imports(&self.engine)
             .any(|(name, _)| name.starts_with("wasi:"));
         Ok(Prepared {
+            api,
             describe: export("describe")?,
             evaluate: export("evaluate")?,
             pre,
@@ -554,12 +605,12 @@ thread_local! {
     /// Results the `evaluate` call running on this thread must return: the
     /// number of its configs. The lift runs on the calling thread, inside
     /// the call.
-    static EXPECTED_RESULTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    pub(super) static EXPECTED_RESULTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// A `list<T>` copied only when it has the expected number of items
 /// ([`EXPECTED_RESULTS`]); otherwise only its length is read.
-enum CountedList<T> {
+pub(super) enum CountedList<T> {
     Items(Vec<T>),
     WrongCount(usize),
 }
@@ -602,11 +653,11 @@ fn u32_at(bytes: &[u8], at: usize) -> wasmtime::Result<u32> {
 }
 
 /// A `string` copied only up to `MAX` bytes, with its full length.
-struct BoundedText<const MAX: usize> {
+pub(super) struct BoundedText<const MAX: usize> {
     /// At most `MAX` bytes, cut at a character boundary.
-    text: String,
+    pub(super) text: String,
     /// The string's length in the plugin's memory, in bytes.
-    len: usize,
+    pub(super) len: usize,
 }
 
 impl<const MAX: usize> BoundedText<MAX> {
@@ -680,96 +731,26 @@ unsafe impl<const MAX: usize> Lift for BoundedText<MAX> {
 
 /// Longest explanation or error message copied, in bytes (then clipped to
 /// [`MAX_VERDICT_TEXT_CHARS`]).
-const MAX_VERDICT_TEXT_BYTES: usize = 4 * MAX_VERDICT_TEXT_CHARS;
+pub(super) const MAX_VERDICT_TEXT_BYTES: usize = 4 * MAX_VERDICT_TEXT_CHARS;
 /// Longest id, version or description copied, in bytes.
-const MAX_INFO_BYTES: usize = 4 * MAX_INFO_CHARS;
-
-/// `plugin-info`, copied within bounds.
-#[derive(ComponentType, Lift)]
-#[component(record)]
-struct RawInfo {
-    id: BoundedText<MAX_INFO_BYTES>,
-    version: BoundedText<MAX_INFO_BYTES>,
-    description: BoundedText<MAX_INFO_BYTES>,
-    #[component(name = "config-schema")]
-    config_schema: BoundedText<MAX_SCHEMA_BYTES>,
-}
-
-/// `verdict`, copied within bounds.
-#[derive(ComponentType, Lift)]
-#[component(record)]
-struct RawVerdict {
-    status: Status,
-    score: f64,
-    explanation: BoundedText<MAX_VERDICT_TEXT_BYTES>,
-    details: Option<BoundedText<MAX_DETAILS_BYTES>>,
-}
-
-/// `plugin-error`, copied within bounds.
-#[derive(ComponentType, Lift)]
-#[component(variant)]
-enum RawError {
-    #[component(name = "invalid-config")]
-    InvalidConfig(BoundedText<MAX_VERDICT_TEXT_BYTES>),
-    #[component(name = "unsupported-trace")]
-    UnsupportedTrace(BoundedText<MAX_VERDICT_TEXT_BYTES>),
-    #[component(name = "internal")]
-    Internal(BoundedText<MAX_VERDICT_TEXT_BYTES>),
-}
+pub(super) const MAX_INFO_BYTES: usize = 4 * MAX_INFO_CHARS;
 
 fn describe_in(store: &mut Store<State>, plugin: &Prepared) -> wasmtime::Result<Result<PluginInfo, Fault>> {
     let instance = plugin.pre.instantiate(&mut *store)?;
-    let func = instance.get_typed_func::<(), (RawInfo,)>(&mut *store, &plugin.describe)?;
-    let (raw,) = func.call(&mut *store, ())?;
-    if raw.config_schema.len > MAX_SCHEMA_BYTES {
-        return Ok(Err(Fault::TooLarge(format!(
-            "declares a config schema of {} bytes; the limit is {MAX_SCHEMA_BYTES} bytes ({} KiB): describe the config more compactly",
-            raw.config_schema.len,
-            MAX_SCHEMA_BYTES / 1024
-        ))));
+    match plugin.api {
+        ApiVersion::V0_1_0 => super::since_v0_1_0::describe(store, &instance, &plugin.describe),
     }
-    Ok(Ok(PluginInfo {
-        config_schema: raw.config_schema.text,
-        id: crate::text::clip(&raw.id.text, MAX_INFO_CHARS),
-        version: crate::text::clip(&raw.version.text, MAX_INFO_CHARS),
-        description: crate::text::clip(&raw.description.text, MAX_INFO_CHARS),
-    }))
 }
 
 fn evaluate_in(store: &mut Store<State>, plugin: &Prepared, trace: &str, configs: &[String]) -> wasmtime::Result<Answer> {
-    type Results = CountedList<Result<RawVerdict, RawError>>;
     let instance = plugin.pre.instantiate(&mut *store)?;
-    let func = instance.get_typed_func::<(&str, &[String]), (Results,)>(&mut *store, &plugin.evaluate)?;
-    EXPECTED_RESULTS.with(|e| e.set(configs.len()));
-    let (list,) = func.call(&mut *store, (trace, configs))?;
-    let items = match list {
-        CountedList::Items(items) => items,
-        CountedList::WrongCount(n) => return Ok(Answer::WrongCount(n)),
+    let answer = match plugin.api {
+        ApiVersion::V0_1_0 => super::since_v0_1_0::evaluate(store, &instance, &plugin.evaluate, trace, configs)?,
     };
-    let text = |t: BoundedText<MAX_VERDICT_TEXT_BYTES>| crate::text::clip(&t.text, MAX_VERDICT_TEXT_CHARS);
-    Ok(Answer::Results(
-        items
-            .into_iter()
-            .map(|item| match item {
-                Ok(v) => Ok(Verdict {
-                    status: v.status,
-                    score: v.score,
-                    explanation: text(v.explanation),
-                    details: v.details.map(|d| {
-                        if d.len > MAX_DETAILS_BYTES {
-                            serde_json::json!({"omitted": format!("details were {} bytes; the limit is {MAX_DETAILS_BYTES}", d.len)})
-                                .to_string()
-                        } else {
-                            d.text
-                        }
-                    }),
-                }),
-                Err(RawError::InvalidConfig(m)) => Err(PluginError::InvalidConfig(text(m))),
-                Err(RawError::UnsupportedTrace(m)) => Err(PluginError::UnsupportedTrace(text(m))),
-                Err(RawError::Internal(m)) => Err(PluginError::Internal(text(m))),
-            })
-            .collect(),
-    ))
+    Ok(match answer {
+        Ok(results) => Answer::Results(results),
+        Err(count) => Answer::WrongCount(count),
+    })
 }
 
 /// Names what went wrong in a failed call.
@@ -798,9 +779,24 @@ mod tests {
 
     #[test]
     fn version_policy() {
-        assert!(Sandbox::serves("0.1.0"));
-        assert!(!Sandbox::serves("0.2.0"), "a newer minor is not served");
-        assert!(!Sandbox::serves("9.0.0"));
-        assert!(!Sandbox::serves("garbage"));
+        assert_eq!(ApiVersion::serving("0.1.0"), Some(ApiVersion::V0_1_0));
+        assert_eq!(ApiVersion::serving("0.2.0"), None, "a newer minor is not served");
+        assert_eq!(ApiVersion::serving("0.1.1"), None, "a newer patch is not served");
+        assert_eq!(ApiVersion::serving("0.0.9"), None, "another 0.x minor is not served");
+        assert_eq!(ApiVersion::serving("9.0.0"), None);
+        assert_eq!(ApiVersion::serving("garbage"), None);
+        assert_eq!(ApiVersion::serving("0.1.0.1"), None);
+    }
+
+    #[test]
+    fn every_version_is_listed_as_text() {
+        let text: Vec<String> = ApiVersion::ALL
+            .iter()
+            .map(|v| {
+                let (a, b, c) = v.min_version();
+                format!("{a}.{b}.{c}")
+            })
+            .collect();
+        assert_eq!(text, SUPPORTED_API_VERSIONS);
     }
 }

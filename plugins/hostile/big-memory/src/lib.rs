@@ -4,7 +4,7 @@
 //! refuse it at load time, before spending time compiling it.
 
 wit_bindgen::generate!({
-    path: "../../../wit/attest-plugin.wit",
+    path: "../../../wit/since_v0.1.0/attest-plugin.wit",
     world: "assertion-plugin",
 });
 

@@ -11,7 +11,7 @@
 //! may write to its log.
 
 wit_bindgen::generate!({
-    path: "../../../wit/attest-plugin.wit",
+    path: "../../../wit/since_v0.1.0/attest-plugin.wit",
     world: "assertion-plugin",
 });
 

@@ -3,7 +3,7 @@
 //! delay the engine's start by one deadline each.
 
 wit_bindgen::generate!({
-    path: "../../../wit/attest-plugin.wit",
+    path: "../../../wit/since_v0.1.0/attest-plugin.wit",
     world: "assertion-plugin",
 });
 

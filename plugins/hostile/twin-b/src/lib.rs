@@ -2,7 +2,7 @@
 //! does. Neither may win silently: the engine must refuse both and name both.
 
 wit_bindgen::generate!({
-    path: "../../../wit/attest-plugin.wit",
+    path: "../../../wit/since_v0.1.0/attest-plugin.wit",
     world: "assertion-plugin",
 });
 

@@ -4,7 +4,7 @@
 //! `list_plugins`, which must omit it.
 
 wit_bindgen::generate!({
-    path: "../../../wit/attest-plugin.wit",
+    path: "../../../wit/since_v0.1.0/attest-plugin.wit",
     world: "assertion-plugin",
 });
 
