@@ -72,6 +72,13 @@ pub fn call_share(max_concurrent_requests: usize) -> usize {
     (max_concurrent_requests * 3 / 4).clamp(1, 128)
 }
 
+/// Failed files `list_plugins` names; each entry is at most about 1 KB.
+pub const LISTED_FAILURES: usize = 32;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// One plugin to load.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PluginSpec {
@@ -130,7 +137,12 @@ pub struct PluginHost {
 pub struct Listing<'a> {
     pub api_versions: &'static [&'static str],
     pub plugins: Vec<PluginEntry<'a>>,
+    /// The first [`LISTED_FAILURES`] files that failed to load.
     pub failed: &'a [LoadFailure],
+    /// How many more failed than are listed (`attest-engine plugin check`
+    /// or the log names them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub failed_not_listed: usize,
 }
 
 #[derive(Serialize)]
@@ -185,12 +197,19 @@ impl PluginHost {
         for (spec, plugin) in loaded {
             let claimants = &claims[&*plugin.id];
             if claimants.len() > 1 {
-                let files: Vec<String> = claimants.iter().map(|(p, _)| p.display().to_string()).collect();
+                let mut files: Vec<String> = claimants
+                    .iter()
+                    .take(5)
+                    .map(|(p, _)| crate::text::quote(&p.display().to_string()))
+                    .collect();
+                if claimants.len() > 5 {
+                    files.push(format!("… {} more", claimants.len() - 5));
+                }
+                let files = files.join(", ");
                 let error = format!(
-                    "plugin id '{}' is claimed by {} plugins ({}); none of them is loaded: give each plugin its own id, or load only one of them",
+                    "plugin id '{}' is claimed by {} plugins ({files}); none of them is loaded: give each plugin its own id, or load only one of them",
                     plugin.id,
                     claimants.len(),
-                    files.join(", ")
                 );
                 if claimants.iter().any(|(_, explicit)| *explicit) && !host.conflicts.iter().any(|c| c == &error) {
                     host.conflicts.push(error.clone());
@@ -258,7 +277,8 @@ impl PluginHost {
                     }
                 })
                 .collect(),
-            failed: &self.failures,
+            failed: &self.failures[..self.failures.len().min(LISTED_FAILURES)],
+            failed_not_listed: self.failures.len().saturating_sub(LISTED_FAILURES),
         }
     }
 }
@@ -608,6 +628,23 @@ mod tests {
         let big = serde_json::json!({"description": "x".repeat(200)});
         let note = listed_schema(&big, Path::new("b.wasm"), &mut budget);
         assert!(note["omitted"].as_str().unwrap().contains("plugin check b.wasm"), "{note}");
+    }
+
+    #[test]
+    fn listing_names_a_bounded_number_of_failures() {
+        let mut host = PluginHost::default();
+        for i in 0..40 {
+            host.fail(Path::new(&format!("bad-{i}.wasm")), "not a WebAssembly component".into());
+        }
+        let listing = host.listing();
+        assert_eq!(listing.failed.len(), LISTED_FAILURES);
+        assert_eq!(listing.failed_not_listed, 8);
+        let json = serde_json::to_value(&listing).unwrap();
+        assert_eq!(json["failed_not_listed"], 8);
+        assert!(serde_json::to_value(PluginHost::default().listing())
+            .unwrap()
+            .get("failed_not_listed")
+            .is_none());
     }
 
     #[test]
