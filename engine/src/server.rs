@@ -2,7 +2,9 @@
 //! soon as it is ready.
 //!
 //! - At most `max_concurrent_requests` lines are in flight; while that many
-//!   are, no more input is read (back-pressure instead of a queue).
+//!   are, no more input is read (back-pressure instead of a queue). Requests
+//!   that may block run on a share of their own once they start
+//!   (`plugins::call_share`), handing their general slot back.
 //! - Until `initialize` has succeeded, lines are handled one at a time, so a
 //!   client that pipelines `initialize` and its first batch still works.
 //! - `shutdown`, end of input, SIGTERM and SIGINT all stop reading and drain
