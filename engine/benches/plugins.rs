@@ -28,6 +28,7 @@ fn spec(name: &str) -> PluginSpec {
     PluginSpec {
         path,
         limits: PluginLimits::default(),
+        explicit: true,
     }
 }
 
@@ -114,6 +115,7 @@ fn main() {
         .map(|path| PluginSpec {
             path,
             limits: PluginLimits::default(),
+            explicit: false,
         })
         .collect();
     let cold_dir = tempdir("attest-bench-cold");

@@ -296,6 +296,7 @@ impl Config {
             c.plugins.push(PluginSpec {
                 path: base.join(&p.path),
                 limits: limits(&defaults, &p.limits).with_context(|| src(&format!("plugins[{i}]")))?,
+                explicit: true,
             });
         }
         let dir = overrides
@@ -308,11 +309,13 @@ impl Config {
             c.plugins.extend(files.into_iter().map(|path| PluginSpec {
                 path,
                 limits: defaults.clone(),
+                explicit: false,
             }));
         }
         c.plugins.extend(overrides.plugins.iter().map(|path| PluginSpec {
             path: path.clone(),
             limits: defaults.clone(),
+            explicit: true,
         }));
         if let Some(dir) = env("ATTEST_CACHE_DIR").map(PathBuf::from).or(file.cache_dir) {
             c.cache_dir = (!dir.as_os_str().is_empty()).then_some(dir);

@@ -141,7 +141,9 @@ fn main() -> ExitCode {
         }
         Command::Eval { trace, assertions, format } => {
             logging::init(config.log_level);
-            let engine = load_engine(config);
+            let Some(engine) = load_engine(config) else {
+                return ExitCode::from(2);
+            };
             let format = match format {
                 OutputFormat::Table => Format::Table,
                 OutputFormat::Json => Format::Json,
@@ -195,7 +197,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            let engine = Arc::new(load_engine(config));
+            let Some(engine) = load_engine(config) else {
+                return ExitCode::from(2);
+            };
+            let engine = Arc::new(engine);
             // The read loop runs on this thread; the requests it spawns go to the
             // shared queue, from which every worker takes them.
             let ended = runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
@@ -221,7 +226,10 @@ where
             return ExitCode::from(1);
         }
     };
-    let engine = Arc::new(load_engine(config));
+    let Some(engine) = load_engine(config) else {
+        return ExitCode::from(2);
+    };
+    let engine = Arc::new(engine);
     let code = runtime.block_on(front(engine.clone()));
     engine.finish();
     match code {
@@ -233,10 +241,18 @@ where
     }
 }
 
-/// Builds the engine, loading its plugins first (from the compiled cache when possible).
-fn load_engine(config: attest_engine::config::Config) -> Engine {
+/// Builds the engine, loading its plugins first (from the compiled cache
+/// when possible). `None` (after saying why on stderr) when plugins named
+/// one by one claim the same id: which one is meant cannot be guessed.
+fn load_engine(config: attest_engine::config::Config) -> Option<Engine> {
     let plugins = PluginHost::load(&config.plugins, config.cache_dir.as_ref().map(|d| d.join("plugins")));
-    Engine::with_plugins(config, plugins)
+    if !plugins.conflicts().is_empty() {
+        for conflict in plugins.conflicts() {
+            eprintln!("attest-engine: configuration error: {conflict}");
+        }
+        return None;
+    }
+    Some(Engine::with_plugins(config, plugins))
 }
 
 /// `attest-engine plugin check <file>`.
@@ -249,6 +265,7 @@ fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) 
     let spec = PluginSpec {
         path: file.to_owned(),
         limits,
+        explicit: true,
     };
     let host = PluginHost::load(std::slice::from_ref(&spec), config.cache_dir.as_ref().map(|d| d.join("plugins")));
     match host.ids().first().and_then(|id| host.get(id)) {

@@ -2,7 +2,9 @@
 //! soon as it is ready.
 //!
 //! - At most `max_concurrent_requests` lines are in flight; while that many
-//!   are, no more input is read (back-pressure instead of a queue).
+//!   are, no more input is read (back-pressure instead of a queue). Requests
+//!   that may block run on a share of their own once they start
+//!   (`plugins::call_share`), handing their general slot back.
 //! - Until `initialize` has succeeded, lines are handled one at a time, so a
 //!   client that pipelines `initialize` and its first batch still works.
 //! - `shutdown`, end of input, SIGTERM and SIGINT all stop reading and drain
@@ -55,6 +57,7 @@ where
     let permits = Arc::new(Semaphore::new(engine.config.max_concurrent_requests));
     let memory_kib = (engine.config.max_inflight_bytes / 1024).clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
     let memory = Arc::new(Semaphore::new(memory_kib));
+    let blocking_share = Arc::new(Semaphore::new(crate::plugins::call_share(engine.config.max_concurrent_requests)));
     let tracker = TaskTracker::new();
     let mut signals = Signals::new();
     tracing::info!(
@@ -97,7 +100,13 @@ where
             _ = engine.draining.cancelled() => break Ended::Shutdown,
             _ = signals.recv() => break Ended::Signal,
         };
-        let task = respond(engine.clone(), bytes, out.clone(), (permit, memory_permit), engine.admit());
+        let task = respond(
+            engine.clone(),
+            bytes,
+            out.clone(),
+            (permit, memory_permit, blocking_share.clone()),
+            engine.admit(),
+        );
         if engine.state() == State::Uninitialized {
             task.await;
         } else {
@@ -118,7 +127,6 @@ where
     ended
 }
 
-/// Handles one line and sends its response, if any.
 /// Memory parsing a request line may take at its peak, in bytes: the line,
 /// its copies, and a parsed JSON value per element. Arrays of tiny
 /// elements (`[0,0,0,…]`) expand the most, about 100 bytes per element.
@@ -127,14 +135,26 @@ pub fn parse_memory_estimate(line: &[u8]) -> usize {
     2 * line.len() + PER_ELEMENT * memchr::memchr_iter(b',', line).count()
 }
 
+/// Handles one line and sends its response, if any.
 async fn respond(
     engine: Arc<Engine>,
     line: Vec<u8>,
     out: mpsc::Sender<Vec<u8>>,
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    (permit, memory_permit, blocking_share): (OwnedSemaphorePermit, OwnedSemaphorePermit, Arc<Semaphore>),
     admission: Admission,
 ) {
     let seq = admission.seq;
+    // Held until the response is sent: the line's parse memory is in use.
+    let _memory = memory_permit;
+    let mut _permit = Some(permit);
+    let mut _share = None;
+    if may_block(&line) {
+        // Requests that may block (plugin calls, huge batches) run on a share
+        // of their own and hand their general slot back, so slow plugins
+        // cannot hold every slot while plain requests wait behind them.
+        _share = blocking_share.acquire_owned().await.ok();
+        _permit = None;
+    }
     let reply = if may_block(&line) {
         // Plugin calls and huge batches can hold a thread for up to the eval
         // timeout. Off the async workers they cannot stall other requests,

@@ -16,7 +16,7 @@ use std::marker::PhantomData;
 /// object code and the component linker always finds it.
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/attest-plugin.wit",
+        path: "../wit/since_v0.1.0/attest-plugin.wit",
         world: "assertion-plugin",
         pub_export_macro: true,
         export_macro_name: "__export_assertion_plugin",

@@ -1,7 +1,7 @@
 //! Write attest-engine assertion plugins in plain Rust.
 //!
 //! An assertion plugin is a WebAssembly component for the `assertion-plugin`
-//! world of `wit/attest-plugin.wit` (`attest:plugin@0.1.0`). This crate hides
+//! world of `wit/since_v0.1.0/attest-plugin.wit` (`attest:plugin@0.1.0`). This crate hides
 //! the WIT plumbing: a plugin implements [`AssertionPlugin`] on typed data and
 //! exports itself with one macro, [`export_plugin!`].
 //!

@@ -44,7 +44,7 @@ start=$(date +%s)
 (
   cd "$stage/src"
   VIRTUAL_ENV="$stage/empty-env" "$venv/bin/componentize-py" \
-    -d "$repo/wit" -w assertion-plugin \
+    -d "$repo/wit/since_v0.1.0" -w assertion-plugin \
     componentize json_output_keys.app -p . ${extra[@]+"${extra[@]}"} -o "$out"
 )
 echo "built $out ($(stat -c %s "$out") bytes) in $(( $(date +%s) - start )) s"

@@ -420,9 +420,26 @@ fn plugin_dir_loads_every_plugin_and_refuses_future_api() {
     sorted.dedup();
     assert_eq!(sorted.len(), ids.len(), "ids are unique: {ids:?}");
 
-    // Exactly one file is refused: future-api.wasm, naming both versions.
+    // The refused files: future-api.wasm (naming both versions) and the
+    // hostile plugins the loader must refuse.
     let failed = listing["failed"].as_array().unwrap();
-    assert_eq!(failed.len(), 1, "only future-api.wasm fails to load: {listing}");
+    let mut refused: Vec<&str> = failed
+        .iter()
+        .map(|f| Path::new(f["path"].as_str().unwrap()).file_name().unwrap().to_str().unwrap())
+        .collect();
+    refused.sort();
+    assert_eq!(
+        refused,
+        [
+            "big-memory.wasm",
+            "big-schema.wasm",
+            "future-api.wasm",
+            "slow-describe.wasm",
+            "twin-a.wasm",
+            "twin-b.wasm"
+        ],
+        "{listing}"
+    );
     let error = failure(&listing, "future-api.wasm");
     assert!(error.contains("attest:plugin@9.0.0"), "{error}");
     assert!(error.contains(&format!("attest:plugin@{API}")), "{error}");
@@ -559,19 +576,72 @@ fn unloadable_files_are_reported_and_the_engine_still_serves() {
 }
 
 #[test]
-fn duplicate_plugin_id_is_refused() {
+fn plugins_sharing_an_id_in_a_directory_are_all_refused() {
     let cache = fresh_cache();
     let dir = tempfile::tempdir().unwrap();
+    for name in ["twin-a", "twin-b", "pii-leak"] {
+        std::fs::copy(wasm(name), dir.path().join(format!("{name}.wasm"))).unwrap();
+    }
+    let mut engine = start(cache.path(), &["--plugin-dir", dir.path().to_str().unwrap()]);
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listed_ids(&listing), ["pii-leak"], "neither twin wins: {listing}");
+    for name in ["twin-a.wasm", "twin-b.wasm"] {
+        let error = failure(&listing, name);
+        assert!(
+            error.contains("plugin id 'twin' is claimed by 2 plugins")
+                && error.contains("twin-a.wasm")
+                && error.contains("twin-b.wasm")
+                && error.contains("none of them is loaded"),
+            "{error}"
+        );
+    }
+    let err = expect_error(
+        &engine.request(&evaluate_request(json!(1), refund_trace(), json!([plugin("t", "twin", json!({}))]))),
+        1002,
+    );
+    assert_eq!(err["data"]["field"], json!("params.assertions[0].spec.plugin_id"), "{err}");
+}
+
+#[test]
+fn plugins_named_one_by_one_sharing_an_id_stop_the_start() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    // Two --plugin flags; a copy of one file is a plugin with the same id too.
     let copy = dir.path().join("pii-leak-copy.wasm");
     std::fs::copy(wasm("pii-leak"), &copy).unwrap();
-    let mut engine = start(cache.path(), &["--plugin", &wasm("pii-leak"), "--plugin", copy.to_str().unwrap()]);
-    let listing = list_plugins(&mut engine);
-    assert_eq!(listed_ids(&listing), ["pii-leak"]);
-    assert_eq!(listed(&listing, "pii-leak")["path"], json!(wasm("pii-leak")), "the first one wins");
-    let error = failure(&listing, "pii-leak-copy.wasm");
+    for args in [
+        vec!["--plugin".to_owned(), wasm("twin-a"), "--plugin".to_owned(), wasm("twin-b")],
+        vec![
+            "--plugin".to_owned(),
+            wasm("pii-leak"),
+            "--plugin".to_owned(),
+            copy.to_str().unwrap().to_owned(),
+        ],
+    ] {
+        let out = run_with(cache.path(), &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(out.stdout.is_empty(), "nothing on stdout: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(stderr.contains("configuration error: plugin id '"), "{stderr}");
+        assert!(
+            stderr.contains(&args[1]) && stderr.contains(&args[3]),
+            "both files are named: {stderr}"
+        );
+    }
+    // A [[plugins]] entry against a file in the plugin directory.
+    let plugin_dir = dir.path().join("dir");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::copy(wasm("twin-b"), plugin_dir.join("twin-b.wasm")).unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!("plugin_dir = 'dir'\n\n[[plugins]]\npath = {}\n", toml_str(&wasm("twin-a"))),
+    );
+    let out = run_with(cache.path(), &["--config", &config]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        error.contains("plugin id 'pii-leak' is already provided by") && error.contains(&wasm("pii-leak")),
-        "{error}"
+        stderr.contains("plugin id 'twin' is claimed by 2 plugins") && stderr.contains("twin-a.wasm") && stderr.contains("twin-b.wasm"),
+        "{stderr}"
     );
 }
 
@@ -1849,6 +1919,7 @@ fn plugin_check_refuses_a_future_api_version() {
         stdout.contains("attest:plugin@9.0.0") && stdout.contains(&format!("attest:plugin@{API}")),
         "{stdout}"
     );
+    assert!(stdout.contains("rebuild the plugin against wit/since_v0.1.0/"), "{stdout}");
     assert!(!stdout.contains("plugin:"), "{stdout}");
 }
 
@@ -2022,4 +2093,324 @@ fn submit_plugin_result_is_still_accepted_alongside_plugins() {
     assert!(err.get("error").is_some(), "an incomplete submission is refused: {err}");
     let resp = engine.request(&shutdown_request(json!("bye")));
     expect_result(&resp);
+}
+
+// ---------------------------------------------------------------- sandbox limits
+
+/// Largest response line SDK readers accept.
+const MAX_LINE_BYTES: usize = 64 * 1024;
+
+#[test]
+fn wasi_stdio_and_polling_are_served_and_waiting_is_stopped() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["wasi"]));
+    let assertions = json!([
+        builtin("before", "contains", "refund"),
+        plugin("print", "wasi", json!({"call": "print"})),
+        plugin("poll", "wasi", json!({"call": "poll"})),
+        plugin("sleep", "wasi", json!({"call": "sleep"})),
+        plugin("wall_clock", "wasi", json!({"call": "wall_clock"})),
+        plugin("random", "wasi", json!({"call": "random"})),
+        builtin("after", "contains", "RFD-001"),
+    ]);
+    let mut randoms = Vec::new();
+    for _ in 0..2 {
+        // A response (never a request-level error) with one result each.
+        let r = evaluate(&mut engine, &refund_trace(), &assertions);
+        check(find(&r, "before"), "pass", 1.0, &[]);
+        check(find(&r, "after"), "pass", 1.0, &[]);
+        // stdout is a sink: a Python print() does not fail anything.
+        check(find(&r, "print"), "pass", 1.0, &["printed 1 MiB"]);
+        check(find(&r, "poll"), "pass", 1.0, &["poll returned [0]"]);
+        // Waiting in the host would outlive the call's deadline: the call is
+        // stopped, naming the plugin and the call.
+        let sleep = find(&r, "sleep");
+        check_fault(sleep, "wasi", "wasi:clocks/monotonic-clock.subscribe-duration");
+        check(sleep, "hard_fail", 0.0, &["was stopped", "plugins may not wait"]);
+        // The wall clock stands at the epoch.
+        check(find(&r, "wall_clock"), "pass", 1.0, &["wall clock: 0"]);
+        randoms.push(find(&r, "random")["explanation"].clone());
+    }
+    // Randomness is a fixed sequence: the same in every call and every engine.
+    assert_eq!(randoms[0], randoms[1]);
+    drop(engine);
+    let mut engine = start(cache.path(), &plugin_flags(&["wasi"]));
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([plugin("random", "wasi", json!({"call": "random"}))]),
+    );
+    assert_eq!(r[0]["explanation"], randoms[0]);
+}
+
+#[test]
+fn an_oversized_config_schema_is_refused_and_large_ones_are_not_listed() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["big-schema", "wide-schema", "pii-leak"]));
+    engine.send(&rpc(json!("lp"), "list_plugins", json!({})));
+    let line = engine.recv_bytes();
+    assert!(line.len() < MAX_LINE_BYTES, "list_plugins answered with {} bytes", line.len());
+    let listing = expect_result(&serde_json::from_slice(&line).unwrap());
+    assert_eq!(listed_ids(&listing), ["wide-schema", "pii-leak"]);
+    let error = failure(&listing, "big-schema.wasm");
+    assert!(
+        error.contains("describe() failed: the plugin declares a config schema of 100")
+            && error.contains("the limit is 262144 bytes (256 KiB)"),
+        "{error}"
+    );
+    // Too large to repeat in every listing: a note says where to see it.
+    let omitted = listed(&listing, "wide-schema")["config_schema"]["omitted"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{listing}"));
+    assert!(
+        omitted.contains("attest-engine plugin check") && omitted.contains("wide-schema.wasm"),
+        "{omitted}"
+    );
+    // Small schemas are listed in full.
+    assert!(listed(&listing, "pii-leak")["config_schema"]["properties"].is_object(), "{listing}");
+    // The plugin with the large schema still checks configs against it.
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([plugin("w", "wide-schema", json!({"kind": "kind-0000000000000007"}))]),
+    );
+    check(&r[0], "pass", 1.0, &["wide-schema evaluated"]);
+    let err = expect_error(
+        &engine.request(&evaluate_request(
+            json!(2),
+            refund_trace(),
+            json!([plugin("w", "wide-schema", json!({"kind": "nope"}))]),
+        )),
+        1002,
+    );
+    assert_eq!(err["data"]["field"], json!("params.assertions[0].spec.config"), "{err}");
+}
+
+#[test]
+fn a_cache_entry_of_another_plugin_is_not_run_in_its_place() {
+    let cache = fresh_cache();
+    drop(start(cache.path(), &plugin_flags(&["pii-leak"])));
+    let pii_entry = cached_artefacts(cache.path());
+    assert_eq!(pii_entry.len(), 1);
+    drop(start(cache.path(), &plugin_flags(&["refusal"])));
+    let refusal_entry: Vec<PathBuf> = cached_artefacts(cache.path()).into_iter().filter(|p| *p != pii_entry[0]).collect();
+    assert_eq!(refusal_entry.len(), 1);
+    // A valid entry, compiled by this engine, but from another component.
+    std::fs::copy(&refusal_entry[0], &pii_entry[0]).unwrap();
+
+    let mut engine = start(cache.path(), &plugin_flags(&["pii-leak"]));
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listed_ids(&listing), ["pii-leak"]);
+    assert_eq!(listed(&listing, "pii-leak")["loaded_from"], json!("compiled"), "{listing}");
+    assert!(
+        engine.stderr_shows("not compiled from this component"),
+        "the swapped entry is reported: {}",
+        engine.stderr_text()
+    );
+    let r = evaluate(&mut engine, &leaky_trace(), &json!([plugin("p", "pii-leak", json!({}))]));
+    check(&r[0], "hard_fail", 0.0, &["leaks personal data"]);
+    drop(engine);
+    // The entry was replaced by pii-leak's own.
+    let mut engine = start(cache.path(), &plugin_flags(&["pii-leak"]));
+    assert_eq!(sources(&mut engine), ["cache"]);
+}
+
+/// A component holding one core module with `functions` empty functions,
+/// and optionally one page of memory with a data segment at `data_at`.
+fn generated_component(functions: u32, data_at: Option<u32>) -> Vec<u8> {
+    use wasm_encoder::{CodeSection, ConstExpr, DataSection, Function, FunctionSection, MemorySection, MemoryType, Module, TypeSection};
+    let mut module = Module::new();
+    let mut types = TypeSection::new();
+    types.ty().function([], []);
+    module.section(&types);
+    let mut funcs = FunctionSection::new();
+    for _ in 0..functions {
+        funcs.function(0);
+    }
+    module.section(&funcs);
+    if data_at.is_some() {
+        let mut memories = MemorySection::new();
+        memories.memory(MemoryType {
+            minimum: 1,
+            maximum: None,
+            memory64: false,
+            shared: false,
+            page_size_log2: None,
+        });
+        module.section(&memories);
+    }
+    let mut code = CodeSection::new();
+    for _ in 0..functions {
+        let mut f = Function::new([]);
+        f.instructions().end();
+        code.function(&f);
+    }
+    module.section(&code);
+    if let Some(offset) = data_at {
+        let mut data = DataSection::new();
+        data.active(0, &ConstExpr::i32_const(offset as i32), b"beyond the cap".iter().copied());
+        module.section(&data);
+    }
+    let mut component = wasm_encoder::Component::new();
+    component.section(&wasm_encoder::ModuleSection(&module));
+    component.finish()
+}
+
+#[test]
+fn compile_bombs_are_refused_before_compiling() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("functions.wasm"), generated_component(200_000, None)).unwrap();
+    std::fs::write(d.join("data.wasm"), generated_component(1, Some(300 << 20))).unwrap();
+    // Past the size limit; only the header is a component's.
+    let mut huge = vec![0u8; (64 << 20) + 1];
+    huge[..8].copy_from_slice(&[0, b'a', b's', b'm', 0x0d, 0, 0x01, 0]);
+    std::fs::write(d.join("huge.wasm"), huge).unwrap();
+    std::fs::copy(wasm("big-memory"), d.join("big-memory.wasm")).unwrap();
+    std::fs::copy(wasm("pii-leak"), d.join("pii-leak.wasm")).unwrap();
+
+    let mut engine = start(cache.path(), &["--plugin-dir", d.to_str().unwrap()]);
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listed_ids(&listing), ["pii-leak"]);
+    let error = failure(&listing, "functions.wasm");
+    assert!(error.contains("defines more than 50000 functions"), "{error}");
+    let error = failure(&listing, "data.wasm");
+    assert!(
+        error.contains("data segment ending at 300 MiB, beyond the plugin's memory limit of 64 MiB"),
+        "{error}"
+    );
+    let error = failure(&listing, "huge.wasm");
+    assert!(error.contains("the limit is 67108864 bytes (64 MiB)"), "{error}");
+    let error = failure(&listing, "big-memory.wasm");
+    assert!(
+        error.contains("its memory starts at 25") && error.contains("MiB, over the plugin's memory limit of 64 MiB: it could never run"),
+        "{error}"
+    );
+    // Nothing but pii-leak was compiled.
+    assert_eq!(cached_artefacts(cache.path()).len(), 1);
+
+    // With a memory limit that fits, the big-memory plugin loads and runs.
+    let config = write_config(
+        d,
+        &format!("[[plugins]]\npath = {}\nmemory_mib = 320\n", toml_str(&wasm("big-memory"))),
+    );
+    let mut engine = start(cache.path(), &["--config", &config]);
+    let r = evaluate(&mut engine, &refund_trace(), &json!([plugin("m", "big-memory", json!({}))]));
+    check(&r[0], "pass", 1.0, &["big-memory read 0"]);
+}
+
+#[test]
+fn result_floods_are_counted_before_copying_and_logs_are_budgeted() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!("[[plugins]]\npath = {}\nmemory_mib = 256\n", toml_str(&wasm("flood"))),
+    );
+    let mut engine = start(cache.path(), &["--config", &config]);
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([
+            plugin("many", "flood", json!({"results": 600_000})),
+            builtin("b", "contains", "refund")
+        ]),
+    );
+    check_fault(&r[0], "flood", "returned 600000 results for 1 configs");
+    check(&r[1], "pass", 1.0, &[]);
+
+    // Two calls of 20,000 lines each: each keeps 100 lines and reports the rest.
+    let line = "x".repeat(500);
+    for _ in 0..2 {
+        let r = evaluate(
+            &mut engine,
+            &refund_trace(),
+            &json!([plugin("logs", "flood", json!({"log_lines": 20_000, "line_bytes": 500}))]),
+        );
+        check(&r[0], "pass", 1.0, &["wrote 20000 log lines"]);
+    }
+    assert!(engine.stderr_shows("were dropped"), "{}", engine.stderr_text());
+    let log = engine.stderr_text();
+    let kept = log.lines().filter(|l| l.contains(&line)).count();
+    assert_eq!(kept, 2 * 100, "log lines kept from two calls");
+    let dropped: Vec<&str> = log.lines().filter(|l| l.contains("were dropped")).collect();
+    assert_eq!(dropped.len(), 2, "{dropped:?}");
+    assert!(dropped.iter().all(|l| l.contains("\"dropped\":19900")), "{dropped:?}");
+}
+
+#[test]
+fn slow_plugin_requests_leave_slots_for_plain_requests() {
+    // Every general slot is taken by a spinning plugin request; a plain
+    // request sent after them is answered before any of them.
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = slow_spin_config(dir.path(), "3s");
+    let mut engine = start(cache.path(), &["--config", &config, "--max-concurrent-requests", "8"]);
+    let spins = 8;
+    for i in 0..spins {
+        engine.send(&evaluate_request(
+            json!(format!("spin{i}")),
+            refund_trace(),
+            json!([plugin("p", "spin", json!({}))]),
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    engine.send(&evaluate_request(json!("plain"), refund_trace(), refund_assertions()));
+    let mut order = Vec::new();
+    for _ in 0..spins + 1 {
+        let line = engine.recv_bytes_within(Duration::from_secs(60));
+        let resp: Value = serde_json::from_slice(&line).unwrap();
+        order.push(resp["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(order[0], "plain", "the plain request waited for the plugin requests: {order:?}");
+}
+
+#[test]
+fn slow_describe_calls_load_side_by_side() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    for i in 0..6 {
+        std::fs::copy(wasm("slow-describe"), plugins.join(format!("slow-{i}.wasm"))).unwrap();
+    }
+    let config = write_config(dir.path(), "plugin_dir = 'plugins'\n\n[plugin_defaults]\ntimeout = '2s'\n");
+    let started = Instant::now();
+    let mut engine = start(cache.path(), &["--config", &config]);
+    let elapsed = started.elapsed();
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listing["failed"].as_array().unwrap().len(), 6, "{listing}");
+    assert!(failure(&listing, "slow-0.wasm").contains("describe() failed: the plugin timed out after 2000 ms"));
+    // One after another they would take 6 x 2 s.
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "six slow describe calls delayed the start by {elapsed:?}"
+    );
+}
+
+// ---------------------------------------------------------------- contract versions
+
+/// A component built against `attest:plugin@0.1.0` before the contract was
+/// frozen in `wit/since_v0.1.0/` (the `noop` bench plugin).
+const V0_1_0_FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/plugins/v0_1_0-noop.wasm");
+
+#[test]
+fn a_plugin_built_against_0_1_0_still_loads_and_evaluates() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &["--plugin", V0_1_0_FIXTURE]);
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listed_ids(&listing), ["noop"], "{listing}");
+    assert_eq!(listed(&listing, "noop")["api_version"], json!("0.1.0"));
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([plugin("n", "noop", json!({})), builtin("b", "contains", "refund")]),
+    );
+    check(&r[0], "pass", 1.0, &["noop"]);
+    check(&r[1], "pass", 1.0, &[]);
+    let out = run_with(cache.path(), &["plugin", "check", V0_1_0_FIXTURE]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("api version:  attest:plugin@0.1.0"), "{stdout}");
 }

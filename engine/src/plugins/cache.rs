@@ -7,11 +7,18 @@
 //! own compatibility hash), so a restart loads it in well under a millisecond.
 //!
 //! Deserialising compiled code means running it, so a cached file is only
-//! used when it is exactly what this engine wrote: names are content hashes,
-//! files are written to a temporary name and renamed into place, and every
-//! file ends with the SHA-256 of the artefact before it. A file whose
-//! checksum does not match (a bad disk, a partial copy) or that wasmtime
-//! rejects (another engine build or configuration) is recompiled and replaced.
+//! used when it is exactly what this engine wrote for this component: names
+//! are content hashes, files are written to a temporary name and renamed
+//! into place, and every file ends with a SHA-256 over the component's own
+//! hash and the artefact before it. A file whose trailer does not match (a
+//! bad disk, a partial copy, or another plugin's entry copied over this one)
+//! or that wasmtime rejects (another engine build or configuration) is
+//! recompiled and replaced.
+//!
+//! The trailer binds an entry to its component; it is not a secret. Whoever
+//! can write the cache directory can write native code the engine will run,
+//! so the directory must be trusted like the engine binary itself
+//! (docs/plugins.md, "The compiled cache").
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -20,6 +27,8 @@ use wasmtime::Engine;
 
 /// Bytes of the SHA-256 trailer after each stored artefact.
 const CHECKSUM_BYTES: usize = 32;
+/// Names the trailer's layout, so entries of an older layout never verify.
+const TRAILER_DOMAIN: &[u8] = b"attest-engine compiled plugin v2\0";
 
 /// Whether a load came from the cache; reported by `list_plugins` and `plugin check`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -55,9 +64,10 @@ impl ArtefactCache {
     /// Loads the compiled component for `wasm`, compiling and storing it on a miss.
     pub fn load(&self, engine: &Engine, wasm: &[u8]) -> anyhow::Result<(Component, Source)> {
         let path = self.path_for(engine, wasm);
+        let source: [u8; 32] = Sha256::digest(wasm).into();
         if let Some(p) = path.as_deref().filter(|p| p.is_file()) {
             match std::fs::read(p) {
-                Ok(file) => match verified(&file) {
+                Ok(file) => match verified(&file, &source) {
                     // SAFETY: the bytes are, checksum-verified, what this cache
                     // stored for this input and engine build (see module docs).
                     Some(artefact) => match unsafe { Component::deserialize(engine, artefact) } {
@@ -65,7 +75,7 @@ impl ArtefactCache {
                         Err(e) => tracing::warn!(path = %p.display(), reason = %e, "ignoring a cached compiled plugin; recompiling"),
                     },
                     None => {
-                        tracing::warn!(path = %p.display(), reason = "checksum mismatch: the file is damaged", "ignoring a cached compiled plugin; recompiling")
+                        tracing::warn!(path = %p.display(), reason = "checksum mismatch: the file is damaged or was not compiled from this component", "ignoring a cached compiled plugin; recompiling")
                     }
                 },
                 Err(e) => tracing::warn!(path = %p.display(), reason = %e, "ignoring a cached compiled plugin; recompiling"),
@@ -73,7 +83,7 @@ impl ArtefactCache {
         }
         let compiled = engine.precompile_component(wasm)?;
         if let Some(p) = &path {
-            if let Err(e) = store(p, &compiled) {
+            if let Err(e) = store(p, &compiled, &source) {
                 tracing::warn!(path = %p.display(), error = %e, "cannot cache the compiled plugin");
             }
         }
@@ -83,19 +93,30 @@ impl ArtefactCache {
     }
 }
 
-/// The artefact in a stored file, if its checksum trailer matches.
-fn verified(file: &[u8]) -> Option<&[u8]> {
-    let (artefact, sum) = file.split_at_checked(file.len().checked_sub(CHECKSUM_BYTES)?)?;
-    (Sha256::digest(artefact).as_slice() == sum).then_some(artefact)
+/// The trailer of an entry: SHA-256 over the layout name, the SHA-256 of the
+/// component it was compiled from, and the artefact.
+fn trailer(artefact: &[u8], source: &[u8; 32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(TRAILER_DOMAIN);
+    h.update(source);
+    h.update(artefact);
+    h.finalize().into()
 }
 
-fn store(path: &Path, artefact: &[u8]) -> std::io::Result<()> {
+/// The artefact in a stored file, if its trailer matches the component
+/// (by its SHA-256, `source`) this load is for.
+fn verified<'a>(file: &'a [u8], source: &[u8; 32]) -> Option<&'a [u8]> {
+    let (artefact, sum) = file.split_at_checked(file.len().checked_sub(CHECKSUM_BYTES)?)?;
+    (trailer(artefact, source).as_slice() == sum).then_some(artefact)
+}
+
+fn store(path: &Path, artefact: &[u8], source: &[u8; 32]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let mut file = Vec::with_capacity(artefact.len() + CHECKSUM_BYTES);
     file.extend_from_slice(artefact);
-    file.extend_from_slice(&Sha256::digest(artefact));
+    file.extend_from_slice(&trailer(artefact, source));
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, &file)?;
     std::fs::rename(&tmp, path)
@@ -106,15 +127,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_files_with_a_matching_checksum_are_used() {
+    fn only_files_with_a_matching_trailer_are_used() {
         let artefact = b"compiled code".as_slice();
+        let source: [u8; 32] = Sha256::digest(b"component").into();
         let mut file = artefact.to_vec();
-        file.extend_from_slice(&Sha256::digest(artefact));
-        assert_eq!(verified(&file), Some(artefact));
+        file.extend_from_slice(&trailer(artefact, &source));
+        assert_eq!(verified(&file, &source), Some(artefact));
         let mut flipped = file.clone();
         flipped[3] ^= 1;
-        assert_eq!(verified(&flipped), None);
-        assert_eq!(verified(&file[..file.len() - 1]), None);
-        assert_eq!(verified(&[0; 5]), None);
+        assert_eq!(verified(&flipped, &source), None);
+        assert_eq!(verified(&file[..file.len() - 1], &source), None);
+        assert_eq!(verified(&[0; 5], &source), None);
+    }
+
+    #[test]
+    fn an_entry_compiled_from_another_component_is_not_used() {
+        let artefact = b"compiled code".as_slice();
+        let other: [u8; 32] = Sha256::digest(b"another component").into();
+        let mut file = artefact.to_vec();
+        file.extend_from_slice(&trailer(artefact, &other));
+        let source: [u8; 32] = Sha256::digest(b"component").into();
+        assert_eq!(verified(&file, &source), None);
+        // A plain checksum of the artefact (the old layout) does not verify either.
+        let mut plain = artefact.to_vec();
+        plain.extend_from_slice(&Sha256::digest(artefact));
+        assert_eq!(verified(&plain, &source), None);
     }
 }

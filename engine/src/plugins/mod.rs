@@ -4,13 +4,18 @@
 //!
 //! A plugin that cannot be loaded is reported (in the log, in `list_plugins`
 //! and by `attest-engine plugin check`) and skipped; it never stops the
-//! engine. Loading happens in parallel, one thread per core.
+//! engine, except when plugins named one by one (`--plugin`, `[[plugins]]`)
+//! claim the same id. Loading happens in parallel (see [`LOAD_THREADS`]).
+//!
+//! Before anything is compiled, [`preflight`] reads the component's sections
+//! and refuses what could never run or would cost too much to compile.
 
 pub mod cache;
 pub mod sandbox;
+pub mod since_v0_1_0;
 
 use cache::{ArtefactCache, Source};
-use sandbox::{AssertionPluginPre, PluginError, Sandbox, State, Status, SUPPORTED_API_VERSIONS};
+use sandbox::{Answer, ApiVersion, PluginError, Prepared, Sandbox, Status, SUPPORTED_API_VERSIONS};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -45,11 +50,43 @@ impl Default for PluginLimits {
     }
 }
 
+/// Largest component file loaded.
+pub const MAX_COMPONENT_BYTES: usize = 64 * 1024 * 1024;
+/// Most functions (over all its core modules) a component may define:
+/// compile time and memory grow with it.
+pub const MAX_FUNCTIONS: u32 = 50_000;
+/// Threads loading plugins at once. Compiling uses every core anyway; the
+/// extra threads are for `describe` calls, which may each take up to their
+/// deadline, so slow ones wait side by side rather than one after another.
+pub const LOAD_THREADS: usize = 16;
+/// Bytes of config schemas one `list_plugins` answer carries in all; a
+/// schema that does not fit is replaced by a note (see [`PluginHost::listing`]).
+pub const LISTED_SCHEMA_BYTES: usize = 16 * 1024;
+
+/// Requests that may block (those that call plugins) running at once, for a
+/// server admitting `max_concurrent_requests`: three quarters of it, at most
+/// 128 (the sandbox's pool holds 256 instances). Such a request holds this
+/// share instead of a general slot once it runs, so at least a quarter of
+/// the general slots stay free for plain requests however slow plugins are.
+pub fn call_share(max_concurrent_requests: usize) -> usize {
+    (max_concurrent_requests * 3 / 4).clamp(1, 128)
+}
+
+/// Failed files `list_plugins` names; each entry is at most about 1 KB.
+pub const LISTED_FAILURES: usize = 32;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// One plugin to load.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PluginSpec {
     pub path: PathBuf,
     pub limits: PluginLimits,
+    /// Named on its own (`--plugin`, `[[plugins]]`) rather than found in a
+    /// plugin directory: an id conflict involving it stops the start.
+    pub explicit: bool,
 }
 
 /// A loaded, ready plugin.
@@ -63,7 +100,7 @@ pub struct Plugin {
     pub config_schema: Value,
     validator: jsonschema::Validator,
     sandbox: &'static Sandbox,
-    pre: AssertionPluginPre<State>,
+    prepared: Prepared,
     pub source: Source,
     pub load_ms: f64,
 }
@@ -90,6 +127,9 @@ pub struct PluginHost {
     plugins: HashMap<String, Arc<Plugin>>,
     order: Vec<String>,
     failures: Vec<LoadFailure>,
+    /// Ids claimed by more than one plugin where one of them was named on
+    /// its own; the start must not go on.
+    conflicts: Vec<String>,
 }
 
 /// `list_plugins` result.
@@ -97,7 +137,12 @@ pub struct PluginHost {
 pub struct Listing<'a> {
     pub api_versions: &'static [&'static str],
     pub plugins: Vec<PluginEntry<'a>>,
+    /// The first [`LISTED_FAILURES`] files that failed to load.
     pub failed: &'a [LoadFailure],
+    /// How many more failed than are listed (`attest-engine plugin check`
+    /// or the log names them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub failed_not_listed: usize,
 }
 
 #[derive(Serialize)]
@@ -108,51 +153,81 @@ pub struct PluginEntry<'a> {
     pub api_version: &'a str,
     pub path: &'a Path,
     pub limits: &'a PluginLimits,
-    pub config_schema: &'a Value,
+    pub config_schema: Value,
     pub loaded_from: Source,
     pub load_ms: f64,
 }
 
 impl PluginHost {
-    /// Loads every plugin in `specs` (in parallel); failures are kept, not fatal.
+    /// Loads every plugin in `specs` (in parallel); failures are kept, not
+    /// fatal. Plugins that claim the same id are all refused.
     pub fn load(specs: &[PluginSpec], cache_dir: Option<PathBuf>) -> PluginHost {
         let mut host = PluginHost::default();
         if specs.is_empty() {
             return host;
         }
         let cache = ArtefactCache::new(cache_dir);
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(specs.len());
+        let workers = LOAD_THREADS.min(specs.len());
         let mut outcomes: Vec<Option<Result<Plugin, String>>> = (0..specs.len()).map(|_| None).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let slots: Vec<std::sync::Mutex<&mut Option<Result<Plugin, String>>>> = outcomes.iter_mut().map(std::sync::Mutex::new).collect();
         std::thread::scope(|scope| {
-            let chunks: Vec<_> = outcomes.chunks_mut(specs.len().div_ceil(workers)).collect();
-            let mut start = 0;
-            for chunk in chunks {
-                let first = start;
-                start += chunk.len();
-                let cache = &cache;
-                scope.spawn(move || {
-                    for (k, slot) in chunk.iter_mut().enumerate() {
-                        *slot = Some(load_one(&specs[first + k], cache));
-                    }
+            for _ in 0..workers {
+                let (next, slots, cache) = (&next, &slots, &cache);
+                scope.spawn(move || loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(slot) = slots.get(k) else { break };
+                    let outcome = load_one(&specs[k], cache);
+                    **slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
                 });
             }
         });
+        drop(slots);
+        let mut loaded: Vec<(&PluginSpec, Plugin)> = Vec::new();
         for (spec, outcome) in specs.iter().zip(outcomes) {
-            match outcome.expect("every slot is filled") {
-                Ok(plugin) => {
-                    if let Some(existing) = host.plugins.get(&*plugin.id) {
-                        let error = format!("plugin id '{}' is already provided by {}", plugin.id, existing.path.display());
-                        host.fail(&spec.path, error);
-                        continue;
-                    }
-                    tracing::info!(plugin = %plugin.id, version = %plugin.version, api = %plugin.api_version, from = ?plugin.source, load_ms = plugin.load_ms, "plugin loaded");
-                    host.order.push(plugin.id.to_string());
-                    host.plugins.insert(plugin.id.to_string(), Arc::new(plugin));
-                }
+            match outcome.unwrap_or_else(|| Err("the loader stopped before reaching this plugin".into())) {
+                Ok(plugin) => loaded.push((spec, plugin)),
                 Err(error) => host.fail(&spec.path, error),
             }
         }
+        let mut claims: HashMap<String, Vec<(&Path, bool)>> = HashMap::new();
+        for (spec, plugin) in &loaded {
+            claims.entry(plugin.id.to_string()).or_default().push((&spec.path, spec.explicit));
+        }
+        for (spec, plugin) in loaded {
+            let claimants = &claims[&*plugin.id];
+            if claimants.len() > 1 {
+                let mut files: Vec<String> = claimants
+                    .iter()
+                    .take(5)
+                    .map(|(p, _)| crate::text::quote(&p.display().to_string()))
+                    .collect();
+                if claimants.len() > 5 {
+                    files.push(format!("… {} more", claimants.len() - 5));
+                }
+                let files = files.join(", ");
+                let error = format!(
+                    "plugin id '{}' is claimed by {} plugins ({files}); none of them is loaded: give each plugin its own id, or load only one of them",
+                    plugin.id,
+                    claimants.len(),
+                );
+                if claimants.iter().any(|(_, explicit)| *explicit) && !host.conflicts.iter().any(|c| c == &error) {
+                    host.conflicts.push(error.clone());
+                }
+                host.fail(&spec.path, error);
+                continue;
+            }
+            tracing::info!(plugin = %plugin.id, version = %plugin.version, api = %plugin.api_version, from = ?plugin.source, load_ms = plugin.load_ms, "plugin loaded");
+            host.order.push(plugin.id.to_string());
+            host.plugins.insert(plugin.id.to_string(), Arc::new(plugin));
+        }
         host
+    }
+
+    /// Id conflicts that involve a plugin named on its own (`--plugin`,
+    /// `[[plugins]]`): each a message for a start-up error.
+    pub fn conflicts(&self) -> &[String] {
+        &self.conflicts
     }
 
     fn fail(&mut self, path: &Path, error: String) {
@@ -176,7 +251,12 @@ impl PluginHost {
         &self.failures
     }
 
+    /// The `list_plugins` answer. Config schemas are included while they
+    /// fit [`LISTED_SCHEMA_BYTES`] in all; the others are replaced by a note
+    /// (`attest-engine plugin check` prints them in full), so the answer
+    /// stays one bounded line however many plugins there are.
     pub fn listing(&self) -> Listing<'_> {
+        let mut schema_budget = LISTED_SCHEMA_BYTES;
         Listing {
             api_versions: SUPPORTED_API_VERSIONS,
             plugins: self
@@ -191,15 +271,32 @@ impl PluginHost {
                         api_version: &p.api_version,
                         path: &p.path,
                         limits: &p.limits,
-                        config_schema: &p.config_schema,
+                        config_schema: listed_schema(&p.config_schema, &p.path, &mut schema_budget),
                         loaded_from: p.source,
                         load_ms: p.load_ms,
                     }
                 })
                 .collect(),
-            failed: &self.failures,
+            failed: &self.failures[..self.failures.len().min(LISTED_FAILURES)],
+            failed_not_listed: self.failures.len().saturating_sub(LISTED_FAILURES),
         }
     }
+}
+
+/// A plugin's schema for `list_plugins`, or a note in its place when it
+/// does not fit what is left of `budget`.
+fn listed_schema(schema: &Value, path: &Path, budget: &mut usize) -> Value {
+    let len = schema.to_string().len();
+    if len <= *budget {
+        *budget -= len;
+        return schema.clone();
+    }
+    serde_json::json!({
+        "omitted": format!(
+            "the config schema is {len} bytes, more than list_plugins has room for; `attest-engine plugin check {}` prints it",
+            crate::text::clip(&path.display().to_string(), 200)
+        )
+    })
 }
 
 /// The `.wasm` files of a plugin directory, sorted by name.
@@ -216,6 +313,15 @@ pub fn files_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, String> {
     let started = Instant::now();
     let path = &spec.path;
+    let size = std::fs::metadata(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .len();
+    if size > MAX_COMPONENT_BYTES as u64 {
+        return Err(format!(
+            "the component is {size} bytes; the limit is {MAX_COMPONENT_BYTES} bytes ({} MiB)",
+            MAX_COMPONENT_BYTES >> 20
+        ));
+    }
     let wasm = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     match wasm.get(..8) {
         Some([0, b'a', b's', b'm', 0x0d, 0, 0x01, 0]) => {}
@@ -231,26 +337,30 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Stri
             sandbox::MAX_MEMORY_BYTES
         ));
     }
+    preflight(&wasm, &spec.limits)?;
     let sandbox = Sandbox::get(spec.limits.fuel.is_some()).map_err(|e| e.to_string())?;
     let (component, source) = cache
         .load(sandbox.engine(), &wasm)
         .map_err(|e| format!("invalid component: {}", crate::text::clip(&format!("{e:#}"), 400)))?;
     let served = SUPPORTED_API_VERSIONS.join(", ");
-    let api_version = match sandbox.api_version(&component) {
-        Some(v) if Sandbox::serves(&v) => v,
-        Some(v) => {
-            return Err(format!(
-                "built against attest:plugin@{v}, but this engine serves attest:plugin@{served}; rebuild the plugin against wit/attest-plugin.wit (attest:plugin@{})",
-                SUPPORTED_API_VERSIONS[0]
-            ))
-        }
+    let newest = SUPPORTED_API_VERSIONS[0];
+    let (api, api_version) = match sandbox.api_version(&component) {
+        Some(v) => match ApiVersion::serving(&v) {
+            Some(api) => (api, v),
+            None => {
+                return Err(format!(
+                    "built against attest:plugin@{}, but this engine serves attest:plugin@{served}; rebuild the plugin against wit/since_v{newest}/ (attest:plugin@{newest})",
+                    crate::text::clip(&v, 40)
+                ))
+            }
+        },
         None => {
             return Err(format!(
-                "declares no attest:plugin API version (it imports neither attest:plugin/types nor attest:plugin/host); build it against wit/attest-plugin.wit (attest:plugin@{served})"
+                "declares no attest:plugin API version (it imports neither attest:plugin/types nor attest:plugin/host); build it against wit/since_v{newest}/ (attest:plugin@{served})"
             ))
         }
     };
-    let pre = sandbox.prepare(&component).map_err(|e| {
+    let prepared = sandbox.prepare(&component, api).map_err(|e| {
         format!(
             "does not fit the assertion-plugin world or needs imports the sandbox does not grant: {}",
             crate::text::clip(&format!("{e:#}"), 400)
@@ -258,7 +368,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Stri
     })?;
     let file_label: Arc<str> = Arc::from(path.file_name().map_or("plugin".into(), |n| n.to_string_lossy()).as_ref());
     let info = sandbox
-        .describe(&pre, &file_label, &spec.limits)
+        .describe(&prepared, &file_label, &spec.limits)
         .map_err(|f| format!("describe() failed: the plugin {f}"))?;
     if info.id.is_empty()
         || !info
@@ -293,10 +403,71 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Stri
         config_schema,
         validator,
         sandbox,
-        pre,
+        prepared,
         source,
         load_ms: started.elapsed().as_secs_f64() * 1000.0,
     })
+}
+
+/// Reads a component's sections (without compiling anything) and refuses
+/// it when it could never run under `limits` or would cost too much to
+/// compile: more than [`MAX_FUNCTIONS`] functions, a memory whose initial
+/// size is over the memory cap, or a data segment that lies beyond it.
+pub fn preflight(wasm: &[u8], limits: &PluginLimits) -> Result<(), String> {
+    use wasmparser::{DataKind, Operator, Payload};
+    let cap = limits.memory_bytes as u64;
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let mut functions: u32 = 0;
+    for payload in wasmparser::Parser::new(0).parse_all(wasm) {
+        let payload = payload.map_err(|e| format!("invalid component: {}", crate::text::clip(&e.to_string(), 300)))?;
+        match payload {
+            Payload::CodeSectionStart { count, .. } => {
+                functions = functions.saturating_add(count);
+                if functions > MAX_FUNCTIONS {
+                    return Err(format!(
+                        "the component defines more than {MAX_FUNCTIONS} functions (the limit); compiling it would take too long and too much memory"
+                    ));
+                }
+            }
+            Payload::MemorySection(memories) => {
+                for memory in memories {
+                    let memory = memory.map_err(|e| format!("invalid component: {e}"))?;
+                    let page = 1u64 << memory.page_size_log2.unwrap_or(16);
+                    let initial = memory.initial.saturating_mul(page);
+                    if initial > cap {
+                        return Err(format!(
+                            "its memory starts at {:.0} MiB, over the plugin's memory limit of {:.0} MiB: it could never run (raise memory_mib for it, or make the plugin smaller)",
+                            mib(initial),
+                            mib(cap)
+                        ));
+                    }
+                }
+            }
+            Payload::DataSection(segments) => {
+                for segment in segments {
+                    let segment = segment.map_err(|e| format!("invalid component: {e}"))?;
+                    let DataKind::Active { offset_expr, .. } = segment.kind else {
+                        continue;
+                    };
+                    let offset = match offset_expr.get_operators_reader().read() {
+                        Ok(Operator::I32Const { value }) => u64::from(value as u32),
+                        Ok(Operator::I64Const { value }) => value as u64,
+                        _ => 0,
+                    };
+                    let end = offset.saturating_add(segment.data.len() as u64);
+                    if end > cap {
+                        return Err(format!(
+                            "it has a data segment ending at {:.0} MiB, beyond the plugin's memory limit of {:.0} MiB: it could never run",
+                            mib(end),
+                            mib(cap)
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// A plugin's answer for one assertion, checked.
@@ -327,9 +498,9 @@ impl Plugin {
     /// config cannot take the others down; except after a timeout, which
     /// fails every config of the call.
     pub fn evaluate(&self, trace: &str, configs: &[String]) -> Vec<Outcome> {
-        let (why, retry) = match self.sandbox.evaluate(&self.pre, &self.id, &self.limits, trace, configs) {
-            Ok(results) if results.len() == configs.len() => return results.into_iter().map(|r| self.check(r)).collect(),
-            Ok(results) => (format!("returned {} results for {} configs", results.len(), configs.len()), true),
+        let (why, retry) = match self.sandbox.evaluate(&self.prepared, &self.id, &self.limits, trace, configs) {
+            Ok(Answer::Results(results)) => return results.into_iter().map(|r| self.check(r)).collect(),
+            Ok(Answer::WrongCount(n)) => (format!("returned {n} results for {} configs", configs.len()), true),
             // Retrying after a timeout would hold the batch for one more
             // deadline per config.
             Err(fault @ sandbox::Fault::Timeout { .. }) => (fault.to_string(), false),
@@ -385,5 +556,102 @@ impl Plugin {
             explanation: format!("plugin '{}' {why}; no verdict.", self.id),
             details: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A core module with `functions` empty functions and one memory of
+    /// `pages` pages, wrapped in a component.
+    fn component(functions: u32, pages: u64) -> Vec<u8> {
+        use wasm_encoder::{CodeSection, Function, FunctionSection, MemorySection, MemoryType, Module, TypeSection};
+        let mut module = Module::new();
+        let mut types = TypeSection::new();
+        types.ty().function([], []);
+        module.section(&types);
+        let mut funcs = FunctionSection::new();
+        (0..functions).for_each(|_| {
+            funcs.function(0);
+        });
+        module.section(&funcs);
+        let mut memories = MemorySection::new();
+        memories.memory(MemoryType {
+            minimum: pages,
+            maximum: None,
+            memory64: false,
+            shared: false,
+            page_size_log2: None,
+        });
+        module.section(&memories);
+        let mut code = CodeSection::new();
+        for _ in 0..functions {
+            let mut f = Function::new([]);
+            f.instructions().end();
+            code.function(&f);
+        }
+        module.section(&code);
+        let mut c = wasm_encoder::Component::new();
+        c.section(&wasm_encoder::ModuleSection(&module));
+        c.finish()
+    }
+
+    #[test]
+    fn preflight_counts_functions_and_checks_initial_memory() {
+        let limits = PluginLimits::default();
+        assert_eq!(preflight(&component(10, 16), &limits), Ok(()));
+        let err = preflight(&component(MAX_FUNCTIONS + 1, 1), &limits).unwrap_err();
+        assert!(err.contains("more than 50000 functions"), "{err}");
+        // 1025 pages of 64 KiB: just over the default 64 MiB.
+        let err = preflight(&component(1, 1025), &limits).unwrap_err();
+        assert!(
+            err.contains("memory starts at 64 MiB, over the plugin's memory limit of 64 MiB"),
+            "{err}"
+        );
+        let roomy = PluginLimits {
+            memory_bytes: 128 << 20,
+            ..PluginLimits::default()
+        };
+        assert_eq!(preflight(&component(1, 1025), &roomy), Ok(()));
+        assert!(preflight(b"\0asm\x0d\0\x01\0garbage", &limits)
+            .unwrap_err()
+            .starts_with("invalid component"));
+    }
+
+    #[test]
+    fn listing_keeps_schemas_within_one_budget() {
+        let small = serde_json::json!({"type": "object"});
+        let mut budget = 100;
+        assert_eq!(listed_schema(&small, Path::new("a.wasm"), &mut budget), small);
+        assert_eq!(budget, 100 - small.to_string().len());
+        let big = serde_json::json!({"description": "x".repeat(200)});
+        let note = listed_schema(&big, Path::new("b.wasm"), &mut budget);
+        assert!(note["omitted"].as_str().unwrap().contains("plugin check b.wasm"), "{note}");
+    }
+
+    #[test]
+    fn listing_names_a_bounded_number_of_failures() {
+        let mut host = PluginHost::default();
+        for i in 0..40 {
+            host.fail(Path::new(&format!("bad-{i}.wasm")), "not a WebAssembly component".into());
+        }
+        let listing = host.listing();
+        assert_eq!(listing.failed.len(), LISTED_FAILURES);
+        assert_eq!(listing.failed_not_listed, 8);
+        let json = serde_json::to_value(&listing).unwrap();
+        assert_eq!(json["failed_not_listed"], 8);
+        assert!(serde_json::to_value(PluginHost::default().listing())
+            .unwrap()
+            .get("failed_not_listed")
+            .is_none());
+    }
+
+    #[test]
+    fn plugin_requests_get_a_share_below_the_request_limit() {
+        assert_eq!(call_share(64), 48);
+        assert_eq!(call_share(1), 1);
+        assert_eq!(call_share(4), 3);
+        assert_eq!(call_share(10_000), 128);
     }
 }

@@ -1,5 +1,6 @@
 //! The sandbox plugins run in: a wasmtime engine, one linker per supported
-//! WIT version, and a fresh, limited store for every call.
+//! contract version ([`ApiVersion`], each with a bindings module such as
+//! [`super::since_v0_1_0`]), and a fresh, limited store for every call.
 //!
 //! Deny by default:
 //! - no filesystem, network, environment, arguments or stdio (WASI is linked
@@ -20,19 +21,69 @@
 use super::PluginLimits;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::component::__internal::{CanonicalAbiInfo, InstanceType, InterfaceType, LiftContext};
+use wasmtime::component::{Component, ComponentExportIndex, ComponentType, Lift, Linker, Resource, ResourceTable};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreContextMut, StoreLimits, StoreLimitsBuilder, Trap, ValRaw};
+use wasmtime_wasi::p2::{DynPollable, Pollable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-wasmtime::component::bindgen!({
-    path: "../wit",
-    world: "assertion-plugin",
-});
+/// The newest contract version's bindings: their types are the ones the
+/// rest of the engine works with; older versions convert into them.
+pub use super::since_v0_1_0 as latest;
+pub use latest::{PluginError, PluginInfo, Status, Verdict};
 
-// The world `use`s these types, so the bindings re-export them at the root.
-pub use attest::plugin::types::Status;
+/// The contract versions this engine serves, each with its own bindings
+/// module and linker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiVersion {
+    V0_1_0,
+}
 
-/// The WIT package versions this engine serves, newest first.
+impl ApiVersion {
+    /// Every version, newest first.
+    pub const ALL: [ApiVersion; 1] = [ApiVersion::V0_1_0];
+
+    /// The version its module was frozen at (`wit/since_vX.Y.Z/`).
+    pub fn min_version(self) -> (u64, u64, u64) {
+        match self {
+            ApiVersion::V0_1_0 => super::since_v0_1_0::MIN_VERSION,
+        }
+    }
+
+    fn add_to_linker(self, linker: &mut Linker<State>) -> anyhow::Result<()> {
+        match self {
+            ApiVersion::V0_1_0 => super::since_v0_1_0::add_to_linker(linker),
+        }
+    }
+
+    fn check_exports(self, pre: &wasmtime::component::InstancePre<State>) -> anyhow::Result<()> {
+        match self {
+            ApiVersion::V0_1_0 => super::since_v0_1_0::check_exports(pre),
+        }
+    }
+
+    /// The version that serves a plugin built against `version`: the same
+    /// major (for 0.x, the same minor), and no newer than the version its
+    /// module was frozen at.
+    pub fn serving(version: &str) -> Option<ApiVersion> {
+        let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
+        let want = (parts.next()??, parts.next()??, parts.next()??);
+        if parts.next().is_some() {
+            return None;
+        }
+        ApiVersion::ALL.into_iter().find(|v| {
+            let have = v.min_version();
+            let same_line = if have.0 == 0 {
+                want.0 == 0 && want.1 == have.1
+            } else {
+                want.0 == have.0
+            };
+            same_line && want <= have
+        })
+    }
+}
+
+/// The contract versions this engine serves, newest first, as text.
 pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1.0"];
 
 /// How often the epoch advances; timeouts are rounded up to it.
@@ -42,22 +93,67 @@ const KEEP_RESIDENT_BYTES: usize = 1 << 20;
 /// Largest memory any plugin may be configured for (pooling slots are sized for it).
 pub const MAX_MEMORY_BYTES: usize = 1 << 30;
 
-/// Per-store state: the plugin's id (for its logs), its limits, and a WASI
-/// context that grants nothing.
+/// Longest explanation or error message kept from a verdict, in characters;
+/// the batch clips further to `max_explanation_chars`.
+pub const MAX_VERDICT_TEXT_CHARS: usize = 16 * 1024;
+/// Largest `details` JSON kept from a verdict; larger ones are replaced by a
+/// note giving their size.
+pub const MAX_DETAILS_BYTES: usize = 4096;
+/// Largest config schema a plugin may declare.
+pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
+/// Longest id, version or description kept from `describe()`, in characters.
+pub const MAX_INFO_CHARS: usize = 1000;
+/// Log output one call may write: lines, and bytes over all its lines.
+pub const LOG_LINES_PER_CALL: u32 = 100;
+pub const LOG_BYTES_PER_CALL: usize = 64 * 1024;
+/// Randomness WASI plugins read: a fixed cycle, so verdicts are repeatable.
+const FIXED_RANDOM: [u8; 32] = *b"attest-plugins-fixed-randomness!";
+
+/// Per-store state: the plugin's id (for its logs), its limits, its log
+/// budget, and a WASI context that grants nothing.
 pub struct State {
     plugin_id: Arc<str>,
     limiter: Limiter,
+    log: LogBudget,
     /// Built on the first WASI call: most plugins never make one, and
-    /// building it (seeding its random generators) costs on every call.
+    /// building it costs on every call.
     wasi: Option<WasiCtx>,
     table: ResourceTable,
+    /// Origin of the monotonic clock WASI plugins read.
+    started: std::time::Instant,
+}
+
+/// What is left of a call's log budget, and what was dropped past it.
+struct LogBudget {
+    lines: u32,
+    bytes: usize,
+    dropped: u64,
+}
+
+impl LogBudget {
+    fn new() -> LogBudget {
+        LogBudget {
+            lines: LOG_LINES_PER_CALL,
+            bytes: LOG_BYTES_PER_CALL,
+            dropped: 0,
+        }
+    }
 }
 
 impl WasiView for State {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         let ctx = self.wasi.get_or_insert_with(|| {
             let mut wasi = WasiCtx::builder();
+            // Null stdio (stdout and stderr discard), no files, no network.
             wasi.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+            // Verdicts must not depend on when or where a plugin runs: the
+            // wall clock stands at the Unix epoch and randomness is a fixed
+            // sequence. The monotonic clock stays real: it only measures.
+            wasi.wall_clock(EpochClock);
+            wasi.monotonic_clock(CallClock(self.started));
+            wasi.secure_random(wasmtime_wasi::Deterministic::new(FIXED_RANDOM.to_vec()));
+            wasi.insecure_random(wasmtime_wasi::Deterministic::new(FIXED_RANDOM.to_vec()));
+            wasi.insecure_random_seed(0);
             wasi.build()
         });
         WasiCtxView {
@@ -67,10 +163,52 @@ impl WasiView for State {
     }
 }
 
-impl attest::plugin::host::Host for State {
-    fn log(&mut self, level: attest::plugin::host::LogLevel, message: String) {
-        use attest::plugin::host::LogLevel;
-        let message = crate::text::clip(&message, 2000);
+/// A wall clock that always reads 1970-01-01T00:00:00Z.
+struct EpochClock;
+
+impl wasmtime_wasi::HostWallClock for EpochClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// The monotonic clock: nanoseconds since the store was made.
+struct CallClock(std::time::Instant);
+
+impl wasmtime_wasi::HostMonotonicClock for CallClock {
+    fn resolution(&self) -> u64 {
+        1
+    }
+    fn now(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Log levels of `host.log`, as every contract version has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl State {
+    /// `host.log`: the line goes to the engine's log, attributed to the
+    /// plugin, while the call's log budget lasts.
+    pub fn write_log(&mut self, level: LogLevel, message: &str) {
+        let message = crate::text::clip(message, 2000);
+        let budget = &mut self.log;
+        if budget.lines == 0 || budget.bytes < message.len() {
+            budget.lines = 0;
+            budget.dropped += 1;
+            return;
+        }
+        budget.lines -= 1;
+        budget.bytes -= message.len();
         let plugin = &*self.plugin_id;
         match level {
             LogLevel::Debug => tracing::debug!(plugin, "{message}"),
@@ -81,7 +219,70 @@ impl attest::plugin::host::Host for State {
     }
 }
 
-impl attest::plugin::types::Host for State {}
+/// A call the sandbox refuses to serve; it traps the call and is named in
+/// the assertion's explanation.
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// A pollable that is ready at once: a zero-length timer.
+struct Ready;
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for Ready {
+    async fn ready(&mut self) {}
+}
+
+/// WASI timers, served without waiting: a zero-length timer (a readiness
+/// check) is ready at once; a plugin that asks to wait is stopped, because a
+/// wait in the host would not be cut short by the call's deadline.
+fn timer(table: &mut ResourceTable, nanos: u64, call: &str) -> wasmtime::Result<Resource<DynPollable>> {
+    if nanos > 0 {
+        return Err(wasmtime::Error::new(Refused(format!(
+            "called {call} to wait {} ms; plugins may not wait (a call has a deadline, not a clock to sleep on)",
+            nanos / 1_000_000
+        ))));
+    }
+    let ready = table.push(Ready)?;
+    wasmtime_wasi::p2::subscribe(table, ready)
+}
+
+/// The monotonic-clock interface the WASI linker provides, whose timers
+/// [`timer`] replaces.
+const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
+
+fn link_timers(linker: &mut Linker<State>) -> anyhow::Result<()> {
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance(MONOTONIC_CLOCK)?;
+    clock.func_wrap(
+        "subscribe-duration",
+        |mut cx: StoreContextMut<'_, State>, (nanos,): (u64,)| -> wasmtime::Result<(Resource<DynPollable>,)> {
+            Ok((timer(
+                &mut cx.data_mut().table,
+                nanos,
+                "wasi:clocks/monotonic-clock.subscribe-duration",
+            )?,))
+        },
+    )?;
+    clock.func_wrap(
+        "subscribe-instant",
+        |mut cx: StoreContextMut<'_, State>, (when,): (u64,)| -> wasmtime::Result<(Resource<DynPollable>,)> {
+            let state = cx.data_mut();
+            let now = wasmtime_wasi::HostMonotonicClock::now(&CallClock(state.started));
+            let nanos = when.saturating_sub(now);
+            Ok((timer(&mut state.table, nanos, "wasi:clocks/monotonic-clock.subscribe-instant")?,))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
 
 /// [`StoreLimits`] that remembers whether it refused to grow memory, so an
 /// out-of-memory trap can be named as such.
@@ -114,18 +315,47 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-/// A wasmtime engine (with its epoch ticker) and its linker.
+/// A wasmtime engine (with its epoch ticker) and one linker per contract
+/// version.
 pub struct Sandbox {
     engine: Engine,
-    linker: Linker<State>,
+    linkers: Vec<(ApiVersion, Linker<State>)>,
+}
+
+/// A component linked once, ready to be instantiated for each call.
+pub struct Prepared {
+    api: ApiVersion,
+    pre: wasmtime::component::InstancePre<State>,
+    describe: ComponentExportIndex,
+    evaluate: ComponentExportIndex,
+    /// Whether it imports WASI; such calls run on a thread of their own
+    /// (see [`outside_async_runtime`]).
+    uses_wasi: bool,
+}
+
+/// What `evaluate` answered: one result per config, or a wrong count (the
+/// results are then not copied at all).
+pub enum Answer {
+    Results(Vec<Result<Verdict, PluginError>>),
+    WrongCount(usize),
 }
 
 /// Why a call produced no usable answer; each names its cause for the user.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fault {
-    OutOfFuel { fuel: u64 },
-    Timeout { after: Duration },
-    OutOfMemory { limit: usize },
+    OutOfFuel {
+        fuel: u64,
+    },
+    Timeout {
+        after: Duration,
+    },
+    OutOfMemory {
+        limit: usize,
+    },
+    /// A host call the sandbox does not serve (a wait on a timer).
+    Refused(String),
+    /// An answer larger than the engine accepts.
+    TooLarge(String),
     Trap(String),
 }
 
@@ -135,6 +365,8 @@ impl std::fmt::Display for Fault {
             Fault::OutOfFuel { fuel } => write!(f, "exceeded its CPU budget ({fuel} fuel per call)"),
             Fault::Timeout { after } => write!(f, "timed out after {} ms", after.as_millis()),
             Fault::OutOfMemory { limit } => write!(f, "exceeded its memory limit ({} MiB)", limit / (1024 * 1024)),
+            Fault::Refused(what) => write!(f, "was stopped: it {what}"),
+            Fault::TooLarge(what) => write!(f, "{what}"),
             Fault::Trap(what) => write!(f, "trapped: {what}"),
         }
     }
@@ -172,6 +404,9 @@ impl Sandbox {
         // not prevented (docs/plugins.md, "The sandbox").
         config.signals_based_traps(false);
         config.memory_guard_size(0);
+        // Each pooled memory slot reserves address space for the largest
+        // memory a plugin may have, not wasmtime's default 4 GiB.
+        config.memory_reservation(MAX_MEMORY_BYTES as u64);
         let mut pool = wasmtime::PoolingAllocationConfig::default();
         pool.total_component_instances(256);
         pool.total_core_instances(2048);
@@ -193,11 +428,16 @@ impl Sandbox {
         pool.pagemap_scan(wasmtime::Enabled::Auto);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
-        let mut linker = Linker::new(&engine);
-        AssertionPlugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
-        // WASI is linked so components from other toolchains (Python, JS)
-        // instantiate; the context built per call grants no capability.
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        let mut linkers = Vec::new();
+        for api in ApiVersion::ALL {
+            let mut linker = Linker::new(&engine);
+            api.add_to_linker(&mut linker)?;
+            // WASI is linked so components from other toolchains (Python,
+            // JS) instantiate; the context built per call grants no capability.
+            wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+            link_timers(&mut linker)?;
+            linkers.push((api, linker));
+        }
         let ticker = engine.weak();
         std::thread::Builder::new().name("attest-epoch".into()).spawn(move || {
             while let Some(engine) = ticker.upgrade() {
@@ -206,7 +446,7 @@ impl Sandbox {
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
-        Ok(Sandbox { engine, linker })
+        Ok(Sandbox { engine, linkers })
     }
 
     pub fn engine(&self) -> &Engine {
@@ -225,28 +465,33 @@ impl Sandbox {
         versions.into_iter().next()
     }
 
-    /// Whether the engine serves `version`: the same major, and for 0.x the
-    /// same minor, no newer than what the engine knows.
-    pub fn serves(version: &str) -> bool {
-        let parse = |v: &str| -> Option<(u64, u64, u64)> {
-            let mut it = v.split('.').map(|p| p.parse::<u64>().ok());
-            Some((it.next()??, it.next()??, it.next()??))
+    /// Links a component once, so that each call only instantiates, and
+    /// checks that it exports `describe` and `evaluate` with the types of the
+    /// assertion-plugin world.
+    pub fn prepare(&self, component: &Component, api: ApiVersion) -> anyhow::Result<Prepared> {
+        let linker = self
+            .linkers
+            .iter()
+            .find_map(|(v, l)| (*v == api).then_some(l))
+            .ok_or_else(|| anyhow::anyhow!("no linker for {api:?}"))?;
+        let pre = linker.instantiate_pre(component)?;
+        api.check_exports(&pre)?;
+        let export = |name: &str| {
+            component
+                .get_export_index(None, name)
+                .ok_or_else(|| anyhow::anyhow!("the component exports no `{name}` function"))
         };
-        let Some(want) = parse(version) else { return false };
-        SUPPORTED_API_VERSIONS.iter().filter_map(|s| parse(s)).any(|have| {
-            let same_line = if have.0 == 0 {
-                want.0 == 0 && want.1 == have.1
-            } else {
-                want.0 == have.0
-            };
-            same_line && want <= have
+        let uses_wasi = component
+            .component_type()
+            .imports(&self.engine)
+            .any(|(name, _)| name.starts_with("wasi:"));
+        Ok(Prepared {
+            api,
+            describe: export("describe")?,
+            evaluate: export("evaluate")?,
+            pre,
+            uses_wasi,
         })
-    }
-
-    /// Links a component once, so that each call only instantiates.
-    pub fn prepare(&self, component: &Component) -> anyhow::Result<AssertionPluginPre<State>> {
-        let pre = self.linker.instantiate_pre(component)?;
-        Ok(AssertionPluginPre::new(pre)?)
     }
 
     fn store(&self, plugin_id: &Arc<str>, limits: &PluginLimits) -> Store<State> {
@@ -261,8 +506,10 @@ impl Sandbox {
         let state = State {
             plugin_id: plugin_id.clone(),
             limiter: Limiter { inner, refused: false },
+            log: LogBudget::new(),
             wasi: None,
             table: ResourceTable::new(),
+            started: std::time::Instant::now(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -274,28 +521,236 @@ impl Sandbox {
         store
     }
 
-    /// `describe()` in a fresh instance.
-    pub fn describe(&self, pre: &AssertionPluginPre<State>, plugin_id: &Arc<str>, limits: &PluginLimits) -> Result<PluginInfo, Fault> {
-        let mut store = self.store(plugin_id, limits);
-        let result = pre.instantiate(&mut store).and_then(|p| p.call_describe(&mut store));
-        result.map_err(|e| classify(e, &store, limits))
+    /// `describe()` in a fresh instance. Its strings are read in place and
+    /// only copied once they are known to be small enough.
+    pub fn describe(&self, plugin: &Prepared, plugin_id: &Arc<str>, limits: &PluginLimits) -> Result<PluginInfo, Fault> {
+        self.on_call_thread(plugin, || {
+            let mut store = self.store(plugin_id, limits);
+            let result = describe_in(&mut store, plugin);
+            finish(&store);
+            result.map_err(|e| classify(e, &store, limits))?
+        })
     }
 
-    /// `evaluate()` in a fresh instance.
+    /// `evaluate()` in a fresh instance. The result list is counted before
+    /// anything is copied out of the plugin's memory, and each string is
+    /// clipped (details over their limit replaced) as it is copied.
     pub fn evaluate(
         &self,
-        pre: &AssertionPluginPre<State>,
+        plugin: &Prepared,
         plugin_id: &Arc<str>,
         limits: &PluginLimits,
         trace: &str,
         configs: &[String],
-    ) -> Result<Vec<Result<Verdict, PluginError>>, Fault> {
-        let mut store = self.store(plugin_id, limits);
-        let result = pre
-            .instantiate(&mut store)
-            .and_then(|p| p.call_evaluate(&mut store, trace, configs));
-        result.map_err(|e| classify(e, &store, limits))
+    ) -> Result<Answer, Fault> {
+        self.on_call_thread(plugin, || {
+            let mut store = self.store(plugin_id, limits);
+            let result = evaluate_in(&mut store, plugin, trace, configs);
+            finish(&store);
+            result.map_err(|e| classify(e, &store, limits))
+        })
     }
+
+    /// Runs a call where its host calls can be served: plugins that import
+    /// WASI run on a thread of their own, the others on the caller's.
+    fn on_call_thread<R: Send>(&self, plugin: &Prepared, call: impl FnOnce() -> Result<R, Fault> + Send) -> Result<R, Fault> {
+        if plugin.uses_wasi {
+            outside_async_runtime(call)
+        } else {
+            call()
+        }
+    }
+}
+
+/// WASI's synchronous host calls (stream writes, polls) run their work on an
+/// async runtime of their own, which cannot be started on a thread that is
+/// already driving the engine's. A plain thread per call of a WASI plugin
+/// costs some microseconds; such plugins (Python, JavaScript) take a
+/// millisecond or more per call anyway.
+fn outside_async_runtime<R: Send>(call: impl FnOnce() -> Result<R, Fault> + Send) -> Result<R, Fault> {
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name("attest-plugin-call".into())
+            .spawn_scoped(scope, call)
+        {
+            Ok(handle) => handle
+                .join()
+                .unwrap_or_else(|_| Err(Fault::Trap("the engine failed while serving one of its host calls".into()))),
+            Err(e) => Err(Fault::Trap(format!("the engine could not start a thread for the call: {e}"))),
+        }
+    })
+}
+
+/// Reports what a call's log budget dropped.
+fn finish(store: &Store<State>) {
+    let state = store.data();
+    if state.log.dropped > 0 {
+        tracing::warn!(
+            plugin = %state.plugin_id,
+            dropped = state.log.dropped,
+            "plugin log lines over the per-call budget ({LOG_LINES_PER_CALL} lines, {LOG_BYTES_PER_CALL} bytes) were dropped"
+        );
+    }
+}
+
+// ---- Lifting with bounds
+//
+// What a plugin returns is copied out of its memory by the canonical ABI's
+// "lift". The types below take part in that lift (they implement wasmtime's
+// `Lift` by hand) so that nothing is copied beyond what the engine keeps:
+// a result list is copied only when it has exactly one item per config, and
+// a string only up to its limit.
+
+thread_local! {
+    /// Results the `evaluate` call running on this thread must return: the
+    /// number of its configs. The lift runs on the calling thread, inside
+    /// the call.
+    pub(super) static EXPECTED_RESULTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A `list<T>` copied only when it has the expected number of items
+/// ([`EXPECTED_RESULTS`]); otherwise only its length is read.
+pub(super) enum CountedList<T> {
+    Items(Vec<T>),
+    WrongCount(usize),
+}
+
+// SAFETY: the same canonical-ABI representation as `[T]` (a pointer and a
+// length), checked by the same typecheck.
+unsafe impl<T: ComponentType> ComponentType for CountedList<T> {
+    type Lower = [ValRaw; 2];
+    const ABI: CanonicalAbiInfo = CanonicalAbiInfo::POINTER_PAIR;
+
+    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+        <[T] as ComponentType>::typecheck(ty, types)
+    }
+}
+
+// SAFETY: delegates to `Vec<T>`'s lift, whose representation is the same.
+unsafe impl<T: Lift> Lift for CountedList<T> {
+    fn linear_lift_from_flat(cx: &mut LiftContext<'_>, ty: InterfaceType, src: &[ValRaw; 2]) -> wasmtime::Result<Self> {
+        let len = src[1].get_u32() as usize;
+        if len != EXPECTED_RESULTS.with(|e| e.get()) {
+            return Ok(CountedList::WrongCount(len));
+        }
+        Ok(CountedList::Items(<Vec<T> as Lift>::linear_lift_from_flat(cx, ty, src)?))
+    }
+
+    fn linear_lift_from_memory(cx: &mut LiftContext<'_>, ty: InterfaceType, bytes: &[u8]) -> wasmtime::Result<Self> {
+        let len = u32_at(bytes, 4)? as usize;
+        if len != EXPECTED_RESULTS.with(|e| e.get()) {
+            return Ok(CountedList::WrongCount(len));
+        }
+        Ok(CountedList::Items(<Vec<T> as Lift>::linear_lift_from_memory(cx, ty, bytes)?))
+    }
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> wasmtime::Result<u32> {
+    match bytes.get(at..at + 4) {
+        Some(b) => Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        None => Err(wasmtime::Error::msg("pointer pair out of bounds")),
+    }
+}
+
+/// A `string` copied only up to `MAX` bytes, with its full length.
+pub(super) struct BoundedText<const MAX: usize> {
+    /// At most `MAX` bytes, cut at a character boundary.
+    pub(super) text: String,
+    /// The string's length in the plugin's memory, in bytes.
+    pub(super) len: usize,
+}
+
+impl<const MAX: usize> BoundedText<MAX> {
+    fn lift(
+        cx: &mut LiftContext<'_>,
+        ty: InterfaceType,
+        ptr: u32,
+        len: u32,
+        flat: Option<&[ValRaw; 2]>,
+        bytes: Option<&[u8]>,
+    ) -> wasmtime::Result<Self> {
+        use wasmtime::component::__internal::wasmtime_environ::component::StringEncoding;
+        if !matches!(cx.options().string_encoding, StringEncoding::Utf8) {
+            // UTF-16 strings are transcoded by wasmtime, in full.
+            let text = match (flat, bytes) {
+                (Some(src), _) => <String as Lift>::linear_lift_from_flat(cx, ty, src)?,
+                (_, Some(b)) => <String as Lift>::linear_lift_from_memory(cx, ty, b)?,
+                _ => String::new(),
+            };
+            let len = text.len();
+            let mut text = text;
+            if len > MAX {
+                let mut cut = MAX;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+            }
+            return Ok(BoundedText { text, len });
+        }
+        let (ptr, len) = (ptr as usize, len as usize);
+        let memory = cx.memory();
+        let Some(whole) = ptr.checked_add(len).and_then(|end| memory.get(ptr..end)) else {
+            return Err(wasmtime::Error::msg("string pointer/length out of bounds of memory"));
+        };
+        let kept = &whole[..len.min(MAX)];
+        let text = match std::str::from_utf8(kept) {
+            Ok(t) => t,
+            // Cut inside a character: keep what comes before it.
+            Err(e) if len > MAX && e.error_len().is_none() => std::str::from_utf8(&kept[..e.valid_up_to()]).unwrap_or_default(),
+            Err(e) => return Err(wasmtime::Error::msg(format!("string is not valid UTF-8: {e}"))),
+        };
+        Ok(BoundedText {
+            text: text.to_owned(),
+            len,
+        })
+    }
+}
+
+// SAFETY: the same canonical-ABI representation as `string` (a pointer and
+// a length), checked by the same typecheck.
+unsafe impl<const MAX: usize> ComponentType for BoundedText<MAX> {
+    type Lower = [ValRaw; 2];
+    const ABI: CanonicalAbiInfo = CanonicalAbiInfo::POINTER_PAIR;
+
+    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+        <str as ComponentType>::typecheck(ty, types)
+    }
+}
+
+// SAFETY: reads only within the plugin's memory, bounds-checked above.
+unsafe impl<const MAX: usize> Lift for BoundedText<MAX> {
+    fn linear_lift_from_flat(cx: &mut LiftContext<'_>, ty: InterfaceType, src: &[ValRaw; 2]) -> wasmtime::Result<Self> {
+        Self::lift(cx, ty, src[0].get_u32(), src[1].get_u32(), Some(src), None)
+    }
+
+    fn linear_lift_from_memory(cx: &mut LiftContext<'_>, ty: InterfaceType, bytes: &[u8]) -> wasmtime::Result<Self> {
+        Self::lift(cx, ty, u32_at(bytes, 0)?, u32_at(bytes, 4)?, None, Some(bytes))
+    }
+}
+
+/// Longest explanation or error message copied, in bytes (then clipped to
+/// [`MAX_VERDICT_TEXT_CHARS`]).
+pub(super) const MAX_VERDICT_TEXT_BYTES: usize = 4 * MAX_VERDICT_TEXT_CHARS;
+/// Longest id, version or description copied, in bytes.
+pub(super) const MAX_INFO_BYTES: usize = 4 * MAX_INFO_CHARS;
+
+fn describe_in(store: &mut Store<State>, plugin: &Prepared) -> wasmtime::Result<Result<PluginInfo, Fault>> {
+    let instance = plugin.pre.instantiate(&mut *store)?;
+    match plugin.api {
+        ApiVersion::V0_1_0 => super::since_v0_1_0::describe(store, &instance, &plugin.describe),
+    }
+}
+
+fn evaluate_in(store: &mut Store<State>, plugin: &Prepared, trace: &str, configs: &[String]) -> wasmtime::Result<Answer> {
+    let instance = plugin.pre.instantiate(&mut *store)?;
+    let answer = match plugin.api {
+        ApiVersion::V0_1_0 => super::since_v0_1_0::evaluate(store, &instance, &plugin.evaluate, trace, configs)?,
+    };
+    Ok(match answer {
+        Ok(results) => Answer::Results(results),
+        Err(count) => Answer::WrongCount(count),
+    })
 }
 
 /// Names what went wrong in a failed call.
@@ -304,6 +759,9 @@ fn classify(e: wasmtime::Error, store: &Store<State>, limits: &PluginLimits) -> 
         return Fault::OutOfMemory {
             limit: limits.memory_bytes,
         };
+    }
+    if let Some(refused) = e.downcast_ref::<Refused>() {
+        return Fault::Refused(refused.0.clone());
     }
     match e.downcast_ref::<Trap>() {
         Some(Trap::OutOfFuel) => Fault::OutOfFuel {
@@ -321,9 +779,24 @@ mod tests {
 
     #[test]
     fn version_policy() {
-        assert!(Sandbox::serves("0.1.0"));
-        assert!(!Sandbox::serves("0.2.0"), "a newer minor is not served");
-        assert!(!Sandbox::serves("9.0.0"));
-        assert!(!Sandbox::serves("garbage"));
+        assert_eq!(ApiVersion::serving("0.1.0"), Some(ApiVersion::V0_1_0));
+        assert_eq!(ApiVersion::serving("0.2.0"), None, "a newer minor is not served");
+        assert_eq!(ApiVersion::serving("0.1.1"), None, "a newer patch is not served");
+        assert_eq!(ApiVersion::serving("0.0.9"), None, "another 0.x minor is not served");
+        assert_eq!(ApiVersion::serving("9.0.0"), None);
+        assert_eq!(ApiVersion::serving("garbage"), None);
+        assert_eq!(ApiVersion::serving("0.1.0.1"), None);
+    }
+
+    #[test]
+    fn every_version_is_listed_as_text() {
+        let text: Vec<String> = ApiVersion::ALL
+            .iter()
+            .map(|v| {
+                let (a, b, c) = v.min_version();
+                format!("{a}.{b}.{c}")
+            })
+            .collect();
+        assert_eq!(text, SUPPORTED_API_VERSIONS);
     }
 }
