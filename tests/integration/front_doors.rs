@@ -1,0 +1,116 @@
+//! The front doors that are not the stdio server, through the real binary:
+//! `collect` re-scoring a JSONL file of traces with the engine's own checks,
+//! idempotently, into the result history that `query_drift` reads.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::path::Path;
+
+const RULES: &str = r#"
+rules:
+  - name: refund-flow
+    match:
+      agent_id: refund-agent
+    sample_rate: 1.0
+    assertions:
+      - assertion_id: ordered
+        type: trace
+        spec: {check: contains_in_order, tools: [lookup_order, process_refund]}
+      - assertion_id: mentions-refund
+        type: content
+        spec: {target: output.message, check: contains, value: refund}
+      - assertion_id: amount-schema
+        type: schema
+        spec: {target: "steps[?name=='process_refund'].args", schema: {type: object, required: [amount]}}
+"#;
+
+fn trace(id: &str, tools: &[&str], message: &str) -> Value {
+    let steps: Vec<Value> = tools
+        .iter()
+        .map(|t| json!({"type": "tool_call", "name": t, "args": {"order_id": "ORD-1", "amount": 5}}))
+        .collect();
+    json!({"schema_version": 1, "trace_id": id, "agent_id": "refund-agent", "steps": steps, "output": {"message": message}})
+}
+
+fn collect(dir: &Path, args: &[&str]) -> std::process::Output {
+    command()
+        .args(["--log-level=warn", "collect", "--otlp-http", "127.0.0.1:0"])
+        .args(args)
+        .env("ATTEST_CACHE_DIR", dir.join("cache"))
+        .output()
+        .expect("running attest-engine collect")
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn collect_rescoring_uses_the_engines_checks_and_counts_each_result_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let traces = dir.path().join("traces.jsonl");
+    let good = trace("t-good", &["lookup_order", "process_refund"], "Your refund is on its way.");
+    let bad = trace("t-bad", &["process_refund", "lookup_order"], "Done.");
+    std::fs::write(&traces, format!("{good}\n{bad}\n")).unwrap();
+    let results = dir.path().join("results.jsonl");
+    let args = [
+        "--rules",
+        rules.to_str().unwrap(),
+        "--jsonl",
+        traces.to_str().unwrap(),
+        "--results-jsonl",
+        results.to_str().unwrap(),
+    ];
+    for _ in 0..2 {
+        let out = collect(dir.path(), &args);
+        assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.stdout.is_empty(), "collect writes nothing on stdout");
+    }
+    let rows = lines(&results);
+    assert_eq!(rows.len(), 6, "3 assertions x 2 traces, once each despite two runs: {rows:?}");
+    let status = |t: &str, a: &str| {
+        rows.iter()
+            .find(|r| r["trace_id"] == t && r["assertion_id"] == a)
+            .map(|r| r["status"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    assert_eq!(status("t-good", "ordered"), "pass");
+    assert_eq!(status("t-bad", "ordered"), "hard_fail");
+    assert_eq!(status("t-bad", "mentions-refund"), "hard_fail");
+    assert_eq!(status("t-bad", "amount-schema"), "pass");
+    let bad_ordered = rows.iter().find(|r| r["trace_id"] == "t-bad" && r["assertion_id"] == "ordered").unwrap();
+    assert!(bad_ordered["explanation"].as_str().unwrap().contains("process_refund"), "{bad_ordered}");
+    assert_eq!(bad_ordered["rule"], "refund-flow");
+
+    // The history holds each result once, under <rule>/<assertion_id>.
+    let mut e = Engine::spawn_env(&["--log-level=warn"], Stderr::Drain, &[("ATTEST_CACHE_DIR", dir.path().join("cache").to_str().unwrap())]);
+    e.initialize();
+    let r = e.request(&rpc(json!("d"), "query_drift", json!({"assertion_id": "refund-flow/ordered"})));
+    let report = expect_result(&r)["report"].clone();
+    assert_eq!(report["count"], json!(2), "{r}");
+}
+
+#[test]
+fn a_rules_file_with_a_bad_assertion_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "rules:\n  - name: typo\n    assertions:\n      - {assertion_id: a, type: content, spec: {target: output.message, check: contians, value: x}}\n",
+    )
+    .unwrap();
+    let traces = dir.path().join("t.jsonl");
+    std::fs::write(&traces, "").unwrap();
+    let out = collect(dir.path(), &["--rules", rules.to_str().unwrap(), "--jsonl", traces.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("typo") && err.contains("check") && err.contains("regex_match"), "{err}");
+}
