@@ -44,7 +44,8 @@ struct Cli {
     plugin_dir: Option<PathBuf>,
     /// Write a session report at shutdown or end of input: junit=<path>,
     /// json=<path> or markdown=<path> (repeatable).
-    #[arg(long = "report", global = true, value_name = "KIND=PATH")]
+    // Not global: `ecp run --report <file.html>` is the ECP runtime's own option.
+    #[arg(long = "report", value_name = "KIND=PATH")]
     reports: Vec<String>,
     /// Do not record results in the history store.
     #[arg(long, global = true)]

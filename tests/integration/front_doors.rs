@@ -114,3 +114,24 @@ fn a_rules_file_with_a_bad_assertion_is_refused_at_start_up() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("typo") && err.contains("check") && err.contains("regex_match"), "{err}");
 }
+
+#[test]
+fn every_front_door_parses_its_options() {
+    // Global engine flags and front-door options share one command line:
+    // a clash (two `--report`s) would only show when the command is used.
+    for cmd in [
+        &["serve", "--help"][..],
+        &["eval", "--help"],
+        &["collect", "--help"],
+        &["worker", "--help"],
+        &["ecp", "run", "--help"],
+        &["ecp", "validate", "--help"],
+        &["ecp", "conformance", "--help"],
+        &["ecp", "init", "--help"],
+        &["ecp", "trend", "--help"],
+        &["plugin", "check", "--help"],
+    ] {
+        let out = run(cmd);
+        assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
