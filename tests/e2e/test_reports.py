@@ -43,7 +43,10 @@ def reports(tmp_path: Path) -> dict:
                                             "result": {"status": "hard_fail", "score": 0.1, "explanation": "rude"}}),
     ]
     paths = {"junit": tmp_path / "attest.xml", "json": tmp_path / "attest.json"}
-    env = {**os.environ, "ATTEST_CACHE_DIR": str(tmp_path / "cache")}
+    # Only this test's settings: other modules export ATTEST_* variables (a
+    # plugin directory, providers) that would make this engine load them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTEST_")}
+    env["ATTEST_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run(
         [ENGINE, "--log-level=warn", "--report", f"junit={paths['junit']}", "--report", f"json={paths['json']}"],
         input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60, env=env, check=False,
