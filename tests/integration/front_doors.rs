@@ -86,12 +86,22 @@ fn collect_rescoring_uses_the_engines_checks_and_counts_each_result_once() {
     assert_eq!(status("t-bad", "ordered"), "hard_fail");
     assert_eq!(status("t-bad", "mentions-refund"), "hard_fail");
     assert_eq!(status("t-bad", "amount-schema"), "pass");
-    let bad_ordered = rows.iter().find(|r| r["trace_id"] == "t-bad" && r["assertion_id"] == "ordered").unwrap();
-    assert!(bad_ordered["explanation"].as_str().unwrap().contains("process_refund"), "{bad_ordered}");
+    let bad_ordered = rows
+        .iter()
+        .find(|r| r["trace_id"] == "t-bad" && r["assertion_id"] == "ordered")
+        .unwrap();
+    assert!(
+        bad_ordered["explanation"].as_str().unwrap().contains("process_refund"),
+        "{bad_ordered}"
+    );
     assert_eq!(bad_ordered["rule"], "refund-flow");
 
     // The history holds each result once, under <rule>/<assertion_id>.
-    let mut e = Engine::spawn_env(&["--log-level=warn"], Stderr::Drain, &[("ATTEST_CACHE_DIR", dir.path().join("cache").to_str().unwrap())]);
+    let mut e = Engine::spawn_env(
+        &["--log-level=warn"],
+        Stderr::Drain,
+        &[("ATTEST_CACHE_DIR", dir.path().join("cache").to_str().unwrap())],
+    );
     e.initialize();
     let r = e.request(&rpc(json!("d"), "query_drift", json!({"assertion_id": "refund-flow/ordered"})));
     let report = expect_result(&r)["report"].clone();
@@ -109,10 +119,16 @@ fn a_rules_file_with_a_bad_assertion_is_refused_at_start_up() {
     .unwrap();
     let traces = dir.path().join("t.jsonl");
     std::fs::write(&traces, "").unwrap();
-    let out = collect(dir.path(), &["--rules", rules.to_str().unwrap(), "--jsonl", traces.to_str().unwrap()]);
+    let out = collect(
+        dir.path(),
+        &["--rules", rules.to_str().unwrap(), "--jsonl", traces.to_str().unwrap()],
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("typo") && err.contains("check") && err.contains("regex_match"), "{err}");
+    assert!(
+        err.contains("typo") && err.contains("check") && err.contains("regex_match"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -47,7 +47,9 @@ scenarios:
 
 #[test]
 fn attest_graders_run_on_the_engines_evaluator() {
-    let (Some(venv), Some(engine)) = (venv(), engine_bin()) else { return };
+    let (Some(venv), Some(engine)) = (venv(), engine_bin()) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let m = write(
         dir.path(),
@@ -101,5 +103,8 @@ fn the_engine_binary_validates_manifests() {
     let run = Command::new(&engine).args(["ecp", "validate"]).arg(&m).output().unwrap();
     assert_eq!(run.status.code(), Some(1));
     let text = format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
-    assert!(text.contains("startswith") && text.contains("contains, equals, does_not_contain, regex"), "{text}");
+    assert!(
+        text.contains("startswith") && text.contains("contains, equals, does_not_contain, regex"),
+        "{text}"
+    );
 }
