@@ -18,6 +18,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The evaluator and the history sink `collect` and `worker` run on.
+pub fn backends(engine: Arc<Engine>) -> (Arc<dyn attest_collect::Evaluator>, Option<Arc<dyn attest_collect::HistorySink>>) {
+    let history = HistoryResults::new(engine.clone()).map(|h| Arc::new(h) as Arc<dyn attest_collect::HistorySink>);
+    (Arc::new(CollectEvaluator::new(engine)), history)
+}
+
 /// Compiles rules' assertions with the engine's own checks.
 pub struct CollectEvaluator {
     engine: Arc<Engine>,

@@ -160,18 +160,14 @@ fn main() -> ExitCode {
         Command::Collect(args) => {
             logging::init(config.log_level);
             run_front_door(config, |engine| async move {
-                let evaluator = Arc::new(attest_engine::collect_host::CollectEvaluator::new(engine.clone()));
-                let history = attest_engine::collect_host::HistoryResults::new(engine.clone())
-                    .map(|h| Arc::new(h) as Arc<dyn attest_collect::HistorySink>);
+                let (evaluator, history) = attest_engine::collect_host::backends(engine);
                 attest_collect::run_collect(args, evaluator, history).await
             })
         }
         Command::Worker(args) => {
             logging::init(config.log_level);
             run_front_door(config, |engine| async move {
-                let evaluator = Arc::new(attest_engine::collect_host::CollectEvaluator::new(engine.clone()));
-                let history = attest_engine::collect_host::HistoryResults::new(engine.clone())
-                    .map(|h| Arc::new(h) as Arc<dyn attest_collect::HistorySink>);
+                let (evaluator, history) = attest_engine::collect_host::backends(engine);
                 attest_collect::run_worker(args, evaluator, history).await
             })
         }
