@@ -120,18 +120,24 @@ pub async fn generate(providers: &Providers, params: Option<&RawValue>, deadline
         ));
     }
     // Injected delays count against the request's deadline like real ones.
-    let past_deadline = || RpcError::new(
-        ErrorCode::Timeout,
-        "generate_user_message timed out: the injected delay (fault_config) outlasted the evaluation deadline",
-        "Lower fault_config.latency_jitter_ms / timeout_after_ms below the engine timeout (--eval-timeout), or raise the timeout.",
-    );
+    let past_deadline = || {
+        RpcError::new(
+            ErrorCode::Timeout,
+            "generate_user_message timed out: the injected delay (fault_config) outlasted the evaluation deadline",
+            "Lower fault_config.latency_jitter_ms / timeout_after_ms below the engine timeout (--eval-timeout), or raise the timeout.",
+        )
+    };
     if faults.latency_jitter_ms > 0 {
         let delay = Duration::from_millis(fastrand::u64(0..faults.latency_jitter_ms));
-        tokio::time::timeout_at(deadline, tokio::time::sleep(delay)).await.map_err(|_| past_deadline())?;
+        tokio::time::timeout_at(deadline, tokio::time::sleep(delay))
+            .await
+            .map_err(|_| past_deadline())?;
     }
     if faults.timeout_after_ms > 0 {
         let delay = Duration::from_millis(faults.timeout_after_ms);
-        tokio::time::timeout_at(deadline, tokio::time::sleep(delay)).await.map_err(|_| past_deadline())?;
+        tokio::time::timeout_at(deadline, tokio::time::sleep(delay))
+            .await
+            .map_err(|_| past_deadline())?;
         return Err(RpcError::new(
             ErrorCode::Timeout,
             format!(

@@ -133,6 +133,7 @@ pub struct Providers {
     prices: HashMap<String, Price>,
     pub short_circuit: bool,
     pub judge_samples: u32,
+    pub judge_bias_probes: Vec<crate::layers::llm_judge::Probe>,
 }
 
 impl Providers {
@@ -182,6 +183,7 @@ impl Providers {
             prices: c.prices.clone(),
             short_circuit: c.short_circuit,
             judge_samples: c.judge_samples,
+            judge_bias_probes: c.judge_bias_probes.clone(),
         }
     }
 
