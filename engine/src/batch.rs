@@ -1036,6 +1036,20 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
                 "assertion_id",
             );
         }
+        // A paid layer without its provider is a configuration error, found
+        // before anything is evaluated (and never worth retrying as is).
+        if kind.is_paid() {
+            if let Some(ProviderError::Unavailable { message, detail }) = engine.providers.missing_for(kind) {
+                return Err(RpcError::new(
+                    ErrorCode::ProviderError,
+                    format!("assertion {} ({}): {message}", quote(id), kind.name()),
+                    detail,
+                )
+                .not_retryable()
+                .with_assertion(id)
+                .with_field(format!("params.assertions[{i}].type")));
+            }
+        }
         let spec_text = w.spec.map_or("null", |s| s.get());
         let compiled = compile(engine, kind, spec_text).map_err(|e| {
             RpcError::new(
