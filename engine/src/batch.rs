@@ -604,6 +604,9 @@ async fn run(
                     cost: r.cost,
                     duration_ms: r.duration_ms,
                     source: "batch",
+                    expected: r.evidence.expected.clone(),
+                    actual: r.evidence.actual.clone(),
+                    suggested_action: r.evidence.suggested_action.clone(),
                 })
                 .collect(),
         });

@@ -178,23 +178,36 @@ impl TraceTreeCheck {
                     format!("delegation depth ≤ {max}"),
                     format!("depth {} at {}", tree.depth(), tree.agent_path(deepest)),
                     tree.agent_path(deepest),
-                    format!("Flatten the delegation chain to {max} levels (let a parent call the deepest agent directly), or raise max_depth."),
+                    format!(
+                        "Flatten the delegation chain to {max} levels (let a parent call the deepest agent directly), or raise max_depth."
+                    ),
                 )
             }
             TraceTreeCheck::AgentOutputContains { agent, value, .. } => {
-                let out = node_of(agent).map(|i| tree.nodes()[i].trace.output.to_string()).filter(|o| o != "null");
+                let out = node_of(agent)
+                    .map(|i| tree.nodes()[i].trace.output.to_string())
+                    .filter(|o| o != "null");
                 (
                     format!("output of `{agent}` contains '{}'", clip(value, 120)),
-                    out.map_or_else(|| format!("`{agent}` has no output in the tree"), |o: String| format!("output: {}", clip(&o, 200))),
+                    out.map_or_else(
+                        || format!("`{agent}` has no output in the tree"),
+                        |o: String| format!("output: {}", clip(&o, 200)),
+                    ),
                     format!("{} > output", path_of(agent)),
-                    format!("Make `{agent}` include '{}' in its output, or check a different agent.", clip(value, 80)),
+                    format!(
+                        "Make `{agent}` include '{}' in its output, or check a different agent.",
+                        clip(value, 80)
+                    ),
                 )
             }
             TraceTreeCheck::CrossAgentDataFlow { from, to, field } => (
                 format!("`{to}` receives `{}` produced by `{from}`", field.text),
                 tree_shape(),
                 path_of(to),
-                format!("Pass `{}` from `{from}`'s output into `{to}`'s input, or name the field the agents actually share.", field.text),
+                format!(
+                    "Pass `{}` from `{from}`'s output into `{to}`'s input, or name the field the agents actually share.",
+                    field.text
+                ),
             ),
             TraceTreeCheck::FollowsTransitions(allowed) => {
                 let pairs: Vec<String> = allowed.iter().map(|(a, b)| format!("{a} → {b}")).collect();
@@ -207,16 +220,23 @@ impl TraceTreeCheck {
                     format!("delegations only along: {}", clip(&pairs.join(", "), 300)),
                     format!("delegations: {}", clip(&seen.join(", "), 300)),
                     tree.agent_path(0),
-                    "Change the orchestration so every handover is an allowed transition, or add the observed one to spec.transitions.".to_owned(),
+                    "Change the orchestration so every handover is an allowed transition, or add the observed one to spec.transitions."
+                        .to_owned(),
                 )
             }
             TraceTreeCheck::Aggregate { metric, cmp } => {
-                let total = tree.aggregate(*metric).map_or_else(|| "not recorded".to_owned(), |a| format!("{} over {} traces", num(a.total), a.traces));
+                let total = tree.aggregate(*metric).map_or_else(
+                    || "not recorded".to_owned(),
+                    |a| format!("{} over {} traces", num(a.total), a.traces),
+                );
                 (
                     format!("sum of metadata.{} {}", metric.key(), cmp.describe()),
                     total,
                     tree.agent_path(0),
-                    format!("Reduce metadata.{} across the agents (fewer or cheaper calls), or revise the bound.", metric.key()),
+                    format!(
+                        "Reduce metadata.{} across the agents (fewer or cheaper calls), or revise the bound.",
+                        metric.key()
+                    ),
                 )
             }
             TraceTreeCheck::AgentOrderedBefore { a, b } => (
@@ -247,7 +267,11 @@ impl TraceTreeCheck {
                 )
             }
             TraceTreeCheck::AllToolsCalled(tools) => {
-                let missing: Vec<&str> = tools.iter().map(String::as_str).filter(|t| !tree.steps().any(|s| s.step.kind.is_tool() && s.step.name == *t)).collect();
+                let missing: Vec<&str> = tools
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|t| !tree.steps().any(|s| s.step.kind.is_tool() && s.step.name == *t))
+                    .collect();
                 let mut called: Vec<&str> = Vec::new();
                 for s in tree.steps().filter(|s| s.step.kind.is_tool()) {
                     if !called.contains(&s.step.name.as_str()) {
@@ -258,7 +282,10 @@ impl TraceTreeCheck {
                     format!("every tool called somewhere: {}", clip(&tools.join(", "), 300)),
                     format!("tools called: {}", clip(&called.join(", "), 300)),
                     tree.agent_path(0),
-                    format!("Give an agent in the tree the job of calling {}, or drop them from spec.tools.", missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")),
+                    format!(
+                        "Give an agent in the tree the job of calling {}, or drop them from spec.tools.",
+                        missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")
+                    ),
                 )
             }
         };
