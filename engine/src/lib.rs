@@ -20,6 +20,7 @@
 
 pub mod alerts;
 pub mod batch;
+pub mod calibrate_cmd;
 pub mod config;
 pub mod eval_cmd;
 pub mod history;

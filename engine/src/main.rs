@@ -68,6 +68,24 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
+    /// Run the LLM judge over human-labelled records and report agreement
+    /// (see docs/calibration.md).
+    Calibrate {
+        /// Labels: .csv or .jsonl records with input and human_label.
+        #[arg(long, value_name = "FILE")]
+        labels: PathBuf,
+        /// Built-in rubric to calibrate.
+        #[arg(long, default_value = "default")]
+        rubric: String,
+        /// Binarisation threshold for agreement, kappa and ROC-AUC, in (0, 1).
+        #[arg(long, default_value_t = 0.5)]
+        threshold: f64,
+        /// Store the result so later judge results of this rubric carry it.
+        #[arg(long)]
+        persist: bool,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
     /// Print the engine version.
     Version,
     /// Inspect WebAssembly plugins.
@@ -143,6 +161,28 @@ fn main() -> ExitCode {
                 Ok(code) => ExitCode::from(code as u8),
                 Err(e) => {
                     eprintln!("attest-engine eval: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Calibrate {
+            labels,
+            rubric,
+            threshold,
+            persist,
+            format,
+        } => {
+            logging::init(config.log_level);
+            let engine = load_engine(config);
+            let format = match format {
+                OutputFormat::Table => attest_engine::calibrate_cmd::Format::Table,
+                OutputFormat::Json => attest_engine::calibrate_cmd::Format::Json,
+            };
+            let mut out = std::io::stdout().lock();
+            match attest_engine::calibrate_cmd::run(&engine, &labels, &rubric, threshold, persist, format, &mut out) {
+                Ok(code) => ExitCode::from(code as u8),
+                Err(e) => {
+                    eprintln!("attest-engine calibrate: {e:#}");
                     ExitCode::from(2)
                 }
             }
