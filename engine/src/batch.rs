@@ -142,11 +142,13 @@ pub struct AssertionResult {
     /// Structured details from a plugin verdict (at most 4 KiB).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub details: Option<Value>,
-    /// Layer number, 1-8.
+    /// Layer number, 1-8. Sent on every result; only a batch that cannot
+    /// fit one response line otherwise goes without it (0: left out).
+    #[serde(skip_serializing_if = "is_zero")]
     pub layer: u8,
-    /// The assertion type.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
+    /// The assertion type (left out only with `layer`).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
     /// `static`, or the dynamic rule and how many samples it used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threshold_source: Option<String>,
@@ -168,6 +170,10 @@ pub struct ResultEvidence {
     pub suggested_action: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub judge_metadata: Option<Box<crate::layers::llm_judge::JudgeMetadata>>,
+}
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
 }
 
 /// Longest `expected`, `actual` and `suggested_action`, in characters.
@@ -564,7 +570,7 @@ async fn run(
             cached: false,
             details: e.details,
             layer: p.kind.layer(),
-            kind: p.kind.name(),
+            kind: Some(p.kind.name()),
             threshold_source,
             evidence: ResultEvidence::from_verdict(e.verdict.evidence),
         };
@@ -663,13 +669,14 @@ async fn guarded_verdicts(
 /// A lower bound on the serialised result of `plan`: every result with an
 /// empty explanation.
 fn smallest_answer(plan: &[Planned<'_>]) -> usize {
-    // `{"assertion_id":"","status":"hard_fail","score":0.0,"explanation":"","cost":0.0,"duration_ms":0,"request_id":null,"layer":1,"type":"constraint"}`
-    const EMPTY_RESULT_BYTES: usize = 130;
+    // `{"assertion_id":"","status":"hard_fail","score":0.0,"explanation":"","cost":0.0,"duration_ms":0,"request_id":null}`
+    // (`fit` drops `layer` and `type` before giving up).
+    const EMPTY_RESULT_BYTES: usize = 110;
     const ENVELOPE: usize = r#"{"results":[],"total_cost":0.0,"total_duration_ms":0}"#.len();
     ENVELOPE
         + plan
             .iter()
-            .map(|p| EMPTY_RESULT_BYTES + p.kind.name().len() + p.id.len() + p.request_id.as_ref().map_or(0, |r| r.len()) + 1)
+            .map(|p| EMPTY_RESULT_BYTES + p.id.len() + p.request_id.as_ref().map_or(0, |r| r.len()) + 1)
             .sum::<usize>()
 }
 
@@ -1050,7 +1057,7 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
                 )
                 .not_retryable()
                 .with_assertion(id)
-                .with_field(format!("params.assertions[{i}].type")));
+                .with_field(format!("params.assertions[{i}]")));
             }
         }
         let spec_text = w.spec.map_or("null", |s| s.get());
@@ -1122,7 +1129,16 @@ impl BatchResult {
             if longest == 0 {
                 let mut dropped = false;
                 for r in &mut self.results {
-                    dropped |= r.evidence.judge_metadata.take().is_some() || r.threshold_source.take().is_some();
+                    dropped |= r.evidence.judge_metadata.take().is_some() | r.threshold_source.take().is_some();
+                }
+                if dropped {
+                    continue;
+                }
+                // Last resort, for batches of many hundreds of results: the
+                // SDK reads a missing layer and type as unknown.
+                for r in &mut self.results {
+                    dropped |= r.kind.take().is_some();
+                    r.layer = 0;
                 }
                 if dropped {
                     continue;

@@ -177,7 +177,8 @@ impl ConstraintCheck {
             "{f} is {} and must be {}: bring it {direction} (by {}), or revise the bound if {} is acceptable.",
             num(actual),
             self.cmp.describe(),
-            num((actual - bound).abs()),
+            // The gap is a difference of floats: shown to 6 decimals, not as 0.0017000000000000001.
+            num(((actual - bound).abs() * 1e6).round() / 1e6),
             num(actual)
         )
     }
