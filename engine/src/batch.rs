@@ -1188,3 +1188,92 @@ impl AssertionResult {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn failed(i: usize, text_len: usize) -> AssertionResult {
+        let long = "x".repeat(text_len);
+        AssertionResult {
+            assertion_id: format!("a{i}"),
+            status: Status::HardFail,
+            score: 0.0,
+            explanation: long.clone(),
+            cost: 0.0,
+            duration_ms: 0,
+            request_id: None,
+            cached: false,
+            details: None,
+            layer: 6,
+            kind: Some("llm_judge"),
+            threshold_source: Some("static".into()),
+            evidence: ResultEvidence {
+                trace_node_path: Some("output.message".into()),
+                expected: Some(long.clone()),
+                actual: Some(long.clone()),
+                suggested_action: Some(long),
+                judge_metadata: None,
+            },
+        }
+    }
+
+    fn batch(results: Vec<AssertionResult>) -> BatchResult {
+        BatchResult {
+            trace_id: "t".into(),
+            alerts: Vec::new(),
+            results,
+            total_cost: 0.0,
+            total_duration_ms: 0,
+        }
+    }
+
+    #[test]
+    fn fit_shrinks_evidence_with_explanations() {
+        let mut b = batch((0..40).map(|i| failed(i, 500)).collect());
+        assert!(serde_json::to_vec(&b).unwrap().len() > 64 * 1024);
+        assert!(b.fit(16 * 1024));
+        assert!(serde_json::to_vec(&b).unwrap().len() <= 16 * 1024);
+        // Every result keeps its layer and type; texts were cut evenly.
+        assert!(b.results.iter().all(|r| r.layer == 6 && r.kind == Some("llm_judge")));
+        let lens: Vec<usize> = b
+            .results
+            .iter()
+            .map(|r| r.evidence.expected.as_ref().map_or(0, |e| e.chars().count()))
+            .collect();
+        assert!(lens.iter().all(|l| *l == lens[0]), "{lens:?}");
+    }
+
+    #[test]
+    fn fit_drops_optional_members_before_giving_up() {
+        let mut b = batch((0..200).map(|i| failed(i, 10)).collect());
+        // Room for the bare results only: evidence, threshold_source, then layer and type go.
+        let bare = 200 * 120;
+        assert!(b.fit(bare));
+        assert!(serde_json::to_vec(&b).unwrap().len() <= bare);
+        assert!(b
+            .results
+            .iter()
+            .all(|r| r.evidence == ResultEvidence::default() && r.threshold_source.is_none()));
+        assert!(!b.fit(1000));
+    }
+
+    #[test]
+    fn plugin_details_map_onto_evidence() {
+        let e = plugin_evidence(Some(
+            &json!({"expected": "no email addresses", "actual": {"emails": 2}, "path": "output.message", "other": 1}),
+        ))
+        .unwrap();
+        assert_eq!(e.expected.as_deref(), Some("no email addresses"));
+        assert_eq!(e.actual.as_deref(), Some("{\"emails\":2}"));
+        assert_eq!(e.path.as_deref(), Some("output.message"));
+        assert_eq!(e.hint, None);
+        assert!(plugin_evidence(Some(&json!({"other": 1}))).is_none());
+        assert!(plugin_evidence(Some(&json!("text"))).is_none());
+        assert!(plugin_evidence(None).is_none());
+        let long = "y".repeat(10_000);
+        let e = plugin_evidence(Some(&json!({"actual": long}))).unwrap();
+        assert!(e.actual.unwrap().chars().count() <= EVIDENCE_CHARS);
+    }
+}

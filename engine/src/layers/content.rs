@@ -114,7 +114,11 @@ impl ContentCheck {
         let value = match self.target.resolve(trace) {
             Ok(v) => v,
             Err(missing) => {
-                let mut v = Verdict::fail(format!("{t} could not be checked: {}.", missing.0));
+                let mut v = Verdict::fail(format!("{t} could not be checked: {}.", missing.0)).with(
+                    Evidence::new(format!("{t} present"), "not found")
+                        .at(t)
+                        .hint(format!("Make the agent produce {t}, or point spec.target at the text to check.")),
+                );
                 v.always_hard = matches!(self.rule, Rule::Forbidden(_));
                 return v;
             }
