@@ -114,7 +114,7 @@ pub fn run(
     engine.add_cost(cost);
     let agreement = compute_agreement(&pairs, threshold).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (rubric_name, rubric_version) = check.rubric_identity();
-    let prompt_hash = attest_calibration::prompt_hash(&check.prompt_text(&model));
+    let prompt_hash = attest_calibration::prompt_hash(&check.prompt_text());
     let mut persisted = false;
     if persist {
         let cache = providers.cache.as_ref().expect("checked above");

@@ -257,7 +257,7 @@ impl JudgeCheck {
             });
         }
         let (rubric_name, rubric_version) = self.rubric_identity();
-        let prompt_hash = attest_calibration::prompt_hash(&self.prompt_text(model));
+        let prompt_hash = attest_calibration::prompt_hash(&self.prompt_text());
         let calibration = match &providers.cache {
             Some(c) => c.calibration(rubric_name, rubric_version, &prompt_hash).await,
             None => None,
@@ -300,7 +300,7 @@ impl JudgeCheck {
     /// template before substitution, the criteria), each on its own line.
     /// The judged material is not part of it, so the hash names the judge
     /// configuration, not one trace.
-    pub fn prompt_text(&self, _model: &str) -> String {
+    pub fn prompt_text(&self) -> String {
         let mut text = self.system_message();
         if let Instructions::Prompt(template) = &self.instructions {
             text.push('\n');
@@ -850,8 +850,8 @@ mod tests {
         );
         assert!(!plain.contains("written by"));
         // The hashed prompt is the same for every probe and every trace.
-        assert_eq!(attest_calibration::prompt_hash(&c.prompt_text("m")).len(), 16);
-        assert!(c.prompt_text("m").starts_with(&c.system_message()));
+        assert_eq!(attest_calibration::prompt_hash(&c.prompt_text()).len(), 16);
+        assert!(c.prompt_text().starts_with(&c.system_message()));
     }
 
     #[test]
