@@ -63,7 +63,13 @@ impl quick_cache::Weighter<String, Arc<CachedResult>> for ResultWeight {
     fn weight(&self, key: &String, value: &Arc<CachedResult>) -> u64 {
         let r = &value.result;
         let details = r.details.as_ref().map_or(0, |_| MAX_DETAILS_BYTES);
-        let bytes = 160 + key.len() + r.assertion_id.len() + r.explanation.len() + r.request_id.as_ref().map_or(0, |s| s.len()) + details;
+        let bytes = 160
+            + key.len()
+            + r.assertion_id.len()
+            + r.explanation.len()
+            + r.request_id.as_ref().map_or(0, |s| s.len())
+            + details
+            + r.evidence.len();
         (bytes as u64).max(self.floor)
     }
 }
@@ -136,6 +142,70 @@ pub struct AssertionResult {
     /// Structured details from a plugin verdict (at most 4 KiB).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub details: Option<Value>,
+    /// Layer number, 1-8. Sent on every result; only a batch that cannot
+    /// fit one response line otherwise goes without it (0: left out).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub layer: u8,
+    /// The assertion type (left out only with `layer`).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// `static`, or the dynamic rule and how many samples it used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threshold_source: Option<String>,
+    #[serde(flatten)]
+    pub evidence: ResultEvidence,
+}
+
+/// The evidence fields of a result, each omitted when empty and clipped to
+/// its own bound (see [`EVIDENCE_CHARS`]).
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct ResultEvidence {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_node_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actual: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suggested_action: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judge_metadata: Option<Box<crate::layers::llm_judge::JudgeMetadata>>,
+}
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
+}
+
+/// Longest `expected`, `actual` and `suggested_action`, in characters.
+pub const EVIDENCE_CHARS: usize = 500;
+/// Longest `trace_node_path`, in characters.
+pub const PATH_CHARS: usize = 300;
+
+impl ResultEvidence {
+    fn from_verdict(evidence: Option<Box<crate::layers::Evidence>>) -> ResultEvidence {
+        let Some(e) = evidence else { return ResultEvidence::default() };
+        let e = *e;
+        let bounded = |s: Option<String>, max: usize| s.filter(|s| !s.is_empty()).map(|s| crate::text::clip(&s, max));
+        ResultEvidence {
+            trace_node_path: bounded(e.path, PATH_CHARS),
+            expected: bounded(e.expected, EVIDENCE_CHARS),
+            actual: bounded(e.actual, EVIDENCE_CHARS),
+            suggested_action: bounded(e.hint, EVIDENCE_CHARS),
+            judge_metadata: e.judge.map(|mut j| {
+                j.model = crate::text::clip(&j.model, 120);
+                j
+            }),
+        }
+    }
+
+    /// Characters held, for cache weights.
+    fn len(&self) -> usize {
+        [&self.trace_node_path, &self.expected, &self.actual, &self.suggested_action]
+            .iter()
+            .map(|s| s.as_ref().map_or(0, |s| s.len()))
+            .sum::<usize>()
+            + self.judge_metadata.as_ref().map_or(0, |_| 1024)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -462,6 +532,7 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
                     score: outcome.score,
                     explanation: outcome.explanation,
                     always_hard: outcome.always_hard,
+                    evidence: plugin_evidence(outcome.details.as_ref()),
                 };
                 let (status, verdict) = p.compiled.classify(verdict);
                 (status, verdict, bounded_details(outcome.details), ms)
@@ -502,14 +573,16 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
         };
         let mut explanation = e.verdict.explanation;
         let mut status = e.status;
+        let mut threshold_source = p.kind.is_paid().then(|| "static".to_owned());
         // Faults and `forbidden` stay hard: history must not excuse them.
         if p.compiled.dynamic && !e.verdict.always_hard && !e.skipped {
             let fp = Fingerprint::new(&p.compiled.spec_digest, trace.agent_id.as_deref());
-            let (s, why, alert) = dynamic(engine, fp, &p.id, e.verdict.score, p.compiled.soft);
+            let (s, why, alert, source) = dynamic(engine, fp, &p.id, e.verdict.score, p.compiled.soft);
             status = s;
             explanation.push(' ');
             explanation.push_str(&why);
             alerts.extend(alert);
+            threshold_source = Some(source);
         }
         clip_in_place(&mut explanation, max_chars);
         if engine.history.is_some() && !e.skipped && effects == Effects::All {
@@ -536,6 +609,10 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
             request_id: p.request_id.clone(),
             cached: false,
             details: e.details,
+            layer: p.kind.layer(),
+            kind: Some(p.kind.name()),
+            threshold_source,
+            evidence: ResultEvidence::from_verdict(e.verdict.evidence),
         };
         if let Some(rid) = &p.request_id {
             engine.caches.by_request_id.insert(
@@ -576,6 +653,9 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
                     cost: r.cost,
                     duration_ms: r.duration_ms,
                     source: "batch",
+                    expected: r.evidence.expected.clone(),
+                    actual: r.evidence.actual.clone(),
+                    suggested_action: r.evidence.suggested_action.clone(),
                 })
                 .collect(),
         });
@@ -633,6 +713,7 @@ async fn guarded_verdicts(
 /// empty explanation.
 fn smallest_answer(plan: &[Planned<'_>]) -> usize {
     // `{"assertion_id":"","status":"hard_fail","score":0.0,"explanation":"","cost":0.0,"duration_ms":0,"request_id":null}`
+    // (`fit` drops `layer` and `type` before giving up).
     const EMPTY_RESULT_BYTES: usize = 110;
     const ENVELOPE: usize = r#"{"results":[],"total_cost":0.0,"total_duration_ms":0}"#.len();
     ENVELOPE
@@ -764,7 +845,7 @@ fn provider_error(p: &Planned<'_>, index: usize, e: ProviderError) -> RpcError {
 
 /// Judges a score against its history (`threshold: "dynamic"`); a failure
 /// judged from history also yields a drift report for `drift_alert`.
-fn dynamic(engine: &Engine, fp: Fingerprint, id: &str, score: f64, soft: bool) -> (Status, String, Option<DriftReport>) {
+fn dynamic(engine: &Engine, fp: Fingerprint, id: &str, score: f64, soft: bool) -> (Status, String, Option<DriftReport>, String) {
     let window = engine.config.dynamic_window as u64;
     let scores = engine.history.as_ref().map(|h| {
         h.recent_scores(fp, window).unwrap_or_else(|e| {
@@ -785,7 +866,33 @@ fn dynamic(engine: &Engine, fp: Fingerprint, id: &str, score: f64, soft: bool) -
         }
         _ => None,
     };
-    (status, why, alert)
+    let min = engine.config.dynamic_min_samples;
+    let source = match &scores {
+        Some(past) if past.len() >= min => format!("dynamic: mean - 2 x stddev of {} samples", past.len()),
+        Some(past) => format!("dynamic: static band ({} of {min} samples)", past.len()),
+        None => "dynamic: static band (history off)".to_owned(),
+    };
+    (status, why, alert, source)
+}
+
+/// A plugin's `details.expected` / `details.actual` (and `path`, `hint`),
+/// when it provides them, as result evidence.
+fn plugin_evidence(details: Option<&Value>) -> Option<Box<crate::layers::Evidence>> {
+    let d = details?.as_object()?;
+    let text = |k: &str| {
+        d.get(k).filter(|v| !v.is_null()).map(|v| match v {
+            Value::String(s) => crate::text::clip(s, EVIDENCE_CHARS),
+            other => crate::text::clip(&other.to_string(), EVIDENCE_CHARS),
+        })
+    };
+    let e = crate::layers::Evidence {
+        expected: text("expected"),
+        actual: text("actual"),
+        path: text("path").or_else(|| text("trace_node_path")),
+        hint: text("hint").or_else(|| text("suggested_action")),
+        judge: None,
+    };
+    (e.expected.is_some() || e.actual.is_some() || e.path.is_some() || e.hint.is_some()).then(|| Box::new(e))
 }
 
 /// Runs every plugin assertion of the batch: one sandboxed call per plugin,
@@ -982,6 +1089,20 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
                 "assertion_id",
             );
         }
+        // A paid layer without its provider is a configuration error, found
+        // before anything is evaluated (and never worth retrying as is).
+        if kind.is_paid() {
+            if let Some(ProviderError::Unavailable { message, detail }) = engine.providers.missing_for(kind) {
+                return Err(RpcError::new(
+                    ErrorCode::ProviderError,
+                    format!("assertion {} ({}): {message}", quote(id), kind.name()),
+                    detail,
+                )
+                .not_retryable()
+                .with_assertion(id)
+                .with_field(format!("params.assertions[{i}]")));
+            }
+        }
         let spec_text = w.spec.map_or("null", |s| s.get());
         let compiled = compile(engine, kind, spec_text).map_err(|e| {
             RpcError::new(
@@ -1032,28 +1153,170 @@ fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<
 }
 
 impl BatchResult {
-    /// Shrinks explanations evenly until the serialised result is at most
-    /// `max_bytes`. Returns false when even empty explanations do not fit.
+    /// Shrinks explanations and evidence fields evenly until the serialised
+    /// result is at most `max_bytes`; judge metadata goes last. Returns false
+    /// when even empty texts do not fit.
     pub fn fit(&mut self, max_bytes: usize) -> bool {
         loop {
             let size = serde_json::to_vec(self).map(|v| v.len()).unwrap_or(usize::MAX);
             if size <= max_bytes {
                 return true;
             }
-            let longest = self.results.iter().map(|r| r.explanation.chars().count()).max().unwrap_or(0);
+            let longest = self
+                .results
+                .iter()
+                .flat_map(|r| r.texts())
+                .map(|t| t.chars().count())
+                .max()
+                .unwrap_or(0);
             if longest == 0 {
+                let mut dropped = false;
+                for r in &mut self.results {
+                    dropped |= r.evidence.judge_metadata.take().is_some() | r.threshold_source.take().is_some();
+                }
+                if dropped {
+                    continue;
+                }
+                // Last resort, for batches of many hundreds of results: the
+                // SDK reads a missing layer and type as unknown.
+                for r in &mut self.results {
+                    dropped |= r.kind.take().is_some();
+                    r.layer = 0;
+                }
+                if dropped {
+                    continue;
+                }
                 return false;
             }
-            // Cut every explanation to a share of what must go, at least a quarter of the longest.
+            // Cut every text to a share of what must go, at least a quarter of the longest.
             let excess = size - max_bytes;
-            let per = excess.div_ceil(self.results.len().max(1));
+            let per = excess.div_ceil(self.results.len().max(1) * 5);
             let cap = longest.saturating_sub(per.max(longest / 4).max(1));
             for r in &mut self.results {
-                clip_in_place(&mut r.explanation, cap);
-                if cap == 0 {
-                    r.explanation.clear();
+                for t in r.texts_mut() {
+                    clip_in_place(t, cap);
+                    if cap == 0 {
+                        t.clear();
+                    }
+                }
+                // Emptied evidence is left out rather than sent empty.
+                let ev = &mut r.evidence;
+                for f in [&mut ev.trace_node_path, &mut ev.expected, &mut ev.actual, &mut ev.suggested_action] {
+                    if f.as_ref().is_some_and(|s| s.is_empty()) {
+                        *f = None;
+                    }
                 }
             }
         }
+    }
+}
+
+impl AssertionResult {
+    /// The free texts of the result, which `fit` may shorten.
+    fn texts(&self) -> impl Iterator<Item = &String> {
+        let e = &self.evidence;
+        std::iter::once(&self.explanation).chain(
+            [&e.trace_node_path, &e.expected, &e.actual, &e.suggested_action]
+                .into_iter()
+                .flatten(),
+        )
+    }
+
+    fn texts_mut(&mut self) -> impl Iterator<Item = &mut String> {
+        let e = &mut self.evidence;
+        std::iter::once(&mut self.explanation).chain(
+            [&mut e.trace_node_path, &mut e.expected, &mut e.actual, &mut e.suggested_action]
+                .into_iter()
+                .flatten(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn failed(i: usize, text_len: usize) -> AssertionResult {
+        let long = "x".repeat(text_len);
+        AssertionResult {
+            assertion_id: format!("a{i}"),
+            status: Status::HardFail,
+            score: 0.0,
+            explanation: long.clone(),
+            cost: 0.0,
+            duration_ms: 0,
+            request_id: None,
+            cached: false,
+            details: None,
+            layer: 6,
+            kind: Some("llm_judge"),
+            threshold_source: Some("static".into()),
+            evidence: ResultEvidence {
+                trace_node_path: Some("output.message".into()),
+                expected: Some(long.clone()),
+                actual: Some(long.clone()),
+                suggested_action: Some(long),
+                judge_metadata: None,
+            },
+        }
+    }
+
+    fn batch(results: Vec<AssertionResult>) -> BatchResult {
+        BatchResult {
+            trace_id: "t".into(),
+            alerts: Vec::new(),
+            results,
+            total_cost: 0.0,
+            total_duration_ms: 0,
+        }
+    }
+
+    #[test]
+    fn fit_shrinks_evidence_with_explanations() {
+        let mut b = batch((0..40).map(|i| failed(i, 500)).collect());
+        assert!(serde_json::to_vec(&b).unwrap().len() > 64 * 1024);
+        assert!(b.fit(16 * 1024));
+        assert!(serde_json::to_vec(&b).unwrap().len() <= 16 * 1024);
+        // Every result keeps its layer and type; texts were cut evenly.
+        assert!(b.results.iter().all(|r| r.layer == 6 && r.kind == Some("llm_judge")));
+        let lens: Vec<usize> = b
+            .results
+            .iter()
+            .map(|r| r.evidence.expected.as_ref().map_or(0, |e| e.chars().count()))
+            .collect();
+        assert!(lens.iter().all(|l| *l == lens[0]), "{lens:?}");
+    }
+
+    #[test]
+    fn fit_drops_optional_members_before_giving_up() {
+        let mut b = batch((0..200).map(|i| failed(i, 10)).collect());
+        // Room for the bare results only: evidence, threshold_source, then layer and type go.
+        let bare = 200 * 120;
+        assert!(b.fit(bare));
+        assert!(serde_json::to_vec(&b).unwrap().len() <= bare);
+        assert!(b
+            .results
+            .iter()
+            .all(|r| r.evidence == ResultEvidence::default() && r.threshold_source.is_none()));
+        assert!(!b.fit(1000));
+    }
+
+    #[test]
+    fn plugin_details_map_onto_evidence() {
+        let e = plugin_evidence(Some(
+            &json!({"expected": "no email addresses", "actual": {"emails": 2}, "path": "output.message", "other": 1}),
+        ))
+        .unwrap();
+        assert_eq!(e.expected.as_deref(), Some("no email addresses"));
+        assert_eq!(e.actual.as_deref(), Some("{\"emails\":2}"));
+        assert_eq!(e.path.as_deref(), Some("output.message"));
+        assert_eq!(e.hint, None);
+        assert!(plugin_evidence(Some(&json!({"other": 1}))).is_none());
+        assert!(plugin_evidence(Some(&json!("text"))).is_none());
+        assert!(plugin_evidence(None).is_none());
+        let long = "y".repeat(10_000);
+        let e = plugin_evidence(Some(&json!({"actual": long}))).unwrap();
+        assert!(e.actual.unwrap().chars().count() <= EVIDENCE_CHARS);
     }
 }

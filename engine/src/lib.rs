@@ -20,6 +20,7 @@
 
 pub mod alerts;
 pub mod batch;
+pub mod calibrate_cmd;
 pub mod collect_host;
 pub mod config;
 pub mod ecp_host;

@@ -69,6 +69,24 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
+    /// Run the LLM judge over human-labelled records and report agreement
+    /// (see docs/calibration.md).
+    Calibrate {
+        /// Labels: .csv or .jsonl records with input and human_label.
+        #[arg(long, value_name = "FILE")]
+        labels: PathBuf,
+        /// Built-in rubric to calibrate.
+        #[arg(long, default_value = "default")]
+        rubric: String,
+        /// Binarisation threshold for agreement, kappa and ROC-AUC, in (0, 1).
+        #[arg(long, default_value_t = 0.5)]
+        threshold: f64,
+        /// Store the result so later judge results of this rubric carry it.
+        #[arg(long)]
+        persist: bool,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
     /// Print the engine version.
     Version,
     /// Score production traces: OTLP/HTTP ingest (or JSONL), trace assembly,
@@ -177,6 +195,30 @@ fn main() -> ExitCode {
                 let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine));
                 attest_ecp::run_command(cmd, host).await
             })
+        }
+        Command::Calibrate {
+            labels,
+            rubric,
+            threshold,
+            persist,
+            format,
+        } => {
+            logging::init(config.log_level);
+            let Some(engine) = load_engine(config) else {
+                return ExitCode::from(2);
+            };
+            let format = match format {
+                OutputFormat::Table => attest_engine::calibrate_cmd::Format::Table,
+                OutputFormat::Json => attest_engine::calibrate_cmd::Format::Json,
+            };
+            let mut out = std::io::stdout().lock();
+            match attest_engine::calibrate_cmd::run(&engine, &labels, &rubric, threshold, persist, format, &mut out) {
+                Ok(code) => ExitCode::from(code as u8),
+                Err(e) => {
+                    eprintln!("attest-engine calibrate: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
         }
         Command::Serve => {
             logging::init(config.log_level);

@@ -67,6 +67,33 @@ pub struct ReportedResult {
     pub duration_ms: u64,
     /// `batch` (evaluated here) or `submitted` (`submit_plugin_result`).
     pub source: &'static str,
+    /// What the check wanted, what it found, and what to change (failures).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actual: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suggested_action: Option<String>,
+}
+
+impl ReportedResult {
+    /// `expected: …`, `actual: …`, `hint: …` lines, for failure bodies.
+    fn evidence_lines(&self) -> String {
+        let mut out = String::new();
+        for (label, v) in [
+            ("expected", &self.expected),
+            ("actual", &self.actual),
+            ("hint", &self.suggested_action),
+        ] {
+            if let Some(v) = v {
+                out.push('\n');
+                out.push_str(label);
+                out.push_str(": ");
+                out.push_str(v);
+            }
+        }
+        out
+    }
 }
 
 /// Results of one `evaluate_batch`.
@@ -100,7 +127,15 @@ impl LoggedBatch {
             + self
                 .results
                 .iter()
-                .map(|r| 96 + r.assertion_id.len() + r.kind.len() + r.explanation.len())
+                .map(|r| {
+                    96 + r.assertion_id.len()
+                        + r.kind.len()
+                        + r.explanation.len()
+                        + [&r.expected, &r.actual, &r.suggested_action]
+                            .iter()
+                            .map(|s| s.as_ref().map_or(0, |s| s.len()))
+                            .sum::<usize>()
+                })
                 .sum::<usize>()
     }
 }
@@ -233,6 +268,9 @@ impl Report {
                 cost: 0.0,
                 duration_ms: 0,
                 source: "submitted",
+                expected: None,
+                actual: None,
+                suggested_action: None,
             });
         }
         let mut counts = Counts::default();
@@ -315,18 +353,20 @@ impl Report {
                     Status::SoftFail => {
                         let _ = writeln!(
                             x,
-                            ">\n      <system-out>soft_fail (score {}): {}</system-out>\n    </testcase>",
+                            ">\n      <system-out>soft_fail (score {}): {}{}</system-out>\n    </testcase>",
                             r.score,
-                            esc(&r.explanation)
+                            esc(&r.explanation),
+                            esc(&r.evidence_lines())
                         );
                     }
                     Status::HardFail => {
                         let _ = writeln!(
                             x,
-                            ">\n      <failure message=\"{}\" type=\"hard_fail\">score {}: {}</failure>\n    </testcase>",
+                            ">\n      <failure message=\"{}\" type=\"hard_fail\">score {}: {}{}</failure>\n    </testcase>",
                             esc(&crate::text::clip(&r.explanation, 200)),
                             r.score,
-                            esc(&r.explanation)
+                            esc(&r.explanation),
+                            esc(&r.evidence_lines())
                         );
                     }
                 }
@@ -388,6 +428,22 @@ impl Report {
                     cell(&r.explanation)
                 );
             }
+            let failed: Vec<&ReportedResult> = t
+                .results
+                .iter()
+                .filter(|r| r.status != Status::Pass && (r.expected.is_some() || r.actual.is_some() || r.suggested_action.is_some()))
+                .collect();
+            if !failed.is_empty() {
+                m.push_str("\n### Failures\n");
+                for r in failed {
+                    let _ = writeln!(m, "\n- **{}** (L{} {})", cell(&r.assertion_id), r.layer, cell(&r.kind));
+                    for (label, v) in [("expected", &r.expected), ("actual", &r.actual), ("hint", &r.suggested_action)] {
+                        if let Some(v) = v {
+                            let _ = writeln!(m, "  - {label}: {}", cell(v));
+                        }
+                    }
+                }
+            }
         }
         m
     }
@@ -425,6 +481,9 @@ mod tests {
             cost: 0.0,
             duration_ms: 2,
             source: "batch",
+            expected: None,
+            actual: None,
+            suggested_action: None,
         }
     }
 
@@ -441,20 +500,29 @@ mod tests {
                         1.0,
                         "output matches schema (draft 2020-12).",
                     ),
-                    result(
-                        "cost_cap",
-                        AssertionType::Constraint,
-                        Status::SoftFail,
-                        0.0,
-                        "metadata.cost_usd = 0.02, expected <= 0.01.",
-                    ),
-                    result(
-                        "no_leak",
-                        AssertionType::Plugin,
-                        Status::HardFail,
-                        0.0,
-                        "plugin 'pii-leak': leaks <personal> data & \"more\"",
-                    ),
+                    ReportedResult {
+                        expected: Some("metadata.cost_usd lte 0.01".into()),
+                        actual: Some("metadata.cost_usd = 0.02".into()),
+                        suggested_action: Some("metadata.cost_usd is 0.02 and must be lte 0.01: bring it down (by 0.01), or revise the bound if 0.02 is acceptable.".into()),
+                        ..result(
+                            "cost_cap",
+                            AssertionType::Constraint,
+                            Status::SoftFail,
+                            0.0,
+                            "metadata.cost_usd = 0.02, expected <= 0.01.",
+                        )
+                    },
+                    ReportedResult {
+                        expected: Some("no <personal> data".into()),
+                        actual: Some("email & phone at output.message".into()),
+                        ..result(
+                            "no_leak",
+                            AssertionType::Plugin,
+                            Status::HardFail,
+                            0.0,
+                            "plugin 'pii-leak': leaks <personal> data & \"more\"",
+                        )
+                    },
                 ],
             },
             LoggedBatch {

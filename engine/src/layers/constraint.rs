@@ -5,8 +5,9 @@
 //! `output.structured.confidence` all work. `between` is inclusive. `eq`
 //! tolerates a relative error of 1e-9 so that `0.1 + 0.2` equals `0.3`.
 
-use super::{Spec, SpecError, Verdict};
+use super::{Evidence, Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
+use crate::text::clip;
 use crate::text::num;
 use crate::trace::Trace;
 use serde_json::Value;
@@ -127,22 +128,59 @@ impl ConstraintCheck {
 
     pub fn evaluate(&self, trace: &Trace) -> Verdict {
         let f = self.field.as_str();
+        let expected = || format!("{f} {}", self.cmp.describe());
         let actual = match self.field.resolve(trace) {
-            Err(missing) => return Verdict::fail(format!("{f} is not set: {}.", missing.0)),
+            Err(missing) => {
+                return Verdict::fail(format!("{f} is not set: {}.", missing.0)).with(Evidence::new(expected(), "not set").at(f).hint(
+                    format!("Make the agent record {f} in its trace, or point spec.field at a field it sets."),
+                ))
+            }
             Ok(v) => match v.as_ref() {
                 Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
                 other => {
+                    let kind = super::spec::type_name(other);
                     return Verdict::fail(format!(
-                        "{f} is {}, not a number; constraint {} cannot be checked.",
-                        super::spec::type_name(other),
+                        "{f} is {kind}, not a number; constraint {} cannot be checked.",
                         self.cmp.describe()
                     ))
+                    .with(
+                        Evidence::new(expected(), format!("{f} = {} ({kind})", clip(&other.to_string(), 120)))
+                            .at(f)
+                            .hint(format!("Record {f} as a number, or constrain a numeric field instead.")),
+                    );
                 }
             },
         };
         let ok = self.cmp.holds(actual);
         let verdict = if ok { "satisfied" } else { "not satisfied" };
-        Verdict::from_bool(ok, format!("{f} = {}, constraint {} {verdict}.", num(actual), self.cmp.describe()))
+        Verdict::from_bool(ok, format!("{f} = {}, constraint {} {verdict}.", num(actual), self.cmp.describe())).on_failure(|| {
+            Evidence::new(expected(), format!("{f} = {}", num(actual)))
+                .at(f)
+                .hint(self.hint(f, actual))
+        })
+    }
+
+    /// What to change when `actual` misses the bound.
+    fn hint(&self, f: &str, actual: f64) -> String {
+        let bound = match self.cmp {
+            Comparison::Lt(v) | Comparison::Lte(v) | Comparison::Gt(v) | Comparison::Gte(v) | Comparison::Eq(v) => v,
+            Comparison::Between { min, max } => {
+                if actual < min {
+                    min
+                } else {
+                    max
+                }
+            }
+        };
+        let direction = if actual > bound { "down" } else { "up" };
+        format!(
+            "{f} is {} and must be {}: bring it {direction} (by {}), or revise the bound if {} is acceptable.",
+            num(actual),
+            self.cmp.describe(),
+            // The gap is a difference of floats: shown to 6 decimals, not as 0.0017000000000000001.
+            num(((actual - bound).abs() * 1e6).round() / 1e6),
+            num(actual)
+        )
     }
 }
 

@@ -13,7 +13,7 @@
 //! - `forbidden` failures are always `hard_fail`, even with `soft: true`.
 //! - A non-string target is matched against its compact JSON text.
 
-use super::{Spec, SpecError, Verdict};
+use super::{Evidence, Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::{clip, quote, quote_list};
 use crate::trace::Trace;
@@ -114,7 +114,11 @@ impl ContentCheck {
         let value = match self.target.resolve(trace) {
             Ok(v) => v,
             Err(missing) => {
-                let mut v = Verdict::fail(format!("{t} could not be checked: {}.", missing.0));
+                let mut v = Verdict::fail(format!("{t} could not be checked: {}.", missing.0)).with(
+                    Evidence::new(format!("{t} present"), "not found")
+                        .at(t)
+                        .hint(format!("Make the agent produce {t}, or point spec.target at the text to check.")),
+                );
                 v.always_hard = matches!(self.rule, Rule::Forbidden(_));
                 return v;
             }
@@ -124,10 +128,80 @@ impl ContentCheck {
             other => Cow::Owned(other.to_string()),
         };
         let hay: Cow<'_, str> = if self.case_sensitive || matches!(self.rule, Rule::RegexMatch(_)) {
-            text
+            Cow::Borrowed(&text)
         } else {
             Cow::Owned(text.to_lowercase())
         };
+        self.decide(t, &hay).on_failure(|| self.evidence(t, &text, &hay))
+    }
+
+    /// The expected text and an excerpt of the target around the closest match.
+    fn evidence(&self, t: &str, text: &str, hay: &str) -> Evidence {
+        let list = |ns: &[Needle]| ns.iter().map(|n| format!("'{}'", n.written)).collect::<Vec<_>>().join(", ");
+        let (expected, near, hint) = match &self.rule {
+            Rule::Contains(n) => (
+                format!("contains '{}'", n.written),
+                closest(hay, &n.compared),
+                format!(
+                    "Make the agent's {t} include '{}', or loosen the check (keyword_any, regex_match) if other wording is acceptable.",
+                    clip(&n.written, 80)
+                ),
+            ),
+            Rule::NotContains(n) => (
+                format!("does not contain '{}'", n.written),
+                hay.find(n.compared.as_str()),
+                format!(
+                    "Stop the agent writing '{}' in {t} (prompt or post-processing).",
+                    clip(&n.written, 80)
+                ),
+            ),
+            Rule::RegexMatch(p) => (
+                format!("matches /{}/", p.written),
+                None,
+                format!(
+                    "Make {t} follow the pattern /{}/, or widen the pattern to accept this output.",
+                    clip(&p.written, 80)
+                ),
+            ),
+            Rule::KeywordAll(ns) => {
+                let missing = ns.iter().find(|n| !hay.contains(n.compared.as_str()));
+                (
+                    format!("all of {}", list(ns)),
+                    missing.and_then(|n| closest(hay, &n.compared)),
+                    format!(
+                        "Make the agent's {t} mention '{}', or drop it from spec.values if it is optional.",
+                        clip(missing.map_or("", |n| n.written.as_str()), 80)
+                    ),
+                )
+            }
+            Rule::KeywordAny(ns) => (
+                format!("any of {}", list(ns)),
+                ns.iter().find_map(|n| closest(hay, &n.compared)),
+                format!(
+                    "Make the agent's {t} mention one of {}, or add the wording it uses to spec.values.",
+                    clip(&list(ns), 120)
+                ),
+            ),
+            Rule::Forbidden(ns) => {
+                let hit = ns.iter().find_map(|n| hay.find(n.compared.as_str()).map(|at| (n, at)));
+                (
+                    format!("none of {}", list(ns)),
+                    hit.map(|(_, at)| at),
+                    format!(
+                        "'{}' must never appear in {t}: filter it out of the agent's output or fix the prompt that produces it.",
+                        clip(hit.map_or("", |(n, _)| n.written.as_str()), 80)
+                    ),
+                )
+            }
+        };
+        // Lower-casing can move byte offsets; then the excerpt is of the compared text.
+        let source = if hay.len() == text.len() { text } else { hay };
+        Evidence::new(clip(&expected, 300), excerpt(source, near.unwrap_or(0)))
+            .at(t)
+            .hint(hint)
+    }
+
+    fn decide(&self, t: &str, hay: &str) -> Verdict {
         let mode = if self.case_sensitive { "" } else { " (case-insensitive)" };
         match &self.rule {
             Rule::Contains(n) => {
@@ -164,6 +238,7 @@ impl ContentCheck {
                             ns.len()
                         ),
                         always_hard: false,
+                        evidence: None,
                     }
                 }
             }
@@ -190,6 +265,33 @@ impl ContentCheck {
                 }
             }
         }
+    }
+}
+
+/// Byte offset where the longest prefix of `needle` (at least 3 chars)
+/// occurs in `hay`: where the text comes closest to containing it.
+fn closest(hay: &str, needle: &str) -> Option<usize> {
+    let ends: Vec<usize> = needle.char_indices().map(|(i, c)| i + c.len_utf8()).collect();
+    ends.iter()
+        .rev()
+        .filter(|&&e| e >= 3.min(needle.len()))
+        .take(64)
+        .find_map(|&e| hay.find(&needle[..e]))
+}
+
+/// About 120 characters of `text` around byte `at`, marked where clipped.
+fn excerpt(text: &str, at: usize) -> String {
+    const BEFORE: usize = 40;
+    const LEN: usize = 120;
+    let mut start = at.saturating_sub(BEFORE).min(text.len());
+    while !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    let body = clip(&text[start..], LEN);
+    if start > 0 {
+        format!("…{body}")
+    } else {
+        body
     }
 }
 

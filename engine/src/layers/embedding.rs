@@ -7,11 +7,11 @@
 //! - A non-string target is compared as its compact JSON text.
 
 use super::paid::{target_text, threshold};
-use super::{Spec, SpecError, Verdict};
+use super::{Evidence, Spec, SpecError, Verdict};
 use crate::providers::local::cosine;
 use crate::providers::{ProviderError, Providers};
 use crate::target::{Target, GRAMMAR_HINT};
-use crate::text::num;
+use crate::text::{clip, num, quote};
 use crate::trace::Trace;
 use tokio::time::Instant;
 
@@ -76,7 +76,24 @@ impl EmbeddingCheck {
                 score,
                 explanation,
                 always_hard: false,
-            },
+                evidence: None,
+            }
+            .with({
+                let ev = Evidence::new(
+                    format!("cosine similarity ≥ {} to {}", num(self.threshold), quote(&clip(&self.reference, 120))),
+                    format!("similarity {:.4} ({})", sim, e.model),
+                )
+                .at(t);
+                if passed {
+                    ev
+                } else {
+                    ev.hint(format!(
+                        "{t} drifted from the reference ({:.2} < {}): bring the agent's answer back to the reference's meaning, or update spec.reference if the new answer is correct.",
+                        sim,
+                        num(self.threshold)
+                    ))
+                }
+            }),
             e.cost,
         ))
     }

@@ -118,6 +118,45 @@ pub struct Verdict {
     pub explanation: String,
     /// Failures that `soft: true` may not soften (`forbidden`).
     pub always_hard: bool,
+    /// What the check wanted and found, built only where it helps (failures,
+    /// paid layers): passes on the hot path allocate nothing for it.
+    pub evidence: Option<Box<Evidence>>,
+}
+
+/// The concrete evidence behind a verdict, carried into the result's
+/// `expected`, `actual`, `trace_node_path` and `suggested_action` fields.
+/// Every string is clipped by the batch before it is sent.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Evidence {
+    pub expected: Option<String>,
+    pub actual: Option<String>,
+    /// Where in the trace the evidence sits (a target path, or an agent path
+    /// such as `root > researcher > steps[2]`).
+    pub path: Option<String>,
+    /// One concrete sentence about what to change.
+    pub hint: Option<String>,
+    /// The judge's audit trail (layer 6 only).
+    pub judge: Option<Box<llm_judge::JudgeMetadata>>,
+}
+
+impl Evidence {
+    pub fn new(expected: impl Into<String>, actual: impl Into<String>) -> Evidence {
+        Evidence {
+            expected: Some(expected.into()),
+            actual: Some(actual.into()),
+            ..Evidence::default()
+        }
+    }
+
+    pub fn at(mut self, path: impl Into<String>) -> Evidence {
+        self.path = Some(path.into());
+        self
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> Evidence {
+        self.hint = Some(hint.into());
+        self
+    }
 }
 
 impl Verdict {
@@ -127,6 +166,7 @@ impl Verdict {
             score: 1.0,
             explanation,
             always_hard: false,
+            evidence: None,
         }
     }
 
@@ -136,6 +176,23 @@ impl Verdict {
             score: 0.0,
             explanation,
             always_hard: false,
+            evidence: None,
+        }
+    }
+
+    /// Attaches evidence (replacing any earlier).
+    pub fn with(mut self, evidence: Evidence) -> Verdict {
+        self.evidence = Some(Box::new(evidence));
+        self
+    }
+
+    /// Attaches evidence built by `f`, only when the check failed.
+    pub fn on_failure(self, f: impl FnOnce() -> Evidence) -> Verdict {
+        if self.passed || self.evidence.is_some() {
+            self
+        } else {
+            let e = f();
+            self.with(e)
         }
     }
 

@@ -10,7 +10,7 @@
 //! schema cannot smuggle in a pattern that layer 4 would refuse.
 
 use super::content::{REGEX_DFA_CACHE_BYTES, REGEX_SIZE_LIMIT};
-use super::{Spec, SpecError, Verdict};
+use super::{Evidence, Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::clip;
 use crate::trace::Trace;
@@ -30,6 +30,8 @@ pub struct SchemaCheck {
     target: Target,
     draft: &'static str,
     validator: Arc<Validator>,
+    /// The schema as written, to quote a violated keyword's limit.
+    schema: Arc<Value>,
     /// How many `pattern`/`patternProperties` the schema holds.
     patterns: usize,
     /// Length of the schema's canonical text.
@@ -183,6 +185,7 @@ impl SchemaCheck {
             target,
             draft: draft_name,
             validator,
+            schema: Arc::new(schema.clone()),
             patterns,
             text_bytes,
         })
@@ -202,7 +205,13 @@ impl SchemaCheck {
         let t = self.target.as_str();
         let value = match self.target.resolve(trace) {
             Ok(v) => v,
-            Err(missing) => return Verdict::fail(format!("{t} could not be validated: {}.", missing.0)),
+            Err(missing) => {
+                return Verdict::fail(format!("{t} could not be validated: {}.", missing.0)).with(
+                    Evidence::new(format!("{t} present, matching the schema"), "not found")
+                        .at(t)
+                        .hint(format!("Make the agent produce {t}, or point spec.target at where the data is.")),
+                )
+            }
         };
         if self.validator.is_valid(&value) {
             return Verdict::pass(format!("{t} matches schema (draft {}).", self.draft));
@@ -213,8 +222,46 @@ impl SchemaCheck {
             0 => String::new(),
             n => format!(" (and {n} more)"),
         };
-        Verdict::fail(format!("{t} failed schema validation: {}{more}.", shown.join("; ")))
+        let verdict = Verdict::fail(format!("{t} failed schema validation: {}{more}.", shown.join("; ")));
+        match errors.first() {
+            Some(first) => verdict.with(violation(t, &self.schema, first)),
+            None => verdict,
+        }
     }
+}
+
+/// The first violated keyword with its limit, and the offending value with its path.
+fn violation(target: &str, schema: &Value, e: &jsonschema::ValidationError<'_>) -> Evidence {
+    let keyword_path = e.schema_path().to_string();
+    let keyword = keyword_path
+        .rsplit('/')
+        .find(|s| !s.is_empty() && s.parse::<usize>().is_err())
+        .unwrap_or("schema");
+    let instance_path = e.instance_path().to_string();
+    let at = if instance_path.is_empty() {
+        target.to_owned()
+    } else {
+        format!("{target}{instance_path}")
+    };
+    // The keyword's own value is its limit (`maximum: 1`, `required: [...]`);
+    // keywords without one at that pointer are described by the message.
+    let limit = match schema.pointer(&keyword_path) {
+        Some(v) if !v.is_object() => clip(&v.to_string(), 160),
+        _ => clip(&e.to_string(), 160),
+    };
+    let shown = if instance_path.is_empty() {
+        "(root)"
+    } else {
+        instance_path.as_str()
+    };
+    Evidence::new(
+        format!("{keyword}: {limit} (schema {keyword_path})"),
+        format!("{shown} = {}", clip(&e.instance().to_string(), 160)),
+    )
+    .at(at.clone())
+    .hint(format!(
+        "The value at {at} breaks the schema's `{keyword}` rule: fix what the agent produces there, or relax `{keyword}` in the schema if the value is acceptable."
+    ))
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 //! not a duplicate and does not interrupt an exact order. Step numbers in
 //! explanations are 0-based indexes into `steps`.
 
-use super::{Spec, SpecError, Verdict};
-use crate::text::{quote, quote_list};
+use super::{Evidence, Spec, SpecError, Verdict};
+use crate::text::{clip, quote, quote_list};
 use crate::trace::Trace;
 use serde_json::Value;
 
@@ -70,6 +70,99 @@ impl TraceCheck {
     pub fn evaluate(&self, trace: &Trace) -> Verdict {
         let calls: Vec<(usize, &str)> = trace.tool_steps().map(|(i, s)| (i, s.name.as_str())).collect();
         let names: Vec<&str> = calls.iter().map(|(_, n)| *n).collect();
+        self.decide(&calls, &names).on_failure(|| self.evidence(&names))
+    }
+
+    /// Expected tools and the observed sequence, for a failed check.
+    fn evidence(&self, names: &[&str]) -> Evidence {
+        let arrow = |tools: &[&str]| {
+            if tools.is_empty() {
+                "(no tool calls)".to_owned()
+            } else {
+                tools.join(" → ")
+            }
+        };
+        fn owned(tools: &[String]) -> Vec<&str> {
+            tools.iter().map(String::as_str).collect()
+        }
+        let observed = format!("tool calls: {}", clip(&arrow(names), 400));
+        let first_after = |a: &str, b: &str| {
+            let pa = names.iter().position(|n| *n == a);
+            let pb = names.iter().position(|n| *n == b);
+            matches!((pa, pb), (Some(x), Some(y)) if y < x)
+        };
+        let (expected, hint) = match self {
+            TraceCheck::ContainsInOrder(tools) | TraceCheck::ExactOrder(tools) => {
+                let exact = matches!(self, TraceCheck::ExactOrder(_));
+                let want = format!(
+                    "{}: {}",
+                    if exact { "exact_order" } else { "contains_in_order" },
+                    arrow(&owned(tools))
+                );
+                let missing = tools.iter().find(|t| !names.contains(&t.as_str()));
+                let swapped = tools.windows(2).find(|w| first_after(&w[0], &w[1]));
+                let hint = match (missing, swapped) {
+                    (Some(m), _) => format!("`{m}` was never called: make the agent call it, or drop it from spec.tools."),
+                    (None, Some(w)) => format!(
+                        "`{}` ran before `{}`: make the agent call `{}` first, or relax the check to `required_tools`.",
+                        w[1], w[0], w[0]
+                    ),
+                    (None, None) => "The tools were called but with other tool calls between them: remove the calls in between, or use `contains_in_order`, which allows gaps.".to_owned(),
+                };
+                (want, hint)
+            }
+            TraceCheck::LoopDetection { tool, max } => {
+                let n = names.iter().filter(|n| **n == tool).count();
+                (
+                    format!("`{tool}` called at most {max} times"),
+                    format!("`{tool}` ran {n} times: stop the agent retrying it (cache its result or add a stop condition), or raise max_repetitions to {n}."),
+                )
+            }
+            TraceCheck::NoDuplicates => {
+                let dup = names
+                    .iter()
+                    .enumerate()
+                    .find(|(i, n)| names[..*i].contains(n))
+                    .map_or("", |(_, n)| *n);
+                (
+                    "no tool called more than once".to_owned(),
+                    format!("`{dup}` was called more than once: reuse its first result instead of calling it again, or replace no_duplicates with loop_detection and a limit."),
+                )
+            }
+            TraceCheck::RequiredTools(tools) => {
+                let missing: Vec<&str> = tools.iter().map(String::as_str).filter(|t| !names.contains(t)).collect();
+                (
+                    format!("required_tools: {}", owned(tools).join(", ")),
+                    format!(
+                        "Make the agent call {} (never called), or drop it from spec.tools.",
+                        missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            }
+            TraceCheck::ForbiddenTools(tools) => {
+                let hit = names.iter().find(|n| tools.iter().any(|t| t == *n)).copied().unwrap_or("");
+                (
+                    format!("never call: {}", owned(tools).join(", ")),
+                    format!("`{hit}` must not run: remove it from the agent's tools or guard the path that calls it."),
+                )
+            }
+            TraceCheck::FollowsTransitions(allowed) => {
+                let pairs: Vec<String> = allowed.iter().map(|(a, b)| format!("{a} → {b}")).collect();
+                let bad = names.windows(2).find(|w| !allowed.iter().any(|(a, b)| a == w[0] && b == w[1]));
+                let hint = match bad {
+                    Some(w) => format!(
+                        "`{}` → `{}` is not an allowed transition: change the agent's plan, or add [\"{}\", \"{}\"] to spec.transitions.",
+                        w[0], w[1], w[0], w[1]
+                    ),
+                    None => "Change the agent's tool order to follow spec.transitions.".to_owned(),
+                };
+                (format!("allowed transitions: {}", clip(&pairs.join(", "), 400)), hint)
+            }
+        };
+        Evidence::new(expected, observed).at("steps").hint(hint)
+    }
+
+    fn decide(&self, calls: &[(usize, &str)], names: &[&str]) -> Verdict {
         match self {
             TraceCheck::ContainsInOrder(tools) => {
                 let mut at = Vec::with_capacity(tools.len());
@@ -89,7 +182,7 @@ impl TraceCheck {
                                 "Tool sequence {} not found in order: {} was not called{after}. Tool calls: {}.",
                                 quote_list(tools),
                                 quote(tool),
-                                quote_list(&names)
+                                quote_list(names)
                             ));
                         }
                     }
@@ -106,7 +199,7 @@ impl TraceCheck {
                     None => Verdict::fail(format!(
                         "Tool sequence {} not found as a contiguous run of tool calls. Tool calls: {}.",
                         quote_list(tools),
-                        quote_list(&names)
+                        quote_list(names)
                     )),
                 }
             }
@@ -118,7 +211,7 @@ impl TraceCheck {
             }
             TraceCheck::NoDuplicates => {
                 let mut seen: Vec<(&str, usize)> = Vec::new();
-                for n in &names {
+                for n in names {
                     match seen.iter_mut().find(|(s, _)| s == n) {
                         Some((_, c)) => *c += 1,
                         None => seen.push((n, 1)),
@@ -143,7 +236,7 @@ impl TraceCheck {
                     Verdict::fail(format!(
                         "Required tools not called: {}. Tool calls: {}.",
                         quote_list(&missing),
-                        quote_list(&names)
+                        quote_list(names)
                     ))
                 }
             }

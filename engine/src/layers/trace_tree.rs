@@ -12,8 +12,8 @@
 
 use super::constraint::Comparison;
 use super::spec::type_name;
-use super::{Spec, SpecError, Verdict};
-use crate::text::{num, quote, quote_list};
+use super::{Evidence, Spec, SpecError, Verdict};
+use crate::text::{clip, num, quote, quote_list};
 use crate::trace::tree::{Metric, Tree, TreeStep};
 use crate::trace::{StepType, Trace};
 use serde_json::Value;
@@ -154,8 +154,147 @@ impl TraceTreeCheck {
 
     pub fn evaluate(&self, trace: &Trace) -> Verdict {
         let tree = Tree::new(trace);
+        self.decide(&tree).on_failure(|| self.evidence(&tree))
+    }
+
+    /// The agent relation expected, what the tree holds, and where.
+    fn evidence(&self, tree: &Tree<'_>) -> Evidence {
+        let node_of = |agent: &str| tree.nodes().iter().position(|n| n.agent() == Some(agent));
+        let path_of = |agent: &str| node_of(agent).map_or_else(|| tree.agent_path(0), |i| tree.agent_path(i));
+        let tree_shape = || {
+            let paths: Vec<String> = (0..tree.nodes().len()).map(|i| tree.agent_path(i)).collect();
+            format!("tree: {} (depth {})", clip(&paths.join(", "), 300), tree.depth())
+        };
+        let (expected, actual, path, hint) = match self {
+            TraceTreeCheck::AgentCalled(a) => (
+                format!("agent `{a}` called somewhere in the tree"),
+                tree_shape(),
+                tree.agent_path(0),
+                format!("Make the orchestrator delegate to `{a}` (or fix its agent_id), or drop this check if `{a}` is optional."),
+            ),
+            TraceTreeCheck::DelegationDepth(max) => {
+                let deepest = (0..tree.nodes().len()).max_by_key(|&i| tree.nodes()[i].depth).unwrap_or(0);
+                (
+                    format!("delegation depth ≤ {max}"),
+                    format!("depth {} at {}", tree.depth(), tree.agent_path(deepest)),
+                    tree.agent_path(deepest),
+                    format!(
+                        "Flatten the delegation chain to {max} levels (let a parent call the deepest agent directly), or raise max_depth."
+                    ),
+                )
+            }
+            TraceTreeCheck::AgentOutputContains { agent, value, .. } => {
+                let out = node_of(agent)
+                    .map(|i| tree.nodes()[i].trace.output.to_string())
+                    .filter(|o| o != "null");
+                (
+                    format!("output of `{agent}` contains '{}'", clip(value, 120)),
+                    out.map_or_else(
+                        || format!("`{agent}` has no output in the tree"),
+                        |o: String| format!("output: {}", clip(&o, 200)),
+                    ),
+                    format!("{} > output", path_of(agent)),
+                    format!(
+                        "Make `{agent}` include '{}' in its output, or check a different agent.",
+                        clip(value, 80)
+                    ),
+                )
+            }
+            TraceTreeCheck::CrossAgentDataFlow { from, to, field } => (
+                format!("`{to}` receives `{}` produced by `{from}`", field.text),
+                tree_shape(),
+                path_of(to),
+                format!(
+                    "Pass `{}` from `{from}`'s output into `{to}`'s input, or name the field the agents actually share.",
+                    field.text
+                ),
+            ),
+            TraceTreeCheck::FollowsTransitions(allowed) => {
+                let pairs: Vec<String> = allowed.iter().map(|(a, b)| format!("{a} → {b}")).collect();
+                let seen: Vec<String> = tree
+                    .delegations()
+                    .iter()
+                    .map(|d| format!("{} → {}", d.parent.unwrap_or("?"), d.child.unwrap_or("?")))
+                    .collect();
+                (
+                    format!("delegations only along: {}", clip(&pairs.join(", "), 300)),
+                    format!("delegations: {}", clip(&seen.join(", "), 300)),
+                    tree.agent_path(0),
+                    "Change the orchestration so every handover is an allowed transition, or add the observed one to spec.transitions."
+                        .to_owned(),
+                )
+            }
+            TraceTreeCheck::Aggregate { metric, cmp } => {
+                let total = tree.aggregate(*metric).map_or_else(
+                    || "not recorded".to_owned(),
+                    |a| format!("{} over {} traces", num(a.total), a.traces),
+                );
+                (
+                    format!("sum of metadata.{} {}", metric.key(), cmp.describe()),
+                    total,
+                    tree.agent_path(0),
+                    format!(
+                        "Reduce metadata.{} across the agents (fewer or cheaper calls), or revise the bound.",
+                        metric.key()
+                    ),
+                )
+            }
+            TraceTreeCheck::AgentOrderedBefore { a, b } => (
+                format!("`{a}` finishes before `{b}` starts"),
+                spans(tree, &[a, b]),
+                path_of(b),
+                format!("Start `{b}` only after `{a}` has returned (await it), or use agents_overlap if they may run together."),
+            ),
+            TraceTreeCheck::AgentsOverlap { a, b } => (
+                format!("`{a}` and `{b}` run concurrently"),
+                spans(tree, &[a, b]),
+                path_of(a),
+                format!("Run `{a}` and `{b}` in parallel, or drop the overlap check if sequential runs are acceptable."),
+            ),
+            TraceTreeCheck::AgentWallTimeUnder { agent, max_ms } => (
+                format!("`{agent}` wall time < {} ms", num(*max_ms)),
+                spans(tree, &[agent]),
+                path_of(agent),
+                format!("Speed `{agent}` up (fewer or parallel steps) or raise max_ms above its wall time."),
+            ),
+            TraceTreeCheck::OrderedAgents(groups) => {
+                let order: Vec<String> = groups.iter().map(|g| g.join(" | ")).collect();
+                (
+                    format!("agents in order: {}", clip(&order.join(" → "), 300)),
+                    tree_shape(),
+                    tree.agent_path(0),
+                    "Reorder the orchestrator's delegations to follow spec.groups, or relax the order the check requires.".to_owned(),
+                )
+            }
+            TraceTreeCheck::AllToolsCalled(tools) => {
+                let missing: Vec<&str> = tools
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|t| !tree.steps().any(|s| s.step.kind.is_tool() && s.step.name == *t))
+                    .collect();
+                let mut called: Vec<&str> = Vec::new();
+                for s in tree.steps().filter(|s| s.step.kind.is_tool()) {
+                    if !called.contains(&s.step.name.as_str()) {
+                        called.push(&s.step.name);
+                    }
+                }
+                (
+                    format!("every tool called somewhere: {}", clip(&tools.join(", "), 300)),
+                    format!("tools called: {}", clip(&called.join(", "), 300)),
+                    tree.agent_path(0),
+                    format!(
+                        "Give an agent in the tree the job of calling {}, or drop them from spec.tools.",
+                        missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            }
+        };
+        Evidence::new(expected, actual).at(path).hint(hint)
+    }
+
+    fn decide(&self, tree: &Tree<'_>) -> Verdict {
         match self {
-            TraceTreeCheck::AgentCalled(agent) => agent_called(&tree, agent),
+            TraceTreeCheck::AgentCalled(agent) => agent_called(tree, agent),
             TraceTreeCheck::DelegationDepth(max) => {
                 let depth = tree.depth() as u64;
                 let ok = depth <= *max;
@@ -166,13 +305,13 @@ impl TraceTreeCheck {
                 agent,
                 value,
                 case_sensitive,
-            } => output_contains(&tree, agent, value, *case_sensitive),
-            TraceTreeCheck::CrossAgentDataFlow { from, to, field } => data_flow(&tree, from, to, field),
-            TraceTreeCheck::FollowsTransitions(allowed) => follows_transitions(&tree, allowed),
-            TraceTreeCheck::Aggregate { metric, cmp } => aggregate(&tree, *metric, *cmp),
+            } => output_contains(tree, agent, value, *case_sensitive),
+            TraceTreeCheck::CrossAgentDataFlow { from, to, field } => data_flow(tree, from, to, field),
+            TraceTreeCheck::FollowsTransitions(allowed) => follows_transitions(tree, allowed),
+            TraceTreeCheck::Aggregate { metric, cmp } => aggregate(tree, *metric, *cmp),
             TraceTreeCheck::AgentOrderedBefore { a, b } => {
                 let name = "agent_ordered_before";
-                let (ia, ib) = match (span(&tree, a), span(&tree, b)) {
+                let (ia, ib) = match (span(tree, a), span(tree, b)) {
                     (Ok(ia), Ok(ib)) => (ia, ib),
                     (Err(e), _) | (_, Err(e)) => return Verdict::fail(format!("{name}: {e}")),
                 };
@@ -191,7 +330,7 @@ impl TraceTreeCheck {
             }
             TraceTreeCheck::AgentsOverlap { a, b } => {
                 let name = "agents_overlap";
-                let (ia, ib) = match (span(&tree, a), span(&tree, b)) {
+                let (ia, ib) = match (span(tree, a), span(tree, b)) {
                     (Ok(ia), Ok(ib)) => (ia, ib),
                     (Err(e), _) | (_, Err(e)) => return Verdict::fail(format!("{name}: {e}")),
                 };
@@ -212,7 +351,7 @@ impl TraceTreeCheck {
             }
             TraceTreeCheck::AgentWallTimeUnder { agent, max_ms } => {
                 let name = "agent_wall_time_under";
-                let s = match span(&tree, agent) {
+                let s = match span(tree, agent) {
                     Ok(s) => s,
                     Err(e) => return Verdict::fail(format!("{name}: {e}")),
                 };
@@ -232,7 +371,7 @@ impl TraceTreeCheck {
                     ),
                 )
             }
-            TraceTreeCheck::OrderedAgents(groups) => ordered_agents(&tree, groups),
+            TraceTreeCheck::OrderedAgents(groups) => ordered_agents(tree, groups),
             TraceTreeCheck::AllToolsCalled(tools) => {
                 let called: Vec<&str> = tree
                     .steps()
@@ -261,6 +400,18 @@ impl TraceTreeCheck {
             }
         }
     }
+}
+
+/// Each agent's step span, or why it has none: `researcher [0, 1200] ms`.
+fn spans(tree: &Tree<'_>, agents: &[&String]) -> String {
+    agents
+        .iter()
+        .map(|a| match span(tree, a) {
+            Ok(s) => format!("{a} [{}, {}] ms", num(s.start), num(s.end)),
+            Err(e) => clip(&e, 160),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn agent_called(tree: &Tree<'_>, agent: &str) -> Verdict {

@@ -30,10 +30,14 @@ pub fn key(parts: &[&str]) -> Key {
     h.finalize().into()
 }
 
+pub use attest_calibration::JudgeAgreement;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedVerdict {
     pub score: f64,
     pub explanation: String,
+    /// Every sample's score, in the order they were drawn (one for `samples: 1`).
+    pub samples: Vec<f64>,
 }
 
 #[derive(Clone, Copy)]
@@ -83,6 +87,9 @@ pub struct CacheStats {
     pub verdicts: TableStats,
 }
 
+/// Most persisted judge calibrations kept (newest first).
+const MAX_CALIBRATIONS: i64 = 1000;
+
 /// Evictions are checked once per this many writes.
 const EVICT_EVERY: u64 = 64;
 
@@ -100,8 +107,20 @@ impl ProviderCache {
              CREATE TABLE IF NOT EXISTS verdicts (
                 key BLOB PRIMARY KEY, score REAL NOT NULL, explanation TEXT NOT NULL,
                 created_ms INTEGER NOT NULL, used_ms INTEGER NOT NULL);
-             CREATE INDEX IF NOT EXISTS verdicts_used ON verdicts(used_ms);",
+             CREATE INDEX IF NOT EXISTS verdicts_used ON verdicts(used_ms);
+             CREATE TABLE IF NOT EXISTS calibrations (
+                rubric TEXT NOT NULL, rubric_version TEXT NOT NULL, prompt_hash TEXT NOT NULL,
+                agreement TEXT NOT NULL, created_ms INTEGER NOT NULL,
+                PRIMARY KEY (rubric, rubric_version, prompt_hash));",
         )?;
+        // Caches written before sample scores were kept gain the column; their
+        // rows read back with the verdict's score as the only sample.
+        let has_samples = conn
+            .prepare("SELECT 1 FROM pragma_table_info('verdicts') WHERE name = 'samples'")?
+            .exists([])?;
+        if !has_samples {
+            conn.execute_batch("ALTER TABLE verdicts ADD COLUMN samples TEXT")?;
+        }
         Ok(ProviderCache {
             path: path.to_owned(),
             conn: Arc::new(Mutex::new(conn)),
@@ -190,10 +209,16 @@ impl ProviderCache {
         let found = self
             .with("read verdict", move |c| {
                 let v = c
-                    .query_row("SELECT score, explanation FROM verdicts WHERE key = ?1", [&key[..]], |r| {
+                    .query_row("SELECT score, explanation, samples FROM verdicts WHERE key = ?1", [&key[..]], |r| {
+                        let score: f64 = r.get(0)?;
+                        let samples: Option<String> = r.get(2)?;
                         Ok(CachedVerdict {
-                            score: r.get(0)?,
+                            score,
                             explanation: r.get(1)?,
+                            samples: samples
+                                .and_then(|s| serde_json::from_str::<Vec<f64>>(&s).ok())
+                                .filter(|s| !s.is_empty())
+                                .unwrap_or_else(|| vec![score]),
                         })
                     })
                     .optional()?;
@@ -208,12 +233,57 @@ impl ProviderCache {
         found
     }
 
+    /// The persisted calibration of a judge configuration, if any.
+    pub async fn calibration(&self, rubric: &str, version: &str, prompt_hash: &str) -> Option<JudgeAgreement> {
+        let key = (rubric.to_owned(), version.to_owned(), prompt_hash.to_owned());
+        self.with("read calibration", move |c| {
+            c.query_row(
+                "SELECT agreement FROM calibrations WHERE rubric = ?1 AND rubric_version = ?2 AND prompt_hash = ?3",
+                params![key.0, key.1, key.2],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()
+        })
+        .await
+        .flatten()
+        .and_then(|text| serde_json::from_str(&text).ok())
+    }
+
+    /// Stores a calibration, replacing the one under the same key; keeps
+    /// the newest [`MAX_CALIBRATIONS`] rows.
+    pub async fn put_calibration(&self, rubric: &str, version: &str, prompt_hash: &str, agreement: &JudgeAgreement) -> bool {
+        let row = (
+            rubric.to_owned(),
+            version.to_owned(),
+            prompt_hash.to_owned(),
+            serde_json::to_string(agreement).unwrap_or_default(),
+        );
+        self.with("write calibration", move |c| {
+            c.execute(
+                "INSERT OR REPLACE INTO calibrations (rubric, rubric_version, prompt_hash, agreement, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![row.0, row.1, row.2, row.3, now_ms()],
+            )?;
+            c.execute(
+                "DELETE FROM calibrations WHERE rowid NOT IN (SELECT rowid FROM calibrations ORDER BY created_ms DESC LIMIT ?1)",
+                [MAX_CALIBRATIONS],
+            )
+        })
+        .await
+        .is_some()
+    }
+
     pub async fn put_verdict(&self, key: Key, v: CachedVerdict) {
         self.with("write verdict", move |c| {
             let now = now_ms();
             c.execute(
-                "INSERT OR REPLACE INTO verdicts (key, score, explanation, created_ms, used_ms) VALUES (?1, ?2, ?3, ?4, ?4)",
-                params![&key[..], v.score, v.explanation, now],
+                "INSERT OR REPLACE INTO verdicts (key, score, explanation, created_ms, used_ms, samples) VALUES (?1, ?2, ?3, ?4, ?4, ?5)",
+                params![
+                    &key[..],
+                    v.score,
+                    v.explanation,
+                    now,
+                    serde_json::to_string(&v.samples).unwrap_or_default()
+                ],
             )
         })
         .await;
@@ -294,6 +364,7 @@ mod tests {
         let v = CachedVerdict {
             score: 0.75,
             explanation: "fine".into(),
+            samples: vec![0.75, 0.5, 1.0],
         };
         cache.put_verdict(key(&["v"]), v.clone()).await;
         assert_eq!(cache.verdict(key(&["v"])).await, Some(v));

@@ -34,6 +34,8 @@ pub struct FileJudge {
     pub api_key: Option<String>,
     pub model: Option<String>,
     pub samples: Option<u32>,
+    /// Bias probes run on every judge assertion that names none itself.
+    pub bias_probes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -76,6 +78,8 @@ pub struct ProvidersConfig {
     pub judge: Option<JudgeConfig>,
     /// `samples` when a judge assertion does not say.
     pub judge_samples: u32,
+    /// Bias probes for judge assertions that name none (`[judge] bias_probes`).
+    pub judge_bias_probes: Vec<crate::layers::llm_judge::Probe>,
     /// Provider HTTP calls in flight at once, across all requests.
     pub max_concurrency: usize,
     /// Provider calls started per second (`None`: unpaced).
@@ -100,6 +104,7 @@ impl Default for ProvidersConfig {
             },
             judge: None,
             judge_samples: 1,
+            judge_bias_probes: Vec::new(),
             max_concurrency: 16,
             requests_per_second: None,
             attempt_timeout: Duration::from_secs(20),
@@ -232,6 +237,22 @@ impl ProvidersConfig {
         if !(1..=MAX_SAMPLES).contains(&judge_samples) {
             bail!("judge samples must be between 1 and {MAX_SAMPLES}, got {judge_samples}");
         }
+        let probe_names: Vec<String> = match e("ATTEST_JUDGE_BIAS_PROBES") {
+            Some(v) => v.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect(),
+            None => fj.bias_probes.unwrap_or_default(),
+        };
+        let mut judge_bias_probes = Vec::new();
+        for name in &probe_names {
+            let Some(p) = crate::layers::llm_judge::Probe::parse(name) else {
+                bail!(
+                    "unknown judge bias probe '{}' (ATTEST_JUDGE_BIAS_PROBES or [judge] bias_probes); use any of verbosity, position, self_preference",
+                    crate::text::clip(name, 60)
+                );
+            };
+            if !judge_bias_probes.contains(&p) {
+                judge_bias_probes.push(p);
+            }
+        }
 
         let max_concurrency = fp.max_concurrency.unwrap_or(16);
         if !(1..=1024).contains(&max_concurrency) {
@@ -275,6 +296,7 @@ impl ProvidersConfig {
             embedding,
             judge,
             judge_samples,
+            judge_bias_probes,
             max_concurrency,
             requests_per_second: fp.requests_per_second,
             attempt_timeout,

@@ -125,6 +125,9 @@ pub struct Judge {
     pub model: String,
 }
 
+/// How to give the engine an embedder (the `detail` of a missing one).
+const EMBEDDING_SETUP: &str = "Either point the engine at an OpenAI-compatible embeddings API (ATTEST_EMBEDDING_BASE_URL and/or ATTEST_EMBEDDING_API_KEY, or [embedding] in the config file), or install a local sentence-transformers model (config.json, tokenizer.json, model.safetensors of all-MiniLM-L6-v2) in ~/.attest/models/all-MiniLM-L6-v2 or the directory named by ATTEST_EMBEDDING_MODEL_DIR. See README, Layers 5 and 6.";
+
 pub struct Providers {
     http: HttpClient,
     embedder: Result<Embedder, String>,
@@ -133,6 +136,7 @@ pub struct Providers {
     prices: HashMap<String, Price>,
     pub short_circuit: bool,
     pub judge_samples: u32,
+    pub judge_bias_probes: Vec<crate::layers::llm_judge::Probe>,
 }
 
 impl Providers {
@@ -182,6 +186,7 @@ impl Providers {
             prices: c.prices.clone(),
             short_circuit: c.short_circuit,
             judge_samples: c.judge_samples,
+            judge_bias_probes: c.judge_bias_probes.clone(),
         }
     }
 
@@ -201,6 +206,19 @@ impl Providers {
         })
     }
 
+    /// Why an assertion of layer 5 (`embedding`) or 6 (`llm_judge`) cannot
+    /// run on this engine, if it cannot: no provider is configured for it.
+    pub fn missing_for(&self, kind: crate::layers::AssertionType) -> Option<ProviderError> {
+        match kind {
+            crate::layers::AssertionType::LlmJudge => self.judge().err(),
+            crate::layers::AssertionType::Embedding => self.embedder.as_ref().err().map(|why| ProviderError::Unavailable {
+                message: format!("no embedding provider is available: {why}"),
+                detail: EMBEDDING_SETUP.into(),
+            }),
+            _ => None,
+        }
+    }
+
     /// What a call to `model` cost, from the price table (0 when unknown).
     pub fn cost(&self, model: &str, usage: Usage) -> f64 {
         self.prices.get(model).map_or(0.0, |p| {
@@ -213,7 +231,7 @@ impl Providers {
     pub async fn embed(&self, texts: &[&str], model: Option<&str>, deadline: Instant) -> Result<Embedded, ProviderError> {
         let embedder = self.embedder.as_ref().map_err(|why| ProviderError::Unavailable {
             message: format!("no embedding provider is available: {why}"),
-            detail: "Either point the engine at an OpenAI-compatible embeddings API (ATTEST_EMBEDDING_BASE_URL and/or ATTEST_EMBEDDING_API_KEY, or [embedding] in the config file), or install a local sentence-transformers model (config.json, tokenizer.json, model.safetensors of all-MiniLM-L6-v2) in ~/.attest/models/all-MiniLM-L6-v2 or the directory named by ATTEST_EMBEDDING_MODEL_DIR. See README, Layers 5 and 6.".into(),
+            detail: EMBEDDING_SETUP.into(),
         })?;
         let (source, model_name) = match embedder {
             Embedder::Remote { model: default, .. } => ("remote", model.unwrap_or(default).to_owned()),

@@ -185,6 +185,18 @@ impl<'a> Tree<'a> {
         }
     }
 
+    /// Agent path of a node: `root > researcher` (agents without an id are `?`,
+    /// the root is named by its agent id or `root`).
+    pub fn agent_path(&self, node: usize) -> String {
+        let name = self.nodes[node]
+            .agent()
+            .unwrap_or(if self.nodes[node].parent.is_none() { "root" } else { "?" });
+        match self.nodes[node].parent {
+            None => name.to_owned(),
+            Some((parent, _)) => format!("{} > {name}", self.agent_path(parent)),
+        }
+    }
+
     /// JSON path of a step: `trace.steps[1].sub_trace.steps[0]`.
     pub fn step_path(&self, node: usize, index: usize) -> String {
         format!("{}.steps[{index}]", self.path(node))

@@ -1,0 +1,167 @@
+//! `attest-engine calibrate`: run the configured LLM judge over a file of
+//! human-labelled records and report how well it agrees with the humans.
+//!
+//! Labels are read with the SDK's own rules (`attest_calibration::load_labels`:
+//! CSV or JSONL, `input` and `human_label` per record). Each record's `input`
+//! is the text judged, as the agent output, with no user input or context.
+//! Agreement, Cohen's kappa and ROC-AUC come from
+//! `attest_calibration::compute_agreement`, so they equal the SDK's numbers.
+//! With `--persist` the result is stored under (rubric, rubric version,
+//! prompt hash) in the provider cache's database; later `llm_judge` results
+//! with the same key carry it as `judge_metadata.calibration`.
+//!
+//! Exit codes: 0 on success, 2 when the labels, the rubric, the judge or
+//! the cache cannot be used.
+
+use crate::layers::llm_judge::{JudgeCheck, Shown};
+use crate::layers::Spec;
+use crate::session::Engine;
+use crate::text::clip;
+use anyhow::{bail, Context, Result};
+use attest_calibration::{compute_agreement, load_labels, JudgeAgreement, LabelPair};
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+/// What the command reports.
+#[derive(Debug, Serialize)]
+pub struct Calibration {
+    pub rubric_name: String,
+    pub rubric_version: String,
+    pub prompt_hash: String,
+    pub model: String,
+    pub threshold: f64,
+    #[serde(flatten)]
+    pub agreement: JudgeAgreement,
+    /// Records that also carried a `judge_score` (ignored: the judge is re-run).
+    pub prescored: usize,
+    pub judge_cost_usd: f64,
+    pub persisted: bool,
+}
+
+/// Runs the command; returns the process exit code.
+pub fn run(
+    engine: &Engine,
+    labels: &Path,
+    rubric: &str,
+    threshold: f64,
+    persist: bool,
+    format: Format,
+    out: &mut impl Write,
+) -> Result<i32> {
+    if !(threshold > 0.0 && threshold < 1.0) {
+        bail!("--threshold must be strictly between 0 and 1, got {threshold}");
+    }
+    let records = load_labels(labels).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if records.is_empty() {
+        bail!("{} holds no labelled records; each needs input and human_label", labels.display());
+    }
+    let spec = serde_json::json!({ "rubric": rubric });
+    let check = Spec::new(Some(&spec), "llm_judge")
+        .and_then(|s| JudgeCheck::compile(&s))
+        .map_err(|e| anyhow::anyhow!("--rubric: {} ({})", e.message, e.detail))?;
+    let providers = &engine.providers;
+    let judge = providers.judge().map_err(|e| match e {
+        crate::providers::ProviderError::Unavailable { message, detail } => anyhow::anyhow!("{message}. {detail}"),
+        other => anyhow::anyhow!("{other:?}"),
+    })?;
+    if persist && providers.cache.is_none() {
+        bail!(
+            "--persist needs the provider cache, which is off: enable it (cache = true under [providers], and a writable cache directory)"
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let total = records.len();
+    let progress_every = (total / 20).max(1);
+    let mut pairs = Vec::with_capacity(total);
+    let mut cost = 0.0;
+    let mut model = String::new();
+    let mut stderr = std::io::stderr();
+    for (i, record) in records.iter().enumerate() {
+        if let Some(budget) = engine.config.budget_usd {
+            if cost >= budget {
+                bail!("stopped after {i} of {total} records: the judge calls cost ${cost:.6}, reaching budget_usd ${budget}");
+            }
+        }
+        let deadline = tokio::time::Instant::now() + engine.config.eval_timeout;
+        let shown = Shown {
+            output: &record.input,
+            input: "",
+            context: "",
+        };
+        let judged = runtime
+            .block_on(check.judge_material(providers, judge, &shown, deadline))
+            .map_err(|e| anyhow::anyhow!("record {} ({}): judge call failed: {e:?}", i + 1, clip(&record.input, 60)))?;
+        cost += judged.cost;
+        model = judged.metadata.model.clone();
+        pairs.push(LabelPair {
+            human: record.human_label,
+            judge: judged.verdict.score,
+        });
+        if total >= 10 && ((i + 1) % progress_every == 0 || i + 1 == total) {
+            let _ = writeln!(stderr, "calibrate: judged {}/{total} records (${cost:.6} so far)", i + 1);
+        }
+    }
+    engine.add_cost(cost);
+    let agreement = compute_agreement(&pairs, threshold).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (rubric_name, rubric_version) = check.rubric_identity();
+    let prompt_hash = attest_calibration::prompt_hash(&check.prompt_text());
+    let mut persisted = false;
+    if persist {
+        let cache = providers.cache.as_ref().expect("checked above");
+        persisted = runtime.block_on(cache.put_calibration(rubric_name, rubric_version, &prompt_hash, &agreement));
+        if !persisted {
+            bail!("could not store the calibration in the provider cache (see the log)");
+        }
+    }
+    let result = Calibration {
+        rubric_name: rubric_name.to_owned(),
+        rubric_version: rubric_version.to_owned(),
+        prompt_hash,
+        model,
+        threshold,
+        agreement,
+        prescored: records.iter().filter(|r| r.judge_score.is_some()).count(),
+        judge_cost_usd: cost,
+        persisted,
+    };
+    match format {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&result)?)?,
+        Format::Table => write_table(&result, out)?,
+    }
+    Ok(0)
+}
+
+fn write_table(c: &Calibration, out: &mut impl Write) -> std::io::Result<()> {
+    let a = &c.agreement;
+    let auc = if a.roc_auc == 0.0 {
+        "n/a (one human class)".to_owned()
+    } else {
+        format!("{:.3}", a.roc_auc)
+    };
+    let rows = [
+        ("rubric", format!("{} @ {}", c.rubric_name, c.rubric_version)),
+        ("prompt hash", c.prompt_hash.clone()),
+        ("judge model", c.model.clone()),
+        ("threshold", format!("{}", c.threshold)),
+        ("labels", a.label_count.to_string()),
+        ("agreement", format!("{:.3}", a.agreement)),
+        ("cohen kappa", format!("{:.3}", a.cohen_kappa)),
+        ("roc auc", auc),
+        ("judge cost", format!("${:.6}", c.judge_cost_usd)),
+        ("persisted", if c.persisted { "yes".into() } else { "no (use --persist)".into() }),
+    ];
+    for (k, v) in rows {
+        writeln!(out, "{k:<12}  {v}")?;
+    }
+    Ok(())
+}
