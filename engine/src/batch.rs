@@ -1012,7 +1012,7 @@ fn unusable_params(text: &str, e: &serde_json::Error, max_depth: usize) -> RpcEr
         return RpcError::invalid_params("evaluate_batch params must be an object with trace and assertions", PARAMS_SHAPE)
             .with_field("params");
     };
-    let plain = "Send plain JSON: finite numbers within ±1.8e308, strings of valid Unicode (no lone \\ud800-\\udfff escapes), at most 128 levels of nesting.";
+    let plain = crate::json_errors::PLAIN_JSON_HINT;
     if let Some(in_trace) = u.field.strip_prefix("params.").filter(|f| f.starts_with("trace")) {
         // Trace errors name fields from the trace down, as validation does.
         let u = crate::json_errors::Unrepresentable {
@@ -1134,12 +1134,12 @@ fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<
     // The request was read as raw text, which checks only syntax: a number
     // beyond f64, a lone surrogate or very deep nesting surfaces here.
     let spec: Value = serde_json::from_str(spec_text).map_err(|e| match crate::json_errors::unrepresentable(spec_text, &e, "spec") {
-        Some(u) => SpecError::new(
-            u.field,
-            u.message,
-            "Send the spec as plain JSON: finite numbers within ±1.8e308, strings of valid Unicode (no lone \\ud800-\\udfff escapes), at most 128 levels of nesting.",
+        Some(u) => SpecError::new(u.field, u.message, crate::json_errors::PLAIN_JSON_HINT),
+        None => SpecError::new(
+            "spec",
+            format!("spec is not usable JSON: {}", crate::text::clip(&e.to_string(), 200)),
+            "Send the spec as a JSON object.",
         ),
-        None => SpecError::new("spec", format!("spec is not usable JSON: {}", crate::text::clip(&e.to_string(), 200)), "Send the spec as a JSON object."),
     })?;
     let compiled = Arc::new(CompiledAssertion::compile(kind, Some(&spec), &engine.plugins)?);
     if cacheable {

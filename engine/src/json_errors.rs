@@ -11,6 +11,9 @@
 
 use serde_json::error::Category;
 
+/// What to do about an unrepresentable value: the `detail` of every such error.
+pub const PLAIN_JSON_HINT: &str = "Send plain JSON: finite numbers within ±1.8e308, strings of valid Unicode (no lone \\ud800-\\udfff escapes), at most 128 levels of nesting.";
+
 /// The JSON nesting depth `serde_json` refuses beyond (its recursion limit).
 pub const MAX_NESTING: usize = 128;
 

@@ -48,12 +48,7 @@ pub fn object(method: Method, params: Option<&RawValue>) -> Result<Map<String, V
         return Ok(Map::new());
     };
     serde_json::from_str(raw.get()).map_err(|e| match crate::json_errors::unrepresentable(raw.get(), &e, "params") {
-        Some(u) => RpcError::new(
-            member_code(method),
-            u.message,
-            "Send plain JSON: finite numbers within ±1.8e308, strings of valid Unicode (no lone \\ud800-\\udfff escapes), at most 128 levels of nesting.",
-        )
-        .with_field(u.field),
+        Some(u) => RpcError::new(member_code(method), u.message, crate::json_errors::PLAIN_JSON_HINT).with_field(u.field),
         None => not_an_object(method),
     })
 }

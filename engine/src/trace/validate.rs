@@ -101,11 +101,7 @@ pub fn unrepresentable_trace(text: &str, u: crate::json_errors::Unrepresentable,
             );
         }
     }
-    invalid(
-        u.message,
-        "Send the trace as plain JSON: finite numbers within ±1.8e308, strings of valid Unicode (no lone \\ud800-\\udfff escapes), at most 128 levels of nesting.",
-        u.field,
-    )
+    invalid(u.message, crate::json_errors::PLAIN_JSON_HINT, u.field)
 }
 
 /// Rules 1–7: every level of the tree, but not the links between levels
