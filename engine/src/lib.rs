@@ -10,7 +10,8 @@
 //! - [`server`]: the request loop, concurrency, back-pressure and draining.
 //! - [`session`]: session state, `initialize`, `shutdown`, counters.
 //! - [`trace`]: the trace model and its validation (spec §7).
-//! - [`target`]: the target/field path grammar shared by every layer.
+//! - [`target`], [`text`]: the target/field grammar and bounded quoting, from
+//!   the `attest-trace` crate the plugin SDK uses too.
 //! - [`layers`]: one module per assertion layer.
 //! - [`batch`]: `evaluate_batch` orchestration and the idempotency cache.
 //! - [`plugin_results`]: `submit_plugin_result` validation and recording.
@@ -39,8 +40,10 @@ pub mod server;
 pub mod session;
 pub mod simulation;
 pub mod store;
-pub mod target;
-pub mod text;
+/// The target/field grammar shared with the plugin SDK (`attest-trace`).
+pub use attest_trace::target;
+/// Bounded quoting and number formatting, shared with the plugin SDK.
+pub use attest_trace::text;
 pub mod trace;
 pub mod transport;
 pub mod watchdog;

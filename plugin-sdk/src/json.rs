@@ -53,16 +53,7 @@ pub fn contains(haystack: &Value, needle: &Value) -> bool {
 }
 
 /// The JSON type of a value, for explanations: `a string`, `an object`, ….
-pub fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+pub use attest_trace::text::kind_name as type_name;
 
 /// The text of a value: a string as itself, anything else as compact JSON
 /// (how the engine's content checks read non-string targets).

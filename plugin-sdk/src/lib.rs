@@ -67,8 +67,10 @@ pub mod config;
 mod export;
 pub mod json;
 mod log;
-pub mod target;
-pub mod text;
+/// The target grammar, shared with the engine (`attest-trace`).
+pub use attest_trace::target;
+/// Bounded quoting for explanations, shared with the engine (`attest-trace`).
+pub use attest_trace::text;
 pub mod trace;
 pub mod verdict;
 

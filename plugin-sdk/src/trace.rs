@@ -15,102 +15,16 @@
 //! (docs/benchmarks.md).
 
 use crate::PluginError;
+/// A step's `type`, shared with the engine (`attest-trace`).
+pub use attest_trace::StepType;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::cell::OnceCell;
 use std::ops::Range;
-/// A step's `type`. Unknown types are kept as [`StepType::Other`], as the
-/// engine does in lax mode.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(from = "String", into = "String")]
-pub enum StepType {
-    LlmCall,
-    ToolCall,
-    Retrieval,
-    AgentCall,
-    Other(String),
-}
 
-impl StepType {
-    /// The step types the spec names.
-    pub const KNOWN: [&'static str; 4] = ["llm_call", "tool_call", "retrieval", "agent_call"];
-
-    pub fn parse(s: &str) -> StepType {
-        match s {
-            "llm_call" => StepType::LlmCall,
-            "tool_call" => StepType::ToolCall,
-            "retrieval" => StepType::Retrieval,
-            "agent_call" => StepType::AgentCall,
-            other => StepType::Other(other.to_owned()),
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        match self {
-            StepType::LlmCall => "llm_call",
-            StepType::ToolCall => "tool_call",
-            StepType::Retrieval => "retrieval",
-            StepType::AgentCall => "agent_call",
-            StepType::Other(s) => s,
-        }
-    }
-
-    /// The engine's trace layer treats tool and retrieval calls as "tools";
-    /// LLM calls and delegations are not tools.
-    pub fn is_tool(&self) -> bool {
-        matches!(self, StepType::ToolCall | StepType::Retrieval)
-    }
-}
-
-impl From<String> for StepType {
-    fn from(s: String) -> StepType {
-        match StepType::parse(&s) {
-            // Reuse the allocation for unknown types.
-            StepType::Other(_) => StepType::Other(s),
-            known => known,
-        }
-    }
-}
-
-impl From<StepType> for String {
-    fn from(t: StepType) -> String {
-        match t {
-            StepType::Other(s) => s,
-            known => known.as_str().to_owned(),
-        }
-    }
-}
-
-impl Default for StepType {
-    fn default() -> StepType {
-        StepType::Other(String::new())
-    }
-}
-
-/// One step of a trace.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Step {
-    #[serde(rename = "type", default)]
-    pub kind: StepType,
-    #[serde(default)]
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub args: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Value>,
-    /// The delegated agent's own trace (`agent_call` steps).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sub_trace: Option<Box<Trace>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at_ms: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ended_at_ms: Option<f64>,
-}
+/// One step of a trace (shared with the engine, `attest-trace`).
+pub type Step = attest_trace::Step<Trace>;
 
 /// A whole trace, as the engine validated it.
 ///
@@ -330,6 +244,25 @@ impl Serialize for Trace {
         raw.serialize(s)
     }
 }
+
+/// Targets ([`crate::Target`]) resolve against the lazy trace through the
+/// grammar the engine uses.
+impl attest_trace::TraceView for Trace {
+    type Step = Step;
+    fn input(&self) -> Option<&Value> {
+        Trace::input(self)
+    }
+    fn output(&self) -> &Value {
+        Trace::output(self)
+    }
+    fn metadata(&self) -> Option<&Value> {
+        Trace::metadata(self)
+    }
+    fn steps(&self) -> &[Step] {
+        Trace::steps(self)
+    }
+}
+
 
 #[cfg(test)]
 mod tests {

@@ -13,57 +13,10 @@ pub use validate::{parse_trace, Limits};
 
 /// A step's `type`. Unknown types are kept (lax mode) and skipped by
 /// type-specific checks, as spec §6 asks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StepType {
-    LlmCall,
-    ToolCall,
-    Retrieval,
-    AgentCall,
-    Other(String),
-}
+pub use attest_trace::StepType;
 
-impl StepType {
-    pub const KNOWN: [&'static str; 4] = ["llm_call", "tool_call", "retrieval", "agent_call"];
-
-    pub fn parse(s: &str) -> StepType {
-        match s {
-            "llm_call" => StepType::LlmCall,
-            "tool_call" => StepType::ToolCall,
-            "retrieval" => StepType::Retrieval,
-            "agent_call" => StepType::AgentCall,
-            other => StepType::Other(other.to_owned()),
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        match self {
-            StepType::LlmCall => "llm_call",
-            StepType::ToolCall => "tool_call",
-            StepType::Retrieval => "retrieval",
-            StepType::AgentCall => "agent_call",
-            StepType::Other(s) => s,
-        }
-    }
-
-    /// Trace-layer checks treat tool and retrieval calls as "tools"; LLM
-    /// calls and delegations are not tools.
-    pub fn is_tool(&self) -> bool {
-        matches!(self, StepType::ToolCall | StepType::Retrieval)
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Step {
-    pub kind: StepType,
-    pub name: String,
-    pub args: Option<Value>,
-    pub result: Option<Value>,
-    pub metadata: Option<Value>,
-    pub sub_trace: Option<Box<Trace>>,
-    pub agent_id: Option<String>,
-    pub started_at_ms: Option<f64>,
-    pub ended_at_ms: Option<f64>,
-}
+/// One step (shared with the plugin SDK, `attest-trace`).
+pub type Step = attest_trace::Step<Trace>;
 
 #[derive(Debug, Clone)]
 pub struct Trace {
@@ -90,7 +43,7 @@ impl Trace {
             Some(Value::Array(steps)) => steps
                 .into_iter()
                 .filter_map(|s| match s {
-                    Value::Object(m) => Some(Step::from_validated(m)),
+                    Value::Object(m) => Some(step_from_validated(m)),
                     _ => None,
                 })
                 .collect(),
@@ -109,23 +62,22 @@ impl Trace {
     }
 }
 
-impl Step {
-    fn from_validated(mut obj: Map<String, Value>) -> Step {
-        let kind = StepType::parse(obj.get("type").and_then(Value::as_str).unwrap_or_default());
-        Step {
-            kind,
-            name: take_string(&mut obj, "name").unwrap_or_default(),
-            args: take_present(&mut obj, "args"),
-            result: take_present(&mut obj, "result"),
-            metadata: take_present(&mut obj, "metadata"),
-            sub_trace: match obj.remove("sub_trace") {
-                Some(Value::Object(m)) => Some(Box::new(Trace::from_validated(m))),
-                _ => None,
-            },
-            agent_id: take_string(&mut obj, "agent_id"),
-            started_at_ms: obj.get("started_at_ms").and_then(Value::as_f64),
-            ended_at_ms: obj.get("ended_at_ms").and_then(Value::as_f64),
-        }
+/// Builds one step from a JSON object that already passed validation.
+fn step_from_validated(mut obj: Map<String, Value>) -> Step {
+    let kind = StepType::parse(obj.get("type").and_then(Value::as_str).unwrap_or_default());
+    Step {
+        kind,
+        name: take_string(&mut obj, "name").unwrap_or_default(),
+        args: take_present(&mut obj, "args"),
+        result: take_present(&mut obj, "result"),
+        metadata: take_present(&mut obj, "metadata"),
+        sub_trace: match obj.remove("sub_trace") {
+            Some(Value::Object(m)) => Some(Box::new(Trace::from_validated(m))),
+            _ => None,
+        },
+        agent_id: take_string(&mut obj, "agent_id"),
+        started_at_ms: obj.get("started_at_ms").and_then(Value::as_f64),
+        ended_at_ms: obj.get("ended_at_ms").and_then(Value::as_f64),
     }
 }
 
@@ -139,4 +91,53 @@ fn take_string(obj: &mut Map<String, Value>, key: &str) -> Option<String> {
 /// Absent and explicit `null` both mean "not provided".
 fn take_present(obj: &mut Map<String, Value>, key: &str) -> Option<Value> {
     obj.remove(key).filter(|v| !v.is_null())
+}
+
+/// Targets resolve against the engine's trace through the shared grammar.
+impl attest_trace::TraceView for Trace {
+    type Step = Step;
+    fn input(&self) -> Option<&Value> {
+        self.input.as_ref()
+    }
+    fn output(&self) -> &Value {
+        &self.output
+    }
+    fn metadata(&self) -> Option<&Value> {
+        self.metadata.as_ref()
+    }
+    fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Target;
+    use serde_json::json;
+    use serde_json::value::RawValue;
+
+    /// The grammar's own cases live in `attest-trace`; this checks that the
+    /// engine's eager trace answers them the same way.
+    #[test]
+    fn targets_resolve_against_the_engine_trace() {
+        let v = json!({
+            "schema_version": 1, "trace_id": "t", "input": {"q": "hi"},
+            "steps": [
+                {"type": "llm_call", "name": "think"},
+                {"type": "tool_call", "name": "lookup", "args": {"id": "A"}, "result": {"items": [1, 2, 3]}}
+            ],
+            "output": {"message": "done"}
+        });
+        let raw = RawValue::from_string(v.to_string()).unwrap();
+        let trace = parse_trace(&raw, &Limits::default()).unwrap().trace;
+        let get = |t: &str| Target::parse(t).unwrap().resolve(&trace).map(|v| v.into_owned());
+        assert_eq!(get("output.message").unwrap(), json!("done"));
+        assert_eq!(get("input.q").unwrap(), json!("hi"));
+        assert_eq!(get("steps[?type=='tool_call'].length").unwrap(), json!(1));
+        assert_eq!(get("steps[?name=='lookup'].result.items.length").unwrap(), json!(3));
+        assert_eq!(get("steps[0].type").unwrap(), json!("llm_call"));
+        assert_eq!(get("steps[?name=='think'].args").unwrap_err().0, "step 'think' has no args");
+        assert_eq!(get("metadata.x").unwrap_err().0, "trace has no metadata");
+    }
 }

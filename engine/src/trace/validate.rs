@@ -525,16 +525,7 @@ fn serialized_len(v: &Value) -> usize {
     c.0
 }
 
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+use crate::text::kind_name as kind_of;
 
 /// `a string ("abc")`, `a number (3)`: the kind plus a clipped rendering.
 fn describe(v: &Value) -> String {

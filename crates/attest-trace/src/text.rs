@@ -1,9 +1,11 @@
 //! Small text helpers for explanations and error messages: bounded quoting
-//! of user-supplied values and compact number formatting.
+//! of user-supplied values and compact number formatting. The engine and
+//! plugins share them, so plugin explanations read like the engine's own
+//! (`'value'` quoting, `…` where something was cut).
 //!
-//! Everything user-controlled that is echoed back goes through [`clip`] or
-//! [`quote`], which is what keeps response lines far below the 64 KiB limit
-//! of SDK readers.
+//! Everything user-controlled that the engine echoes back goes through
+//! [`clip`] or [`quote`], which is what keeps response lines far below the
+//! 64 KiB limit of SDK readers.
 
 use std::borrow::Cow;
 
@@ -78,14 +80,28 @@ pub fn quote_list<S: AsRef<str>>(items: &[S]) -> String {
     format!("[{}]", out.join(", "))
 }
 
+/// The JSON type of a value, for explanations: `a string`, `an object`, ….
+pub fn kind_name(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// Formats a number the way people write it: `3`, `0.0067`, `1e-9`,
 /// `1e308` (never hundreds of digits).
 pub fn num(x: f64) -> String {
     if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e15 {
         format!("{}", x as i64)
-    } else if x.is_finite() {
-        // Shortest round-trip form, in exponent notation when that is shorter.
-        ryu::Buffer::new().format_finite(x).to_owned()
+    } else if let Some(n) = serde_json::Number::from_f64(x) {
+        // serde_json prints the shortest round-trip form, in exponent
+        // notation when that is shorter; `1e308` reads better than `1e+308`.
+        n.to_string().replacen("e+", "e", 1)
     } else {
         format!("{x}")
     }
@@ -111,6 +127,16 @@ mod tests {
         let mut s = String::from("x\u{2066}y");
         clip_in_place(&mut s, 50);
         assert_eq!(s, "x<U+2066>y");
+    }
+
+    #[test]
+    fn quote_clips_like_clip() {
+        assert_eq!(quote("a"), "'a'");
+        assert_eq!(quote(""), "''");
+        let long = "é".repeat(MAX_QUOTED_CHARS + 5);
+        assert_eq!(quote(&long), format!("'{}'", clip(&long, MAX_QUOTED_CHARS)));
+        let exact = "x".repeat(MAX_QUOTED_CHARS);
+        assert_eq!(quote(&exact), format!("'{exact}'"));
     }
 
     #[test]

@@ -17,23 +17,42 @@
 //!   value is an object with a `length` key, which is then read as a key).
 //! - Keys containing dots or brackets are written `['a.b']`.
 //!
-//! This is a copy of the engine's `engine/src/target.rs` (same grammar, same
-//! messages), adapted to the SDK's serde trace model, so that a target means
-//! the same thing in a built-in assertion and in a plugin config. Keep the two
-//! in step; `tests::engine_cases` repeats the engine's own test cases.
+//! The engine's built-in assertions and the plugin SDK both use this one
+//! implementation, so a target means the same thing in a built-in assertion
+//! and in a plugin config. Each side's trace model implements [`TraceView`]
+//! (the engine's trace is decoded eagerly, the SDK's lazily).
 //!
-//! A target is parsed once, when its config is decoded (a [`Target`] field in
-//! a config struct deserializes from the target string, and a syntax error
-//! becomes `invalid-config`). Resolving against a trace can only fail because
-//! the data is not there, and that failure ([`Missing`]) names what is missing.
+//! A target is parsed once, when its assertion is compiled or its plugin
+//! config decoded (a [`Target`] field in a config struct deserializes from
+//! the target string). Resolving against a trace can only fail because the
+//! data is not there, and that failure ([`Missing`]) names what is missing.
 
 use crate::text::{clip, quote, quote_list};
-use crate::trace::{Step, Trace};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
+
+/// What a target reads from a trace. The engine's and the SDK's trace
+/// models both implement it.
+pub trait TraceView {
+    type Step: StepView;
+    fn input(&self) -> Option<&Value>;
+    fn output(&self) -> &Value;
+    fn metadata(&self) -> Option<&Value>;
+    /// Top-level steps, in order.
+    fn steps(&self) -> &[Self::Step];
+}
+
+/// What a target reads from a step.
+pub trait StepView {
+    fn name(&self) -> &str;
+    fn kind(&self) -> &crate::StepType;
+    fn args(&self) -> Option<&Value>;
+    fn result(&self) -> Option<&Value>;
+    fn metadata(&self) -> Option<&Value>;
+}
 
 /// A parsed target, e.g. `output.message` or
 /// `steps[?name=='lookup_order'].result.amount`.
@@ -118,7 +137,7 @@ impl Target {
     }
 
     /// Resolves the target against `trace`.
-    pub fn resolve<'t>(&self, trace: &'t Trace) -> Result<Cow<'t, Value>, Missing> {
+    pub fn resolve<'t, T: TraceView>(&self, trace: &'t T) -> Result<Cow<'t, Value>, Missing> {
         let start: Cow<'t, Value> = match &self.base {
             Base::Output => Cow::Borrowed(trace.output()),
             Base::Input => match trace.input() {
@@ -130,23 +149,23 @@ impl Target {
                 None => return Err(Missing("trace has no metadata".into())),
             },
             Base::StepCount(sel) => {
-                let n = trace.steps().iter().enumerate().filter(|(i, s)| sel.matches(*i, s)).count();
+                let n = trace.steps().iter().enumerate().filter(|(i, s)| sel.matches(*i, *s)).count();
                 Cow::Owned(Value::from(n))
             }
             Base::StepField(sel, field) => {
-                let Some((_, step)) = trace.steps().iter().enumerate().find(|(i, s)| sel.matches(*i, s)) else {
+                let Some((_, step)) = trace.steps().iter().enumerate().find(|(i, s)| sel.matches(*i, *s)) else {
                     return Err(Missing(sel.not_found(trace)));
                 };
                 let v = match field {
-                    StepField::Args => step.args.as_ref().map(Cow::Borrowed),
-                    StepField::Result => step.result.as_ref().map(Cow::Borrowed),
-                    StepField::Metadata => step.metadata.as_ref().map(Cow::Borrowed),
-                    StepField::Name => Some(Cow::Owned(Value::from(step.name.as_str()))),
-                    StepField::Type => Some(Cow::Owned(Value::from(step.kind.as_str()))),
+                    StepField::Args => step.args().map(Cow::Borrowed),
+                    StepField::Result => step.result().map(Cow::Borrowed),
+                    StepField::Metadata => step.metadata().map(Cow::Borrowed),
+                    StepField::Name => Some(Cow::Owned(Value::from(step.name()))),
+                    StepField::Type => Some(Cow::Owned(Value::from(step.kind().as_str()))),
                 };
                 match v {
                     Some(v) => v,
-                    None => return Err(Missing(format!("step {} has no {}", quote(&step.name), field.name()))),
+                    None => return Err(Missing(format!("step {} has no {}", quote(step.name()), field.name()))),
                 }
             }
         };
@@ -216,20 +235,20 @@ fn describe_kind(v: &Value) -> String {
 }
 
 impl StepSelector {
-    fn matches(&self, index: usize, step: &Step) -> bool {
+    fn matches<S: StepView>(&self, index: usize, step: &S) -> bool {
         match self {
             StepSelector::All => true,
-            StepSelector::Name(n) => step.name == *n,
-            StepSelector::Type(t) => step.kind.as_str() == t,
+            StepSelector::Name(n) => step.name() == n,
+            StepSelector::Type(t) => step.kind().as_str() == t,
             StepSelector::Index(i) => index == *i,
         }
     }
 
-    fn not_found(&self, trace: &Trace) -> String {
+    fn not_found(&self, trace: &impl TraceView) -> String {
         match self {
             StepSelector::All => "trace has no steps".into(),
             StepSelector::Name(n) => {
-                let names: Vec<&str> = trace.steps().iter().map(|s| s.name.as_str()).collect();
+                let names: Vec<&str> = trace.steps().iter().map(|s| s.name()).collect();
                 if names.is_empty() {
                     format!("no step named {} (the trace has no steps)", quote(n))
                 } else {
@@ -492,6 +511,41 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A trace read straight from JSON, for these tests.
+    struct Trace {
+        input: Option<Value>,
+        output: Value,
+        metadata: Option<Value>,
+        steps: Vec<crate::Step<()>>,
+    }
+
+    impl Trace {
+        fn from_value(v: Value) -> Result<Trace, serde_json::Error> {
+            Ok(Trace {
+                input: v.get("input").cloned(),
+                output: v["output"].clone(),
+                metadata: v.get("metadata").cloned(),
+                steps: serde_json::from_value(v.get("steps").cloned().unwrap_or(json!([])))?,
+            })
+        }
+    }
+
+    impl TraceView for Trace {
+        type Step = crate::Step<()>;
+        fn input(&self) -> Option<&Value> {
+            self.input.as_ref()
+        }
+        fn output(&self) -> &Value {
+            &self.output
+        }
+        fn metadata(&self) -> Option<&Value> {
+            self.metadata.as_ref()
+        }
+        fn steps(&self) -> &[crate::Step<()>] {
+            &self.steps
+        }
+    }
+
     fn trace() -> Trace {
         Trace::from_value(json!({
             "schema_version": 1, "trace_id": "t",
@@ -511,9 +565,7 @@ mod tests {
         Target::parse(t).unwrap().resolve(&trace()).map(Cow::into_owned)
     }
 
-    // The engine's own cases (engine/src/target.rs), verbatim: the two
-    // implementations must agree on these.
-    mod engine_cases {
+    mod cases {
         use super::*;
 
         #[test]

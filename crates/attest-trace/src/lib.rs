@@ -1,0 +1,151 @@
+//! The Attest trace vocabulary that the engine and its plugin SDK share:
+//!
+//! - [`Step`] and [`StepType`]: one step of a trace, generic over the trace
+//!   model of its `sub_trace` (the engine's eager one, the SDK's lazy one);
+//! - [`target`]: the target/field grammar every layer uses, and its
+//!   resolution against any trace model that implements [`TraceView`];
+//! - [`text`]: bounded quoting and number formatting for explanations.
+//!
+//! It depends on serde and serde_json only and builds for wasm32, so a
+//! plugin resolves a target and words an explanation exactly as the engine
+//! does.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub mod target;
+pub mod text;
+
+pub use target::{Missing, StepView, Target, TargetSyntaxError, TraceView, GRAMMAR_HINT};
+
+/// A step's `type`. Unknown types are kept as [`StepType::Other`], as the
+/// engine does in lax mode.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum StepType {
+    LlmCall,
+    ToolCall,
+    Retrieval,
+    AgentCall,
+    Other(String),
+}
+
+impl StepType {
+    /// The step types the spec names.
+    pub const KNOWN: [&'static str; 4] = ["llm_call", "tool_call", "retrieval", "agent_call"];
+
+    pub fn parse(s: &str) -> StepType {
+        match s {
+            "llm_call" => StepType::LlmCall,
+            "tool_call" => StepType::ToolCall,
+            "retrieval" => StepType::Retrieval,
+            "agent_call" => StepType::AgentCall,
+            other => StepType::Other(other.to_owned()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            StepType::LlmCall => "llm_call",
+            StepType::ToolCall => "tool_call",
+            StepType::Retrieval => "retrieval",
+            StepType::AgentCall => "agent_call",
+            StepType::Other(s) => s,
+        }
+    }
+
+    /// The engine's trace layer treats tool and retrieval calls as "tools";
+    /// LLM calls and delegations are not tools.
+    pub fn is_tool(&self) -> bool {
+        matches!(self, StepType::ToolCall | StepType::Retrieval)
+    }
+}
+
+impl From<String> for StepType {
+    fn from(s: String) -> StepType {
+        match StepType::parse(&s) {
+            // Reuse the allocation for unknown types.
+            StepType::Other(_) => StepType::Other(s),
+            known => known,
+        }
+    }
+}
+
+impl From<StepType> for String {
+    fn from(t: StepType) -> String {
+        match t {
+            StepType::Other(s) => s,
+            known => known.as_str().to_owned(),
+        }
+    }
+}
+
+impl Default for StepType {
+    fn default() -> StepType {
+        StepType::Other(String::new())
+    }
+}
+
+/// One step of a trace. `T` is the trace model of a delegated agent's
+/// `sub_trace`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step<T> {
+    #[serde(rename = "type", default)]
+    pub kind: StepType,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+    /// The delegated agent's own trace (`agent_call` steps).
+    #[serde(default = "no_sub_trace", skip_serializing_if = "Option::is_none")]
+    pub sub_trace: Option<Box<T>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_ms: Option<f64>,
+}
+
+/// `#[serde(default)]` on `sub_trace` would ask for `T: Default`.
+fn no_sub_trace<T>() -> Option<Box<T>> {
+    None
+}
+
+impl<T> Default for Step<T> {
+    fn default() -> Step<T> {
+        Step {
+            kind: StepType::default(),
+            name: String::new(),
+            args: None,
+            result: None,
+            metadata: None,
+            sub_trace: None,
+            agent_id: None,
+            started_at_ms: None,
+            ended_at_ms: None,
+        }
+    }
+}
+
+impl<T> StepView for Step<T> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> &StepType {
+        &self.kind
+    }
+    fn args(&self) -> Option<&Value> {
+        self.args.as_ref()
+    }
+    fn result(&self) -> Option<&Value> {
+        self.result.as_ref()
+    }
+    fn metadata(&self) -> Option<&Value> {
+        self.metadata.as_ref()
+    }
+}
