@@ -754,7 +754,17 @@ async fn run_paid(
                         quote(&culprit.id),
                         culprit.kind.name(),
                         plan[i].kind.name()
-                    )),
+                    ))
+                    .with(
+                        crate::layers::Evidence::new(
+                            format!("layers 1-4 pass before {} runs", plan[i].kind.name()),
+                            format!("{} ({}) hard-failed", quote(&culprit.id), culprit.kind.name()),
+                        )
+                        .hint(format!(
+                            "Fix the failure of {} first; this assertion is then sent to its provider on the next run.",
+                            quote(&culprit.id)
+                        )),
+                    ),
                     details: None,
                     duration_ms: 0,
                     cost: 0.0,

@@ -460,7 +460,7 @@ async fn dispatch(
             engine.count_evaluated(1);
             to_raw(&Accepted { accepted: true })
         }
-        Method::ListPlugins => to_raw(&engine.plugins.listing()),
+        Method::ListPlugins => to_raw(&engine.plugins.listing(budget)),
         Method::ValidateTraceTree => to_raw(&validate_trace_tree(engine, params)?),
         Method::QueryDrift => {
             let (subject, window) = crate::history::parse_query(params)?;

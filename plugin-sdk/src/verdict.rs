@@ -83,9 +83,74 @@ impl Verdict {
     }
 
     /// Attaches structured details (sent to the engine as JSON text).
+    /// Evidence set before or after ([`Verdict::with_evidence`]) is kept.
     pub fn with_details(mut self, details: Value) -> Verdict {
+        let evidence = self.evidence_fields();
         self.details = Some(details.to_string());
+        for (key, text) in evidence {
+            self = self.with_detail_string(key, text);
+        }
         self
+    }
+
+    /// What the check wanted and what the trace held, as short concrete
+    /// strings. The engine shows them as the result's `expected` and `actual`
+    /// (the SDK renders them as `expected:` / `actual:` lines).
+    ///
+    /// ```
+    /// use attest_plugin_sdk::Verdict;
+    ///
+    /// let v = Verdict::fail("argument 'amount' is 80.0")
+    ///     .with_evidence("amount equals 89.99", "amount is 80.0")
+    ///     .with_path("steps[2].args.amount")
+    ///     .with_hint("Pass the order total to process_refund, not the subtotal.");
+    /// let d = v.details_value().unwrap();
+    /// assert_eq!(d["expected"], "amount equals 89.99");
+    /// assert_eq!(d["actual"], "amount is 80.0");
+    /// assert_eq!(d["path"], "steps[2].args.amount");
+    /// ```
+    pub fn with_evidence(self, expected: impl Into<String>, actual: impl Into<String>) -> Verdict {
+        self.with_detail_string("expected", expected.into())
+            .with_detail_string("actual", actual.into())
+    }
+
+    /// Where in the trace the evidence is (`steps[2].args.amount`); the
+    /// result's `trace_node_path`.
+    pub fn with_path(self, path: impl Into<String>) -> Verdict {
+        self.with_detail_string("path", path.into())
+    }
+
+    /// One concrete sentence about what to change; the result's
+    /// `suggested_action` (the SDK's `hint:` line).
+    pub fn with_hint(self, hint: impl Into<String>) -> Verdict {
+        self.with_detail_string("hint", hint.into())
+    }
+
+    /// Sets one string member of the details object. Details that are not
+    /// an object are kept under `"value"` so nothing is lost.
+    fn with_detail_string(mut self, key: &'static str, text: String) -> Verdict {
+        let mut map = match self.details_value() {
+            Some(Value::Object(m)) => m,
+            Some(other) => serde_json::Map::from_iter([("value".to_owned(), other)]),
+            None => serde_json::Map::new(),
+        };
+        map.insert(key.to_owned(), Value::String(text));
+        self.details = Some(Value::Object(map).to_string());
+        self
+    }
+
+    /// The evidence members currently in the details.
+    fn evidence_fields(&self) -> Vec<(&'static str, String)> {
+        let Some(Value::Object(m)) = self.details_value() else {
+            return Vec::new();
+        };
+        ["expected", "actual", "path", "hint"]
+            .into_iter()
+            .filter_map(|k| match m.get(k) {
+                Some(Value::String(s)) => Some((k, s.clone())),
+                _ => None,
+            })
+            .collect()
     }
 
     pub fn status(&self) -> Status {
@@ -242,6 +307,21 @@ mod tests {
         assert_eq!(v.details(), Some(r#"{"a":[1,"two"],"b":null}"#));
         assert_eq!(v.details_value(), Some(json!({"a": [1, "two"], "b": null})));
         assert_eq!(Verdict::pass("").details(), None);
+    }
+
+    #[test]
+    fn evidence_merges_into_details_in_either_order() {
+        let before = Verdict::fail("").with_evidence("e", "a").with_details(json!({"n": 1}));
+        let after = Verdict::fail("").with_details(json!({"n": 1})).with_evidence("e", "a");
+        for v in [before, after] {
+            assert_eq!(v.details_value(), Some(json!({"n": 1, "expected": "e", "actual": "a"})));
+        }
+        let wrapped = Verdict::fail("").with_details(json!([1])).with_hint("h");
+        assert_eq!(wrapped.details_value(), Some(json!({"value": [1], "hint": "h"})));
+        assert_eq!(
+            Verdict::fail("").with_path("steps[0]").details_value(),
+            Some(json!({"path": "steps[0]"}))
+        );
     }
 
     #[test]

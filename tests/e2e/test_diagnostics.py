@@ -7,8 +7,9 @@ name the layer (``L<n> <type>``) and carry ``expected:``, ``actual:`` and ``hint
 holding the real values of the failing trace.
 
 Layers 5 and 6 use the fake OpenAI-compatible provider of ``test_layers_5_6`` (importing
-it points the session's engine at it). Layer 8 plugins are covered in Rust (details mapped
-onto expected/actual).
+it points the session's engine at it). Layer 8 uses the real ``tool-args`` component from
+``plugins/dist`` (importing ``test_plugins`` points the session's engine at it), whose
+``details.expected``/``actual``/``path``/``hint`` the engine maps onto the result fields.
 
 The calibration test runs ``attest-engine calibrate --format json`` over label files with
 edge cases and compares its statistics with the SDK's ``attest.calibration.compute_agreement``
@@ -28,6 +29,7 @@ from attest.calibration import LabelPair, compute_agreement
 from attest.cli.diagnostics import render_assertion_failure
 
 import test_layers_5_6 as paid  # noqa: F401  (sets the provider environment at import)
+import test_plugins as plugins
 from test_layers_1_4 import TRACES
 from test_trace_tree import TREE
 
@@ -114,6 +116,17 @@ def test_layer7_trace_tree_failure_renders_agent_path(attest) -> None:
     assert got["expected"] == "delegation depth ≤ 1", block
     assert got["actual"] == "depth 2 at orchestrator > researcher > fact_checker", block
     assert got["trace path"] == "orchestrator > researcher > fact_checker", block
+
+
+@pytest.mark.skipif(not plugins.PLUGIN_DIR.is_dir(), reason="plugins/dist is not built (plugins/build.sh)")
+def test_layer8_plugin_failure_renders_the_plugins_evidence(attest) -> None:
+    chain = expect(plugins.TRACES["wrong_refund"]).plugin("tool-args", plugins.REFUND_ARGS)
+    block = render_only_failure(attest, chain)
+    got = check_block(block, "L8 plugin")
+    assert got["expected"] == "'process_refund' called with amount equals 89.99; order_id matches /^ORD-\\d+$/", block
+    assert got["actual"] == "amount=80.0, order_id='order-123'", block
+    assert got["trace path"] == "steps[2].args", block
+    assert got["hint"].startswith("Make the agent pass amount equals 89.99"), block
 
 
 # --- calibrate ---------------------------------------------------------------

@@ -379,6 +379,24 @@ fn list_plugins_describes_each_loaded_plugin() {
             file.display()
         );
     }
+
+    // Members of a JSON-RPC batch share the line: each listing shrinks to
+    // its share, naming how many plugins it left out, instead of failing.
+    let batch: Vec<Value> = (0..24).map(|i| rpc(json!(i), "list_plugins", json!({}))).collect();
+    engine.send(&json!(batch));
+    let answers: Value = serde_json::from_slice(&engine.recv_bytes()).unwrap();
+    let answers = answers.as_array().unwrap();
+    assert_eq!(answers.len(), 24);
+    let mut shortened = 0;
+    for a in answers {
+        let listing = expect_result(a);
+        let listed = listed_ids(&listing);
+        let left_out = listing["plugins_not_listed"].as_u64().unwrap_or(0) as usize;
+        assert_eq!(listed.len() + left_out, RUST_EXAMPLES.len(), "{listing}");
+        assert_eq!(listed, RUST_EXAMPLES[..listed.len()], "listed in load order: {listing}");
+        shortened += usize::from(left_out > 0);
+    }
+    assert_eq!(shortened, 24, "a 24th of the line cannot hold every entry with its schema");
 }
 
 #[test]
@@ -847,6 +865,23 @@ fn tool_args_passes_and_fails() {
         ],
     );
     assert_eq!(r[0]["details"]["matched"], json!(0), "{}", r[0]);
+    // The plugin's evidence becomes the result's evidence fields (layer 8).
+    assert_eq!(
+        (r[0]["layer"].as_u64(), r[0]["type"].as_str()),
+        (Some(8), Some("plugin")),
+        "{}",
+        r[0]
+    );
+    assert_eq!(
+        r[0]["expected"],
+        json!("'process_refund' called with amount equals 89.99; order_id matches /^ORD-\\d+$/"),
+        "{}",
+        r[0]
+    );
+    assert_eq!(r[0]["actual"], json!("amount=80.0, order_id='order-123'"), "{}", r[0]);
+    assert_eq!(r[0]["trace_node_path"], json!("steps[2].args"), "{}", r[0]);
+    let hint = r[0]["suggested_action"].as_str().unwrap_or_default();
+    assert!(hint.starts_with("Make the agent pass amount equals 89.99"), "{}", r[0]);
 
     // Three calls, one for another order: all / any / first.
     let expect_order = json!({"order_id": {"equals": "ORD-123"}});

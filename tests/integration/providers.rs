@@ -564,6 +564,18 @@ fn paid_layers_are_skipped_when_a_free_layer_hard_fails() {
             expl.starts_with("Skipped: layer 4 assertion 'cheap' (content) hard-failed"),
             "{expl}"
         );
+        assert_eq!(skipped["actual"], "'cheap' (content) hard-failed", "{skipped}");
+        assert!(
+            skipped["expected"].as_str().unwrap().starts_with("layers 1-4 pass before"),
+            "{skipped}"
+        );
+        assert!(
+            skipped["suggested_action"]
+                .as_str()
+                .unwrap()
+                .starts_with("Fix the failure of 'cheap' first"),
+            "{skipped}"
+        );
     }
     assert!(fake.requests().is_empty(), "a skipped assertion reached the provider");
 

@@ -137,6 +137,10 @@ pub struct PluginHost {
 pub struct Listing<'a> {
     pub api_versions: &'static [&'static str],
     pub plugins: Vec<PluginEntry<'a>>,
+    /// Loaded plugins whose entries did not fit the response line, after
+    /// the listed ones (`attest-engine plugin check` describes any of them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub plugins_not_listed: usize,
     /// The first [`LISTED_FAILURES`] files that failed to load.
     pub failed: &'a [LoadFailure],
     /// How many more failed than are listed (`attest-engine plugin check`
@@ -251,35 +255,47 @@ impl PluginHost {
         &self.failures
     }
 
-    /// The `list_plugins` answer. Config schemas are included while they
-    /// fit [`LISTED_SCHEMA_BYTES`] in all; the others are replaced by a note
-    /// (`attest-engine plugin check` prints them in full), so the answer
-    /// stays one bounded line however many plugins there are.
-    pub fn listing(&self) -> Listing<'_> {
+    /// The `list_plugins` answer, in at most `budget` bytes of JSON. Config
+    /// schemas are included while they fit [`LISTED_SCHEMA_BYTES`] in all;
+    /// the others are replaced by a note (`attest-engine plugin check`
+    /// prints them in full). Plugins are listed in load order while their
+    /// entries fit what is left of `budget`; the rest are counted in
+    /// `plugins_not_listed`, so the answer stays one bounded line however
+    /// many plugins there are and however long their descriptions.
+    pub fn listing(&self, budget: usize) -> Listing<'_> {
         let mut schema_budget = LISTED_SCHEMA_BYTES;
-        Listing {
+        let mut listing = Listing {
             api_versions: SUPPORTED_API_VERSIONS,
-            plugins: self
-                .order
-                .iter()
-                .map(|id| {
-                    let p = &self.plugins[id];
-                    PluginEntry {
-                        id: &p.id,
-                        version: &p.version,
-                        description: &p.description,
-                        api_version: &p.api_version,
-                        path: &p.path,
-                        limits: &p.limits,
-                        config_schema: listed_schema(&p.config_schema, &p.path, &mut schema_budget),
-                        loaded_from: p.source,
-                        load_ms: p.load_ms,
-                    }
-                })
-                .collect(),
+            plugins: Vec::new(),
+            plugins_not_listed: 0,
             failed: &self.failures[..self.failures.len().min(LISTED_FAILURES)],
             failed_not_listed: self.failures.len().saturating_sub(LISTED_FAILURES),
+        };
+        // Room for the envelope, the failures and the `plugins_not_listed` member.
+        let fixed = serde_json::to_string(&listing).map_or(budget, |s| s.len()) + 64;
+        let mut left = budget.saturating_sub(fixed);
+        for id in &self.order {
+            let p = &self.plugins[id];
+            let entry = PluginEntry {
+                id: &p.id,
+                version: &p.version,
+                description: &p.description,
+                api_version: &p.api_version,
+                path: &p.path,
+                limits: &p.limits,
+                config_schema: listed_schema(&p.config_schema, &p.path, &mut schema_budget),
+                loaded_from: p.source,
+                load_ms: p.load_ms,
+            };
+            let size = serde_json::to_string(&entry).map_or(usize::MAX, |s| s.len() + 1);
+            if listing.plugins_not_listed > 0 || size > left {
+                listing.plugins_not_listed += 1;
+                continue;
+            }
+            left -= size;
+            listing.plugins.push(entry);
         }
+        listing
     }
 }
 
@@ -636,12 +652,12 @@ mod tests {
         for i in 0..40 {
             host.fail(Path::new(&format!("bad-{i}.wasm")), "not a WebAssembly component".into());
         }
-        let listing = host.listing();
+        let listing = host.listing(64 * 1024);
         assert_eq!(listing.failed.len(), LISTED_FAILURES);
         assert_eq!(listing.failed_not_listed, 8);
         let json = serde_json::to_value(&listing).unwrap();
         assert_eq!(json["failed_not_listed"], 8);
-        assert!(serde_json::to_value(PluginHost::default().listing())
+        assert!(serde_json::to_value(PluginHost::default().listing(64 * 1024))
             .unwrap()
             .get("failed_not_listed")
             .is_none());

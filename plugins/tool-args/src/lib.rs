@@ -209,7 +209,18 @@ impl AssertionPlugin for ToolArgs {
         let tool = quote(&config.tool);
         let calls: Vec<(usize, &Step)> = trace.tool_steps().filter(|(_, s)| s.name == config.tool).collect();
         if calls.is_empty() {
-            return Ok(Verdict::fail(never_called(trace, &config.tool)));
+            let seen = tool_names(trace);
+            let actual = if seen.is_empty() {
+                "no tool calls".to_owned()
+            } else {
+                format!("tool calls: {}", clip(&seen.join(", "), 200))
+            };
+            return Ok(Verdict::fail(never_called(trace, &config.tool))
+                .with_evidence(format!("a call to {tool}"), actual)
+                .with_path("steps")
+                .with_hint(format!(
+                    "Make the agent call {tool}, or correct the plugin config's tool name if the tool is called something else."
+                )));
         }
         let considered = if config.call == Which::First { &calls[..1] } else { &calls[..] };
         let results: Vec<CallResult> = considered
@@ -283,11 +294,56 @@ impl AssertionPlugin for ToolArgs {
                 )),
             },
         };
-        Ok(verdict.with_details(details))
+        let verdict = verdict.with_details(details);
+        if verdict.is_pass() {
+            return Ok(verdict);
+        }
+        // Evidence from the first call that fails: its arguments as the
+        // checks see them, and where they are.
+        let Some(r) = results.iter().find(|r| !r.matched()) else {
+            return Ok(verdict);
+        };
+        let args = calls.iter().find(|(i, _)| *i == r.step).and_then(|(_, s)| s.args.as_ref());
+        let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
+        Ok(verdict
+            .with_evidence(format!("{tool} called with {wanted}"), observed(args, &names))
+            .with_path(format!("steps[{}].args", r.step))
+            .with_hint(format!(
+                "Make the agent pass {wanted} to {tool}, or relax the plugin config's expect entries if other values are acceptable."
+            )))
     }
 }
 
+/// The checked arguments of one call as they are: `to='bob@else.org', subject missing`.
+fn observed(args: Option<&Value>, names: &[&str]) -> String {
+    let Some(Value::Object(m)) = args else {
+        return match args {
+            None => "the call has no args".to_owned(),
+            Some(other) => format!("args is {}", render(other)),
+        };
+    };
+    let parts: Vec<String> = names
+        .iter()
+        .map(|n| match m.get(*n) {
+            Some(v) => format!("{n}={}", render(v)),
+            None => format!("{n} missing"),
+        })
+        .collect();
+    clip(&parts.join(", "), 300)
+}
+
 attest_plugin_sdk::export_plugin!(ToolArgs);
+
+/// The tools the trace calls, each once, in order of first call.
+fn tool_names(trace: &Trace) -> Vec<&str> {
+    let mut names: Vec<&str> = Vec::new();
+    for (_, s) in trace.tool_steps() {
+        if !names.contains(&s.name.as_str()) {
+            names.push(&s.name);
+        }
+    }
+    names
+}
 
 /// Why there is no call to check, naming what the trace does have.
 fn never_called(trace: &Trace, tool: &str) -> String {
@@ -298,12 +354,7 @@ fn never_called(trace: &Trace, tool: &str) -> String {
             quote(tool)
         );
     }
-    let mut names: Vec<&str> = Vec::new();
-    for (_, s) in trace.tool_steps() {
-        if !names.contains(&s.name.as_str()) {
-            names.push(&s.name);
-        }
-    }
+    let names = tool_names(trace);
     if names.is_empty() {
         format!("{} was never called (the trace has no tool calls).", quote(tool))
     } else {
@@ -371,6 +422,35 @@ mod tests {
         assert_eq!(
             v.explanation(),
             "The first call to 'send_email' (step 1) matches: priority equals 2; to equals 'ann@corp.com'."
+        );
+    }
+
+    #[test]
+    fn failures_carry_evidence_for_the_result_fields() {
+        let v = run(json!({"tool": "send_email", "expect": {"subject": {"equals": "Refund R-1001"}, "to": {"regex": "@corp\\.com$"}}}));
+        assert!(!v.is_pass());
+        let d = v.details_value().unwrap();
+        assert_eq!(
+            d["expected"],
+            "'send_email' called with subject equals 'Refund R-1001'; to matches /@corp\\.com$/"
+        );
+        assert_eq!(d["actual"], "subject='Hello', to='bob@else.org'");
+        assert_eq!(d["path"], "steps[3].args");
+        assert!(d["hint"].as_str().unwrap().starts_with("Make the agent pass subject equals"), "{d}");
+        assert_eq!(d["calls"], 2, "the plugin's own details stay: {d}");
+
+        let never = run(json!({"tool": "refund", "expect": {"id": {"equals": 1}}}));
+        let d = never.details_value().unwrap();
+        assert_eq!(
+            (d["expected"].as_str(), d["actual"].as_str()),
+            (Some("a call to 'refund'"), Some("tool calls: send_email, lookup"))
+        );
+        assert_eq!(
+            run(json!({"tool": "lookup", "expect": {"id": {"equals": 7}}}))
+                .details_value()
+                .unwrap()
+                .get("expected"),
+            None
         );
     }
 
