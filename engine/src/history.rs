@@ -10,10 +10,16 @@
 //! Rows are keyed by `assertion_id` and by a stable fingerprint of the
 //! assertion (type, canonical spec without `soft`/`threshold`, and the trace's
 //! agent id), because SDKs generate a fresh random `assertion_id` every run.
+//!
+//! Continuous evaluation writes a row per assertion per trace, so a row is
+//! kept narrow: fingerprints and assertion ids are interned in their own
+//! tables (a result row holds two integers for them), the only index on
+//! results is (fingerprint, id), and rows go in as multi-row inserts.
 
 use rusqlite::{params, Connection};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender, TryRecvError};
@@ -24,7 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// room for a burst of 100,000 batches of 8 while the low-priority writer
 /// waits for idle CPU (about 100 bytes a row).
 const MAX_QUEUED_ROWS: usize = 800_000;
-/// Rows waiting that make the writer write even while a burst goes on.
+/// Rows waiting that wake the writer before its next look.
 const HIGH_WATERMARK: usize = 200_000;
 /// How often the writer looks at the queue when nothing wakes it sooner.
 const IDLE_FLUSH: Duration = Duration::from_millis(100);
@@ -373,11 +379,12 @@ enum Msg {
 /// Handle to the history store; cheap to share.
 ///
 /// Requests hand rows over on a lock-free channel and never wake the writer
-/// thread for them. The writer looks every [`IDLE_FLUSH`] and writes once
-/// no rows arrived since its last look (the burst is over), when
-/// [`HIGH_WATERMARK`] rows are waiting, for a query, or at shutdown. So a
-/// request pays for a channel push, never for a disk write, a lock or a
-/// thread wake-up, and a burst of requests is not slowed by writing.
+/// thread for them. The writer looks every [`IDLE_FLUSH`] (sooner when
+/// [`HIGH_WATERMARK`] rows are waiting, for a query, or at shutdown) and
+/// writes what is queued. It runs at `SCHED_IDLE`, so during a burst it
+/// writes only on a core that would otherwise idle: a request pays for a
+/// channel push, never for a disk write, a lock or a thread wake-up, and
+/// the rows are durable soon after the burst instead of long after it.
 pub struct History {
     tx: Sender<Msg>,
     writer: std::thread::Thread,
@@ -404,10 +411,11 @@ impl History {
         let conn = open_connection(&config.path)?;
         let (tx, rx) = channel();
         let shared = Arc::new(Shared::default());
-        let writer = Writer {
+        let mut writer = Writer {
             conn,
             config: config.clone(),
             written_since_prune: 0,
+            interned: Interned::default(),
         };
         writer.prune();
         let state = shared.clone();
@@ -492,22 +500,48 @@ impl Drop for History {
     }
 }
 
+/// Current layout of the history file (`PRAGMA user_version`). Version 0
+/// (before interning) kept the fingerprint and assertion id in every row.
+const SCHEMA_VERSION: i64 = 2;
+
 fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
-    let conn = crate::store::open_shared(path)?;
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS results (
+    let mut conn = crate::store::open_shared(path)?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version == SCHEMA_VERSION {
+        return Ok(conn);
+    }
+    let tx = conn.transaction()?;
+    let old_layout: bool = tx.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('results') WHERE name = 'fingerprint'",
+        [],
+        |r| r.get(0),
+    )?;
+    if old_layout {
+        tx.execute_batch("ALTER TABLE results RENAME TO results_v0; DROP INDEX IF EXISTS results_by_fingerprint; DROP INDEX IF EXISTS results_by_assertion;")?;
+    }
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS fingerprints (
+            id INTEGER PRIMARY KEY,
+            fingerprint BLOB NOT NULL UNIQUE,
+            agent_id TEXT
+        );
+        -- Each assertion id with the fingerprint of its latest result.
+        CREATE TABLE IF NOT EXISTS assertions (
+            id INTEGER PRIMARY KEY,
+            assertion_id TEXT NOT NULL UNIQUE,
+            fingerprint INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS results (
             id INTEGER PRIMARY KEY,
             recorded_at_ms INTEGER NOT NULL,
-            assertion_id TEXT NOT NULL,
-            fingerprint BLOB NOT NULL,
+            fingerprint INTEGER NOT NULL,
+            assertion INTEGER NOT NULL,
             assertion_type TEXT NOT NULL,
             status TEXT NOT NULL,
             score REAL NOT NULL,
-            trace_id TEXT NOT NULL,
-            agent_id TEXT
+            trace_id TEXT NOT NULL
         );
         CREATE INDEX IF NOT EXISTS results_by_fingerprint ON results (fingerprint, id);
-        CREATE INDEX IF NOT EXISTS results_by_assertion ON results (assertion_id, id);
         CREATE TABLE IF NOT EXISTS result_keys (
             trace_id TEXT NOT NULL,
             assertion_id TEXT NOT NULL,
@@ -515,6 +549,20 @@ fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
             PRIMARY KEY (trace_id, assertion_id)
         ) WITHOUT ROWID;",
     )?;
+    if old_layout {
+        tx.execute_batch(
+            "INSERT OR IGNORE INTO fingerprints (fingerprint, agent_id) SELECT fingerprint, agent_id FROM results_v0 ORDER BY id;
+             INSERT OR REPLACE INTO assertions (assertion_id, fingerprint)
+                 SELECT r.assertion_id, f.id FROM results_v0 r JOIN fingerprints f ON f.fingerprint = r.fingerprint ORDER BY r.id;
+             INSERT INTO results (id, recorded_at_ms, fingerprint, assertion, assertion_type, status, score, trace_id)
+                 SELECT r.id, r.recorded_at_ms, f.id, a.id, r.assertion_type, r.status, r.score, r.trace_id
+                 FROM results_v0 r JOIN fingerprints f ON f.fingerprint = r.fingerprint
+                 JOIN assertions a ON a.assertion_id = r.assertion_id;
+             DROP TABLE results_v0;",
+        )?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
     Ok(conn)
 }
 
@@ -541,18 +589,31 @@ struct Writer {
     conn: Connection,
     config: HistoryConfig,
     written_since_prune: u64,
+    interned: Interned,
 }
+
+/// Row ids of fingerprints and assertion ids already in the file, so a
+/// result row costs one insert. Bounded: cleared when either map is full
+/// (and after pruning, which may delete what they point to).
+#[derive(Default)]
+struct Interned {
+    /// By agent, then spec digest: a fingerprint's hash is computed once.
+    fingerprints: HashMap<String, HashMap<SpecDigest, i64>>,
+    fingerprint_count: usize,
+    assertions: HashMap<String, i64>,
+}
+
+/// Entries each interning map may hold (about 100 bytes each).
+const MAX_INTERNED: usize = 100_000;
+/// Rows per multi-row INSERT: SQLite allows 32,766 parameters, 7 per row.
+const ROWS_PER_INSERT: usize = 256;
 
 impl Writer {
     fn run(mut self, rx: &Receiver<Msg>, shared: &Shared) {
-        let mut seen = 0;
         loop {
             std::thread::park_timeout(IDLE_FLUSH);
-            let queued = shared.queued_rows.load(Ordering::Acquire);
-            let quiet = queued == seen;
-            seen = queued;
-            if !quiet && queued < HIGH_WATERMARK && shared.urgent.load(Ordering::Acquire) == 0 {
-                continue; // a burst is on: write after it
+            if shared.queued_rows.load(Ordering::Acquire) == 0 && shared.urgent.load(Ordering::Acquire) == 0 {
+                continue;
             }
             let mut rows = Vec::new();
             let mut closed = false;
@@ -576,7 +637,6 @@ impl Writer {
                 }
             }
             self.write(&mut rows);
-            seen = shared.queued_rows.load(Ordering::Acquire);
             if closed {
                 return;
             }
@@ -599,35 +659,42 @@ impl Writer {
             return;
         }
         let at = now_ms();
+        if self.interned.fingerprint_count > MAX_INTERNED || self.interned.assertions.len() > MAX_INTERNED {
+            self.interned = Interned::default();
+        }
+        let interned = &mut self.interned;
         let result = (|| -> rusqlite::Result<u64> {
             let tx = self.conn.transaction()?;
             let mut n = 0;
             {
-                let mut insert = tx.prepare_cached(
-                    "INSERT INTO results (recorded_at_ms, assertion_id, fingerprint, assertion_type, status, score, trace_id, agent_id)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                )?;
                 let mut key =
                     tx.prepare_cached("INSERT OR IGNORE INTO result_keys (trace_id, assertion_id, recorded_at_ms) VALUES (?1, ?2, ?3)")?;
+                // (fingerprint, assertion, row): what the multi-row insert takes.
+                let mut ready: Vec<(i64, i64, &Row, &str)> = Vec::with_capacity(ROWS_PER_INSERT);
+                // Each assertion id's latest fingerprint, set once per transaction.
+                let mut latest: HashMap<i64, i64> = HashMap::new();
                 for batch in pending.iter() {
                     for r in &batch.rows {
                         if batch.keyed && key.execute(params![batch.trace_id, r.assertion_id, at])? == 0 {
                             // Already recorded by an earlier delivery of this trace.
                             continue;
                         }
-                        let fingerprint = Fingerprint::new(&r.spec, batch.agent_id.as_deref());
-                        insert.execute(params![
-                            at,
-                            r.assertion_id,
-                            &fingerprint.0[..],
-                            r.assertion_type,
-                            r.status,
-                            r.score,
-                            batch.trace_id,
-                            batch.agent_id
-                        ])?;
-                        n += 1;
+                        let fp = intern_fingerprint(&tx, interned, &r.spec, batch.agent_id.as_deref())?;
+                        let assertion = intern_assertion(&tx, interned, &r.assertion_id, fp)?;
+                        latest.insert(assertion, fp);
+                        ready.push((fp, assertion, r, &batch.trace_id));
+                        if ready.len() == ROWS_PER_INSERT {
+                            insert_rows(&tx, at, &ready)?;
+                            n += ready.len() as u64;
+                            ready.clear();
+                        }
                     }
+                }
+                insert_rows(&tx, at, &ready)?;
+                n += ready.len() as u64;
+                let mut repoint = tx.prepare_cached("UPDATE assertions SET fingerprint = ?2 WHERE id = ?1 AND fingerprint <> ?2")?;
+                for (assertion, fp) in latest {
+                    repoint.execute(params![assertion, fp])?;
                 }
             }
             tx.commit()?;
@@ -642,12 +709,17 @@ impl Writer {
                     self.written_since_prune = 0;
                 }
             }
-            Err(e) => tracing::error!(error = %e, "cannot write result history"),
+            Err(e) => {
+                // A rolled-back transaction may have taken interned ids with it.
+                self.interned = Interned::default();
+                tracing::error!(error = %e, "cannot write result history")
+            }
         }
     }
 
     /// Enforces the age and row-count limits.
-    fn prune(&self) {
+    fn prune(&mut self) {
+        self.interned = Interned::default();
         let cutoff = now_ms() - self.config.max_age.as_millis() as i64;
         let result = self
             .conn
@@ -662,6 +734,14 @@ impl Writer {
                     "DELETE FROM results WHERE id <= (SELECT id FROM results ORDER BY id DESC LIMIT 1 OFFSET ?1)",
                     params![self.config.max_rows as i64],
                 )?;
+                // Interned ids no result row uses any more go too, so the
+                // side tables stay as bounded as the results.
+                if a + b > 0 {
+                    self.conn.execute_batch(
+                        "DELETE FROM assertions WHERE id NOT IN (SELECT assertion FROM results);
+                         DELETE FROM fingerprints WHERE id NOT IN (SELECT fingerprint FROM results);",
+                    )?;
+                }
                 Ok(a + b)
             });
         match result {
@@ -672,9 +752,10 @@ impl Writer {
     }
 
     fn recent(&self, fp: Fingerprint, limit: u64) -> rusqlite::Result<Vec<f64>> {
-        let mut q = self
-            .conn
-            .prepare_cached("SELECT score FROM results WHERE fingerprint = ?1 ORDER BY id DESC LIMIT ?2")?;
+        let mut q = self.conn.prepare_cached(
+            "SELECT r.score FROM results r JOIN fingerprints f ON r.fingerprint = f.id
+                 WHERE f.fingerprint = ?1 ORDER BY r.id DESC LIMIT ?2",
+        )?;
         let rows = q.query_map(params![&fp.0[..], limit as i64], |r| r.get::<_, f64>(0))?;
         rows.collect()
     }
@@ -684,7 +765,10 @@ impl Writer {
             Subject::Fingerprint(fp) => {
                 let latest_id: Option<String> = self
                     .conn
-                    .prepare_cached("SELECT assertion_id FROM results WHERE fingerprint = ?1 ORDER BY id DESC LIMIT 1")?
+                    .prepare_cached(
+                        "SELECT a.assertion_id FROM results r JOIN fingerprints f ON r.fingerprint = f.id
+                         JOIN assertions a ON a.id = r.assertion WHERE f.fingerprint = ?1 ORDER BY r.id DESC LIMIT 1",
+                    )?
                     .query_row(params![&fp.0[..]], |r| r.get(0))
                     .map(Some)
                     .or_else(none_if_no_rows)?;
@@ -693,7 +777,9 @@ impl Writer {
             Subject::AssertionId(id) => {
                 let fp: Option<Vec<u8>> = self
                     .conn
-                    .prepare_cached("SELECT fingerprint FROM results WHERE assertion_id = ?1 ORDER BY id DESC LIMIT 1")?
+                    .prepare_cached(
+                        "SELECT f.fingerprint FROM assertions a JOIN fingerprints f ON f.id = a.fingerprint WHERE a.assertion_id = ?1",
+                    )?
                     .query_row(params![id], |r| r.get(0))
                     .map(Some)
                     .or_else(none_if_no_rows)?;
@@ -707,6 +793,67 @@ impl Writer {
         };
         Ok(DriftReport::from_window(assertion_id, fp, &scores, window))
     }
+}
+
+/// The row id of a fingerprint, inserting it the first time it is seen.
+fn intern_fingerprint(tx: &Connection, interned: &mut Interned, spec: &SpecDigest, agent_id: Option<&str>) -> rusqlite::Result<i64> {
+    // No agent and an empty agent hash alike (see `Fingerprint::new`).
+    let agent = agent_id.unwrap_or_default();
+    if let Some(id) = interned.fingerprints.get(agent).and_then(|by_spec| by_spec.get(spec)) {
+        return Ok(*id);
+    }
+    let fp = Fingerprint::new(spec, agent_id);
+    tx.prepare_cached("INSERT OR IGNORE INTO fingerprints (fingerprint, agent_id) VALUES (?1, ?2)")?
+        .execute(params![&fp.0[..], agent_id])?;
+    let id = tx
+        .prepare_cached("SELECT id FROM fingerprints WHERE fingerprint = ?1")?
+        .query_row(params![&fp.0[..]], |r| r.get(0))?;
+    interned.fingerprints.entry(agent.to_owned()).or_default().insert(*spec, id);
+    interned.fingerprint_count += 1;
+    Ok(id)
+}
+
+/// The row id of an assertion id, inserting it (pointing at `fp`) the first
+/// time it is seen.
+fn intern_assertion(tx: &Connection, interned: &mut Interned, assertion_id: &str, fp: i64) -> rusqlite::Result<i64> {
+    if let Some(id) = interned.assertions.get(assertion_id) {
+        return Ok(*id);
+    }
+    tx.prepare_cached("INSERT OR IGNORE INTO assertions (assertion_id, fingerprint) VALUES (?1, ?2)")?
+        .execute(params![assertion_id, fp])?;
+    let id = tx
+        .prepare_cached("SELECT id FROM assertions WHERE assertion_id = ?1")?
+        .query_row(params![assertion_id], |r| r.get(0))?;
+    interned.assertions.insert(assertion_id.to_owned(), id);
+    Ok(id)
+}
+
+/// One multi-row INSERT for up to [`ROWS_PER_INSERT`] rows.
+fn insert_rows(tx: &Connection, at: i64, rows: &[(i64, i64, &Row, &str)]) -> rusqlite::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let sql = insert_sql(rows.len());
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(rows.len() * 7);
+    for (fp, assertion, r, trace_id) in rows {
+        values.extend_from_slice(&[&at, fp, assertion, &r.assertion_type, &r.status, &r.score, trace_id]);
+    }
+    stmt.execute(values.as_slice())?;
+    Ok(())
+}
+
+/// `INSERT ... VALUES (?,?,?,?,?,?,?),(...)` for `n` rows.
+fn insert_sql(n: usize) -> String {
+    let mut sql =
+        String::from("INSERT INTO results (recorded_at_ms, fingerprint, assertion, assertion_type, status, score, trace_id) VALUES ");
+    for i in 0..n {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str("(?,?,?,?,?,?,?)");
+    }
+    sql
 }
 
 fn none_if_no_rows<T>(e: rusqlite::Error) -> rusqlite::Result<Option<T>> {
@@ -829,6 +976,69 @@ mod tests {
         assert_eq!((r.count, r.assertion_id.as_str()), (3, "run2"));
         let none = h.drift(Subject::AssertionId("never".into()), 50).unwrap();
         assert_eq!(none.status, DriftStatus::NoData);
+    }
+
+    #[test]
+    fn a_file_in_the_layout_before_interning_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(dir.path());
+        let spec = SpecDigest::of("content", None);
+        let fp = Fingerprint::new(&spec, Some("bot"));
+        {
+            let conn = Connection::open(&c.path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE results (id INTEGER PRIMARY KEY, recorded_at_ms INTEGER NOT NULL, assertion_id TEXT NOT NULL,
+                    fingerprint BLOB NOT NULL, assertion_type TEXT NOT NULL, status TEXT NOT NULL, score REAL NOT NULL,
+                    trace_id TEXT NOT NULL, agent_id TEXT);
+                 CREATE INDEX results_by_fingerprint ON results (fingerprint, id);
+                 CREATE INDEX results_by_assertion ON results (assertion_id, id);",
+            )
+            .unwrap();
+            for (i, score) in [0.2, 0.4, 0.6].iter().enumerate() {
+                conn.execute(
+                    "INSERT INTO results (recorded_at_ms, assertion_id, fingerprint, assertion_type, status, score, trace_id, agent_id)
+                     VALUES (?1, ?2, ?3, 'content', 'pass', ?4, 't', 'bot')",
+                    params![now_ms(), format!("old{i}"), &fp.0[..], score],
+                )
+                .unwrap();
+            }
+        }
+        let h = History::open(&c).unwrap();
+        assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.6, 0.4, 0.2]);
+        let r = h.drift(Subject::AssertionId("old0".into()), 50).unwrap();
+        assert_eq!((r.count, r.fingerprint.as_deref()), (3, Some(fp.hex().as_str())));
+        assert_eq!(h.drift(Subject::Fingerprint(fp), 50).unwrap().assertion_id, "old2");
+        // New rows join the migrated history.
+        h.record(Rows {
+            keyed: false,
+            trace_id: "t2".into(),
+            agent_id: Some("bot".into()),
+            rows: vec![Row {
+                assertion_id: "new".into(),
+                spec,
+                assertion_type: "content",
+                status: "pass",
+                score: 0.8,
+            }],
+        });
+        assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.8, 0.6, 0.4, 0.2]);
+    }
+
+    #[test]
+    fn interned_ids_point_at_each_assertions_latest_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = History::open(&config(dir.path())).unwrap();
+        let (a, b) = (SpecDigest::of("content", None), SpecDigest::of("schema", None));
+        h.record(rows("same-id", a, &[0.1]));
+        h.record(rows("same-id", b, &[0.9]));
+        let r = h.drift(Subject::AssertionId("same-id".into()), 50).unwrap();
+        assert_eq!(r.fingerprint, Some(Fingerprint::new(&b, None).hex()), "the id's latest spec wins");
+        assert_eq!((r.count, r.latest_score), (1, 0.9));
+        // Many rows in one write cross the multi-row insert boundary.
+        let many: Vec<f64> = (0..(ROWS_PER_INSERT * 2 + 3)).map(|i| i as f64 / 1000.0).collect();
+        h.record(rows("bulk", a, &many));
+        let recent = h.recent_scores(Fingerprint::new(&a, None), 5).unwrap();
+        assert_eq!(recent, many.iter().rev().take(5).copied().collect::<Vec<_>>());
     }
 
     #[test]
