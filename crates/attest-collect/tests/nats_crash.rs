@@ -3,6 +3,9 @@
 //! SIGKILL mid-batch, one that exits after publishing a result and before
 //! acknowledging. Every trace must be evaluated exactly once in the sink —
 //! none lost, none counted twice — and redelivery must really have happened.
+//! The crash test runs `attest-engine worker` when ATTEST_ENGINE_BIN names
+//! the engine; the dead-letter and progress-ack tests need the harness's
+//! failure and delay hooks.
 
 mod support;
 
@@ -11,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{read_jsonl, Proc, RULES};
+use support::{plugin_wasm, read_jsonl, Evaluator, Proc, RULES};
 
 fn nats_server_bin() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
@@ -88,13 +91,36 @@ fn wait_lines(path: &Path, n: usize, secs: u64) -> usize {
     }
 }
 
+/// Rules and global flags that make every evaluation take about half a
+/// second, so a worker can be killed mid-batch. The engine gets a real
+/// plugin assertion that spins until its 500 ms deadline (it reports a
+/// `timeout` result); the harness sleeps in its test evaluator.
+fn slow_setup(evaluator: Evaluator, dir: &Path) -> (String, Vec<String>, Vec<(&'static str, &'static str)>, usize) {
+    match evaluator {
+        Evaluator::Engine => {
+            let config = dir.join("attest.toml");
+            std::fs::write(
+                &config,
+                format!("[[plugins]]\npath = '{}'\ntimeout = '500ms'\n", plugin_wasm("spin").display()),
+            )
+            .unwrap();
+            let rules = format!("{RULES}      - {{assertion_id: slow, type: plugin, spec: {{plugin_id: spin, config: {{}}}}}}\n");
+            (rules, vec!["--config".into(), config.display().to_string()], vec![], 4)
+        }
+        Evaluator::TestHarness => (RULES.to_owned(), vec![], vec![("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "500")], 3),
+    }
+}
+
 #[test]
 fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
     let Some(bin) = nats_server_bin() else { return };
+    let evaluator = Evaluator::product();
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start(&bin, dir.path());
+    let (rules_text, global, slow_env, per_trace_results) = slow_setup(evaluator, dir.path());
+    let global: Vec<&str> = global.iter().map(String::as_str).collect();
     let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
+    std::fs::write(&rules, rules_text).unwrap();
     let rules = rules.to_str().unwrap();
     let results = dir.path().join("results.jsonl");
 
@@ -113,10 +139,12 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
     std::fs::write(&input, lines.join("\n")).unwrap();
 
     let common = ["--nats", &nats.url, "--ack-wait-secs", "3", "--max-deliver", "5"];
-    let sink = Proc::spawn(
+    let sink = Proc::spawn_on(
+        evaluator,
         dir.path(),
         "sink",
         &[
+            &global[..],
             &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
             &common[..],
         ]
@@ -124,11 +152,12 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
         &[],
     );
     let worker = |name: &str, env: &[(&str, &str)]| {
-        Proc::spawn(
+        Proc::spawn_on(
+            evaluator,
             dir.path(),
             name,
-            &[&["worker", "--rules", rules, "--concurrency", "2"][..], &common[..]].concat(),
-            &[&[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "500")][..], env].concat(),
+            &[&global[..], &["worker", "--rules", rules, "--concurrency", "2"][..], &common[..]].concat(),
+            &[&slow_env[..], env].concat(),
         )
     };
     let mut killed = worker("killed", &[]);
@@ -140,10 +169,16 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
 
     // Publish every trace twice: the server drops the second copy by message id.
     for run in 0..2 {
-        let mut collector = Proc::spawn(
+        let mut collector = Proc::spawn_on(
+            evaluator,
             dir.path(),
             &format!("collector{run}"),
-            &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
+            &[
+                &global[..],
+                &["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..],
+                &common[..],
+            ]
+            .concat(),
             &[],
         );
         assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
@@ -162,8 +197,8 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
     killed.signal("KILL");
     assert_eq!(killed.wait_exit(10), -1, "killed by a signal");
 
-    let total = wait_lines(&results, TRACES * 3, 120);
-    assert_eq!(total, TRACES * 3, "sink has {total} results");
+    let total = wait_lines(&results, TRACES * per_trace_results, 120);
+    assert_eq!(total, TRACES * per_trace_results, "sink has {total} results");
     // Give late redeliveries a moment to show up (they must not add lines).
     std::thread::sleep(Duration::from_secs(4));
 
@@ -181,7 +216,7 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
     assert_eq!(code, 0, "{sink_log}");
 
     let records = read_jsonl(&results);
-    assert_eq!(records.len(), TRACES * 3);
+    assert_eq!(records.len(), TRACES * per_trace_results);
     let mut per_trace: HashMap<String, HashSet<String>> = HashMap::new();
     for r in &records {
         let key = r["assertion_id"].as_str().unwrap().to_string();
@@ -194,7 +229,17 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
         );
     }
     assert_eq!(per_trace.len(), TRACES, "every trace evaluated");
-    assert!(per_trace.values().all(|a| a.len() == 3));
+    assert!(per_trace.values().all(|a| a.len() == per_trace_results));
+    if evaluator == Evaluator::Engine {
+        // The engine's own verdicts, and the spinning plugin stopped at its deadline.
+        for r in &records {
+            let want = match r["assertion_id"].as_str().unwrap() {
+                "uses-lookup" | "says-refund" => "pass",
+                _ => "hard_fail",
+            };
+            assert_eq!(r["status"], want, "{r}");
+        }
+    }
 
     // Redelivery really happened: the killed worker's in-flight traces were
     // evaluated again (delivery >= 2), and the trace whose ack was lost in the

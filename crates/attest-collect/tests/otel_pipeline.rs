@@ -2,14 +2,15 @@
 //! instrumented by OpenInference or by the OpenTelemetry GenAI instrumentation,
 //! exported with the OTLP/HTTP protobuf exporter, talking to a fake
 //! OpenAI-compatible server on loopback. Checks the assembled Attest traces and
-//! the verdicts. Needs the venv named by COLLECT_TEST_VENV (scripts/test makes it).
+//! the verdicts. Needs the venv named by COLLECT_TEST_VENV (scripts/test makes it);
+//! runs `attest-engine collect` when ATTEST_ENGINE_BIN names the engine.
 
 mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use support::{read_jsonl, Collector, RULES};
+use support::{read_jsonl, Collector, Evaluator, RULES};
 
 fn venv_python() -> Option<PathBuf> {
     match std::env::var("COLLECT_TEST_VENV") {
@@ -26,7 +27,9 @@ async fn run_convention(convention: &str) {
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results.jsonl");
     let traces = dir.path().join("traces.jsonl");
-    let collector = Collector::start(
+    // The product: `attest-engine collect`, scoring with the engine's own layers.
+    let collector = Collector::start_on(
+        Evaluator::product(),
         dir.path(),
         RULES,
         &[
@@ -37,6 +40,7 @@ async fn run_convention(convention: &str) {
             "--traces-out",
             traces.to_str().unwrap(),
         ],
+        &[],
     );
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/agent.py");
     let out = Command::new(&python)

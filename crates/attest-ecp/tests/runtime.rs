@@ -514,7 +514,7 @@ fn agent_dies_when_the_runtime_is_killed() {
             pid_file.display()
         ),
     );
-    let mut runtime = Command::new(bin())
+    let mut runtime = ecp_command()
         .args(["run", "-m", &m, "--timeout", "600"])
         .stderr(Stdio::null())
         .spawn()
@@ -548,4 +548,107 @@ fn agent_stderr_is_kept_bounded() {
         "the most recent output is kept"
     );
     assert!(stderr.contains("debug 01999"));
+}
+
+/// Debian's Chromium, from CHROMIUM (scripts/test sets it) or /usr/bin/chromium;
+/// None, loudly, when neither is there.
+fn chromium() -> Option<String> {
+    let configured = std::env::var("CHROMIUM").ok();
+    let path = configured.clone().unwrap_or_else(|| "/usr/bin/chromium".to_owned());
+    if Path::new(&path).exists() {
+        return Some(path);
+    }
+    assert!(configured.is_none(), "CHROMIUM={path} does not exist");
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        b"\n*** SKIPPED: no Chromium (apt-get install chromium poppler-utils), so the HTML report was not rendered.\n",
+    );
+    None
+}
+
+/// Headless Chromium with the flags a closed network needs (no background
+/// connections) and a throwaway profile.
+fn headless(chromium: &str, profile: &Path) -> Command {
+    let mut cmd = Command::new(chromium);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    cmd
+}
+
+fn squash(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn html_report_renders_the_failing_reason_in_headless_chromium() {
+    let (Some(venv), Some(chromium)) = (venv(), chromium()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let body = SUPPORT_SCENARIOS.replace("PIDFILE", &pid_file.display().to_string());
+    let m = manifest(dir.path(), &format!("{} {}", python(&venv), agent("support_agent.py")), &body);
+    let html = dir.path().join("r.html");
+    let (code, report, _) = run_json(dir.path(), &m, &["--report", html.to_str().unwrap()], &[]);
+    assert_eq!(code, 2);
+    let failing = &report["scenarios"][0]["steps"][0]["checks"][4];
+    assert_eq!(failing["passed"], false, "{failing}");
+    let reason = squash(failing["reasoning"].as_str().unwrap());
+    assert!(reason.len() > 10, "{failing}");
+    let url = format!("file://{}", html.display());
+
+    // A screenshot: the page renders as a picture with content (a blank
+    // 1280x1800 page compresses to a few KB).
+    let shot = dir.path().join("report.png");
+    let status = headless(&chromium, &dir.path().join("profile-shot"))
+        .args(["--window-size=1280,1800", &format!("--screenshot={}", shot.display()), &url])
+        .status()
+        .unwrap();
+    assert!(status.success(), "chromium --screenshot: {status}");
+    let png = std::fs::read(&shot).expect("chromium wrote the screenshot");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    let (w, h) = (
+        u32::from_be_bytes(png[16..20].try_into().unwrap()),
+        u32::from_be_bytes(png[20..24].try_into().unwrap()),
+    );
+    assert_eq!((w, h), (1280, 1800), "screenshot size");
+    assert!(png.len() > 30_000, "a {}-byte screenshot is a blank page", png.len());
+    if let Some(keep) = std::env::var_os("ECP_KEEP_SCREENSHOT") {
+        std::fs::copy(&shot, keep).unwrap();
+    }
+
+    // What the page shows, as Chromium lays it out: printed to PDF and read
+    // back as text, so hidden or collapsed text would not count.
+    let pdf = dir.path().join("report.pdf");
+    let status = headless(&chromium, &dir.path().join("profile-pdf"))
+        .args(["--no-pdf-header-footer", &format!("--print-to-pdf={}", pdf.display()), &url])
+        .status()
+        .unwrap();
+    assert!(status.success(), "chromium --print-to-pdf: {status}");
+    let text = Command::new("pdftotext")
+        .arg(&pdf)
+        .arg("-")
+        .output()
+        .expect("pdftotext (poppler-utils)");
+    assert!(text.status.success());
+    let shown = squash(&String::from_utf8_lossy(&text.stdout));
+    let head: String = reason.chars().take(40).collect();
+    assert!(
+        shown.contains(&head),
+        "the failing check's reason {reason:?} is not on the rendered page:\n{shown}"
+    );
+    assert!(shown.contains("FAIL") && shown.contains("Refunds <b>&</b>"), "{shown}");
+    assert_no_survivors(&pid_file);
 }

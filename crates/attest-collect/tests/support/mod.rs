@@ -1,13 +1,62 @@
-//! Helpers shared by the integration tests: spawning the test harness binary,
-//! reading its stderr, signalling it, reading result files.
+//! Helpers shared by the integration tests: spawning the collector (the
+//! product binary, or the test harness), reading its stderr, signalling it,
+//! reading result files.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_attest-collect-testbin")
+/// Which binary serves `collect` and `worker` in a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evaluator {
+    /// `attest-engine`, named by ATTEST_ENGINE_BIN (scripts/test sets it):
+    /// the product, evaluating with the engine's own layers.
+    Engine,
+    /// This crate's harness with the test evaluator, whose hooks
+    /// (ATTEST_COLLECT_TEST_EVAL_DELAY_MS, ATTEST_COLLECT_TEST_FAIL_TRACE)
+    /// make evaluations slow or failing on demand.
+    TestHarness,
+}
+
+impl Evaluator {
+    /// The engine when ATTEST_ENGINE_BIN names one, else the harness (with a
+    /// loud note, since the product path is then not exercised).
+    pub fn product() -> Evaluator {
+        if engine_bin().is_some() {
+            Evaluator::Engine
+        } else {
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                b"\n*** ATTEST_ENGINE_BIN is not set: this test runs on the test harness instead of attest-engine.\n",
+            );
+            Evaluator::TestHarness
+        }
+    }
+
+    pub fn command(self) -> Command {
+        match self {
+            Evaluator::Engine => {
+                let mut cmd = Command::new(engine_bin().expect("ATTEST_ENGINE_BIN"));
+                cmd.arg("--log-level=info");
+                cmd
+            }
+            Evaluator::TestHarness => Command::new(env!("CARGO_BIN_EXE_attest-collect-testbin")),
+        }
+    }
+}
+
+fn engine_bin() -> Option<PathBuf> {
+    std::env::var_os("ATTEST_ENGINE_BIN").map(PathBuf::from).filter(|p| p.exists())
+}
+
+/// A built plugin component from the repository's `plugins/dist`.
+pub fn plugin_wasm(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../plugins/dist")
+        .join(format!("{name}.wasm"));
+    assert!(p.is_file(), "{} is missing: run plugins/build.sh", p.display());
+    p
 }
 
 pub const RULES: &str = r#"
@@ -29,9 +78,20 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// The test harness (see [`Evaluator::TestHarness`]).
     pub fn spawn(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        Proc::spawn_on(Evaluator::TestHarness, dir, name, args, env)
+    }
+
+    pub fn spawn_on(evaluator: Evaluator, dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let stderr = dir.join(format!("{name}.stderr"));
-        let mut cmd = Command::new(bin());
+        let mut cmd = evaluator.command();
+        if evaluator == Evaluator::Engine {
+            // Hermetic: the history and plugin cache live in the test's directory.
+            cmd.env("ATTEST_CACHE_DIR", dir.join("engine-cache"))
+                .env_remove("ATTEST_PLUGIN_DIR")
+                .env_remove("ATTEST_CONFIG");
+        }
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -116,11 +176,15 @@ impl Collector {
     }
 
     pub fn start_with_env(dir: &Path, rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Collector {
+        Self::start_on(Evaluator::TestHarness, dir, rules, extra, env)
+    }
+
+    pub fn start_on(evaluator: Evaluator, dir: &Path, rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Collector {
         let rules_path = dir.join("rules.yaml");
         std::fs::write(&rules_path, rules).unwrap();
         let mut args = vec!["collect", "--rules", rules_path.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"];
         args.extend_from_slice(extra);
-        let mut proc = Proc::spawn(dir, "collector", &args, env);
+        let mut proc = Proc::spawn_on(evaluator, dir, "collector", &args, env);
         let text = proc.wait_for("listening for OTLP/HTTP on ", 30);
         let url = text
             .lines()

@@ -39,12 +39,23 @@ pub fn agent(name: &str) -> String {
         .to_string()
 }
 
-pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_attest-ecp")
+/// The runtime's front door: `attest-engine ecp` when ATTEST_ENGINE_BIN
+/// names the engine (as scripts/test does), so the tests exercise the binary
+/// users run; otherwise this crate's own `attest-ecp`, the same runtime
+/// without the engine's providers.
+pub fn ecp_command() -> Command {
+    match std::env::var_os("ATTEST_ENGINE_BIN").map(PathBuf::from) {
+        Some(engine) if engine.exists() => {
+            let mut cmd = Command::new(engine);
+            cmd.arg("ecp");
+            cmd
+        }
+        _ => Command::new(env!("CARGO_BIN_EXE_attest-ecp")),
+    }
 }
 
 pub fn run_bin(args: &[&str], envs: &[(&str, &str)], cwd: Option<&Path>) -> Output {
-    let mut cmd = Command::new(bin());
+    let mut cmd = ecp_command();
     cmd.args(args);
     for (k, v) in envs {
         cmd.env(k, v);
