@@ -211,48 +211,26 @@ fn workload(n: usize) -> Vec<String> {
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "sdk_name": "bench", "sdk_version": "0", "protocol_version": 1,
         "required_capabilities": ["layers_1_4"], "preferred_encoding": "json"}});
-    let assertions = json!([
-        {"assertion_id": "a1", "type": "schema", "spec": {"target": "steps[?name=='lookup_order'].result",
-            "schema": {"$schema": "https://json-schema.org/draft/2020-12", "type": "object", "required": ["status", "amount"],
-                       "properties": {"status": {"type": "string"}, "amount": {"type": "number", "minimum": 0}}}}},
-        {"assertion_id": "a2", "type": "schema", "spec": {"target": "output.structured",
-            "schema": {"type": "object", "required": ["refund_id", "confidence"],
-                       "properties": {"refund_id": {"type": "string", "pattern": "^RFD-\\d+$"}, "confidence": {"type": "number", "maximum": 1}}}}},
-        {"assertion_id": "a3", "type": "constraint", "spec": {"field": "metadata.cost_usd", "operator": "lte", "value": 0.01}},
-        {"assertion_id": "a4", "type": "constraint", "spec": {"field": "steps[?type=='tool_call'].length", "operator": "between", "min": 1, "max": 5}},
-        {"assertion_id": "a5", "type": "trace", "spec": {"check": "contains_in_order", "tools": ["lookup_order", "process_refund"]}},
-        {"assertion_id": "a6", "type": "trace", "spec": {"check": "no_duplicates"}},
-        {"assertion_id": "a7", "type": "content", "spec": {"target": "output.message", "check": "contains", "value": "refund"}},
-        {"assertion_id": "a8", "type": "content", "spec": {"target": "output.message", "check": "regex_match", "value": "RFD-\\d{3,}"}}
-    ]);
+    let workload: Value = serde_json::from_str(WORKLOAD).expect("refund_workload.json");
+    let assertions = &workload["assertions"];
     let mut out = vec![init.to_string()];
     for i in 0..n {
         let req = json!({"jsonrpc": "2.0", "id": i + 1, "method": "evaluate_batch",
-                         "params": {"trace": refund_trace(i), "assertions": assertions}});
+                         "params": {"trace": refund_trace(&workload, i), "assertions": assertions}});
         out.push(req.to_string());
     }
     out
 }
 
-fn refund_trace(i: usize) -> Value {
-    json!({
-        "schema_version": 1, "trace_id": format!("trc_{i:08}"), "agent_id": "customer-service-agent",
-        "input": {"user_message": "I want a refund for order ORD-123", "context": {}},
-        "steps": [
-            {"type": "llm_call", "name": "reasoning",
-             "args": {"model": "gpt-4.1", "prompt": "You are a customer service agent. User: I want a refund for order ORD-123"},
-             "result": {"completion": "I need to look up the order to verify eligibility."},
-             "metadata": {"duration_ms": 1200, "cost_usd": 0.003}},
-            {"type": "tool_call", "name": "lookup_order", "args": {"order_id": "ORD-123"},
-             "result": {"status": "delivered", "amount": 89.99, "eligible_for_refund": true}, "metadata": {"duration_ms": 45}},
-            {"type": "tool_call", "name": "process_refund", "args": {"order_id": "ORD-123", "amount": 89.99},
-             "result": {"refund_id": "RFD-001", "estimated_days": 3}, "metadata": {"duration_ms": 120}}
-        ],
-        "output": {"message": "Your refund of $89.99 has been processed. You'll see it in 3 business days. Refund ID: RFD-001.",
-                   "structured": {"refund_id": "RFD-001", "confidence": 0.95}},
-        "metadata": {"total_tokens": 1350, "cost_usd": 0.0067, "latency_ms": 4200, "model": "gpt-4.1", "timestamp": "2026-02-18T10:30:00Z"},
-        "parent_trace_id": null
-    })
+/// The refund trace of spec §2.2 and 8 mixed layer 1–4 assertions, shared
+/// with `scripts/bench_collect.py`.
+const WORKLOAD: &str = include_str!("refund_workload.json");
+
+/// The workload's trace with trace id `trc_<i>`.
+fn refund_trace(workload: &Value, i: usize) -> Value {
+    let mut trace = workload["trace"].clone();
+    trace["trace_id"] = json!(format!("trc_{i:08}"));
+    trace
 }
 
 /// The floor: parse each line as JSON, answer `{}` with its id.

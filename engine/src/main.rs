@@ -1,5 +1,7 @@
-//! The `attest-engine` binary: serve JSON-RPC on stdio (the default), or
-//! evaluate files with `eval`.
+//! The `attest-engine` binary: serve JSON-RPC on stdio (the default), or one
+//! of the other front doors (`eval`, `collect`, `worker`, `ecp`,
+//! `calibrate`, `plugin`). Each is a thin layer over the library; see
+//! docs/architecture.md.
 
 use attest_engine::config::{Config, Overrides, ENV_VARS};
 use attest_engine::eval_cmd::{self, Format};

@@ -29,8 +29,8 @@ pub const OLDEST_PROTOCOL_VERSION: i64 = PROTOCOL_VERSION - 1;
 /// What this build really supports. `soft_failures`: `soft: true` yields
 /// `soft_fail` on every layer-1–4 check that allows it.
 /// `multi_agent`/`layer_7`/`trace_tree`: `trace_tree` assertions over
-/// sub-traces (seed 001 names the first, seed 000 the second, the Go
-/// reference the third; the SDK may ask for any of them).
+/// sub-traces (Attest protocol v1 names the first, its layer table the second, the
+/// reference engine the third; the SDK may ask for any of them).
 /// `plugins`/`layer_8`: WebAssembly assertion plugins run inside the engine,
 /// and `submit_plugin_result` is validated and recorded.
 pub const CAPABILITIES: &[&str] = &[

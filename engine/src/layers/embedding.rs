@@ -1,6 +1,6 @@
 //! Layer 5: cosine similarity between a target's text and a reference text.
 //!
-//! - `target` defaults to `output.message`; `threshold` to 0.8 (seed 001);
+//! - `target` defaults to `output.message`; `threshold` to 0.8 (Attest protocol v1);
 //!   `model` picks the provider's model; `soft` softens a failure.
 //! - The score is the cosine similarity clamped to [0, 1]; the check passes
 //!   when it is at least the threshold.

@@ -3,9 +3,9 @@
 //!
 //! - Rubrics: `default`, `accuracy`, `faithfulness`, `helpfulness`,
 //!   `safety`, `conciseness`, `tone`. `criteria` (the SDK's field) adds the
-//!   user's own words; `prompt` (seed 001) replaces the rubric with a
+//!   user's own words; `prompt` (Attest protocol v1) replaces the rubric with a
 //!   template whose `{{input}}` and `{{output}}` are filled in.
-//! - `target` defaults to `output.message`, `threshold` to 0.7 (seed 001).
+//! - `target` defaults to `output.message`, `threshold` to 0.7 (Attest protocol v1).
 //! - Injection hardening: every piece of agent data sits between markers,
 //!   any marker-like text inside it is neutralised, and the judge is told
 //!   that marked text is data, never instructions.

@@ -65,7 +65,7 @@ impl AssertionType {
         }
     }
 
-    /// Layer number (seed 000 table; `plugin` is layer 8).
+    /// Layer number (the protocol's layer table; `plugin` is layer 8).
     pub fn layer(self) -> u8 {
         match self {
             AssertionType::Schema => 1,

@@ -1,7 +1,7 @@
 //! Layer 1: JSON Schema validation of a target.
 //!
 //! Draft 2020-12 is the default; drafts 4, 6, 7 and 2019-09 are chosen by
-//! `$schema`. The seed spelling `https://json-schema.org/draft/2020-12`
+//! `$schema`. The protocol's spelling `https://json-schema.org/draft/2020-12`
 //! (without `/schema`) is accepted as 2020-12. Schemas are compiled once and
 //! cached by their canonical text; remote `$ref`s are never fetched.
 //!

@@ -26,7 +26,7 @@ pub enum TraceCheck {
     RequiredTools(Vec<String>),
     ForbiddenTools(Vec<String>),
     /// Every consecutive pair of tool calls is an allowed transition
-    /// (the seed's `transitions` field).
+    /// (the protocol's `transitions` field).
     FollowsTransitions(Vec<(String, String)>),
 }
 

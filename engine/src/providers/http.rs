@@ -1,7 +1,7 @@
 //! The one way the engine talks to model providers over HTTP: a JSON POST
 //! with bounded concurrency, optional pacing, retries and deadlines.
 //!
-//! Retry policy (seed 001 §5, `2001 PROVIDER_ERROR`): at most
+//! Retry policy (Attest protocol v1 §5, `2001 PROVIDER_ERROR`): at most
 //! [`MAX_ATTEMPTS`] attempts, retrying on 408, 429, 5xx, per-attempt
 //! time-outs and connection errors, with exponential backoff and full
 //! jitter. A `Retry-After` header (seconds) replaces the computed wait. A

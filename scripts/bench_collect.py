@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""End-to-end traces per second of continuous evaluation, whole processes.
+
+Generates N refund traces and a rules file with the 8 layer 1-4 assertions of
+the throughput bench (engine/benches/refund_workload.json), then
+times, from the first process start until every result is in the sink:
+
+- embedded: one `attest-engine collect --jsonl traces.jsonl --results-jsonl`
+  process (reads, evaluates, writes the JSONL sink and the history), until exit;
+- NATS with 1 and 2 workers: a fresh `nats-server -js`, a sink
+  (`worker --role sink`), W evaluation workers, and `collect --jsonl --nats`
+  publishing; until the sink has written N x 8 result lines.
+
+Each scenario runs with the result history on (a fresh SQLite file) and off
+(`--no-history`), alternating, and reports medians.
+
+    python3 scripts/bench_collect.py --engine target/release/attest-engine \
+        [--traces 20000] [--runs 3] [--nats-server /usr/sbin/nats-server]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# The throughput bench's workload: one refund trace and 8 layer 1-4 assertions.
+WORKLOAD = json.loads((REPO / "engine/benches/refund_workload.json").read_text())
+ASSERTIONS = WORKLOAD["assertions"]
+
+
+def trace(i: int) -> dict:
+    return dict(WORKLOAD["trace"], trace_id=f"trc_{i:08}")
+
+
+def lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Run:
+    def __init__(self, engine: str, work: Path, history: bool):
+        self.engine, self.work, self.history = engine, work, history
+        self.env = dict(os.environ, ATTEST_CACHE_DIR=str(work / "cache"))
+        self.procs: list[subprocess.Popen] = []
+
+    def cmd(self, *args: str) -> list[str]:
+        return [self.engine, "--log-level=warn", *([] if self.history else ["--no-history"]), *args]
+
+    def spawn(self, args: list[str], name: str) -> subprocess.Popen:
+        p = subprocess.Popen(args, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=open(self.work / f"{name}.stderr", "w"))
+        self.procs.append(p)
+        return p
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def embedded(engine: str, work: Path, rules: Path, traces: Path, n: int, history: bool) -> float:
+    run = Run(engine, work, history)
+    out = work / "results.jsonl"
+    t0 = time.perf_counter()
+    p = run.spawn(run.cmd("collect", "--rules", str(rules), "--jsonl", str(traces), "--results-jsonl", str(out)), "collect")
+    code = p.wait()
+    elapsed = time.perf_counter() - t0
+    if code != 0 or lines(out) != n * len(ASSERTIONS):
+        sys.exit(f"embedded run failed (exit {code}, {lines(out)} results):\n{(work / 'collect.stderr').read_text()[-3000:]}")
+    return elapsed
+
+
+def distributed(engine: str, nats: str, work: Path, rules: Path, traces: Path, n: int, workers: int, history: bool) -> float:
+    port = free_port()
+    server = subprocess.Popen([nats, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(work / "js")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"nats://127.0.0.1:{port}"
+    run = Run(engine, work, history)
+    out = work / "results.jsonl"
+    try:
+        deadline = time.time() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    sys.exit("nats-server did not start")
+                time.sleep(0.05)
+        t0 = time.perf_counter()
+        run.spawn(run.cmd("worker", "--role", "sink", "--nats", url, "--results-jsonl", str(out)), "sink")
+        for w in range(workers):
+            run.spawn(run.cmd("worker", "--nats", url, "--rules", str(rules)), f"worker{w}")
+        collector = run.spawn(run.cmd("collect", "--rules", str(rules), "--jsonl", str(traces), "--nats", url), "collect")
+        want = n * len(ASSERTIONS)
+        deadline = time.time() + 600
+        while lines(out) < want:
+            if time.time() > deadline or (collector.poll() not in (None, 0)):
+                sys.exit(f"distributed run stalled at {lines(out)}/{want}: {(work / 'collect.stderr').read_text()[-2000:]}")
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - t0
+    finally:
+        run.stop()
+        server.terminate()
+        server.wait()
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", default="target/release/attest-engine")
+    ap.add_argument("--traces", type=int, default=20000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--nats-server", default=shutil.which("nats-server") or "/usr/sbin/nats-server")
+    ap.add_argument("--skip-nats", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="attest-bench-collect-") as d:
+        base = Path(d)
+        rules = base / "rules.json"
+        rules.write_text(json.dumps({"rules": [{"name": "refund", "assertions": ASSERTIONS}]}))
+        traces = base / "traces.jsonl"
+        with open(traces, "w") as f:
+            for i in range(args.traces):
+                f.write(json.dumps(trace(i)) + "\n")
+        scenarios = [("embedded", lambda w, h: embedded(args.engine, w, rules, traces, args.traces, h))]
+        if not args.skip_nats:
+            for workers in (1, 2):
+                scenarios.append((f"NATS, {workers} worker{'s' if workers > 1 else ''}",
+                                  lambda w, h, k=workers: distributed(args.engine, args.nats_server, w, rules, traces, args.traces, k, h)))
+        print(f"{args.traces} traces x {len(ASSERTIONS)} layer 1-4 assertions; median of {args.runs} alternating runs; until every result is in the sink")
+        print("| mode | history off (traces/s) | history on (traces/s) | history-on time / off |")
+        print("|---|---:|---:|---:|")
+        for name, fn in scenarios:
+            times = {False: [], True: []}
+            for r in range(args.runs):
+                for history in (False, True):
+                    work = base / f"{name.replace(' ', '_').replace(',', '')}-{r}-{history}"
+                    work.mkdir()
+                    times[history].append(fn(work, history))
+                    shutil.rmtree(work)
+            off, on = statistics.median(times[False]), statistics.median(times[True])
+            print(f"| {name} | {args.traces / off:,.0f} | {args.traces / on:,.0f} | {on / off:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
