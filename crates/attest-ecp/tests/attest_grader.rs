@@ -176,7 +176,7 @@ fn standalone_binary_reports_that_no_attest_evaluator_is_configured() {
             agent("support_agent.py")
         ),
     );
-    let out = run_bin(&["run", "-m", m.to_str().unwrap(), "--json", "--quiet"], &[], None);
+    let out = run_standalone(&["run", "-m", m.to_str().unwrap(), "--json", "--quiet"], &[], None);
     assert_eq!(out.status.code(), Some(2));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let reason = report["scenarios"][0]["steps"][0]["checks"][0]["reasoning"].as_str().unwrap();

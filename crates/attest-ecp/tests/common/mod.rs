@@ -55,7 +55,15 @@ pub fn ecp_command() -> Command {
 }
 
 pub fn run_bin(args: &[&str], envs: &[(&str, &str)], cwd: Option<&Path>) -> Output {
-    let mut cmd = ecp_command();
+    run_command(ecp_command(), args, envs, cwd)
+}
+
+/// This crate's own `attest-ecp`, whatever ATTEST_ENGINE_BIN says.
+pub fn run_standalone(args: &[&str], envs: &[(&str, &str)], cwd: Option<&Path>) -> Output {
+    run_command(Command::new(env!("CARGO_BIN_EXE_attest-ecp")), args, envs, cwd)
+}
+
+fn run_command(mut cmd: Command, args: &[&str], envs: &[(&str, &str)], cwd: Option<&Path>) -> Output {
     cmd.args(args);
     for (k, v) in envs {
         cmd.env(k, v);
