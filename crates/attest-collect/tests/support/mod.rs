@@ -67,7 +67,7 @@ rules:
     sample_rate: 1.0
     assertions:
       - {assertion_id: uses-lookup, type: trace, spec: {check: required_tools, tools: [lookup_order]}}
-      - {assertion_id: says-refund, type: content, spec: {check: contains, value: refund}}
+      - {assertion_id: says-refund, type: content, spec: {target: output.message, check: contains, value: refund}}
       - {assertion_id: escalates, type: trace, spec: {check: required_tools, tools: [escalate]}}
 "#;
 
