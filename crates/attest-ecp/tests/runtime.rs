@@ -566,9 +566,9 @@ fn chromium() -> Option<String> {
     None
 }
 
-/// Headless Chromium with the flags a closed network needs (no background
-/// connections) and a throwaway profile.
-fn headless(chromium: &str, profile: &Path) -> Command {
+/// Runs headless Chromium on `url` with `args`, with the flags a closed
+/// network needs (no background connections) and a throwaway profile.
+fn headless(chromium: &str, profile: &Path, args: &[&str], url: &str) {
     let mut cmd = Command::new(chromium);
     cmd.args([
         "--headless",
@@ -582,9 +582,12 @@ fn headless(chromium: &str, profile: &Path) -> Command {
         "--hide-scrollbars",
     ])
     .arg(format!("--user-data-dir={}", profile.display()))
+    .args(args)
+    .arg(url)
     .stdout(Stdio::null())
     .stderr(Stdio::null());
-    cmd
+    let status = cmd.status().expect("chromium runs");
+    assert!(status.success(), "chromium {args:?}: {status}");
 }
 
 fn squash(s: &str) -> String {
@@ -612,11 +615,13 @@ fn html_report_renders_the_failing_reason_in_headless_chromium() {
     // A screenshot: the page renders as a picture with content (a blank
     // 1280x1800 page compresses to a few KB).
     let shot = dir.path().join("report.png");
-    let status = headless(&chromium, &dir.path().join("profile-shot"))
-        .args(["--window-size=1280,1800", &format!("--screenshot={}", shot.display()), &url])
-        .status()
-        .unwrap();
-    assert!(status.success(), "chromium --screenshot: {status}");
+    let screenshot = format!("--screenshot={}", shot.display());
+    headless(
+        &chromium,
+        &dir.path().join("profile-shot"),
+        &["--window-size=1280,1800", &screenshot],
+        &url,
+    );
     let png = std::fs::read(&shot).expect("chromium wrote the screenshot");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
     let (w, h) = (
@@ -632,11 +637,13 @@ fn html_report_renders_the_failing_reason_in_headless_chromium() {
     // What the page shows, as Chromium lays it out: printed to PDF and read
     // back as text, so hidden or collapsed text would not count.
     let pdf = dir.path().join("report.pdf");
-    let status = headless(&chromium, &dir.path().join("profile-pdf"))
-        .args(["--no-pdf-header-footer", &format!("--print-to-pdf={}", pdf.display()), &url])
-        .status()
-        .unwrap();
-    assert!(status.success(), "chromium --print-to-pdf: {status}");
+    let print = format!("--print-to-pdf={}", pdf.display());
+    headless(
+        &chromium,
+        &dir.path().join("profile-pdf"),
+        &["--no-pdf-header-footer", &print],
+        &url,
+    );
     let text = Command::new("pdftotext")
         .arg(&pdf)
         .arg("-")
