@@ -14,7 +14,8 @@
 //! - `sequential`: one request at a time, as the Python SDK's pytest plugin
 //!   sends them (round-trip latency).
 //!
-//! `cargo bench --bench throughput` (env `BENCH_REQUESTS` sets the count).
+//! `cargo bench --bench throughput` (env `BENCH_REQUESTS` sets the count,
+//! `BENCH_ENGINE` another engine binary to measure).
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -27,7 +28,10 @@ fn main() {
         return;
     }
     let n: usize = std::env::var("BENCH_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
-    let engine = env!("CARGO_BIN_EXE_attest-engine");
+    // BENCH_ENGINE compares another build (an earlier commit's, say) with
+    // the same workload and floor.
+    let engine = std::env::var("BENCH_ENGINE").unwrap_or_else(|_| env!("CARGO_BIN_EXE_attest-engine").to_owned());
+    let engine = engine.as_str();
     let me = std::env::current_exe().expect("current exe");
     let workload = workload(n);
     let bytes: usize = workload.iter().map(|l| l.len() + 1).sum();

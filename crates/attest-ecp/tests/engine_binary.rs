@@ -108,3 +108,59 @@ fn the_engine_binary_validates_manifests() {
         "{text}"
     );
 }
+
+/// The `attest` grader runs WebAssembly plugins (layer 8) loaded by the engine.
+#[test]
+fn attest_graders_run_wasm_plugins() {
+    let (Some(venv), Some(engine)) = (venv(), engine_bin()) else {
+        return;
+    };
+    let plugin = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/dist/tool-args.wasm");
+    assert!(plugin.is_file(), "{} is missing: run plugins/build.sh", plugin.display());
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(
+        dir.path(),
+        "m.yaml",
+        &format!(
+            r#"manifest_version: v1
+name: plugin grader
+target: '{} {}'
+scenarios:
+  - name: Refund
+    steps:
+      - input: refund ORD-7
+        graders:
+          - type: attest
+            assertion: {{type: plugin, spec: {{plugin_id: tool-args, config: {{tool: process_refund, expect: {{order_id: {{equals: ORD-7}}, amount: {{equals: 89.99}}}}}}}}}}
+          - type: attest
+            assertion: {{type: plugin, spec: {{plugin_id: tool-args, config: {{tool: process_refund, expect: {{amount: {{equals: 10}}}}}}}}}}
+"#,
+            python(&venv),
+            agent("support_agent.py")
+        ),
+    );
+    let out = dir.path().join("r.json");
+    let run = Command::new(&engine)
+        .args(["--log-level=warn", "--plugin"])
+        .arg(&plugin)
+        .args(["ecp", "run", "--quiet", "-m"])
+        .arg(&m)
+        .arg("--json-out")
+        .arg(&out)
+        .env("ATTEST_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .expect("attest-engine runs");
+    assert_eq!(run.status.code(), Some(2), "{}", String::from_utf8_lossy(&run.stderr));
+    let report = read_json(&out);
+    let checks = &report["scenarios"][0]["steps"][0]["checks"];
+    assert_eq!(
+        (checks[0]["passed"].as_bool(), checks[1]["passed"].as_bool()),
+        (Some(true), Some(false)),
+        "{report}"
+    );
+    let reason = checks[1]["reasoning"].as_str().unwrap();
+    assert!(
+        reason.contains("argument 'amount' is 89.99, expected 10"),
+        "the plugin's own explanation: {reason}"
+    );
+}
