@@ -148,14 +148,15 @@ async fn respond(
     let _memory = memory_permit;
     let mut _permit = Some(permit);
     let mut _share = None;
-    if may_block(&line) {
+    let blocks = may_block(&line);
+    if blocks {
         // Requests that may block (plugin calls, huge batches) run on a share
         // of their own and hand their general slot back, so slow plugins
         // cannot hold every slot while plain requests wait behind them.
         _share = blocking_share.acquire_owned().await.ok();
         _permit = None;
     }
-    let reply = if may_block(&line) {
+    let reply = if blocks {
         // Plugin calls and huge batches can hold a thread for up to the eval
         // timeout. Off the async workers they cannot stall other requests,
         // even on the single-threaded runtime used on one CPU.

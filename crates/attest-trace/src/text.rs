@@ -17,17 +17,26 @@ pub const MAX_QUOTED_CHARS: usize = 120;
 /// echoed value can never reorder how a report or terminal shows the text
 /// around it.
 pub fn clip(s: &str, max: usize) -> String {
-    let clipped = match s.char_indices().nth(max) {
+    // Every explanation passes through here: a string no longer in bytes
+    // than `max` has no more than `max` characters, so nothing to count.
+    let clipped = match cut_at(s, max) {
         None => Cow::Borrowed(s),
-        Some((cut, _)) => {
-            let keep = s[..cut].char_indices().nth(max.saturating_sub(1)).map_or(cut, |(i, _)| i);
-            Cow::Owned(format!("{}…", &s[..keep]))
-        }
+        Some(keep) => Cow::Owned(format!("{}…", &s[..keep])),
     };
     match neutralise_bidi(&clipped) {
         Cow::Owned(o) => o,
         Cow::Borrowed(_) => clipped.into_owned(),
     }
+}
+
+/// Where to cut `s` so that it keeps `max - 1` characters and a `…`
+/// (`None`: it has at most `max` characters).
+fn cut_at(s: &str, max: usize) -> Option<usize> {
+    if s.len() <= max {
+        return None;
+    }
+    let (cut, _) = s.char_indices().nth(max)?;
+    Some(s[..cut].char_indices().nth(max.saturating_sub(1)).map_or(cut, |(i, _)| i))
 }
 
 /// Whether `c` changes the display order of surrounding text (the Unicode
@@ -36,9 +45,17 @@ fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' | '\u{061C}')
 }
 
+/// Whether `s` may hold a bidi control: every one of them is encoded in
+/// UTF-8 with a lead byte of 0xE2 (U+2000..U+2FFF) or 0xD8 (U+061C), so
+/// text without those bytes (all ASCII text, for one) is cleared by a
+/// byte scan instead of decoding each character.
+fn may_hold_bidi(s: &str) -> bool {
+    !s.is_ascii() && s.bytes().any(|b| b == 0xE2 || b == 0xD8)
+}
+
 /// Replaces bidi controls with a visible `<U+XXXX>`; borrows when there are none.
 pub fn neutralise_bidi(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(is_bidi_control) {
+    if !may_hold_bidi(s) || !s.chars().any(is_bidi_control) {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 16);
@@ -55,8 +72,7 @@ pub fn neutralise_bidi(s: &str) -> Cow<'_, str> {
 /// Truncates `s` in place to at most `max` characters (with `…`), and
 /// neutralises bidi controls as [`clip`] does.
 pub fn clip_in_place(s: &mut String, max: usize) {
-    if let Some((cut, _)) = s.char_indices().nth(max) {
-        let keep = s[..cut].char_indices().nth(max.saturating_sub(1)).map_or(cut, |(i, _)| i);
+    if let Some(keep) = cut_at(s, max) {
         s.truncate(keep);
         s.push('…');
     }
@@ -124,6 +140,10 @@ mod tests {
     #[test]
     fn bidi_controls_are_made_visible() {
         assert_eq!(clip("a\u{202E}b", 10), "a<U+202E>b");
+        for c in ['\u{202A}', '\u{202E}', '\u{2066}', '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}'] {
+            assert_eq!(clip(&format!("é{c}"), 10), format!("é<U+{:04X}>", c as u32));
+        }
+        assert_eq!(clip("é\u{2014}ü", 10), "é\u{2014}ü", "other characters with the same lead bytes stay");
         let mut s = String::from("x\u{2066}y");
         clip_in_place(&mut s, 50);
         assert_eq!(s, "x<U+2066>y");
