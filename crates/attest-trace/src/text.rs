@@ -143,7 +143,11 @@ mod tests {
         for c in ['\u{202A}', '\u{202E}', '\u{2066}', '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}'] {
             assert_eq!(clip(&format!("é{c}"), 10), format!("é<U+{:04X}>", c as u32));
         }
-        assert_eq!(clip("é\u{2014}ü", 10), "é\u{2014}ü", "other characters with the same lead bytes stay");
+        assert_eq!(
+            clip("é\u{2014}ü", 10),
+            "é\u{2014}ü",
+            "other characters with the same lead bytes stay"
+        );
         let mut s = String::from("x\u{2066}y");
         clip_in_place(&mut s, 50);
         assert_eq!(s, "x<U+2066>y");
