@@ -263,7 +263,6 @@ impl attest_trace::TraceView for Trace {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
