@@ -520,10 +520,15 @@ pub fn match_round(expects: &[Expect], replies: Vec<Reply>) -> Vec<Violation> {
 /// Assigns responses to slots, reporting what is left over on either side.
 fn assign(slots: &[&Slot], mut responses: Vec<Response>, out: &mut Vec<Violation>) {
     let mut filled = vec![false; slots.len()];
-    // 1. Exact ids.
+    // 1. Exact ids. A request sent with `"id": null` is answered under id
+    // null too, beside the null-id errors owed to invalid members: it takes
+    // a null-id answer that is not an error first, so those errors are left
+    // for the members that owe them.
     for (i, slot) in slots.iter().enumerate() {
         if let Slot::Id { ids, request, .. } = slot {
-            if let Some(at) = responses.iter().position(|r| ids.iter().any(|id| r.has_id(id))) {
+            let matches = |r: &Response| ids.iter().any(|id| r.has_id(id));
+            let preferred = responses.iter().position(|r| matches(r) && !(r.id_is_null() && r.is_error()));
+            if let Some(at) = preferred.or_else(|| responses.iter().position(matches)) {
                 let r = responses.remove(at);
                 check_answer(request.as_ref(), &r, out);
                 filled[i] = true;
@@ -705,6 +710,20 @@ mod tests {
             invariants(&run(&[LIST], &[ok("5", "{}"), ok("5", "{}")])),
             vec![Invariant::UnexpectedResponse]
         );
+    }
+
+    #[test]
+    fn a_null_id_request_beside_an_invalid_member_is_matched_to_its_answer() {
+        // The invalid member owes a null-id error; the request sent with id
+        // null gets its own answer under id null, whichever comes first.
+        let batch = br#"[{"foo":"bar"},{"jsonrpc":"2.0","id":null,"method":"list_plugins","params":{}}]"#;
+        let answers = format!("[{},{}]", err("null", -32600), ok("null", "{}"));
+        assert_eq!(run(&[batch], &[answers]), vec![]);
+        let reversed = format!("[{},{}]", ok("null", "{}"), err("null", -32600));
+        assert_eq!(run(&[batch], &[reversed]), vec![]);
+        // Two null-id errors also fit: the request may fail on its own.
+        let both_errors = format!("[{},{}]", err("null", -32600), err("null", -32601));
+        assert_eq!(run(&[batch], &[both_errors]), vec![]);
     }
 
     #[test]
