@@ -9,7 +9,7 @@
 
 use crate::batch::{Effects, Suite};
 use crate::history::{Row, Rows, SpecDigest};
-use crate::layers::{AssertionType, Status};
+use crate::layers::AssertionType;
 use crate::protocol::{ErrorCode, RpcError};
 use crate::session::Engine;
 use attest_collect::{AssertionOutcome, BoxFuture, EvalError, ResultRecord, RuleError};
@@ -87,11 +87,7 @@ impl attest_collect::Suite for RuleSuite {
                 .map(|(r, kind)| AssertionOutcome {
                     assertion_id: r.assertion_id,
                     assertion_type: kind.name().to_owned(),
-                    status: match r.status {
-                        Status::Pass => attest_collect::Status::Pass,
-                        Status::SoftFail => attest_collect::Status::SoftFail,
-                        Status::HardFail => attest_collect::Status::HardFail,
-                    },
+                    status: r.status,
                     score: r.score,
                     explanation: r.explanation,
                     cost_usd: r.cost,

@@ -36,24 +36,9 @@ pub use convert::PriceTable;
 /// A boxed, sendable future (the shape the host's async evaluators return).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Verdict of one assertion, as in the Attest protocol's `evaluate_batch` results.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Pass,
-    SoftFail,
-    HardFail,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pass => "pass",
-            Status::SoftFail => "soft_fail",
-            Status::HardFail => "hard_fail",
-        }
-    }
-}
+/// Verdict of one assertion, as in the Attest protocol's `evaluate_batch`
+/// results: the engine's own type.
+pub use attest_trace::Status;
 
 /// One assertion's outcome, returned by [`Suite::evaluate`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,5 +1,6 @@
 //! The Attest trace vocabulary that the engine and its plugin SDK share:
 //!
+//! - [`Status`]: an assertion's outcome, as `evaluate_batch` reports it;
 //! - [`Step`] and [`StepType`]: one step of a trace, generic over the trace
 //!   model of its `sub_trace` (the engine's eager one, the SDK's lazy one);
 //! - [`target`]: the target/field grammar every layer uses, and its
@@ -17,6 +18,26 @@ pub mod target;
 pub mod text;
 
 pub use target::{Missing, StepView, Target, TargetSyntaxError, TraceView, GRAMMAR_HINT};
+
+/// An assertion's outcome (spec §2.2): the engine's results, and the
+/// results continuous evaluation records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pass,
+    SoftFail,
+    HardFail,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::SoftFail => "soft_fail",
+            Status::HardFail => "hard_fail",
+        }
+    }
+}
 
 /// A step's `type`. Unknown types are kept as [`StepType::Other`], as the
 /// engine does in lax mode.

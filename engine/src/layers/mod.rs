@@ -19,7 +19,6 @@ pub mod trace_tree;
 use crate::plugins::PluginHost;
 use crate::providers::{ProviderError, Providers};
 use crate::trace::Trace;
-use serde::Serialize;
 use serde_json::Value;
 pub use spec::{Spec, SpecError};
 
@@ -91,24 +90,8 @@ impl AssertionType {
     }
 }
 
-/// The three outcomes of spec §2.2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Pass,
-    SoftFail,
-    HardFail,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pass => "pass",
-            Status::SoftFail => "soft_fail",
-            Status::HardFail => "hard_fail",
-        }
-    }
-}
+/// The three outcomes of spec §2.2 (shared with continuous evaluation).
+pub use attest_trace::Status;
 
 /// What a check concluded, before `soft` is applied.
 #[derive(Debug, Clone, PartialEq)]
