@@ -527,7 +527,20 @@ fn assign(slots: &[&Slot], mut responses: Vec<Response>, out: &mut Vec<Violation
     for (i, slot) in slots.iter().enumerate() {
         if let Slot::Id { ids, request, .. } = slot {
             let matches = |r: &Response| ids.iter().any(|id| r.has_id(id));
-            let preferred = responses.iter().position(|r| matches(r) && !(r.id_is_null() && r.is_error()));
+            let not_null_error = |r: &Response| !(r.id_is_null() && r.is_error());
+            // Lines run concurrently, so requests pipelined under one id
+            // may be answered in either order: an answer that fits this
+            // request (same assertion ids) is preferred over one that
+            // merely carries its id.
+            let fits = |r: &Response| {
+                let mut v = Vec::new();
+                check_answer(request.as_ref(), r, &mut v);
+                v.is_empty()
+            };
+            let preferred = responses
+                .iter()
+                .position(|r| matches(r) && not_null_error(r) && fits(r))
+                .or_else(|| responses.iter().position(|r| matches(r) && not_null_error(r)));
             if let Some(at) = preferred.or_else(|| responses.iter().position(matches)) {
                 let r = responses.remove(at);
                 check_answer(request.as_ref(), &r, out);
@@ -748,6 +761,26 @@ mod tests {
         };
         assert_eq!(run(&[req], &[result("a", "b")]), vec![]);
         assert_eq!(invariants(&run(&[req], &[result("b", "a")])), vec![Invariant::ResultOrder]);
+    }
+
+    #[test]
+    fn pipelined_requests_under_one_id_may_be_answered_in_either_order() {
+        let req = |a: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":4,"method":"evaluate_batch","params":{{"trace":{{}},"assertions":[{{"assertion_id":"{a}"}}]}}}}"#
+            )
+        };
+        let answer = |a: &str| {
+            ok(
+                "4",
+                &format!(r#"{{"results":[{{"assertion_id":"{a}","score":1}}],"total_cost":0}}"#),
+            )
+        };
+        let (first, second) = (req("a"), req("b"));
+        let lines = [first.as_bytes(), second.as_bytes()];
+        assert_eq!(run(&lines, &[answer("b"), answer("a")]), vec![]);
+        // Still flagged when neither answer fits its request.
+        assert_eq!(invariants(&run(&lines, &[answer("c"), answer("a")])), vec![Invariant::ResultOrder]);
     }
 
     #[test]
