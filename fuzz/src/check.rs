@@ -524,24 +524,30 @@ fn assign(slots: &[&Slot], mut responses: Vec<Response>, out: &mut Vec<Violation
     // null too, beside the null-id errors owed to invalid members: it takes
     // a null-id answer that is not an error first, so those errors are left
     // for the members that owe them.
-    for (i, slot) in slots.iter().enumerate() {
-        if let Slot::Id { ids, request, .. } = slot {
+    //
+    // Lines run concurrently, so requests pipelined under one id may be
+    // answered in either order: first each request takes an answer that is
+    // provably its own (the same assertion ids, in order), then the rest
+    // go by id alone.
+    for own_only in [true, false] {
+        for (i, slot) in slots.iter().enumerate() {
+            let Slot::Id { ids, request, .. } = slot else { continue };
+            if filled[i] {
+                continue;
+            }
             let matches = |r: &Response| ids.iter().any(|id| r.has_id(id));
             let not_null_error = |r: &Response| !(r.id_is_null() && r.is_error());
-            // Lines run concurrently, so requests pipelined under one id
-            // may be answered in either order: an answer that fits this
-            // request (same assertion ids) is preferred over one that
-            // merely carries its id.
-            let fits = |r: &Response| {
-                let mut v = Vec::new();
-                check_answer(request.as_ref(), r, &mut v);
-                v.is_empty()
+            let at = if own_only {
+                responses
+                    .iter()
+                    .position(|r| matches(r) && not_null_error(r) && answers_exactly(request.as_ref(), r))
+            } else {
+                responses
+                    .iter()
+                    .position(|r| matches(r) && not_null_error(r))
+                    .or_else(|| responses.iter().position(matches))
             };
-            let preferred = responses
-                .iter()
-                .position(|r| matches(r) && not_null_error(r) && fits(r))
-                .or_else(|| responses.iter().position(|r| matches(r) && not_null_error(r)));
-            if let Some(at) = preferred.or_else(|| responses.iter().position(matches)) {
+            if let Some(at) = at {
                 let r = responses.remove(at);
                 check_answer(request.as_ref(), &r, out);
                 filled[i] = true;
@@ -591,26 +597,38 @@ fn assign(slots: &[&Slot], mut responses: Vec<Response>, out: &mut Vec<Violation
     }
 }
 
-/// Checks a response against the request it answers.
-fn check_answer(request: Option<&RequestInfo>, r: &Response, out: &mut Vec<Violation>) {
+/// The assertion ids an `evaluate_batch` request sent, and those its
+/// answer's results carry (`None` for other methods and for errors).
+fn result_ids<'a>(request: Option<&'a RequestInfo>, r: &Response) -> Option<(&'a Vec<Value>, Vec<Value>)> {
     let Some(RequestInfo {
         method,
         assertion_ids: Some(expected),
     }) = request
     else {
-        return;
+        return None;
     };
     if method != "evaluate_batch" {
-        return;
+        return None;
     }
-    let Some(results) = r.body.get("result").and_then(|res| res.get("results")).and_then(Value::as_array) else {
-        return;
-    };
-    let got: Vec<Value> = results
+    let results = r.body.get("result")?.get("results")?.as_array()?;
+    let got = results
         .iter()
         .map(|x| x.get("assertion_id").cloned().unwrap_or(Value::Null))
         .collect();
-    if &got != expected {
+    Some((expected, got))
+}
+
+/// Whether `r` carries exactly the results `request` asked for.
+fn answers_exactly(request: Option<&RequestInfo>, r: &Response) -> bool {
+    result_ids(request, r).is_some_and(|(expected, got)| *expected == got)
+}
+
+/// Checks a response against the request it answers.
+fn check_answer(request: Option<&RequestInfo>, r: &Response, out: &mut Vec<Violation>) {
+    let Some((expected, got)) = result_ids(request, r) else {
+        return;
+    };
+    if got != *expected {
         out.push(Violation::new(
             Invariant::ResultOrder,
             format!(
@@ -779,6 +797,11 @@ mod tests {
         let (first, second) = (req("a"), req("b"));
         let lines = [first.as_bytes(), second.as_bytes()];
         assert_eq!(run(&lines, &[answer("b"), answer("a")]), vec![]);
+        // An error answer (one request refused) fits no results check,
+        // so it must not take the other request's answer from it.
+        let refused = err("4", -32602);
+        assert_eq!(run(&lines, &[refused.clone(), answer("b")]), vec![]);
+        assert_eq!(run(&lines, &[answer("b"), refused]), vec![]);
         // Still flagged when neither answer fits its request.
         assert_eq!(invariants(&run(&lines, &[answer("c"), answer("a")])), vec![Invariant::ResultOrder]);
     }
