@@ -590,7 +590,7 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
                 assertion_id: p.id.clone(),
                 spec: p.compiled.spec_digest,
                 assertion_type: p.kind.name(),
-                status: status.as_str(),
+                status,
                 score: e.verdict.score,
             });
         }

@@ -128,7 +128,7 @@ impl attest_collect::HistorySink for HistoryResults {
                     spec: SpecDigest::submitted(&name),
                     assertion_id: name,
                     assertion_type: kind,
-                    status: r.status.as_str(),
+                    status: r.status,
                     score: r.score,
                 });
             }

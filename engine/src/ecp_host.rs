@@ -128,9 +128,9 @@ impl GradingHost for EngineGradingHost {
                         assertion_id: crate::text::clip(&name, 250),
                         assertion_type: "ecp",
                         status: match (c.status, c.passed) {
-                            (Some(GradeStatus::SoftFail), _) => "soft_fail",
-                            (Some(GradeStatus::HardFail), _) | (None, false) => "hard_fail",
-                            _ => "pass",
+                            (Some(GradeStatus::SoftFail), _) => Status::SoftFail,
+                            (Some(GradeStatus::HardFail), _) | (None, false) => Status::HardFail,
+                            _ => Status::Pass,
                         },
                         score: c.score.clamp(0.0, 1.0),
                     }

@@ -452,7 +452,7 @@ async fn dispatch(
                         assertion_id: record.assertion_id.clone(),
                         spec: crate::history::SpecDigest::submitted(&record.plugin_name),
                         assertion_type: "plugin",
-                        status: record.status.as_str(),
+                        status: record.status,
                         score: record.score,
                     }],
                 });

@@ -800,7 +800,8 @@ fn history_max_rows_is_enforced_when_a_process_starts() {
     // A fresh process keeps the newest five rows.
     let rows_in_file = || -> i64 {
         let conn = rusqlite::Connection::open(dir.path().join("history.sqlite3")).unwrap();
-        conn.query_row("SELECT COUNT(*) FROM results", [], |r| r.get(0)).unwrap()
+        conn.query_row("SELECT COALESCE(SUM(size), 0) FROM batches", [], |r| r.get(0))
+            .unwrap()
     };
     let mut b = spawn_in(dir.path(), &["--config", &config], &[]);
     b.initialize();
