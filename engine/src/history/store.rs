@@ -225,6 +225,41 @@ struct Interned {
     assertions: HashMap<String, i64>,
     suites: HashMap<Vec<u8>, i64>,
     suite_bytes: usize,
+    last: Option<LastSuite>,
+}
+
+/// The last unkeyed batch's assertions and their suite. A test suite or a
+/// rules file sends the same assertions with trace after trace, so the next
+/// batch's suite is usually found by comparing a few strings instead of
+/// hashing every member.
+struct LastSuite {
+    agent_id: Option<String>,
+    members: Vec<(String, SpecDigest)>,
+    suite: i64,
+}
+
+impl LastSuite {
+    fn of(batch: &Rows, suite: i64) -> LastSuite {
+        LastSuite {
+            agent_id: batch.agent_id.clone(),
+            members: batch.rows.iter().map(|r| (r.assertion_id.clone(), r.spec)).collect(),
+            suite,
+        }
+    }
+
+    /// The suite of `batch` if it sends the same assertions (keyed batches
+    /// may skip some, so they never match).
+    fn suite_of(&self, batch: &Rows) -> Option<i64> {
+        let same = !batch.keyed
+            && self.agent_id == batch.agent_id
+            && self.members.len() == batch.rows.len()
+            && self
+                .members
+                .iter()
+                .zip(&batch.rows)
+                .all(|((id, spec), r)| *id == r.assertion_id && *spec == r.spec);
+        same.then_some(self.suite)
+    }
 }
 
 impl Interned {
@@ -250,6 +285,9 @@ pub(super) struct Writer {
     config: HistoryConfig,
     written_since_prune: u64,
     interned: Interned,
+    /// Results in the file, counted at the first pruning and kept up to
+    /// date, so retention scans the file only when there is something to cut.
+    results: Option<i64>,
 }
 
 impl Writer {
@@ -259,6 +297,7 @@ impl Writer {
             config,
             written_since_prune: 0,
             interned: Interned::default(),
+            results: None,
         }
     }
 
@@ -327,8 +366,29 @@ impl Writer {
                 let mut latest: HashMap<i64, i64> = HashMap::new();
                 let mut members = Vec::new();
                 for batch in pending.iter() {
-                    members.clear();
                     let mut results = Vec::with_capacity(batch.rows.len() * RESULT_BYTES);
+                    if let Some(suite) = interned.last.as_ref().and_then(|last| last.suite_of(batch)) {
+                        for r in &batch.rows {
+                            pack_result(&mut results, r.status, r.score);
+                        }
+                        n += batch.rows.len() as u64;
+                        ready.push(Ready {
+                            suite,
+                            trace_id: &batch.trace_id,
+                            size: batch.rows.len() as i64,
+                            results,
+                        });
+                        if ready.len() == BATCHES_PER_INSERT {
+                            insert_batches(&tx, at, &ready)?;
+                            ready.clear();
+                        }
+                        continue;
+                    }
+                    if batch.keyed {
+                        // It may repoint assertion ids the last suite's batches point.
+                        interned.last = None;
+                    }
+                    members.clear();
                     for r in &batch.rows {
                         if batch.keyed && key.execute(params![batch.trace_id, r.assertion_id, at])? == 0 {
                             // Already recorded by an earlier delivery of this trace.
@@ -343,8 +403,12 @@ impl Writer {
                     if members.is_empty() {
                         continue;
                     }
+                    let suite = intern_suite(&tx, interned, &members)?;
+                    if !batch.keyed {
+                        interned.last = Some(LastSuite::of(batch, suite));
+                    }
                     ready.push(Ready {
-                        suite: intern_suite(&tx, interned, &members)?,
+                        suite,
                         trace_id: &batch.trace_id,
                         size: members.len() as i64,
                         results,
@@ -364,6 +428,9 @@ impl Writer {
         pending.clear();
         match result {
             Ok(n) => {
+                if let Some(total) = &mut self.results {
+                    *total += n as i64;
+                }
                 self.written_since_prune += n;
                 if self.written_since_prune >= PRUNE_EVERY_ROWS {
                     self.prune();
@@ -383,35 +450,51 @@ impl Writer {
         self.interned = Interned::default();
         let cutoff = now_ms() - self.config.max_age.as_millis() as i64;
         let max_rows = i64::try_from(self.config.max_rows).unwrap_or(i64::MAX);
-        let result = (|| -> rusqlite::Result<usize> {
+        let known_total = self.results;
+        let result = (|| -> rusqlite::Result<(usize, i64)> {
             let tx = self.conn.transaction()?;
-            let mut deleted = tx.execute("DELETE FROM batches WHERE recorded_at_ms < ?1", params![cutoff])?;
-            tx.execute("DELETE FROM result_keys WHERE recorded_at_ms < ?1", params![cutoff])?;
-            // The newest batch that does not fit whole, with the results
-            // newer than it.
-            let straddling: Option<(i64, i64, i64)> = tx
-                .query_row(
-                    "SELECT id, size, kept FROM (SELECT id, size, SUM(size) OVER (ORDER BY id DESC) AS kept FROM batches)
-                     WHERE kept > ?1 ORDER BY id DESC LIMIT 1",
-                    params![max_rows],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )
+            let mut deleted = 0;
+            // Batches are appended in time order: nothing is too old unless
+            // the oldest is.
+            let oldest: Option<i64> = tx
+                .query_row("SELECT recorded_at_ms FROM batches ORDER BY id LIMIT 1", [], |r| r.get(0))
                 .optional()?;
-            if let Some((id, size, kept)) = straddling {
-                let newer = kept - size;
-                // Its newest results still fit: keep those.
-                let fit = max_rows - newer;
-                if fit > 0 {
-                    keep_newest_results(&tx, &mut Interned::default(), id, fit as usize)?;
-                    deleted += (size - fit) as usize;
-                    deleted += tx.execute("DELETE FROM batches WHERE id < ?1", params![id])?;
-                } else {
-                    deleted += tx.execute("DELETE FROM batches WHERE id <= ?1", params![id])?;
+            if oldest.is_some_and(|t| t < cutoff) {
+                deleted += tx.execute("DELETE FROM batches WHERE recorded_at_ms < ?1", params![cutoff])?;
+            }
+            tx.execute("DELETE FROM result_keys WHERE recorded_at_ms < ?1", params![cutoff])?;
+            let total = match known_total {
+                Some(total) if deleted == 0 => total,
+                _ => tx.query_row("SELECT COALESCE(SUM(size), 0) FROM batches", [], |r| r.get(0))?,
+            };
+            let mut cut = 0;
+            if total > max_rows {
+                // The newest batch that does not fit whole, with the results
+                // newer than it.
+                let straddling: Option<(i64, i64, i64)> = tx
+                    .query_row(
+                        "SELECT id, size, kept FROM (SELECT id, size, SUM(size) OVER (ORDER BY id DESC) AS kept FROM batches)
+                         WHERE kept > ?1 ORDER BY id DESC LIMIT 1",
+                        params![max_rows],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    )
+                    .optional()?;
+                if let Some((id, size, kept)) = straddling {
+                    let newer = kept - size;
+                    // Its newest results still fit: keep those.
+                    let fit = max_rows - newer;
+                    if fit > 0 {
+                        keep_newest_results(&tx, &mut Interned::default(), id, fit as usize)?;
+                        cut += 1;
+                        deleted += tx.execute("DELETE FROM batches WHERE id < ?1", params![id])?;
+                    } else {
+                        deleted += tx.execute("DELETE FROM batches WHERE id <= ?1", params![id])?;
+                    }
                 }
             }
             // Interned ids no batch uses any more go too, so the side tables
             // stay as bounded as the batches.
-            if deleted > 0 {
+            if deleted + cut > 0 {
                 tx.execute_batch(
                     "DELETE FROM suites WHERE id NOT IN (SELECT suite FROM batches);
                      DELETE FROM suite_members WHERE suite NOT IN (SELECT id FROM suites);
@@ -419,13 +502,25 @@ impl Writer {
                      DELETE FROM fingerprints WHERE id NOT IN (SELECT fingerprint FROM suite_members);",
                 )?;
             }
+            let left = if total > max_rows {
+                tx.query_row("SELECT COALESCE(SUM(size), 0) FROM batches", [], |r| r.get(0))?
+            } else {
+                total
+            };
             tx.commit()?;
-            Ok(deleted)
+            Ok((deleted, left))
         })();
         match result {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(deleted = n, "history retention applied"),
-            Err(e) => tracing::error!(error = %e, "cannot apply history retention"),
+            Ok((deleted, left)) => {
+                self.results = Some(left);
+                if deleted > 0 {
+                    tracing::info!(deleted_batches = deleted, results_kept = left, "history retention applied");
+                }
+            }
+            Err(e) => {
+                self.results = None;
+                tracing::error!(error = %e, "cannot apply history retention")
+            }
         }
     }
 
@@ -933,5 +1028,22 @@ mod tests {
         assert_eq!((status, kind.as_str()), (1, "content"), "status and type survive the migration");
         let keys: i64 = conn.query_row("SELECT COUNT(*) FROM result_keys", [], |r| r.get(0)).unwrap();
         assert_eq!(keys, 1, "result keys are kept");
+    }
+
+    #[test]
+    fn an_assertion_id_follows_its_latest_fingerprint_across_keyed_and_repeated_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = History::open(&config(dir.path())).unwrap();
+        let (a, b) = (SpecDigest::of("content", None), SpecDigest::of("schema", None));
+        h.record(batch("t1", vec![row("x", a, 0.1)]));
+        let mut keyed = batch("t2", vec![row("x", b, 0.2)]);
+        keyed.keyed = true;
+        h.record(keyed);
+        // The same assertions as t1: its suite is reused, and `x` points
+        // back at `a`'s fingerprint.
+        h.record(batch("t3", vec![row("x", a, 0.3)]));
+        let r = h.drift(Subject::AssertionId("x".into()), 50).unwrap();
+        assert_eq!(r.fingerprint, Some(Fingerprint::new(&a, Some("bot")).hex()));
+        assert_eq!((r.count, r.latest_score), (2, 0.3));
     }
 }
