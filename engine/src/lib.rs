@@ -5,8 +5,9 @@
 //! `eval` command and the tests all drive the same code.
 //!
 //! Where things live:
-//! - [`protocol`]: JSON-RPC envelopes, error codes, response shaping.
-//! - [`transport`]: bounded line reading from stdin and the stdout writer.
+//! - [`protocol`], [`params`], [`json_errors`], [`transport`]: the wire, from
+//!   the `attest-protocol` crate: JSON-RPC envelopes and error codes, the rule
+//!   for malformed params, bounded NDJSON framing on stdin/stdout.
 //! - [`server`]: the request loop, concurrency, back-pressure and draining.
 //! - [`session`]: session state, `initialize`, `shutdown`, counters.
 //! - [`trace`]: the trace model and its validation (spec §7).
@@ -19,6 +20,7 @@
 //! - [`providers`]: embedding and LLM judge providers (layers 5 and 6), their cache.
 //! - [`config`], [`logging`], [`eval_cmd`]: configuration, stderr logs, the CLI evaluator.
 
+pub use attest_protocol::{json_errors, params, protocol, transport};
 pub mod alerts;
 pub mod batch;
 pub mod calibrate_cmd;
@@ -27,13 +29,10 @@ pub mod config;
 pub mod ecp_host;
 pub mod eval_cmd;
 pub mod history;
-pub mod json_errors;
 pub mod layers;
 pub mod logging;
-pub mod params;
 pub mod plugin_results;
 pub mod plugins;
-pub mod protocol;
 pub mod providers;
 pub mod report;
 pub mod server;
@@ -45,7 +44,6 @@ pub use attest_trace::target;
 /// Bounded quoting and number formatting, shared with the plugin SDK.
 pub use attest_trace::text;
 pub mod trace;
-pub mod transport;
 pub mod watchdog;
 
 /// The engine's semver, reported by `initialize` and `--version`.

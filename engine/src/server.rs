@@ -184,7 +184,15 @@ async fn respond(
 fn may_block(line: &[u8]) -> bool {
     // Plugin calls, history reads (dynamic thresholds, query_drift).
     const SLOW: [&[u8]; 3] = [b"plugin", b"dynamic", b"query_drift"];
-    line.len() > LARGE_LINE_BYTES || SLOW.iter().any(|w| memchr::memmem::find(line, w).is_some())
+    line.len() > LARGE_LINE_BYTES || SLOW.iter().any(|w| memchr::memmem::find(line, w).is_some()) || escapes_ascii(line)
+}
+
+/// Whether `line` has a `\u` escape of an ASCII character (`\u0070` is
+/// `p`): such escapes can spell the words [`may_block`] looks for without
+/// their bytes. Escapes of other characters (what `json.dumps` writes for
+/// non-ASCII text) cannot, and keep their requests on the async workers.
+fn escapes_ascii(line: &[u8]) -> bool {
+    memchr::memmem::find_iter(line, b"\\u00").any(|at| line.get(at + 4).is_some_and(|d| (b'0'..=b'7').contains(d)))
 }
 
 /// The response line for one input line (`None`: nothing to answer).
@@ -619,5 +627,24 @@ impl Signals {
         }
         #[cfg(not(unix))]
         std::future::pending::<()>().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_that_may_call_plugins_or_read_history_go_to_the_blocking_pool() {
+        assert!(may_block(br#"{"type":"plugin"}"#));
+        assert!(may_block(br#"{"method":"query_drift"}"#));
+        // The same words behind escapes of ASCII letters.
+        assert!(may_block(br#"{"type":"\u0070lugin"}"#));
+        assert!(may_block(br#"{"threshold":"dyn\u0061mic"}"#));
+        assert!(may_block(br#"{"method":"query\u005fdrift"}"#));
+        // Escaped non-ASCII text cannot spell them.
+        assert!(!may_block(br#"{"type":"content","spec":{"value":"caf\u00e9 \u4e2d"}}"#));
+        assert!(!may_block(br#"{"type":"content"}"#));
+        assert!(may_block(&vec![b' '; LARGE_LINE_BYTES + 1]));
     }
 }
