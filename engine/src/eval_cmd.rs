@@ -8,7 +8,7 @@
 //! Exit codes: 0 when nothing hard-failed, 1 when any assertion hard-failed,
 //! 2 when an input could not be evaluated (bad trace, bad assertion, bad file).
 
-use crate::batch::{BatchResult, Suite};
+use crate::batch::{AssertionResult, BatchResult, Suite};
 use crate::layers::Status;
 use crate::protocol::RpcError;
 use crate::session::Engine;
@@ -45,6 +45,38 @@ enum Body {
 pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: Format, out: &mut impl std::io::Write) -> Result<i32> {
     let assertions = read_assertions(assertions_path)?;
     let traces = read_traces(trace_path)?;
+    evaluate_files(engine, &assertions, traces, format, false, out)
+}
+
+/// `attest-engine plugin test`: one plugin assertion with `config`, on each
+/// trace of `trace_path`, printed with the plugin's details and evidence.
+pub fn run_plugin(
+    engine: &Engine,
+    plugin_id: &str,
+    config: Value,
+    trace_path: &Path,
+    format: Format,
+    out: &mut impl std::io::Write,
+) -> Result<i32> {
+    let assertion = serde_json::json!({
+        "assertion_id": "plugin-test",
+        "type": "plugin",
+        "spec": {"plugin_id": plugin_id, "config": config},
+    });
+    let traces = read_traces(trace_path)?;
+    evaluate_files(engine, &[assertion], traces, format, true, out)
+}
+
+/// Evaluates `assertions` on each trace, prints the outcomes, and returns the
+/// exit code. `verbose`: the table also shows details and evidence.
+fn evaluate_files(
+    engine: &Engine,
+    assertions: &[Value],
+    traces: Vec<(String, String)>,
+    format: Format,
+    verbose: bool,
+    out: &mut impl std::io::Write,
+) -> Result<i32> {
     let mut outcomes = Vec::with_capacity(traces.len());
     // Paid layers (5 and 6) talk to providers asynchronously.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -52,7 +84,7 @@ pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: F
         .build()
         .context("starting the async runtime")?;
     // Compiled once, evaluated on every trace.
-    let suite = Suite::compile(engine, &assertions);
+    let suite = Suite::compile(engine, assertions);
     for (label, trace_text) in traces {
         // request_ids are idempotency keys within one trace's evaluation, not across the file.
         engine.caches.forget_request_ids();
@@ -74,7 +106,7 @@ pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: F
             serde_json::to_writer_pretty(&mut *out, &outcomes)?;
             writeln!(out)?;
         }
-        Format::Table => write_table(&outcomes, out)?,
+        Format::Table => write_table(&outcomes, verbose, out)?,
     }
     let errored = outcomes.iter().any(|o| matches!(o.body, Body::Error { .. }));
     let hard = outcomes
@@ -147,7 +179,7 @@ fn read_traces(path: &Path) -> Result<Vec<(String, String)>> {
     })
 }
 
-fn write_table(outcomes: &[Outcome], out: &mut impl std::io::Write) -> Result<()> {
+fn write_table(outcomes: &[Outcome], verbose: bool, out: &mut impl std::io::Write) -> Result<()> {
     for o in outcomes {
         match &o.body {
             Body::Error { error } => {
@@ -185,8 +217,11 @@ fn write_table(outcomes: &[Outcome], out: &mut impl std::io::Write) -> Result<()
                         clip(&a.assertion_id, id_w),
                         a.status.as_str(),
                         a.score,
-                        clip(&a.explanation, 100)
+                        clip(&a.explanation, if verbose { 2000 } else { 100 })
                     )?;
+                    if verbose {
+                        write_evidence(a, out)?;
+                    }
                 }
                 let count = |s: Status| r.results.iter().filter(|a| a.status == s).count();
                 writeln!(
@@ -199,5 +234,25 @@ fn write_table(outcomes: &[Outcome], out: &mut impl std::io::Write) -> Result<()
             }
         }
     }
+    Ok(())
+}
+
+/// A result's evidence and plugin details, a line each.
+fn write_evidence(a: &AssertionResult, out: &mut impl std::io::Write) -> Result<()> {
+    let e = &a.evidence;
+    for (label, value) in [
+        ("path", &e.trace_node_path),
+        ("expected", &e.expected),
+        ("actual", &e.actual),
+        ("hint", &e.suggested_action),
+    ] {
+        if let Some(v) = value {
+            writeln!(out, "    {label:<9}{v}")?;
+        }
+    }
+    if let Some(details) = &a.details {
+        writeln!(out, "    details  {details}")?;
+    }
+    writeln!(out, "    took     {} ms", a.duration_ms)?;
     Ok(())
 }

@@ -113,6 +113,25 @@ enum PluginCommand {
         /// The plugin component.
         file: PathBuf,
     },
+    /// Run one plugin on one trace (or a file of traces), without an SDK,
+    /// and print its verdict, evidence, details and duration.
+    Test {
+        /// The plugin component.
+        file: PathBuf,
+        /// A .json trace (or array of traces) or a .jsonl file of traces.
+        #[arg(long, value_name = "FILE")]
+        trace: PathBuf,
+        /// The assertion's `config` as a JSON file (default: `{}`). Named
+        /// apart from `--config`, which is the engine's own config file
+        /// (where `[[plugins]]` limits come from).
+        #[arg(long, value_name = "FILE", conflicts_with = "plugin_config_json")]
+        plugin_config: Option<PathBuf>,
+        /// The assertion's `config` as inline JSON.
+        #[arg(long, value_name = "JSON")]
+        plugin_config_json: Option<String>,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -159,6 +178,26 @@ fn main() -> ExitCode {
         } => {
             logging::init(config.log_level);
             plugin_check(&config, &file)
+        }
+        Command::Plugin {
+            command:
+                PluginCommand::Test {
+                    file,
+                    trace,
+                    plugin_config,
+                    plugin_config_json,
+                    format,
+                },
+        } => {
+            logging::init(config.log_level);
+            plugin_test(
+                config,
+                &file,
+                &trace,
+                plugin_config.as_deref(),
+                plugin_config_json.as_deref(),
+                format,
+            )
         }
         Command::Eval { trace, assertions, format } => {
             logging::init(config.log_level);
@@ -296,8 +335,9 @@ fn load_engine(config: attest_engine::config::Config) -> Option<Engine> {
     Some(Engine::with_plugins(config, plugins))
 }
 
-/// `attest-engine plugin check <file>`.
-fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) -> ExitCode {
+/// Loads `file` alone, with the limits the config gives it, through the
+/// compiled-artefact cache (so a `plugin check` warms it for the engine).
+fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Path) -> PluginHost {
     let limits = config
         .plugins
         .iter()
@@ -308,7 +348,58 @@ fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) 
         limits,
         explicit: true,
     };
-    let host = PluginHost::load(std::slice::from_ref(&spec), config.cache_dir.as_ref().map(|d| d.join("plugins")));
+    PluginHost::load(std::slice::from_ref(&spec), config.cache_dir.as_ref().map(|d| d.join("plugins")))
+}
+
+/// `attest-engine plugin test <file> --trace <t> [--plugin-config <c> | --plugin-config-json <json>]`.
+fn plugin_test(
+    mut config: attest_engine::config::Config,
+    file: &std::path::Path,
+    trace: &std::path::Path,
+    config_file: Option<&std::path::Path>,
+    config_json: Option<&str>,
+    format: OutputFormat,
+) -> ExitCode {
+    let plugin_config = match (config_file, config_json) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))
+            .and_then(|text| serde_json::from_str(&text).map_err(|e| format!("config file {} is not valid JSON: {e}", path.display()))),
+        (None, Some(text)) => serde_json::from_str(text).map_err(|e| format!("--plugin-config-json is not valid JSON: {e}")),
+        (None, None) => Ok(serde_json::json!({})),
+    };
+    let plugin_config = match plugin_config {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("attest-engine plugin test: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let host = load_one_plugin(&config, file);
+    let Some(id) = host.ids().first().cloned() else {
+        let why = host.failures().first().map_or("unknown error", |f| f.error.as_str());
+        eprintln!("attest-engine plugin test: refused: {}: {why}", file.display());
+        return ExitCode::from(2);
+    };
+    // A trial run: nothing goes to the result history.
+    config.history = None;
+    config.plugins.clear();
+    let engine = Engine::with_plugins(config, host);
+    let format = match format {
+        OutputFormat::Table => Format::Table,
+        OutputFormat::Json => Format::Json,
+    };
+    match eval_cmd::run_plugin(&engine, &id, plugin_config, trace, format, &mut std::io::stdout().lock()) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("attest-engine plugin test: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `attest-engine plugin check <file>`.
+fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) -> ExitCode {
+    let host = load_one_plugin(config, file);
     match host.ids().first().and_then(|id| host.get(id)) {
         Some(p) => {
             println!("plugin:       {} {}", p.id, p.version);

@@ -79,6 +79,10 @@ pub mod testing;
 
 pub use config::{decode_config, NoConfig};
 pub use log::{log, LogLevel};
+/// The `serde_json` the SDK is built with: `Verdict::with_details` takes its
+/// `Value`, and tests build configs with its `json!`, so a plugin needs no
+/// dependency of its own (and no version to keep in step).
+pub use serde_json;
 pub use target::{Missing, Target, TargetSyntaxError, GRAMMAR_HINT};
 pub use trace::{Step, StepType, Trace};
 pub use verdict::{PluginError, PluginInfo, Status, Verdict, ANY_OBJECT_SCHEMA};

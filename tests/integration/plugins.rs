@@ -2449,3 +2449,90 @@ fn a_plugin_built_against_0_1_0_still_loads_and_evaluates() {
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("api version:  attest:plugin@0.1.0"), "{stdout}");
 }
+
+// ---------------------------------------------------------------- plugin test
+
+#[test]
+fn plugin_test_runs_one_plugin_on_a_trace_and_prints_its_verdict() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, v: &Value| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, v.to_string()).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let clean = write("clean.json", &with_message("Your refund is on its way."));
+    let leaky = write("leaky.json", &leaky_trace());
+    let config = write("config.json", &json!({"target": "output.message"}));
+
+    // A pass: exit 0, the verdict with its details and duration.
+    let out = run_with(
+        cache.path(),
+        &["plugin", "test", &wasm("pii-leak"), "--trace", &clean, "--plugin-config", &config],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("plugin-test  pass"), "{stdout}");
+    assert!(stdout.contains("    details  {"), "{stdout}");
+    assert!(stdout.contains("    took     "), "{stdout}");
+
+    // A hard failure: exit 1; JSON output is the eval command's.
+    let out = run_with(
+        cache.path(),
+        &[
+            "plugin",
+            "test",
+            &wasm("pii-leak"),
+            "--trace",
+            &leaky,
+            "--plugin-config-json",
+            "{}",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let result = &printed[0]["results"][0];
+    assert_eq!(result["status"], json!("hard_fail"), "{printed}");
+    assert_eq!(
+        (result["layer"].as_u64(), result["type"].as_str()),
+        (Some(8), Some("plugin")),
+        "{printed}"
+    );
+
+    // A config the plugin's schema refuses: 1002 naming the field, exit 2.
+    let out = run_with(
+        cache.path(),
+        &[
+            "plugin",
+            "test",
+            &wasm("tool-args"),
+            "--trace",
+            &clean,
+            "--plugin-config-json",
+            r#"{"bogus": 1}"#,
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{stdout}");
+    assert!(
+        stdout.contains("error 1002") && stdout.contains("'bogus' was unexpected"),
+        "{stdout}"
+    );
+
+    // Inputs that are not JSON, and a file that is not a plugin.
+    let out = run_with(
+        cache.path(),
+        &["plugin", "test", &wasm("pii-leak"), "--trace", &clean, "--plugin-config-json", "{"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--plugin-config-json is not valid JSON"));
+    let out = run_with(cache.path(), &["plugin", "test", &clean, "--trace", &clean]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refused"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
