@@ -31,7 +31,7 @@ impl PluginCheck {
             };
             SpecError::new("spec.plugin_id", format!("unknown plugin {}", quote(id)), detail)
         })?;
-        let config = match spec.raw("config") {
+        let mut config = match spec.raw("config") {
             None => Value::Object(Default::default()),
             Some(v @ Value::Object(_)) => v.clone(),
             Some(other) => {
@@ -53,6 +53,19 @@ impl PluginCheck {
                 ),
             )
         })?;
+        crate::plugins::config::check_targets(&plugin.config_schema, &config).map_err(|bad| {
+            SpecError::new(
+                format!("spec.config.{}", bad.field),
+                format!(
+                    "config for plugin {}: {} is not a valid target: {}",
+                    quote(id),
+                    bad.field,
+                    bad.message
+                ),
+                crate::plugins::config::BadTarget::hint(),
+            )
+        })?;
+        crate::plugins::config::apply_defaults(&plugin.config_schema, &mut config);
         Ok(PluginCheck {
             plugin: plugin.clone(),
             config: config.to_string(),

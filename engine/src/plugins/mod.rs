@@ -11,6 +11,7 @@
 //! and refuses what could never run or would cost too much to compile.
 
 pub mod cache;
+pub mod config;
 pub mod sandbox;
 pub mod since_v0_1_0;
 

@@ -1,0 +1,150 @@
+//! What a plugin's config schema means beyond validation: the `default`s the
+//! engine fills in, and the string fields that hold targets.
+//!
+//! Both are read from the schema the plugin declares, so they work the same
+//! for plugins in any language:
+//!
+//! - a property missing from the config gets its schema's `default` (at any
+//!   depth of `properties`), so a plugin sees what its schema documents;
+//! - a string marked `"format": "attest-target"` (under `properties` or
+//!   `items`, at any depth) is parsed with the engine's target grammar when
+//!   the assertion is compiled, so a typo is error `1002` naming the field,
+//!   as for the built-in layers, instead of a failure at evaluation time.
+
+use crate::target::{Target, GRAMMAR_HINT};
+use serde_json::Value;
+
+/// The `format` that marks a string as a target.
+pub const TARGET_FORMAT: &str = "attest-target";
+
+/// Nesting the walkers follow; deeper schemas are not walked further.
+const MAX_DEPTH: usize = 32;
+
+/// A target field whose text does not parse.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BadTarget {
+    /// Where in the config, as a path (`rules[0].target`).
+    pub field: String,
+    pub message: String,
+}
+
+impl BadTarget {
+    pub fn hint() -> &'static str {
+        GRAMMAR_HINT
+    }
+}
+
+/// Fills in `default`s for properties missing from `config`.
+pub fn apply_defaults(schema: &Value, config: &mut Value) {
+    fill(schema, config, 0);
+}
+
+fn fill(schema: &Value, config: &mut Value, depth: usize) {
+    let (Some(properties), Value::Object(map)) = (schema.get("properties").and_then(Value::as_object), config) else {
+        return;
+    };
+    if depth >= MAX_DEPTH {
+        return;
+    }
+    for (key, sub) in properties {
+        match map.get_mut(key) {
+            Some(value) => fill(sub, value, depth + 1),
+            None => {
+                if let Some(default) = sub.get("default") {
+                    map.insert(key.clone(), default.clone());
+                }
+            }
+        }
+    }
+}
+
+/// The first target field of `config` that does not parse, if any.
+pub fn check_targets(schema: &Value, config: &Value) -> Result<(), BadTarget> {
+    walk(schema, config, &mut String::new(), 0)
+}
+
+fn walk(schema: &Value, value: &Value, path: &mut String, depth: usize) -> Result<(), BadTarget> {
+    if depth >= MAX_DEPTH {
+        return Ok(());
+    }
+    if let (Some(TARGET_FORMAT), Value::String(text)) = (schema.get("format").and_then(Value::as_str), value) {
+        return Target::parse(text).map(drop).map_err(|e| BadTarget {
+            field: path.clone(),
+            message: e.message,
+        });
+    }
+    match value {
+        Value::Object(map) => {
+            let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+                return Ok(());
+            };
+            for (key, sub) in properties {
+                if let Some(v) = map.get(key) {
+                    let len = path.len();
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(key);
+                    walk(sub, v, path, depth + 1)?;
+                    path.truncate(len);
+                }
+            }
+        }
+        Value::Array(items) => {
+            let Some(sub) = schema.get("items") else {
+                return Ok(());
+            };
+            for (i, v) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                walk(sub, v, path, depth + 1)?;
+                path.truncate(len);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "target": {"type": "string", "format": "attest-target", "default": "output.message"},
+                "kinds": {"type": "array", "default": ["email"]},
+                "limits": {"type": "object", "properties": {"max": {"type": "integer", "default": 3}}},
+                "checks": {"type": "array", "items": {"type": "object", "properties": {
+                    "target": {"type": "string", "format": "attest-target"}}}},
+                "note": {"type": "string"}
+            }
+        })
+    }
+
+    #[test]
+    fn missing_properties_get_their_defaults_at_any_depth() {
+        let mut config = json!({"kinds": ["card"], "limits": {}});
+        apply_defaults(&schema(), &mut config);
+        assert_eq!(config, json!({"target": "output.message", "kinds": ["card"], "limits": {"max": 3}}));
+        // Not an object: left alone.
+        let mut odd = json!([1]);
+        apply_defaults(&schema(), &mut odd);
+        assert_eq!(odd, json!([1]));
+    }
+
+    #[test]
+    fn target_fields_are_parsed_with_their_path() {
+        assert_eq!(check_targets(&schema(), &json!({"target": "steps[0].args"})), Ok(()));
+        let bad = check_targets(&schema(), &json!({"target": "steps[0"})).unwrap_err();
+        assert_eq!(bad.field, "target");
+        let bad = check_targets(&schema(), &json!({"checks": [{"target": "output"}, {"target": "nope["}]})).unwrap_err();
+        assert_eq!(bad.field, "checks[1].target");
+        assert!(!bad.message.is_empty());
+        // Strings without the format are not targets.
+        assert_eq!(check_targets(&schema(), &json!({"note": "steps[0"})), Ok(()));
+    }
+}
