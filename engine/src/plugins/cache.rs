@@ -2,33 +2,40 @@
 //!
 //! Compiling a component with Cranelift takes from tens of milliseconds (a
 //! small Rust plugin) to seconds (a Python or JavaScript one). The compiled
-//! artefact is stored under `<cache dir>/plugins/`, named by the SHA-256 of
-//! the `.wasm` bytes and of the engine build (engine version plus wasmtime's
-//! own compatibility hash), so a restart loads it in well under a millisecond.
+//! artefact is stored under `<cache dir>/plugins/`, named by a hash of the
+//! `.wasm` bytes and of the engine build (engine version plus wasmtime's own
+//! compatibility hash), so a restart loads it in well under a millisecond.
 //!
 //! Deserialising compiled code means running it, so a cached file is only
 //! used when it is exactly what this engine wrote for this component: names
 //! are content hashes, files are written to a temporary name and renamed
-//! into place, and every file ends with a SHA-256 over the component's own
+//! into place, and every file ends with a checksum over the component's own
 //! hash and the artefact before it. A file whose trailer does not match (a
 //! bad disk, a partial copy, or another plugin's entry copied over this one)
 //! or that wasmtime rejects (another engine build or configuration) is
 //! recompiled and replaced.
 //!
-//! The trailer binds an entry to its component; it is not a secret. Whoever
+//! The hashes are XXH3-128: they guard against accidents, not attackers, and
+//! they sit on every engine start, where hashing an 18 MB Python component
+//! and its larger artefact with SHA-256 took most of the start-up. Whoever
 //! can write the cache directory can write native code the engine will run,
 //! so the directory must be trusted like the engine binary itself
-//! (docs/plugins.md, "The compiled cache").
+//! (docs/plugins.md, "The compiled cache"); a cryptographic hash would not
+//! change that. Stored artefacts are read through a memory map, so a start
+//! neither copies them nor zeroes fresh pages for them.
 
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use wasmtime::component::Component;
 use wasmtime::Engine;
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-/// Bytes of the SHA-256 trailer after each stored artefact.
-const CHECKSUM_BYTES: usize = 32;
+/// Bytes of the checksum trailer after each stored artefact.
+const CHECKSUM_BYTES: usize = 16;
 /// Names the trailer's layout, so entries of an older layout never verify.
-const TRAILER_DOMAIN: &[u8] = b"attest-engine compiled plugin v2\0";
+const TRAILER_DOMAIN: &[u8] = b"attest-engine compiled plugin v3\0";
+
+/// A component's identity in the cache: the hash of its bytes.
+type SourceHash = [u8; 16];
 
 /// Whether a load came from the cache; reported by `list_plugins` and `plugin check`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -48,29 +55,32 @@ impl ArtefactCache {
         ArtefactCache { dir }
     }
 
-    fn path_for(&self, engine: &Engine, wasm: &[u8]) -> Option<PathBuf> {
+    fn path_for(&self, engine: &Engine, source: &SourceHash) -> Option<PathBuf> {
         let dir = self.dir.as_ref()?;
-        let mut h = Sha256::new();
+        let mut h = Xxh3::new();
         h.update(crate::ENGINE_VERSION.as_bytes());
+        h.update(&[0]);
         // wasmtime's own notion of "artefacts from this engine and configuration".
         let mut compat = std::collections::hash_map::DefaultHasher::new();
         std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut compat);
-        h.update(std::hash::Hasher::finish(&compat).to_le_bytes());
-        h.update(wasm);
-        let name: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        Some(dir.join(format!("{name}.cwasm")))
+        h.update(&std::hash::Hasher::finish(&compat).to_le_bytes());
+        h.update(source);
+        Some(dir.join(format!("{:032x}.cwasm", h.digest128())))
     }
 
     /// Loads the compiled component for `wasm`, compiling and storing it on a miss.
     pub fn load(&self, engine: &Engine, wasm: &[u8]) -> anyhow::Result<(Component, Source)> {
-        let path = self.path_for(engine, wasm);
-        let source: [u8; 32] = Sha256::digest(wasm).into();
-        if let Some(p) = path.as_deref().filter(|p| p.is_file()) {
-            match std::fs::read(p) {
-                Ok(file) => match verified(&file, &source) {
-                    // SAFETY: the bytes are, checksum-verified, what this cache
-                    // stored for this input and engine build (see module docs).
-                    Some(artefact) => match unsafe { Component::deserialize(engine, artefact) } {
+        let source: SourceHash = xxh3_128(wasm).to_le_bytes();
+        let path = self.path_for(engine, &source);
+        if let Some(p) = path.as_deref() {
+            match map(p) {
+                // wasmtime maps the file itself (its trailer is past the
+                // artefact's end), so loading copies nothing.
+                Ok(Some(file)) => match verified(&file, &source) {
+                    // SAFETY: the file is, checksum-verified, what this cache
+                    // stored for this input and engine build, and entries are
+                    // never modified in place (see module docs).
+                    Some(_) => match unsafe { Component::deserialize_file(engine, p) } {
                         Ok(c) => return Ok((c, Source::Cache)),
                         Err(e) => tracing::warn!(path = %p.display(), reason = %e, "ignoring a cached compiled plugin; recompiling"),
                     },
@@ -78,6 +88,7 @@ impl ArtefactCache {
                         tracing::warn!(path = %p.display(), reason = "checksum mismatch: the file is damaged or was not compiled from this component", "ignoring a cached compiled plugin; recompiling")
                     }
                 },
+                Ok(None) => {}
                 Err(e) => tracing::warn!(path = %p.display(), reason = %e, "ignoring a cached compiled plugin; recompiling"),
             }
         }
@@ -93,24 +104,37 @@ impl ArtefactCache {
     }
 }
 
-/// The trailer of an entry: SHA-256 over the layout name, the SHA-256 of the
+/// A stored entry, mapped read-only (`None` when there is none).
+fn map(path: &Path) -> std::io::Result<Option<memmap2::Mmap>> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // SAFETY: entries are written under a temporary name and renamed into
+    // place, never modified in place, and the directory is trusted like the
+    // engine binary (see module docs): the mapping does not change under us.
+    unsafe { memmap2::Mmap::map(&file) }.map(Some)
+}
+
+/// The trailer of an entry: a hash over the layout name, the hash of the
 /// component it was compiled from, and the artefact.
-fn trailer(artefact: &[u8], source: &[u8; 32]) -> [u8; 32] {
-    let mut h = Sha256::new();
+fn trailer(artefact: &[u8], source: &SourceHash) -> [u8; CHECKSUM_BYTES] {
+    let mut h = Xxh3::new();
     h.update(TRAILER_DOMAIN);
     h.update(source);
     h.update(artefact);
-    h.finalize().into()
+    h.digest128().to_le_bytes()
 }
 
 /// The artefact in a stored file, if its trailer matches the component
-/// (by its SHA-256, `source`) this load is for.
-fn verified<'a>(file: &'a [u8], source: &[u8; 32]) -> Option<&'a [u8]> {
+/// (by its hash, `source`) this load is for.
+fn verified<'a>(file: &'a [u8], source: &SourceHash) -> Option<&'a [u8]> {
     let (artefact, sum) = file.split_at_checked(file.len().checked_sub(CHECKSUM_BYTES)?)?;
     (trailer(artefact, source).as_slice() == sum).then_some(artefact)
 }
 
-fn store(path: &Path, artefact: &[u8], source: &[u8; 32]) -> std::io::Result<()> {
+fn store(path: &Path, artefact: &[u8], source: &SourceHash) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -129,7 +153,7 @@ mod tests {
     #[test]
     fn only_files_with_a_matching_trailer_are_used() {
         let artefact = b"compiled code".as_slice();
-        let source: [u8; 32] = Sha256::digest(b"component").into();
+        let source: SourceHash = xxh3_128(b"component").to_le_bytes();
         let mut file = artefact.to_vec();
         file.extend_from_slice(&trailer(artefact, &source));
         assert_eq!(verified(&file, &source), Some(artefact));
@@ -143,14 +167,14 @@ mod tests {
     #[test]
     fn an_entry_compiled_from_another_component_is_not_used() {
         let artefact = b"compiled code".as_slice();
-        let other: [u8; 32] = Sha256::digest(b"another component").into();
+        let other: SourceHash = xxh3_128(b"another component").to_le_bytes();
         let mut file = artefact.to_vec();
         file.extend_from_slice(&trailer(artefact, &other));
-        let source: [u8; 32] = Sha256::digest(b"component").into();
+        let source: SourceHash = xxh3_128(b"component").to_le_bytes();
         assert_eq!(verified(&file, &source), None);
-        // A plain checksum of the artefact (the old layout) does not verify either.
+        // A plain checksum of the artefact does not verify either.
         let mut plain = artefact.to_vec();
-        plain.extend_from_slice(&Sha256::digest(artefact));
+        plain.extend_from_slice(&xxh3_128(artefact).to_le_bytes());
         assert_eq!(verified(&plain, &source), None);
     }
 }
