@@ -1029,7 +1029,7 @@ fn unusable_params(text: &str, e: &serde_json::Error, max_depth: usize) -> RpcEr
             message: u.message.replacen("params.trace", "trace", 1),
             field: in_trace.to_owned(),
         };
-        crate::trace::validate::unrepresentable_trace(text, u, max_depth)
+        crate::trace::validate::unrepresentable_trace(text, u, max_depth).into()
     } else if u.field.starts_with("params.assertions") {
         assertion_error(u.message, plain, u.field)
     } else {

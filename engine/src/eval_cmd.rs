@@ -136,7 +136,7 @@ fn trace_problem(engine: &Engine, trace_text: &str) -> Option<RpcError> {
             )
         }
     };
-    crate::trace::parse_trace(raw, &engine.limits).err()
+    crate::trace::parse_trace(raw, &engine.limits).err().map(RpcError::from)
 }
 
 fn read_assertions(path: &Path) -> Result<Vec<Value>> {

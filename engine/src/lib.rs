@@ -27,6 +27,7 @@ pub mod calibrate_cmd;
 pub mod collect_host;
 pub mod config;
 pub mod ecp_host;
+pub mod errors;
 pub mod eval_cmd;
 pub mod history;
 pub mod layers;

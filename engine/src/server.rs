@@ -520,7 +520,7 @@ fn validate_trace_tree(engine: &Engine, params: Option<&RawValue>) -> Result<cra
         .map_err(
             |e| match crate::json_errors::unrepresentable(params.map_or("", |p| p.get()), &e, "params") {
                 Some(u) if u.field.starts_with("params.trace") => {
-                    crate::trace::validate::unrepresentable_trace(params.map_or("", |p| p.get()), u, engine.limits.max_depth)
+                    crate::trace::validate::unrepresentable_trace(params.map_or("", |p| p.get()), u, engine.limits.max_depth).into()
                 }
                 Some(u) => RpcError::new(ErrorCode::InvalidTrace, u.message, shape).with_field(u.field),
                 None => RpcError::new(ErrorCode::InvalidTrace, "validate_trace_tree params could not be read", shape).with_field("params"),

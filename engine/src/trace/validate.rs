@@ -17,7 +17,6 @@
 //! with an actionable `detail` and the offending field.
 
 use super::{StepType, Trace};
-use crate::protocol::{ErrorCode, RpcError};
 use crate::text::{clip, quote};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -61,8 +60,30 @@ pub struct Parsed {
     pub warnings: Vec<String>,
 }
 
-fn invalid(message: impl Into<String>, detail: impl Into<String>, field: impl Into<String>) -> RpcError {
-    RpcError::new(ErrorCode::InvalidTrace, message, detail).with_field(field)
+/// Why a trace was refused: the member at fault (`trace.steps[2].type`),
+/// what is wrong with it, and what to do. It becomes error 1001 on the wire
+/// (see `crate::errors`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceError {
+    pub field: String,
+    pub message: String,
+    pub detail: String,
+}
+
+impl std::fmt::Display for TraceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.field)
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+fn invalid(message: impl Into<String>, detail: impl Into<String>, field: impl Into<String>) -> TraceError {
+    TraceError {
+        field: field.into(),
+        message: message.into(),
+        detail: detail.into(),
+    }
 }
 
 /// Where in the tree a trace sits, for messages and field paths.
@@ -77,7 +98,7 @@ struct Level<'a> {
 /// Parses and validates the `trace` member of an `evaluate_batch` request.
 /// `raw` is the trace exactly as it appeared on the wire, so its length is
 /// the wire size the limit applies to.
-pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> {
+pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, TraceError> {
     let parsed = parse_trace_levels(raw, limits)?;
     // 8. Tree integrity, on the typed tree: the links are easier to follow
     // there, and the check returns at once for traces without sub-traces.
@@ -88,7 +109,7 @@ pub fn parse_trace(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> 
 /// The 1001 for a trace whose text holds a value nothing can represent.
 /// Nesting beyond the parser's limit is almost always sub-traces nested far
 /// too deep, which rule 7 names in its own words.
-pub fn unrepresentable_trace(text: &str, u: crate::json_errors::Unrepresentable, max_depth: usize) -> RpcError {
+pub fn unrepresentable_trace(text: &str, u: crate::json_errors::Unrepresentable, max_depth: usize) -> TraceError {
     if u.message.starts_with("nesting too deep") {
         let depth = crate::json_errors::max_key_nesting(text, "sub_trace");
         if depth > max_depth {
@@ -106,7 +127,7 @@ pub fn unrepresentable_trace(text: &str, u: crate::json_errors::Unrepresentable,
 
 /// Rules 1–7: every level of the tree, but not the links between levels
 /// (`validate_trace_tree` reports those instead of refusing the trace).
-pub fn parse_trace_levels(raw: &RawValue, limits: &Limits) -> Result<Parsed, RpcError> {
+pub fn parse_trace_levels(raw: &RawValue, limits: &Limits) -> Result<Parsed, TraceError> {
     // 1. Top-level parse.
     let value: Value = serde_json::from_str(raw.get()).map_err(|e| match crate::json_errors::unrepresentable(raw.get(), &e, "trace") {
         Some(u) => unrepresentable_trace(raw.get(), u, limits.max_depth),
@@ -149,7 +170,7 @@ pub fn parse_trace_levels(raw: &RawValue, limits: &Limits) -> Result<Parsed, Rpc
     })
 }
 
-fn check_sub_traces(level: &Level<'_>, depth: usize, limits: &Limits, warnings: &mut Vec<String>) -> Result<(), RpcError> {
+fn check_sub_traces(level: &Level<'_>, depth: usize, limits: &Limits, warnings: &mut Vec<String>) -> Result<(), TraceError> {
     let Some(Value::Array(steps)) = level.obj.get("steps") else {
         return Ok(());
     };
@@ -171,7 +192,7 @@ fn check_sub_traces(level: &Level<'_>, depth: usize, limits: &Limits, warnings: 
 
 /// Rules 2–6 for one trace of the tree. `wire_bytes` is known for the root only;
 /// sub-traces are part of it.
-fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, warnings: &mut Vec<String>) -> Result<(), RpcError> {
+fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, warnings: &mut Vec<String>) -> Result<(), TraceError> {
     let obj = level.obj;
     let (path, sfx) = (level.path.as_str(), level.suffix.as_str());
 
@@ -340,7 +361,7 @@ fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, wa
     Ok(())
 }
 
-fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, check_payload: bool) -> Result<(), RpcError> {
+fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, check_payload: bool) -> Result<(), TraceError> {
     let field = format!("{path}.steps[{i}]");
     let Value::Object(s) = step else {
         return Err(invalid(
@@ -455,7 +476,7 @@ fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, ch
 
 /// Known numeric metadata must be numbers so constraint checks compare like
 /// with like; `timestamp` must be RFC 3339.
-fn check_metadata(meta: &Map<String, Value>, path: &str, sfx: &str) -> Result<(), RpcError> {
+fn check_metadata(meta: &Map<String, Value>, path: &str, sfx: &str) -> Result<(), TraceError> {
     for key in ["total_tokens", "cost_usd", "latency_ms"] {
         match meta.get(key) {
             None | Some(Value::Null) => {}
@@ -481,7 +502,7 @@ fn check_metadata(meta: &Map<String, Value>, path: &str, sfx: &str) -> Result<()
     }
 }
 
-fn check_optional_string(obj: &Map<String, Value>, key: &str, path: &str, sfx: &str) -> Result<(), RpcError> {
+fn check_optional_string(obj: &Map<String, Value>, key: &str, path: &str, sfx: &str) -> Result<(), TraceError> {
     match obj.get(key) {
         None | Some(Value::Null) | Some(Value::String(_)) => Ok(()),
         Some(other) => Err(invalid(
@@ -542,11 +563,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn check(v: Value) -> Result<Parsed, RpcError> {
+    fn check(v: Value) -> Result<Parsed, TraceError> {
         check_with(v, &Limits::default())
     }
 
-    fn check_with(v: Value, limits: &Limits) -> Result<Parsed, RpcError> {
+    fn check_with(v: Value, limits: &Limits) -> Result<Parsed, TraceError> {
         let raw = RawValue::from_string(v.to_string()).unwrap();
         parse_trace(&raw, limits)
     }
@@ -708,7 +729,7 @@ mod tests {
             e.message,
             "trace missing required field: output (in sub_trace of step 'helper' at depth 1)"
         );
-        assert_eq!(e.field.as_deref(), Some("trace.steps[0].sub_trace.output"));
+        assert_eq!(e.field, "trace.steps[0].sub_trace.output");
     }
 
     #[test]
@@ -721,13 +742,13 @@ mod tests {
             e.message,
             "sub_trace 's' has parent_trace_id 'other' but its parent's trace_id is 't1'"
         );
-        assert_eq!(e.field.as_deref(), Some("trace.steps[0].sub_trace.parent_trace_id"));
+        assert_eq!(e.field, "trace.steps[0].sub_trace.parent_trace_id");
         v["steps"][0]["sub_trace"]["parent_trace_id"] = json!("t1");
         assert!(check(v.clone()).is_ok());
         v["steps"][0]["sub_trace"]["trace_id"] = json!("t1");
         let e = check(v).unwrap_err();
         assert_eq!(e.message, "duplicate trace_id 't1' in the tree (cycle or copy)");
-        assert_eq!(e.field.as_deref(), Some("trace.steps[0].sub_trace.trace_id"));
+        assert_eq!(e.field, "trace.steps[0].sub_trace.trace_id");
         let mut v = base();
         v["steps"] = json!([{"type": "agent_call", "name": "untraced"}]);
         assert!(check(v).is_ok(), "an agent_call without sub_trace is a call, not an error");
