@@ -1114,15 +1114,7 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
             }
         }
         let spec_text = w.spec.map_or("null", |s| s.get());
-        let compiled = compile(engine, kind, spec_text).map_err(|e| {
-            RpcError::new(
-                ErrorCode::AssertionError,
-                format!("assertion {} ({}): {}", quote(id), kind.name(), e.message),
-                e.detail,
-            )
-            .with_assertion(id)
-            .with_field(at(&e.field))
-        })?;
+        let compiled = compile(engine, kind, spec_text).map_err(|e| crate::errors::spec_error(e, i, id, kind))?;
         planned.push(Planned {
             id: id.to_owned(),
             request_id: w.request_id.as_deref().map(str::to_owned),
