@@ -140,6 +140,24 @@ enum OutputFormat {
     Json,
 }
 
+impl From<OutputFormat> for Format {
+    fn from(f: OutputFormat) -> Format {
+        match f {
+            OutputFormat::Table => Format::Table,
+            OutputFormat::Json => Format::Json,
+        }
+    }
+}
+
+impl From<OutputFormat> for attest_engine::calibrate_cmd::Format {
+    fn from(f: OutputFormat) -> Self {
+        match f {
+            OutputFormat::Table => Self::Table,
+            OutputFormat::Json => Self::Json,
+        }
+    }
+}
+
 fn env_help() -> String {
     let mut s = String::from("Environment:\n");
     for (name, what) in ENV_VARS {
@@ -204,11 +222,7 @@ fn main() -> ExitCode {
             let Some(engine) = load_engine(config) else {
                 return ExitCode::from(2);
             };
-            let format = match format {
-                OutputFormat::Table => Format::Table,
-                OutputFormat::Json => Format::Json,
-            };
-            match eval_cmd::run(&engine, &trace, &assertions, format, &mut std::io::stdout().lock()) {
+            match eval_cmd::run(&engine, &trace, &assertions, format.into(), &mut std::io::stdout().lock()) {
                 Ok(code) => ExitCode::from(code as u8),
                 Err(e) => {
                     eprintln!("attest-engine eval: {e:#}");
@@ -248,12 +262,8 @@ fn main() -> ExitCode {
             let Some(engine) = load_engine(config) else {
                 return ExitCode::from(2);
             };
-            let format = match format {
-                OutputFormat::Table => attest_engine::calibrate_cmd::Format::Table,
-                OutputFormat::Json => attest_engine::calibrate_cmd::Format::Json,
-            };
             let mut out = std::io::stdout().lock();
-            match attest_engine::calibrate_cmd::run(&engine, &labels, &rubric, threshold, persist, format, &mut out) {
+            match attest_engine::calibrate_cmd::run(&engine, &labels, &rubric, threshold, persist, format.into(), &mut out) {
                 Ok(code) => ExitCode::from(code as u8),
                 Err(e) => {
                     eprintln!("attest-engine calibrate: {e:#}");
@@ -384,11 +394,7 @@ fn plugin_test(
     config.history = None;
     config.plugins.clear();
     let engine = Engine::with_plugins(config, host);
-    let format = match format {
-        OutputFormat::Table => Format::Table,
-        OutputFormat::Json => Format::Json,
-    };
-    match eval_cmd::run_plugin(&engine, &id, plugin_config, trace, format, &mut std::io::stdout().lock()) {
+    match eval_cmd::run_plugin(&engine, &id, plugin_config, trace, format.into(), &mut std::io::stdout().lock()) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             eprintln!("attest-engine plugin test: {e:#}");

@@ -158,16 +158,14 @@ pub fn parse(params: Option<&RawValue>) -> Result<PluginResult, RpcError> {
         Some(_) => return Err(field_error("result", "submit_plugin_result result must be an object".into())),
     };
     let status = match result.get("status") {
-        Some(Value::String(s)) => match s.as_str() {
-            "pass" => Status::Pass,
-            "soft_fail" => Status::SoftFail,
-            "hard_fail" => Status::HardFail,
-            other => {
+        Some(Value::String(s)) => match Status::parse(s) {
+            Some(status) => status,
+            None => {
                 return Err(field_error(
                     "result.status",
                     format!(
                         "submit_plugin_result result.status '{}' is not one of pass, soft_fail, hard_fail",
-                        clip(other, 60)
+                        clip(s, 60)
                     ),
                 ))
             }

@@ -30,12 +30,19 @@ pub enum Status {
 }
 
 impl Status {
+    pub const ALL: [Status; 3] = [Status::Pass, Status::SoftFail, Status::HardFail];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Pass => "pass",
             Status::SoftFail => "soft_fail",
             Status::HardFail => "hard_fail",
         }
+    }
+
+    /// The status `as_str` names (`None` for anything else).
+    pub fn parse(s: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|status| status.as_str() == s)
     }
 }
 
@@ -168,5 +175,19 @@ impl<T> StepView for Step<T> {
     }
     fn metadata(&self) -> Option<&Value> {
         self.metadata.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Status;
+
+    #[test]
+    fn statuses_parse_from_their_names_only() {
+        for status in Status::ALL {
+            assert_eq!(Status::parse(status.as_str()), Some(status));
+        }
+        assert_eq!(Status::parse("Pass"), None);
+        assert_eq!(Status::parse("fail"), None);
     }
 }

@@ -154,7 +154,8 @@ fn migrate(tx: &Transaction, select: &str) -> rusqlite::Result<()> {
         latest.insert(assertion, fp);
         let suite = intern_suite(tx, &mut interned, &[(fp, assertion)])?;
         let mut packed = Vec::with_capacity(RESULT_BYTES);
-        pack_result(&mut packed, status_from_str(&status), r.get(6)?);
+        // Earlier layouts stored statuses as text; anything unknown counts as a failure.
+        pack_result(&mut packed, Status::parse(&status).unwrap_or(Status::HardFail), r.get(6)?);
         tx.prepare_cached("INSERT INTO batches (recorded_at_ms, suite, trace_id, size, results) VALUES (?1, ?2, ?3, 1, ?4)")?
             .execute(params![r.get::<_, i64>(0)?, suite, r.get::<_, String>(7)?, packed])?;
     }
@@ -166,14 +167,6 @@ fn status_code(status: Status) -> u8 {
         Status::Pass => 0,
         Status::SoftFail => 1,
         Status::HardFail => 2,
-    }
-}
-
-fn status_from_str(s: &str) -> Status {
-    match s {
-        "pass" => Status::Pass,
-        "soft_fail" => Status::SoftFail,
-        _ => Status::HardFail,
     }
 }
 
@@ -367,53 +360,48 @@ impl Writer {
                 let mut members = Vec::new();
                 for batch in pending.iter() {
                     let mut results = Vec::with_capacity(batch.rows.len() * RESULT_BYTES);
-                    if let Some(suite) = interned.last.as_ref().and_then(|last| last.suite_of(batch)) {
-                        for r in &batch.rows {
-                            pack_result(&mut results, r.status, r.score);
+                    let suite = match interned.last.as_ref().and_then(|last| last.suite_of(batch)) {
+                        Some(suite) => {
+                            for r in &batch.rows {
+                                pack_result(&mut results, r.status, r.score);
+                            }
+                            suite
                         }
-                        n += batch.rows.len() as u64;
-                        ready.push(Ready {
-                            suite,
-                            trace_id: &batch.trace_id,
-                            size: batch.rows.len() as i64,
-                            results,
-                        });
-                        if ready.len() == BATCHES_PER_INSERT {
-                            insert_batches(&tx, at, &ready)?;
-                            ready.clear();
+                        None => {
+                            if batch.keyed {
+                                // It may repoint assertion ids the last suite's batches point.
+                                interned.last = None;
+                            }
+                            members.clear();
+                            for r in &batch.rows {
+                                if batch.keyed && key.execute(params![batch.trace_id, r.assertion_id, at])? == 0 {
+                                    // Already recorded by an earlier delivery of this trace.
+                                    continue;
+                                }
+                                let fp = intern_fingerprint(&tx, interned, r, batch.agent_id.as_deref())?;
+                                let assertion = intern_assertion(&tx, interned, &r.assertion_id, fp)?;
+                                latest.insert(assertion, fp);
+                                members.push((fp, assertion));
+                                pack_result(&mut results, r.status, r.score);
+                            }
+                            if members.is_empty() {
+                                continue;
+                            }
+                            let suite = intern_suite(&tx, interned, &members)?;
+                            if !batch.keyed {
+                                interned.last = Some(LastSuite::of(batch, suite));
+                            }
+                            suite
                         }
-                        continue;
-                    }
-                    if batch.keyed {
-                        // It may repoint assertion ids the last suite's batches point.
-                        interned.last = None;
-                    }
-                    members.clear();
-                    for r in &batch.rows {
-                        if batch.keyed && key.execute(params![batch.trace_id, r.assertion_id, at])? == 0 {
-                            // Already recorded by an earlier delivery of this trace.
-                            continue;
-                        }
-                        let fp = intern_fingerprint(&tx, interned, r, batch.agent_id.as_deref())?;
-                        let assertion = intern_assertion(&tx, interned, &r.assertion_id, fp)?;
-                        latest.insert(assertion, fp);
-                        members.push((fp, assertion));
-                        pack_result(&mut results, r.status, r.score);
-                    }
-                    if members.is_empty() {
-                        continue;
-                    }
-                    let suite = intern_suite(&tx, interned, &members)?;
-                    if !batch.keyed {
-                        interned.last = Some(LastSuite::of(batch, suite));
-                    }
+                    };
+                    let size = results.len() / RESULT_BYTES;
+                    n += size as u64;
                     ready.push(Ready {
                         suite,
                         trace_id: &batch.trace_id,
-                        size: members.len() as i64,
+                        size: size as i64,
                         results,
                     });
-                    n += members.len() as u64;
                     if ready.len() == BATCHES_PER_INSERT {
                         insert_batches(&tx, at, &ready)?;
                         ready.clear();
@@ -468,6 +456,8 @@ impl Writer {
                 _ => tx.query_row("SELECT COALESCE(SUM(size), 0) FROM batches", [], |r| r.get(0))?,
             };
             let mut cut = 0;
+            // Results left after the cut: all of them unless over the limit.
+            let mut left = total;
             if total > max_rows {
                 // The newest batch that does not fit whole, with the results
                 // newer than it.
@@ -487,8 +477,10 @@ impl Writer {
                         keep_newest_results(&tx, &mut Interned::default(), id, fit as usize)?;
                         cut += 1;
                         deleted += tx.execute("DELETE FROM batches WHERE id < ?1", params![id])?;
+                        left = max_rows;
                     } else {
                         deleted += tx.execute("DELETE FROM batches WHERE id <= ?1", params![id])?;
+                        left = newer;
                     }
                 }
             }
@@ -502,11 +494,6 @@ impl Writer {
                      DELETE FROM fingerprints WHERE id NOT IN (SELECT fingerprint FROM suite_members);",
                 )?;
             }
-            let left = if total > max_rows {
-                tx.query_row("SELECT COALESCE(SUM(size), 0) FROM batches", [], |r| r.get(0))?
-            } else {
-                total
-            };
             tx.commit()?;
             Ok((deleted, left))
         })();
@@ -757,6 +744,17 @@ mod tests {
         }
     }
 
+    /// A history file in an earlier layout: `tables` run on a fresh file,
+    /// then `fill` adds its rows, before the engine opens it.
+    fn legacy_file(tables: &str, fill: impl FnOnce(&Connection)) -> (tempfile::TempDir, HistoryConfig) {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(dir.path());
+        let conn = Connection::open(&c.path).unwrap();
+        conn.execute_batch(tables).unwrap();
+        fill(&conn);
+        (dir, c)
+    }
+
     fn rows(id: &str, spec: SpecDigest, scores: &[f64]) -> Rows {
         Rows {
             keyed: false,
@@ -801,20 +799,14 @@ mod tests {
 
     #[test]
     fn a_file_in_the_layout_before_interning_is_migrated() {
-        let dir = tempfile::tempdir().unwrap();
-        let c = config(dir.path());
         let spec = SpecDigest::of("content", None);
         let fp = Fingerprint::new(&spec, Some("bot"));
-        {
-            let conn = Connection::open(&c.path).unwrap();
-            conn.execute_batch(
-                "CREATE TABLE results (id INTEGER PRIMARY KEY, recorded_at_ms INTEGER NOT NULL, assertion_id TEXT NOT NULL,
-                    fingerprint BLOB NOT NULL, assertion_type TEXT NOT NULL, status TEXT NOT NULL, score REAL NOT NULL,
-                    trace_id TEXT NOT NULL, agent_id TEXT);
-                 CREATE INDEX results_by_fingerprint ON results (fingerprint, id);
-                 CREATE INDEX results_by_assertion ON results (assertion_id, id);",
-            )
-            .unwrap();
+        let tables = "CREATE TABLE results (id INTEGER PRIMARY KEY, recorded_at_ms INTEGER NOT NULL, assertion_id TEXT NOT NULL,
+                fingerprint BLOB NOT NULL, assertion_type TEXT NOT NULL, status TEXT NOT NULL, score REAL NOT NULL,
+                trace_id TEXT NOT NULL, agent_id TEXT);
+             CREATE INDEX results_by_fingerprint ON results (fingerprint, id);
+             CREATE INDEX results_by_assertion ON results (assertion_id, id);";
+        let (_dir, c) = legacy_file(tables, |conn| {
             for (i, score) in [0.2, 0.4, 0.6].iter().enumerate() {
                 conn.execute(
                     "INSERT INTO results (recorded_at_ms, assertion_id, fingerprint, assertion_type, status, score, trace_id, agent_id)
@@ -823,25 +815,14 @@ mod tests {
                 )
                 .unwrap();
             }
-        }
+        });
         let h = History::open(&c).unwrap();
         assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.6, 0.4, 0.2]);
         let r = h.drift(Subject::AssertionId("old0".into()), 50).unwrap();
         assert_eq!((r.count, r.fingerprint.as_deref()), (3, Some(fp.hex().as_str())));
         assert_eq!(h.drift(Subject::Fingerprint(fp), 50).unwrap().assertion_id, "old2");
         // New rows join the migrated history.
-        h.record(Rows {
-            keyed: false,
-            trace_id: "t2".into(),
-            agent_id: Some("bot".into()),
-            rows: vec![Row {
-                assertion_id: "new".into(),
-                spec,
-                assertion_type: "content",
-                status: crate::layers::Status::Pass,
-                score: 0.8,
-            }],
-        });
+        h.record(batch("t2", vec![row("new", spec, 0.8)]));
         assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.8, 0.6, 0.4, 0.2]);
     }
 
@@ -969,34 +950,25 @@ mod tests {
 
     #[test]
     fn a_file_in_the_interned_row_per_result_layout_is_migrated() {
-        let dir = tempfile::tempdir().unwrap();
-        let c = config(dir.path());
         let spec = SpecDigest::of("content", None);
         let fp = Fingerprint::new(&spec, Some("bot"));
-        {
-            let conn = Connection::open(&c.path).unwrap();
-            conn.execute_batch(
-                "CREATE TABLE fingerprints (id INTEGER PRIMARY KEY, fingerprint BLOB NOT NULL UNIQUE, agent_id TEXT);
-                 CREATE TABLE assertions (id INTEGER PRIMARY KEY, assertion_id TEXT NOT NULL UNIQUE, fingerprint INTEGER NOT NULL);
-                 CREATE TABLE results (id INTEGER PRIMARY KEY, recorded_at_ms INTEGER NOT NULL, fingerprint INTEGER NOT NULL,
-                    assertion INTEGER NOT NULL, assertion_type TEXT NOT NULL, status TEXT NOT NULL, score REAL NOT NULL,
-                    trace_id TEXT NOT NULL);
-                 CREATE INDEX results_by_fingerprint ON results (fingerprint, id);
-                 CREATE TABLE result_keys (trace_id TEXT NOT NULL, assertion_id TEXT NOT NULL, recorded_at_ms INTEGER NOT NULL,
-                    PRIMARY KEY (trace_id, assertion_id)) WITHOUT ROWID;
-                 PRAGMA user_version = 2;",
-            )
-            .unwrap();
+        let tables = "CREATE TABLE fingerprints (id INTEGER PRIMARY KEY, fingerprint BLOB NOT NULL UNIQUE, agent_id TEXT);
+             CREATE TABLE assertions (id INTEGER PRIMARY KEY, assertion_id TEXT NOT NULL UNIQUE, fingerprint INTEGER NOT NULL);
+             CREATE TABLE results (id INTEGER PRIMARY KEY, recorded_at_ms INTEGER NOT NULL, fingerprint INTEGER NOT NULL,
+                assertion INTEGER NOT NULL, assertion_type TEXT NOT NULL, status TEXT NOT NULL, score REAL NOT NULL,
+                trace_id TEXT NOT NULL);
+             CREATE INDEX results_by_fingerprint ON results (fingerprint, id);
+             CREATE TABLE result_keys (trace_id TEXT NOT NULL, assertion_id TEXT NOT NULL, recorded_at_ms INTEGER NOT NULL,
+                PRIMARY KEY (trace_id, assertion_id)) WITHOUT ROWID;
+             PRAGMA user_version = 2;";
+        let (_dir, c) = legacy_file(tables, |conn| {
             conn.execute(
                 "INSERT INTO fingerprints (id, fingerprint, agent_id) VALUES (7, ?1, 'bot')",
                 params![&fp.0[..]],
             )
             .unwrap();
-            conn.execute_batch(
-                "INSERT INTO assertions (id, assertion_id, fingerprint) VALUES (3, 'old0', 7), (4, 'old1', 7);
-                 ",
-            )
-            .unwrap();
+            conn.execute_batch("INSERT INTO assertions (id, assertion_id, fingerprint) VALUES (3, 'old0', 7), (4, 'old1', 7);")
+                .unwrap();
             conn.execute("INSERT INTO result_keys VALUES ('t', 'old0', ?1)", params![now_ms()])
                 .unwrap();
             for (i, score) in [0.2, 0.4, 0.6].iter().enumerate() {
@@ -1007,7 +979,7 @@ mod tests {
                 )
                 .unwrap();
             }
-        }
+        });
         let h = History::open(&c).unwrap();
         assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.6, 0.4, 0.2]);
         assert_eq!(h.drift(Subject::Fingerprint(fp), 50).unwrap().assertion_id, "old0");
