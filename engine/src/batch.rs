@@ -10,6 +10,7 @@
 
 use crate::config::Config;
 use crate::history::{dynamic_status, DriftReport, DriftStatus, Fingerprint, Row, Rows};
+use crate::lane::Lane;
 use crate::layers::{AssertionType, Check, CompiledAssertion, SpecError, Status, Verdict};
 use crate::plugins::{Outcome, Plugin};
 use crate::protocol::{ErrorCode, RpcError};
@@ -299,6 +300,21 @@ struct Planned<'a> {
     compiled: Arc<CompiledAssertion>,
 }
 
+impl Planned<'_> {
+    /// Whether evaluating this assertion may hold its thread: a plugin call
+    /// (up to the eval timeout), or a history read for a dynamic threshold.
+    fn may_block(&self) -> bool {
+        self.kind == AssertionType::Plugin || self.compiled.dynamic
+    }
+
+    fn into_owned(self) -> Planned<'static> {
+        Planned {
+            spec_text: Cow::Owned(self.spec_text.into_owned()),
+            ..self
+        }
+    }
+}
+
 fn assertion_error(message: String, detail: impl Into<String>, field: String) -> RpcError {
     RpcError::new(ErrorCode::AssertionError, message, detail).with_field(field)
 }
@@ -331,7 +347,16 @@ struct Evaluated {
 /// `answer_bytes` is the room the serialised result has (one response
 /// line, or a share of one): a batch whose results cannot fit it even
 /// with empty explanations is refused before anything is evaluated.
-pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Instant, answer_bytes: usize) -> Result<BatchResult, RpcError> {
+///
+/// A plan that calls plugins or reads history runs where it may block
+/// (see [`Lane`]); the rest runs where it is called.
+pub async fn evaluate(
+    engine: &Arc<Engine>,
+    params: Option<&RawValue>,
+    deadline: Instant,
+    answer_bytes: usize,
+    lane: &mut Lane,
+) -> Result<BatchResult, RpcError> {
     let started = Instant::now();
     let (trace_raw, wire) = read_params(params, engine.limits.max_depth)?;
     let trace_raw = trace_raw.filter(|t| t.get() != "null").ok_or_else(|| {
@@ -353,7 +378,15 @@ pub async fn evaluate(engine: &Engine, params: Option<&RawValue>, deadline: Inst
         started,
         effects: Effects::All,
     };
-    run(engine, trace_raw, parsed.trace, &plan, how).await
+    if lane.may_block() || !plan.iter().any(Planned::may_block) {
+        return run(engine, trace_raw, parsed.trace, &plan, how).await;
+    }
+    // The move costs a copy of the trace text and of each spec's text; the
+    // parsed trace and the compiled assertions go as they are.
+    let trace_raw = trace_raw.to_owned();
+    let plan: Vec<Planned<'static>> = plan.into_iter().map(Planned::into_owned).collect();
+    let (engine, trace) = (engine.clone(), parsed.trace);
+    lane.block(async move { run(&engine, &trace_raw, trace, &plan, how).await }).await
 }
 
 /// A suite of assertions checked and compiled once, to evaluate against
@@ -387,13 +420,7 @@ impl Suite {
             .enumerate()
             .map(|(i, item)| LooseEnvelope::parse(i, item))
             .collect::<Result<Vec<_>, _>>()?;
-        let plan = plan(engine, wire)?
-            .into_iter()
-            .map(|p| Planned {
-                spec_text: Cow::Owned(p.spec_text.into_owned()),
-                ..p
-            })
-            .collect();
+        let plan = plan(engine, wire)?.into_iter().map(Planned::into_owned).collect();
         Ok(Suite { plan })
     }
 

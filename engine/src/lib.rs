@@ -30,6 +30,7 @@ pub mod ecp_host;
 pub mod errors;
 pub mod eval_cmd;
 pub mod history;
+pub mod lane;
 pub mod layers;
 pub mod logging;
 pub mod plugin_results;

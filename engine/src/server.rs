@@ -2,9 +2,9 @@
 //! soon as it is ready.
 //!
 //! - At most `max_concurrent_requests` lines are in flight; while that many
-//!   are, no more input is read (back-pressure instead of a queue). Requests
-//!   that may block run on a share of their own once they start
-//!   (`plugins::call_share`), handing their general slot back.
+//!   are, no more input is read (back-pressure instead of a queue). Work
+//!   that may block moves to the blocking pool and a share of slots of its
+//!   own once the parsed request shows it is there (see [`crate::lane`]).
 //! - Until `initialize` has succeeded, lines are handled one at a time, so a
 //!   client that pipelines `initialize` and its first batch still works.
 //! - `shutdown`, end of input, SIGTERM and SIGINT all stop reading and drain
@@ -13,6 +13,7 @@
 //!   get none; a JSON array is a JSON-RPC batch answered by one array line.
 
 use crate::batch;
+use crate::lane::Lane;
 use crate::plugin_results::{self, Accepted};
 use crate::protocol::{self, error_line, method_list, null_id, parse_request, success_line, ErrorCode, Method, Request, RpcError};
 use crate::session::{Admission, Engine, State};
@@ -146,28 +147,27 @@ async fn respond(
     let seq = admission.seq;
     // Held until the response is sent: the line's parse memory is in use.
     let _memory = memory_permit;
-    let mut _permit = Some(permit);
-    let mut _share = None;
-    let blocks = may_block(&line);
-    if blocks {
-        // Requests that may block (plugin calls, huge batches) run on a share
-        // of their own and hand their general slot back, so slow plugins
-        // cannot hold every slot while plain requests wait behind them.
-        _share = blocking_share.acquire_owned().await.ok();
-        _permit = None;
-    }
-    let reply = if blocks {
-        // Plugin calls and huge batches can hold a thread for up to the eval
-        // timeout. Off the async workers they cannot stall other requests,
-        // even on the single-threaded runtime used on one CPU.
+    let mut lane = Lane::new(permit, blocking_share);
+    // A line this large takes long to parse before anything is known about
+    // it, so all of it runs on the blocking pool. Smaller lines move there
+    // only for the work that needs it (see `lane`). The lane's slot is held
+    // until the response is sent.
+    let (reply, _lane) = if line.len() > LARGE_LINE_BYTES {
+        lane.enter_pool().await;
         let runtime = tokio::runtime::Handle::current();
-        let blocking = tokio::task::spawn_blocking(move || runtime.block_on(handle_line(&engine, &line, seq)));
-        blocking.await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "request handler on the blocking pool failed");
-            None
-        })
+        let blocking = tokio::task::spawn_blocking(move || {
+            let reply = runtime.block_on(handle_line(&engine, &line, seq, &mut lane));
+            (reply, lane)
+        });
+        match blocking.await {
+            Ok((reply, lane)) => (reply, Some(lane)),
+            Err(e) => {
+                tracing::error!(error = %e, "request handler on the blocking pool failed");
+                (None, None)
+            }
+        }
     } else {
-        handle_line(&engine, &line, seq).await
+        (handle_line(&engine, &line, seq, &mut lane).await, Some(lane))
     };
     if let Some(reply) = reply {
         if out.send(reply).await.is_err() {
@@ -178,27 +178,10 @@ async fn respond(
     drop(admission);
 }
 
-/// Whether handling `line` may occupy a thread for long: it is large, or it
-/// may name a plugin or read history (a false positive only costs a thread
-/// hand-off).
-fn may_block(line: &[u8]) -> bool {
-    // Plugin calls, history reads (dynamic thresholds, query_drift).
-    const SLOW: [&[u8]; 3] = [b"plugin", b"dynamic", b"query_drift"];
-    line.len() > LARGE_LINE_BYTES || SLOW.iter().any(|w| memchr::memmem::find(line, w).is_some()) || escapes_ascii(line)
-}
-
-/// Whether `line` has a `\u` escape of an ASCII character (`\u0070` is
-/// `p`): such escapes can spell the words [`may_block`] looks for without
-/// their bytes. Escapes of other characters (what `json.dumps` writes for
-/// non-ASCII text) cannot, and keep their requests on the async workers.
-fn escapes_ascii(line: &[u8]) -> bool {
-    memchr::memmem::find_iter(line, b"\\u00").any(|at| line.get(at + 4).is_some_and(|d| (b'0'..=b'7').contains(d)))
-}
-
 /// The response line for one input line (`None`: nothing to answer).
-pub async fn handle_line(engine: &Engine, line: &[u8], seq: u64) -> Option<Vec<u8>> {
+pub async fn handle_line(engine: &Arc<Engine>, line: &[u8], seq: u64, lane: &mut Lane) -> Option<Vec<u8>> {
     let mut notes = Vec::new();
-    let reply = answer_line(engine, line, seq, &mut notes).await;
+    let reply = answer_line(engine, line, seq, &mut notes, lane).await;
     if notes.is_empty() {
         return reply;
     }
@@ -224,7 +207,7 @@ fn trim_json_whitespace(s: &str) -> &str {
     s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
 }
 
-async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec<u8>>) -> Option<Vec<u8>> {
+async fn answer_line(engine: &Arc<Engine>, line: &[u8], seq: u64, notes: &mut Vec<Vec<u8>>, lane: &mut Lane) -> Option<Vec<u8>> {
     let text = match std::str::from_utf8(line) {
         Ok(t) => trim_json_whitespace(t),
         Err(e) => {
@@ -247,7 +230,7 @@ async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec
     // together they must not hold the line longer than one request may.
     let deadline = Instant::now() + engine.config.eval_timeout;
     if !text.starts_with('[') {
-        return handle_one(engine, text, seq, notes, limit, deadline).await;
+        return handle_one(engine, text, seq, notes, limit, deadline, lane).await;
     }
     let items: Vec<&RawValue> = match serde_json::from_str(text) {
         Ok(items) => items,
@@ -296,7 +279,7 @@ async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec
     // Batch members run in order; the batch as a whole runs concurrently with other lines.
     let mut replies = Vec::with_capacity(items.len());
     for raw in &items {
-        replies.extend(handle_one(engine, raw.get(), seq, notes, share, deadline).await);
+        replies.extend(handle_one(engine, raw.get(), seq, notes, share, deadline, lane).await);
     }
     if replies.is_empty() {
         return None;
@@ -314,7 +297,15 @@ async fn answer_line(engine: &Engine, line: &[u8], seq: u64, notes: &mut Vec<Vec
 }
 
 /// Answers one request object in at most `budget` bytes.
-async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u8>>, budget: usize, deadline: Instant) -> Option<Vec<u8>> {
+async fn handle_one(
+    engine: &Arc<Engine>,
+    text: &str,
+    seq: u64,
+    notes: &mut Vec<Vec<u8>>,
+    budget: usize,
+    deadline: Instant,
+    lane: &mut Lane,
+) -> Option<Vec<u8>> {
     let req = match parse_request(text) {
         Ok(r) => r,
         Err(rejected) => return Some(error_line(&rejected.id, &rejected.error)),
@@ -339,7 +330,7 @@ async fn handle_one(engine: &Engine, text: &str, seq: u64, notes: &mut Vec<Vec<u
     };
     let id_len = id.map_or(4, |i| i.get().len());
     let result_budget = budget.saturating_sub(ENVELOPE_BYTES + id_len);
-    let outcome = dispatch(engine, method, params, result_budget, deadline, seq, notes).await;
+    let outcome = dispatch(engine, method, params, result_budget, deadline, seq, notes, lane).await;
     let Some(id) = id else {
         if let Err(e) = &outcome {
             tracing::warn!(method = method.name(), error = %e, "notification failed (no response is sent for notifications)");
@@ -375,14 +366,16 @@ fn to_raw<T: Serialize>(value: &T) -> Result<Box<RawValue>, RpcError> {
 
 /// Runs one request. Notification lines to send before its response (drift
 /// alerts, when enabled) are added to `notes`.
+#[allow(clippy::too_many_arguments)]
 async fn dispatch(
-    engine: &Engine,
+    engine: &Arc<Engine>,
     method: Method,
     params: Option<&RawValue>,
     budget: usize,
     deadline: Instant,
     seq: u64,
     notes: &mut Vec<Vec<u8>>,
+    lane: &mut Lane,
 ) -> Result<Box<RawValue>, RpcError> {
     if method == Method::Initialize {
         return to_raw(&engine.initialize(params)?);
@@ -410,7 +403,7 @@ async fn dispatch(
             // only; every request still gets exactly one response.
             let run = async {
                 use futures_util::FutureExt;
-                std::panic::AssertUnwindSafe(batch::evaluate(engine, params, deadline, budget)).catch_unwind().await.unwrap_or_else(|panic| {
+                std::panic::AssertUnwindSafe(batch::evaluate(engine, params, deadline, budget, lane)).catch_unwind().await.unwrap_or_else(|panic| {
                     let what = panic
                         .downcast_ref::<String>()
                         .map(String::as_str)
@@ -473,7 +466,7 @@ async fn dispatch(
         Method::ValidateTraceTree => to_raw(&validate_trace_tree(engine, params)?),
         Method::QueryDrift => {
             let (subject, window) = crate::history::parse_query(params)?;
-            let Some(history) = &engine.history else {
+            if engine.history.is_none() {
                 // A backend this engine was not given: configuration, not a fault.
                 return Err(RpcError::new(
                     ErrorCode::ProviderError,
@@ -481,9 +474,15 @@ async fn dispatch(
                     "Result history is off or could not be opened (see the engine log). Enable it with history = true in the config file (or unset ATTEST_HISTORY=false, drop --no-history) and make sure the cache directory (ATTEST_CACHE_DIR) is writable.",
                 )
                 .not_retryable());
-            };
-            let report = history
-                .drift(subject, window)
+            }
+            // History reads take the store's lock and the disk: off the async workers.
+            let engine = engine.clone();
+            let report = lane
+                .block(async move {
+                    let history = engine.history.as_ref().ok_or_else(|| anyhow::anyhow!("result history is closed"))?;
+                    history.drift(subject, window)
+                })
+                .await
                 .map_err(|e| RpcError::new(ErrorCode::EngineError, format!("query_drift failed: {e}"), "The history database could not be read; see the engine log.",))?;
             to_raw(&serde_json::json!({ "report": report }))
         }
@@ -627,24 +626,5 @@ impl Signals {
         }
         #[cfg(not(unix))]
         std::future::pending::<()>().await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_that_may_call_plugins_or_read_history_go_to_the_blocking_pool() {
-        assert!(may_block(br#"{"type":"plugin"}"#));
-        assert!(may_block(br#"{"method":"query_drift"}"#));
-        // The same words behind escapes of ASCII letters.
-        assert!(may_block(br#"{"type":"\u0070lugin"}"#));
-        assert!(may_block(br#"{"threshold":"dyn\u0061mic"}"#));
-        assert!(may_block(br#"{"method":"query\u005fdrift"}"#));
-        // Escaped non-ASCII text cannot spell them.
-        assert!(!may_block(br#"{"type":"content","spec":{"value":"caf\u00e9 \u4e2d"}}"#));
-        assert!(!may_block(br#"{"type":"content"}"#));
-        assert!(may_block(&vec![b' '; LARGE_LINE_BYTES + 1]));
     }
 }

@@ -1797,6 +1797,63 @@ fn spinning_plugins_on_every_worker_do_not_stall_other_requests() {
     );
 }
 
+#[test]
+fn plugin_calls_spelled_with_escapes_or_inside_json_rpc_batches_still_leave_the_workers_free() {
+    // Whether a request runs on the blocking pool is decided from its parsed
+    // assertions: "\u0070lugin" is a plugin assertion like any other, and so
+    // is one that is a member of a JSON-RPC batch array.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let spins = (2 * cpus).min(32);
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = slow_spin_config(dir.path(), "3s");
+    let mut engine = start(cache.path(), &["--config", &config]);
+    let trace = refund_trace().to_string();
+    let escaped = r#"[{"assertion_id":"p","type":"\u0070lugin","spec":{"plugin_id":"\u0073pin","config":{}}}]"#;
+    for i in 0..spins {
+        let request =
+            format!(r#"{{"jsonrpc":"2.0","id":"spin{i}","method":"evaluate_batch","params":{{"trace":{trace},"assertions":{escaped}}}}}"#);
+        if i % 2 == 0 {
+            engine.send_line(&request);
+        } else {
+            // A JSON-RPC batch whose first member is answered at once and whose second calls the plugin.
+            let quick = evaluate_request(json!(format!("quick{i}")), refund_trace(), refund_assertions());
+            engine.send_line(&format!("[{quick},{request}]"));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = Instant::now();
+    engine.send(&evaluate_request(json!("builtin"), refund_trace(), refund_assertions()));
+    let mut builtin_at = None;
+    for _ in 0..spins + 1 {
+        let line = engine.recv_bytes_within(Duration::from_secs(60));
+        let resp: Value = serde_json::from_slice(&line).unwrap();
+        let members = match resp {
+            Value::Array(members) => members,
+            one => vec![one],
+        };
+        for member in members {
+            let id = member["id"].as_str().unwrap().to_owned();
+            let text = member.to_string();
+            if id.starts_with("spin") {
+                let r = check_batch_line(text.as_bytes(), &json!([plugin("p", "spin", json!({}))]));
+                check_fault(&r[0], "spin", "timed out after 3000 ms");
+            } else {
+                let r = check_batch_line(text.as_bytes(), &refund_assertions());
+                assert!(r.iter().all(|x| x["status"] == json!("pass")), "{r:?}");
+                if id == "builtin" {
+                    builtin_at = Some(sent.elapsed());
+                }
+            }
+        }
+    }
+    let builtin_at = builtin_at.expect("the built-in batch was answered");
+    assert!(
+        builtin_at < Duration::from_millis(1500),
+        "with {spins} escaped or batched spin calls in flight on {cpus} CPUs, a built-in batch sent 0.5 s later was answered only after {builtin_at:?}"
+    );
+}
+
 // ---------------------------------------------------------------- limits from the config file
 
 #[test]

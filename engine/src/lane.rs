@@ -1,0 +1,132 @@
+//! Where a request's work runs: on the async workers, or on the blocking pool.
+//!
+//! Every line starts on the async workers holding one of the general
+//! request slots. Work that may hold a thread for up to the eval timeout
+//! (plugin calls, history reads for dynamic thresholds and `query_drift`)
+//! moves to the blocking pool once the request is parsed and planned and the
+//! engine knows it is there, so the decision is made from the request's
+//! parsed values, never from its bytes. Moving trades the general slot for
+//! one of the blocking share (`plugins::call_share`), so slow plugins cannot
+//! hold every slot while plain requests wait behind them, and off the async
+//! workers they cannot stall other requests even on the single-threaded
+//! runtime used on one CPU.
+//!
+//! Lines too large to parse quickly start on the pool (see `server`).
+
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// One line's place: the slot it holds and whether it may block its thread.
+pub struct Lane {
+    general: Option<OwnedSemaphorePermit>,
+    share: Option<Arc<Semaphore>>,
+    pooled: Option<OwnedSemaphorePermit>,
+    /// The current thread may block (a blocking-pool thread, or a caller
+    /// that runs requests one at a time on its own thread).
+    may_block: bool,
+}
+
+impl Lane {
+    /// A line on the async workers, holding a general slot; `share` bounds
+    /// the lines that may be on the blocking pool at once.
+    pub fn new(general: OwnedSemaphorePermit, share: Arc<Semaphore>) -> Lane {
+        Lane {
+            general: Some(general),
+            share: Some(share),
+            pooled: None,
+            may_block: false,
+        }
+    }
+
+    /// For callers whose thread may block: work runs where it is called
+    /// (benchmarks, and callers that drive one request at a time).
+    pub fn on_own_thread() -> Lane {
+        Lane {
+            general: None,
+            share: None,
+            pooled: None,
+            may_block: true,
+        }
+    }
+
+    /// Whether work may block the current thread.
+    pub fn may_block(&self) -> bool {
+        self.may_block
+    }
+
+    /// Trades the general slot for one of the blocking share (waiting for
+    /// one) and marks the line as running where it may block. The caller
+    /// then runs the line on the blocking pool.
+    pub async fn enter_pool(&mut self) {
+        if self.may_block {
+            return;
+        }
+        if let Some(share) = &self.share {
+            self.pooled = share.clone().acquire_owned().await.ok();
+        }
+        self.general = None;
+        self.may_block = true;
+    }
+
+    /// Runs `work` where it may block: right here when this thread already
+    /// may, else on the blocking pool after [`Lane::enter_pool`]. A panic in
+    /// `work` is raised again here, so the caller's panic handling sees it
+    /// wherever the work ran.
+    pub async fn block<T, F>(&mut self, work: F) -> T
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        if self.may_block {
+            return work.await;
+        }
+        self.enter_pool().await;
+        let runtime = tokio::runtime::Handle::current();
+        match tokio::task::spawn_blocking(move || runtime.block_on(work)).await {
+            Ok(value) => value,
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // The runtime is shutting down and dropped the task.
+                Err(e) => std::panic::panic_any(format!("request task on the blocking pool did not finish: {e}")),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn work_moves_to_the_pool_once_and_hands_the_general_slot_back() {
+        let general = Arc::new(Semaphore::new(1));
+        let share = Arc::new(Semaphore::new(1));
+        let mut lane = Lane::new(general.clone().acquire_owned().await.unwrap(), share.clone());
+        assert!(!lane.may_block());
+        let here = std::thread::current().id();
+        let there = lane.block(async { std::thread::current().id() }).await;
+        assert_ne!(here, there, "work ran on a blocking-pool thread");
+        assert!(lane.may_block());
+        assert_eq!(general.available_permits(), 1, "the general slot was handed back");
+        assert_eq!(share.available_permits(), 0, "the line holds a slot of the blocking share");
+        // Already on the pool's share: later work runs in place.
+        assert_eq!(lane.block(async { std::thread::current().id() }).await, here);
+        drop(lane);
+        assert_eq!(share.available_permits(), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_panic_on_the_pool_is_raised_again_for_the_caller() {
+        use futures_util::FutureExt;
+        let mut lane = Lane::new(
+            Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap(),
+            Arc::new(Semaphore::new(1)),
+        );
+        let caught = std::panic::AssertUnwindSafe(lane.block::<(), _>(async { panic!("plugin host bug") }))
+            .catch_unwind()
+            .await
+            .unwrap_err();
+        assert_eq!(caught.downcast_ref::<&str>(), Some(&"plugin host bug"));
+    }
+}
