@@ -4,6 +4,10 @@
 //! judge provider (retries, deadlines, pricing and the session budget), and
 //! every graded step lands in the result history.
 //!
+//! The `llm_judge` grader asks the configured judge model unless
+//! `ECP_LLM_JUDGE_MODEL` names one, and deterministic questions (temperature
+//! 0) are answered from the provider cache when asked before, at no cost.
+//!
 //! Without a configured judge provider, `llm_judge` falls back to the
 //! OpenAI-compatible endpoint the reference runtime reads (`OPENAI_API_BASE`
 //! or `OPENAI_BASE_URL`, `OPENAI_API_KEY`), so existing manifests keep working.
@@ -86,6 +90,24 @@ impl GradingHost for EngineGradingHost {
                     }
                 }
             };
+            let model = if request.model_chosen {
+                request.model_for(judge.kind.name())
+            } else {
+                judge.model.as_str()
+            };
+            let messages = match request.messages() {
+                Value::Array(m) => m,
+                other => vec![other],
+            };
+            // Sampled answers (temperature above 0) are asked afresh each time.
+            let cache = providers.cache.as_ref().filter(|_| request.temperature == 0.0);
+            let key = crate::providers::cache::key(&["ecp-judge", judge.kind.name(), model, &Value::Array(messages.clone()).to_string()]);
+            if let Some(c) = cache {
+                if let Some(hit) = c.verdict(key).await {
+                    return Ok(JudgeVerdict::from_reply(&hit.explanation));
+                }
+            }
+            // A cached answer costs nothing; only a new question needs budget.
             if let Some(budget) = self.engine.config.budget_usd {
                 if self.engine.cost_spent() >= budget {
                     return Err(GradeError::Failed(format!(
@@ -94,11 +116,8 @@ impl GradingHost for EngineGradingHost {
                 }
             }
             let chat = Chat {
-                model: &request.model,
-                messages: match request.messages() {
-                    Value::Array(m) => m,
-                    other => vec![other],
-                },
+                model,
+                messages,
                 temperature: request.temperature,
                 max_tokens: 1024,
             };
@@ -108,7 +127,16 @@ impl GradingHost for EngineGradingHost {
                 .await
                 .map_err(|e| GradeError::Failed(describe(e)))?;
             self.engine.add_cost(cost);
-            Ok(JudgeVerdict::from_reply(&completion.text))
+            let verdict = JudgeVerdict::from_reply(&completion.text);
+            if let Some(c) = cache {
+                let reply = crate::providers::cache::CachedVerdict {
+                    score: verdict.score,
+                    explanation: completion.text,
+                    samples: vec![verdict.score],
+                };
+                c.put_verdict(key, reply).await;
+            }
+            Ok(verdict)
         })
     }
 

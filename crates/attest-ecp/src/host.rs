@@ -67,6 +67,9 @@ pub enum GradeError {
 pub struct JudgeRequest {
     /// `ECP_LLM_JUDGE_MODEL`, default `gpt-4o-mini`.
     pub model: String,
+    /// Whether `ECP_LLM_JUDGE_MODEL` chose the model. A host with a judge
+    /// model of its own configured uses that one when it did not.
+    pub model_chosen: bool,
     /// `ECP_LLM_JUDGE_TEMPERATURE`, default 0 (an unparsable value means 0).
     pub temperature: f64,
     pub system_prompt: String,
@@ -90,9 +93,9 @@ impl JudgeRequest {
     }
 
     pub fn with_env(field: Field, text: &str, criteria: &str, env: impl Fn(&str) -> Option<String>) -> JudgeRequest {
-        let model = env("ECP_LLM_JUDGE_MODEL")
-            .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| DEFAULT_JUDGE_MODEL.to_string());
+        let chosen = env("ECP_LLM_JUDGE_MODEL").filter(|m| !m.is_empty());
+        let model_chosen = chosen.is_some();
+        let model = chosen.unwrap_or_else(|| DEFAULT_JUDGE_MODEL.to_string());
         let temperature = env("ECP_LLM_JUDGE_TEMPERATURE")
             .and_then(|t| t.trim().parse::<f64>().ok())
             .filter(|t| t.is_finite())
@@ -105,6 +108,7 @@ impl JudgeRequest {
         );
         JudgeRequest {
             model,
+            model_chosen,
             temperature,
             system_prompt,
             user_prompt,
@@ -112,6 +116,16 @@ impl JudgeRequest {
             criteria: criteria.to_string(),
             field: field.as_str(),
         }
+    }
+
+    /// The model name a provider of `provider`'s kind (`openai`,
+    /// `anthropic`) knows: manifests written for the reference runtime name
+    /// models the way its LiteLLM client routes them (`openai/gpt-4o-mini`).
+    pub fn model_for(&self, provider: &str) -> &str {
+        self.model
+            .strip_prefix(provider)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .unwrap_or(&self.model)
     }
 
     /// The chat messages to send.
@@ -205,7 +219,7 @@ impl OpenAiJudgeHost {
                 "llm_judge needs OPENAI_API_KEY (and optionally OPENAI_API_BASE) to be set".into(),
             ));
         };
-        let model = request.model.strip_prefix("openai/").unwrap_or(&request.model);
+        let model = request.model_for("openai");
         let body = json!({"model": model, "messages": request.messages(), "temperature": request.temperature});
         let mut resp = self
             .client

@@ -234,7 +234,11 @@ pub fn load(path: &Path) -> Result<Manifest, ManifestErrors> {
     let bytes = read_bounded(path).map_err(fail)?;
     let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
     let text = String::from_utf8(bytes).map_err(|_| fail("the file is not UTF-8".into()))?;
-    let doc: Value = serde_yaml_ng::from_str(&text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
+    // Merge keys (`<<: *base`) are resolved first, as YAML loaders that
+    // read manifests elsewhere (PyYAML) do.
+    let mut yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
+    yaml.apply_merge().map_err(|e| fail(format!("not valid YAML: {e}")))?;
+    let doc: Value = serde_json::to_value(&yaml).map_err(|e| fail(format!("not a manifest: {e}")))?;
     let base_dir = path
         .canonicalize()
         .ok()
@@ -290,6 +294,17 @@ pub fn python_regex(pattern: &str) -> String {
                 in_class = false;
                 out.push(c);
             }
+            // Inside a class, Python reads `[` (as in `[[:digit:]]`) and the
+            // doubled `&&`, `~~` and `--` as literal characters, where Rust
+            // starts a nested or POSIX class, or a set operation.
+            '[' | '&' | '~' if in_class => {
+                out.push('\\');
+                out.push(c);
+            }
+            '-' if in_class && chars.peek() == Some(&'-') => {
+                out.push_str("-\\-");
+                chars.next();
+            }
             '$' if !in_class && !multiline => out.push_str("(?=\\n?\\z)"),
             '(' if !in_class && chars.peek() == Some(&'?') => {
                 let rest: String = chars.clone().take(3).collect();
@@ -309,6 +324,18 @@ pub fn python_regex(pattern: &str) -> String {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// JSON values that read as "nothing" (Python's falsy values).
+fn is_empty_json(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+    }
 }
 
 fn type_of(v: &Value) -> &'static str {
@@ -568,15 +595,19 @@ impl Validator {
                     self.err(format!("{lloc}: each line must be a JSON object, got {}", type_of(&row)));
                     continue;
                 };
-                let mut cell = |col: &str| match obj.get(col) {
+                // An expected output that is absent or empty in any JSON way
+                // (null, false, 0, "", [], {}) means "no grader", as in the
+                // reference runtime; an input must be a string when present.
+                let mut cell = |col: &str, empty_means_none: bool| match obj.get(col) {
                     None => Some(String::new()),
                     Some(Value::String(s)) => Some(s.clone()),
+                    Some(v) if empty_means_none && is_empty_json(v) => Some(String::new()),
                     Some(other) => {
                         self.err(format!("{lloc}: column '{col}' must be a string, got {}", type_of(other)));
                         None
                     }
                 };
-                if let (Some(i), Some(o)) = (cell(&input_col), cell(&output_col)) {
+                if let (Some(i), Some(o)) = (cell(&input_col, false), cell(&output_col, true)) {
                     rows.push((i, o));
                 }
             }
@@ -850,6 +881,22 @@ mod tests {
     }
 
     #[test]
+    fn merge_keys_are_resolved() {
+        let m = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nbase: &base\n  type: text_match\n  condition: contains\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - <<: *base\n            value: hello\n",
+        );
+        // `base` is not a manifest key: the merge itself must have worked for this to be the only error.
+        let err = m.unwrap_err().to_string();
+        assert!(err.contains("unknown field 'base'"), "{err}");
+        assert!(!err.contains("'<<'") && !err.contains("'type' is required"), "{err}");
+        let m = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - &g {type: text_match, condition: contains, value: x}\n          - <<: *g\n            value: hello\n",
+        )
+        .unwrap();
+        assert_eq!(m.scenarios[0].steps[0].graders.len(), 2);
+    }
+
+    #[test]
     fn python_regex_semantics() {
         let m = |p: &str, t: &str| fancy_regex::Regex::new(&python_regex(p)).unwrap().is_match(t).unwrap();
         assert!(m("line$", "a line\n"), "$ before a final newline");
@@ -860,6 +907,13 @@ mod tests {
         assert!(m("[]a]", "]"));
         assert!(m("(?P<q>['\"]).*(?P=q)", "say 'hi'"));
         assert!(m("\\$\\d", "$5"));
+        // `[` and doubled set operators inside a class are literals in Python.
+        assert!(!m("[[:digit:]] items", "Echo: 5 items a1"));
+        assert!(m("[[:digit:]]", "x:]"));
+        assert!(!m("[a-z&&[^e]]1", "Echo: 5 items a1"));
+        assert!(m("[a-z&&[^e]]1", "&]1"));
+        assert!(m("^[~~]$", "~"));
+        assert!(m("^[+--]$", ","), "a range ending in -");
     }
 
     #[test]
@@ -883,5 +937,34 @@ mod tests {
         assert!(m.scenarios[0].steps[1].graders.is_empty());
         assert_eq!(m.scenarios[1].steps[0].input, "a");
         assert_eq!(m.scenarios[1].steps.len(), 2);
+    }
+
+    #[test]
+    fn jsonl_outputs_that_are_empty_in_any_json_way_mean_no_grader() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = ["null", "false", "0", "\"\"", "[]", "{}"].map(|o| format!("{{\"input\": \"x\", \"output\": {o}}}\n"));
+        std::fs::write(dir.path().join("d.jsonl"), rows.concat()).unwrap();
+        std::fs::write(
+            dir.path().join("bad.jsonl"),
+            "{\"input\": null}\n{\"input\": \"x\", \"output\": 5}\n",
+        )
+        .unwrap();
+        let manifest = |source: &str| {
+            let p = dir.path().join("m.yaml");
+            std::fs::write(
+                &p,
+                format!(
+                    "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: J\n    dataset: {{type: jsonl, source: {source}}}\n"
+                ),
+            )
+            .unwrap();
+            load(&p)
+        };
+        let m = manifest("d.jsonl").unwrap();
+        assert_eq!(m.scenarios[0].steps.len(), 6);
+        assert!(m.scenarios[0].steps.iter().all(|s| s.graders.is_empty()));
+        let err = manifest("bad.jsonl").unwrap_err().to_string();
+        assert!(err.contains("line 1: column 'input' must be a string, got null"), "{err}");
+        assert!(err.contains("line 2: column 'output' must be a string, got a number"), "{err}");
     }
 }

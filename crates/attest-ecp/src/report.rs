@@ -277,34 +277,46 @@ pub fn html(outcome: &RunOutcome, manifest: &Manifest) -> String {
 pub fn junit(outcome: &RunOutcome, manifest: &Manifest) -> anyhow::Result<String> {
     let mut w = Writer::new_with_indent(Cursor::new(Vec::new()), b' ', 2);
     w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
-    let (passed, total) = outcome.tally();
+    // A test case is a step, at every level: a step fails when any of its
+    // checks does, and is an error when the agent could not answer it.
+    let counts: Vec<[usize; 4]> = outcome
+        .scenarios
+        .iter()
+        .map(|s| {
+            let count = |f: &dyn Fn(&crate::runner::StepRecord) -> bool| s.steps.iter().filter(|st| f(st)).count();
+            [
+                s.steps.len(),
+                count(&|st| st.status == StepStatus::Ok && st.checks.iter().any(|c| !c.passed)),
+                count(&|st| st.status == StepStatus::Failed),
+                count(&|st| st.status == StepStatus::Skipped),
+            ]
+        })
+        .collect();
+    let totals = counts
+        .iter()
+        .fold([0; 4], |t, c| [t[0] + c[0], t[1] + c[1], t[2] + c[2], t[3] + c[3]]);
+    let tally = |e: &mut BytesStart, [tests, failures, errors, skipped]: [usize; 4]| {
+        e.push_attribute(("tests", tests.to_string().as_str()));
+        e.push_attribute(("failures", failures.to_string().as_str()));
+        e.push_attribute(("errors", errors.to_string().as_str()));
+        e.push_attribute(("skipped", skipped.to_string().as_str()));
+    };
     let mut root = BytesStart::new("testsuites");
-    root.push_attribute(("name", manifest.name.as_str()));
-    root.push_attribute(("tests", total.to_string().as_str()));
-    root.push_attribute(("failures", (total - passed).to_string().as_str()));
+    root.push_attribute(("name", xml_text(&manifest.name).as_str()));
+    tally(&mut root, totals);
     root.push_attribute(("time", format!("{:.3}", outcome.duration_ms / 1000.0).as_str()));
     w.write_event(Event::Start(root))?;
-    for s in &outcome.scenarios {
-        let failures = s
-            .steps
-            .iter()
-            .filter(|st| st.status == StepStatus::Ok && st.checks.iter().any(|c| !c.passed))
-            .count();
-        let errors = s.steps.iter().filter(|st| st.status == StepStatus::Failed).count();
-        let skipped = s.steps.iter().filter(|st| st.status == StepStatus::Skipped).count();
+    for (s, counts) in outcome.scenarios.iter().zip(counts) {
         let mut suite = BytesStart::new("testsuite");
-        suite.push_attribute(("name", s.name.as_str()));
-        suite.push_attribute(("tests", s.steps.len().to_string().as_str()));
-        suite.push_attribute(("failures", failures.to_string().as_str()));
-        suite.push_attribute(("errors", errors.to_string().as_str()));
-        suite.push_attribute(("skipped", skipped.to_string().as_str()));
+        suite.push_attribute(("name", xml_text(&s.name).as_str()));
+        tally(&mut suite, counts);
         suite.push_attribute(("time", format!("{:.3}", s.wall_ms / 1000.0).as_str()));
         w.write_event(Event::Start(suite))?;
         for (i, st) in s.steps.iter().enumerate() {
             let mut case = BytesStart::new("testcase");
             let name = format!("step {}: {}", i + 1, clip(&st.input, 120));
-            case.push_attribute(("name", name.as_str()));
-            case.push_attribute(("classname", format!("{}.{}", manifest.name, s.name).as_str()));
+            case.push_attribute(("name", xml_text(&name).as_str()));
+            case.push_attribute(("classname", xml_text(&format!("{}.{}", manifest.name, s.name)).as_str()));
             case.push_attribute(("time", format!("{:.3}", st.duration_ms / 1000.0).as_str()));
             w.write_event(Event::Start(case))?;
             let failed: Vec<String> = st
@@ -316,13 +328,13 @@ pub fn junit(outcome: &RunOutcome, manifest: &Manifest) -> anyhow::Result<String
             match st.status {
                 StepStatus::Skipped => {
                     let mut e = BytesStart::new("skipped");
-                    e.push_attribute(("message", clip(st.error.as_deref().unwrap_or("skipped"), 1000).as_str()));
+                    e.push_attribute(("message", xml_text(&clip(st.error.as_deref().unwrap_or("skipped"), 1000)).as_str()));
                     w.write_event(Event::Empty(e))?;
                 }
                 StepStatus::Failed => {
                     let mut e = BytesStart::new("error");
-                    e.push_attribute(("type", st.exit_reason.as_str()));
-                    e.push_attribute(("message", clip(st.error.as_deref().unwrap_or(""), 1000).as_str()));
+                    e.push_attribute(("type", xml_text(st.exit_reason.as_str()).as_str()));
+                    e.push_attribute(("message", xml_text(&clip(st.error.as_deref().unwrap_or(""), 1000)).as_str()));
                     w.write_event(Event::Empty(e))?;
                 }
                 StepStatus::Ok if !failed.is_empty() => {
@@ -357,8 +369,14 @@ pub fn junit(outcome: &RunOutcome, manifest: &Manifest) -> anyhow::Result<String
 
 /// CDATA cannot hold `]]>` or control characters XML forbids.
 fn cdata_safe(s: &str) -> String {
-    s.replace("]]>", "]]]]><![CDATA[>")
-        .chars()
+    xml_text(&s.replace("]]>", "]]]]><![CDATA[>"))
+}
+
+/// Text XML 1.0 can carry: control characters other than tab, newline and
+/// carriage return (an agent's ANSI colours, say) are not allowed anywhere in
+/// a document, even escaped, and become U+FFFD. The writer escapes markup.
+fn xml_text(s: &str) -> String {
+    s.chars()
         .map(|c| if c.is_control() && !"\n\r\t".contains(c) { '\u{FFFD}' } else { c })
         .collect()
 }
@@ -366,6 +384,7 @@ fn cdata_safe(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::ExitReason;
 
     #[test]
     fn latency_uses_nearest_rank() {
@@ -385,6 +404,95 @@ mod tests {
             json!({"input_tokens": 3, "output_tokens": 3, "total_tokens": 6})
         );
         assert_eq!(merge_usage([None].into_iter()), Value::Null);
+    }
+
+    fn step(status: StepStatus, passed: &[bool], error: Option<&str>) -> crate::runner::StepRecord {
+        crate::runner::StepRecord {
+            input: "say \u{1b}[1mhi".into(),
+            output: Some("\u{1b}[31mred\u{1b}[0m".into()),
+            evaluation_context: None,
+            tool_calls: Vec::new(),
+            logs: None,
+            checks: passed
+                .iter()
+                .map(|&passed| crate::host::CheckResult {
+                    kind: "text_match".into(),
+                    field: "public_output".into(),
+                    passed,
+                    score: f64::from(u8::from(passed)),
+                    reasoning: "because \u{7}".into(),
+                    status: None,
+                })
+                .collect(),
+            status,
+            exit_reason: if status == StepStatus::Failed {
+                ExitReason::AgentError
+            } else {
+                ExitReason::Ok
+            },
+            duration_ms: 1.0,
+            usage: None,
+            error: error.map(str::to_owned),
+            agent_status: None,
+        }
+    }
+
+    #[test]
+    fn junit_counts_steps_at_every_level_and_carries_no_control_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.yaml");
+        std::fs::write(
+            &path,
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n",
+        )
+        .unwrap();
+        let manifest = crate::manifest::load(&path).unwrap();
+        let scenario = |name: &str, steps| crate::runner::ScenarioRecord {
+            name: name.into(),
+            status: StepStatus::Ok,
+            exit_reason: ExitReason::Ok,
+            steps,
+            stderr: String::new(),
+            wall_ms: 1.0,
+        };
+        let outcome = crate::runner::RunOutcome {
+            run_id: "r".into(),
+            scenarios: vec![
+                scenario(
+                    "first",
+                    vec![
+                        step(StepStatus::Ok, &[true, false, false], None),
+                        step(StepStatus::Failed, &[], Some("\u{1b}[31mmodel failed\u{1b}[0m")),
+                    ],
+                ),
+                scenario(
+                    "sec\u{1b}ond",
+                    vec![step(StepStatus::Ok, &[true], None), step(StepStatus::Skipped, &[], None)],
+                ),
+            ],
+            exit_reason: ExitReason::AgentError,
+            agent: None,
+            started_at: String::new(),
+            finished_at: String::new(),
+            duration_ms: 1.0,
+            rpc_timeout_s: 1.0,
+            max_duration_s: None,
+        };
+        let xml = junit(&outcome, &manifest).unwrap();
+        assert!(!xml.chars().any(|c| c.is_control() && !"\n\r\t".contains(c)), "{xml}");
+        assert!(xml.contains("message=\"\u{FFFD}[31mmodel failed\u{FFFD}[0m\""), "{xml}");
+        assert!(
+            xml.contains(r#"<testsuites name="n" tests="4" failures="1" errors="1" skipped="1""#),
+            "{xml}"
+        );
+        assert!(
+            xml.contains(r#"<testsuite name="first" tests="2" failures="1" errors="1" skipped="0""#),
+            "{xml}"
+        );
+        assert!(
+            xml.contains("<testsuite name=\"sec\u{FFFD}ond\" tests=\"2\" failures=\"0\" errors=\"0\" skipped=\"1\""),
+            "{xml}"
+        );
     }
 
     #[test]

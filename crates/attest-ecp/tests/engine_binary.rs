@@ -164,3 +164,130 @@ scenarios:
         "the plugin's own explanation: {reason}"
     );
 }
+
+/// `llm_judge` graders on the engine's judge provider: the configured model
+/// unless the manifest's environment names one (LiteLLM's `openai/` prefix
+/// dropped), deterministic questions answered from the provider cache on the
+/// next run, and every graded step in the history `query_drift` reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_judge_graders_use_the_engines_judge_its_cache_and_history() {
+    let (Some(venv), Some(engine)) = (venv(), engine_bin()) else {
+        return;
+    };
+    let judge = fake_judge().await;
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(
+        dir.path(),
+        "m.yaml",
+        &format!(
+            "manifest_version: v1\nname: judged\ntarget: '{} {}'\nscenarios:\n  - name: Refund\n    steps:\n      - input: refund ORD-7\n        graders:\n          - {{type: llm_judge, prompt: The reply confirms a refund.}}\n",
+            python(&venv),
+            agent("support_agent.py")
+        ),
+    );
+    let cache = dir.path().join("cache");
+    let run = |model: Option<&'static str>| {
+        let (engine, m, cache, base) = (engine.clone(), m.clone(), cache.clone(), format!("{}/v1", judge.uri()));
+        tokio::task::spawn_blocking(move || {
+            let mut cmd = Command::new(engine);
+            cmd.args(["--log-level=warn", "ecp", "run", "--quiet", "-m"])
+                .arg(&m)
+                .env("ATTEST_CACHE_DIR", &cache)
+                .env("ATTEST_JUDGE_BASE_URL", base)
+                .env("ATTEST_JUDGE_API_KEY", "sk-test")
+                .env("ATTEST_JUDGE_MODEL", "llama3.1")
+                .env_remove("ECP_LLM_JUDGE_MODEL");
+            if let Some(model) = model {
+                cmd.env("ECP_LLM_JUDGE_MODEL", model);
+            }
+            cmd.output().expect("attest-engine runs")
+        })
+    };
+    let models = |requests: Option<Vec<wiremock::Request>>| {
+        let requests = requests.unwrap_or_default();
+        requests
+            .iter()
+            .map(|r| {
+                serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["model"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..2 {
+        let out = run(None).await.unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(
+        models(judge.received_requests().await),
+        ["llama3.1"],
+        "the second run's question came from the cache"
+    );
+    let out = run(Some("openai/gpt-3.5-turbo")).await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(models(judge.received_requests().await), ["llama3.1", "gpt-3.5-turbo"]);
+
+    // The three runs of the check, as query_drift sees them.
+    let query = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"sdk_name\":\"t\",\"sdk_version\":\"0\",\"protocol_version\":1,\"required_capabilities\":[]}}\n\
+                 {\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"query_drift\",\"params\":{\"assertion_id\":\"ecp/Refund/step1/0-llm_judge\"}}\n";
+    let out = tokio::task::spawn_blocking({
+        let (engine, cache) = (engine.clone(), cache.clone());
+        move || {
+            use std::io::Write;
+            let mut child = Command::new(engine)
+                .arg("--log-level=warn")
+                .env("ATTEST_CACHE_DIR", cache)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            child.stdin.take().unwrap().write_all(query.as_bytes()).unwrap();
+            child.wait_with_output().unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let drift: serde_json::Value = serde_json::from_str(stdout.lines().nth(1).expect("a query_drift answer")).unwrap();
+    let report = &drift["result"]["report"];
+    assert_eq!(report["count"], 3, "{drift}");
+    assert_eq!(
+        (report["mean"].as_f64(), report["latest_score"].as_f64()),
+        (Some(1.0), Some(1.0)),
+        "{drift}"
+    );
+}
+
+/// The README's ECP quick start, as written: a standard-library agent, no
+/// network and no packages.
+#[test]
+fn the_readme_quick_start_runs_offline() {
+    let Some(engine) = engine_bin() else { return };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let (report, junit) = (dir.path().join("report.html"), dir.path().join("junit.xml"));
+    let run = Command::new(&engine)
+        .args([
+            "--log-level=warn",
+            "ecp",
+            "run",
+            "--manifest",
+            "examples/ecp/manifest.yaml",
+            "--report",
+        ])
+        .arg(&report)
+        .arg("--junit")
+        .arg(&junit)
+        .current_dir(&root)
+        .env("ATTEST_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .expect("attest-engine runs");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("5/5 checks passed"), "{stderr}");
+    assert!(std::fs::read_to_string(&junit)
+        .unwrap()
+        .contains(r#"tests="2" failures="0" errors="0""#));
+    assert!(std::fs::read_to_string(&report).unwrap().contains("Refund request"));
+}
