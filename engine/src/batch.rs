@@ -699,7 +699,9 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
 }
 
 /// Built-in checks whose regex work on this trace could outlast the
-/// deadline are run ahead, under the watchdog; `None` when none could.
+/// deadline are run ahead as guarded work on the regex threads, and schema
+/// checks with patterns always run there (see `watchdog`); `None` when no
+/// check needs it.
 async fn guarded_verdicts(
     engine: &Engine,
     plan: &[Planned<'_>],
@@ -708,25 +710,36 @@ async fn guarded_verdicts(
     deadline: Instant,
 ) -> Result<Option<Vec<Option<(Status, Verdict)>>>, RpcError> {
     let weight: u64 = plan.iter().map(|p| p.compiled.scan_weight() as u64).sum();
-    if weight.saturating_mul(trace_bytes as u64) <= crate::watchdog::GUARDED_SCAN_COST {
-        return Ok(None);
-    }
+    let guarded = weight.saturating_mul(trace_bytes as u64) > crate::watchdog::GUARDED_SCAN_COST;
     let jobs: Vec<(usize, Arc<CompiledAssertion>)> = plan
         .iter()
         .enumerate()
-        .filter(|(_, p)| p.compiled.scan_weight() > 0)
+        .filter(|(_, p)| {
+            if guarded {
+                p.compiled.scan_weight() > 0
+            } else {
+                p.compiled.needs_regex_thread()
+            }
+        })
         .map(|(i, p)| (i, p.compiled.clone()))
         .collect();
+    if jobs.is_empty() {
+        return Ok(None);
+    }
     let (n, trace) = (plan.len(), trace.clone());
-    let verdicts = crate::watchdog::run(deadline, move || {
+    let work = move || {
         let mut out: Vec<Option<(Status, Verdict)>> = (0..n).map(|_| None).collect();
         for (i, c) in jobs {
             out[i] = Some(c.evaluate(&trace));
         }
         out
-    })
-    .await
-    .map_err(|_| {
+    };
+    let verdicts = if guarded {
+        crate::watchdog::run(deadline, work).await
+    } else {
+        crate::watchdog::run_short(deadline, work).await
+    };
+    let verdicts = verdicts.map_err(|_| {
         RpcError::new(
             ErrorCode::Timeout,
             format!("evaluation timed out after {}ms", engine.config.eval_timeout.as_millis()),

@@ -122,9 +122,20 @@ where
         tracing::warn!(abandoned = tracker.len(), "drain timeout reached; exiting with requests unanswered");
     }
     engine.finish();
+    // Abandoned requests still hold senders: close the writer behind what is
+    // queued. Neither step may wait long for a client that stopped reading.
+    const FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+    let closed = tokio::time::timeout(FLUSH_LIMIT, out.send(crate::transport::CLOSE)).await;
     drop(out);
-    // The writer exits once every sender is gone and the queue is flushed.
-    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+    let flushed = match closed {
+        Ok(_) => tokio::time::timeout(FLUSH_LIMIT, tokio::task::spawn_blocking(move || writer.join()))
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    if !flushed {
+        tracing::warn!("stdout is not being read; exiting with responses unwritten");
+    }
     ended
 }
 

@@ -1854,6 +1854,43 @@ fn plugin_calls_spelled_with_escapes_or_inside_json_rpc_batches_still_leave_the_
     );
 }
 
+#[test]
+fn shutdown_with_a_request_past_its_drain_limit_answers_and_exits_promptly() {
+    // The spin call may run 60 s; the drain limit is 1 s. shutdown answers
+    // after the drain limit and the process exits soon after, without the
+    // abandoned request's answer following shutdown's.
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "drain_timeout = '1s'\n\n[[plugins]]\npath = {}\ntimeout = '60s'\n",
+            toml_str(&wasm("spin"))
+        ),
+    );
+    let mut engine = start(cache.path(), &["--config", &config, "--eval-timeout", "90s"]);
+    engine.send(&evaluate_request(
+        json!("spin"),
+        refund_trace(),
+        json!([plugin("p", "spin", json!({}))]),
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = Instant::now();
+    engine.send(&rpc(json!("bye"), "shutdown", json!({})));
+    let answer: Value = serde_json::from_slice(&engine.recv_bytes_within(Duration::from_secs(20))).unwrap();
+    assert_eq!(answer["id"], "bye", "{answer}");
+    assert!(answer["result"].is_object(), "{answer}");
+    let status = engine.wait_exit();
+    let exited = sent.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        exited < Duration::from_secs(15),
+        "the engine stayed up {exited:?} after shutdown, waiting for a request abandoned at its 1 s drain limit"
+    );
+    let rest = engine.drain_ready();
+    assert!(rest.is_empty(), "nothing follows shutdown's answer: {rest:?}");
+}
+
 // ---------------------------------------------------------------- limits from the config file
 
 #[test]

@@ -123,8 +123,15 @@ pub fn sniff_request(prefix: &[u8]) -> (Option<Box<RawValue>>, Option<String>) {
     found
 }
 
+/// The line that closes the writer (no response is ever empty).
+pub const CLOSE: Vec<u8> = Vec::new();
+
 /// Starts the stdout writer thread. Lines are written with a trailing `\n`;
 /// the output is flushed whenever the queue runs empty.
+///
+/// The writer stops when every sender is gone, or at [`CLOSE`]: requests
+/// abandoned at the end of a drain still hold senders, and their late
+/// answers must neither keep the process alive nor follow the last line.
 pub fn spawn_writer<W: Write + Send + 'static>(output: W) -> (mpsc::Sender<Vec<u8>>, std::thread::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTPUT_QUEUE);
     let handle = std::thread::Builder::new()
@@ -132,6 +139,9 @@ pub fn spawn_writer<W: Write + Send + 'static>(output: W) -> (mpsc::Sender<Vec<u
         .spawn(move || {
             let mut out = io::BufWriter::with_capacity(256 * 1024, output);
             while let Some(line) = rx.blocking_recv() {
+                if line.is_empty() {
+                    break;
+                }
                 if rx.is_empty() {
                     // Give producers a moment: on a busy machine more responses
                     // are usually about to arrive, and one write for several
@@ -139,18 +149,23 @@ pub fn spawn_writer<W: Write + Send + 'static>(output: W) -> (mpsc::Sender<Vec<u
                     std::thread::yield_now();
                 }
                 let mut next = Some(line);
-                while let Some(line) = next {
+                while let Some(line) = next.take_if(|l| !l.is_empty()) {
                     if out.write_all(&line).and_then(|_| out.write_all(b"\n")).is_err() {
                         tracing::error!("stdout is closed; responses can no longer be delivered");
                         return;
                     }
                     next = rx.try_recv().ok();
                 }
+                if next.is_some() {
+                    // CLOSE came with the burst.
+                    break;
+                }
                 if out.flush().is_err() {
                     tracing::error!("stdout is closed; responses can no longer be delivered");
                     return;
                 }
             }
+            // Dropping the receiver makes later sends fail: their requests were abandoned.
             let _ = out.flush();
         })
         .expect("spawning the stdout writer thread");
@@ -160,6 +175,32 @@ pub fn spawn_writer<W: Write + Send + 'static>(output: W) -> (mpsc::Sender<Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `Write` whose bytes the test can read while the writer still runs.
+    #[derive(Clone, Default)]
+    struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_writer_stops_at_close_even_while_senders_remain() {
+        let sink = Shared::default();
+        let (tx, writer) = spawn_writer(sink.clone());
+        let abandoned = tx.clone();
+        tx.send(b"first".to_vec()).await.unwrap();
+        tx.send(CLOSE).await.unwrap();
+        tokio::task::spawn_blocking(move || writer.join().unwrap()).await.unwrap();
+        assert!(abandoned.send(b"late".to_vec()).await.is_err(), "answers after CLOSE are refused");
+        assert_eq!(sink.0.lock().unwrap().as_slice(), b"first\n");
+    }
 
     async fn lines(input: &[u8], max: usize) -> Vec<Line> {
         let mut r = LineReader::new(input, max);

@@ -27,8 +27,11 @@ pub const MAX_PATTERN_BYTES: usize = 10_000;
 /// Largest compiled regex program (its NFA), in bytes. Bounds both the
 /// memory a pattern holds and the cost of each text position it scans.
 pub const REGEX_SIZE_LIMIT: usize = 1024 * 1024;
-/// Capacity of a regex's lazy-DFA transition cache, per thread using it.
+/// Capacity of a regex's lazy-DFA transition cache, per search cache.
 pub const REGEX_DFA_CACHE_BYTES: usize = 512 * 1024;
+/// A regex's search cache at its largest: the forward and reverse lazy
+/// DFAs, and the bounded backtracker's visited set (256 KiB by default).
+pub const REGEX_CACHE_BYTES: usize = 2 * REGEX_DFA_CACHE_BYTES + 256 * 1024;
 
 #[derive(Debug)]
 pub struct ContentCheck {
@@ -48,10 +51,35 @@ enum Rule {
 }
 
 /// A compiled regex with the text it was written as.
+///
+/// The regex keeps at most [`KEPT_CACHES`] search caches between uses. A
+/// search that finds none free makes a cache of its own, kept afterwards
+/// only if there is room, so what a pattern holds does not grow with the
+/// number of threads that ever used it (the regex's built-in pool would
+/// keep a cache for each).
 #[derive(Debug)]
 struct Pattern {
     written: String,
     regex: Regex,
+    kept: std::sync::Mutex<Vec<regex_automata::meta::Cache>>,
+}
+
+/// Search caches a regex keeps between uses: enough for two searches at
+/// once to reuse their warm lazy DFAs.
+const KEPT_CACHES: usize = 2;
+
+impl Pattern {
+    fn find(&self, hay: &[u8]) -> Option<regex_automata::Match> {
+        let kept = self.kept.lock().ok().and_then(|mut k| k.pop());
+        let mut cache = kept.unwrap_or_else(|| self.regex.create_cache());
+        let found = self.regex.search_with(&mut cache, &regex_automata::Input::new(hay));
+        if let Ok(mut kept) = self.kept.lock() {
+            if kept.len() < KEPT_CACHES {
+                kept.push(cache);
+            }
+        }
+        found
+    }
 }
 
 /// A search string as written and as compared.
@@ -215,7 +243,7 @@ impl ContentCheck {
                 let tail = if ok { "" } else { " but should not" };
                 Verdict::from_bool(ok, format!("{t} {rel} {}{tail}{mode}.", quote(&n.written)))
             }
-            Rule::RegexMatch(p) => match p.regex.find(hay.as_bytes()) {
+            Rule::RegexMatch(p) => match p.find(hay.as_bytes()) {
                 Some(m) => Verdict::pass(format!("{t} matches regex {} at {}.", quote(&p.written), quote(&hay[m.range()]))),
                 None => Verdict::fail(format!("{t} does not match regex {}.", quote(&p.written))),
             },
@@ -306,10 +334,10 @@ impl ContentCheck {
     }
 
     /// Memory this check holds, for cache accounting: the compiled program
-    /// plus a full lazy-DFA cache for each of two concurrent users.
+    /// plus its kept search caches at their largest.
     pub fn memory_bytes(&self) -> usize {
         match &self.rule {
-            Rule::RegexMatch(p) => p.regex.memory_usage() + 2 * REGEX_DFA_CACHE_BYTES + p.written.len(),
+            Rule::RegexMatch(p) => p.regex.memory_usage() + KEPT_CACHES * REGEX_CACHE_BYTES + p.written.len(),
             Rule::Contains(n) | Rule::NotContains(n) => n.written.len() + n.compared.len(),
             Rule::KeywordAll(ns) | Rule::KeywordAny(ns) | Rule::Forbidden(ns) => {
                 ns.iter().map(|n| n.written.len() + n.compared.len() + 48).sum()
@@ -359,6 +387,7 @@ fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecErr
     Ok(Pattern {
         written: pattern.to_owned(),
         regex,
+        kept: std::sync::Mutex::new(Vec::with_capacity(KEPT_CACHES)),
     })
 }
 
@@ -396,6 +425,29 @@ mod tests {
         assert!(!run(msg("contains", json!({"value": "refund", "case_sensitive": true}))).passed);
         assert!(!run(msg("not_contains", json!({"value": "REFUND"}))).passed);
         assert!(run(msg("not_contains", json!({"value": "cannot process"}))).passed);
+    }
+
+    #[test]
+    fn a_regex_keeps_a_bounded_number_of_search_caches_whatever_the_threads() {
+        let p = compile_regex("(?-u)[ab]*a[ab]{13}c", true).unwrap();
+        let hay = "ab".repeat(20_000);
+        let barrier = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    barrier.wait();
+                    for _ in 0..5 {
+                        assert!(p.find(hay.as_bytes()).is_none());
+                    }
+                });
+            }
+        });
+        let kept = p.kept.lock().unwrap().len();
+        assert!(
+            (1..=KEPT_CACHES).contains(&kept),
+            "{kept} caches kept after 8 threads searched at once"
+        );
+        assert_eq!(p.find(b"xaabbbbbbbbbbbbc").map(|m| m.range()), Some(1..16));
     }
 
     #[test]

@@ -260,6 +260,13 @@ impl CompiledAssertion {
         }
     }
 
+    /// Whether evaluating this check must happen on a regex thread: schema
+    /// validations with patterns, whose regex caches are bounded by the
+    /// threads that use them (see `watchdog`).
+    pub fn needs_regex_thread(&self) -> bool {
+        matches!(&self.check, Check::Schema(c) if c.has_patterns())
+    }
+
     /// Estimated memory this compiled assertion holds, for cache accounting.
     pub fn memory_bytes(&self) -> usize {
         const BASE: usize = 512;

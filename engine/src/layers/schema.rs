@@ -9,7 +9,7 @@
 //! size bounds as `regex_match` (no lookaround, no backreferences), so a
 //! schema cannot smuggle in a pattern that layer 4 would refuse.
 
-use super::content::{REGEX_DFA_CACHE_BYTES, REGEX_SIZE_LIMIT};
+use super::content::{REGEX_CACHE_BYTES, REGEX_DFA_CACHE_BYTES, REGEX_SIZE_LIMIT};
 use super::{Evidence, Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::clip;
@@ -82,7 +82,10 @@ fn supported_drafts() -> String {
 /// Estimated bytes a compiled schema holds: its tree (a multiple of its
 /// text) plus, per pattern, a full program and lazy-DFA cache.
 fn schema_bytes(text_bytes: usize, patterns: usize) -> u64 {
-    (text_bytes as u64) * 8 + (patterns as u64) * (REGEX_SIZE_LIMIT as u64 / 4 + 2 * REGEX_DFA_CACHE_BYTES as u64)
+    // Each pattern: its program, and a full search cache for each regex thread
+    // (the only threads that run schema validations with patterns).
+    let per_pattern = REGEX_SIZE_LIMIT as u64 / 4 + (crate::watchdog::THREADS * REGEX_CACHE_BYTES) as u64;
+    (text_bytes as u64) * 8 + (patterns as u64) * per_pattern
 }
 
 #[derive(Clone)]
@@ -102,12 +105,20 @@ fn cache() -> &'static SchemaCache {
     CACHE.get_or_init(|| Cache::with_weighter(SCHEMA_CACHE_ENTRIES, SCHEMA_CACHE_BYTES, SchemaWeight))
 }
 
-/// How many `pattern`/`patternProperties` members the schema holds.
+/// How many regexes the schema holds: each `pattern`, and each key of a
+/// `patternProperties`.
 fn count_patterns(schema: &Value) -> usize {
     match schema {
         Value::Object(m) => m
             .iter()
-            .map(|(k, v)| usize::from(k == "pattern" || k == "patternProperties") + count_patterns(v))
+            .map(|(k, v)| {
+                let own = match (k.as_str(), v) {
+                    ("pattern", _) => 1,
+                    ("patternProperties", Value::Object(p)) => p.len(),
+                    _ => 0,
+                };
+                own + count_patterns(v)
+            })
             .sum(),
         Value::Array(a) => a.iter().map(count_patterns).sum(),
         _ => 0,
@@ -194,6 +205,11 @@ impl SchemaCheck {
     /// Bytes of regex program a validation may walk per byte of input.
     pub fn scan_weight(&self) -> usize {
         self.patterns * (REGEX_SIZE_LIMIT / 4)
+    }
+
+    /// Whether the schema holds regexes (`pattern`, `patternProperties`).
+    pub fn has_patterns(&self) -> bool {
+        self.patterns > 0
     }
 
     /// Estimated memory held, for cache accounting.
