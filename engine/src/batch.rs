@@ -1020,7 +1020,8 @@ type SplitParams<'a> = (Option<&'a RawValue>, Result<Vec<Envelope<'a>>, RpcError
 /// assertions' own problems are returned separately: they are reported only
 /// after the trace has been validated.
 fn read_params(params: Option<&RawValue>, max_depth: usize) -> Result<SplitParams<'_>, RpcError> {
-    let text = params.map_or("null", |p| p.get());
+    // Absent params read as `{}` (the params rule), so they get what `{}` gets.
+    let text = params.map_or("{}", |p| p.get());
     // serde would also accept positional (array) params for a struct: refuse them.
     if !text.starts_with('{') {
         return Err(

@@ -670,8 +670,6 @@ fn evaluate_batch_params_that_are_not_an_object_are_invalid_params() {
     let mut engine = Engine::spawn();
     engine.initialize();
     let cases = [
-        json!({"jsonrpc": "2.0", "id": 1, "method": "evaluate_batch"}),
-        json!({"jsonrpc": "2.0", "id": 2, "method": "evaluate_batch", "params": null}),
         json!({"jsonrpc": "2.0", "id": 3, "method": "evaluate_batch", "params": []}),
         json!({"jsonrpc": "2.0", "id": 4, "method": "evaluate_batch", "params": [refund_trace(), refund_assertions()]}),
     ];
@@ -685,6 +683,22 @@ fn evaluate_batch_params_that_are_not_an_object_are_invalid_params() {
             "{req}: {resp}"
         );
         assert_eq!(err["data"]["field"], json!("params"), "{resp}");
+    }
+    // Absent params read as `{}`, as for every method: the trace is missing.
+    let cases = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "evaluate_batch"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "evaluate_batch", "params": null}),
+        json!({"jsonrpc": "2.0", "id": 5, "method": "evaluate_batch", "params": {}}),
+    ];
+    for req in cases {
+        let resp = engine.request(&req);
+        let err = expect_error(&resp, 1001);
+        assert_eq!(
+            err["message"],
+            json!("evaluate_batch params missing required field: trace"),
+            "{req}: {resp}"
+        );
+        assert_eq!(err["data"]["field"], json!("params.trace"), "{resp}");
     }
     assert_still_serving(&mut engine, true);
 }

@@ -1,7 +1,8 @@
 //! The one rule for malformed `params`, for every method:
 //!
-//! - `params` that is not an object (an array or a scalar) is `-32602`,
-//!   with `field: "params"`; absent params read as `{}`.
+//! - `params` that is an array is `-32602`, with `field: "params"`;
+//!   absent params and `"params": null` read as `{}` (a string, number or
+//!   boolean is refused earlier, as `-32600`, by the request parser).
 //! - A member that is missing, of the wrong type, out of range or
 //!   unrepresentable (`1e400`, a lone surrogate, nesting past 128 levels) gets
 //!   the method's domain code: `1001` for a trace (`evaluate_batch`,
@@ -66,10 +67,73 @@ pub fn member_error(method: Method, text: &str, e: &serde_json::Error, shape: &s
     let what = what.rsplit_once(" at line ").map_or(what.as_str(), |(w, _)| w);
     RpcError::new(
         member_code(method),
-        format!("invalid {} params at {field}: {}", method.name(), crate::text::clip(what, 160)),
+        format!(
+            "invalid {} params at {field}: {}",
+            method.name(),
+            crate::text::clip(&plain(what), 160)
+        ),
         shape,
     )
     .with_field(field)
+}
+
+/// serde's account of a typed read that failed, in the protocol's words:
+/// JSON types instead of Rust ones ("an object", not "struct Persona"),
+/// members instead of fields, and what was expected before what was found.
+fn plain(what: &str) -> String {
+    let quoted = |names: &str| names.replace("` or `", ", ").replace('`', "");
+    if let Some((got, expected)) = what
+        .strip_prefix("invalid type: ")
+        .or_else(|| what.strip_prefix("invalid value: "))
+        .and_then(|rest| rest.split_once(", expected "))
+    {
+        return format!("expected {}, got {}", json_kind(expected), found_kind(got));
+    }
+    if let Some((name, tail)) = what.strip_prefix("unknown field `").and_then(|rest| rest.split_once('`')) {
+        return match tail.strip_prefix(", expected one of ").or_else(|| tail.strip_prefix(", expected ")) {
+            Some(valid) => format!("unknown member '{name}'; valid members: {}", quoted(valid)),
+            None => format!("unknown member '{name}'; this object takes no members"),
+        };
+    }
+    if let Some((name, _)) = what.strip_prefix("missing field `").and_then(|rest| rest.split_once('`')) {
+        return format!("missing required member '{name}'");
+    }
+    if let Some((name, tail)) = what.strip_prefix("unknown variant `").and_then(|rest| rest.split_once('`')) {
+        let valid = tail
+            .strip_prefix(", expected one of ")
+            .or_else(|| tail.strip_prefix(", expected "))
+            .unwrap_or("");
+        return format!("'{name}' is not one of: {}", quoted(valid));
+    }
+    what.replace('`', "'")
+}
+
+/// serde's name of an expected type, as a JSON type.
+fn json_kind(expected: &str) -> String {
+    match expected.trim() {
+        e if e.starts_with("struct ") || e == "a map" => "an object".into(),
+        "a sequence" => "a list".into(),
+        "u8" | "u16" | "u32" | "u64" | "usize" | "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".into(),
+        "f32" | "f64" => "a number".into(),
+        "a boolean" | "a string" => expected.trim().into(),
+        other => other.replace('`', "'"),
+    }
+}
+
+/// serde's account of a value found, as a JSON type and the value.
+fn found_kind(got: &str) -> String {
+    let value = |v: &str| v.trim_matches('`').to_owned();
+    match got.split_once(' ') {
+        Some(("integer" | "floating", v)) => format!("a number ({})", value(v.trim_start_matches("point "))),
+        Some(("boolean", v)) => format!("a boolean ({})", value(v)),
+        Some(("string", v)) => format!("a string ({v})"),
+        _ => match got {
+            "map" => "an object".into(),
+            "sequence" => "a list".into(),
+            "unit value" | "null" => "null".into(),
+            other => other.replace('`', "'"),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -95,6 +159,55 @@ mod tests {
         assert_eq!(e.code, ErrorCode::AssertionError);
         assert_eq!(e.field.as_deref(), Some("params.window_size"));
         assert!(e.message.starts_with("number out of range"), "{}", e.message);
+    }
+
+    #[test]
+    fn typed_read_failures_are_told_in_json_terms() {
+        #[derive(serde::Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Turn {
+            role: String,
+            content: String,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct P {
+            history: Vec<Turn>,
+            #[serde(default)]
+            max: u32,
+        }
+        let message = |text: &str| {
+            let e = serde_json::from_str::<P>(text).unwrap_err();
+            member_error(Method::GenerateUserMessage, text, &e, "shape").message
+        };
+        let cases = [
+            (r#"{"history":5}"#, "at params.history: expected a list, got a number (5)"),
+            (r#"{"history":[1]}"#, "at params.history[0]: expected an object, got a number (1)"),
+            (
+                r#"{"history":["x"]}"#,
+                "at params.history[0]: expected an object, got a string (\"x\")",
+            ),
+            (
+                r#"{"history":[],"zzz":1}"#,
+                "at params.zzz: unknown member 'zzz'; valid members: history, max",
+            ),
+            (r#"{"history":[{"role":"user"}]}"#, "missing required member 'content'"),
+            (
+                r#"{"history":[],"max":-1}"#,
+                "at params.max: expected a whole number, got a number (-1)",
+            ),
+            (
+                r#"{"history":[],"max":true}"#,
+                "at params.max: expected a whole number, got a boolean (true)",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = message(text);
+            assert!(got.contains(want), "{text}: {got}");
+            assert!(!got.contains("struct") && !got.contains('`') && !got.contains("sequence"), "{got}");
+        }
     }
 
     #[test]

@@ -358,6 +358,18 @@ pub fn parse_request(text: &str) -> Result<Request<'_>, Rejected> {
         }
         Some(m) => match serde_json::from_str::<String>(m.get()) {
             Ok(name) => Method::parse(&name).ok_or(name),
+            // A string serde cannot represent (a lone surrogate escape).
+            Err(_) if m.get().starts_with('"') => {
+                return Err(reject(
+                    answer_id(),
+                    "invalid request: method is not a valid string",
+                    format!(
+                        "Got method = {}: it holds an escape that is not a Unicode character (a lone surrogate such as \\ud800). Set \"method\" to one of: {}.",
+                        crate::text::clip(m.get(), 64),
+                        method_list()
+                    ),
+                ))
+            }
             Err(_) => {
                 return Err(reject(
                     answer_id(),
@@ -465,6 +477,13 @@ mod tests {
         assert!(parse_request(r).is_err());
         let r = r#"{"jsonrpc":"2.0","id":7,"method":"shutdown","params":3}"#;
         assert!(parse_request(r).is_err());
+        let r = r#"{"jsonrpc":"2.0","id":7,"method":"\ud800"}"#;
+        let e = parse_request(r).err().unwrap().error;
+        assert_eq!(e.code, ErrorCode::InvalidRequest);
+        assert!(
+            e.message.contains("method is not a valid string") && e.detail.contains("lone surrogate"),
+            "{e:?}"
+        );
     }
 
     #[test]
