@@ -8,6 +8,9 @@ many in flight, reads every answer, and reports the process's VmHWM (peak
 resident set) from /proc. Mixes:
 
   regexes   1,500 distinct large regex_match assertions (one per request)
+  accepted  576 requests with a 270 KB trace and two accepted patterns
+            that defeat the lazy DFA, new ones every 48 requests: 384 as
+            regex_match, then 192 as schema `pattern`s
   parse     16 requests of 9.5 MiB, each an array of 5 million zeros
   submits   2,000 submit_plugin_result calls carrying 16 KiB of metadata
             (the largest accepted), then 100 carrying 5 MiB
@@ -106,7 +109,27 @@ def submits():
         yield req(10_000 + i, big)
 
 
-MIXES = {"regexes": regexes, "parse": parse, "submits": submits}
+def accepted():
+    rnd = __import__("random").Random(1)
+    message = "".join(rnd.choice("ab") for _ in range(270_000))
+    trace = {"schema_version": 1, "trace_id": "t", "output": {"message": message}}
+    for i in range(576):
+        wave = i // 48
+        schema = wave >= 8
+        patterns = ["(?-u)[ab]*a[ab]{13}c%d_%d" % (wave, k) for k in range(2)]
+        if schema:
+            a = [{"assertion_id": "s%d" % k, "type": "schema",
+                  "spec": {"target": "output.message", "schema": {"type": "string", "pattern": p}}}
+                 for k, p in enumerate(patterns)]
+        else:
+            a = [{"assertion_id": "r%d" % k, "type": "content",
+                  "spec": {"target": "output.message", "check": "regex_match", "value": p}}
+                 for k, p in enumerate(patterns)]
+        yield (json.dumps({"jsonrpc": "2.0", "id": i, "method": "evaluate_batch",
+                           "params": {"trace": trace, "assertions": a}}) + "\n").encode()
+
+
+MIXES = {"regexes": regexes, "accepted": accepted, "parse": parse, "submits": submits}
 
 
 def main():

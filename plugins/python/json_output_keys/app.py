@@ -61,6 +61,9 @@ class WitWorld(wit_world.WitWorld):
     def evaluate(
         self, trace: str, configs: List[str]
     ) -> List[Result[types.Verdict, types.PluginError]]:
+        # Plain print() is fine in a plugin: the engine serves WASI stdout
+        # and discards it (use host.log for what the engine should keep).
+        print(f"json-output-keys: {len(configs)} config(s)")
         try:
             outcomes = logic.evaluate(trace, configs, log=_log_debug)
         except Exception as e:  # never trap: answer every config with `internal`
