@@ -1108,3 +1108,43 @@ fn a_bad_report_kind_exits_2_naming_the_valid_kinds() {
         assert!(err.contains("junit=<path>, json=<path> or markdown=<path>"), "{arg}: {err}");
     }
 }
+
+#[test]
+fn the_submitted_result_store_keeps_the_newest_within_its_byte_bound() {
+    // 200 submissions of 16 KiB of metadata each (3.2 MiB) into a 1 MiB store:
+    // the oldest are dropped, counted in the log, and the report shows only
+    // the newest.
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), "reports = [\"json=session.json\"]\nplugin_results_mib = 1\n");
+    let mut e = spawn_in(dir.path(), &["--config", &config], &[]);
+    e.initialize();
+    evaluate(&mut e, kw_trace("bot", 4), json!([kw("k", json!({}))]));
+    let blob = "x".repeat(16 * 1024 - 64);
+    for i in 0..200 {
+        let resp = e.request(&rpc(
+            json!(i),
+            "submit_plugin_result",
+            json!({"trace_id": "trc_bot", "plugin_name": "p", "assertion_id": format!("sub{i:03}"),
+                   "result": {"status": "pass", "score": 1.0, "explanation": "ok", "metadata": {"blob": blob}}}),
+        ));
+        assert_eq!(expect_result(&resp), json!({"accepted": true}));
+    }
+    shutdown(&mut e, 201);
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("session.json")).unwrap()).unwrap();
+    let kept: Vec<String> = report["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["results"].as_array().unwrap())
+        .filter_map(|r| r["assertion_id"].as_str().filter(|id| id.starts_with("sub")).map(str::to_owned))
+        .collect();
+    // Each is weighed at about twice its text (parsed metadata included).
+    assert!((16..=64).contains(&kept.len()), "{} submissions kept in a 1 MiB store", kept.len());
+    assert_eq!(kept.last().map(String::as_str), Some("sub199"), "the newest is kept");
+    assert!(!kept.iter().any(|id| id == "sub000"), "the oldest is dropped");
+    let log = e.stderr_text();
+    assert!(
+        log.contains("plugin result store full") && log.contains("\"max_bytes\":1048576"),
+        "{log}"
+    );
+}
