@@ -105,23 +105,104 @@ pub struct RunOptions {
     pub verbose: bool,
 }
 
-/// Line-based progress on stderr (stdout may carry the JSON report).
+/// Progress on stderr (stdout may carry the JSON report): a line per
+/// event, and on a terminal also a status line kept below them with the
+/// scenarios and steps done and the failures so far.
 pub struct Progress {
     enabled: bool,
     color: bool,
+    tally: Mutex<Tally>,
+}
+
+#[derive(Default)]
+struct Tally {
+    scenarios: (usize, usize),
+    steps: (usize, usize),
+    failed_steps: usize,
+}
+
+impl Tally {
+    fn status(&self) -> String {
+        let failed = match self.failed_steps {
+            0 => "no failures".to_owned(),
+            1 => "\x1b[31m1 step failed\x1b[0m".to_owned(),
+            n => format!("\x1b[31m{n} steps failed\x1b[0m"),
+        };
+        format!(
+            "scenarios {}/{} · steps {}/{} · {failed}",
+            self.scenarios.0, self.scenarios.1, self.steps.0, self.steps.1
+        )
+    }
 }
 
 impl Progress {
     pub fn new(enabled: bool) -> Progress {
+        Progress::to(enabled, enabled && std::io::stderr().is_terminal())
+    }
+
+    fn to(enabled: bool, terminal: bool) -> Progress {
         Progress {
             enabled,
-            color: enabled && std::io::stderr().is_terminal(),
+            color: terminal,
+            tally: Mutex::new(Tally::default()),
         }
+    }
+
+    /// What the run holds, for the status line.
+    fn plan(&self, scenarios: usize, steps: usize) {
+        let mut t = self.tally.lock().unwrap_or_else(|p| p.into_inner());
+        t.scenarios.1 = scenarios;
+        t.steps.1 = steps;
     }
 
     pub fn line(&self, text: &str) {
         if self.enabled {
-            let _ = writeln!(std::io::stderr().lock(), "{text}");
+            let _ = std::io::stderr().lock().write_all(self.render(text).as_bytes());
+        }
+    }
+
+    /// `text` as written: on a terminal the status line is cleared first and
+    /// drawn again below it.
+    fn render(&self, text: &str) -> String {
+        if !self.color {
+            return format!("{text}\n");
+        }
+        let status = self.tally.lock().unwrap_or_else(|p| p.into_inner()).status();
+        let text = if text.is_empty() { String::new() } else { format!("{text}\n") };
+        format!("\r\x1b[2K{text}{status}")
+    }
+
+    /// A step ran (and failed, or not).
+    fn step_done(&self, failed: bool) {
+        {
+            let mut t = self.tally.lock().unwrap_or_else(|p| p.into_inner());
+            t.steps.0 += 1;
+            t.failed_steps += usize::from(failed);
+        }
+        self.redraw();
+    }
+
+    /// A scenario ended; steps it never ran count as done.
+    fn scenario_done(&self, record: &ScenarioRecord) {
+        {
+            let mut t = self.tally.lock().unwrap_or_else(|p| p.into_inner());
+            t.scenarios.0 += 1;
+            t.steps.0 += record.steps.iter().filter(|s| s.status == StepStatus::Skipped).count();
+        }
+        self.redraw();
+    }
+
+    /// Draws the status line again (on a terminal only).
+    fn redraw(&self) {
+        if self.enabled && self.color {
+            let _ = std::io::stderr().lock().write_all(self.render("").as_bytes());
+        }
+    }
+
+    /// Leaves the terminal as it was: the status line is cleared.
+    fn finish(&self) {
+        if self.enabled && self.color {
+            let _ = std::io::stderr().lock().write_all(b"\r\x1b[2K");
         }
     }
 
@@ -180,11 +261,13 @@ pub async fn run(manifest: &Manifest, host: &dyn GradingHost, opts: &RunOptions)
         opts.jobs.max(1)
     };
     let total = manifest.scenarios.len();
+    shared.progress.plan(total, manifest.step_count());
     let scenarios: Vec<ScenarioRecord> = stream::iter(manifest.scenarios.iter().enumerate())
         .map(|(i, s)| {
             let shared = &shared;
             async move {
                 let record = run_scenario(shared, i, total, s).await;
+                shared.progress.scenario_done(&record);
                 // Every step reaches the host's history, failed and skipped ones included.
                 for (si, step) in record.steps.iter().enumerate() {
                     shared.host.record(&record.name, si + 1, &step.checks).await;
@@ -195,6 +278,7 @@ pub async fn run(manifest: &Manifest, host: &dyn GradingHost, opts: &RunOptions)
         .buffered(jobs)
         .collect()
         .await;
+    shared.progress.finish();
 
     let mut exit_reason = ExitReason::Ok;
     for s in &scenarios {
@@ -533,6 +617,7 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                     sh.progress
                         .line(&format!("    {mark} {} on {}: {}", c.kind, c.field, clip(&c.reasoning, 300)));
                 }
+                sh.progress.step_done(passed < checks.len());
                 steps.push(StepRecord {
                     input: step.input.clone(),
                     output: result.public_output.clone(),
@@ -557,6 +642,7 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                     e.reason.as_str(),
                     clip(&e.message, 500)
                 ));
+                sh.progress.step_done(true);
                 steps.push(StepRecord {
                     input: step.input.clone(),
                     output: None,
@@ -606,6 +692,23 @@ pub fn ms(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_terminal_gets_a_status_line_below_the_progress_lines_and_a_pipe_gets_lines_only() {
+        let live = Progress::to(true, true);
+        live.plan(2, 3);
+        assert_eq!(
+            live.render("S: starting"),
+            "\r\x1b[2KS: starting\nscenarios 0/2 · steps 0/3 · no failures"
+        );
+        live.step_done(true);
+        live.step_done(false);
+        assert_eq!(live.render(""), "\r\x1b[2Kscenarios 0/2 · steps 2/3 · \x1b[31m1 step failed\x1b[0m");
+        let plain = Progress::to(true, false);
+        plain.plan(2, 3);
+        plain.step_done(true);
+        assert_eq!(plain.render("S: step 1/3 FAIL"), "S: step 1/3 FAIL\n");
+    }
 
     #[test]
     fn initialize_negotiation() {
