@@ -197,19 +197,11 @@ impl StdioAgent {
         #[cfg(target_os = "linux")]
         {
             let parent = std::process::id() as libc::pid_t;
-            // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run between fork and exec.
+            // SAFETY: between fork and exec only async-signal-safe calls run
+            // (prctl, getpid, getppid, fork, close_range, close, open, dup2, sigprocmask,
+            // sigwaitinfo, waitpid, kill, signal, _exit); nothing allocates.
             unsafe {
-                cmd.pre_exec(move || {
-                    // Die with the runtime thread that spawned us. That is a tokio
-                    // worker thread, which lives as long as the runtime.
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    if libc::getppid() != parent {
-                        libc::_exit(1);
-                    }
-                    Ok(())
-                });
+                cmd.pre_exec(move || guard::split(parent));
             }
         }
         let mut child = cmd
@@ -602,6 +594,113 @@ fn parse_sse(raw: &str, complete: bool) -> Option<Value> {
         }
     }
     None
+}
+
+/// The agent's guard, on Linux: the process the runtime spawns forks the
+/// agent and stays behind as its guard, so that nothing the agent started
+/// outlives the runtime, even when the runtime is killed with SIGKILL.
+///
+/// The kernel's parent-death signal reaches one process only: the one that
+/// asked for it. A compound target (`cd x && python3 agent.py`) keeps a shell
+/// between the runtime and the agent, and agents start processes of their
+/// own. The guard leads the agent's process group and is a child subreaper,
+/// so every descendant stays its descendant; when the runtime dies, the
+/// guard's parent-death signal makes it kill the whole group. Otherwise it
+/// only waits, and leaves with the agent's own exit status, so the runtime
+/// sees the agent's exit as before.
+#[cfg(target_os = "linux")]
+mod guard {
+    use libc::{c_int, pid_t};
+
+    /// Signal the guard gets when the runtime dies.
+    const RUNTIME_DIED: c_int = libc::SIGUSR1;
+
+    /// Runs in the spawned process before exec: returns in the agent (which
+    /// then execs the target), never returns in the guard.
+    pub unsafe fn split(runtime: pid_t) -> std::io::Result<()> {
+        let guard = libc::getpid();
+        let agent = libc::fork();
+        if agent < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if agent == 0 {
+            // The agent dies with its guard.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 || libc::getppid() != guard {
+                libc::_exit(1);
+            }
+            return Ok(());
+        }
+        watch(runtime, agent)
+    }
+
+    unsafe fn watch(runtime: pid_t, agent: pid_t) -> ! {
+        // Keep no copy of the agent's pipes, nor of the pipe the spawning
+        // side reads until exec has happened: the runtime must see each of
+        // them close when the agent closes it.
+        if libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint) != 0 {
+            for fd in 3..65_536 {
+                libc::close(fd);
+            }
+        }
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+        let mut waited: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut waited);
+        // SIGTERM and SIGINT reach the whole group when the runtime stops the
+        // agent: the agent handles them; the guard waits for it to exit.
+        for sig in [libc::SIGCHLD, RUNTIME_DIED, libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut waited, sig);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &waited, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        if libc::prctl(libc::PR_SET_PDEATHSIG, RUNTIME_DIED as libc::c_ulong, 0, 0, 0) != 0 || libc::getppid() != runtime {
+            end_group();
+        }
+        loop {
+            // Reap everything that has exited (orphans reparent to the guard).
+            loop {
+                let mut status: c_int = 0;
+                let pid = libc::waitpid(-1, &mut status, libc::WNOHANG);
+                if pid <= 0 {
+                    break;
+                }
+                if pid == agent {
+                    leave_as(status);
+                }
+            }
+            if libc::sigwaitinfo(&waited, std::ptr::null_mut()) == RUNTIME_DIED {
+                end_group();
+            }
+        }
+    }
+
+    /// The runtime is gone: the agent's whole process group goes too.
+    unsafe fn end_group() -> ! {
+        libc::kill(0, libc::SIGKILL);
+        libc::_exit(137)
+    }
+
+    /// Exits the way the agent did: with its code, or by its signal.
+    unsafe fn leave_as(status: c_int) -> ! {
+        if libc::WIFSIGNALED(status) {
+            let sig = libc::WTERMSIG(status);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut only: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut only);
+            libc::sigaddset(&mut only, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig);
+        }
+        libc::_exit(libc::WEXITSTATUS(status))
+    }
 }
 
 #[cfg(test)]

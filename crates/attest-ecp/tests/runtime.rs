@@ -531,6 +531,43 @@ fn agent_dies_when_the_runtime_is_killed() {
 }
 
 #[test]
+fn nothing_the_agent_started_outlives_a_killed_runtime() {
+    // A compound target keeps a shell between the runtime and the agent, and
+    // the hanging agent starts a child of its own: when the runtime is
+    // SIGKILLed, the agent's guard takes all of them down.
+    let Some(venv) = venv() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let m = manifest(
+        dir.path(),
+        &format!(
+            "cd {} && {} {} hang",
+            dir.path().display(),
+            python(&venv),
+            agent("misbehaving_agent.py")
+        ),
+        &format!(
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Hang\n    steps:\n      - input: one\n",
+            pid_file.display()
+        ),
+    );
+    let mut runtime = ecp_command()
+        .args(["run", "-m", &m, "--timeout", "600"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The agent and the child it starts on its first step.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&pid_file).map(|s| s.lines().count()).unwrap_or(0) < 2 {
+        assert!(Instant::now() < deadline, "the agent did not start its child");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    runtime.kill().unwrap();
+    runtime.wait().unwrap();
+    assert_no_survivors(&pid_file);
+}
+
+#[test]
 fn agent_stderr_is_kept_bounded() {
     let Some(venv) = venv() else { return };
     let dir = tempfile::tempdir().unwrap();
