@@ -29,14 +29,27 @@ pub enum Format {
     Json,
 }
 
+/// What is calibrated: the judge assertion as a spec would give it.
+#[derive(Debug, Clone, Copy)]
+pub struct Judged<'a> {
+    pub rubric: &'a str,
+    pub criteria: Option<&'a str>,
+    pub threshold: f64,
+}
+
 /// What the command reports.
 #[derive(Debug, Serialize)]
 pub struct Calibration {
     pub rubric_name: String,
     pub rubric_version: String,
     pub prompt_hash: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub criteria: Option<String>,
     pub model: String,
     pub threshold: f64,
+    /// Whether both human classes are present: ROC-AUC is undefined (and
+    /// reported as 0) otherwise.
+    pub roc_auc_defined: bool,
     #[serde(flatten)]
     pub agreement: JudgeAgreement,
     /// Records that also carried a `judge_score` (ignored: the judge is re-run).
@@ -46,15 +59,12 @@ pub struct Calibration {
 }
 
 /// Runs the command; returns the process exit code.
-pub fn run(
-    engine: &Engine,
-    labels: &Path,
-    rubric: &str,
-    threshold: f64,
-    persist: bool,
-    format: Format,
-    out: &mut impl Write,
-) -> Result<i32> {
+pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, format: Format, out: &mut impl Write) -> Result<i32> {
+    let Judged {
+        rubric,
+        criteria,
+        threshold,
+    } = judged;
     if !(threshold > 0.0 && threshold < 1.0) {
         bail!("--threshold must be strictly between 0 and 1, got {threshold}");
     }
@@ -62,10 +72,16 @@ pub fn run(
     if records.is_empty() {
         bail!("{} holds no labelled records; each needs input and human_label", labels.display());
     }
-    let spec = serde_json::json!({ "rubric": rubric });
+    let mut spec = serde_json::json!({ "rubric": rubric });
+    if let Some(criteria) = criteria {
+        spec["criteria"] = criteria.into();
+    }
     let check = Spec::new(Some(&spec), "llm_judge")
         .and_then(|s| JudgeCheck::compile(&s))
-        .map_err(|e| anyhow::anyhow!("--rubric: {} ({})", e.message, e.detail))?;
+        .map_err(|e| {
+            let option = if e.field.ends_with("criteria") { "--criteria" } else { "--rubric" };
+            anyhow::anyhow!("{option}: {} ({})", e.message, e.detail)
+        })?;
     let providers = &engine.providers;
     let judge = providers.judge().map_err(|e| match e {
         crate::providers::ProviderError::Unavailable { message, detail } => anyhow::anyhow!("{message}. {detail}"),
@@ -113,6 +129,7 @@ pub fn run(
     }
     engine.add_cost(cost);
     let agreement = compute_agreement(&pairs, threshold).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let roc_auc_defined = pairs.iter().any(|p| p.human >= threshold) && pairs.iter().any(|p| p.human < threshold);
     let (rubric_name, rubric_version) = check.rubric_identity();
     let prompt_hash = attest_calibration::prompt_hash(&check.prompt_text());
     let mut persisted = false;
@@ -127,8 +144,10 @@ pub fn run(
         rubric_name: rubric_name.to_owned(),
         rubric_version: rubric_version.to_owned(),
         prompt_hash,
+        criteria: criteria.map(str::to_owned),
         model,
         threshold,
+        roc_auc_defined,
         agreement,
         prescored: records.iter().filter(|r| r.judge_score.is_some()).count(),
         judge_cost_usd: cost,
@@ -143,7 +162,7 @@ pub fn run(
 
 fn write_table(c: &Calibration, out: &mut impl Write) -> std::io::Result<()> {
     let a = &c.agreement;
-    let auc = if a.roc_auc == 0.0 {
+    let auc = if !c.roc_auc_defined {
         "n/a (one human class)".to_owned()
     } else {
         format!("{:.3}", a.roc_auc)
@@ -151,6 +170,7 @@ fn write_table(c: &Calibration, out: &mut impl Write) -> std::io::Result<()> {
     let rows = [
         ("rubric", format!("{} @ {}", c.rubric_name, c.rubric_version)),
         ("prompt hash", c.prompt_hash.clone()),
+        ("criteria", c.criteria.clone().unwrap_or_else(|| "none".into())),
         ("judge model", c.model.clone()),
         ("threshold", format!("{}", c.threshold)),
         ("labels", a.label_count.to_string()),

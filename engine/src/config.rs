@@ -213,6 +213,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("ATTEST_JUDGE_API_KEY", "judge API key"),
     ("ATTEST_JUDGE_MODEL", "default judge model"),
     ("ATTEST_JUDGE_SAMPLES", "judge samples per assertion (1-10)"),
+    (
+        "ATTEST_JUDGE_BIAS_PROBES",
+        "bias probes for every judge assertion: verbosity,position,self_preference",
+    ),
     ("ATTEST_OPENAI_API_KEY", "API key for OpenAI (embeddings and judge)"),
     ("ATTEST_ANTHROPIC_API_KEY", "API key for Anthropic (judge)"),
 ];

@@ -80,6 +80,10 @@ enum Command {
         /// Built-in rubric to calibrate.
         #[arg(long, default_value = "default")]
         rubric: String,
+        /// The assertion's `criteria`, as the SDK's `passes_judge` sends it:
+        /// part of the prompt, so part of the key a calibration is stored under.
+        #[arg(long)]
+        criteria: Option<String>,
         /// Binarisation threshold for agreement, kappa and ROC-AUC, in (0, 1).
         #[arg(long, default_value_t = 0.5)]
         threshold: f64,
@@ -254,16 +258,21 @@ fn main() -> ExitCode {
         Command::Calibrate {
             labels,
             rubric,
+            criteria,
             threshold,
             persist,
             format,
         } => {
             logging::init(config.log_level);
-            let Some(engine) = load_engine(config) else {
-                return ExitCode::from(2);
-            };
+            // Only the judge is used: no plugin is loaded (or compiled).
+            let engine = Engine::with_plugins(config, PluginHost::default());
             let mut out = std::io::stdout().lock();
-            match attest_engine::calibrate_cmd::run(&engine, &labels, &rubric, threshold, persist, format.into(), &mut out) {
+            let judged = attest_engine::calibrate_cmd::Judged {
+                rubric: &rubric,
+                criteria: criteria.as_deref(),
+                threshold,
+            };
+            match attest_engine::calibrate_cmd::run(&engine, &labels, judged, persist, format.into(), &mut out) {
                 Ok(code) => ExitCode::from(code as u8),
                 Err(e) => {
                     eprintln!("attest-engine calibrate: {e:#}");

@@ -445,6 +445,48 @@ fn a_persisted_calibration_appears_on_later_judge_results() {
     let other = &by_id(&rs, "other_prompt")["judge_metadata"];
     assert_ne!(other["prompt_hash"], report["prompt_hash"]);
     assert!(other.get("calibration").is_none(), "a changed prompt no longer matches: {other}");
+
+    // The SDK's passes_judge always sends criteria: calibrated with the same
+    // --criteria, such assertions carry the calibration too.
+    let calibrate = |extra: &[&str], labels: &std::path::Path| {
+        command()
+            .args([
+                "--log-level=warn",
+                "calibrate",
+                "--labels",
+                labels.to_str().unwrap(),
+                "--rubric",
+                "helpfulness",
+            ])
+            .args(extra)
+            .env("ATTEST_JUDGE_BASE_URL", fake.v1())
+            .env("ATTEST_CACHE_DIR", cache.path())
+            .output()
+            .unwrap()
+    };
+    let out = calibrate(&["--criteria", "mentions the refund id", "--persist", "--format", "json"], &labels);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let with_criteria: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(with_criteria["prompt_hash"], other["prompt_hash"]);
+    assert_eq!(with_criteria["criteria"], json!("mentions the refund id"));
+    let assertions = json!([{"assertion_id": "sdk_shaped", "type": "llm_judge",
+        "spec": {"target": "output.message", "criteria": "mentions the refund id", "rubric": "helpfulness", "threshold": 0.8, "model": null, "soft": false}}]);
+    let rs = results(&e.request(&evaluate_request(json!(2), refund_trace(), assertions)));
+    assert_eq!(by_id(&rs, "sdk_shaped")["judge_metadata"]["calibration"]["label_count"], json!(5));
+
+    // Both classes present and every pair ranked backwards: ROC-AUC is 0, not undefined.
+    let backwards = cache.path().join("backwards.jsonl");
+    std::fs::write(
+        &backwards,
+        "{\"input\": \"good answer\", \"human_label\": 0}\n{\"input\": \"bad answer\", \"human_label\": 1}\n",
+    )
+    .unwrap();
+    let table = String::from_utf8(calibrate(&[], &backwards).stdout).unwrap();
+    assert!(table.contains("roc auc       0.000"), "{table}");
+    let one_class = cache.path().join("one_class.jsonl");
+    std::fs::write(&one_class, "{\"input\": \"good answer\", \"human_label\": 1}\n").unwrap();
+    let table = String::from_utf8(calibrate(&[], &one_class).stdout).unwrap();
+    assert!(table.contains("n/a (one human class)"), "{table}");
 }
 
 #[test]

@@ -122,15 +122,28 @@ impl JudgeCheck {
                 Some(_) => Instructions::Rubric(spec.choice("rubric", RUBRICS)?),
             },
         };
-        let samples = match spec.raw("samples") {
+        // `repeat` is another name for `samples`; one of them at most.
+        let samples_key = match (spec.raw("samples"), spec.raw("repeat")) {
+            (Some(_), Some(_)) => {
+                return Err(SpecError::new(
+                    "spec.repeat",
+                    "spec.samples and spec.repeat are both set",
+                    "repeat is another name for samples: set one of them.",
+                ))
+            }
+            (None, Some(_)) => Some("repeat"),
+            (Some(_), None) => Some("samples"),
+            (None, None) => None,
+        };
+        let samples = match samples_key {
             None => None,
-            Some(_) => {
-                let n = spec.count("samples")?;
+            Some(key) => {
+                let n = spec.count(key)?;
                 if !(1..=MAX_SAMPLES as u64).contains(&n) {
                     return Err(SpecError::new(
-                        "spec.samples",
-                        format!("samples {n} is out of range"),
-                        format!("Set spec.samples to a whole number from 1 to {MAX_SAMPLES}."),
+                        format!("spec.{key}"),
+                        format!("{key} {n} is out of range"),
+                        format!("Set spec.{key} to a whole number from 1 to {MAX_SAMPLES}."),
                     ));
                 }
                 Some(n as u32)
@@ -201,18 +214,18 @@ impl JudgeCheck {
         )
         .at(t);
         if !passed {
-            evidence = evidence.hint(format!(
+            let reason = sample_reason(&judged.verdict.explanation);
+            let mut hint = format!(
                 "Fix what the judge objects to in {t} ({}), or lower spec.threshold to {} if this answer is acceptable.",
-                clip(
-                    if judged.verdict.explanation.is_empty() {
-                        "no reason given"
-                    } else {
-                        &judged.verdict.explanation
-                    },
-                    160
-                ),
+                clip(if reason.is_empty() { "no reason given" } else { reason }, 160),
                 num2(judged.verdict.score)
-            ));
+            );
+            if judged.metadata.high_variance {
+                hint.push_str(
+                    " The samples disagree: raise spec.samples or make the rubric or criteria more specific before acting on this verdict.",
+                );
+            }
+            evidence = evidence.hint(hint);
         }
         evidence.judge = Some(Box::new(judged.metadata));
         let verdict = Verdict {
@@ -248,6 +261,10 @@ impl JudgeCheck {
         };
         let mut bias_probes = Vec::with_capacity(probes.len());
         for &probe in probes {
+            if probe == Probe::Position && !self.has_order(shown) {
+                // Nothing to swap: asking again would ask the same question.
+                continue;
+            }
             let (probed, probe_cost, _) = self.ask_cached(providers, judge, model, samples, shown, probe, deadline).await?;
             cost += probe_cost;
             bias_probes.push(BiasProbe {
@@ -419,6 +436,18 @@ impl JudgeCheck {
         system
     }
 
+    /// Whether the user message holds two or more pieces of material whose
+    /// order the position probe can swap.
+    fn has_order(&self, shown: &Shown<'_>) -> bool {
+        match &self.instructions {
+            Instructions::Rubric(_) => {
+                let pieces = [self.criteria.is_some(), !shown.input.is_empty(), !shown.context.is_empty(), true];
+                pieces.into_iter().filter(|&p| p).count() >= 2
+            }
+            Instructions::Prompt(template) => self.criteria.is_some() || template.contains("{{input}}"),
+        }
+    }
+
     fn messages(&self, shown: &Shown<'_>, layout: Layout<'_>) -> Vec<Value> {
         let Shown { output, input, context } = *shown;
         let criteria = self
@@ -454,9 +483,18 @@ impl JudgeCheck {
                 parts.join("\n\n")
             }
             Instructions::Prompt(template) => {
-                let mut user = template
-                    .replace("{{input}}", &block("USER_INPUT", input, MAX_INPUT_CHARS))
-                    .replace("{{output}}", &block("AGENT_OUTPUT", output, MAX_OUTPUT_CHARS));
+                let (input, output) = (
+                    block("USER_INPUT", input, MAX_INPUT_CHARS),
+                    block("AGENT_OUTPUT", output, MAX_OUTPUT_CHARS),
+                );
+                // Swapped, each placeholder gets the other's block: the blocks
+                // carry their own markers, so the material keeps its names and
+                // only its order changes.
+                let (first, second) = match layout {
+                    Layout::Swapped if template.contains("{{input}}") => (&output, &input),
+                    _ => (&input, &output),
+                };
+                let mut user = fill(template, first, second);
                 if !authored.is_empty() {
                     user = format!("The agent output below was{authored}.\n\n{user}");
                 }
@@ -682,6 +720,39 @@ fn parse_reply(text: &str) -> Result<Reply, String> {
 }
 
 /// Folds samples into one verdict: the median, with the spread reported.
+/// `template` with `{{input}}` and `{{output}}` replaced in one pass, so
+/// text inside a substituted block is never read as a placeholder.
+fn fill(template: &str, input: &str, output: &str) -> String {
+    let mut out = String::with_capacity(template.len() + input.len() + output.len());
+    let mut rest = template;
+    while let Some(at) = rest.find("{{") {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix("{{input}}") {
+            out.push_str(input);
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("{{output}}") {
+            out.push_str(output);
+            rest = after;
+        } else {
+            out.push_str("{{");
+            rest = &tail[2..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The judge's own reason in a verdict's explanation: for several samples,
+/// the median sample's reason without the summary [`aggregate`] puts around it.
+fn sample_reason(explanation: &str) -> &str {
+    let Some(rest) = explanation.strip_prefix("median of ") else {
+        return explanation;
+    };
+    let reason = rest.split_once("). ").map_or(rest, |(_, r)| r);
+    reason.split_once(" HIGH VARIANCE: ").map_or(reason, |(r, _)| r)
+}
+
 fn aggregate(mut replies: Vec<Reply>) -> CachedVerdict {
     let drawn: Vec<f64> = replies.iter().map(|r| r.score).collect();
     if replies.len() == 1 {
@@ -852,6 +923,69 @@ mod tests {
         // The hashed prompt is the same for every probe and every trace.
         assert_eq!(attest_calibration::prompt_hash(&c.prompt_text()).len(), 16);
         assert!(c.prompt_text().starts_with(&c.system_message()));
+    }
+
+    #[test]
+    fn the_position_probe_swaps_material_or_is_left_out() {
+        let user = |c: &JudgeCheck, shown: &Shown<'_>, p| c.probed_messages(shown, p, "m")[1]["content"].as_str().unwrap().to_owned();
+        let only_output = Shown {
+            output: "the answer",
+            input: "",
+            context: "",
+        };
+        let with_input = Shown {
+            input: "the question",
+            ..only_output
+        };
+        // A rubric over the output alone has nothing to swap.
+        let rubric = compile(json!({"rubric": "helpfulness"})).unwrap();
+        assert!(!rubric.has_order(&only_output));
+        assert!(rubric.has_order(&with_input));
+        // A custom prompt swaps its two blocks, which keep their markers.
+        let prompt = compile(json!({"prompt": "Question: {{input}}\nAnswer: {{output}}\nScore it."})).unwrap();
+        assert!(prompt.has_order(&with_input));
+        let (plain, swapped) = (user(&prompt, &with_input, Probe::None), user(&prompt, &with_input, Probe::Position));
+        assert_ne!(plain, swapped);
+        assert!(plain.find("<<<USER_INPUT_START>>>").unwrap() < plain.find("<<<AGENT_OUTPUT_START>>>").unwrap());
+        assert!(swapped.find("<<<AGENT_OUTPUT_START>>>").unwrap() < swapped.find("<<<USER_INPUT_START>>>").unwrap());
+        let output_only = compile(json!({"prompt": "Rate: {{output}}"})).unwrap();
+        assert!(!output_only.has_order(&with_input));
+    }
+
+    #[test]
+    fn placeholders_inside_agent_data_stay_data() {
+        let prompt = compile(json!({"prompt": "Q: {{input}} A: {{output}}"})).unwrap();
+        let shown = Shown {
+            output: "done",
+            input: "ignore this {{output}} and {{input}}",
+            context: "",
+        };
+        let user = prompt.probed_messages(&shown, Probe::None, "m")[1]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(user.matches("done").count(), 1, "{user}");
+        assert!(user.contains("ignore this {{output}} and {{input}}"), "{user}");
+        assert_eq!(fill("{{x}} {{input}}{{", "I", "O"), "{{x}} I{{");
+    }
+
+    #[test]
+    fn repeat_is_another_name_for_samples() {
+        assert_eq!(compile(json!({"rubric": "tone", "repeat": 3})).unwrap().samples, Some(3));
+        assert_eq!(compile(json!({"rubric": "tone", "repeat": 0})).unwrap_err().field, "spec.repeat");
+        assert_eq!(compile(json!({"repeat": 2, "samples": 2})).unwrap_err().field, "spec.repeat");
+    }
+
+    #[test]
+    fn the_hint_quotes_the_judges_reason_not_the_sample_summary() {
+        let r = |score: f64, why: &str| Reply {
+            score,
+            explanation: why.into(),
+        };
+        let v = aggregate(vec![r(0.1, "too vague."), r(0.9, "fine."), r(0.5, "misses the refund id.")]);
+        assert!(v.explanation.starts_with("median of 3 samples"), "{}", v.explanation);
+        assert_eq!(sample_reason(&v.explanation), "misses the refund id.");
+        assert_eq!(sample_reason("plain reason"), "plain reason");
     }
 
     #[test]
