@@ -336,6 +336,35 @@ struct Evaluated {
     cost: f64,
     /// Not run (short-circuit): no history, no dynamic threshold.
     skipped: bool,
+    /// `threshold: "dynamic"` has been applied (or did not apply).
+    settled: bool,
+    /// What the status was judged against (paid and dynamic assertions).
+    threshold_source: Option<String>,
+}
+
+impl Evaluated {
+    /// Applies the assertion's dynamic threshold, once: free layers are
+    /// settled before paid ones are planned, so short-circuiting sees the
+    /// status the result will carry.
+    fn settle(&mut self, engine: &Engine, p: &Planned<'_>, agent_id: Option<&str>, alerts: &mut Vec<DriftReport>) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        if p.kind.is_paid() && !self.skipped {
+            self.threshold_source = Some("static".to_owned());
+        }
+        // Faults and `forbidden` stay hard: history must not excuse them.
+        if p.compiled.dynamic && !self.verdict.always_hard && !self.skipped {
+            let fp = Fingerprint::new(&p.compiled.spec_digest, agent_id);
+            let (status, why, alert, source) = dynamic(engine, fp, &p.id, self.verdict.score, p.compiled.soft);
+            self.status = status;
+            self.verdict.explanation.push(' ');
+            self.verdict.explanation.push_str(&why);
+            alerts.extend(alert);
+            self.threshold_source = Some(source);
+        }
+    }
 }
 
 /// Evaluates one `evaluate_batch` request. `deadline` bounds the work (3002).
@@ -579,7 +608,15 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
             duration_ms: t0.elapsed().as_millis() as u64 + plugin_ms,
             cost: 0.0,
             skipped: false,
+            settled: false,
+            threshold_source: None,
         }));
+    }
+    let mut alerts = Vec::new();
+    for (p, outcome) in plan.iter().zip(outcomes.iter_mut()) {
+        if let Progress::Done(e) = outcome {
+            e.settle(engine, p, trace.agent_id.as_deref(), &mut alerts);
+        }
     }
     if outcomes.iter().any(|o| matches!(o, Progress::Pending)) {
         run_paid(engine, plan, &trace, &mut outcomes, deadline).await?;
@@ -588,7 +625,6 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
     let max_chars = engine.config.max_explanation_chars;
     let mut results = Vec::with_capacity(plan.len());
     let mut rows = Vec::new();
-    let mut alerts = Vec::new();
     for (p, outcome) in plan.iter().zip(outcomes) {
         let e = match outcome {
             Progress::Cached(r) => {
@@ -598,19 +634,10 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
             Progress::Done(e) => e,
             Progress::Pending => unreachable!("run_paid settles every pending assertion"),
         };
+        let mut e = e;
+        e.settle(engine, p, trace.agent_id.as_deref(), &mut alerts);
+        let (status, threshold_source) = (e.status, e.threshold_source.take());
         let mut explanation = e.verdict.explanation;
-        let mut status = e.status;
-        let mut threshold_source = p.kind.is_paid().then(|| "static".to_owned());
-        // Faults and `forbidden` stay hard: history must not excuse them.
-        if p.compiled.dynamic && !e.verdict.always_hard && !e.skipped {
-            let fp = Fingerprint::new(&p.compiled.spec_digest, trace.agent_id.as_deref());
-            let (s, why, alert, source) = dynamic(engine, fp, &p.id, e.verdict.score, p.compiled.soft);
-            status = s;
-            explanation.push(' ');
-            explanation.push_str(&why);
-            alerts.extend(alert);
-            threshold_source = Some(source);
-        }
         clip_in_place(&mut explanation, max_chars);
         if engine.history.is_some() && !e.skipped && effects == Effects::All {
             rows.push(Row {
@@ -809,6 +836,8 @@ async fn run_paid(
                     duration_ms: 0,
                     cost: 0.0,
                     skipped: true,
+                    settled: false,
+                    threshold_source: None,
                 });
             }
             return Ok(());
@@ -854,6 +883,8 @@ async fn run_paid(
                     duration_ms: ms,
                     cost,
                     skipped: false,
+                    settled: false,
+                    threshold_source: None,
                 });
             }
             Err(e) if first_error.is_none() => first_error = Some((i, e)),

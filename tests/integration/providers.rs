@@ -578,6 +578,25 @@ fn paid_layers_are_skipped_when_a_free_layer_hard_fails() {
         );
     }
     assert!(fake.requests().is_empty(), "a skipped assertion reached the provider");
+    assert!(
+        r[0].get("threshold_source").is_none(),
+        "no threshold judged a skipped assertion: {}",
+        r[0]
+    );
+
+    // A free failure that its dynamic threshold softens does not skip them:
+    // short-circuiting sees the status the result carries.
+    let softened = json!({"assertion_id": "soft_by_history", "type": "content",
+        "spec": {"target": "output.message", "check": "keyword_all", "values": ["GOOD", "absent"], "threshold": "dynamic"}});
+    let resp = e.request(&evaluate_request(
+        json!(2),
+        trace_with_output("GOOD"),
+        json!([softened, judge("j", "tone")]),
+    ));
+    let r = results(&resp);
+    assert_eq!(r[0]["status"], "soft_fail", "{}", r[0]);
+    assert!(!r[1]["explanation"].as_str().unwrap().starts_with("Skipped"), "{}", r[1]);
+    assert_eq!(fake.requests().len(), 1, "the judge was asked");
 
     // Off by configuration: the paid layers run.
     let dir = cache_dir();
