@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from attest import expect
-from attest.calibration import LabelPair, compute_agreement
+from attest.calibration import LabelPair, compute_agreement, prompt_hash
 from attest.cli.diagnostics import render_assertion_failure
 
 import test_layers_5_6 as paid  # noqa: F401  (sets the provider environment at import)
@@ -100,14 +100,19 @@ def test_layer5_embedding_failure_renders_threshold_and_score(attest) -> None:
 
 
 def test_layer6_judge_failure_renders_score_and_audit_trail(attest) -> None:
-    message, _ = paid.unique("A BAD answer.")
+    message, nonce = paid.unique("A BAD answer.")
     chain = expect(paid.trace_with(message, "diag_judge")).passes_judge("answers the refund request", rubric="helpfulness", threshold=0.8)
     block = render_only_failure(attest, chain)
     got = check_block(block, "L6 llm_judge")
     assert got["expected"] == "judged score ≥ 0.8 (helpfulness)", block
     assert got["actual"].startswith("score 0.20"), block
     assert got["judge"].startswith("gpt-4.1 / helpfulness @ 2026-11.1"), block
-    assert len(got["prompt"]) == 17 and got["prompt"].startswith("#"), block
+    # The hash is the SDK's own prompt_hash over the prompt as sent: the
+    # system message the provider received, then the assertion's criteria.
+    requests = paid.sent(nonce, "/v1/chat/completions")
+    assert requests, "the judge was asked"
+    system = requests[0]["body"]["messages"][0]["content"]
+    assert got["prompt"] == "#" + prompt_hash(system + "\nEvaluation criteria: answers the refund request"), block
 
 
 def test_layer7_trace_tree_failure_renders_agent_path(attest) -> None:
