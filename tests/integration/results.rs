@@ -207,6 +207,8 @@ fn every_free_layer_says_what_it_expected_and_found() {
     assert_eq!((order["layer"].as_u64(), text(order, "type")), (Some(3), "trace"));
     assert_eq!(text(order, "expected"), "contains_in_order: lookup_order → process_refund");
     assert_eq!(text(order, "actual"), "tool calls: process_refund → lookup_order");
+    // The step that ran too early.
+    assert_eq!(text(order, "trace_node_path"), "steps[1]");
     assert_eq!(
         text(order, "suggested_action"),
         "`process_refund` ran before `lookup_order`: make the agent call `lookup_order` first, or relax the check to `required_tools`."

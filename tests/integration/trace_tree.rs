@@ -113,6 +113,9 @@ fn failures_explain_and_honour_soft() {
     assert_eq!(explanation(0), "delegation_depth: tree depth 2 exceeds max_depth 1.");
     assert!(explanation(1).contains("agent 'billing' was not called"), "{}", explanation(1));
     assert!(explanation(2).contains("'researcher' -> 'fact_checker'"), "{}", explanation(2));
+    // The evidence points at the agent_call step that made the handover.
+    let path = results[2]["trace_node_path"].as_str().unwrap();
+    assert!(path.starts_with("orchestrator > researcher > steps["), "{path}");
     assert!(explanation(3).contains("not before agent 'researcher'"), "{}", explanation(3));
     assert!(explanation(4).contains("['send_email']"), "{}", explanation(4));
 }

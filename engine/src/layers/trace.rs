@@ -70,11 +70,12 @@ impl TraceCheck {
     pub fn evaluate(&self, trace: &Trace) -> Verdict {
         let calls: Vec<(usize, &str)> = trace.tool_steps().map(|(i, s)| (i, s.name.as_str())).collect();
         let names: Vec<&str> = calls.iter().map(|(_, n)| *n).collect();
-        self.decide(&calls, &names).on_failure(|| self.evidence(&names))
+        self.decide(&calls, &names).on_failure(|| self.evidence(&calls, &names))
     }
 
-    /// Expected tools and the observed sequence, for a failed check.
-    fn evidence(&self, names: &[&str]) -> Evidence {
+    /// Expected tools and the observed sequence, for a failed check; the
+    /// path names the offending step when one call is at fault.
+    fn evidence(&self, calls: &[(usize, &str)], names: &[&str]) -> Evidence {
         let arrow = |tools: &[&str]| {
             if tools.is_empty() {
                 "(no tool calls)".to_owned()
@@ -91,7 +92,9 @@ impl TraceCheck {
             let pb = names.iter().position(|n| *n == b);
             matches!((pa, pb), (Some(x), Some(y)) if y < x)
         };
-        let (expected, hint) = match self {
+        // The position among the tool calls of the `nth` call (0-based) of `tool`.
+        let nth_call = |tool: &str, nth: usize| names.iter().enumerate().filter(|(_, n)| **n == tool).nth(nth).map(|(k, _)| k);
+        let (expected, hint, culprit) = match self {
             TraceCheck::ContainsInOrder(tools) | TraceCheck::ExactOrder(tools) => {
                 let exact = matches!(self, TraceCheck::ExactOrder(_));
                 let want = format!(
@@ -109,24 +112,27 @@ impl TraceCheck {
                     ),
                     (None, None) => "The tools were called but with other tool calls between them: remove the calls in between, or use `contains_in_order`, which allows gaps.".to_owned(),
                 };
-                (want, hint)
+                let culprit = match (missing, swapped) {
+                    (None, Some(w)) => nth_call(&w[1], 0),
+                    _ => None,
+                };
+                (want, hint, culprit)
             }
             TraceCheck::LoopDetection { tool, max } => {
                 let n = names.iter().filter(|n| **n == tool).count();
                 (
                     format!("`{tool}` called at most {max} times"),
                     format!("`{tool}` ran {n} times: stop the agent retrying it (cache its result or add a stop condition), or raise max_repetitions to {n}."),
+                    usize::try_from(*max).ok().and_then(|m| nth_call(tool, m)),
                 )
             }
             TraceCheck::NoDuplicates => {
-                let dup = names
-                    .iter()
-                    .enumerate()
-                    .find(|(i, n)| names[..*i].contains(n))
-                    .map_or("", |(_, n)| *n);
+                let repeat = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n));
+                let dup = repeat.map_or("", |(_, n)| *n);
                 (
                     "no tool called more than once".to_owned(),
                     format!("`{dup}` was called more than once: reuse its first result instead of calling it again, or replace no_duplicates with loop_detection and a limit."),
+                    repeat.map(|(k, _)| k),
                 )
             }
             TraceCheck::RequiredTools(tools) => {
@@ -137,18 +143,24 @@ impl TraceCheck {
                         "Make the agent call {} (never called), or drop it from spec.tools.",
                         missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")
                     ),
+                    None,
                 )
             }
             TraceCheck::ForbiddenTools(tools) => {
-                let hit = names.iter().find(|n| tools.iter().any(|t| t == *n)).copied().unwrap_or("");
+                let hit = names.iter().position(|n| tools.iter().any(|t| t == n));
                 (
                     format!("never call: {}", owned(tools).join(", ")),
-                    format!("`{hit}` must not run: remove it from the agent's tools or guard the path that calls it."),
+                    format!(
+                        "`{}` must not run: remove it from the agent's tools or guard the path that calls it.",
+                        hit.map_or("", |k| names[k])
+                    ),
+                    hit,
                 )
             }
             TraceCheck::FollowsTransitions(allowed) => {
                 let pairs: Vec<String> = allowed.iter().map(|(a, b)| format!("{a} → {b}")).collect();
-                let bad = names.windows(2).find(|w| !allowed.iter().any(|(a, b)| a == w[0] && b == w[1]));
+                let bad_at = names.windows(2).position(|w| !allowed.iter().any(|(a, b)| a == w[0] && b == w[1]));
+                let bad = bad_at.map(|k| &names[k..k + 2]);
                 let hint = match bad {
                     Some(w) => format!(
                         "`{}` → `{}` is not an allowed transition: change the agent's plan, or add [\"{}\", \"{}\"] to spec.transitions.",
@@ -156,10 +168,15 @@ impl TraceCheck {
                     ),
                     None => "Change the agent's tool order to follow spec.transitions.".to_owned(),
                 };
-                (format!("allowed transitions: {}", clip(&pairs.join(", "), 400)), hint)
+                (
+                    format!("allowed transitions: {}", clip(&pairs.join(", "), 400)),
+                    hint,
+                    bad_at.map(|k| k + 1),
+                )
             }
         };
-        Evidence::new(expected, observed).at("steps").hint(hint)
+        let path = culprit.map_or_else(|| "steps".to_owned(), |k| format!("steps[{}]", calls[k].0));
+        Evidence::new(expected, observed).at(path).hint(hint)
     }
 
     fn decide(&self, calls: &[(usize, &str)], names: &[&str]) -> Verdict {
@@ -330,6 +347,43 @@ mod tests {
         TraceCheck::compile(&Spec::new(Some(&spec), "trace").unwrap())
             .unwrap()
             .evaluate(&refund())
+    }
+
+    #[test]
+    fn the_evidence_path_names_the_step_at_fault() {
+        let t = trace(json!([
+            {"type": "llm_call", "name": "plan"},
+            {"type": "tool_call", "name": "search"},
+            {"type": "tool_call", "name": "delete_account"},
+            {"type": "tool_call", "name": "search"},
+            {"type": "tool_call", "name": "search"}
+        ]));
+        let path = |spec: Value| {
+            let v = TraceCheck::compile(&Spec::new(Some(&spec), "trace").unwrap()).unwrap().evaluate(&t);
+            assert!(!v.passed, "{spec}");
+            v.evidence.and_then(|e| e.path).unwrap()
+        };
+        assert_eq!(
+            path(json!({"check": "loop_detection", "tool": "search", "max_repetitions": 2})),
+            "steps[4]"
+        );
+        assert_eq!(path(json!({"check": "no_duplicates"})), "steps[3]");
+        assert_eq!(path(json!({"check": "forbidden_tools", "tools": ["delete_account"]})), "steps[2]");
+        assert_eq!(
+            path(json!({"check": "contains_in_order", "tools": ["delete_account", "search", "plan_b"]})),
+            "steps"
+        );
+        assert_eq!(
+            path(json!({"check": "exact_order", "tools": ["delete_account", "search", "search", "search"]})),
+            "steps[1]"
+        );
+        assert_eq!(
+            path(
+                json!({"check": "follows_transitions", "transitions": [["search", "delete_account"], ["delete_account", "delete_account"]]})
+            ),
+            "steps[3]"
+        );
+        assert_eq!(path(json!({"check": "required_tools", "tools": ["refund"]})), "steps");
     }
 
     #[test]

@@ -216,10 +216,23 @@ impl TraceTreeCheck {
                     .iter()
                     .map(|d| format!("{} → {}", d.parent.unwrap_or("?"), d.child.unwrap_or("?")))
                     .collect();
+                // The agent_call step of the first handover that is not allowed.
+                let culprit = tree
+                    .delegations()
+                    .into_iter()
+                    .find(|d| {
+                        !allowed
+                            .iter()
+                            .any(|(p, c)| Some(p.as_str()) == d.parent && Some(c.as_str()) == d.child)
+                    })
+                    .and_then(|d| tree.nodes()[d.node].parent);
                 (
                     format!("delegations only along: {}", clip(&pairs.join(", "), 300)),
                     format!("delegations: {}", clip(&seen.join(", "), 300)),
-                    tree.agent_path(0),
+                    culprit.map_or_else(
+                        || tree.agent_path(0),
+                        |(parent, step)| format!("{} > steps[{step}]", tree.agent_path(parent)),
+                    ),
                     "Change the orchestration so every handover is an allowed transition, or add the observed one to spec.transitions."
                         .to_owned(),
                 )
