@@ -16,6 +16,7 @@ pub mod runner;
 pub mod trace;
 pub mod transport;
 mod util;
+pub mod yaml;
 
 use std::path::PathBuf;
 use std::sync::Arc;

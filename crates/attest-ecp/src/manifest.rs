@@ -234,11 +234,7 @@ pub fn load(path: &Path) -> Result<Manifest, ManifestErrors> {
     let bytes = read_bounded(path).map_err(fail)?;
     let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
     let text = String::from_utf8(bytes).map_err(|_| fail("the file is not UTF-8".into()))?;
-    // Merge keys (`<<: *base`) are resolved first, as YAML loaders that
-    // read manifests elsewhere (PyYAML) do.
-    let mut yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
-    yaml.apply_merge().map_err(|e| fail(format!("not valid YAML: {e}")))?;
-    let doc: Value = serde_json::to_value(&yaml).map_err(|e| fail(format!("not a manifest: {e}")))?;
+    let doc: Value = crate::yaml::load(&text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
     let base_dir = path
         .canonicalize()
         .ok()

@@ -1,0 +1,344 @@
+//! Manifests read the way the reference runtime reads them: YAML 1.1 as
+//! PyYAML's `safe_load` resolves it, into JSON values.
+//!
+//! YAML 1.1 and the 1.2 core schema disagree on plain scalars that manifests
+//! do write: `yes`/`no`/`on`/`off` are booleans, `010` is octal, `1:30` is a
+//! base-60 number, and `1e3` (no dot) is a string. Tool-call arguments are
+//! compared with what the agent reports, so the difference changes verdicts.
+//! Quoted and block scalars are always strings, as there. Merge keys
+//! (`<<: *base`) are applied; explicit keys win over merged ones.
+//!
+//! Aliases are expanded into copies, so the nodes one document may expand to
+//! are bounded ([`MAX_NODES`]): a small file cannot grow into gigabytes.
+
+use fancy_regex::Regex;
+use serde_json::{Map, Number, Value};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser, Tag};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+/// Most nodes one document may hold once its aliases are expanded.
+pub const MAX_NODES: usize = 1_000_000;
+
+/// Parses the first document of `text` into a JSON value.
+pub fn load(text: &str) -> Result<Value, String> {
+    let mut builder = Builder::default();
+    Parser::new_from_str(text).load(&mut builder, false).map_err(|e| e.to_string())?;
+    if let Some(e) = builder.error {
+        return Err(e);
+    }
+    Ok(builder.root.unwrap_or(Value::Null))
+}
+
+enum Frame {
+    Seq {
+        items: Vec<Value>,
+        anchor: usize,
+        nodes: usize,
+    },
+    Map {
+        entries: Map<String, Value>,
+        key: Option<Key>,
+        merged: Vec<Value>,
+        anchor: usize,
+        nodes: usize,
+    },
+}
+
+/// A mapping key as it was read.
+enum Key {
+    Merge,
+    Text(String),
+}
+
+#[derive(Default)]
+struct Builder {
+    stack: Vec<Frame>,
+    /// Anchored values, with the nodes each expands to.
+    anchors: HashMap<usize, (Value, usize)>,
+    root: Option<Value>,
+    nodes: usize,
+    error: Option<String>,
+}
+
+impl Builder {
+    fn fail(&mut self, mark: Marker, message: impl Into<String>) {
+        if self.error.is_none() {
+            self.error = Some(format!("{} at line {} column {}", message.into(), mark.line(), mark.col() + 1));
+        }
+    }
+
+    /// Adds a finished node (`nodes` of them once expanded) to its parent.
+    fn push(&mut self, value: Value, nodes: usize, anchor: usize, mark: Marker) {
+        self.nodes += nodes;
+        if self.nodes > MAX_NODES {
+            return self.fail(
+                mark,
+                format!("the document expands to more than {MAX_NODES} values (aliases are copied)"),
+            );
+        }
+        if anchor > 0 {
+            self.anchors.insert(anchor, (value.clone(), nodes));
+        }
+        match self.stack.last_mut() {
+            None => self.root = Some(value),
+            Some(Frame::Seq { items, nodes: n, .. }) => {
+                items.push(value);
+                *n += nodes;
+            }
+            Some(Frame::Map {
+                entries,
+                key,
+                merged,
+                nodes: n,
+                ..
+            }) => match key.take() {
+                None => match key_text(&value) {
+                    Some(text) => *key = Some(Key::Text(text)),
+                    None => self.fail(mark, "a mapping key must be a scalar"),
+                },
+                Some(Key::Merge) => {
+                    merged.push(value);
+                    *n += nodes;
+                }
+                Some(Key::Text(k)) => {
+                    entries.insert(k, value);
+                    *n += nodes;
+                }
+            },
+        }
+    }
+}
+
+fn key_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => Some("null".into()),
+        Value::Bool(b) => Some(if *b { "true" } else { "false" }.into()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Array(_) | Value::Object(_) => None,
+    }
+}
+
+impl MarkedEventReceiver for Builder {
+    fn on_event(&mut self, ev: Event, mark: Marker) {
+        if self.error.is_some() || (self.root.is_some() && self.stack.is_empty()) {
+            return;
+        }
+        match ev {
+            // A plain `<<` where a key is due is a merge key (a quoted one is
+            // an ordinary key).
+            Event::Scalar(text, TScalarStyle::Plain, _, None)
+                if text == "<<" && matches!(self.stack.last(), Some(Frame::Map { key: None, .. })) =>
+            {
+                if let Some(Frame::Map { key, .. }) = self.stack.last_mut() {
+                    *key = Some(Key::Merge);
+                }
+            }
+            Event::Scalar(text, style, anchor, tag) => match scalar(text, style, tag.as_ref()) {
+                Ok(v) => self.push(v, 1, anchor, mark),
+                Err(e) => self.fail(mark, e),
+            },
+            Event::Alias(id) => match self.anchors.get(&id).cloned() {
+                Some((v, nodes)) => self.push(v, nodes, 0, mark),
+                None => self.fail(mark, "an alias names an anchor that is not defined before it"),
+            },
+            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
+                items: Vec::new(),
+                anchor,
+                nodes: 1,
+            }),
+            Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
+                entries: Map::new(),
+                key: None,
+                merged: Vec::new(),
+                anchor,
+                nodes: 1,
+            }),
+            Event::SequenceEnd | Event::MappingEnd => match self.stack.pop() {
+                Some(Frame::Seq { items, anchor, nodes }) => self.push(Value::Array(items), nodes, anchor, mark),
+                Some(Frame::Map {
+                    mut entries,
+                    merged,
+                    anchor,
+                    nodes,
+                    ..
+                }) => {
+                    // Explicit keys win; among merged mappings, the first.
+                    for source in merged.iter().flat_map(|m| match m {
+                        Value::Array(list) => list.iter().collect::<Vec<_>>(),
+                        one => vec![one],
+                    }) {
+                        let Value::Object(source) = source else {
+                            return self.fail(mark, "a merge key (<<) must name a mapping or a list of mappings");
+                        };
+                        for (k, v) in source {
+                            entries.entry(k.clone()).or_insert_with(|| v.clone());
+                        }
+                    }
+                    self.push(Value::Object(entries), nodes, anchor, mark)
+                }
+                None => self.fail(mark, "unbalanced collection"),
+            },
+            Event::Nothing | Event::StreamStart | Event::StreamEnd | Event::DocumentStart | Event::DocumentEnd => {}
+        }
+    }
+}
+
+/// A scalar's value: quoted and block scalars are strings, plain ones are
+/// resolved; `!!str`, `!!int`, `!!float`, `!!bool` and `!!null` are honoured.
+fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value, String> {
+    if let Some(tag) = tag {
+        return match (tag.handle.as_str(), tag.suffix.as_str()) {
+            ("!!", "str") | ("tag:yaml.org,2002:", "str") => Ok(Value::String(text)),
+            ("!!", kind @ ("int" | "float" | "bool" | "null")) | ("tag:yaml.org,2002:", kind @ ("int" | "float" | "bool" | "null")) => {
+                let v = resolve(&text);
+                let fits = matches!(
+                    (kind, &v),
+                    ("int", Value::Number(_)) | ("float", Value::Number(_)) | ("bool", Value::Bool(_)) | ("null", Value::Null)
+                );
+                if fits {
+                    Ok(v)
+                } else {
+                    Err(format!("'{text}' is not a valid !!{kind}"))
+                }
+            }
+            (handle, suffix) => Err(format!("unsupported tag {handle}{suffix}: manifests use plain YAML values")),
+        };
+    }
+    Ok(match style {
+        TScalarStyle::Plain => resolve(&text),
+        _ => Value::String(text),
+    })
+}
+
+fn patterns() -> &'static [Regex; 4] {
+    static P: OnceLock<[Regex; 4]> = OnceLock::new();
+    P.get_or_init(|| {
+        [
+            // Integers: binary, octal (a leading 0), decimal, hexadecimal, base 60.
+            Regex::new(r"^[-+]?(?:0b[0-1_]+|0[0-7_]+|(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+|[1-9][0-9_]*(?::[0-5]?[0-9])+)$").expect("valid"),
+            // Floats need a dot (or are base 60, infinite or not a number).
+            Regex::new(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*)$").expect("valid"),
+            Regex::new(r"^[-+]?\.(?:inf|Inf|INF)$").expect("valid"),
+            Regex::new(r"^\.(?:nan|NaN|NAN)$").expect("valid"),
+        ]
+    })
+}
+
+/// A plain scalar as YAML 1.1 reads it.
+fn resolve(text: &str) -> Value {
+    match text {
+        "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
+        "yes" | "Yes" | "YES" | "true" | "True" | "TRUE" | "on" | "On" | "ON" => return Value::Bool(true),
+        "no" | "No" | "NO" | "false" | "False" | "FALSE" | "off" | "Off" | "OFF" => return Value::Bool(false),
+        _ => {}
+    }
+    let [int, float, inf, nan] = patterns();
+    let is = |re: &Regex| re.is_match(text).unwrap_or(false);
+    if is(int) {
+        if let Some(n) = integer(text) {
+            return Value::Number(n);
+        }
+    } else if is(float) {
+        if let Some(n) = real(text).and_then(Number::from_f64) {
+            return Value::Number(n);
+        }
+    } else if is(inf) || is(nan) {
+        // JSON has no infinities or NaN: the text stays, as a string.
+        return Value::String(text.to_owned());
+    }
+    Value::String(text.to_owned())
+}
+
+fn split_sign(text: &str) -> (bool, String) {
+    let digits = text.replace('_', "");
+    match digits.strip_prefix('-') {
+        Some(rest) => (true, rest.to_owned()),
+        None => (false, digits.strip_prefix('+').unwrap_or(&digits).to_owned()),
+    }
+}
+
+fn integer(text: &str) -> Option<Number> {
+    let (negative, body) = split_sign(text);
+    let magnitude: i128 = if let Some(b) = body.strip_prefix("0b") {
+        i128::from_str_radix(b, 2).ok()?
+    } else if let Some(h) = body.strip_prefix("0x") {
+        i128::from_str_radix(h, 16).ok()?
+    } else if body.contains(':') {
+        body.split(':')
+            .try_fold(0i128, |acc, part| Some(acc.checked_mul(60)? + part.parse::<i128>().ok()?))?
+    } else if body.len() > 1 && body.starts_with('0') {
+        i128::from_str_radix(&body[1..], 8).ok()?
+    } else {
+        body.parse().ok()?
+    };
+    let value = if negative { -magnitude } else { magnitude };
+    i64::try_from(value)
+        .map(Number::from)
+        .ok()
+        .or_else(|| u64::try_from(value).ok().map(Number::from))
+}
+
+fn real(text: &str) -> Option<f64> {
+    let (negative, body) = split_sign(text);
+    let magnitude = if body.contains(':') {
+        body.split(':')
+            .try_fold(0f64, |acc, part| Some(acc * 60.0 + part.parse::<f64>().ok()?))?
+    } else {
+        body.parse::<f64>().ok()?
+    };
+    Some(if negative { -magnitude } else { magnitude })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn plain_scalars_resolve_as_yaml_1_1() {
+        let v = load(
+            "a: yes\nb: Off\nc: 010\nd: 1:30\ne: 0x1F\nf: 0b101\ng: 1_000\nh: 1.5\ni: 1e3\nj: 1.0e+3\nk: ~\nl: .inf\nm: '010'\nn: \"yes\"\no: -7\np: .5\nq: 190:20:30\nr: 1.\ns: !!str 010\nt: 2001-12-14\n",
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"a": true, "b": false, "c": 8, "d": 90, "e": 31, "f": 5, "g": 1000, "h": 1.5, "i": "1e3",
+                   "j": 1000.0, "k": null, "l": ".inf", "m": "010", "n": "yes", "o": -7, "p": 0.5, "q": 685230,
+                   "r": 1.0, "s": "010", "t": "2001-12-14"})
+        );
+    }
+
+    #[test]
+    fn merge_keys_and_aliases() {
+        let v = load("base: &b {type: text_match, value: x}\nlist:\n  - <<: *b\n    value: y\n  - *b\n").unwrap();
+        assert_eq!(
+            v["list"],
+            json!([{"type": "text_match", "value": "y"}, {"type": "text_match", "value": "x"}])
+        );
+        let v = load("a: &a {x: 1}\nb: &b {x: 2, y: 2}\nc:\n  <<: [*a, *b]\n").unwrap();
+        assert_eq!(v["c"], json!({"x": 1, "y": 2}), "the first merged mapping wins");
+        let v = load("'<<': {x: 1}\n").unwrap();
+        assert_eq!(v, json!({"<<": {"x": 1}}), "a quoted << is an ordinary key");
+    }
+
+    #[test]
+    fn bad_documents_are_refused_with_their_place() {
+        assert!(load("a: [1, 2\n").unwrap_err().contains("line"));
+        assert!(load("a: *nowhere\n").unwrap_err().contains("unknown anchor"));
+        assert!(load("a: !custom x\n").unwrap_err().contains("unsupported tag !custom"));
+        assert!(load("a: !!int nope\n").unwrap_err().contains("not a valid !!int"));
+        assert!(load("? [1, 2]\n: x\n").unwrap_err().contains("must be a scalar"));
+        // Nine levels of ten aliases each would be a billion values.
+        let mut doc = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..9 {
+            let p = i - 1;
+            doc.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        assert!(load(&doc).unwrap_err().contains("expands to more than"));
+    }
+}
