@@ -403,22 +403,23 @@ fn a_persisted_calibration_appears_on_later_judge_results() {
         .map(|(input, label)| json!({"input": input, "human_label": label}).to_string())
         .collect();
     std::fs::write(&labels, text_rows.join("\n")).unwrap();
-    let out = command()
-        .args([
-            "--log-level=warn",
-            "calibrate",
-            "--labels",
-            labels.to_str().unwrap(),
-            "--rubric",
-            "helpfulness",
-            "--persist",
-            "--format",
-            "json",
-        ])
-        .env("ATTEST_JUDGE_BASE_URL", fake.v1())
-        .env("ATTEST_CACHE_DIR", cache.path())
-        .output()
-        .unwrap();
+    let calibrate = |extra: &[&str], labels: &std::path::Path| {
+        command()
+            .args([
+                "--log-level=warn",
+                "calibrate",
+                "--labels",
+                labels.to_str().unwrap(),
+                "--rubric",
+                "helpfulness",
+            ])
+            .args(extra)
+            .env("ATTEST_JUDGE_BASE_URL", fake.v1())
+            .env("ATTEST_CACHE_DIR", cache.path())
+            .output()
+            .unwrap()
+    };
+    let out = calibrate(&["--persist", "--format", "json"], &labels);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     // Judge scores 0.9, 0.1, 0.9, 0.1, 0.5 against labels 1, 0, 1, 1, 0.
@@ -450,22 +451,6 @@ fn a_persisted_calibration_appears_on_later_judge_results() {
 
     // The SDK's passes_judge always sends criteria: calibrated with the same
     // --criteria, such assertions carry the calibration too.
-    let calibrate = |extra: &[&str], labels: &std::path::Path| {
-        command()
-            .args([
-                "--log-level=warn",
-                "calibrate",
-                "--labels",
-                labels.to_str().unwrap(),
-                "--rubric",
-                "helpfulness",
-            ])
-            .args(extra)
-            .env("ATTEST_JUDGE_BASE_URL", fake.v1())
-            .env("ATTEST_CACHE_DIR", cache.path())
-            .output()
-            .unwrap()
-    };
     let out = calibrate(&["--criteria", "mentions the refund id", "--persist", "--format", "json"], &labels);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let with_criteria: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -501,16 +501,18 @@ fn server_sent_event_responses_are_read() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
 }
 
-#[test]
-fn agent_dies_when_the_runtime_is_killed() {
+/// Runs `target` in `mode` for one step, SIGKILLs the runtime once the
+/// agent's processes have written `pids` pids, and checks none survives.
+fn killed_runtime_leaves_no_process(target: impl FnOnce(&std::path::Path, &str) -> String, mode: &str, pids: usize) {
     let Some(venv) = venv() else { return };
     let dir = tempfile::tempdir().unwrap();
     let pid_file = dir.path().join("pids");
+    let agent_command = format!("{} {} {mode}", python(&venv), agent("misbehaving_agent.py"));
     let m = manifest(
         dir.path(),
-        &format!("{} {} mute", python(&venv), agent("misbehaving_agent.py")),
+        &target(dir.path(), &agent_command),
         &format!(
-            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Mute\n    steps:\n      - input: one\n",
+            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Killed\n    steps:\n      - input: one\n",
             pid_file.display()
         ),
     );
@@ -520,51 +522,27 @@ fn agent_dies_when_the_runtime_is_killed() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while std::fs::read_to_string(&pid_file).map(|s| s.lines().count()).unwrap_or(0) < 1 {
-        assert!(Instant::now() < deadline, "the agent did not start");
+    while std::fs::read_to_string(&pid_file).map(|s| s.lines().count()).unwrap_or(0) < pids {
+        assert!(Instant::now() < deadline, "the agent did not start its {pids} process(es)");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // SIGKILL: the runtime gets no chance to clean up; the kernel's parent-death signal does it.
+    // SIGKILL: the runtime gets no chance to clean up.
     runtime.kill().unwrap();
     runtime.wait().unwrap();
     assert_no_survivors(&pid_file);
 }
 
 #[test]
+fn agent_dies_when_the_runtime_is_killed() {
+    killed_runtime_leaves_no_process(|_, agent| agent.to_owned(), "mute", 1);
+}
+
+#[test]
 fn nothing_the_agent_started_outlives_a_killed_runtime() {
     // A compound target keeps a shell between the runtime and the agent, and
-    // the hanging agent starts a child of its own: when the runtime is
-    // SIGKILLed, the agent's guard takes all of them down.
-    let Some(venv) = venv() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pids");
-    let m = manifest(
-        dir.path(),
-        &format!(
-            "cd {} && {} {} hang",
-            dir.path().display(),
-            python(&venv),
-            agent("misbehaving_agent.py")
-        ),
-        &format!(
-            "env: {{ECP_TEST_PID_FILE: '{}'}}\nscenarios:\n  - name: Hang\n    steps:\n      - input: one\n",
-            pid_file.display()
-        ),
-    );
-    let mut runtime = ecp_command()
-        .args(["run", "-m", &m, "--timeout", "600"])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // The agent and the child it starts on its first step.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::fs::read_to_string(&pid_file).map(|s| s.lines().count()).unwrap_or(0) < 2 {
-        assert!(Instant::now() < deadline, "the agent did not start its child");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    runtime.kill().unwrap();
-    runtime.wait().unwrap();
-    assert_no_survivors(&pid_file);
+    // the hanging agent starts a child of its own on its first step: the
+    // agent's guard takes all of them down.
+    killed_runtime_leaves_no_process(|dir, agent| format!("cd {} && {agent}", dir.display()), "hang", 2);
 }
 
 #[test]
