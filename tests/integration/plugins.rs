@@ -1749,18 +1749,24 @@ fn a_spinning_plugin_does_not_hold_up_concurrent_requests() {
     check(&r[2], "pass", 1.0, &[]);
 }
 
-#[test]
+/// An engine whose `spin` plugin runs until its 3 s timeout, and how many
+/// spin requests keep every worker busy twice over (with the CPU count);
+/// the directories live as long as the returned guard.
+fn spinning_engine() -> (Engine, usize, usize, (TempDir, TempDir)) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = slow_spin_config(dir.path(), "3s");
+    let engine = start(cache.path(), &["--config", &config]);
+    (engine, (2 * cpus).min(32), cpus, (cache, dir))
+}
 
+#[test]
 fn spinning_plugins_on_every_worker_do_not_stall_other_requests() {
     // More spin batches in flight than the engine has worker threads (one per
     // CPU). Once they are running, a built-in batch and list_plugins must
     // still be answered promptly, not only when the plugins time out.
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let spins = (2 * cpus).min(32);
-    let cache = fresh_cache();
-    let dir = tempfile::tempdir().unwrap();
-    let config = slow_spin_config(dir.path(), "3s");
-    let mut engine = start(cache.path(), &["--config", &config]);
+    let (mut engine, spins, cpus, _dirs) = spinning_engine();
     for i in 0..spins {
         engine.send(&evaluate_request(
             json!(format!("spin{i}")),
@@ -1802,12 +1808,7 @@ fn plugin_calls_spelled_with_escapes_or_inside_json_rpc_batches_still_leave_the_
     // Whether a request runs on the blocking pool is decided from its parsed
     // assertions: "\u0070lugin" is a plugin assertion like any other, and so
     // is one that is a member of a JSON-RPC batch array.
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let spins = (2 * cpus).min(32);
-    let cache = fresh_cache();
-    let dir = tempfile::tempdir().unwrap();
-    let config = slow_spin_config(dir.path(), "3s");
-    let mut engine = start(cache.path(), &["--config", &config]);
+    let (mut engine, spins, cpus, _dirs) = spinning_engine();
     let trace = refund_trace().to_string();
     let escaped = r#"[{"assertion_id":"p","type":"\u0070lugin","spec":{"plugin_id":"\u0073pin","config":{}}}]"#;
     for i in 0..spins {
