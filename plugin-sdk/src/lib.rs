@@ -122,6 +122,35 @@ pub trait AssertionPlugin: 'static {
 /// config), then decodes each config and evaluates it, one result per
 /// config, in order. Exposed so native tests exercise exactly the exported
 /// path.
+/// Resolves a [`Target`] on a [`Trace`], or returns from the enclosing
+/// `evaluate` with [`Verdict::target_missing`]: a target the trace lacks is
+/// a failed assertion, never a plugin error.
+///
+/// ```
+/// use attest_plugin_sdk::{resolve_or_fail, PluginError, Target, Trace, Verdict};
+///
+/// fn evaluate(trace: &Trace, target: &Target) -> Result<Verdict, PluginError> {
+///     let value = resolve_or_fail!(target, trace);
+///     Ok(Verdict::from_bool(value.is_string(), format!("{target} is {value}")))
+/// }
+///
+/// let trace = Trace::from_json(r#"{"output": {"message": "hi"}}"#).unwrap();
+/// assert!(evaluate(&trace, &Target::parse("output.message").unwrap()).unwrap().is_pass());
+/// let v = evaluate(&trace, &Target::parse("output.structured.id").unwrap()).unwrap();
+/// assert!(!v.is_pass() && v.explanation().starts_with("output.structured.id could not be checked"));
+/// assert_eq!(v.details_value().unwrap()["path"], "output.structured.id");
+/// ```
+#[macro_export]
+macro_rules! resolve_or_fail {
+    ($target:expr, $trace:expr) => {{
+        let target: &$crate::Target = &$target;
+        match target.resolve($trace) {
+            Ok(value) => value,
+            Err(missing) => return Ok($crate::Verdict::target_missing(target, &missing)),
+        }
+    }};
+}
+
 pub fn evaluate_batch<P: AssertionPlugin>(trace_json: &str, configs: &[impl AsRef<str>]) -> Vec<Result<Verdict, PluginError>> {
     evaluate_trace::<P>(Trace::from_json(trace_json), configs)
 }

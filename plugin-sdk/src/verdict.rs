@@ -66,6 +66,19 @@ impl Verdict {
         }
     }
 
+    /// The failure every plugin gives when its config's target is not in
+    /// the trace: the explanation says what is missing, and the evidence
+    /// names the target, what was found instead and what to change.
+    /// [`crate::resolve_or_fail!`] returns it for you.
+    pub fn target_missing(target: &crate::Target, missing: &crate::Missing) -> Verdict {
+        Verdict::fail(format!("{target} could not be checked: {missing}."))
+            .with_evidence(format!("{target} present"), format!("not found: {missing}"))
+            .with_path(target.as_str())
+            .with_hint(format!(
+                "Make the agent produce {target}, or point the config's target at where the value is."
+            ))
+    }
+
     fn new(status: Status, score: f64, explanation: impl Into<String>) -> Verdict {
         Verdict {
             status,

@@ -1072,7 +1072,7 @@ fn step_value_passes_and_fails() {
         &r[6],
         "hard_fail",
         0.0,
-        &["could not be read: no step named 'ship' (steps: ['reasoning', 'lookup_order', 'process_refund'])"],
+        &["could not be checked: no step named 'ship' (steps: ['reasoning', 'lookup_order', 'process_refund'])"],
     );
     check(&r[7], "hard_fail", 0.0, &["is a string, not a number, so gt cannot be checked"]);
 

@@ -9,7 +9,7 @@
 pub mod scan;
 
 use attest_plugin_sdk::text::{clip, quote};
-use attest_plugin_sdk::{json, AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
+use attest_plugin_sdk::{json, resolve_or_fail, AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
 use scan::{normalize, Finding, Kind};
 use serde::Deserialize;
 use serde_json::json as j;
@@ -57,10 +57,7 @@ impl AssertionPlugin for PiiLeak {
             ));
         }
         let t = &config.target;
-        let value = match t.resolve(trace) {
-            Ok(v) => v,
-            Err(missing) => return Ok(Verdict::fail(format!("{t} could not be checked: {missing}."))),
-        };
+        let value = resolve_or_fail!(t, trace);
         let text = json::text(&value);
         let allow = Allowlist::new(&config.allowlist);
         let (allowed, leaks): (Vec<Finding>, Vec<Finding>) = scan::scan(&text, &config.kinds).into_iter().partition(|f| allow.allows(f));
@@ -307,6 +304,10 @@ mod tests {
             v.explanation(),
             "output.structured.text could not be checked: field 'structured' not found in output (available: ['message'])."
         );
+        // The SDK's evidence for a missing target.
+        let d = v.details_value().unwrap();
+        assert_eq!(d["path"], "output.structured.text");
+        assert_eq!(d["expected"], "output.structured.text present");
     }
 
     #[test]

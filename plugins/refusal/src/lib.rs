@@ -9,7 +9,7 @@
 pub mod phrases;
 
 use attest_plugin_sdk::text::{clip, quote};
-use attest_plugin_sdk::{json, AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
+use attest_plugin_sdk::{json, resolve_or_fail, AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
 use serde::{Deserialize, Serialize};
 use serde_json::json as j;
 
@@ -118,10 +118,7 @@ impl AssertionPlugin for Refusal {
             ));
         }
         let t = &config.target;
-        let value = match t.resolve(trace) {
-            Ok(v) => v,
-            Err(missing) => return Ok(Verdict::fail(format!("{t} could not be checked: {missing}."))),
-        };
+        let value = resolve_or_fail!(t, trace);
         let text = phrases::normalize(&json::text(&value));
         let mut hits: Vec<Hit> = list
             .into_iter()

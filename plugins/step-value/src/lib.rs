@@ -12,7 +12,7 @@
 //! config, the comparison and the verdict.
 
 use attest_plugin_sdk::text::{clip, num, quote};
-use attest_plugin_sdk::{json, AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
+use attest_plugin_sdk::{json, resolve_or_fail, AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json as j, Value};
 use std::borrow::Cow;
@@ -150,20 +150,14 @@ impl AssertionPlugin for StepValue {
                 config.op.name()
             )));
         }
-        let left = match config.left.resolve(trace) {
-            Ok(v) => Side {
-                label: Some(config.left.as_str()),
-                value: v,
-            },
-            Err(missing) => return Ok(Verdict::fail(format!("{} could not be read: {missing}.", config.left))),
+        let left = Side {
+            label: Some(config.left.as_str()),
+            value: resolve_or_fail!(config.left, trace),
         };
         let right = match (&config.right, &config.value) {
-            (Some(t), None) => match t.resolve(trace) {
-                Ok(v) => Side {
-                    label: Some(t.as_str()),
-                    value: v,
-                },
-                Err(missing) => return Ok(Verdict::fail(format!("{t} could not be read: {missing}."))),
+            (Some(t), None) => Side {
+                label: Some(t.as_str()),
+                value: resolve_or_fail!(t, trace),
             },
             (None, Some(v)) => Side {
                 label: None,
@@ -367,7 +361,7 @@ mod tests {
         assert_eq!(v.status(), Status::Fail);
         assert_eq!(
             v.explanation(),
-            "steps[?name=='ship'].args.amount could not be read: no step named 'ship' (steps: ['lookup_order', 'process_refund'])."
+            "steps[?name=='ship'].args.amount could not be checked: no step named 'ship' (steps: ['lookup_order', 'process_refund'])."
         );
         let v = run(
             json!(1),
