@@ -65,6 +65,8 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
         criteria,
         threshold,
     } = judged;
+    // Blank criteria are no criteria, as in a spec.
+    let criteria = criteria.filter(|c| !c.trim().is_empty());
     if !(threshold > 0.0 && threshold < 1.0) {
         bail!("--threshold must be strictly between 0 and 1, got {threshold}");
     }
@@ -78,6 +80,8 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
     }
     let check = Spec::new(Some(&spec), "llm_judge")
         .and_then(|s| JudgeCheck::compile(&s))
+        // Calibration judges records, not assertions: no bias probes.
+        .map(JudgeCheck::without_bias_probes)
         .map_err(|e| {
             let option = if e.field.ends_with("criteria") { "--criteria" } else { "--rubric" };
             anyhow::anyhow!("{option}: {} ({})", e.message, e.detail)

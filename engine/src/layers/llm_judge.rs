@@ -102,6 +102,9 @@ pub struct JudgeCheck {
     samples: Option<u32>,
     /// `spec.bias_probes`; empty means the engine's configured probes.
     bias_probes: Vec<Probe>,
+    /// No probes at all, whatever is configured (calibration judges records,
+    /// not assertions).
+    unprobed: bool,
 }
 
 impl JudgeCheck {
@@ -157,7 +160,13 @@ impl JudgeCheck {
             model: spec.opt_str("model")?.filter(|m| !m.is_empty()).map(str::to_owned),
             samples,
             bias_probes: bias_probes(spec)?,
+            unprobed: false,
         })
+    }
+
+    /// This check with no bias probes, whatever the engine's configuration.
+    pub fn without_bias_probes(self) -> JudgeCheck {
+        JudgeCheck { unprobed: true, ..self }
     }
 
     fn label(&self) -> String {
@@ -254,7 +263,9 @@ impl JudgeCheck {
         let (verdict, mut cost, cached) = self
             .ask_cached(providers, judge, model, samples, shown, Probe::None, deadline)
             .await?;
-        let probes = if self.bias_probes.is_empty() {
+        let probes = if self.unprobed {
+            &[][..]
+        } else if self.bias_probes.is_empty() {
             &providers.judge_bias_probes[..]
         } else {
             &self.bias_probes[..]
@@ -444,7 +455,7 @@ impl JudgeCheck {
                 let pieces = [self.criteria.is_some(), !shown.input.is_empty(), !shown.context.is_empty(), true];
                 pieces.into_iter().filter(|&p| p).count() >= 2
             }
-            Instructions::Prompt(template) => self.criteria.is_some() || template.contains("{{input}}"),
+            Instructions::Prompt(template) => self.criteria.is_some() || swappable(template),
         }
     }
 
@@ -491,7 +502,7 @@ impl JudgeCheck {
                 // carry their own markers, so the material keeps its names and
                 // only its order changes.
                 let (first, second) = match layout {
-                    Layout::Swapped if template.contains("{{input}}") => (&output, &input),
+                    Layout::Swapped if swappable(template) => (&output, &input),
                     _ => (&input, &output),
                 };
                 let mut user = fill(template, first, second);
@@ -720,6 +731,13 @@ fn parse_reply(text: &str) -> Result<Reply, String> {
 }
 
 /// Folds samples into one verdict: the median, with the spread reported.
+/// Whether a custom prompt's material can trade places: one `{{input}}` and
+/// one `{{output}}`. With a placeholder repeated, swapping would change what
+/// is shown, not only its order.
+fn swappable(template: &str) -> bool {
+    template.matches("{{input}}").count() == 1 && template.matches("{{output}}").count() == 1
+}
+
 /// `template` with `{{input}}` and `{{output}}` replaced in one pass, so
 /// text inside a substituted block is never read as a placeholder.
 fn fill(template: &str, input: &str, output: &str) -> String {
@@ -942,6 +960,8 @@ mod tests {
         assert!(!rubric.has_order(&only_output));
         assert!(rubric.has_order(&with_input));
         // A custom prompt swaps its two blocks, which keep their markers.
+        let repeated = compile(json!({"prompt": "Q: {{input}} A: {{output}} Again: {{output}}"})).unwrap();
+        assert!(!repeated.has_order(&with_input), "swapping would change what is shown");
         let prompt = compile(json!({"prompt": "Question: {{input}}\nAnswer: {{output}}\nScore it."})).unwrap();
         assert!(prompt.has_order(&with_input));
         let (plain, swapped) = (user(&prompt, &with_input, Probe::None), user(&prompt, &with_input, Probe::Position));

@@ -87,11 +87,6 @@ impl TraceCheck {
             tools.iter().map(String::as_str).collect()
         }
         let observed = format!("tool calls: {}", clip(&arrow(names), 400));
-        let first_after = |a: &str, b: &str| {
-            let pa = names.iter().position(|n| *n == a);
-            let pb = names.iter().position(|n| *n == b);
-            matches!((pa, pb), (Some(x), Some(y)) if y < x)
-        };
         // The position among the tool calls of the `nth` call (0-based) of `tool`.
         let nth_call = |tool: &str, nth: usize| names.iter().enumerate().filter(|(_, n)| **n == tool).nth(nth).map(|(k, _)| k);
         let (expected, hint, culprit) = match self {
@@ -102,19 +97,50 @@ impl TraceCheck {
                     if exact { "exact_order" } else { "contains_in_order" },
                     arrow(&owned(tools))
                 );
-                let missing = tools.iter().find(|t| !names.contains(&t.as_str()));
-                let swapped = tools.windows(2).find(|w| first_after(&w[0], &w[1]));
-                let hint = match (missing, swapped) {
-                    (Some(m), _) => format!("`{m}` was never called: make the agent call it, or drop it from spec.tools."),
-                    (None, Some(w)) => format!(
-                        "`{}` ran before `{}`: make the agent call `{}` first, or relax the check to `required_tools`.",
-                        w[1], w[0], w[0]
+                // Match the tools in order, each at its first call after the
+                // previous one, as the check does: the first that cannot be
+                // matched is what went wrong.
+                let mut at: Vec<usize> = Vec::with_capacity(tools.len());
+                let mut unmatched = None;
+                for (j, tool) in tools.iter().enumerate() {
+                    let from = at.last().map_or(0, |k| k + 1);
+                    match names[from..].iter().position(|n| n == tool) {
+                        Some(p) => at.push(from + p),
+                        None => {
+                            unmatched = Some(j);
+                            break;
+                        }
+                    }
+                }
+                let (hint, culprit) = match unmatched {
+                    Some(j) if !names.contains(&tools[j].as_str()) => (
+                        format!("`{}` was never called: make the agent call it, or drop it from spec.tools.", tools[j]),
+                        None,
                     ),
-                    (None, None) => "The tools were called but with other tool calls between them: remove the calls in between, or use `contains_in_order`, which allows gaps.".to_owned(),
-                };
-                let culprit = match (missing, swapped) {
-                    (None, Some(w)) => nth_call(&w[1], 0),
-                    _ => None,
+                    Some(j) if tools[..j].contains(&tools[j]) => (
+                        format!(
+                            "`{}` is expected again after `{}` but was not called again: make the agent call it once more, or drop the repeat from spec.tools.",
+                            tools[j],
+                            tools[j - 1]
+                        ),
+                        at.last().copied(),
+                    ),
+                    // Called, but only before the tool it must follow.
+                    Some(j) => {
+                        let prev = &tools[j - 1];
+                        (
+                            format!(
+                                "`{}` ran before `{prev}`: make the agent call `{prev}` first, or relax the check to `required_tools`.",
+                                tools[j]
+                            ),
+                            names[..at[j - 1]].iter().rposition(|n| *n == tools[j]),
+                        )
+                    }
+                    // All in order, with other calls between them (exact_order).
+                    None => (
+                        "The tools were called but with other tool calls between them: remove the calls in between, or use `contains_in_order`, which allows gaps.".to_owned(),
+                        at.windows(2).find(|w| w[1] != w[0] + 1).map(|w| w[0] + 1),
+                    ),
                 };
                 (want, hint, culprit)
             }
@@ -373,9 +399,15 @@ mod tests {
             path(json!({"check": "contains_in_order", "tools": ["delete_account", "search", "plan_b"]})),
             "steps"
         );
+        // The third search never came after the second.
         assert_eq!(
             path(json!({"check": "exact_order", "tools": ["delete_account", "search", "search", "search"]})),
-            "steps[1]"
+            "steps[4]"
+        );
+        // delete_account ran, but only before the last search it must follow.
+        assert_eq!(
+            path(json!({"check": "contains_in_order", "tools": ["search", "search", "search", "delete_account"]})),
+            "steps[2]"
         );
         assert_eq!(
             path(
@@ -384,6 +416,37 @@ mod tests {
             "steps[3]"
         );
         assert_eq!(path(json!({"check": "required_tools", "tools": ["refund"]})), "steps");
+    }
+
+    #[test]
+    fn a_repeated_tool_is_diagnosed_where_the_sequence_breaks() {
+        let check = |steps: &[&str], spec: Value| {
+            let t = trace(Value::Array(
+                steps.iter().map(|n| json!({"type": "tool_call", "name": n})).collect(),
+            ));
+            let v = TraceCheck::compile(&Spec::new(Some(&spec), "trace").unwrap()).unwrap().evaluate(&t);
+            assert!(!v.passed, "{spec}");
+            let e = v.evidence.unwrap();
+            (e.path.unwrap(), e.hint.unwrap())
+        };
+        let (path, hint) = check(
+            &["lookup_order", "process_refund", "lookup_order"],
+            json!({"check": "contains_in_order", "tools": ["process_refund", "lookup_order", "process_refund"]}),
+        );
+        assert_eq!(path, "steps[2]", "the sequence broke after the second lookup_order");
+        assert!(
+            hint.starts_with("`process_refund` is expected again after `lookup_order`"),
+            "{hint}"
+        );
+        let (path, hint) = check(
+            &["search", "delete", "search", "search", "lookup"],
+            json!({"check": "exact_order", "tools": ["search", "delete", "search", "lookup"]}),
+        );
+        assert_eq!(path, "steps[3]", "the extra search between them");
+        assert!(
+            hint.starts_with("The tools were called but with other tool calls between them"),
+            "{hint}"
+        );
     }
 
     #[test]
