@@ -6,10 +6,20 @@
 //! base-60 number, and `1e3` (no dot) is a string. Tool-call arguments are
 //! compared with what the agent reports, so the difference changes verdicts.
 //! Quoted and block scalars are always strings, as there. Merge keys
-//! (`<<: *base`) are applied; explicit keys win over merged ones.
+//! (`<<: *base`) are applied as PyYAML applies them: explicit keys win, a
+//! later `<<` wins over an earlier one, and within one `<<: [*a, *b]` the
+//! first mapping wins.
 //!
-//! Aliases are expanded into copies, so the nodes one document may expand to
-//! are bounded ([`MAX_NODES`]): a small file cannot grow into gigabytes.
+//! PyYAML values JSON cannot hold stay distinct from strings, so they compare
+//! and validate as they do there: a timestamp (`2024-05-01`) becomes
+//! `{"yaml:timestamp": "2024-05-01"}` and an infinity or NaN (`.inf`)
+//! `{"yaml:float": ".inf"}`; neither equals a string, and neither is accepted
+//! where a string is required.
+//!
+//! Aliases are expanded into copies, so what one document may expand to is
+//! bounded, in values ([`MAX_NODES`]) and in bytes of text
+//! ([`MAX_TEXT_BYTES`]), and counted before anything is copied: a small file
+//! cannot grow into gigabytes.
 
 use fancy_regex::Regex;
 use serde_json::{Map, Number, Value};
@@ -18,11 +28,23 @@ use std::sync::OnceLock;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser, Tag};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
-/// Most nodes one document may hold once its aliases are expanded.
+/// Most values one document may hold once its aliases are expanded.
 pub const MAX_NODES: usize = 1_000_000;
+/// Most bytes of scalar text one document may hold once its aliases are
+/// expanded (manifest files themselves are at most 32 MiB).
+pub const MAX_TEXT_BYTES: usize = 64 * 1024 * 1024;
 
 /// Parses the first document of `text` into a JSON value.
 pub fn load(text: &str) -> Result<Value, String> {
+    match parse(text) {
+        // JSON writers escape characters outside the BMP as surrogate pairs
+        // (`"\ud83d\ude00"`), which YAML does not define but PyYAML reads.
+        Err(e) if e.contains("invalid Unicode character escape") => parse(&join_surrogate_escapes(text)).map_err(|_| e),
+        other => other,
+    }
+}
+
+fn parse(text: &str) -> Result<Value, String> {
     let mut builder = Builder::default();
     Parser::new_from_str(text).load(&mut builder, false).map_err(|e| e.to_string())?;
     if let Some(e) = builder.error {
@@ -31,18 +53,45 @@ pub fn load(text: &str) -> Result<Value, String> {
     Ok(builder.root.unwrap_or(Value::Null))
 }
 
+/// `\uD83D\uDE00` (a surrogate pair) as the one escape `\U0001F600`.
+fn join_surrogate_escapes(text: &str) -> String {
+    let pair = Regex::new(r"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})").expect("valid");
+    pair.replace_all(text, |c: &fancy_regex::Captures<'_>| {
+        let hi = u32::from_str_radix(&c[1], 16).unwrap_or(0xD800);
+        let lo = u32::from_str_radix(&c[2], 16).unwrap_or(0xDC00);
+        format!("\\U{:08X}", 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
+    })
+    .into_owned()
+}
+
+/// What a node expands to.
+#[derive(Debug, Clone, Copy, Default)]
+struct Size {
+    nodes: usize,
+    bytes: usize,
+}
+
+impl Size {
+    const ONE: Size = Size { nodes: 1, bytes: 0 };
+
+    fn add(&mut self, other: Size) {
+        self.nodes = self.nodes.saturating_add(other.nodes);
+        self.bytes = self.bytes.saturating_add(other.bytes);
+    }
+}
+
 enum Frame {
     Seq {
         items: Vec<Value>,
         anchor: usize,
-        nodes: usize,
+        size: Size,
     },
     Map {
         entries: Map<String, Value>,
         key: Option<Key>,
         merged: Vec<Value>,
         anchor: usize,
-        nodes: usize,
+        size: Size,
     },
 }
 
@@ -55,10 +104,11 @@ enum Key {
 #[derive(Default)]
 struct Builder {
     stack: Vec<Frame>,
-    /// Anchored values, with the nodes each expands to.
-    anchors: HashMap<usize, (Value, usize)>,
+    /// Anchored values, with what each expands to.
+    anchors: HashMap<usize, (Value, Size)>,
     root: Option<Value>,
-    nodes: usize,
+    /// Everything the document has expanded to so far.
+    total: Size,
     error: Option<String>,
 }
 
@@ -69,29 +119,39 @@ impl Builder {
         }
     }
 
-    /// Adds a finished node (`nodes` of them once expanded) to its parent.
-    fn push(&mut self, value: Value, nodes: usize, anchor: usize, mark: Marker) {
-        self.nodes += nodes;
-        if self.nodes > MAX_NODES {
-            return self.fail(
+    /// Counts what is new to the document (a scalar, an alias's copy, a
+    /// collection's own node) against the bounds; false when over them.
+    fn count(&mut self, fresh: Size, mark: Marker) -> bool {
+        self.total.add(fresh);
+        if self.total.nodes > MAX_NODES || self.total.bytes > MAX_TEXT_BYTES {
+            self.fail(
                 mark,
-                format!("the document expands to more than {MAX_NODES} values (aliases are copied)"),
+                format!(
+                    "the document expands to more than {MAX_NODES} values or {} MiB of text (aliases are copied)",
+                    MAX_TEXT_BYTES >> 20
+                ),
             );
+            return false;
         }
+        true
+    }
+
+    /// Adds a finished node (of `size` once expanded) to its parent.
+    fn push(&mut self, value: Value, size: Size, anchor: usize, mark: Marker) {
         if anchor > 0 {
-            self.anchors.insert(anchor, (value.clone(), nodes));
+            self.anchors.insert(anchor, (value.clone(), size));
         }
         match self.stack.last_mut() {
             None => self.root = Some(value),
-            Some(Frame::Seq { items, nodes: n, .. }) => {
+            Some(Frame::Seq { items, size: s, .. }) => {
                 items.push(value);
-                *n += nodes;
+                s.add(size);
             }
             Some(Frame::Map {
                 entries,
                 key,
                 merged,
-                nodes: n,
+                size: s,
                 ..
             }) => match key.take() {
                 None => match key_text(&value) {
@@ -100,14 +160,31 @@ impl Builder {
                 },
                 Some(Key::Merge) => {
                     merged.push(value);
-                    *n += nodes;
+                    s.add(size);
                 }
                 Some(Key::Text(k)) => {
                     entries.insert(k, value);
-                    *n += nodes;
+                    s.add(size);
                 }
             },
         }
+    }
+
+    /// Closes a mapping: merged keys are filled in under the explicit ones.
+    fn close_map(&mut self, mut entries: Map<String, Value>, merged: Vec<Value>, anchor: usize, size: Size, mark: Marker) {
+        // A later `<<` wins over an earlier one; within one list, the first.
+        for source in merged.iter().rev().flat_map(|m| match m {
+            Value::Array(list) => list.iter().collect::<Vec<_>>(),
+            one => vec![one],
+        }) {
+            let Value::Object(source) = source else {
+                return self.fail(mark, "a merge key (<<) must name a mapping or a list of mappings");
+            };
+            for (k, v) in source {
+                entries.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        self.push(Value::Object(entries), size, anchor, mark)
     }
 }
 
@@ -136,51 +213,56 @@ impl MarkedEventReceiver for Builder {
                     *key = Some(Key::Merge);
                 }
             }
-            Event::Scalar(text, style, anchor, tag) => match scalar(text, style, tag.as_ref()) {
-                Ok(v) => self.push(v, 1, anchor, mark),
-                Err(e) => self.fail(mark, e),
-            },
-            Event::Alias(id) => match self.anchors.get(&id).cloned() {
-                Some((v, nodes)) => self.push(v, nodes, 0, mark),
+            Event::Scalar(text, style, anchor, tag) => {
+                let size = Size {
+                    nodes: 1,
+                    bytes: text.len(),
+                };
+                if self.count(size, mark) {
+                    match scalar(text, style, tag.as_ref()) {
+                        Ok(v) => self.push(v, size, anchor, mark),
+                        Err(e) => self.fail(mark, e),
+                    }
+                }
+            }
+            Event::Alias(id) => match self.anchors.get(&id).map(|(_, size)| *size) {
+                // Counted before it is copied.
+                Some(size) => {
+                    if self.count(size, mark) {
+                        let value = self.anchors[&id].0.clone();
+                        self.push(value, size, 0, mark);
+                    }
+                }
                 None => self.fail(mark, "an alias names an anchor that is not defined before it"),
             },
             Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
                 items: Vec::new(),
                 anchor,
-                nodes: 1,
+                size: Size::ONE,
             }),
             Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
                 entries: Map::new(),
                 key: None,
                 merged: Vec::new(),
                 anchor,
-                nodes: 1,
+                size: Size::ONE,
             }),
-            Event::SequenceEnd | Event::MappingEnd => match self.stack.pop() {
-                Some(Frame::Seq { items, anchor, nodes }) => self.push(Value::Array(items), nodes, anchor, mark),
-                Some(Frame::Map {
-                    mut entries,
-                    merged,
-                    anchor,
-                    nodes,
-                    ..
-                }) => {
-                    // Explicit keys win; among merged mappings, the first.
-                    for source in merged.iter().flat_map(|m| match m {
-                        Value::Array(list) => list.iter().collect::<Vec<_>>(),
-                        one => vec![one],
-                    }) {
-                        let Value::Object(source) = source else {
-                            return self.fail(mark, "a merge key (<<) must name a mapping or a list of mappings");
-                        };
-                        for (k, v) in source {
-                            entries.entry(k.clone()).or_insert_with(|| v.clone());
-                        }
-                    }
-                    self.push(Value::Object(entries), nodes, anchor, mark)
+            Event::SequenceEnd | Event::MappingEnd => {
+                if !self.count(Size::ONE, mark) {
+                    return;
                 }
-                None => self.fail(mark, "unbalanced collection"),
-            },
+                match self.stack.pop() {
+                    Some(Frame::Seq { items, anchor, size }) => self.push(Value::Array(items), size, anchor, mark),
+                    Some(Frame::Map {
+                        entries,
+                        merged,
+                        anchor,
+                        size,
+                        ..
+                    }) => self.close_map(entries, merged, anchor, size, mark),
+                    None => self.fail(mark, "unbalanced collection"),
+                }
+            }
             Event::Nothing | Event::StreamStart | Event::StreamEnd | Event::DocumentStart | Event::DocumentEnd => {}
         }
     }
@@ -197,6 +279,7 @@ fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value,
                 let fits = matches!(
                     (kind, &v),
                     ("int", Value::Number(_)) | ("float", Value::Number(_)) | ("bool", Value::Bool(_)) | ("null", Value::Null)
+                ) || matches!((kind, &v), ("float", Value::Object(m)) if m.contains_key("yaml:float")
                 );
                 if fits {
                     Ok(v)
@@ -213,8 +296,8 @@ fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value,
     })
 }
 
-fn patterns() -> &'static [Regex; 4] {
-    static P: OnceLock<[Regex; 4]> = OnceLock::new();
+fn patterns() -> &'static [Regex; 5] {
+    static P: OnceLock<[Regex; 5]> = OnceLock::new();
     P.get_or_init(|| {
         [
             // Integers: binary, octal (a leading 0), decimal, hexadecimal, base 60.
@@ -223,6 +306,8 @@ fn patterns() -> &'static [Regex; 4] {
             Regex::new(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*)$").expect("valid"),
             Regex::new(r"^[-+]?\.(?:inf|Inf|INF)$").expect("valid"),
             Regex::new(r"^\.(?:nan|NaN|NAN)$").expect("valid"),
+            // Timestamps: a date, or a date and time with an optional zone.
+            Regex::new(r"^[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]*)?(?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?)?$").expect("valid"),
         ]
     })
 }
@@ -235,10 +320,14 @@ fn resolve(text: &str) -> Value {
         "no" | "No" | "NO" | "false" | "False" | "FALSE" | "off" | "Off" | "OFF" => return Value::Bool(false),
         _ => {}
     }
-    let [int, float, inf, nan] = patterns();
+    let [int, float, inf, nan, timestamp] = patterns();
     let is = |re: &Regex| re.is_match(text).unwrap_or(false);
     if is(int) {
         if let Some(n) = integer(text) {
+            return Value::Number(n);
+        }
+        // Beyond 64 bits: the nearest float, as a number all the same.
+        if let Some(n) = real(text).and_then(Number::from_f64) {
             return Value::Number(n);
         }
     } else if is(float) {
@@ -246,10 +335,16 @@ fn resolve(text: &str) -> Value {
             return Value::Number(n);
         }
     } else if is(inf) || is(nan) {
-        // JSON has no infinities or NaN: the text stays, as a string.
-        return Value::String(text.to_owned());
+        return tagged("yaml:float", text);
+    } else if is(timestamp) {
+        return tagged("yaml:timestamp", text);
     }
     Value::String(text.to_owned())
+}
+
+/// A PyYAML value JSON cannot hold, kept apart from strings.
+fn tagged(kind: &str, text: &str) -> Value {
+    Value::Object(Map::from_iter([(kind.to_owned(), Value::String(text.to_owned()))]))
 }
 
 fn split_sign(text: &str) -> (bool, String) {
@@ -268,7 +363,7 @@ fn integer(text: &str) -> Option<Number> {
         i128::from_str_radix(h, 16).ok()?
     } else if body.contains(':') {
         body.split(':')
-            .try_fold(0i128, |acc, part| Some(acc.checked_mul(60)? + part.parse::<i128>().ok()?))?
+            .try_fold(0i128, |acc, part| acc.checked_mul(60)?.checked_add(part.parse::<i128>().ok()?))?
     } else if body.len() > 1 && body.starts_with('0') {
         i128::from_str_radix(&body[1..], 8).ok()?
     } else {
@@ -306,8 +401,8 @@ mod tests {
         assert_eq!(
             v,
             json!({"a": true, "b": false, "c": 8, "d": 90, "e": 31, "f": 5, "g": 1000, "h": 1.5, "i": "1e3",
-                   "j": 1000.0, "k": null, "l": ".inf", "m": "010", "n": "yes", "o": -7, "p": 0.5, "q": 685230,
-                   "r": 1.0, "s": "010", "t": "2001-12-14"})
+                   "j": 1000.0, "k": null, "l": {"yaml:float": ".inf"}, "m": "010", "n": "yes", "o": -7, "p": 0.5, "q": 685230,
+                   "r": 1.0, "s": "010", "t": {"yaml:timestamp": "2001-12-14"}})
         );
     }
 
@@ -320,6 +415,8 @@ mod tests {
         );
         let v = load("a: &a {x: 1}\nb: &b {x: 2, y: 2}\nc:\n  <<: [*a, *b]\n").unwrap();
         assert_eq!(v["c"], json!({"x": 1, "y": 2}), "the first merged mapping wins");
+        let v = load("b: &b {value: Echo, type: t}\ng:\n  <<: *b\n  <<: {value: zzz}\n").unwrap();
+        assert_eq!(v["g"], json!({"value": "zzz", "type": "t"}), "a later << wins");
         let v = load("'<<': {x: 1}\n").unwrap();
         assert_eq!(v, json!({"<<": {"x": 1}}), "a quoted << is an ordinary key");
     }
@@ -340,5 +437,37 @@ mod tests {
             ));
         }
         assert!(load(&doc).unwrap_err().contains("expands to more than"));
+        // Few values, much text: a 1 MB string copied a hundred thousand times.
+        let mut doc = format!("s: &s {}\n", "x".repeat(1_000_000));
+        doc.push_str("l1: &l1 [*s, *s, *s, *s, *s, *s, *s, *s, *s, *s]\n");
+        for i in 2..6 {
+            let p = i - 1;
+            doc.push_str(&format!(
+                "l{i}: &l{i} [*l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}]\n"
+            ));
+        }
+        assert!(load(&doc).unwrap_err().contains("MiB of text"));
+        assert!(
+            load("k: 2835686391007820528861455061931401762:59\n").is_ok(),
+            "base 60 past 128 bits"
+        );
+    }
+
+    #[test]
+    fn large_documents_without_aliases_load() {
+        // Each value counts once, however deep it sits.
+        let steps: String = (0..20_000)
+            .map(|i| format!("      - input: step {i}\n        graders: [{{type: text_match, value: x}}]\n"))
+            .collect();
+        let doc = format!("scenarios:\n  - name: S\n    steps:\n{steps}");
+        assert_eq!(load(&doc).unwrap()["scenarios"][0]["steps"].as_array().unwrap().len(), 20_000);
+        let deep = format!("{}x{}", "{a: ".repeat(100), "}".repeat(100));
+        assert!(load(&deep).is_ok());
+    }
+
+    #[test]
+    fn json_surrogate_pairs_read_as_their_character() {
+        assert_eq!(load("v: \"smile \\ud83d\\ude00\"\n").unwrap(), json!({"v": "smile \u{1F600}"}));
+        assert!(load("v: \"\\ud83d alone\"\n").is_err());
     }
 }
