@@ -11,6 +11,9 @@ resident set) from /proc. Mixes:
   accepted  576 requests with a 270 KB trace and two accepted patterns
             that defeat the lazy DFA, new ones every 48 requests: 384 as
             regex_match, then 192 as schema `pattern`s
+  combined  the compiled cache filled with such patterns, then 14 waves of
+            63 regex requests on 270 KB traces and one 6.8 MB request of
+            3.4 million zeros, all in flight together
   parse     16 requests of 9.5 MiB, each an array of 5 million zeros
   submits   2,000 submit_plugin_result calls carrying 16 KiB of metadata
             (the largest accepted), then 100 carrying 5 MiB
@@ -129,7 +132,35 @@ def accepted():
                            "params": {"trace": trace, "assertions": a}}) + "\n").encode()
 
 
-MIXES = {"regexes": regexes, "accepted": accepted, "parse": parse, "submits": submits}
+def combined():
+    rnd = __import__("random").Random(1)
+
+    def message(n):
+        return "".join(rnd.choice("ab") for _ in range(n))
+
+    def request(i, trace, patterns):
+        a = [{"assertion_id": "r%d" % k, "type": "content",
+              "spec": {"target": "output.message", "check": "regex_match", "value": p}}
+             for k, p in enumerate(patterns)]
+        return (json.dumps({"jsonrpc": "2.0", "id": i, "method": "evaluate_batch",
+                            "params": {"trace": trace, "assertions": a}}) + "\n").encode()
+
+    small = {"schema_version": 1, "trace_id": "t", "output": {"message": message(100_000)}}
+    for k in range(30):
+        yield request("f%d" % k, small, ["(?-u)[ab]*a[ab]{13}c_f%d_%d" % (k, j) for j in range(5)])
+    big = {"schema_version": 1, "trace_id": "t", "output": {"message": message(270_000)}}
+    zeros = ('{"jsonrpc":"2.0","id":"zeros","method":"evaluate_batch","params":{"trace":'
+             '{"schema_version":1,"trace_id":"z","output":{"message":"m","structured":{"z":[%s]}}},'
+             '"assertions":[]}}\n' % ",".join(["0"] * 3_400_000)).encode()
+    for w in range(14):
+        patterns = ["(?-u)[ab]*a[ab]{13}c%d_%d" % (w, j) for j in range(2)]
+        for i in range(63):
+            if i == 32:
+                yield zeros
+            yield request("w%d_%d" % (w, i), big, patterns)
+
+
+MIXES = {"regexes": regexes, "accepted": accepted, "combined": combined, "parse": parse, "submits": submits}
 
 
 def main():

@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::history::{dynamic_status, DriftReport, DriftStatus, Fingerprint, Row, Rows};
 use crate::lane::Lane;
 use crate::layers::{AssertionType, Check, CompiledAssertion, SpecError, Status, Verdict};
+use crate::params::Object;
 use crate::plugins::{Outcome, Plugin};
 use crate::protocol::{ErrorCode, RpcError};
 use crate::providers::ProviderError;
@@ -235,8 +236,9 @@ struct Params<'a> {
 struct FastParams<'a> {
     #[serde(borrow, default)]
     trace: Option<&'a RawValue>,
+    /// Each an object: an array is not an assertion, even positionally.
     #[serde(borrow, default)]
-    assertions: Option<Vec<Envelope<'a>>>,
+    assertions: Option<Vec<Object<Envelope<'a>>>>,
 }
 
 /// One assertion's envelope, strings borrowed from the request.
@@ -268,11 +270,12 @@ struct LooseEnvelope<'a> {
 impl<'a> LooseEnvelope<'a> {
     fn parse(i: usize, raw: &'a RawValue) -> Result<Envelope<'a>, RpcError> {
         let at = |f: &str| format!("params.assertions[{i}]{f}");
-        let loose: LooseEnvelope<'a> =
+        let loose: Object<LooseEnvelope<'a>> =
             serde_json::from_str(raw.get()).map_err(|e| match crate::json_errors::unrepresentable(raw.get(), &e, &at("")) {
                 Some(u) => assertion_error(u.message, ASSERTIONS_SHAPE, u.field),
                 None => assertion_error(format!("assertions[{i}] must be an object"), ASSERTIONS_SHAPE, at("")),
             })?;
+        let loose = loose.0;
         let string = |v: Option<Value>, name: &str| match v {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(Cow::Owned(s))),
@@ -1068,7 +1071,8 @@ fn read_params(params: Option<&RawValue>, max_depth: usize) -> Result<SplitParam
         )
     };
     if let Ok(fast) = serde_json::from_str::<FastParams<'_>>(text) {
-        return Ok((fast.trace, fast.assertions.ok_or_else(missing)));
+        let wire = fast.assertions.map(|a| a.into_iter().map(|e| e.0).collect());
+        return Ok((fast.trace, wire.ok_or_else(missing)));
     }
     // Slow path, only for malformed requests: find exactly what is wrong.
     let p: Params<'_> = serde_json::from_str(text).map_err(|e| unusable_params(text, &e, max_depth))?;

@@ -11,6 +11,7 @@
 //!
 //! Result: `{"message": "<text>"}`.
 
+use crate::params::Object;
 use crate::protocol::{ErrorCode, Method, RpcError};
 use crate::providers::{Chat, ProviderError, Providers};
 use serde::Deserialize;
@@ -22,11 +23,11 @@ use tokio::time::Instant;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Params {
-    persona: Persona,
+    persona: Object<Persona>,
     #[serde(default)]
-    conversation_history: Vec<Turn>,
+    conversation_history: Vec<Object<Turn>>,
     #[serde(default)]
-    fault_config: Option<Faults>,
+    fault_config: Option<Object<Faults>>,
 }
 
 #[derive(Deserialize)]
@@ -111,7 +112,7 @@ fn parse(params: Option<&RawValue>) -> Result<Params, RpcError> {
 pub async fn generate(providers: &Providers, params: Option<&RawValue>, deadline: Instant) -> Result<Value, RpcError> {
     let p = parse(params)?;
     let judge = providers.judge().map_err(to_rpc)?;
-    let faults = p.fault_config.unwrap_or_default();
+    let faults = p.fault_config.map(|f| f.0).unwrap_or_default();
     if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
         return Err(RpcError::new(
             ErrorCode::ProviderError,

@@ -486,6 +486,40 @@ fn batch_error(engine: &mut Engine, assertions: Value) -> Value {
 }
 
 #[test]
+fn assertions_and_simulation_members_are_objects_never_positional_arrays() {
+    let mut engine = Engine::spawn();
+    engine.initialize();
+    for bad in [
+        json!(5),
+        json!(["a", "content", {"target": "output.message", "check": "contains", "value": "refund"}]),
+    ] {
+        let err = batch_error(&mut engine, json!([bad]));
+        assert_eq!(err["message"], json!("assertions[0] must be an object"), "{err}");
+        assert_eq!(err["data"]["field"], json!("params.assertions[0]"));
+    }
+    let mut gum = |params: Value| {
+        let resp = engine.request(&rpc(json!("g"), "generate_user_message", params));
+        expect_error(&resp, 1002)["message"].as_str().unwrap().to_owned()
+    };
+    let persona = json!({"name": "a", "system_prompt": "b"});
+    for (params, want) in [
+        (json!({"persona": ["a", "b"]}), "at params.persona: expected an object, got a list"),
+        (
+            json!({"persona": persona, "conversation_history": [["user", "hi"]]}),
+            "expected an object, got a list",
+        ),
+        (
+            json!({"persona": persona, "fault_config": [0.5]}),
+            "at params.fault_config: expected an object, got a list",
+        ),
+    ] {
+        let message = gum(params.clone());
+        assert!(message.contains(want), "{params}: {message}");
+        assert!(!message.contains("struct") && !message.contains("invalid JSON"), "{message}");
+    }
+}
+
+#[test]
 fn unknown_assertion_type_lists_supported_types() {
     let mut engine = Engine::spawn();
     engine.initialize();

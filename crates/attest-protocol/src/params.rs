@@ -77,6 +77,35 @@ pub fn member_error(method: Method, text: &str, e: &serde_json::Error, shape: &s
     .with_field(field)
 }
 
+/// A `T` read only from a JSON object. serde's derived structs also accept
+/// arrays, positionally (`["a", "content", {…}]` as an assertion); named
+/// members are the protocol, so an array is refused as the wrong type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Object<T>(pub T);
+
+impl<T> std::ops::Deref for Object<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Members<T> {
+            type Value = Object<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Object)
+            }
+        }
+        deserializer.deserialize_map(Members(std::marker::PhantomData))
+    }
+}
+
 /// serde's account of a typed read that failed, in the protocol's words:
 /// JSON types instead of Rust ones ("an object", not "struct Persona"),
 /// members instead of fields, and what was expected before what was found.
@@ -208,6 +237,20 @@ mod tests {
             assert!(got.contains(want), "{text}: {got}");
             assert!(!got.contains("struct") && !got.contains('`') && !got.contains("sequence"), "{got}");
         }
+    }
+
+    #[test]
+    fn objects_only_where_members_are_named() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Turn {
+            role: String,
+        }
+        let read = |t: &str| serde_json::from_str::<Object<Turn>>(t);
+        assert_eq!(read(r#"{"role": "user"}"#).unwrap().0, Turn { role: "user".into() });
+        let e = read(r#"["user"]"#).unwrap_err();
+        let what = e.to_string();
+        assert_eq!(plain(what.split(" at line").next().unwrap()), "expected an object, got a list");
+        assert!(read("5").is_err());
     }
 
     #[test]

@@ -68,8 +68,48 @@ struct Pattern {
 /// once to reuse their warm lazy DFAs.
 const KEPT_CACHES: usize = 2;
 
+/// Texts from this size up are searched at most one per core at a time.
+/// Such a search can hold several MiB of state while it runs (a pattern that
+/// defeats the lazy DFA), and only requests whose line is larger still carry
+/// such texts: they run on the blocking pool, where waiting is harmless, and
+/// without this bound as many of them as requests in flight would search at
+/// once. With one per core, no throughput is lost.
+const LARGE_TEXT_BYTES: usize = 256 * 1024;
+
+/// A slot among the large searches running at once (see [`LARGE_TEXT_BYTES`]).
+struct LargeSearch;
+
+impl LargeSearch {
+    fn slots() -> &'static (std::sync::Mutex<usize>, std::sync::Condvar) {
+        static SLOTS: std::sync::OnceLock<(std::sync::Mutex<usize>, std::sync::Condvar)> = std::sync::OnceLock::new();
+        SLOTS.get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+            (std::sync::Mutex::new(cores), std::sync::Condvar::new())
+        })
+    }
+
+    fn acquire() -> LargeSearch {
+        let (free, freed) = Self::slots();
+        let mut free = free.lock().unwrap_or_else(|p| p.into_inner());
+        while *free == 0 {
+            free = freed.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+        *free -= 1;
+        LargeSearch
+    }
+}
+
+impl Drop for LargeSearch {
+    fn drop(&mut self) {
+        let (free, freed) = Self::slots();
+        *free.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        freed.notify_one();
+    }
+}
+
 impl Pattern {
     fn find(&self, hay: &[u8]) -> Option<regex_automata::Match> {
+        let _slot = (hay.len() >= LARGE_TEXT_BYTES).then(LargeSearch::acquire);
         let kept = self.kept.lock().ok().and_then(|mut k| k.pop());
         let mut cache = kept.unwrap_or_else(|| self.regex.create_cache());
         let found = self.regex.search_with(&mut cache, &regex_automata::Input::new(hay));
