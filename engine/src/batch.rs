@@ -744,11 +744,14 @@ async fn guarded_verdicts(
     let jobs: Vec<(usize, Arc<CompiledAssertion>)> = plan
         .iter()
         .enumerate()
+        // Schema patterns go to the regex threads only from the blocking pool,
+        // whose threads are as many as requests in flight; the async workers
+        // are as many as the cores, so their regex caches are bounded already.
         .filter(|(_, p)| {
             if guarded {
                 p.compiled.scan_weight() > 0
             } else {
-                p.compiled.needs_regex_thread()
+                p.compiled.needs_regex_thread() && crate::lane::on_pool()
             }
         })
         .map(|(i, p)| (i, p.compiled.clone()))

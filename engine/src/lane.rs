@@ -13,9 +13,35 @@
 //!
 //! Lines too large to parse quickly start on the pool (see `server`).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+thread_local! {
+    static ON_POOL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is a blocking-pool thread running request work. The
+/// async workers are as many as the cores; the pool's threads are as many as
+/// requests in flight, which matters for state kept per thread (see
+/// `watchdog`, schema patterns).
+pub fn on_pool() -> bool {
+    ON_POOL.get()
+}
+
+/// Runs `f` as request work on a blocking-pool thread.
+pub fn pool_work<T>(f: impl FnOnce() -> T) -> T {
+    struct Unmark;
+    impl Drop for Unmark {
+        fn drop(&mut self) {
+            ON_POOL.set(false);
+        }
+    }
+    ON_POOL.set(true);
+    let _unmark = Unmark;
+    f()
+}
 
 /// One line's place: the slot it holds and whether it may block its thread.
 pub struct Lane {
@@ -83,7 +109,7 @@ impl Lane {
         }
         self.enter_pool().await;
         let runtime = tokio::runtime::Handle::current();
-        match tokio::task::spawn_blocking(move || runtime.block_on(work)).await {
+        match tokio::task::spawn_blocking(move || pool_work(|| runtime.block_on(work))).await {
             Ok(value) => value,
             Err(e) => match e.try_into_panic() {
                 Ok(panic) => std::panic::resume_unwind(panic),

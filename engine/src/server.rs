@@ -167,7 +167,7 @@ async fn respond(
         lane.enter_pool().await;
         let runtime = tokio::runtime::Handle::current();
         let blocking = tokio::task::spawn_blocking(move || {
-            let reply = runtime.block_on(handle_line(&engine, &line, seq, &mut lane));
+            let reply = crate::lane::pool_work(|| runtime.block_on(handle_line(&engine, &line, seq, &mut lane)));
             (reply, lane)
         });
         match blocking.await {

@@ -13,8 +13,10 @@
 //! - **Schema patterns.** A compiled regex keeps a search cache for every
 //!   thread that has used it, for as long as the regex lives. `jsonschema`
 //!   owns the regexes of schema `pattern`s, so the only way to bound those
-//!   caches is to bound the threads: schema validations with patterns always
-//!   run here, on at most [`THREADS`] threads for the life of the process.
+//!   caches is to bound the threads. The async workers are as many as the
+//!   cores; the blocking pool's threads are as many as requests in flight, so
+//!   schema validations with patterns from the pool run here, on at most
+//!   [`THREADS`] threads for the life of the process.
 //!   (The engine's own `regex_match` keeps one cache per regex instead; see
 //!   `layers::content`.)
 //!

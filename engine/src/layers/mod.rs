@@ -260,8 +260,8 @@ impl CompiledAssertion {
         }
     }
 
-    /// Whether evaluating this check must happen on a regex thread: schema
-    /// validations with patterns, whose regex caches are bounded by the
+    /// Whether evaluating this check must not happen on any thread that asks:
+    /// schema validations with patterns, whose regex caches grow with the
     /// threads that use them (see `watchdog`).
     pub fn needs_regex_thread(&self) -> bool {
         matches!(&self.check, Check::Schema(c) if c.has_patterns())
