@@ -104,7 +104,9 @@ pub fn path_at(text: &str, offset: usize, root: &str) -> String {
                 None => {}
             },
             b'"' => {
-                let (s, next) = read_string(bytes, i + 1, end);
+                // Read to the closing quote even past `end`: an error inside a
+                // key (a lone surrogate) must still name the whole key.
+                let (s, next) = read_string(bytes, i + 1, bytes.len());
                 if expect_key {
                     if let Some(Frame::Object(key)) = stack.last_mut() {
                         *key = Some(s);
@@ -261,6 +263,11 @@ mod tests {
         let u = describe(r#"{"a":{"b":[1,2,{"c":"\ud800"}]}}"#).unwrap();
         assert_eq!(u.field, "spec.a.b[2].c");
         assert!(u.message.contains("surrogate"), "{}", u.message);
+        // An invalid escape inside a key names the whole key.
+        let text = r#"{"output":{"ab\udfffcd":1}}"#;
+        let e = serde_json::from_str::<serde_json::Value>(text).unwrap_err();
+        let u = unrepresentable(text, &e, "trace").unwrap();
+        assert_eq!(u.field, r#"trace.output["ab\\udfffcd"]"#);
     }
 
     #[test]
