@@ -358,28 +358,25 @@ pub fn parse_request(text: &str) -> Result<Request<'_>, Rejected> {
         }
         Some(m) => match serde_json::from_str::<String>(m.get()) {
             Ok(name) => Method::parse(&name).ok_or(name),
-            // A string serde cannot represent (a lone surrogate escape).
-            Err(_) if m.get().starts_with('"') => {
-                return Err(reject(
-                    answer_id(),
-                    "invalid request: method is not a valid string",
-                    format!(
-                        "Got method = {}: it holds an escape that is not a Unicode character (a lone surrogate such as \\ud800). Set \"method\" to one of: {}.",
-                        crate::text::clip(m.get(), 64),
-                        method_list()
-                    ),
-                ))
-            }
             Err(_) => {
+                // A string serde cannot represent holds a lone surrogate escape.
+                let (message, why) = if m.get().starts_with('"') {
+                    (
+                        "invalid request: method is not a valid string",
+                        ": it holds an escape that is not a Unicode character (a lone surrogate such as \\ud800)",
+                    )
+                } else {
+                    ("invalid request: method must be a string", "")
+                };
                 return Err(reject(
                     answer_id(),
-                    "invalid request: method must be a string",
+                    message,
                     format!(
-                        "Got method = {}. Set \"method\" to one of: {}.",
+                        "Got method = {}{why}. Set \"method\" to one of: {}.",
                         crate::text::clip(m.get(), 64),
                         method_list()
                     ),
-                ))
+                ));
             }
         },
     };
