@@ -9,6 +9,7 @@
 //!   than a silently wrong answer.
 
 use crate::config::Config;
+use crate::errors::{spec_error, trace_error};
 use crate::history::{dynamic_status, DriftReport, DriftStatus, Fingerprint, Row, Rows};
 use crate::lane::Lane;
 use crate::layers::{AssertionType, Check, CompiledAssertion, SpecError, Status, Verdict};
@@ -399,7 +400,7 @@ pub async fn evaluate(
         )
         .with_field("params.trace")
     })?;
-    let parsed = parse_trace(trace_raw, &engine.limits)?;
+    let parsed = parse_trace(trace_raw, &engine.limits).map_err(trace_error)?;
     for w in &parsed.warnings {
         tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
     }
@@ -493,7 +494,7 @@ impl Suite {
             )
             .with_field("trace")
         })?;
-        let parsed = parse_trace(trace_raw, &engine.limits)?;
+        let parsed = parse_trace(trace_raw, &engine.limits).map_err(trace_error)?;
         for w in &parsed.warnings {
             tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
         }
@@ -1108,7 +1109,7 @@ fn unusable_params(text: &str, e: &serde_json::Error, max_depth: usize) -> RpcEr
             message: u.message.replacen("params.trace", "trace", 1),
             field: in_trace.to_owned(),
         };
-        crate::trace::validate::unrepresentable_trace(text, u, max_depth).into()
+        trace_error(crate::trace::validate::unrepresentable_trace(text, u, max_depth))
     } else if u.field.starts_with("params.assertions") {
         assertion_error(u.message, plain, u.field)
     } else {
@@ -1193,7 +1194,7 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
             }
         }
         let spec_text = w.spec.map_or("null", |s| s.get());
-        let compiled = compile(engine, kind, spec_text).map_err(|e| crate::errors::spec_error(e, i, id, kind))?;
+        let compiled = compile(engine, kind, spec_text).map_err(|e| spec_error(e, i, id, kind))?;
         planned.push(Planned {
             id: id.to_owned(),
             request_id: w.request_id.as_deref().map(str::to_owned),

@@ -11,10 +11,8 @@ use crate::text::quote;
 use crate::trace::validate::TraceError;
 
 /// A refused trace is `1001` (`INVALID_TRACE`), naming the member at fault.
-impl From<TraceError> for RpcError {
-    fn from(e: TraceError) -> RpcError {
-        RpcError::new(ErrorCode::InvalidTrace, e.message, e.detail).with_field(e.field)
-    }
+pub fn trace_error(e: TraceError) -> RpcError {
+    RpcError::new(ErrorCode::InvalidTrace, e.message, e.detail).with_field(e.field)
 }
 
 /// An assertion whose spec does not compile is `1002`, naming the
@@ -35,7 +33,7 @@ mod tests {
 
     #[test]
     fn a_trace_error_is_1001_with_its_field() {
-        let e = RpcError::from(TraceError {
+        let e = trace_error(TraceError {
             field: "trace.steps[0].type".into(),
             message: "unknown step type".into(),
             detail: "Use llm_call, tool_call, retrieval or agent_call.".into(),

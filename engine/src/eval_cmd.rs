@@ -136,7 +136,7 @@ fn trace_problem(engine: &Engine, trace_text: &str) -> Option<RpcError> {
             )
         }
     };
-    crate::trace::parse_trace(raw, &engine.limits).err().map(RpcError::from)
+    crate::trace::parse_trace(raw, &engine.limits).err().map(crate::errors::trace_error)
 }
 
 fn read_assertions(path: &Path) -> Result<Vec<Value>> {

@@ -10,10 +10,13 @@
 //!   for malformed params, bounded NDJSON framing on stdin/stdout.
 //! - [`server`]: the request loop, concurrency, back-pressure and draining.
 //! - [`session`]: session state, `initialize`, `shutdown`, counters.
-//! - [`trace`]: the trace model and its validation (spec §7).
+//! - [`trace`], [`watchdog`]: the trace model and its validation (Attest
+//!   protocol v1 §7) and the regex threads, from the `attest-core` crate,
+//!   which also holds the native layers.
 //! - [`target`], [`text`]: the target/field grammar and bounded quoting, from
 //!   the `attest-trace` crate the plugin SDK uses too.
-//! - [`layers`]: one module per assertion layer.
+//! - [`layers`]: the compiled assertion over the core's native layers and
+//!   the engine's own (embedding, llm_judge, plugin).
 //! - [`batch`]: `evaluate_batch` orchestration and the idempotency cache.
 //! - [`plugin_results`]: `submit_plugin_result` validation and recording.
 //! - [`plugins`]: the WebAssembly plugin host (layer 8) and its sandbox.
@@ -41,12 +44,14 @@ pub mod server;
 pub mod session;
 pub mod simulation;
 pub mod store;
+/// The trace model and its validation, from `attest-core`.
+pub use attest_core::trace;
+/// The regex threads, from `attest-core`.
+pub use attest_core::watchdog;
 /// The target/field grammar shared with the plugin SDK (`attest-trace`).
 pub use attest_trace::target;
 /// Bounded quoting and number formatting, shared with the plugin SDK.
 pub use attest_trace::text;
-pub mod trace;
-pub mod watchdog;
 
 /// The engine's semver, reported by `initialize` and `--version`.
 pub const ENGINE_VERSION: &str = env!("CARGO_PKG_VERSION");

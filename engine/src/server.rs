@@ -13,6 +13,7 @@
 //!   get none; a JSON array is a JSON-RPC batch answered by one array line.
 
 use crate::batch;
+use crate::errors::trace_error;
 use crate::lane::Lane;
 use crate::plugin_results::{self, Accepted};
 use crate::protocol::{self, error_line, method_list, null_id, parse_request, success_line, ErrorCode, Method, Request, RpcError};
@@ -529,9 +530,11 @@ fn validate_trace_tree(engine: &Engine, params: Option<&RawValue>) -> Result<cra
         .transpose()
         .map_err(
             |e| match crate::json_errors::unrepresentable(params.map_or("", |p| p.get()), &e, "params") {
-                Some(u) if u.field.starts_with("params.trace") => {
-                    crate::trace::validate::unrepresentable_trace(params.map_or("", |p| p.get()), u, engine.limits.max_depth).into()
-                }
+                Some(u) if u.field.starts_with("params.trace") => trace_error(crate::trace::validate::unrepresentable_trace(
+                    params.map_or("", |p| p.get()),
+                    u,
+                    engine.limits.max_depth,
+                )),
                 Some(u) => RpcError::new(ErrorCode::InvalidTrace, u.message, shape).with_field(u.field),
                 None => RpcError::new(ErrorCode::InvalidTrace, "validate_trace_tree params could not be read", shape).with_field("params"),
             },
@@ -551,7 +554,7 @@ fn validate_trace_tree(engine: &Engine, params: Option<&RawValue>) -> Result<cra
         max_depth: usize::MAX,
         ..engine.limits.clone()
     };
-    let parsed = crate::trace::validate::parse_trace_levels(trace, &limits)?;
+    let parsed = crate::trace::validate::parse_trace_levels(trace, &limits).map_err(trace_error)?;
     let mut summary = crate::trace::tree::summary(&parsed.trace);
     if summary.depth > engine.limits.max_depth {
         summary.errors.insert(

@@ -15,6 +15,7 @@
 //! - `samples: N` asks N times and uses the median, reporting the spread.
 
 use super::paid::{target_text, threshold};
+pub use super::{BiasProbe, JudgeMetadata};
 use super::{Evidence, Spec, SpecError, Verdict};
 use crate::providers::cache::{self, CachedVerdict};
 use crate::providers::config::MAX_SAMPLES;
@@ -22,7 +23,6 @@ use crate::providers::{Chat, Judge, ProviderError, Providers};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::{clip, num, quote};
 use crate::trace::Trace;
-use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -607,33 +607,6 @@ impl Probe {
     pub fn parse(name: &str) -> Option<Probe> {
         PROBES.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
     }
-}
-
-/// One bias probe's outcome: `delta` is the probed score minus the unprobed one.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BiasProbe {
-    pub name: &'static str,
-    pub score: f64,
-    pub delta: f64,
-}
-
-/// The audit trail of one judgement (the result's `judge_metadata`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct JudgeMetadata {
-    pub model: String,
-    pub rubric_name: String,
-    pub rubric_version: String,
-    pub prompt_hash: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub sample_scores: Vec<f64>,
-    pub score_mean: f64,
-    pub score_stddev: f64,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub high_variance: bool,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub bias_probes: Vec<BiasProbe>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub calibration: Option<attest_calibration::JudgeAgreement>,
 }
 
 /// A judgement with its cost and audit trail.

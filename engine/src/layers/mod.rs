@@ -1,201 +1,30 @@
-//! Assertion layers: compiling a spec once into a typed check, and running
-//! that check against a trace.
+//! Assertion layers as the engine runs them: the core's native layers
+//! (`attest-core`: schema, constraint, trace, content, trace tree) beside the
+//! layers that need the engine's backends, the model providers (embedding,
+//! llm_judge) and the plugin host (plugin).
 //!
-//! Each layer lives in its own module and exposes `compile(&Spec)` and
-//! `evaluate(&Trace) -> Verdict`. This module owns the list of assertion
-//! types, the capability each needs, and how a verdict becomes a status.
+//! This module owns [`CompiledAssertion`]: a spec compiled once into its
+//! typed [`Check`], with the properties every layer shares (`soft`,
+//! `threshold: "dynamic"`, the spec's identity across runs).
 
-pub mod constraint;
-pub mod content;
+pub use attest_core::layers::{
+    constraint, content, paid, schema, spec, trace, trace_tree, AssertionType, BiasProbe, Evidence, JudgeMetadata, NativeCheck, Spec,
+    SpecError, Status, Verdict,
+};
 pub mod embedding;
 pub mod llm_judge;
-pub mod paid;
 pub mod plugin;
-pub mod schema;
-pub mod spec;
-pub mod trace;
-pub mod trace_tree;
 
 use crate::plugins::PluginHost;
 use crate::providers::{ProviderError, Providers};
 use crate::trace::Trace;
 use serde_json::Value;
-pub use spec::{Spec, SpecError};
-
-/// Every assertion type the protocol names, built or not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AssertionType {
-    Schema,
-    Constraint,
-    Trace,
-    Content,
-    Embedding,
-    LlmJudge,
-    TraceTree,
-    Plugin,
-}
-
-impl AssertionType {
-    pub const ALL: [AssertionType; 8] = [
-        AssertionType::Schema,
-        AssertionType::Constraint,
-        AssertionType::Trace,
-        AssertionType::Content,
-        AssertionType::Embedding,
-        AssertionType::LlmJudge,
-        AssertionType::TraceTree,
-        AssertionType::Plugin,
-    ];
-
-    pub fn parse(s: &str) -> Option<AssertionType> {
-        AssertionType::ALL.into_iter().find(|t| t.name() == s)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AssertionType::Schema => "schema",
-            AssertionType::Constraint => "constraint",
-            AssertionType::Trace => "trace",
-            AssertionType::Content => "content",
-            AssertionType::Embedding => "embedding",
-            AssertionType::LlmJudge => "llm_judge",
-            AssertionType::TraceTree => "trace_tree",
-            AssertionType::Plugin => "plugin",
-        }
-    }
-
-    /// Layer number (the protocol's layer table; `plugin` is layer 8).
-    pub fn layer(self) -> u8 {
-        match self {
-            AssertionType::Schema => 1,
-            AssertionType::Constraint => 2,
-            AssertionType::Trace => 3,
-            AssertionType::Content => 4,
-            AssertionType::Embedding => 5,
-            AssertionType::LlmJudge => 6,
-            AssertionType::TraceTree => 7,
-            AssertionType::Plugin => 8,
-        }
-    }
-
-    /// Whether the layer calls a model provider (and may cost money).
-    pub fn is_paid(self) -> bool {
-        matches!(self, AssertionType::Embedding | AssertionType::LlmJudge)
-    }
-
-    /// Every type's name, for `detail` texts. All are evaluated; layers 5
-    /// and 6 without a provider fail with `2001`, which says how to add one.
-    pub fn names() -> String {
-        AssertionType::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
-    }
-}
-
-/// The three outcomes of spec §2.2 (shared with continuous evaluation).
-pub use attest_trace::Status;
-
-/// What a check concluded, before `soft` is applied.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    pub passed: bool,
-    pub score: f64,
-    pub explanation: String,
-    /// Failures that `soft: true` may not soften (`forbidden`).
-    pub always_hard: bool,
-    /// What the check wanted and found, built only where it helps (failures,
-    /// paid layers): passes on the hot path allocate nothing for it.
-    pub evidence: Option<Box<Evidence>>,
-}
-
-/// The concrete evidence behind a verdict, carried into the result's
-/// `expected`, `actual`, `trace_node_path` and `suggested_action` fields.
-/// Every string is clipped by the batch before it is sent.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Evidence {
-    pub expected: Option<String>,
-    pub actual: Option<String>,
-    /// Where in the trace the evidence sits (a target path, or an agent path
-    /// such as `root > researcher > steps[2]`).
-    pub path: Option<String>,
-    /// One concrete sentence about what to change.
-    pub hint: Option<String>,
-    /// The judge's audit trail (layer 6 only).
-    pub judge: Option<Box<llm_judge::JudgeMetadata>>,
-}
-
-impl Evidence {
-    pub fn new(expected: impl Into<String>, actual: impl Into<String>) -> Evidence {
-        Evidence {
-            expected: Some(expected.into()),
-            actual: Some(actual.into()),
-            ..Evidence::default()
-        }
-    }
-
-    pub fn at(mut self, path: impl Into<String>) -> Evidence {
-        self.path = Some(path.into());
-        self
-    }
-
-    pub fn hint(mut self, hint: impl Into<String>) -> Evidence {
-        self.hint = Some(hint.into());
-        self
-    }
-}
-
-impl Verdict {
-    pub fn pass(explanation: String) -> Verdict {
-        Verdict {
-            passed: true,
-            score: 1.0,
-            explanation,
-            always_hard: false,
-            evidence: None,
-        }
-    }
-
-    pub fn fail(explanation: String) -> Verdict {
-        Verdict {
-            passed: false,
-            score: 0.0,
-            explanation,
-            always_hard: false,
-            evidence: None,
-        }
-    }
-
-    /// Attaches evidence (replacing any earlier).
-    pub fn with(mut self, evidence: Evidence) -> Verdict {
-        self.evidence = Some(Box::new(evidence));
-        self
-    }
-
-    /// Attaches evidence built by `f`, only when the check failed.
-    pub fn on_failure(self, f: impl FnOnce() -> Evidence) -> Verdict {
-        if self.passed || self.evidence.is_some() {
-            self
-        } else {
-            let e = f();
-            self.with(e)
-        }
-    }
-
-    pub fn from_bool(passed: bool, explanation: String) -> Verdict {
-        if passed {
-            Verdict::pass(explanation)
-        } else {
-            Verdict::fail(explanation)
-        }
-    }
-}
 
 /// A spec compiled into its typed check.
 #[derive(Debug)]
 pub enum Check {
-    Schema(schema::SchemaCheck),
-    Constraint(constraint::ConstraintCheck),
-    Trace(trace::TraceCheck),
-    Content(content::ContentCheck),
-    TraceTree(trace_tree::TraceTreeCheck),
+    /// Layers 1-4 and 7, evaluated by the core.
+    Native(NativeCheck),
     /// Answered by a WebAssembly plugin; run per batch by [`crate::batch`].
     Plugin(plugin::PluginCheck),
     /// Answered by a provider, asynchronously; see [`CompiledAssertion::evaluate_paid`].
@@ -219,15 +48,14 @@ impl CompiledAssertion {
     /// Compiles `spec` for an assertion of type `kind` (an available type).
     pub fn compile(kind: AssertionType, spec: Option<&Value>, plugins: &PluginHost) -> Result<CompiledAssertion, SpecError> {
         let reader = Spec::new(spec, kind.name())?;
-        let check = match kind {
-            AssertionType::Schema => Check::Schema(schema::SchemaCheck::compile(&reader)?),
-            AssertionType::Constraint => Check::Constraint(constraint::ConstraintCheck::compile(&reader)?),
-            AssertionType::Trace => Check::Trace(trace::TraceCheck::compile(&reader)?),
-            AssertionType::Content => Check::Content(content::ContentCheck::compile(&reader)?),
-            AssertionType::TraceTree => Check::TraceTree(trace_tree::TraceTreeCheck::compile(&reader)?),
-            AssertionType::Plugin => Check::Plugin(plugin::PluginCheck::compile(&reader, plugins)?),
-            AssertionType::Embedding => Check::Embedding(embedding::EmbeddingCheck::compile(&reader)?),
-            AssertionType::LlmJudge => Check::LlmJudge(llm_judge::JudgeCheck::compile(&reader)?),
+        let check = match NativeCheck::compile(kind, &reader) {
+            Some(native) => Check::Native(native?),
+            None => match kind {
+                AssertionType::Plugin => Check::Plugin(plugin::PluginCheck::compile(&reader, plugins)?),
+                AssertionType::Embedding => Check::Embedding(embedding::EmbeddingCheck::compile(&reader)?),
+                // The one type left: every other is native.
+                _ => Check::LlmJudge(llm_judge::JudgeCheck::compile(&reader)?),
+            },
         };
         let dynamic = match reader.raw("threshold") {
             Some(Value::String(s)) if s == "dynamic" => true,
@@ -254,8 +82,7 @@ impl CompiledAssertion {
     /// it bounds the check's running time.
     pub fn scan_weight(&self) -> usize {
         match &self.check {
-            Check::Content(c) => c.scan_weight(),
-            Check::Schema(c) => c.scan_weight(),
+            Check::Native(c) => c.scan_weight(),
             _ => 0,
         }
     }
@@ -264,15 +91,14 @@ impl CompiledAssertion {
     /// schema validations with patterns, whose regex caches grow with the
     /// threads that use them (see `watchdog`).
     pub fn needs_regex_thread(&self) -> bool {
-        matches!(&self.check, Check::Schema(c) if c.has_patterns())
+        matches!(&self.check, Check::Native(c) if c.needs_regex_thread())
     }
 
     /// Estimated memory this compiled assertion holds, for cache accounting.
     pub fn memory_bytes(&self) -> usize {
         const BASE: usize = 512;
         BASE + match &self.check {
-            Check::Content(c) => c.memory_bytes(),
-            Check::Schema(c) => c.memory_bytes(),
+            Check::Native(c) => c.memory_bytes(),
             _ => 0,
         }
     }
@@ -281,11 +107,7 @@ impl CompiledAssertion {
     /// (see [`crate::batch`]) and classified with [`CompiledAssertion::classify`].
     pub fn evaluate(&self, trace: &Trace) -> (Status, Verdict) {
         let verdict = match &self.check {
-            Check::Schema(c) => c.evaluate(trace),
-            Check::Constraint(c) => c.evaluate(trace),
-            Check::Trace(c) => c.evaluate(trace),
-            Check::Content(c) => c.evaluate(trace),
-            Check::TraceTree(c) => c.evaluate(trace),
+            Check::Native(c) => c.evaluate(trace),
             Check::Plugin(c) => unreachable!("plugin {} checks are evaluated per batch", c.plugin.id),
             Check::Embedding(_) | Check::LlmJudge(_) => unreachable!("paid checks are evaluated with evaluate_paid"),
         };

@@ -1,0 +1,279 @@
+//! Assertion layers: compiling a spec once into a typed check, and running
+//! that check against a trace.
+//!
+//! Each layer lives in its own module and exposes `compile(&Spec)` and
+//! `evaluate(&Trace) -> Verdict`. This module owns the list of assertion
+//! types, verdicts and their evidence, and [`NativeCheck`]: the layers
+//! evaluated here, without a sandbox or a model provider. Layers 5, 6 and 8
+//! are compiled and run by the engine, which wraps a [`NativeCheck`] beside
+//! its own checks.
+
+pub mod constraint;
+pub mod content;
+pub mod paid;
+pub mod schema;
+pub mod spec;
+pub mod trace;
+pub mod trace_tree;
+
+use crate::trace::Trace;
+use serde::Serialize;
+pub use spec::{Spec, SpecError};
+
+/// Every assertion type the protocol names, built or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AssertionType {
+    Schema,
+    Constraint,
+    Trace,
+    Content,
+    Embedding,
+    LlmJudge,
+    TraceTree,
+    Plugin,
+}
+
+impl AssertionType {
+    pub const ALL: [AssertionType; 8] = [
+        AssertionType::Schema,
+        AssertionType::Constraint,
+        AssertionType::Trace,
+        AssertionType::Content,
+        AssertionType::Embedding,
+        AssertionType::LlmJudge,
+        AssertionType::TraceTree,
+        AssertionType::Plugin,
+    ];
+
+    pub fn parse(s: &str) -> Option<AssertionType> {
+        AssertionType::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AssertionType::Schema => "schema",
+            AssertionType::Constraint => "constraint",
+            AssertionType::Trace => "trace",
+            AssertionType::Content => "content",
+            AssertionType::Embedding => "embedding",
+            AssertionType::LlmJudge => "llm_judge",
+            AssertionType::TraceTree => "trace_tree",
+            AssertionType::Plugin => "plugin",
+        }
+    }
+
+    /// Layer number (the protocol's layer table; `plugin` is layer 8).
+    pub fn layer(self) -> u8 {
+        match self {
+            AssertionType::Schema => 1,
+            AssertionType::Constraint => 2,
+            AssertionType::Trace => 3,
+            AssertionType::Content => 4,
+            AssertionType::Embedding => 5,
+            AssertionType::LlmJudge => 6,
+            AssertionType::TraceTree => 7,
+            AssertionType::Plugin => 8,
+        }
+    }
+
+    /// Whether the layer calls a model provider (and may cost money).
+    pub fn is_paid(self) -> bool {
+        matches!(self, AssertionType::Embedding | AssertionType::LlmJudge)
+    }
+
+    /// Every type's name, for `detail` texts. All are evaluated; layers 5
+    /// and 6 without a provider fail with `2001`, which says how to add one.
+    pub fn names() -> String {
+        AssertionType::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// The three outcomes of spec §2.2 (shared with continuous evaluation).
+pub use attest_trace::Status;
+
+/// What a check concluded, before `soft` is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub passed: bool,
+    pub score: f64,
+    pub explanation: String,
+    /// Failures that `soft: true` may not soften (`forbidden`).
+    pub always_hard: bool,
+    /// What the check wanted and found, built only where it helps (failures,
+    /// paid layers): passes on the hot path allocate nothing for it.
+    pub evidence: Option<Box<Evidence>>,
+}
+
+/// The concrete evidence behind a verdict, carried into the result's
+/// `expected`, `actual`, `trace_node_path` and `suggested_action` fields.
+/// Every string is clipped by the batch before it is sent.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Evidence {
+    pub expected: Option<String>,
+    pub actual: Option<String>,
+    /// Where in the trace the evidence sits (a target path, or an agent path
+    /// such as `root > researcher > steps[2]`).
+    pub path: Option<String>,
+    /// One concrete sentence about what to change.
+    pub hint: Option<String>,
+    /// The judge's audit trail (layer 6 only).
+    pub judge: Option<Box<JudgeMetadata>>,
+}
+
+impl Evidence {
+    pub fn new(expected: impl Into<String>, actual: impl Into<String>) -> Evidence {
+        Evidence {
+            expected: Some(expected.into()),
+            actual: Some(actual.into()),
+            ..Evidence::default()
+        }
+    }
+
+    pub fn at(mut self, path: impl Into<String>) -> Evidence {
+        self.path = Some(path.into());
+        self
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> Evidence {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+impl Verdict {
+    pub fn pass(explanation: String) -> Verdict {
+        Verdict {
+            passed: true,
+            score: 1.0,
+            explanation,
+            always_hard: false,
+            evidence: None,
+        }
+    }
+
+    pub fn fail(explanation: String) -> Verdict {
+        Verdict {
+            passed: false,
+            score: 0.0,
+            explanation,
+            always_hard: false,
+            evidence: None,
+        }
+    }
+
+    /// Attaches evidence (replacing any earlier).
+    pub fn with(mut self, evidence: Evidence) -> Verdict {
+        self.evidence = Some(Box::new(evidence));
+        self
+    }
+
+    /// Attaches evidence built by `f`, only when the check failed.
+    pub fn on_failure(self, f: impl FnOnce() -> Evidence) -> Verdict {
+        if self.passed || self.evidence.is_some() {
+            self
+        } else {
+            let e = f();
+            self.with(e)
+        }
+    }
+
+    pub fn from_bool(passed: bool, explanation: String) -> Verdict {
+        if passed {
+            Verdict::pass(explanation)
+        } else {
+            Verdict::fail(explanation)
+        }
+    }
+}
+
+/// One bias probe's outcome: `delta` is the probed score minus the unprobed one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BiasProbe {
+    pub name: &'static str,
+    pub score: f64,
+    pub delta: f64,
+}
+
+/// The audit trail of one judgement (layer 6; the result's `judge_metadata`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JudgeMetadata {
+    pub model: String,
+    pub rubric_name: String,
+    pub rubric_version: String,
+    pub prompt_hash: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sample_scores: Vec<f64>,
+    pub score_mean: f64,
+    pub score_stddev: f64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub high_variance: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bias_probes: Vec<BiasProbe>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<attest_calibration::JudgeAgreement>,
+}
+
+/// A check of a layer evaluated natively: schema (1), constraint (2),
+/// trace (3), content (4) and trace tree (7). Free, synchronous and
+/// deterministic: the same trace always gets the same verdict.
+#[derive(Debug)]
+pub enum NativeCheck {
+    Schema(schema::SchemaCheck),
+    Constraint(constraint::ConstraintCheck),
+    Trace(trace::TraceCheck),
+    Content(content::ContentCheck),
+    TraceTree(trace_tree::TraceTreeCheck),
+}
+
+impl NativeCheck {
+    /// Compiles `spec` for a native assertion type; `None` for the types
+    /// evaluated outside the core (embedding, llm_judge, plugin).
+    pub fn compile(kind: AssertionType, spec: &Spec<'_>) -> Option<Result<NativeCheck, SpecError>> {
+        Some(match kind {
+            AssertionType::Schema => schema::SchemaCheck::compile(spec).map(NativeCheck::Schema),
+            AssertionType::Constraint => constraint::ConstraintCheck::compile(spec).map(NativeCheck::Constraint),
+            AssertionType::Trace => trace::TraceCheck::compile(spec).map(NativeCheck::Trace),
+            AssertionType::Content => content::ContentCheck::compile(spec).map(NativeCheck::Content),
+            AssertionType::TraceTree => trace_tree::TraceTreeCheck::compile(spec).map(NativeCheck::TraceTree),
+            AssertionType::Embedding | AssertionType::LlmJudge | AssertionType::Plugin => return None,
+        })
+    }
+
+    pub fn evaluate(&self, trace: &Trace) -> Verdict {
+        match self {
+            NativeCheck::Schema(c) => c.evaluate(trace),
+            NativeCheck::Constraint(c) => c.evaluate(trace),
+            NativeCheck::Trace(c) => c.evaluate(trace),
+            NativeCheck::Content(c) => c.evaluate(trace),
+            NativeCheck::TraceTree(c) => c.evaluate(trace),
+        }
+    }
+
+    /// Bytes of compiled regex program a scan of the target may walk per
+    /// byte of text (0 for checks without patterns). With the trace's size
+    /// it bounds the check's running time.
+    pub fn scan_weight(&self) -> usize {
+        match self {
+            NativeCheck::Content(c) => c.scan_weight(),
+            NativeCheck::Schema(c) => c.scan_weight(),
+            _ => 0,
+        }
+    }
+
+    /// Whether evaluating this check must not happen on any thread that asks:
+    /// schema validations with patterns, whose regex caches grow with the
+    /// threads that use them (see [`crate::watchdog`]).
+    pub fn needs_regex_thread(&self) -> bool {
+        matches!(self, NativeCheck::Schema(c) if c.has_patterns())
+    }
+
+    /// Estimated memory the compiled check holds beyond its own struct
+    /// (compiled patterns and schemas), for cache accounting.
+    pub fn memory_bytes(&self) -> usize {
+        match self {
+            NativeCheck::Content(c) => c.memory_bytes(),
+            NativeCheck::Schema(c) => c.memory_bytes(),
+            _ => 0,
+        }
+    }
+}
