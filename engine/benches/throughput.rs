@@ -1,5 +1,5 @@
 //! Throughput benchmark: a generated workload of `evaluate_batch` requests,
-//! each carrying the refund trace of spec §2.2 with 8 mixed layer 1–4
+//! each carrying the refund trace of Attest protocol v1 §2.2 with 8 mixed layer 1–4
 //! assertions, piped through the real `attest-engine` binary.
 //!
 //! The same workload is piped through a "floor" process that only parses each
@@ -226,7 +226,7 @@ fn workload(n: usize) -> Vec<String> {
     out
 }
 
-/// The refund trace of spec §2.2 and 8 mixed layer 1–4 assertions, shared
+/// The refund trace of Attest protocol v1 §2.2 and 8 mixed layer 1–4 assertions, shared
 /// with `scripts/bench_collect.py`.
 const WORKLOAD: &str = include_str!("refund_workload.json");
 

@@ -1,10 +1,10 @@
-//! `evaluate_batch` (spec §2.2): validate the trace, compile every assertion,
+//! `evaluate_batch` (Attest protocol v1 §2.2): validate the trace, compile every assertion,
 //! evaluate them in request order, and shape results that fit one response line.
 //!
 //! Two bounded caches make repeated work cheap:
 //! - compiled assertions, keyed by type and the spec's exact text, so a
 //!   suite sending the same assertions for every trace compiles each once;
-//! - results by `request_id` (spec §2.2 idempotency). Reusing a `request_id`
+//! - results by `request_id` (Attest protocol v1 §2.2 idempotency). Reusing a `request_id`
 //!   for a different assertion (other type or spec) is a `1002` error rather
 //!   than a silently wrong answer.
 

@@ -19,7 +19,7 @@ pub struct Config {
     pub eval_timeout: Duration,
     /// Requests evaluated at once; also advertised by `initialize`.
     pub max_concurrent_requests: usize,
-    /// Reject unknown step types (spec §7 strict mode).
+    /// Reject unknown step types (Attest protocol v1 §7 strict mode).
     pub strict_step_types: bool,
     /// Entries kept for `request_id` idempotency.
     pub idempotency_cache_entries: usize,

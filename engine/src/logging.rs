@@ -1,4 +1,4 @@
-//! Structured JSON log lines on stderr (spec §1.3), written so that logging
+//! Structured JSON log lines on stderr (Attest protocol v1 §1.3), written so that logging
 //! can never stall evaluation.
 //!
 //! Events are formatted on the calling thread and handed to a bounded queue;
@@ -182,7 +182,7 @@ fn format_line(level: &str, logger: &str, msg: &str, fields: Map<String, Value>)
     line
 }
 
-/// RFC 3339 UTC with milliseconds, as in spec §1.3.
+/// RFC 3339 UTC with milliseconds, as in Attest protocol v1 §1.3.
 fn timestamp() -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     let t = time::OffsetDateTime::from_unix_timestamp(now.as_secs() as i64).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);

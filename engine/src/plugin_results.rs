@@ -1,4 +1,4 @@
-//! `submit_plugin_result`: results an SDK computed itself (spec §2.4),
+//! `submit_plugin_result`: results an SDK computed itself (Attest protocol v1 §2.4),
 //! validated and recorded against their trace.
 //!
 //! Records are kept in memory, newest last, up to a configured number and

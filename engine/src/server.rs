@@ -516,7 +516,7 @@ async fn dispatch(
 
 /// `validate_trace_tree`: the tree's integrity, depth, agents and aggregates,
 /// without assertions. Problems between levels (links, duplicate ids, depth)
-/// are reported in `errors`; a level that breaks spec §7 is a 1001.
+/// are reported in `errors`; a level that breaks Attest protocol v1 §7 is a 1001.
 fn validate_trace_tree(engine: &Engine, params: Option<&RawValue>) -> Result<crate::trace::tree::TreeSummary, RpcError> {
     #[derive(serde::Deserialize)]
     struct Params<'a> {

@@ -1,5 +1,5 @@
-//! The trace model plugins see: a typed mirror of the engine's
-//! (`engine/src/trace/mod.rs`, spec §3).
+//! The trace model plugins see: the same members as the engine's eager
+//! `attest_trace::Trace` (Attest protocol v1 §3), decoded lazily.
 //!
 //! The engine hands a plugin the trace's JSON text exactly as it received it,
 //! after validating it, so decoding here is lenient in the same places the

@@ -998,7 +998,7 @@ fn submit_plugin_result_is_accepted() {
     let resp = engine.request(&plugin_request(json!(10)));
     assert_eq!(resp["id"], json!(10));
     assert_eq!(expect_result(&resp), json!({"accepted": true}));
-    // Unknown fields are ignored (spec §6), metadata is optional.
+    // Unknown fields are ignored (Attest protocol v1 §6), metadata is optional.
     let mut req = plugin_request(json!(11));
     req["params"]["result"].as_object_mut().unwrap().remove("metadata");
     req["params"]["future_field"] = json!({"x": 1});

@@ -281,7 +281,7 @@ fn validate_trace_tree_reports_structure_and_every_problem() {
     assert_eq!((r["valid"].clone(), r["depth"].clone()), (json!(false), json!(6)), "{r}");
     assert_eq!(r["errors"][0], json!("trace nesting depth 6 exceeds maximum 5"));
 
-    // No trace, or a level that breaks spec §7: 1001 naming the field.
+    // No trace, or a level that breaks Attest protocol v1 §7: 1001 naming the field.
     let err = expect_error(&e.request(&rpc(json!(4), "validate_trace_tree", json!({}))), 1001);
     assert_eq!(err["data"]["field"], json!("params.trace"));
     let err = expect_error(

@@ -502,7 +502,7 @@ fn other_field_rules() {
     check_invalid(&resp, "trace must be a JSON object, got an array", "trace");
     let resp = e.request(&rpc(json!(2), "evaluate_batch", json!({"assertions": []})));
     check_invalid(&resp, "evaluate_batch params missing required field: trace", "params.trace");
-    // Unknown top-level and step fields are ignored (spec §6).
+    // Unknown top-level and step fields are ignored (Attest protocol v1 §6).
     t = base();
     t["future_field"] = json!({"x": [1, 2]});
     t["steps"] = json!([{"type": "tool_call", "name": "a", "future": true}]);

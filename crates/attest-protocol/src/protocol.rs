@@ -1,5 +1,5 @@
 //! JSON-RPC 2.0 envelopes: parsing one request object, the error codes of
-//! spec §5 and of JSON-RPC itself, and serialising responses.
+//! Attest protocol v1 §5 and of JSON-RPC itself, and serialising responses.
 //!
 //! Request bodies are kept as borrowed [`RawValue`]s so that a method handler
 //! parses its params exactly once, and so that the wire size of a trace can be
@@ -53,7 +53,7 @@ impl ErrorCode {
         }
     }
 
-    /// The `data.error_type` name (spec §5 table; JSON-RPC names for the rest).
+    /// The `data.error_type` name (Attest protocol v1 §5 table; JSON-RPC names for the rest).
     pub fn error_type(self) -> &'static str {
         match self {
             ErrorCode::ParseError => "PARSE_ERROR",

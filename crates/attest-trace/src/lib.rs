@@ -16,10 +16,12 @@ use serde_json::Value;
 
 pub mod target;
 pub mod text;
+pub mod trace;
 
 pub use target::{Missing, StepView, Target, TargetSyntaxError, TraceView, GRAMMAR_HINT};
+pub use trace::Trace;
 
-/// An assertion's outcome (spec §2.2): the engine's results, and the
+/// An assertion's outcome (Attest protocol v1 §2.2): the engine's results, and the
 /// results continuous evaluation records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -393,7 +393,7 @@ pub fn evaluate_line_raw(id: &str, trace_text: &str, assertions: &Value) -> Stri
     )
 }
 
-/// A `submit_plugin_result` request (spec §2.4 example).
+/// A `submit_plugin_result` request (Attest protocol v1 §2.4 example).
 pub fn plugin_request(id: Value) -> Value {
     rpc(
         id,
@@ -414,7 +414,7 @@ pub fn plugin_request(id: Value) -> Value {
 
 // ---------------------------------------------------------------- fixtures
 
-/// The refund trace of spec §2.2.
+/// The refund trace of Attest protocol v1 §2.2.
 pub fn refund_trace() -> Value {
     json!({
         "schema_version": 1,
@@ -459,7 +459,7 @@ pub fn refund_trace() -> Value {
     })
 }
 
-/// The five layer 1-4 assertions of spec §2.2 (all pass on [`refund_trace`]),
+/// The five layer 1-4 assertions of Attest protocol v1 §2.2 (all pass on [`refund_trace`]),
 /// without request ids.
 pub fn refund_assertions() -> Value {
     json!([

@@ -88,7 +88,7 @@ impl AssertionType {
     }
 }
 
-/// The three outcomes of spec §2.2 (shared with continuous evaluation).
+/// The three outcomes of Attest protocol v1 §2.2 (shared with continuous evaluation).
 pub use attest_trace::Status;
 
 /// What a check concluded, before `soft` is applied.

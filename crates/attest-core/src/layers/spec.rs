@@ -1,7 +1,7 @@
 //! Reading assertion specs into typed values, with errors that name the
 //! field and list what would have been valid.
 //!
-//! Specs are forward-compatible (spec §6): unknown keys are ignored, and an
+//! Specs are forward-compatible (Attest protocol v1 §6): unknown keys are ignored, and an
 //! explicit `null` means "not given" (the SDK sends `"model": null`).
 
 use crate::text::{clip, quote};

@@ -1,4 +1,4 @@
-//! Layer 7: multi-agent checks over the whole trace tree (spec §3.3).
+//! Layer 7: multi-agent checks over the whole trace tree (Attest protocol v1 §3.3).
 //!
 //! This module owns the `trace_tree` assertion: the checks SDK 0.9.0 emits,
 //! their spec fields, and their verdicts. The tree itself (walk order, agent

@@ -1,4 +1,4 @@
-//! The multi-agent trace tree (spec §3.3): a root trace plus the sub-traces
+//! The multi-agent trace tree (Attest protocol v1 §3.3): a root trace plus the sub-traces
 //! its `agent_call` steps carry, recursively.
 //!
 //! This module owns the tree's shape and the facts derived from it: the
@@ -108,7 +108,7 @@ impl<'a> Tree<'a> {
         &self.nodes
     }
 
-    /// Deepest sub-trace level (root = 0). Validation bounds it (spec §7).
+    /// Deepest sub-trace level (root = 0). Validation bounds it (Attest protocol v1 §7).
     pub fn depth(&self) -> usize {
         self.nodes.iter().map(|n| n.depth).max().unwrap_or(0)
     }

@@ -1,4 +1,4 @@
-//! Trace validation, exactly spec §7: the same limits, the same messages and
+//! Trace validation, exactly Attest protocol v1 §7: the same limits, the same messages and
 //! the same order, stopping at the first failure:
 //!
 //! 1. top-level JSON parse (the trace must be an object);
@@ -23,11 +23,11 @@ use serde_json::{Map, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-/// The schema versions the engine accepts: current and previous (spec §7 table).
+/// The schema versions the engine accepts: current and previous (Attest protocol v1 §7 table).
 pub const CURRENT_SCHEMA_VERSION: i64 = 1;
 pub const OLDEST_SCHEMA_VERSION: i64 = 0;
 
-/// Size and count limits. The defaults are spec §7's; they are also what
+/// Size and count limits. The defaults are Attest protocol v1 §7's; they are also what
 /// `initialize` advertises.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -36,7 +36,7 @@ pub struct Limits {
     pub max_output_chars: usize,
     pub max_step_result_bytes: usize,
     pub max_depth: usize,
-    /// Reject unknown step types instead of tolerating them (spec §7 "strict mode").
+    /// Reject unknown step types instead of tolerating them (Attest protocol v1 §7 "strict mode").
     pub strict_step_types: bool,
 }
 
