@@ -37,7 +37,8 @@ pub mod lane;
 pub mod layers;
 pub mod logging;
 pub mod plugin_results;
-pub mod plugins;
+/// The WebAssembly plugin host (layer 8), from `attest-plugin-host`.
+pub use attest_plugin_host as plugins;
 pub mod providers;
 pub mod report;
 pub mod server;

@@ -15,6 +15,11 @@ pub mod config;
 pub mod sandbox;
 pub mod since_v0_1_0;
 
+/// The target/field grammar plugin configs use.
+use attest_trace::target;
+/// Bounded quoting for messages.
+use attest_trace::text;
+
 use cache::{ArtefactCache, Source};
 use sandbox::{Answer, ApiVersion, PluginError, Prepared, Sandbox, Status, SUPPORTED_API_VERSIONS};
 use serde::Serialize;
@@ -501,7 +506,7 @@ impl Plugin {
     /// Checks an assertion's `config` against the plugin's schema; lists up to 3 problems.
     pub fn check_config(&self, config: &Value) -> Result<(), String> {
         let errors: Vec<_> = self.validator.iter_errors(config).collect();
-        let errors = crate::layers::schema::describe_errors(&errors);
+        let errors = attest_core::layers::schema::describe_errors(&errors);
         if errors.is_empty() {
             Ok(())
         } else {

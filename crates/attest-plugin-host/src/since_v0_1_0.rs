@@ -15,7 +15,7 @@ use wasmtime::component::{ComponentExportIndex, ComponentType, HasSelf, Instance
 use wasmtime::Store;
 
 wasmtime::component::bindgen!({
-    path: "../wit/since_v0.1.0",
+    path: "../../wit/since_v0.1.0",
     world: "assertion-plugin",
 });
 
@@ -163,7 +163,7 @@ mod tests {
 
     #[test]
     fn the_released_contract_is_unchanged() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/since_v0.1.0");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../wit/since_v0.1.0");
         let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
             .map(|e| {

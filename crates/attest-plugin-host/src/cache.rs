@@ -58,7 +58,7 @@ impl ArtefactCache {
     fn path_for(&self, engine: &Engine, source: &SourceHash) -> Option<PathBuf> {
         let dir = self.dir.as_ref()?;
         let mut h = Xxh3::new();
-        h.update(crate::ENGINE_VERSION.as_bytes());
+        h.update(env!("CARGO_PKG_VERSION").as_bytes());
         h.update(&[0]);
         // wasmtime's own notion of "artefacts from this engine and configuration".
         let mut compat = std::collections::hash_map::DefaultHasher::new();
