@@ -6,6 +6,7 @@
 
 use crate::logging::Level;
 use crate::plugins::PluginSpec;
+use crate::providers::config::parse_duration;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -444,17 +445,6 @@ fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::
         }
     }
     Ok(l)
-}
-
-/// `30s`, `1500ms`, `2m`, or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-    }
-    humantime::parse_duration(s).with_context(|| format!("'{s}' is not a duration; use e.g. 30s, 1500ms, 2m or a number of seconds"))
 }
 
 fn parse_bool(s: &str) -> Result<bool> {

@@ -32,19 +32,21 @@ pub mod config;
 pub mod ecp_host;
 pub mod errors;
 pub mod eval_cmd;
-pub mod history;
+/// The result history, from `attest-history`.
+pub use attest_history as history;
 pub mod lane;
 pub mod layers;
 pub mod logging;
 pub mod plugin_results;
+pub mod query_drift;
 /// The WebAssembly plugin host (layer 8), from `attest-plugin-host`.
 pub use attest_plugin_host as plugins;
-pub mod providers;
+/// The model providers of layers 5 and 6, from `attest-providers`.
+pub use attest_providers as providers;
 pub mod report;
 pub mod server;
 pub mod session;
 pub mod simulation;
-pub mod store;
 /// The trace model and its validation, from `attest-core`.
 pub use attest_core::trace;
 /// The regex threads, from `attest-core`.

@@ -477,7 +477,7 @@ async fn dispatch(
         Method::ListPlugins => to_raw(&engine.plugins.listing(budget)),
         Method::ValidateTraceTree => to_raw(&validate_trace_tree(engine, params)?),
         Method::QueryDrift => {
-            let (subject, window) = crate::history::parse_query(params)?;
+            let (subject, window) = crate::query_drift::parse_query(params)?;
             if engine.history.is_none() {
                 // A backend this engine was not given: configuration, not a fault.
                 return Err(RpcError::new(

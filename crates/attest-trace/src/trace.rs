@@ -105,4 +105,3 @@ impl crate::TraceView for Trace {
         &self.steps
     }
 }
-

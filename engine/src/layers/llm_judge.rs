@@ -15,7 +15,7 @@
 //! - `samples: N` asks N times and uses the median, reporting the spread.
 
 use super::paid::{target_text, threshold};
-pub use super::{BiasProbe, JudgeMetadata};
+pub use super::{BiasProbe, JudgeMetadata, Probe, PROBES};
 use super::{Evidence, Spec, SpecError, Verdict};
 use crate::providers::cache::{self, CachedVerdict};
 use crate::providers::config::MAX_SAMPLES;
@@ -577,37 +577,6 @@ pub const VERBOSITY_FILLER: &str = "To restate the above in other words: the ans
 pub const RUBRIC_VERSION: &str = "2026-11.1";
 /// `rubric_version` of custom prompts (the prompt hash tells them apart).
 pub const CUSTOM_PROMPT_VERSION: &str = "custom";
-
-/// A judge bias probe (README, Bias probes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Probe {
-    /// The unprobed judgement.
-    None,
-    Verbosity,
-    Position,
-    SelfPreference,
-}
-
-pub const PROBES: &[(&str, Probe)] = &[
-    ("verbosity", Probe::Verbosity),
-    ("position", Probe::Position),
-    ("self_preference", Probe::SelfPreference),
-];
-
-impl Probe {
-    pub fn name(self) -> &'static str {
-        match self {
-            Probe::None => "",
-            Probe::Verbosity => "verbosity",
-            Probe::Position => "position",
-            Probe::SelfPreference => "self_preference",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Probe> {
-        PROBES.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
-    }
-}
 
 /// A judgement with its cost and audit trail.
 pub struct Judged {

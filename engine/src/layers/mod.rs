@@ -8,8 +8,8 @@
 //! `threshold: "dynamic"`, the spec's identity across runs).
 
 pub use attest_core::layers::{
-    constraint, content, paid, schema, spec, trace, trace_tree, AssertionType, BiasProbe, Evidence, JudgeMetadata, NativeCheck, Spec,
-    SpecError, Status, Verdict,
+    constraint, content, paid, schema, spec, trace, trace_tree, AssertionType, BiasProbe, Evidence, JudgeMetadata, NativeCheck, Probe,
+    Spec, SpecError, Status, Verdict, PROBES,
 };
 pub mod embedding;
 pub mod llm_judge;

@@ -10,6 +10,7 @@
 
 pub mod constraint;
 pub mod content;
+pub mod judged;
 pub mod paid;
 pub mod schema;
 pub mod spec;
@@ -17,7 +18,7 @@ pub mod trace;
 pub mod trace_tree;
 
 use crate::trace::Trace;
-use serde::Serialize;
+pub use judged::{BiasProbe, JudgeMetadata, Probe, PROBES};
 pub use spec::{Spec, SpecError};
 
 /// Every assertion type the protocol names, built or not.
@@ -184,33 +185,6 @@ impl Verdict {
             Verdict::fail(explanation)
         }
     }
-}
-
-/// One bias probe's outcome: `delta` is the probed score minus the unprobed one.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BiasProbe {
-    pub name: &'static str,
-    pub score: f64,
-    pub delta: f64,
-}
-
-/// The audit trail of one judgement (layer 6; the result's `judge_metadata`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct JudgeMetadata {
-    pub model: String,
-    pub rubric_name: String,
-    pub rubric_version: String,
-    pub prompt_hash: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub sample_scores: Vec<f64>,
-    pub score_mean: f64,
-    pub score_stddev: f64,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub high_variance: bool,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub bias_probes: Vec<BiasProbe>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub calibration: Option<attest_calibration::JudgeAgreement>,
 }
 
 /// A check of a layer evaluated natively: schema (1), constraint (2),

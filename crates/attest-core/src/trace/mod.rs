@@ -10,12 +10,12 @@ pub mod validate;
 
 pub use validate::{parse_trace, Limits};
 
-/// A step's `type`. Unknown types are kept (lax mode) and skipped by
-/// type-specific checks, as Attest protocol v1 §6 asks.
-pub use attest_trace::StepType;
 /// The eager trace model and its steps, shared with the plugin SDK's
 /// vocabulary (`attest-trace`).
 pub use attest_trace::trace::{Step, Trace};
+/// A step's `type`. Unknown types are kept (lax mode) and skipped by
+/// type-specific checks, as Attest protocol v1 §6 asks.
+pub use attest_trace::StepType;
 
 #[cfg(test)]
 mod tests {

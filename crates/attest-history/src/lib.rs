@@ -157,7 +157,7 @@ pub struct Row {
     /// hashing happens off the hot path.
     pub spec: SpecDigest,
     pub assertion_type: &'static str,
-    pub status: crate::layers::Status,
+    pub status: attest_trace::Status,
     pub score: f64,
 }
 
@@ -252,8 +252,8 @@ pub const BAND_SOFT: f64 = 0.5;
 /// Judges `score` for an assertion with `threshold: "dynamic"`.
 /// `history`: its earlier scores, newest first (`None`: history is off).
 /// Returns the status and a sentence saying which rule applied.
-pub fn dynamic_status(score: f64, history: Option<&[f64]>, min_samples: usize, soft: bool) -> (crate::layers::Status, String) {
-    use crate::layers::Status;
+pub fn dynamic_status(score: f64, history: Option<&[f64]>, min_samples: usize, soft: bool) -> (attest_trace::Status, String) {
+    use attest_trace::Status;
     match history {
         Some(scores) if scores.len() >= min_samples => {
             let (mean, stddev) = mean_stddev(scores);
@@ -290,71 +290,6 @@ pub fn dynamic_status(score: f64, history: Option<&[f64]>, min_samples: usize, s
             );
             (status, why)
         }
-    }
-}
-
-/// Largest `window_size` `query_drift` accepts.
-pub const MAX_WINDOW: u64 = 10_000;
-const DEFAULT_WINDOW: u64 = 50;
-const QUERY_SHAPE: &str =
-    "Send {\"assertion_id\": str} or {\"fingerprint\": str (32 hex digits, from an earlier report)}, with an optional \"window_size\": 1-10000 (default 50).";
-
-/// Reads `query_drift` params into what to look up and the window size.
-pub fn parse_query(params: Option<&serde_json::value::RawValue>) -> Result<(Subject, u64), crate::protocol::RpcError> {
-    use crate::protocol::{ErrorCode, RpcError};
-    use serde_json::Value;
-    let bad = |field: &str, message: String| {
-        let path = if field.is_empty() {
-            "params".to_owned()
-        } else {
-            format!("params.{field}")
-        };
-        RpcError::new(ErrorCode::AssertionError, message, QUERY_SHAPE).with_field(path)
-    };
-    let map = crate::params::object(crate::protocol::Method::QueryDrift, params)?;
-    let window = match map.get("window_size") {
-        None | Some(Value::Null) => DEFAULT_WINDOW,
-        Some(v) => match v.as_u64() {
-            Some(n) if (1..=MAX_WINDOW).contains(&n) => n,
-            // The SDK documents 0 as "the default".
-            Some(0) => DEFAULT_WINDOW,
-            _ => {
-                return Err(bad(
-                    "window_size",
-                    format!(
-                        "query_drift window_size must be a whole number from 1 to {MAX_WINDOW}, got {}",
-                        crate::layers::spec::type_name(v)
-                    ),
-                ))
-            }
-        },
-    };
-    let text = |key: &str| match map.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.len() > crate::batch::MAX_ASSERTION_ID_BYTES => Err(bad(
-            key,
-            format!(
-                "query_drift {key} exceeds maximum length: {} > {} bytes",
-                s.len(),
-                crate::batch::MAX_ASSERTION_ID_BYTES
-            ),
-        )),
-        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
-        Some(_) => Err(bad(key, format!("query_drift {key} must be a non-empty string"))),
-    };
-    match (text("fingerprint")?, text("assertion_id")?) {
-        (Some(f), _) => match Fingerprint::parse(&f) {
-            Some(fp) => Ok((Subject::Fingerprint(fp), window)),
-            None => Err(bad(
-                "fingerprint",
-                format!("query_drift fingerprint {} is not 32 hex digits", crate::text::quote(&f)),
-            )),
-        },
-        (None, Some(id)) => Ok((Subject::AssertionId(id), window)),
-        (None, None) => Err(bad(
-            "assertion_id",
-            "query_drift missing required field: assertion_id (or fingerprint)".into(),
-        )),
     }
 }
 
@@ -531,7 +466,7 @@ mod tests {
 
     #[test]
     fn dynamic_threshold_uses_the_static_band_until_enough_history() {
-        use crate::layers::Status;
+        use attest_trace::Status;
         let few = [0.9; 9];
         assert_eq!(dynamic_status(0.85, Some(&few), 10, false).0, Status::Pass);
         assert_eq!(dynamic_status(0.6, Some(&few), 10, false).0, Status::SoftFail);

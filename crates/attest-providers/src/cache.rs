@@ -98,7 +98,7 @@ impl ProviderCache {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let conn = crate::store::open_shared(path)?;
+        let conn = attest_store::open_shared(path)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS embeddings (
                 key BLOB PRIMARY KEY, model TEXT NOT NULL, vector BLOB NOT NULL,

@@ -3,7 +3,6 @@
 //! Environment wins over the file.
 
 use super::{JudgeKind, Price};
-use crate::config::parse_duration;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -79,7 +78,7 @@ pub struct ProvidersConfig {
     /// `samples` when a judge assertion does not say.
     pub judge_samples: u32,
     /// Bias probes for judge assertions that name none (`[judge] bias_probes`).
-    pub judge_bias_probes: Vec<crate::layers::llm_judge::Probe>,
+    pub judge_bias_probes: Vec<attest_core::layers::Probe>,
     /// Provider HTTP calls in flight at once, across all requests.
     pub max_concurrency: usize,
     /// Provider calls started per second (`None`: unpaced).
@@ -243,7 +242,7 @@ impl ProvidersConfig {
         };
         let mut judge_bias_probes = Vec::new();
         for name in &probe_names {
-            let Some(p) = crate::layers::llm_judge::Probe::parse(name) else {
+            let Some(p) = attest_core::layers::Probe::parse(name) else {
                 bail!(
                     "unknown judge bias probe '{}' (ATTEST_JUDGE_BIAS_PROBES or [judge] bias_probes); use any of verbosity, position, self_preference",
                     crate::text::clip(name, 60)
@@ -314,6 +313,17 @@ fn check_url(url: &str, what: &str) -> Result<String> {
         bail!("{what} '{url}' must be an http or https URL");
     }
     Ok(url.trim_end_matches('/').to_owned())
+}
+
+/// `30s`, `1500ms`, `2m`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+    }
+    humantime::parse_duration(s).with_context(|| format!("'{s}' is not a duration; use e.g. 30s, 1500ms, 2m or a number of seconds"))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 //! of each, which is what keeps recording every result close to free.
 
 use super::{now_ms, DriftReport, Fingerprint, HistoryConfig, Msg, Query, Row, Rows, Shared, SpecDigest, Subject};
-use crate::layers::Status;
+use attest_trace::Status;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use std::collections::HashMap;
 use std::path::Path;
@@ -80,7 +80,7 @@ const TABLES: &str = "
 
 /// Opens the file, creating or migrating its tables.
 pub(super) fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
-    let mut conn = crate::store::open_shared(path)?;
+    let mut conn = attest_store::open_shared(path)?;
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if version == SCHEMA_VERSION {
         return Ok(conn);
@@ -766,7 +766,7 @@ mod tests {
                     assertion_id: id.into(),
                     spec,
                     assertion_type: "content",
-                    status: crate::layers::Status::Pass,
+                    status: attest_trace::Status::Pass,
                     score,
                 })
                 .collect(),

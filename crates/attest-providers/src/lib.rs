@@ -18,6 +18,9 @@ pub mod http;
 pub mod local;
 pub mod openai;
 
+/// Bounded quoting for messages.
+use attest_trace::text;
+
 use cache::{Key, ProviderCache};
 use config::{EmbeddingSource, ProvidersConfig};
 use http::HttpClient;
@@ -136,7 +139,7 @@ pub struct Providers {
     prices: HashMap<String, Price>,
     pub short_circuit: bool,
     pub judge_samples: u32,
-    pub judge_bias_probes: Vec<crate::layers::llm_judge::Probe>,
+    pub judge_bias_probes: Vec<attest_core::layers::Probe>,
 }
 
 impl Providers {
@@ -208,10 +211,10 @@ impl Providers {
 
     /// Why an assertion of layer 5 (`embedding`) or 6 (`llm_judge`) cannot
     /// run on this engine, if it cannot: no provider is configured for it.
-    pub fn missing_for(&self, kind: crate::layers::AssertionType) -> Option<ProviderError> {
+    pub fn missing_for(&self, kind: attest_core::layers::AssertionType) -> Option<ProviderError> {
         match kind {
-            crate::layers::AssertionType::LlmJudge => self.judge().err(),
-            crate::layers::AssertionType::Embedding => self.embedder.as_ref().err().map(|why| ProviderError::Unavailable {
+            attest_core::layers::AssertionType::LlmJudge => self.judge().err(),
+            attest_core::layers::AssertionType::Embedding => self.embedder.as_ref().err().map(|why| ProviderError::Unavailable {
                 message: format!("no embedding provider is available: {why}"),
                 detail: EMBEDDING_SETUP.into(),
             }),
