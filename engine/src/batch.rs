@@ -1,27 +1,28 @@
-//! `evaluate_batch` (Attest protocol v1 §2.2): validate the trace, compile every assertion,
-//! evaluate them in request order, and shape results that fit one response line.
+//! `evaluate_batch` (Attest protocol v1 §2.2) around the core's evaluator:
+//! read the params, validate the trace, compile every assertion (through a
+//! bounded cache keyed by type and the spec's exact text, so a suite sending
+//! the same assertions for every trace compiles each once), have the
+//! evaluator run them, shape results that fit one response line, and hand
+//! the evaluation to the sinks (`sinks.rs`: the `request_id` cache, history,
+//! session log, spending).
 //!
-//! Two bounded caches make repeated work cheap:
-//! - compiled assertions, keyed by type and the spec's exact text, so a
-//!   suite sending the same assertions for every trace compiles each once;
-//! - results by `request_id` (Attest protocol v1 §2.2 idempotency). Reusing a `request_id`
-//!   for a different assertion (other type or spec) is a `1002` error rather
-//!   than a silently wrong answer.
+//! [`Suite`] is the same path without the wire, for `eval`, the collector
+//! and the ECP runtime.
 
 use crate::config::Config;
-use crate::errors::{spec_error, trace_error};
-use crate::history::{dynamic_status, DriftReport, DriftStatus, Fingerprint, Row, Rows};
+use crate::errors::{eval_error, request_id_reused, spec_error, trace_error};
+use crate::evaluator::{self, EvalError, Outcome};
 use crate::lane::Lane;
-use crate::layers::{AssertionType, Check, CompiledAssertion, SpecError, Status, Verdict};
+use crate::layers::{AssertionType, CompiledAssertion, SpecError, Status};
 use crate::params::Object;
-use crate::plugins::{Outcome, Plugin};
 use crate::protocol::{ErrorCode, RpcError};
 use crate::providers::ProviderError;
-use crate::report::{LoggedBatch, ReportedResult};
 use crate::session::Engine;
+use crate::sinks::Evaluation;
 use crate::text::{clip_in_place, quote};
 use crate::trace::parse_trace;
 use crate::trace::Trace;
+use attest_core::backends::ScoreHistory;
 use quick_cache::sync::Cache;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -31,16 +32,19 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+/// Largest plugin `details` kept in a result, serialised.
+pub use crate::evaluator::MAX_DETAILS_BYTES;
 /// Longest accepted `assertion_id`, in bytes.
 pub const MAX_ASSERTION_ID_BYTES: usize = 256;
 /// Spec texts longer than this are compiled every time instead of cached.
 const MAX_CACHED_SPEC_BYTES: usize = 64 * 1024;
 
+/// The compiled-assertion cache: a suite sending the same assertions for
+/// every trace compiles each once.
 pub struct BatchCaches {
     compiled: Cache<SpecKey, Arc<CompiledAssertion>, CompiledWeight>,
-    by_request_id: Cache<String, Arc<CachedResult>, ResultWeight>,
 }
 
 /// Weighs compiled assertions by their estimated memory, and at least an
@@ -53,27 +57,6 @@ struct CompiledWeight {
 impl quick_cache::Weighter<SpecKey, Arc<CompiledAssertion>> for CompiledWeight {
     fn weight(&self, key: &SpecKey, value: &Arc<CompiledAssertion>) -> u64 {
         ((key.text.len() + value.memory_bytes()) as u64).max(self.floor)
-    }
-}
-
-/// Weighs cached results by the bytes they hold.
-#[derive(Clone)]
-struct ResultWeight {
-    floor: u64,
-}
-
-impl quick_cache::Weighter<String, Arc<CachedResult>> for ResultWeight {
-    fn weight(&self, key: &String, value: &Arc<CachedResult>) -> u64 {
-        let r = &value.result;
-        let details = r.details.as_ref().map_or(0, |_| MAX_DETAILS_BYTES);
-        let bytes = 160
-            + key.len()
-            + r.assertion_id.len()
-            + r.explanation.len()
-            + r.request_id.as_ref().map_or(0, |s| s.len())
-            + details
-            + r.evidence.len();
-        (bytes as u64).max(self.floor)
     }
 }
 
@@ -97,15 +80,9 @@ impl quick_cache::Equivalent<SpecKey> for SpecKeyRef<'_> {
     }
 }
 
-struct CachedResult {
-    fingerprint: u64,
-    result: AssertionResult,
-}
-
 impl BatchCaches {
     pub fn new(config: &Config) -> BatchCaches {
         let compiled_entries = config.compiled_cache_entries.max(1);
-        let results = config.idempotency_cache_entries.max(1);
         BatchCaches {
             compiled: Cache::with_weighter(
                 compiled_entries,
@@ -114,19 +91,7 @@ impl BatchCaches {
                     floor: config.compiled_cache_bytes / compiled_entries as u64,
                 },
             ),
-            by_request_id: Cache::with_weighter(
-                results,
-                config.idempotency_cache_bytes,
-                ResultWeight {
-                    floor: config.idempotency_cache_bytes / results as u64,
-                },
-            ),
         }
-    }
-
-    /// Forgets every `request_id` (the `eval` command treats each trace as its own run).
-    pub fn forget_request_ids(&self) {
-        self.by_request_id.clear();
     }
 }
 
@@ -202,7 +167,7 @@ impl ResultEvidence {
     }
 
     /// Characters held, for cache weights.
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         [&self.trace_node_path, &self.expected, &self.actual, &self.suggested_action]
             .iter()
             .map(|s| s.as_ref().map_or(0, |s| s.len()))
@@ -295,80 +260,39 @@ impl<'a> LooseEnvelope<'a> {
     }
 }
 
-/// One assertion of the request, checked and compiled.
+/// One assertion of the request, checked and compiled: the evaluator's
+/// view of it, and what its idempotency key covers.
 struct Planned<'a> {
-    id: String,
+    assertion: evaluator::Planned,
     request_id: Option<String>,
-    kind: AssertionType,
     spec_text: Cow<'a, str>,
-    compiled: Arc<CompiledAssertion>,
+}
+
+impl std::ops::Deref for Planned<'_> {
+    type Target = evaluator::Planned;
+    fn deref(&self) -> &evaluator::Planned {
+        &self.assertion
+    }
+}
+
+impl std::borrow::Borrow<evaluator::Planned> for Planned<'_> {
+    fn borrow(&self) -> &evaluator::Planned {
+        &self.assertion
+    }
 }
 
 impl Planned<'_> {
-    /// Whether evaluating this assertion may hold its thread: a plugin call
-    /// (up to the eval timeout), or a history read for a dynamic threshold.
-    fn may_block(&self) -> bool {
-        self.kind == AssertionType::Plugin || self.compiled.dynamic
-    }
-
     fn into_owned(self) -> Planned<'static> {
         Planned {
             spec_text: Cow::Owned(self.spec_text.into_owned()),
-            ..self
+            assertion: self.assertion,
+            request_id: self.request_id,
         }
     }
 }
 
 fn assertion_error(message: String, detail: impl Into<String>, field: String) -> RpcError {
     RpcError::new(ErrorCode::AssertionError, message, detail).with_field(field)
-}
-
-/// How one assertion of the batch stands while the batch is evaluated.
-enum Progress {
-    /// Answered from the `request_id` cache.
-    Cached(AssertionResult),
-    /// Waiting for its provider (layers 5 and 6).
-    Pending,
-    Done(Evaluated),
-}
-
-struct Evaluated {
-    status: Status,
-    verdict: Verdict,
-    details: Option<Value>,
-    duration_ms: u64,
-    cost: f64,
-    /// Not run (short-circuit): no history, no dynamic threshold.
-    skipped: bool,
-    /// `threshold: "dynamic"` has been applied (or did not apply).
-    settled: bool,
-    /// What the status was judged against (paid and dynamic assertions).
-    threshold_source: Option<String>,
-}
-
-impl Evaluated {
-    /// Applies the assertion's dynamic threshold, once: free layers are
-    /// settled before paid ones are planned, so short-circuiting sees the
-    /// status the result will carry.
-    fn settle(&mut self, engine: &Engine, p: &Planned<'_>, agent_id: Option<&str>, alerts: &mut Vec<DriftReport>) {
-        if self.settled {
-            return;
-        }
-        self.settled = true;
-        if p.kind.is_paid() && !self.skipped {
-            self.threshold_source = Some("static".to_owned());
-        }
-        // Faults and `forbidden` stay hard: history must not excuse them.
-        if p.compiled.dynamic && !self.verdict.always_hard && !self.skipped {
-            let fp = Fingerprint::new(&p.compiled.spec_digest, agent_id);
-            let (status, why, alert, source) = dynamic(engine, fp, &p.id, self.verdict.score, p.compiled.soft);
-            self.status = status;
-            self.verdict.explanation.push(' ');
-            self.verdict.explanation.push_str(&why);
-            alerts.extend(alert);
-            self.threshold_source = Some(source);
-        }
-    }
 }
 
 /// Evaluates one `evaluate_batch` request. `deadline` bounds the work (3002).
@@ -411,7 +335,7 @@ pub async fn evaluate(
         started,
         effects: Effects::All,
     };
-    if lane.may_block() || !plan.iter().any(Planned::may_block) {
+    if lane.may_block() || !plan.iter().any(|p| p.may_block()) {
         return run(engine, trace_raw, parsed.trace, &plan, how).await;
     }
     // The move costs a copy of the trace text and of each spec's text; the
@@ -527,7 +451,9 @@ pub enum Effects {
     ResultsOnly,
 }
 
-/// Evaluates a checked plan on a validated trace.
+/// Evaluates a checked plan on a validated trace: answers what the
+/// `request_id` cache holds, has the core's evaluator run the rest, shapes
+/// the results, and has the sinks record them.
 async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planned<'_>], how: Run) -> Result<BatchResult, RpcError> {
     let Run {
         deadline,
@@ -551,236 +477,68 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
 
     // Only hashed when some assertion carries a request_id.
     let trace_digest = plan.iter().any(|p| p.request_id.is_some()).then(|| digest(trace_raw.get()));
-    let mut plugin_outcomes = run_plugins(trace_raw.get(), plan);
-    let mut guarded = guarded_verdicts(engine, plan, &trace, trace_raw.get().len(), deadline).await?;
-    let mut outcomes = Vec::with_capacity(plan.len());
-    for (done, p) in plan.iter().enumerate() {
-        if Instant::now() > deadline {
-            return Err(timeout(engine.config.eval_timeout, done, plan.len()));
-        }
-        if let Some(hit) = p.request_id.as_deref().and_then(|rid| engine.caches.by_request_id.get(rid)) {
-            if hit.fingerprint != fingerprint(p.kind, &p.spec_text, trace_digest) {
-                return Err(RpcError::new(
-                    ErrorCode::AssertionError,
-                    format!(
-                        "assertion {}: request_id {} was already used for a different request",
-                        quote(&p.id),
-                        quote(p.request_id.as_deref().unwrap_or_default())
-                    ),
-                    "A request_id is an idempotency key: resend it only with the same type, spec and trace. Use a fresh request_id for a new evaluation.",
-                )
-                .with_assertion(&p.id)
-                .with_field("request_id"));
+    let cached = engine
+        .sinks
+        .answered(
+            plan.iter().map(|p| (p.id.as_str(), p.request_id.as_deref(), p.kind, &*p.spec_text)),
+            trace_digest,
+        )
+        .map_err(request_id_reused)?;
+    let known: Vec<Option<Status>> = cached.iter().map(|c| c.as_ref().map(|r| r.status)).collect();
+    let cx = evaluator::Context {
+        deadline,
+        history: engine.sinks.history.as_ref().map(|h| h as &dyn ScoreHistory),
+        dynamic_window: engine.config.dynamic_window as u64,
+        dynamic_min_samples: engine.config.dynamic_min_samples,
+        short_circuit: engine.providers.short_circuit,
+        budget: engine.config.budget_usd.map(|b| (b, engine.sinks.cost_spent())),
+    };
+    let evaluation = evaluator::evaluate(plan, trace_raw.get(), trace.clone(), &known, &cx)
+        .await
+        .map_err(|e| {
+            // What the providers that did answer cost is spent all the same.
+            if let EvalError::Provider { cost, .. } = &e {
+                engine.sinks.add_cost(*cost);
             }
-            outcomes.push(Progress::Cached(AssertionResult {
-                assertion_id: p.id.clone(),
-                duration_ms: 0,
-                cached: true,
-                ..hit.result.clone()
-            }));
-            continue;
-        }
-        if p.kind.is_paid() {
-            outcomes.push(Progress::Pending);
-            continue;
-        }
-        let t0 = Instant::now();
-        let (status, verdict, details, plugin_ms) = match plugin_outcomes[done].take() {
-            Some((outcome, ms)) => {
-                let verdict = Verdict {
-                    passed: outcome.passed,
-                    score: outcome.score,
-                    explanation: outcome.explanation,
-                    always_hard: outcome.always_hard,
-                    evidence: plugin_evidence(outcome.details.as_ref()),
-                };
-                let (status, verdict) = p.compiled.classify(verdict);
-                (status, verdict, bounded_details(outcome.details), ms)
-            }
-            None => {
-                let (status, verdict) = match guarded.as_mut().and_then(|g| g[done].take()) {
-                    Some(done) => done,
-                    None => p.compiled.evaluate(&trace),
-                };
-                (status, verdict, None, 0)
-            }
-        };
-        outcomes.push(Progress::Done(Evaluated {
-            status,
-            verdict,
-            details,
-            duration_ms: t0.elapsed().as_millis() as u64 + plugin_ms,
-            cost: 0.0,
-            skipped: false,
-            settled: false,
-            threshold_source: None,
-        }));
-    }
-    let mut alerts = Vec::new();
-    for (p, outcome) in plan.iter().zip(outcomes.iter_mut()) {
-        if let Progress::Done(e) = outcome {
-            e.settle(engine, p, trace.agent_id.as_deref(), &mut alerts);
-        }
-    }
-    if outcomes.iter().any(|o| matches!(o, Progress::Pending)) {
-        run_paid(engine, plan, &trace, &mut outcomes, deadline).await?;
-    }
+            eval_error(e, |i| (&plan[i].id, plan[i].kind), engine.config.eval_timeout)
+        })?;
 
     let max_chars = engine.config.max_explanation_chars;
-    let mut results = Vec::with_capacity(plan.len());
-    let mut rows = Vec::new();
-    for (p, outcome) in plan.iter().zip(outcomes) {
-        let e = match outcome {
-            Progress::Cached(r) => {
-                results.push(r);
-                continue;
-            }
-            Progress::Done(e) => e,
-            Progress::Pending => unreachable!("run_paid settles every pending assertion"),
-        };
-        let mut e = e;
-        e.settle(engine, p, trace.agent_id.as_deref(), &mut alerts);
-        let (status, threshold_source) = (e.status, e.threshold_source.take());
-        let mut explanation = e.verdict.explanation;
-        clip_in_place(&mut explanation, max_chars);
-        if engine.history.is_some() && !e.skipped && effects == Effects::All {
-            rows.push(Row {
-                assertion_id: p.id.clone(),
-                spec: p.compiled.spec_digest,
-                assertion_type: p.kind.name(),
-                status,
-                score: e.verdict.score,
-            });
-        }
-        let result = AssertionResult {
-            assertion_id: p.id.clone(),
-            status,
-            // Scores are in [0, 1] whatever a plugin or provider returned.
-            score: if e.verdict.score.is_nan() {
-                0.0
-            } else {
-                e.verdict.score.clamp(0.0, 1.0)
+    let results: Vec<AssertionResult> = plan
+        .iter()
+        .zip(cached)
+        .zip(&evaluation.outcomes)
+        .map(|((p, cached), outcome)| match (cached, outcome) {
+            (Some(r), _) => r,
+            (None, Some(o)) => AssertionResult {
+                request_id: p.request_id.clone(),
+                ..AssertionResult::new(p, o.clone(), max_chars)
             },
-            explanation,
-            cost: e.cost,
-            duration_ms: e.duration_ms,
-            request_id: p.request_id.clone(),
-            cached: false,
-            details: e.details,
-            layer: p.kind.layer(),
-            kind: Some(p.kind.name()),
-            threshold_source,
-            evidence: ResultEvidence::from_verdict(e.verdict.evidence),
-        };
-        if let Some(rid) = &p.request_id {
-            engine.caches.by_request_id.insert(
-                rid.clone(),
-                Arc::new(CachedResult {
-                    fingerprint: fingerprint(p.kind, &p.spec_text, trace_digest),
-                    result: result.clone(),
-                }),
-            );
-        }
-        results.push(result);
-    }
-    if effects == Effects::All {
-        engine.count_evaluated(results.len() as u64);
-    }
-    if let Some(history) = engine.history.as_ref().filter(|_| effects == Effects::All) {
-        history.record(Rows {
-            keyed: false,
-            trace_id: trace.trace_id.clone(),
-            agent_id: trace.agent_id.clone(),
-            rows,
-        });
-    }
-    if engine.session_log.enabled() && effects == Effects::All {
-        engine.session_log.record(LoggedBatch {
-            trace_id: trace.trace_id.clone(),
-            agent_id: trace.agent_id.clone(),
-            results: results
+            (None, None) => unreachable!("the evaluator answers every assertion it was given"),
+        })
+        .collect();
+    engine.sinks.record(
+        &Evaluation {
+            trace: &trace,
+            assertions: plan
                 .iter()
-                .zip(plan)
-                .map(|(r, p)| ReportedResult {
-                    assertion_id: r.assertion_id.clone(),
-                    kind: p.kind.name().to_owned(),
-                    layer: p.kind.layer(),
-                    status: r.status,
-                    score: r.score,
-                    explanation: r.explanation.clone(),
-                    cost: r.cost,
-                    duration_ms: r.duration_ms,
-                    source: "batch",
-                    expected: r.evidence.expected.clone(),
-                    actual: r.evidence.actual.clone(),
-                    suggested_action: r.evidence.suggested_action.clone(),
-                })
+                .map(|p| (&p.assertion, p.request_id.as_deref(), &*p.spec_text))
                 .collect(),
-        });
-    }
+            outcomes: &evaluation.outcomes,
+            results: &results,
+            trace_digest,
+        },
+        effects,
+    );
     // Summed from +0.0: an empty f64 sum is -0.0, which would print as such.
     let total_cost = results.iter().fold(0.0, |acc, r| acc + r.cost);
     Ok(BatchResult {
-        alerts,
+        alerts: evaluation.alerts,
         trace_id: trace.trace_id.clone(),
         results,
         total_cost,
         total_duration_ms: started.elapsed().as_millis() as u64,
     })
-}
-
-/// Built-in checks whose regex work on this trace could outlast the
-/// deadline are run ahead as guarded work on the regex threads, and schema
-/// checks with patterns always run there (see `watchdog`); `None` when no
-/// check needs it.
-async fn guarded_verdicts(
-    engine: &Engine,
-    plan: &[Planned<'_>],
-    trace: &Arc<Trace>,
-    trace_bytes: usize,
-    deadline: Instant,
-) -> Result<Option<Vec<Option<(Status, Verdict)>>>, RpcError> {
-    let weight: u64 = plan.iter().map(|p| p.compiled.scan_weight() as u64).sum();
-    let guarded = weight.saturating_mul(trace_bytes as u64) > crate::watchdog::GUARDED_SCAN_COST;
-    let jobs: Vec<(usize, Arc<CompiledAssertion>)> = plan
-        .iter()
-        .enumerate()
-        // Schema patterns go to the regex threads only from the blocking pool,
-        // whose threads are as many as requests in flight; the async workers
-        // are as many as the cores, so their regex caches are bounded already.
-        .filter(|(_, p)| {
-            if guarded {
-                p.compiled.scan_weight() > 0
-            } else {
-                p.compiled.needs_regex_thread() && crate::lane::on_pool()
-            }
-        })
-        .map(|(i, p)| (i, p.compiled.clone()))
-        .collect();
-    if jobs.is_empty() {
-        return Ok(None);
-    }
-    let (n, trace) = (plan.len(), trace.clone());
-    let work = move || {
-        let mut out: Vec<Option<(Status, Verdict)>> = (0..n).map(|_| None).collect();
-        for (i, c) in jobs {
-            out[i] = Some(c.evaluate(&trace));
-        }
-        out
-    };
-    let verdicts = if guarded {
-        crate::watchdog::run(deadline, work).await
-    } else {
-        crate::watchdog::run_short(deadline, work).await
-    };
-    let verdicts = verdicts.map_err(|_| {
-        RpcError::new(
-            ErrorCode::Timeout,
-            format!("evaluation timed out after {}ms", engine.config.eval_timeout.as_millis()),
-            "Regex checks (regex_match, schema pattern) over this trace did not finish before the deadline. Use simpler patterns, target a smaller field than the whole trace, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT).",
-        )
-    })?;
-    Ok(Some(verdicts))
 }
 
 /// A lower bound on the serialised result of `plan`: every result with an
@@ -795,250 +553,6 @@ fn smallest_answer(plan: &[Planned<'_>]) -> usize {
             .iter()
             .map(|p| EMPTY_RESULT_BYTES + p.id.len() + p.request_id.as_ref().map_or(0, |r| r.len()) + 1)
             .sum::<usize>()
-}
-
-/// Settles every pending (paid) assertion: skipped when a layer 1–4
-/// assertion hard-failed and short-circuiting is on, refused when the
-/// session's budget is spent, else asked of its provider, all concurrently.
-async fn run_paid(
-    engine: &Engine,
-    plan: &[Planned<'_>],
-    trace: &Trace,
-    outcomes: &mut [Progress],
-    deadline: Instant,
-) -> Result<(), RpcError> {
-    let pending: Vec<usize> = (0..plan.len()).filter(|i| matches!(outcomes[*i], Progress::Pending)).collect();
-    let providers = &engine.providers;
-    if providers.short_circuit {
-        let failed = plan.iter().zip(outcomes.iter()).find(|(p, o)| {
-            p.kind.layer() <= 4
-                && match o {
-                    Progress::Done(e) => e.status == Status::HardFail,
-                    Progress::Cached(r) => r.status == Status::HardFail,
-                    Progress::Pending => false,
-                }
-        });
-        if let Some((culprit, _)) = failed {
-            for i in pending {
-                outcomes[i] = Progress::Done(Evaluated {
-                    status: Status::HardFail,
-                    verdict: Verdict::fail(format!(
-                        "Skipped: layer {} assertion {} ({}) hard-failed, so this {} assertion was not sent to its provider (cost 0). Set short_circuit = false under [providers] to always run paid layers.",
-                        culprit.kind.layer(),
-                        quote(&culprit.id),
-                        culprit.kind.name(),
-                        plan[i].kind.name()
-                    ))
-                    .with(
-                        crate::layers::Evidence::new(
-                            format!("layers 1-4 pass before {} runs", plan[i].kind.name()),
-                            format!("{} ({}) hard-failed", quote(&culprit.id), culprit.kind.name()),
-                        )
-                        .hint(format!(
-                            "Fix the failure of {} first; this assertion is then sent to its provider on the next run.",
-                            quote(&culprit.id)
-                        )),
-                    ),
-                    details: None,
-                    duration_ms: 0,
-                    cost: 0.0,
-                    skipped: true,
-                    settled: false,
-                    threshold_source: None,
-                });
-            }
-            return Ok(());
-        }
-    }
-    if let Some(budget) = engine.config.budget_usd {
-        let spent = engine.cost_spent();
-        if spent >= budget {
-            let first = &plan[pending[0]];
-            return Err(RpcError::new(
-                ErrorCode::AssertionError,
-                format!(
-                    "assertion {} ({}) refused: the session's cost budget of ${} is spent (${:.6} so far)",
-                    quote(&first.id),
-                    first.kind.name(),
-                    crate::text::num(budget),
-                    spent
-                ),
-                "Paid assertions (embedding, llm_judge) are refused once a session's evaluated cost reaches budget_usd. Raise budget_usd in the config file or start a new engine session; layers 1-4, 7 and 8 still run.",
-            )
-            .with_assertion(&first.id)
-            .with_field(format!("params.assertions[{}]", pending[0])));
-        }
-    }
-    let calls = pending.iter().map(|&i| async move {
-        let t0 = Instant::now();
-        let r = plan[i].compiled.evaluate_paid(trace, providers, deadline.into()).await;
-        (i, r, t0.elapsed().as_millis() as u64)
-    });
-    let answers = tokio::time::timeout_at(deadline.into(), futures_util::future::join_all(calls))
-        .await
-        .map_err(|_| paid_timeout(engine, pending.len()))?;
-    let mut first_error = None;
-    for (i, answer, ms) in answers {
-        match answer {
-            Ok((verdict, cost)) => {
-                engine.add_cost(cost);
-                let (status, verdict) = plan[i].compiled.classify(verdict);
-                outcomes[i] = Progress::Done(Evaluated {
-                    status,
-                    verdict,
-                    details: None,
-                    duration_ms: ms,
-                    cost,
-                    skipped: false,
-                    settled: false,
-                    threshold_source: None,
-                });
-            }
-            Err(e) if first_error.is_none() => first_error = Some((i, e)),
-            Err(_) => {}
-        }
-    }
-    match first_error {
-        None => Ok(()),
-        Some((_, ProviderError::Timeout)) => Err(paid_timeout(engine, pending.len())),
-        Some((i, e)) => Err(provider_error(&plan[i], i, e)),
-    }
-}
-
-fn paid_timeout(engine: &Engine, paid: usize) -> RpcError {
-    RpcError::new(
-        ErrorCode::Timeout,
-        format!("evaluation timed out after {}ms", engine.config.eval_timeout.as_millis()),
-        format!("{paid} LLM-backed assertions (layers 5-6) were still waiting for their provider at the deadline. Reduce the batch size, check the provider's latency, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT)."),
-    )
-}
-
-fn provider_error(p: &Planned<'_>, index: usize, e: ProviderError) -> RpcError {
-    let (message, detail) = match e {
-        ProviderError::Failed { message, attempts } => (
-            format!("{message}{}", if attempts > 1 { format!(" (after {attempts} attempts)") } else { String::new() }),
-            "Wait and retry. The engine retries 429, 5xx, time-outs and connection errors with exponential backoff (up to 3 attempts, honouring Retry-After) before surfacing this error; check the provider's status, URL, model and API key.".to_owned(),
-        ),
-        ProviderError::Unavailable { message, detail } => (message, detail),
-        ProviderError::Timeout => unreachable!("handled by the caller"),
-    };
-    RpcError::new(
-        ErrorCode::ProviderError,
-        format!("assertion {} ({}): {message}", quote(&p.id), p.kind.name()),
-        detail,
-    )
-    .with_assertion(&p.id)
-    .with_field(format!("params.assertions[{index}]"))
-}
-
-/// Judges a score against its history (`threshold: "dynamic"`); a failure
-/// judged from history also yields a drift report for `drift_alert`.
-fn dynamic(engine: &Engine, fp: Fingerprint, id: &str, score: f64, soft: bool) -> (Status, String, Option<DriftReport>, String) {
-    let window = engine.config.dynamic_window as u64;
-    let scores = engine.history.as_ref().map(|h| {
-        h.recent_scores(fp, window).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "cannot read result history; using the static band");
-            Vec::new()
-        })
-    });
-    let (status, why) = dynamic_status(score, scores.as_deref(), engine.config.dynamic_min_samples, soft);
-    let alert = match &scores {
-        Some(past) if status != Status::Pass && past.len() >= engine.config.dynamic_min_samples => {
-            // The window as it will be once this result is recorded.
-            let mut window_scores = Vec::with_capacity(past.len() + 1);
-            window_scores.push(score);
-            window_scores.extend(past.iter().take((window as usize).saturating_sub(1)).copied());
-            let mut report = DriftReport::from_window(id.to_owned(), Some(fp), &window_scores, window);
-            report.status = DriftStatus::DriftDetected;
-            Some(report)
-        }
-        _ => None,
-    };
-    let min = engine.config.dynamic_min_samples;
-    let source = match &scores {
-        Some(past) if past.len() >= min => format!("dynamic: mean - 2 x stddev of {} samples", past.len()),
-        Some(past) => format!("dynamic: static band ({} of {min} samples)", past.len()),
-        None => "dynamic: static band (history off)".to_owned(),
-    };
-    (status, why, alert, source)
-}
-
-/// A plugin's `details.expected` / `details.actual` (and `path`, `hint`),
-/// when it provides them, as result evidence.
-fn plugin_evidence(details: Option<&Value>) -> Option<Box<crate::layers::Evidence>> {
-    let d = details?.as_object()?;
-    let text = |k: &str| {
-        d.get(k).filter(|v| !v.is_null()).map(|v| match v {
-            Value::String(s) => crate::text::clip(s, EVIDENCE_CHARS),
-            other => crate::text::clip(&other.to_string(), EVIDENCE_CHARS),
-        })
-    };
-    let e = crate::layers::Evidence {
-        expected: text("expected"),
-        actual: text("actual"),
-        path: text("path").or_else(|| text("trace_node_path")),
-        hint: text("hint").or_else(|| text("suggested_action")),
-        judge: None,
-    };
-    (e.expected.is_some() || e.actual.is_some() || e.path.is_some() || e.hint.is_some()).then(|| Box::new(e))
-}
-
-/// Runs every plugin assertion of the batch: one sandboxed call per plugin,
-/// with all of that plugin's configs. Returns, by position in `plan`, each
-/// plugin assertion's outcome and its share of the call's wall time.
-fn run_plugins(trace_text: &str, plan: &[Planned<'_>]) -> Vec<Option<(Outcome, u64)>> {
-    let mut out: Vec<Option<(Outcome, u64)>> = plan.iter().map(|_| None).collect();
-    let mut by_plugin: Vec<(&Arc<Plugin>, Vec<usize>, Vec<String>)> = Vec::new();
-    for (i, p) in plan.iter().enumerate() {
-        let Check::Plugin(check) = &p.compiled.check else { continue };
-        match by_plugin.iter_mut().find(|(pl, _, _)| Arc::ptr_eq(pl, &check.plugin)) {
-            Some((_, at, configs)) => {
-                at.push(i);
-                configs.push(check.config.clone());
-            }
-            None => by_plugin.push((&check.plugin, vec![i], vec![check.config.clone()])),
-        }
-    }
-    for (plugin, at, configs) in by_plugin {
-        let t0 = Instant::now();
-        let outcomes = plugin.evaluate(trace_text, &configs);
-        let share = t0.elapsed().as_millis() as u64 / at.len() as u64;
-        for (i, outcome) in at.into_iter().zip(outcomes) {
-            out[i] = Some((outcome, share));
-        }
-    }
-    out
-}
-
-/// Largest plugin `details` kept in a result, serialised.
-const MAX_DETAILS_BYTES: usize = 4096;
-
-/// Plugin details are kept only while small: they travel in the response line.
-fn bounded_details(details: Option<Value>) -> Option<Value> {
-    let d = details?;
-    let len = d.to_string().len();
-    if len <= MAX_DETAILS_BYTES {
-        Some(d)
-    } else {
-        Some(serde_json::json!({"omitted": format!("details were {len} bytes; the limit is {MAX_DETAILS_BYTES}")}))
-    }
-}
-
-fn timeout(limit: Duration, done: usize, total: usize) -> RpcError {
-    RpcError::new(
-        ErrorCode::Timeout,
-        format!("evaluation timed out after {}ms", limit.as_millis()),
-        format!("{done} of {total} assertions finished before the deadline. Reduce the batch size or trace size, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT)."),
-    )
-}
-
-/// What a `request_id` stands for: the assertion and the trace it ran on.
-fn fingerprint(kind: AssertionType, spec_text: &str, trace_digest: Option<u64>) -> u64 {
-    let mut h = DefaultHasher::new();
-    kind.name().hash(&mut h);
-    spec_text.hash(&mut h);
-    trace_digest.hash(&mut h);
-    h.finish()
 }
 
 fn digest(text: &str) -> u64 {
@@ -1196,11 +710,13 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
         let spec_text = w.spec.map_or("null", |s| s.get());
         let compiled = compile(engine, kind, spec_text).map_err(|e| spec_error(e, i, id, kind))?;
         planned.push(Planned {
-            id: id.to_owned(),
+            assertion: evaluator::Planned {
+                id: id.to_owned(),
+                kind,
+                compiled,
+            },
             request_id: w.request_id.as_deref().map(str::to_owned),
-            kind,
             spec_text: Cow::Borrowed(spec_text),
-            compiled,
         });
     }
     Ok(planned)
@@ -1223,7 +739,7 @@ fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<
             "Send the spec as a JSON object.",
         ),
     })?;
-    let compiled = Arc::new(CompiledAssertion::compile(kind, Some(&spec), &engine.plugins)?);
+    let compiled = Arc::new(CompiledAssertion::compile(kind, Some(&spec), engine)?);
     if cacheable {
         let key = SpecKey {
             kind,
@@ -1294,6 +810,32 @@ impl BatchResult {
 }
 
 impl AssertionResult {
+    /// The result of an assertion the evaluator answered, its texts bounded.
+    fn new(p: &evaluator::Planned, outcome: Outcome, max_chars: usize) -> AssertionResult {
+        let mut explanation = outcome.verdict.explanation;
+        clip_in_place(&mut explanation, max_chars);
+        AssertionResult {
+            assertion_id: p.id.clone(),
+            status: outcome.status,
+            // Scores are in [0, 1] whatever a plugin or provider returned.
+            score: if outcome.verdict.score.is_nan() {
+                0.0
+            } else {
+                outcome.verdict.score.clamp(0.0, 1.0)
+            },
+            explanation,
+            cost: outcome.cost,
+            duration_ms: outcome.duration_ms,
+            request_id: None,
+            cached: false,
+            details: outcome.details,
+            layer: p.kind.layer(),
+            kind: Some(p.kind.name()),
+            threshold_source: outcome.threshold_source,
+            evidence: ResultEvidence::from_verdict(outcome.verdict.evidence),
+        }
+    }
+
     /// The free texts of the result, which `fit` may shorten.
     fn texts(&self) -> impl Iterator<Item = &String> {
         let e = &self.evidence;
@@ -1317,7 +859,6 @@ impl AssertionResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn failed(i: usize, text_len: usize) -> AssertionResult {
         let long = "x".repeat(text_len);
@@ -1382,23 +923,5 @@ mod tests {
             .iter()
             .all(|r| r.evidence == ResultEvidence::default() && r.threshold_source.is_none()));
         assert!(!b.fit(1000));
-    }
-
-    #[test]
-    fn plugin_details_map_onto_evidence() {
-        let e = plugin_evidence(Some(
-            &json!({"expected": "no email addresses", "actual": {"emails": 2}, "path": "output.message", "other": 1}),
-        ))
-        .unwrap();
-        assert_eq!(e.expected.as_deref(), Some("no email addresses"));
-        assert_eq!(e.actual.as_deref(), Some("{\"emails\":2}"));
-        assert_eq!(e.path.as_deref(), Some("output.message"));
-        assert_eq!(e.hint, None);
-        assert!(plugin_evidence(Some(&json!({"other": 1}))).is_none());
-        assert!(plugin_evidence(Some(&json!("text"))).is_none());
-        assert!(plugin_evidence(None).is_none());
-        let long = "y".repeat(10_000);
-        let e = plugin_evidence(Some(&json!({"actual": long}))).unwrap();
-        assert!(e.actual.unwrap().chars().count() <= EVIDENCE_CHARS);
     }
 }

@@ -110,14 +110,14 @@ pub struct HistoryResults {
 impl HistoryResults {
     /// `None` when the engine has no result history.
     pub fn new(engine: Arc<Engine>) -> Option<HistoryResults> {
-        engine.history.is_some().then_some(HistoryResults { engine })
+        engine.sinks.history.is_some().then_some(HistoryResults { engine })
     }
 }
 
 impl attest_collect::HistorySink for HistoryResults {
     fn record<'a>(&'a self, results: &'a [ResultRecord]) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let Some(history) = &self.engine.history else {
+            let Some(history) = &self.engine.sinks.history else {
                 return Ok(());
             };
             let mut by_trace: BTreeMap<(&str, Option<&str>), Vec<Row>> = BTreeMap::new();
@@ -148,7 +148,7 @@ impl attest_collect::HistorySink for HistoryResults {
         Box::pin(async move {
             let engine = self.engine.clone();
             tokio::task::spawn_blocking(move || {
-                if let Some(h) = &engine.history {
+                if let Some(h) = &engine.sinks.history {
                     h.flush();
                 }
             })

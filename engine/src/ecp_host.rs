@@ -60,7 +60,6 @@ impl GradingHost for EngineGradingHost {
                 .evaluate_with(&self.engine, &trace.to_string(), deadline, Effects::ResultsOnly)
                 .await
                 .map_err(failed)?;
-            self.engine.add_cost(result.total_cost);
             let r = result
                 .results
                 .into_iter()
@@ -142,7 +141,7 @@ impl GradingHost for EngineGradingHost {
 
     fn record<'a>(&'a self, scenario: &'a str, step: usize, results: &'a [CheckResult]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Some(history) = &self.engine.history else {
+            let Some(history) = &self.engine.sinks.history else {
                 return;
             };
             let rows = results

@@ -5,10 +5,14 @@
 //! of error codes; the wire form, code and field path included, is decided
 //! here, once.
 
+use crate::evaluator::EvalError;
 use crate::layers::{AssertionType, SpecError};
 use crate::protocol::{ErrorCode, RpcError};
-use crate::text::quote;
+use crate::providers::ProviderError;
+use crate::sinks::RequestIdReused;
+use crate::text::{num, quote};
 use crate::trace::validate::TraceError;
+use std::time::Duration;
 
 /// A refused trace is `1001` (`INVALID_TRACE`), naming the member at fault.
 pub fn trace_error(e: TraceError) -> RpcError {
@@ -25,6 +29,74 @@ pub fn spec_error(e: SpecError, index: usize, assertion_id: &str, kind: Assertio
     )
     .with_assertion(assertion_id)
     .with_field(format!("params.assertions[{index}].{}", e.field))
+}
+
+/// A `request_id` resent for another assertion or trace is `1002`.
+pub fn request_id_reused(e: RequestIdReused) -> RpcError {
+    RpcError::new(
+        ErrorCode::AssertionError,
+        e.to_string(),
+        "A request_id is an idempotency key: resend it only with the same type, spec and trace. Use a fresh request_id for a new evaluation.",
+    )
+    .with_assertion(&e.assertion_id)
+    .with_field("request_id")
+}
+
+/// An evaluation that stopped: timeouts are `3002`, a spent budget `1002`
+/// and a provider failure `2001`, each naming the assertion at fault
+/// (`assertion(i)`: its id and type) and the engine's timeout (`limit`).
+pub fn eval_error<'a>(e: EvalError, assertion: impl Fn(usize) -> (&'a str, AssertionType), limit: Duration) -> RpcError {
+    let timed_out = |detail: String| {
+        RpcError::new(
+            ErrorCode::Timeout,
+            format!("evaluation timed out after {}ms", limit.as_millis()),
+            detail,
+        )
+    };
+    match e {
+        EvalError::Timeout { done, total } => timed_out(format!(
+            "{done} of {total} assertions finished before the deadline. Reduce the batch size or trace size, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT)."
+        )),
+        EvalError::RegexTimeout => timed_out(
+            "Regex checks (regex_match, schema pattern) over this trace did not finish before the deadline. Use simpler patterns, target a smaller field than the whole trace, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT).".into(),
+        ),
+        EvalError::PaidTimeout { pending } => timed_out(format!(
+            "{pending} LLM-backed assertions (layers 5-6) were still waiting for their provider at the deadline. Reduce the batch size, check the provider's latency, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT)."
+        )),
+        EvalError::BudgetSpent { index, budget, spent } => {
+            let (id, kind) = assertion(index);
+            RpcError::new(
+                ErrorCode::AssertionError,
+                format!(
+                    "assertion {} ({}) refused: the session's cost budget of ${} is spent (${:.6} so far)",
+                    quote(id),
+                    kind.name(),
+                    num(budget),
+                    spent
+                ),
+                "Paid assertions (embedding, llm_judge) are refused once a session's evaluated cost reaches budget_usd. Raise budget_usd in the config file or start a new engine session; layers 1-4, 7 and 8 still run.",
+            )
+            .with_assertion(id)
+            .with_field(format!("params.assertions[{index}]"))
+        }
+        EvalError::Provider { index, error, .. } => {
+            let (id, kind) = assertion(index);
+            let (message, detail) = match error {
+                ProviderError::Failed { message, attempts } => (
+                    format!("{message}{}", if attempts > 1 { format!(" (after {attempts} attempts)") } else { String::new() }),
+                    "Wait and retry. The engine retries 429, 5xx, time-outs and connection errors with exponential backoff (up to 3 attempts, honouring Retry-After) before surfacing this error; check the provider's status, URL, model and API key.".to_owned(),
+                ),
+                ProviderError::Unavailable { message, detail } => (message, detail),
+                ProviderError::Timeout => (
+                    "the provider did not answer before the deadline".to_owned(),
+                    "Check the provider's latency, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT).".to_owned(),
+                ),
+            };
+            RpcError::new(ErrorCode::ProviderError, format!("assertion {} ({}): {message}", quote(id), kind.name()), detail)
+                .with_assertion(id)
+                .with_field(format!("params.assertions[{index}]"))
+        }
+    }
 }
 
 #[cfg(test)]

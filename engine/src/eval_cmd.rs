@@ -87,7 +87,7 @@ fn evaluate_files(
     let suite = Suite::compile(engine, assertions);
     for (label, trace_text) in traces {
         // request_ids are idempotency keys within one trace's evaluation, not across the file.
-        engine.caches.forget_request_ids();
+        engine.sinks.forget_request_ids();
         let deadline = Instant::now() + engine.config.eval_timeout;
         let result = match &suite {
             Ok(suite) => runtime.block_on(suite.evaluate(engine, &trace_text, deadline)),

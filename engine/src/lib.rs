@@ -31,10 +31,13 @@ pub mod collect_host;
 pub mod config;
 pub mod ecp_host;
 pub mod errors;
+/// The wire-free evaluator, from `attest-core`.
+pub use attest_core::evaluator;
 pub mod eval_cmd;
+/// Where a request's work runs, from `attest-core`.
+pub use attest_core::lane;
 /// The result history, from `attest-history`.
 pub use attest_history as history;
-pub mod lane;
 pub mod layers;
 pub mod logging;
 pub mod plugin_results;
@@ -47,6 +50,7 @@ pub mod report;
 pub mod server;
 pub mod session;
 pub mod simulation;
+pub mod sinks;
 /// The trace model and its validation, from `attest-core`.
 pub use attest_core::trace;
 /// The regex threads, from `attest-core`.

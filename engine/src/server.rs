@@ -456,7 +456,7 @@ async fn dispatch(
         Method::SubmitPluginResult => {
             let record = plugin_results::parse(params)?;
             tracing::debug!(trace_id = %record.trace_id, plugin = %record.plugin_name, "plugin result recorded");
-            if let Some(history) = &engine.history {
+            if let Some(history) = &engine.sinks.history {
                 history.record(crate::history::Rows {
                     keyed: false,
                     trace_id: record.trace_id.clone(),
@@ -471,14 +471,14 @@ async fn dispatch(
                 });
             }
             engine.plugin_results.record(record);
-            engine.count_evaluated(1);
+            engine.sinks.count_evaluated(1);
             to_raw(&Accepted { accepted: true })
         }
         Method::ListPlugins => to_raw(&engine.plugins.listing(budget)),
         Method::ValidateTraceTree => to_raw(&validate_trace_tree(engine, params)?),
         Method::QueryDrift => {
             let (subject, window) = crate::query_drift::parse_query(params)?;
-            if engine.history.is_none() {
+            if engine.sinks.history.is_none() {
                 // A backend this engine was not given: configuration, not a fault.
                 return Err(RpcError::new(
                     ErrorCode::ProviderError,
@@ -491,7 +491,7 @@ async fn dispatch(
             let engine = engine.clone();
             let report = lane
                 .block(async move {
-                    let history = engine.history.as_ref().ok_or_else(|| anyhow::anyhow!("result history is closed"))?;
+                    let history = engine.sinks.history.as_ref().ok_or_else(|| anyhow::anyhow!("result history is closed"))?;
                     history.drift(subject, window)
                 })
                 .await

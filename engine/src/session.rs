@@ -11,7 +11,7 @@ use crate::plugin_results::PluginResults;
 use crate::plugins::PluginHost;
 use crate::protocol::{Method, RpcError};
 use crate::providers::Providers;
-use crate::report::SessionLog;
+use crate::sinks::Sinks;
 use crate::trace::Limits;
 use crate::ENGINE_VERSION;
 use serde::Serialize;
@@ -60,7 +60,6 @@ pub struct Engine {
     pub limits: Limits,
     state: AtomicU8,
     sessions: AtomicU64,
-    assertions_evaluated: AtomicU64,
     /// Requests admitted and not yet answered (`shutdown` waits for the others).
     inflight: Arc<AtomicUsize>,
     /// Admission order of input lines.
@@ -71,18 +70,15 @@ pub struct Engine {
     pub plugin_results: PluginResults,
     /// WebAssembly assertion plugins (layer 8).
     pub plugins: PluginHost,
-    /// Result history (`None`: switched off or could not be opened).
-    pub history: Option<History>,
     /// Where drift alerts are posted, if configured.
     pub webhook: Option<crate::alerts::Webhook>,
-    /// Results kept for the session reports (only when reports are configured).
-    pub session_log: SessionLog,
+    /// Where evaluations are recorded: the `request_id` cache, history,
+    /// the session log, the evaluated count and spending.
+    pub sinks: Sinks,
     /// Cancelled when `shutdown` begins: the engine stops reading input.
     pub draining: CancellationToken,
     /// Embedding and judge providers (layers 5 and 6).
-    pub providers: Providers,
-    /// What paid assertions have cost this session, in USD (f64 bits).
-    cost_spent: AtomicU64,
+    pub providers: Arc<Providers>,
 }
 
 #[derive(Debug, Serialize)]
@@ -136,11 +132,9 @@ impl Engine {
                 }
             });
         Engine {
-            providers: Providers::new(&config.providers),
-            cost_spent: AtomicU64::new(0f64.to_bits()),
+            providers: Arc::new(Providers::new(&config.providers)),
             webhook,
-            history,
-            session_log: SessionLog::new(!config.reports.is_empty(), config.session_log_bytes),
+            sinks: Sinks::new(&config, history),
             caches: BatchCaches::new(&config),
             plugin_results: PluginResults::new(config.max_plugin_results, config.plugin_results_bytes),
             plugins,
@@ -148,7 +142,6 @@ impl Engine {
             config,
             state: AtomicU8::new(State::Uninitialized as u8),
             sessions: AtomicU64::new(0),
-            assertions_evaluated: AtomicU64::new(0),
             inflight: Arc::new(AtomicUsize::new(0)),
             admitted: AtomicU64::new(0),
             shutdown_seq: AtomicU64::new(u64::MAX),
@@ -165,22 +158,14 @@ impl Engine {
         }
     }
 
-    pub fn count_evaluated(&self, n: u64) {
-        self.assertions_evaluated.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Adds a paid assertion's cost to the session's spending.
+    /// Adds what a paid call outside a batch cost to the session's spending.
     pub fn add_cost(&self, usd: f64) {
-        if usd > 0.0 {
-            let _ = self.cost_spent.fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
-                Some((f64::from_bits(bits) + usd).to_bits())
-            });
-        }
+        self.sinks.add_cost(usd);
     }
 
     /// What paid assertions have cost this session, in USD.
     pub fn cost_spent(&self) -> f64 {
-        f64::from_bits(self.cost_spent.load(Ordering::Acquire))
+        self.sinks.cost_spent()
     }
 
     /// Admits one input line: it gets the next sequence number and counts as
@@ -216,7 +201,7 @@ impl Engine {
     /// End of the session (shutdown, end of input, signal, or the end of an
     /// `eval` run): writes queued history and the configured reports.
     pub fn finish(&self) {
-        if let Some(h) = &self.history {
+        if let Some(h) = &self.sinks.history {
             h.flush();
             if h.dropped_rows() > 0 {
                 tracing::warn!(dropped_rows = h.dropped_rows(), "some results were not recorded in history");
@@ -228,9 +213,13 @@ impl Engine {
                 .ok()
                 .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
                 .unwrap_or_default();
-            let mut report =
-                crate::report::Report::build(&self.session_log.batches(), &self.plugin_results.all(), self.config.budget_usd, now);
-            report.omitted_results = self.session_log.omitted_results();
+            let mut report = crate::report::Report::build(
+                &self.sinks.session_log.batches(),
+                &self.plugin_results.all(),
+                self.config.budget_usd,
+                now,
+            );
+            report.omitted_results = self.sinks.session_log.omitted_results();
             crate::report::write_all(&self.config.reports, &report);
         }
     }
@@ -238,7 +227,7 @@ impl Engine {
     /// What this engine process supports, as `initialize` reports it.
     pub fn capabilities(&self) -> Vec<&'static str> {
         let mut caps = CAPABILITIES.to_vec();
-        if self.history.is_some() {
+        if self.sinks.history.is_some() {
             caps.push(HISTORY_CAPABILITY);
         }
         // Paid layers are advertised only with a provider to answer them.
@@ -347,7 +336,7 @@ impl Engine {
     pub fn stats(&self) -> ShutdownResult {
         ShutdownResult {
             sessions_completed: self.sessions.load(Ordering::Relaxed),
-            assertions_evaluated: self.assertions_evaluated.load(Ordering::Relaxed),
+            assertions_evaluated: self.sinks.evaluated(),
         }
     }
 
@@ -431,5 +420,21 @@ impl InitializeParams {
             protocol_version,
             required_capabilities,
         })
+    }
+}
+
+/// The engine compiles plugin and paid assertions for the core with its
+/// plugin host and providers.
+impl attest_core::backends::Backends for Engine {
+    fn compile_plugin(&self, spec: &crate::layers::Spec<'_>) -> Result<attest_core::backends::PluginCheck, crate::layers::SpecError> {
+        crate::plugins::check::compile(spec, &self.plugins)
+    }
+
+    fn compile_paid(
+        &self,
+        kind: crate::layers::AssertionType,
+        spec: &crate::layers::Spec<'_>,
+    ) -> Result<Box<dyn attest_core::backends::PaidCheck>, crate::layers::SpecError> {
+        crate::providers::compile_paid(kind, spec, &self.providers)
     }
 }

@@ -11,6 +11,7 @@
 //! and refuses what could never run or would cost too much to compile.
 
 pub mod cache;
+pub mod check;
 pub mod config;
 pub mod sandbox;
 pub mod since_v0_1_0;
@@ -20,6 +21,8 @@ use attest_trace::target;
 /// Bounded quoting for messages.
 use attest_trace::text;
 
+use attest_core::backends::AssertionPlugin;
+pub use attest_core::backends::PluginAnswer;
 use cache::{ArtefactCache, Source};
 use sandbox::{Answer, ApiVersion, PluginError, Prepared, Sandbox, Status, SUPPORTED_API_VERSIONS};
 use serde::Serialize;
@@ -492,14 +495,15 @@ pub fn preflight(wasm: &[u8], limits: &PluginLimits) -> Result<(), String> {
     Ok(())
 }
 
-/// A plugin's answer for one assertion, checked.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    pub passed: bool,
-    pub always_hard: bool,
-    pub score: f64,
-    pub explanation: String,
-    pub details: Option<Value>,
+/// The evaluator calls plugins through the core's trait.
+impl AssertionPlugin for Plugin {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn evaluate(&self, trace_json: &str, configs: &[String]) -> Vec<PluginAnswer> {
+        Plugin::evaluate(self, trace_json, configs)
+    }
 }
 
 impl Plugin {
@@ -519,7 +523,7 @@ impl Plugin {
     /// than one config, each config is retried on its own so that one bad
     /// config cannot take the others down; except after a timeout, which
     /// fails every config of the call.
-    pub fn evaluate(&self, trace: &str, configs: &[String]) -> Vec<Outcome> {
+    pub fn evaluate(&self, trace: &str, configs: &[String]) -> Vec<PluginAnswer> {
         let (why, retry) = match self.sandbox.evaluate(&self.prepared, &self.id, &self.limits, trace, configs) {
             Ok(Answer::Results(results)) => return results.into_iter().map(|r| self.check(r)).collect(),
             Ok(Answer::WrongCount(n)) => (format!("returned {n} results for {} configs", configs.len()), true),
@@ -535,7 +539,7 @@ impl Plugin {
         configs.iter().map(|_| self.fault_outcome(&why)).collect()
     }
 
-    fn check(&self, result: Result<sandbox::Verdict, PluginError>) -> Outcome {
+    fn check(&self, result: Result<sandbox::Verdict, PluginError>) -> PluginAnswer {
         let v = match result {
             Ok(v) => v,
             Err(e) => {
@@ -544,7 +548,7 @@ impl Plugin {
                     PluginError::UnsupportedTrace(m) => ("cannot evaluate this trace", m),
                     PluginError::Internal(m) => ("failed", m),
                 };
-                return Outcome {
+                return PluginAnswer {
                     passed: false,
                     always_hard: true,
                     score: 0.0,
@@ -561,7 +565,7 @@ impl Plugin {
             Some(Ok(d)) => Some(d),
             Some(Err(e)) => return self.fault_outcome(&format!("returned a malformed verdict: details are not JSON ({e})")),
         };
-        Outcome {
+        PluginAnswer {
             passed: v.status == Status::Pass,
             always_hard: v.status == Status::HardFail,
             score: v.score,
@@ -570,8 +574,8 @@ impl Plugin {
         }
     }
 
-    fn fault_outcome(&self, why: &str) -> Outcome {
-        Outcome {
+    fn fault_outcome(&self, why: &str) -> PluginAnswer {
+        PluginAnswer {
             passed: false,
             always_hard: true,
             score: 0.0,

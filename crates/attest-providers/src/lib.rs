@@ -14,11 +14,16 @@
 pub mod anthropic;
 pub mod cache;
 pub mod config;
+pub mod embedding;
 pub mod http;
+pub mod llm_judge;
 pub mod local;
 pub mod openai;
 
 /// Bounded quoting for messages.
+use attest_core::backends::{BoxFuture, PaidCheck};
+use attest_core::layers::{AssertionType, Spec, SpecError, Verdict};
+use attest_core::trace::Trace;
 use attest_trace::text;
 
 use cache::{Key, ProviderCache};
@@ -77,27 +82,7 @@ pub struct Completion {
     pub usage: Usage,
 }
 
-/// Why a provider could not give an answer. Never an agent failure: these
-/// become request errors (`2001`, `3002`), not `hard_fail` results.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ProviderError {
-    /// The request's evaluation deadline passed (→ `3002`).
-    Timeout,
-    /// The provider failed, after `attempts` attempts (→ `2001`).
-    Failed { message: String, attempts: u32 },
-    /// No provider is configured for this layer (→ `2001`); `detail` says
-    /// how to enable one.
-    Unavailable { message: String, detail: String },
-}
-
-impl ProviderError {
-    pub fn failed(message: impl Into<String>, attempts: u32) -> ProviderError {
-        ProviderError::Failed {
-            message: message.into(),
-            attempts,
-        }
-    }
-}
+pub use attest_core::backends::ProviderError;
 
 /// Embeddings and what they cost.
 pub struct Embedded {
@@ -334,4 +319,44 @@ impl LocalEmbedder {
             Ok(Ok(Ok(v))) => Ok(v),
         }
     }
+}
+
+/// A compiled check of layer 5 or 6 with the providers it asks: what the
+/// core's evaluator calls.
+pub struct Asking<C> {
+    pub check: C,
+    pub providers: Arc<Providers>,
+}
+
+impl<C: std::fmt::Debug> std::fmt::Debug for Asking<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.check.fmt(f)
+    }
+}
+
+impl PaidCheck for Asking<embedding::EmbeddingCheck> {
+    fn evaluate<'a>(&'a self, trace: &'a Trace, deadline: tokio::time::Instant) -> BoxFuture<'a, Result<(Verdict, f64), ProviderError>> {
+        Box::pin(self.check.evaluate(trace, &self.providers, deadline))
+    }
+}
+
+impl PaidCheck for Asking<llm_judge::JudgeCheck> {
+    fn evaluate<'a>(&'a self, trace: &'a Trace, deadline: tokio::time::Instant) -> BoxFuture<'a, Result<(Verdict, f64), ProviderError>> {
+        Box::pin(self.check.evaluate(trace, &self.providers, deadline))
+    }
+}
+
+/// Compiles an `embedding` or `llm_judge` assertion against `providers`.
+pub fn compile_paid(kind: AssertionType, spec: &Spec<'_>, providers: &Arc<Providers>) -> Result<Box<dyn PaidCheck>, SpecError> {
+    let providers = providers.clone();
+    Ok(match kind {
+        AssertionType::Embedding => Box::new(Asking {
+            check: embedding::EmbeddingCheck::compile(spec)?,
+            providers,
+        }),
+        _ => Box::new(Asking {
+            check: llm_judge::JudgeCheck::compile(spec)?,
+            providers,
+        }),
+    })
 }

@@ -17,8 +17,11 @@ pub mod spec;
 pub mod trace;
 pub mod trace_tree;
 
+use crate::backends::{Backends, PaidCheck, PluginCheck, ProviderError};
+use crate::drift::SpecDigest;
 use crate::trace::Trace;
 pub use judged::{BiasProbe, JudgeMetadata, Probe, PROBES};
+use serde_json::Value;
 pub use spec::{Spec, SpecError};
 
 /// Every assertion type the protocol names, built or not.
@@ -249,5 +252,120 @@ impl NativeCheck {
             NativeCheck::Schema(c) => c.memory_bytes(),
             _ => 0,
         }
+    }
+}
+
+/// A spec compiled into its typed check.
+#[derive(Debug)]
+pub enum Check {
+    /// Layers 1-4 and 7, evaluated by the core.
+    Native(NativeCheck),
+    /// Answered by a WebAssembly plugin, one sandboxed call per plugin per
+    /// trace (see [`crate::evaluator`]).
+    Plugin(PluginCheck),
+    /// Answered by a provider, asynchronously: embedding and llm_judge (see
+    /// [`CompiledAssertion::evaluate_paid`]).
+    Paid(Box<dyn PaidCheck>),
+}
+
+/// A compiled assertion: shareable across requests (see the batch cache).
+#[derive(Debug)]
+pub struct CompiledAssertion {
+    pub kind: AssertionType,
+    pub check: Check,
+    pub soft: bool,
+    /// `threshold: "dynamic"`: the status comes from the score's history.
+    pub dynamic: bool,
+    /// The assertion's identity across runs, before the trace's agent is mixed in.
+    pub spec_digest: SpecDigest,
+}
+
+impl CompiledAssertion {
+    /// Compiles `spec` for an assertion of type `kind`; `backends` compile
+    /// the types the core does not evaluate itself.
+    pub fn compile(kind: AssertionType, spec: Option<&Value>, backends: &dyn Backends) -> Result<CompiledAssertion, SpecError> {
+        let reader = Spec::new(spec, kind.name())?;
+        let check = match NativeCheck::compile(kind, &reader) {
+            Some(native) => Check::Native(native?),
+            None if kind == AssertionType::Plugin => Check::Plugin(backends.compile_plugin(&reader)?),
+            None => Check::Paid(backends.compile_paid(kind, &reader)?),
+        };
+        let dynamic = match reader.raw("threshold") {
+            Some(Value::String(s)) if s == "dynamic" => true,
+            Some(Value::String(s)) => {
+                return Err(SpecError::new(
+                    "spec.threshold",
+                    format!("threshold must be a number or \"dynamic\", got {}", crate::text::quote(s)),
+                    "Use a number, or \"dynamic\" to judge the score against this assertion's history (see README, Result history).",
+                ))
+            }
+            _ => false,
+        };
+        Ok(CompiledAssertion {
+            kind,
+            check,
+            soft: reader.bool_or("soft", false)?,
+            dynamic,
+            spec_digest: SpecDigest::of(kind.name(), spec),
+        })
+    }
+
+    /// Bytes of compiled regex program a scan of the target may walk per
+    /// byte of text (0 for checks without patterns). With the trace's size
+    /// it bounds the check's running time.
+    pub fn scan_weight(&self) -> usize {
+        match &self.check {
+            Check::Native(c) => c.scan_weight(),
+            _ => 0,
+        }
+    }
+
+    /// Whether evaluating this check must not happen on any thread that asks:
+    /// schema validations with patterns, whose regex caches grow with the
+    /// threads that use them (see `watchdog`).
+    pub fn needs_regex_thread(&self) -> bool {
+        matches!(&self.check, Check::Native(c) if c.needs_regex_thread())
+    }
+
+    /// Estimated memory this compiled assertion holds, for cache accounting.
+    pub fn memory_bytes(&self) -> usize {
+        const BASE: usize = 512;
+        BASE + match &self.check {
+            Check::Native(c) => c.memory_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// Evaluates a built-in check. Plugin checks are run per batch instead
+    /// (see [`crate::evaluator`]) and classified with [`CompiledAssertion::classify`].
+    pub fn evaluate(&self, trace: &Trace) -> (Status, Verdict) {
+        let verdict = match &self.check {
+            Check::Native(c) => c.evaluate(trace),
+            Check::Plugin(c) => unreachable!("plugin {} checks are evaluated per batch", c.plugin.id()),
+            Check::Paid(_) => unreachable!("paid checks are evaluated with evaluate_paid"),
+        };
+        self.classify(verdict)
+    }
+
+    /// Evaluates a paid check (layers 5 and 6) through its provider; returns
+    /// the verdict and its cost in USD. Provider failures are errors, never
+    /// verdicts: an unreachable judge says nothing about the agent.
+    pub async fn evaluate_paid(&self, trace: &Trace, deadline: tokio::time::Instant) -> Result<(Verdict, f64), ProviderError> {
+        match &self.check {
+            Check::Paid(c) => c.evaluate(trace, deadline).await,
+            _ => unreachable!("{} is not a paid check", self.kind.name()),
+        }
+    }
+
+    /// Applies `soft` to a verdict.
+    pub fn classify(&self, verdict: Verdict) -> (Status, Verdict) {
+        let status = if verdict.passed {
+            Status::Pass
+        } else if self.soft && !verdict.always_hard {
+            Status::SoftFail
+        } else {
+            Status::HardFail
+        };
+        (status, verdict)
     }
 }

@@ -14,15 +14,15 @@
 //!   usable score is a provider failure (`2001`), never a silent zero.
 //! - `samples: N` asks N times and uses the median, reporting the spread.
 
-use super::paid::{target_text, threshold};
-pub use super::{BiasProbe, JudgeMetadata, Probe, PROBES};
-use super::{Evidence, Spec, SpecError, Verdict};
-use crate::providers::cache::{self, CachedVerdict};
-use crate::providers::config::MAX_SAMPLES;
-use crate::providers::{Chat, Judge, ProviderError, Providers};
-use crate::target::{Target, GRAMMAR_HINT};
-use crate::text::{clip, num, quote};
-use crate::trace::Trace;
+use crate::cache::{self, CachedVerdict};
+use crate::config::MAX_SAMPLES;
+use crate::{Chat, Judge, ProviderError, Providers};
+use attest_core::layers::paid::{target_text, threshold};
+pub use attest_core::layers::{BiasProbe, JudgeMetadata, Probe, PROBES};
+use attest_core::layers::{Evidence, Spec, SpecError, Verdict};
+use attest_core::target::{Target, GRAMMAR_HINT};
+use attest_core::text::{clip, num, quote};
+use attest_core::trace::Trace;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 

@@ -6,13 +6,13 @@
 //!   when it is at least the threshold.
 //! - A non-string target is compared as its compact JSON text.
 
-use super::paid::{target_text, threshold};
-use super::{Evidence, Spec, SpecError, Verdict};
-use crate::providers::local::cosine;
-use crate::providers::{ProviderError, Providers};
-use crate::target::{Target, GRAMMAR_HINT};
-use crate::text::{clip, num, quote};
-use crate::trace::Trace;
+use crate::local::cosine;
+use crate::{ProviderError, Providers};
+use attest_core::layers::paid::{target_text, threshold};
+use attest_core::layers::{Evidence, Spec, SpecError, Verdict};
+use attest_core::target::{Target, GRAMMAR_HINT};
+use attest_core::text::{clip, num, quote};
+use attest_core::trace::Trace;
 use tokio::time::Instant;
 
 pub const DEFAULT_THRESHOLD: f64 = 0.8;

@@ -1,0 +1,86 @@
+//! What the core asks of the engine's backends, as traits: the plugin host
+//! (layer 8) and the model providers (layers 5 and 6) implement them, so the
+//! evaluator runs every layer without linking wasmtime, an HTTP client or a
+//! model runtime, and without knowing how any of them work.
+
+use crate::drift::Fingerprint;
+use crate::layers::{AssertionType, Spec, SpecError, Verdict};
+use crate::trace::Trace;
+use serde_json::Value;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// A future a backend returns; boxed so the traits stay object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a provider could not give an answer. Never an agent failure: these
+/// become request errors (`2001`, `3002`), not `hard_fail` results.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderError {
+    /// The request's evaluation deadline passed (→ `3002`).
+    Timeout,
+    /// The provider failed, after `attempts` attempts (→ `2001`).
+    Failed { message: String, attempts: u32 },
+    /// No provider is configured for this layer (→ `2001`); `detail` says
+    /// how to enable one.
+    Unavailable { message: String, detail: String },
+}
+
+impl ProviderError {
+    pub fn failed(message: impl Into<String>, attempts: u32) -> ProviderError {
+        ProviderError::Failed {
+            message: message.into(),
+            attempts,
+        }
+    }
+}
+
+/// A compiled check of a paid layer (embedding, llm_judge): asks its
+/// provider, returns the verdict and its cost in USD.
+pub trait PaidCheck: fmt::Debug + Send + Sync {
+    fn evaluate<'a>(&'a self, trace: &'a Trace, deadline: Instant) -> BoxFuture<'a, Result<(Verdict, f64), ProviderError>>;
+}
+
+/// A loaded assertion plugin (layer 8).
+pub trait AssertionPlugin: fmt::Debug + Send + Sync {
+    fn id(&self) -> &str;
+    /// Evaluates one trace (its JSON text, as received) against each config,
+    /// in one sandboxed call; one answer per config, in order. A plugin that
+    /// fails answers with failures, never with fewer answers.
+    fn evaluate(&self, trace_json: &str, configs: &[String]) -> Vec<PluginAnswer>;
+}
+
+/// One plugin verdict, as the plugin gave it (scores unclamped).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginAnswer {
+    pub passed: bool,
+    pub always_hard: bool,
+    pub score: f64,
+    pub explanation: String,
+    pub details: Option<Value>,
+}
+
+/// A plugin assertion, compiled: the plugin and the config it receives.
+#[derive(Debug)]
+pub struct PluginCheck {
+    pub plugin: Arc<dyn AssertionPlugin>,
+    /// The config as JSON text, defaults filled in.
+    pub config: String,
+}
+
+/// Compiles the assertion types the core does not evaluate itself.
+pub trait Backends: Send + Sync {
+    /// `plugin`: finds the plugin and checks the config against its schema.
+    fn compile_plugin(&self, spec: &Spec<'_>) -> Result<PluginCheck, SpecError>;
+    /// `embedding` or `llm_judge`.
+    fn compile_paid(&self, kind: AssertionType, spec: &Spec<'_>) -> Result<Box<dyn PaidCheck>, SpecError>;
+}
+
+/// Earlier scores of an assertion, for `threshold: "dynamic"`.
+pub trait ScoreHistory: Send + Sync {
+    /// Up to `limit` most recent scores of `fingerprint`, newest first.
+    fn recent_scores(&self, fingerprint: Fingerprint, limit: u64) -> Result<Vec<f64>, String>;
+}

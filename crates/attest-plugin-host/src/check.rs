@@ -1,0 +1,67 @@
+//! Layer 8: assertions answered by a WebAssembly plugin.
+//!
+//! The spec is `{"plugin_id": str, "config"?: object, "soft"?: bool}` (the
+//! shape `attest-ai`'s `expect(...).plugin(...)` emits). The plugin is looked
+//! up and the config checked against the plugin's declared schema when the
+//! assertion is compiled, so an unknown id or a bad config is a `1002`
+//! before anything runs. The core's evaluator batches the calls: one
+//! sandboxed call per plugin per trace.
+
+use crate::PluginHost;
+use attest_core::backends::PluginCheck;
+use attest_core::layers::spec::type_name;
+use attest_core::layers::{Spec, SpecError};
+use attest_core::text::quote;
+use serde_json::Value;
+
+/// Compiles a `plugin` assertion against the loaded plugins.
+pub fn compile(spec: &Spec<'_>, host: &PluginHost) -> Result<PluginCheck, SpecError> {
+    let id = spec.str("plugin_id")?;
+    let plugin = host.get(id).ok_or_else(|| {
+        let detail = if host.ids().is_empty() {
+            "No plugins are loaded. Start the engine with --plugin <file.wasm>, plugin_dir or [[plugins]] in the config file (see docs/plugins.md); list_plugins shows what loaded and what failed.".to_owned()
+        } else {
+            format!("Available plugins: {}. list_plugins shows each plugin's config schema.", host.ids().join(", "))
+        };
+        SpecError::new("spec.plugin_id", format!("unknown plugin {}", quote(id)), detail)
+    })?;
+    let mut config = match spec.raw("config") {
+        None => Value::Object(Default::default()),
+        Some(v @ Value::Object(_)) => v.clone(),
+        Some(other) => {
+            return Err(SpecError::new(
+                "spec.config",
+                format!("spec.config must be an object, got {}", type_name(other)),
+                format!("Set spec.config to an object matching the config schema of plugin {}.", quote(id)),
+            ))
+        }
+    };
+    plugin.check_config(&config).map_err(|problems| {
+        SpecError::new(
+            "spec.config",
+            format!("config for plugin {} does not match its schema: {problems}", quote(id)),
+            format!(
+                "Plugin {} expects a config matching: {}",
+                quote(id),
+                crate::text::clip(&plugin.config_schema.to_string(), 600)
+            ),
+        )
+    })?;
+    crate::config::check_targets(&plugin.config_schema, &config).map_err(|bad| {
+        SpecError::new(
+            format!("spec.config.{}", bad.field),
+            format!(
+                "config for plugin {}: {} is not a valid target: {}",
+                quote(id),
+                bad.field,
+                bad.message
+            ),
+            crate::config::BadTarget::hint(),
+        )
+    })?;
+    crate::config::apply_defaults(&plugin.config_schema, &mut config);
+    Ok(PluginCheck {
+        plugin: plugin.clone(),
+        config: config.to_string(),
+    })
+}

@@ -1,0 +1,251 @@
+//! Where evaluations leave their marks. The evaluator has no side effects;
+//! after each `evaluate_batch` (and each suite evaluation of the other front
+//! doors) the sinks get everything through one [`Sinks::record`]:
+//!
+//! - the `request_id` cache (Attest protocol v1 §2.2 idempotency), which
+//!   also answers repeated requests before anything is evaluated
+//!   ([`Sinks::answered`]);
+//! - the result history (rows for `query_drift` and dynamic thresholds);
+//! - the session log behind the session reports;
+//! - the session's counters: assertions evaluated and money spent.
+
+use crate::batch::{AssertionResult, Effects, MAX_DETAILS_BYTES};
+use crate::config::Config;
+use crate::evaluator::{Outcome, Planned};
+use crate::history::{History, Row, Rows};
+use crate::layers::AssertionType;
+use crate::report::{LoggedBatch, ReportedResult, SessionLog};
+use crate::text::quote;
+use crate::trace::Trace;
+use quick_cache::sync::Cache;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One evaluated batch, as the sinks see it.
+pub struct Evaluation<'a> {
+    pub trace: &'a Trace,
+    /// Each assertion, with its `request_id` and spec text.
+    pub assertions: Vec<(&'a Planned, Option<&'a str>, &'a str)>,
+    /// What the evaluator concluded (`None`: answered from the `request_id` cache).
+    pub outcomes: &'a [Option<Outcome>],
+    /// The results as they are answered, in the same order.
+    pub results: &'a [AssertionResult],
+    /// Hash of the trace text, when some assertion carries a `request_id`.
+    pub trace_digest: Option<u64>,
+}
+
+/// A `request_id` sent again for a different assertion or trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestIdReused {
+    pub assertion_id: String,
+    pub request_id: String,
+}
+
+impl std::fmt::Display for RequestIdReused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "assertion {}: request_id {} was already used for a different request",
+            quote(&self.assertion_id),
+            quote(&self.request_id)
+        )
+    }
+}
+
+impl std::error::Error for RequestIdReused {}
+
+pub struct Sinks {
+    by_request_id: Cache<String, Arc<CachedResult>, ResultWeight>,
+    /// Result history (`None`: switched off or could not be opened).
+    pub history: Option<History>,
+    /// Results kept for the session reports (only when reports are configured).
+    pub session_log: SessionLog,
+    evaluated: AtomicU64,
+    /// What paid assertions have cost this session, in USD (f64 bits).
+    cost: AtomicU64,
+}
+
+struct CachedResult {
+    /// What the `request_id` stands for: the assertion and the trace it ran on.
+    fingerprint: u64,
+    result: AssertionResult,
+}
+
+/// Weighs cached results by the bytes they hold.
+#[derive(Clone)]
+struct ResultWeight {
+    floor: u64,
+}
+
+impl quick_cache::Weighter<String, Arc<CachedResult>> for ResultWeight {
+    fn weight(&self, key: &String, value: &Arc<CachedResult>) -> u64 {
+        let r = &value.result;
+        let details = r.details.as_ref().map_or(0, |_| MAX_DETAILS_BYTES);
+        let bytes = 160
+            + key.len()
+            + r.assertion_id.len()
+            + r.explanation.len()
+            + r.request_id.as_ref().map_or(0, |s| s.len())
+            + details
+            + r.evidence.len();
+        (bytes as u64).max(self.floor)
+    }
+}
+
+impl Sinks {
+    pub fn new(config: &Config, history: Option<History>) -> Sinks {
+        let results = config.idempotency_cache_entries.max(1);
+        Sinks {
+            by_request_id: Cache::with_weighter(
+                results,
+                config.idempotency_cache_bytes,
+                ResultWeight {
+                    floor: config.idempotency_cache_bytes / results as u64,
+                },
+            ),
+            history,
+            session_log: SessionLog::new(!config.reports.is_empty(), config.session_log_bytes),
+            evaluated: AtomicU64::new(0),
+            cost: AtomicU64::new(0),
+        }
+    }
+
+    /// The results the `request_id` cache already holds, by position; a
+    /// `request_id` reused for another assertion or trace is refused.
+    pub fn answered<'a>(
+        &self,
+        assertions: impl Iterator<Item = (&'a str, Option<&'a str>, AssertionType, &'a str)>,
+        trace_digest: Option<u64>,
+    ) -> Result<Vec<Option<AssertionResult>>, RequestIdReused> {
+        assertions
+            .map(|(id, request_id, kind, spec_text)| {
+                let Some(hit) = request_id.and_then(|rid| self.by_request_id.get(rid)) else {
+                    return Ok(None);
+                };
+                if hit.fingerprint != fingerprint(kind, spec_text, trace_digest) {
+                    return Err(RequestIdReused {
+                        assertion_id: id.to_owned(),
+                        request_id: request_id.unwrap_or_default().to_owned(),
+                    });
+                }
+                Ok(Some(AssertionResult {
+                    assertion_id: id.to_owned(),
+                    duration_ms: 0,
+                    cached: true,
+                    ..hit.result.clone()
+                }))
+            })
+            .collect()
+    }
+
+    /// Records one evaluation. Money spent and `request_id`s are always
+    /// recorded; history rows, the session log and the evaluated count only
+    /// with [`Effects::All`] (callers with their own records pass
+    /// [`Effects::ResultsOnly`]).
+    pub fn record(&self, e: &Evaluation<'_>, effects: Effects) {
+        let fresh = || {
+            e.assertions
+                .iter()
+                .zip(e.outcomes)
+                .zip(e.results)
+                .filter_map(|((a, o), r)| Some((a, o.as_ref()?, r)))
+        };
+        self.add_cost(fresh().fold(0.0, |acc, (_, o, _)| acc + o.cost));
+        for ((planned, request_id, spec_text), _, result) in fresh() {
+            if let Some(rid) = request_id {
+                self.by_request_id.insert(
+                    (*rid).to_owned(),
+                    Arc::new(CachedResult {
+                        fingerprint: fingerprint(planned.kind, spec_text, e.trace_digest),
+                        result: result.clone(),
+                    }),
+                );
+            }
+        }
+        if effects != Effects::All {
+            return;
+        }
+        self.evaluated.fetch_add(e.results.len() as u64, Ordering::Relaxed);
+        if let Some(history) = &self.history {
+            history.record(Rows {
+                keyed: false,
+                trace_id: e.trace.trace_id.clone(),
+                agent_id: e.trace.agent_id.clone(),
+                rows: fresh()
+                    .filter(|(_, o, _)| !o.skipped)
+                    .map(|((planned, _, _), o, result)| Row {
+                        assertion_id: planned.id.clone(),
+                        spec: planned.compiled.spec_digest,
+                        assertion_type: planned.kind.name(),
+                        status: result.status,
+                        score: o.verdict.score,
+                    })
+                    .collect(),
+            });
+        }
+        if self.session_log.enabled() {
+            self.session_log.record(LoggedBatch {
+                trace_id: e.trace.trace_id.clone(),
+                agent_id: e.trace.agent_id.clone(),
+                results: e
+                    .results
+                    .iter()
+                    .zip(&e.assertions)
+                    .map(|(r, (planned, _, _))| ReportedResult {
+                        assertion_id: r.assertion_id.clone(),
+                        kind: planned.kind.name().to_owned(),
+                        layer: planned.kind.layer(),
+                        status: r.status,
+                        score: r.score,
+                        explanation: r.explanation.clone(),
+                        cost: r.cost,
+                        duration_ms: r.duration_ms,
+                        source: "batch",
+                        expected: r.evidence.expected.clone(),
+                        actual: r.evidence.actual.clone(),
+                        suggested_action: r.evidence.suggested_action.clone(),
+                    })
+                    .collect(),
+            });
+        }
+    }
+
+    /// Forgets every `request_id` (the `eval` command treats each trace as its own run).
+    pub fn forget_request_ids(&self) {
+        self.by_request_id.clear();
+    }
+
+    /// Counts assertions evaluated outside a batch (`submit_plugin_result`).
+    pub fn count_evaluated(&self, n: u64) {
+        self.evaluated.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn evaluated(&self) -> u64 {
+        self.evaluated.load(Ordering::Relaxed)
+    }
+
+    /// Adds to the session's spending.
+    pub fn add_cost(&self, usd: f64) {
+        if usd > 0.0 {
+            let _ = self.cost.fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
+                Some((f64::from_bits(bits) + usd).to_bits())
+            });
+        }
+    }
+
+    /// What paid assertions have cost this session, in USD.
+    pub fn cost_spent(&self) -> f64 {
+        f64::from_bits(self.cost.load(Ordering::Acquire))
+    }
+}
+
+/// What a `request_id` stands for: the assertion and the trace it ran on.
+fn fingerprint(kind: AssertionType, spec_text: &str, trace_digest: Option<u64>) -> u64 {
+    let mut h = DefaultHasher::new();
+    kind.name().hash(&mut h);
+    spec_text.hash(&mut h);
+    trace_digest.hash(&mut h);
+    h.finish()
+}
