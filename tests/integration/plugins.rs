@@ -2684,7 +2684,7 @@ fn a_bad_target_in_a_plugin_config_is_refused_at_compile_time_with_its_field() {
 fn configs_with_schema_defaults_filled_in_evaluate_as_documented() {
     // The engine fills pii-leak's schema defaults (`target`: output.message,
     // `kinds`: email, phone, card) into the config it passes; the filling
-    // itself is unit-tested in engine/src/plugins/config.rs. The plugin's
+    // itself is unit-tested in crates/attest-plugin-host/src/config.rs. The plugin's
     // details echo the config it ran with.
     let cache = fresh_cache();
     let mut engine = start(cache.path(), &plugin_flags(&["pii-leak"]));

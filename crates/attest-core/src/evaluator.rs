@@ -101,6 +101,22 @@ pub enum EvalError {
     Provider { index: usize, error: ProviderError, cost: f64 },
 }
 
+impl std::fmt::Display for EvalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EvalError::Timeout { done, total } => write!(f, "the deadline passed with {done} of {total} assertions evaluated"),
+            EvalError::RegexTimeout => write!(f, "regex checks did not finish before the deadline"),
+            EvalError::PaidTimeout { pending } => write!(f, "{pending} paid assertions were still waiting for their provider at the deadline"),
+            EvalError::BudgetSpent { index, budget, spent } => {
+                write!(f, "assertion {index} refused: the budget of ${budget} is spent (${spent:.6} so far)")
+            }
+            EvalError::Provider { index, error, .. } => write!(f, "assertion {index}: provider error: {error:?}"),
+        }
+    }
+}
+
+impl std::error::Error for EvalError {}
+
 /// Largest plugin `details` kept in an outcome, serialised.
 pub const MAX_DETAILS_BYTES: usize = 4096;
 /// Longest text of plugin evidence kept.

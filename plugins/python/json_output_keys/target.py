@@ -1,4 +1,4 @@
-"""Target paths, in the engine's grammar (engine/src/target.rs, spec §4).
+"""Target paths, in the engine's grammar (crates/attest-trace/src/target.rs, Attest protocol v1 §4).
 
     target     := base segment*
     base       := "output" | "input" | "metadata"

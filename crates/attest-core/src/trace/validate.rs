@@ -62,7 +62,7 @@ pub struct Parsed {
 
 /// Why a trace was refused: the member at fault (`trace.steps[2].type`),
 /// what is wrong with it, and what to do. It becomes error 1001 on the wire
-/// (see `crate::errors`).
+/// (in the engine's `errors.rs`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceError {
     pub field: String,
