@@ -7,7 +7,8 @@
 //! clipped to 4,096 characters, metadata of at most 16 KiB.
 
 use crate::layers::Status;
-use crate::protocol::{ErrorCode, RpcError};
+use crate::params::{Members, Wording};
+use crate::protocol::{Method, RpcError};
 use crate::text::clip;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -125,120 +126,54 @@ impl PluginResults {
     }
 }
 
-fn field_error(field: &str, message: String) -> RpcError {
-    RpcError::new(
-        ErrorCode::AssertionError,
-        message,
-        "Send {\"trace_id\": str, \"plugin_name\": str, \"assertion_id\": str, \"result\": {\"status\": \"pass\"|\"soft_fail\"|\"hard_fail\", \"score\": 0.0-1.0, \"explanation\": str, \"metadata\"?: object}}.",
-    )
-    .with_field(format!("params.{field}"))
-}
+const SHAPE: &str = "Send {\"trace_id\": str, \"plugin_name\": str, \"assertion_id\": str, \"result\": {\"status\": \"pass\"|\"soft_fail\"|\"hard_fail\", \"score\": 0.0-1.0, \"explanation\": str, \"metadata\"?: object}}.";
 
 /// Validates `submit_plugin_result` params into a record.
 pub fn parse(params: Option<&RawValue>) -> Result<PluginResult, RpcError> {
-    let map: Map<String, Value> = crate::params::object(crate::protocol::Method::SubmitPluginResult, params)?;
-    let string = |m: &Map<String, Value>, key: &str, path: &str| match m.get(key) {
-        Some(Value::String(s)) if s.len() > MAX_ID_BYTES => Err(field_error(
-            path,
-            format!(
-                "submit_plugin_result {path} exceeds maximum length: {} > {MAX_ID_BYTES} bytes",
-                s.len()
-            ),
-        )),
-        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
-        None | Some(Value::Null) => Err(field_error(path, format!("submit_plugin_result missing required field: {path}"))),
-        Some(_) => Err(field_error(path, format!("submit_plugin_result {path} must be a non-empty string"))),
+    let map: Map<String, Value> = crate::params::object(Method::SubmitPluginResult, params)?;
+    let p = Members::new(Method::SubmitPluginResult, &map, SHAPE, Wording::Method);
+    // Blank ids would name nothing in a report.
+    let id = |key: &str| match p.required(key, |m, k| m.id(k, MAX_ID_BYTES))? {
+        s if s.trim().is_empty() => Err(p.must_be(key, "a non-empty string")),
+        s => Ok(s.to_owned()),
     };
-    let trace_id = string(&map, "trace_id", "trace_id")?;
-    let plugin_name = string(&map, "plugin_name", "plugin_name")?;
-    let assertion_id = string(&map, "assertion_id", "assertion_id")?;
-    let result = match map.get("result") {
-        Some(Value::Object(r)) => r,
-        None | Some(Value::Null) => return Err(field_error("result", "submit_plugin_result missing required field: result".into())),
-        Some(_) => return Err(field_error("result", "submit_plugin_result result must be an object".into())),
-    };
+    let trace_id = id("trace_id")?;
+    let plugin_name = id("plugin_name")?;
+    let assertion_id = id("assertion_id")?;
+    let result = p.required("result", Members::object)?;
+    const STATUSES: &str = "one of pass, soft_fail, hard_fail";
     let status = match result.get("status") {
-        Some(Value::String(s)) => match Status::parse(s) {
-            Some(status) => status,
-            None => {
-                return Err(field_error(
-                    "result.status",
-                    format!(
-                        "submit_plugin_result result.status '{}' is not one of pass, soft_fail, hard_fail",
-                        clip(s, 60)
-                    ),
-                ))
-            }
-        },
-        None | Some(Value::Null) => {
-            return Err(field_error(
-                "result.status",
-                "submit_plugin_result missing required field: result.status".into(),
-            ))
-        }
-        Some(_) => {
-            return Err(field_error(
-                "result.status",
-                "submit_plugin_result result.status must be one of pass, soft_fail, hard_fail".into(),
-            ))
-        }
+        None => return Err(result.missing("status")),
+        Some(Value::String(s)) => Status::parse(s).ok_or_else(|| {
+            result.error(
+                "status",
+                format!("submit_plugin_result result.status '{}' is not {STATUSES}", clip(s, 60)),
+            )
+        })?,
+        Some(_) => return Err(result.must_be("status", STATUSES)),
     };
     let score = match result.get("score") {
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(x) if (0.0..=1.0).contains(&x) => x,
-            _ => {
-                return Err(field_error(
-                    "result.score",
-                    format!("submit_plugin_result result.score {n} is outside [0, 1]"),
-                ))
-            }
-        },
-        None | Some(Value::Null) => {
-            return Err(field_error(
-                "result.score",
-                "submit_plugin_result missing required field: result.score".into(),
-            ))
-        }
-        Some(_) => {
-            return Err(field_error(
-                "result.score",
-                "submit_plugin_result result.score must be a number in [0, 1]".into(),
-            ))
-        }
+        None => return Err(result.missing("score")),
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .filter(|x| (0.0..=1.0).contains(x))
+            .ok_or_else(|| result.error("score", format!("submit_plugin_result result.score {n} is outside [0, 1]")))?,
+        Some(_) => return Err(result.must_be("score", "a number in [0, 1]")),
     };
-    let explanation = match result.get("explanation") {
-        Some(Value::String(s)) => clip(s, 4096),
-        None | Some(Value::Null) => {
-            return Err(field_error(
-                "result.explanation",
-                "submit_plugin_result missing required field: result.explanation".into(),
-            ))
-        }
-        Some(_) => {
-            return Err(field_error(
-                "result.explanation",
-                "submit_plugin_result result.explanation must be a string".into(),
-            ))
-        }
-    };
+    let explanation = clip(result.required("explanation", Members::string)?, 4096);
     let metadata = match result.get("metadata") {
-        None | Some(Value::Null) => None,
+        None => None,
         Some(m @ Value::Object(_)) => {
             let size = m.to_string().len();
             if size > MAX_METADATA_BYTES {
-                return Err(field_error(
-                    "result.metadata",
+                return Err(result.error(
+                    "metadata",
                     format!("submit_plugin_result result.metadata is too large: {size} > {MAX_METADATA_BYTES} bytes"),
                 ));
             }
             Some(m.clone())
         }
-        Some(_) => {
-            return Err(field_error(
-                "result.metadata",
-                "submit_plugin_result result.metadata must be an object".into(),
-            ))
-        }
+        Some(_) => return Err(result.must_be("metadata", "an object")),
     };
     Ok(PluginResult {
         trace_id,
@@ -254,6 +189,7 @@ pub fn parse(params: Option<&RawValue>) -> Result<PluginResult, RpcError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::ErrorCode;
     use serde_json::json;
 
     fn p(v: Value) -> Result<PluginResult, RpcError> {

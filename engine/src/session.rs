@@ -7,6 +7,7 @@
 use crate::batch::BatchCaches;
 use crate::config::Config;
 use crate::history::History;
+use crate::params::{Members, Wording};
 use crate::plugin_results::PluginResults;
 use crate::plugins::PluginHost;
 use crate::protocol::{Method, RpcError};
@@ -376,44 +377,30 @@ impl InitializeParams {
     fn parse(params: Option<&RawValue>) -> Result<InitializeParams, RpcError> {
         let example = "Send {\"sdk_name\":\"attest-python\",\"sdk_version\":\"0.9.0\",\"protocol_version\":1,\"required_capabilities\":[\"layers_1_4\"],\"preferred_encoding\":\"json\"}.";
         let map: Map<String, Value> = crate::params::object(Method::Initialize, params)?;
-        let bad = |field: &str, want: &str| {
-            RpcError::invalid_params(format!("initialize params field {field} must be {want}"), example)
-                .with_field(format!("params.{field}"))
-        };
-        let missing = |field: &str| {
-            RpcError::invalid_params(format!("initialize params missing required field: {field}"), example)
-                .with_field(format!("params.{field}"))
-        };
-        let string = |field: &str| match map.get(field) {
-            None | Some(Value::Null) => Err(missing(field)),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(_) => Err(bad(field, "a string")),
-        };
-        let sdk_name = string("sdk_name")?;
-        let sdk_version = string("sdk_version")?;
-        let protocol_version = match map.get("protocol_version") {
-            None | Some(Value::Null) => return Err(missing("protocol_version")),
+        let p = Members::new(Method::Initialize, &map, example, Wording::ParamsField);
+        let sdk_name = p.required("sdk_name", Members::string)?.to_owned();
+        let sdk_version = p.required("sdk_version", Members::string)?.to_owned();
+        let protocol_version = match p.get("protocol_version") {
+            None => return Err(p.missing("protocol_version")),
             Some(v) => v
                 .as_i64()
                 .filter(|_| v.is_i64() || v.is_u64())
-                .ok_or_else(|| bad("protocol_version", "an integer"))?,
+                .ok_or_else(|| p.must_be("protocol_version", "an integer"))?,
         };
-        let required_capabilities = match map.get("required_capabilities") {
-            None | Some(Value::Null) => return Err(missing("required_capabilities")),
+        let required_capabilities = match p.get("required_capabilities") {
+            None => return Err(p.missing("required_capabilities")),
             Some(Value::Array(items)) => items
                 .iter()
                 .map(|c| {
                     c.as_str()
                         .map(str::to_owned)
-                        .ok_or_else(|| bad("required_capabilities", "a list of strings"))
+                        .ok_or_else(|| p.must_be("required_capabilities", "a list of strings"))
                 })
                 .collect::<Result<_, _>>()?,
-            Some(_) => return Err(bad("required_capabilities", "a list of strings")),
+            Some(_) => return Err(p.must_be("required_capabilities", "a list of strings")),
         };
-        match map.get("preferred_encoding") {
-            None | Some(Value::Null) | Some(Value::String(_)) => {}
-            Some(_) => return Err(bad("preferred_encoding", "a string (\"json\")")),
-        }
+        p.string("preferred_encoding")
+            .map_err(|_| p.must_be("preferred_encoding", "a string (\"json\")"))?;
         Ok(InitializeParams {
             sdk_name,
             sdk_version,

@@ -106,9 +106,14 @@ impl std::fmt::Display for EvalError {
         match self {
             EvalError::Timeout { done, total } => write!(f, "the deadline passed with {done} of {total} assertions evaluated"),
             EvalError::RegexTimeout => write!(f, "regex checks did not finish before the deadline"),
-            EvalError::PaidTimeout { pending } => write!(f, "{pending} paid assertions were still waiting for their provider at the deadline"),
+            EvalError::PaidTimeout { pending } => {
+                write!(f, "{pending} paid assertions were still waiting for their provider at the deadline")
+            }
             EvalError::BudgetSpent { index, budget, spent } => {
-                write!(f, "assertion {index} refused: the budget of ${budget} is spent (${spent:.6} so far)")
+                write!(
+                    f,
+                    "assertion {index} refused: the budget of ${budget} is spent (${spent:.6} so far)"
+                )
             }
             EvalError::Provider { index, error, .. } => write!(f, "assertion {index}: provider error: {error:?}"),
         }

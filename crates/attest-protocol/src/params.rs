@@ -77,6 +77,129 @@ pub fn member_error(method: Method, text: &str, e: &serde_json::Error, shape: &s
     .with_field(field)
 }
 
+/// The named members of one method's params, read one at a time into typed
+/// values: what `submit_plugin_result`, `query_drift` and `initialize` read
+/// (the others read theirs with serde, through [`Object`] and
+/// [`member_error`]). A member that is null counts as absent. Errors carry
+/// the method's code ([`member_code`]), the member's path
+/// (`params.result.score`), built only when there is an error, and `shape`
+/// as the detail.
+#[derive(Debug)]
+pub struct Members<'a> {
+    method: Method,
+    map: &'a Map<String, Value>,
+    /// `""` at the top, `"result."` inside `result`.
+    prefix: String,
+    shape: &'a str,
+    wording: Wording,
+}
+
+/// How a method words a member's problems: `submit_plugin_result trace_id
+/// must be ...` and `initialize params field sdk_name must be ...`.
+#[derive(Debug, Clone, Copy)]
+pub enum Wording {
+    /// "{method} {member} must be ...", "{method} missing required field: {member}".
+    Method,
+    /// "{method} params field {member} must be ...", "{method} params missing required field: {member}".
+    ParamsField,
+}
+
+impl<'a> Members<'a> {
+    pub fn new(method: Method, map: &'a Map<String, Value>, shape: &'a str, wording: Wording) -> Members<'a> {
+        Members {
+            method,
+            map,
+            prefix: String::new(),
+            shape,
+            wording,
+        }
+    }
+
+    /// The member `key`, unless absent or null.
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    /// The member's name as the messages give it (`result.score`).
+    pub fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// An error about member `key`.
+    pub fn error(&self, key: &str, message: impl Into<String>) -> RpcError {
+        RpcError::new(member_code(self.method), message, self.shape).with_field(format!("params.{}{key}", self.prefix))
+    }
+
+    /// `key` is not of the type or in the range it must be: "{method}
+    /// {member} must be {what}".
+    pub fn must_be(&self, key: &str, what: &str) -> RpcError {
+        let (label, field) = self.label();
+        self.error(key, format!("{label} {field}{} must be {what}", self.name(key)))
+    }
+
+    /// `key` is required and absent (or null).
+    pub fn missing(&self, key: &str) -> RpcError {
+        let (label, _) = self.label();
+        self.error(key, format!("{label} missing required field: {}", self.name(key)))
+    }
+
+    /// How messages begin, and the word before a member's name.
+    fn label(&self) -> (String, &'static str) {
+        let m = self.method.name();
+        match self.wording {
+            Wording::Method => (m.to_owned(), ""),
+            Wording::ParamsField => (format!("{m} params"), "field "),
+        }
+    }
+
+    /// A required member, read by `read` when present.
+    pub fn required<T>(&self, key: &str, read: impl FnOnce(&Self, &str) -> Result<Option<T>, RpcError>) -> Result<T, RpcError> {
+        read(self, key)?.ok_or_else(|| self.missing(key))
+    }
+
+    /// A string member.
+    pub fn string(&self, key: &str) -> Result<Option<&'a str>, RpcError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(self.must_be(key, "a string")),
+        }
+    }
+
+    /// A non-empty string member of at most `max_bytes`.
+    pub fn id(&self, key: &str, max_bytes: usize) -> Result<Option<&'a str>, RpcError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) if s.len() > max_bytes => Err(self.error(
+                key,
+                format!(
+                    "{} {} exceeds maximum length: {} > {max_bytes} bytes",
+                    self.method.name(),
+                    self.name(key),
+                    s.len()
+                ),
+            )),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+            Some(_) => Err(self.must_be(key, "a non-empty string")),
+        }
+    }
+
+    /// An object member, to read the members of.
+    pub fn object(&self, key: &str) -> Result<Option<Members<'a>>, RpcError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Object(map)) => Ok(Some(Members {
+                method: self.method,
+                map,
+                prefix: format!("{}{key}.", self.prefix),
+                shape: self.shape,
+                wording: self.wording,
+            })),
+            Some(_) => Err(self.must_be(key, "an object")),
+        }
+    }
+}
+
 /// A `T` read only from a JSON object. serde's derived structs also accept
 /// arrays, positionally (`["a", "content", {…}]` as an assertion); named
 /// members are the protocol, so an array is refused as the wrong type.
@@ -256,5 +379,36 @@ mod tests {
     #[test]
     fn absent_params_are_empty() {
         assert!(object(Method::ListPlugins, None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn members_name_their_path_in_the_methods_code_and_wording() {
+        let map: Map<String, Value> =
+            serde_json::from_str(r#"{"id": "", "long": "xxxxxxxxxx", "n": 3, "result": {"score": "high", "note": null}}"#).unwrap();
+        let p = Members::new(Method::SubmitPluginResult, &map, "shape", Wording::Method);
+        let e = p.id("id", 8).unwrap_err();
+        assert_eq!(e.code, ErrorCode::AssertionError);
+        assert_eq!(e.message, "submit_plugin_result id must be a non-empty string");
+        assert_eq!(e.field.as_deref(), Some("params.id"));
+        assert_eq!(e.detail, "shape");
+        let e = p.id("long", 8).unwrap_err();
+        assert_eq!(e.message, "submit_plugin_result long exceeds maximum length: 10 > 8 bytes");
+        assert_eq!(p.string("n").unwrap_err().message, "submit_plugin_result n must be a string");
+        assert_eq!(p.string("absent").unwrap(), None);
+        let result = p.required("result", Members::object).unwrap();
+        assert_eq!(result.get("note"), None, "null reads as absent");
+        let e = result.required("note", Members::string).unwrap_err();
+        assert_eq!(e.message, "submit_plugin_result missing required field: result.note");
+        assert_eq!(e.field.as_deref(), Some("params.result.note"));
+        assert_eq!(p.object("n").unwrap_err().message, "submit_plugin_result n must be an object");
+
+        let init = Members::new(Method::Initialize, &map, "example", Wording::ParamsField);
+        let e = init.string("n").unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidParams);
+        assert_eq!(e.message, "initialize params field n must be a string");
+        assert_eq!(
+            init.missing("sdk_name").message,
+            "initialize params missing required field: sdk_name"
+        );
     }
 }
