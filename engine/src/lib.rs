@@ -1,27 +1,31 @@
-//! attest-engine: the Attest evaluation engine.
+//! attest-engine: the Attest evaluation engine as a product.
 //!
 //! SDKs spawn the `attest-engine` binary and talk JSON-RPC 2.0 over NDJSON on
-//! stdin/stdout. This crate is that engine as a library, so the binary, the
-//! `eval` command and the tests all drive the same code.
+//! stdin/stdout; `eval`, `calibrate`, `plugin`, `collect`, `worker` and `ecp`
+//! reach the same evaluator without the wire. This crate is the thin layer
+//! around `attest-core`'s evaluator: the front doors, sessions, params,
+//! configuration, reports, and the one place domain errors become JSON-RPC
+//! errors (`docs/architecture.md` is the map).
 //!
 //! Where things live:
-//! - [`protocol`], [`params`], [`json_errors`], [`transport`]: the wire, from
-//!   the `attest-protocol` crate: JSON-RPC envelopes and error codes, the rule
-//!   for malformed params, bounded NDJSON framing on stdin/stdout.
-//! - [`server`]: the request loop, concurrency, back-pressure and draining.
-//! - [`session`]: session state, `initialize`, `shutdown`, counters.
-//! - [`trace`], [`watchdog`]: the trace model and its validation (Attest
-//!   protocol v1 §7) and the regex threads, from the `attest-core` crate,
-//!   which also holds the native layers.
-//! - [`target`], [`text`]: the target/field grammar and bounded quoting, from
-//!   the `attest-trace` crate the plugin SDK uses too.
-//! - [`layers`]: the compiled assertion over the core's native layers and
-//!   the engine's own (embedding, llm_judge, plugin).
-//! - [`batch`]: `evaluate_batch` orchestration and the idempotency cache.
-//! - [`plugin_results`]: `submit_plugin_result` validation and recording.
-//! - [`plugins`]: the WebAssembly plugin host (layer 8) and its sandbox.
-//! - [`providers`]: embedding and LLM judge providers (layers 5 and 6), their cache.
-//! - [`config`], [`logging`], [`eval_cmd`]: configuration, stderr logs, the CLI evaluator.
+//! - [`server`]: the request loop, concurrency, back-pressure, draining, dispatch.
+//! - [`session`]: session state, `initialize`, `shutdown`, counters, the backends.
+//! - [`batch`]: `evaluate_batch` around the evaluator, result shaping, `Suite`.
+//! - [`sinks`]: where evaluations are recorded (`request_id` cache, history,
+//!   session log, spending).
+//! - [`errors`]: domain errors to JSON-RPC errors.
+//! - [`plugin_results`], [`query_drift`], [`simulation`]: the other methods.
+//! - [`config`], [`logging`], [`report`], [`alerts`]: configuration, stderr
+//!   logs, session reports, drift alerts.
+//! - [`eval_cmd`], [`calibrate_cmd`], [`collect_host`], [`ecp_host`]: the
+//!   front doors besides the stdio server.
+//!
+//! Re-exported under one path: [`protocol`], [`params`], [`json_errors`],
+//! [`transport`] (`attest-protocol`); [`trace`], [`layers`], [`evaluator`],
+//! [`lane`], [`watchdog`] (`attest-core`, with layers 5, 6 and 8 from the
+//! backends); [`plugins`] (`attest-plugin-host`), [`providers`]
+//! (`attest-providers`), [`history`] (`attest-history`); [`target`],
+//! [`text`] (`attest-trace`).
 
 pub use attest_protocol::{json_errors, params, protocol, transport};
 pub mod alerts;
