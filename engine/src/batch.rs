@@ -10,13 +10,12 @@
 //! and the ECP runtime.
 
 use crate::config::Config;
-use crate::errors::{eval_error, request_id_reused, spec_error, trace_error};
+use crate::errors::{eval_error, provider_missing, request_id_reused, spec_error, trace_error, trace_not_json};
 use crate::evaluator::{self, EvalError, Outcome};
 use crate::lane::Lane;
 use crate::layers::{AssertionType, CompiledAssertion, SpecError, Status};
 use crate::params::Object;
 use crate::protocol::{ErrorCode, RpcError};
-use crate::providers::ProviderError;
 use crate::session::Engine;
 use crate::sinks::Evaluation;
 use crate::text::{clip_in_place, quote};
@@ -410,14 +409,7 @@ impl Suite {
         effects: Effects,
     ) -> Result<BatchResult, RpcError> {
         let started = Instant::now();
-        let trace_raw: &RawValue = serde_json::from_str(trace_text).map_err(|e| {
-            RpcError::new(
-                ErrorCode::InvalidTrace,
-                format!("trace is not valid JSON: {}", crate::text::clip(&e.to_string(), 200)),
-                "Send the trace as a JSON object.",
-            )
-            .with_field("trace")
-        })?;
+        let trace_raw: &RawValue = serde_json::from_str(trace_text).map_err(|e| trace_not_json(&e))?;
         let parsed = parse_trace(trace_raw, &engine.limits).map_err(trace_error)?;
         for w in &parsed.warnings {
             tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
@@ -527,6 +519,7 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
             outcomes: &evaluation.outcomes,
             results: &results,
             trace_digest,
+            alerts: &evaluation.alerts,
         },
         effects,
     );
@@ -696,15 +689,8 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
         // A paid layer without its provider is a configuration error, found
         // before anything is evaluated (and never worth retrying as is).
         if kind.is_paid() {
-            if let Some(ProviderError::Unavailable { message, detail }) = engine.providers.missing_for(kind) {
-                return Err(RpcError::new(
-                    ErrorCode::ProviderError,
-                    format!("assertion {} ({}): {message}", quote(id), kind.name()),
-                    detail,
-                )
-                .not_retryable()
-                .with_assertion(id)
-                .with_field(format!("params.assertions[{i}]")));
+            if let Some(missing) = engine.providers.missing_for(kind) {
+                return Err(provider_missing(missing, i, id, kind));
             }
         }
         let spec_text = w.spec.map_or("null", |s| s.get());

@@ -10,7 +10,7 @@ use crate::layers::{AssertionType, SpecError};
 use crate::protocol::{ErrorCode, RpcError};
 use crate::providers::ProviderError;
 use crate::sinks::RequestIdReused;
-use crate::text::{num, quote};
+use crate::text::{clip, num, quote};
 use crate::trace::validate::TraceError;
 use std::time::Duration;
 
@@ -97,6 +97,74 @@ pub fn eval_error<'a>(e: EvalError, assertion: impl Fn(usize) -> (&'a str, Asser
                 .with_field(format!("params.assertions[{index}]"))
         }
     }
+}
+
+/// A trace text that is not JSON at all is `1001`.
+pub fn trace_not_json(e: &serde_json::Error) -> RpcError {
+    RpcError::new(
+        ErrorCode::InvalidTrace,
+        format!("trace is not valid JSON: {}", clip(&e.to_string(), 200)),
+        "Send the trace as a JSON object.",
+    )
+    .with_field("trace")
+}
+
+/// A paid assertion whose layer has no provider is `2001`, found before
+/// anything runs, and not worth retrying as is.
+pub fn provider_missing(e: ProviderError, index: usize, assertion_id: &str, kind: AssertionType) -> RpcError {
+    let (message, detail) = match e {
+        ProviderError::Unavailable { message, detail } => (message, detail),
+        other => (other.to_string(), "See README, Layers 5 and 6.".to_owned()),
+    };
+    RpcError::new(
+        ErrorCode::ProviderError,
+        format!("assertion {} ({}): {message}", quote(assertion_id), kind.name()),
+        detail,
+    )
+    .not_retryable()
+    .with_assertion(assertion_id)
+    .with_field(format!("params.assertions[{index}]"))
+}
+
+/// `generate_user_message`'s provider failures: a timeout is `3002`, the
+/// rest `2001`.
+pub fn simulation_failed(e: ProviderError) -> RpcError {
+    match e {
+        ProviderError::Timeout => RpcError::new(
+            ErrorCode::Timeout,
+            "generate_user_message timed out",
+            "The provider did not answer before the engine's deadline; raise --eval-timeout or check the provider.",
+        ),
+        ProviderError::Failed { message, .. } => RpcError::new(
+            ErrorCode::ProviderError,
+            format!("generate_user_message failed: {message}"),
+            "Check LLM provider availability and retry.",
+        ),
+        ProviderError::Unavailable { message, detail } => RpcError::new(
+            ErrorCode::ProviderError,
+            format!("generate_user_message needs an LLM: {message}"),
+            detail,
+        ),
+    }
+}
+
+/// `query_drift` on an engine without a history: configuration, not a fault.
+pub fn history_unavailable() -> RpcError {
+    RpcError::new(
+        ErrorCode::ProviderError,
+        "history store not available",
+        "Result history is off or could not be opened (see the engine log). Enable it with history = true in the config file (or unset ATTEST_HISTORY=false, drop --no-history) and make sure the cache directory (ATTEST_CACHE_DIR) is writable.",
+    )
+    .not_retryable()
+}
+
+/// The history could not be read: `3001`.
+pub fn history_failed(e: &dyn std::fmt::Display) -> RpcError {
+    RpcError::new(
+        ErrorCode::EngineError,
+        format!("query_drift failed: {e}"),
+        "The history database could not be read; see the engine log.",
+    )
 }
 
 #[cfg(test)]

@@ -125,16 +125,7 @@ fn evaluate_files(
 fn trace_problem(engine: &Engine, trace_text: &str) -> Option<RpcError> {
     let raw: &RawValue = match serde_json::from_str(trace_text) {
         Ok(raw) => raw,
-        Err(e) => {
-            return Some(
-                RpcError::new(
-                    crate::protocol::ErrorCode::InvalidTrace,
-                    format!("trace is not valid JSON: {}", clip(&e.to_string(), 200)),
-                    "Send the trace as a JSON object.",
-                )
-                .with_field("trace"),
-            )
-        }
+        Err(e) => return Some(crate::errors::trace_not_json(&e)),
     };
     crate::trace::parse_trace(raw, &engine.limits).err().map(crate::errors::trace_error)
 }

@@ -429,13 +429,9 @@ async fn dispatch(
                 })
             };
             let mut result = run.await?;
-            for alert in result.alerts.drain(..) {
-                if engine.config.drift_alerts {
-                    notes.extend(crate::alerts::notification(&alert));
-                }
-                if let Some(webhook) = &engine.webhook {
-                    webhook.send(alert);
-                }
+            // The webhook has them from the sinks; the SDK reads them as notifications.
+            if engine.config.drift_alerts {
+                notes.extend(result.alerts.drain(..).filter_map(|alert| crate::alerts::notification(&alert)));
             }
             let raw = to_raw(&result)?;
             if raw.get().len() <= budget {
@@ -456,22 +452,7 @@ async fn dispatch(
         Method::SubmitPluginResult => {
             let record = plugin_results::parse(params)?;
             tracing::debug!(trace_id = %record.trace_id, plugin = %record.plugin_name, "plugin result recorded");
-            if let Some(history) = &engine.sinks.history {
-                history.record(crate::history::Rows {
-                    keyed: false,
-                    trace_id: record.trace_id.clone(),
-                    agent_id: None,
-                    rows: vec![crate::history::Row {
-                        assertion_id: record.assertion_id.clone(),
-                        spec: crate::history::SpecDigest::submitted(&record.plugin_name),
-                        assertion_type: "plugin",
-                        status: record.status,
-                        score: record.score,
-                    }],
-                });
-            }
-            engine.plugin_results.record(record);
-            engine.sinks.count_evaluated(1);
+            engine.sinks.record_submitted(record);
             to_raw(&Accepted { accepted: true })
         }
         Method::ListPlugins => to_raw(&engine.plugins.listing(budget)),
@@ -480,12 +461,7 @@ async fn dispatch(
             let (subject, window) = crate::query_drift::parse_query(params)?;
             if engine.sinks.history.is_none() {
                 // A backend this engine was not given: configuration, not a fault.
-                return Err(RpcError::new(
-                    ErrorCode::ProviderError,
-                    "history store not available",
-                    "Result history is off or could not be opened (see the engine log). Enable it with history = true in the config file (or unset ATTEST_HISTORY=false, drop --no-history) and make sure the cache directory (ATTEST_CACHE_DIR) is writable.",
-                )
-                .not_retryable());
+                return Err(crate::errors::history_unavailable());
             }
             // History reads take the store's lock and the disk: off the async workers.
             let engine = engine.clone();
@@ -495,7 +471,7 @@ async fn dispatch(
                     history.drift(subject, window)
                 })
                 .await
-                .map_err(|e| RpcError::new(ErrorCode::EngineError, format!("query_drift failed: {e}"), "The history database could not be read; see the engine log.",))?;
+                .map_err(|e| crate::errors::history_failed(&e))?;
             to_raw(&serde_json::json!({ "report": report }))
         }
         Method::GenerateUserMessage => {

@@ -8,7 +8,6 @@ use crate::batch::BatchCaches;
 use crate::config::Config;
 use crate::history::History;
 use crate::params::{Members, Wording};
-use crate::plugin_results::PluginResults;
 use crate::plugins::PluginHost;
 use crate::protocol::{Method, RpcError};
 use crate::providers::Providers;
@@ -30,8 +29,8 @@ pub const OLDEST_PROTOCOL_VERSION: i64 = PROTOCOL_VERSION - 1;
 /// What this build really supports. `soft_failures`: `soft: true` yields
 /// `soft_fail` on every layer-1–4 check that allows it.
 /// `multi_agent`/`layer_7`/`trace_tree`: `trace_tree` assertions over
-/// sub-traces (Attest protocol v1 names the first, its layer table the second, the
-/// reference engine the third; the SDK may ask for any of them).
+/// sub-traces (Attest protocol v1 names the first, its layer table the second, and
+/// other engines advertise the third; the SDK may ask for any of them).
 /// `plugins`/`layer_8`: WebAssembly assertion plugins run inside the engine,
 /// and `submit_plugin_result` is validated and recorded.
 pub const CAPABILITIES: &[&str] = &[
@@ -68,11 +67,8 @@ pub struct Engine {
     /// Admission number of the `shutdown` request; later requests are refused.
     shutdown_seq: AtomicU64,
     pub caches: BatchCaches,
-    pub plugin_results: PluginResults,
     /// WebAssembly assertion plugins (layer 8).
     pub plugins: PluginHost,
-    /// Where drift alerts are posted, if configured.
-    pub webhook: Option<crate::alerts::Webhook>,
     /// Where evaluations are recorded: the `request_id` cache, history,
     /// the session log, the evaluated count and spending.
     pub sinks: Sinks,
@@ -134,10 +130,8 @@ impl Engine {
             });
         Engine {
             providers: Arc::new(Providers::new(&config.providers)),
-            webhook,
-            sinks: Sinks::new(&config, history),
+            sinks: Sinks::new(&config, history, webhook),
             caches: BatchCaches::new(&config),
-            plugin_results: PluginResults::new(config.max_plugin_results, config.plugin_results_bytes),
             plugins,
             limits,
             config,
@@ -216,7 +210,7 @@ impl Engine {
                 .unwrap_or_default();
             let mut report = crate::report::Report::build(
                 &self.sinks.session_log.batches(),
-                &self.plugin_results.all(),
+                &self.sinks.plugin_results.all(),
                 self.config.budget_usd,
                 now,
             );

@@ -11,9 +11,10 @@
 //!
 //! Result: `{"message": "<text>"}`.
 
+use crate::errors::simulation_failed;
 use crate::params::Object;
 use crate::protocol::{ErrorCode, Method, RpcError};
-use crate::providers::{Chat, ProviderError, Providers};
+use crate::providers::{Chat, Providers};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -111,7 +112,7 @@ fn parse(params: Option<&RawValue>) -> Result<Params, RpcError> {
 /// Answers one `generate_user_message` request.
 pub async fn generate(providers: &Providers, params: Option<&RawValue>, deadline: Instant) -> Result<Value, RpcError> {
     let p = parse(params)?;
-    let judge = providers.judge().map_err(to_rpc)?;
+    let judge = providers.judge().map_err(simulation_failed)?;
     let faults = p.fault_config.map(|f| f.0).unwrap_or_default();
     if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
         return Err(RpcError::new(
@@ -167,32 +168,12 @@ pub async fn generate(providers: &Providers, params: Option<&RawValue>, deadline
         temperature: p.persona.temperature.unwrap_or(0.7),
         max_tokens: p.persona.max_tokens.filter(|m| *m > 0).unwrap_or(300),
     };
-    let (c, _cost) = providers.complete(judge, &chat, deadline).await.map_err(to_rpc)?;
+    let (c, _cost) = providers.complete(judge, &chat, deadline).await.map_err(simulation_failed)?;
     let mut message = c.text.trim().to_owned();
     if faults.content_corruption {
         message = corrupt(&message);
     }
     Ok(json!({ "message": message }))
-}
-
-fn to_rpc(e: ProviderError) -> RpcError {
-    match e {
-        ProviderError::Timeout => RpcError::new(
-            ErrorCode::Timeout,
-            "generate_user_message timed out",
-            "The provider did not answer before the engine's deadline; raise --eval-timeout or check the provider.",
-        ),
-        ProviderError::Failed { message, .. } => RpcError::new(
-            ErrorCode::ProviderError,
-            format!("generate_user_message failed: {message}"),
-            "Check LLM provider availability and retry.",
-        ),
-        ProviderError::Unavailable { message, detail } => RpcError::new(
-            ErrorCode::ProviderError,
-            format!("generate_user_message needs an LLM: {message}"),
-            detail,
-        ),
-    }
 }
 
 /// Swaps each adjacent pair of characters with probability 0.3: typos a

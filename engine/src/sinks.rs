@@ -7,13 +7,19 @@
 //!   ([`Sinks::answered`]);
 //! - the result history (rows for `query_drift` and dynamic thresholds);
 //! - the session log behind the session reports;
+//! - the drift webhook;
 //! - the session's counters: assertions evaluated and money spent.
+//!
+//! Results SDKs submit themselves (`submit_plugin_result`) go through
+//! [`Sinks::record_submitted`].
 
+use crate::alerts::Webhook;
 use crate::batch::{AssertionResult, Effects, MAX_DETAILS_BYTES};
 use crate::config::Config;
 use crate::evaluator::{Outcome, Planned};
-use crate::history::{History, Row, Rows};
+use crate::history::{DriftReport, History, Row, Rows, SpecDigest};
 use crate::layers::AssertionType;
+use crate::plugin_results::{PluginResult, PluginResults};
 use crate::report::{LoggedBatch, ReportedResult, SessionLog};
 use crate::text::quote;
 use crate::trace::Trace;
@@ -34,6 +40,8 @@ pub struct Evaluation<'a> {
     pub results: &'a [AssertionResult],
     /// Hash of the trace text, when some assertion carries a `request_id`.
     pub trace_digest: Option<u64>,
+    /// Drift detected by dynamic thresholds.
+    pub alerts: &'a [DriftReport],
 }
 
 /// A `request_id` sent again for a different assertion or trace.
@@ -62,6 +70,10 @@ pub struct Sinks {
     pub history: Option<History>,
     /// Results kept for the session reports (only when reports are configured).
     pub session_log: SessionLog,
+    /// Results SDKs submitted (`submit_plugin_result`), for the reports.
+    pub plugin_results: PluginResults,
+    /// Where drift alerts are posted, if configured.
+    webhook: Option<Webhook>,
     evaluated: AtomicU64,
     /// What paid assertions have cost this session, in USD (f64 bits).
     cost: AtomicU64,
@@ -95,7 +107,7 @@ impl quick_cache::Weighter<String, Arc<CachedResult>> for ResultWeight {
 }
 
 impl Sinks {
-    pub fn new(config: &Config, history: Option<History>) -> Sinks {
+    pub fn new(config: &Config, history: Option<History>, webhook: Option<Webhook>) -> Sinks {
         let results = config.idempotency_cache_entries.max(1);
         Sinks {
             by_request_id: Cache::with_weighter(
@@ -107,6 +119,8 @@ impl Sinks {
             ),
             history,
             session_log: SessionLog::new(!config.reports.is_empty(), config.session_log_bytes),
+            plugin_results: PluginResults::new(config.max_plugin_results, config.plugin_results_bytes),
+            webhook,
             evaluated: AtomicU64::new(0),
             cost: AtomicU64::new(0),
         }
@@ -168,6 +182,11 @@ impl Sinks {
             return;
         }
         self.evaluated.fetch_add(e.results.len() as u64, Ordering::Relaxed);
+        if let Some(webhook) = &self.webhook {
+            for alert in e.alerts {
+                webhook.send(alert.clone());
+            }
+        }
         if let Some(history) = &self.history {
             history.record(Rows {
                 keyed: false,
@@ -212,14 +231,30 @@ impl Sinks {
         }
     }
 
+    /// Records a result an SDK computed itself (`submit_plugin_result`):
+    /// for the reports, the history and the evaluated count.
+    pub fn record_submitted(&self, record: PluginResult) {
+        if let Some(history) = &self.history {
+            history.record(Rows {
+                keyed: false,
+                trace_id: record.trace_id.clone(),
+                agent_id: None,
+                rows: vec![Row {
+                    assertion_id: record.assertion_id.clone(),
+                    spec: SpecDigest::submitted(&record.plugin_name),
+                    assertion_type: "plugin",
+                    status: record.status,
+                    score: record.score,
+                }],
+            });
+        }
+        self.plugin_results.record(record);
+        self.evaluated.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Forgets every `request_id` (the `eval` command treats each trace as its own run).
     pub fn forget_request_ids(&self) {
         self.by_request_id.clear();
-    }
-
-    /// Counts assertions evaluated outside a batch (`submit_plugin_result`).
-    pub fn count_evaluated(&self, n: u64) {
-        self.evaluated.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn evaluated(&self) -> u64 {

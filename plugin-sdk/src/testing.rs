@@ -26,15 +26,16 @@ pub fn message_trace(message: &str) -> Value {
 }
 
 /// Asserts that `P::info()` is something the engine will accept: a
-/// non-empty id of lowercase letters, digits and dashes, a `x.y.z` version,
+/// non-empty id the engine accepts ([`attest_trace::is_plugin_id`]), a `x.y.z` version,
 /// and a config schema that is a JSON object declaring draft 2020-12 and
 /// `"type": "object"`. Returns the parsed schema for further checks.
 pub fn check_info<P: AssertionPlugin>() -> Value {
     let info = P::info();
     assert!(
-        !info.id.is_empty() && info.id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
-        "plugin id {:?} should be lowercase letters, digits and dashes",
-        info.id
+        attest_trace::is_plugin_id(&info.id),
+        "plugin id {:?} should hold only {} (the engine refuses other ids)",
+        info.id,
+        attest_trace::PLUGIN_ID_RULE
     );
     let parts: Vec<&str> = info.version.split('.').collect();
     assert!(

@@ -1,4 +1,4 @@
-//! Spec §7 trace validation through the binary: every rule's message, its
+//! Attest protocol v1 §7 trace validation through the binary: every rule's message, its
 //! field, the limits at and just past their boundary, and the order in which
 //! rules are applied (the first failing rule is the one reported).
 
@@ -321,7 +321,7 @@ fn nesting_depth_6_is_rejected_and_5_accepted() {
 
 #[test]
 fn nesting_depth_message_reports_the_actual_depth() {
-    // Spec §7: "trace nesting depth <actual> exceeds maximum 5".
+    // Attest protocol v1 §7: "trace nesting depth <actual> exceeds maximum 5".
     let mut e = engine();
     expect_invalid(&mut e, &nested(9), "trace nesting depth 9 exceeds maximum 5", "trace.steps");
 }

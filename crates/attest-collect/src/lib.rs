@@ -102,7 +102,7 @@ pub trait Evaluator: Send + Sync + 'static {
     fn compile(&self, rule: &str, assertions: &[serde_json::Value]) -> Result<Arc<dyn Suite>, RuleError>;
 }
 
-/// A compiled rule: evaluates Attest traces (protocol §3 shape).
+/// A compiled rule: evaluates Attest traces (the shape of Attest protocol v1 §3).
 pub trait Suite: Send + Sync + 'static {
     fn evaluate<'a>(&'a self, trace: &'a serde_json::Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>;
 

@@ -29,6 +29,19 @@ pub enum ProviderError {
     Unavailable { message: String, detail: String },
 }
 
+impl std::fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProviderError::Timeout => write!(f, "the provider did not answer before the deadline"),
+            ProviderError::Failed { message, attempts: 1 } => write!(f, "{message}"),
+            ProviderError::Failed { message, attempts } => write!(f, "{message} (after {attempts} attempts)"),
+            ProviderError::Unavailable { message, .. } => write!(f, "{message}"),
+        }
+    }
+}
+
+impl std::error::Error for ProviderError {}
+
 impl ProviderError {
     pub fn failed(message: impl Into<String>, attempts: u32) -> ProviderError {
         ProviderError::Failed {

@@ -115,7 +115,7 @@ impl std::fmt::Display for EvalError {
                     "assertion {index} refused: the budget of ${budget} is spent (${spent:.6} so far)"
                 )
             }
-            EvalError::Provider { index, error, .. } => write!(f, "assertion {index}: provider error: {error:?}"),
+            EvalError::Provider { index, error, .. } => write!(f, "assertion {index}: {error}"),
         }
     }
 }

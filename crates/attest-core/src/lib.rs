@@ -21,7 +21,7 @@ pub mod trace;
 pub mod watchdog;
 
 /// Field paths for JSON that parses but cannot become a value.
-use attest_protocol::json_errors;
+use attest_trace::json_errors;
 /// The target/field grammar shared with the plugin SDK.
 pub use attest_trace::target;
 /// Bounded quoting and number formatting, shared with the plugin SDK.

@@ -395,15 +395,11 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Stri
     let info = sandbox
         .describe(&prepared, &file_label, &spec.limits)
         .map_err(|f| format!("describe() failed: the plugin {f}"))?;
-    if info.id.is_empty()
-        || !info
-            .id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-    {
+    if !attest_trace::is_plugin_id(&info.id) {
         return Err(format!(
-            "plugin id '{}' is invalid: use letters, digits, '-', '_' and '.'",
-            crate::text::clip(&info.id, 60)
+            "plugin id '{}' is invalid: use {}",
+            crate::text::clip(&info.id, 60),
+            attest_trace::PLUGIN_ID_RULE
         ));
     }
     let config_schema: Value =

@@ -9,7 +9,8 @@
 //! The engine's server, session and evaluator sit on top; nothing here
 //! knows about traces or assertions.
 
-pub mod json_errors;
+/// JSON error locations, from `attest-trace` (trace validation names fields with them too).
+pub use attest_trace::json_errors;
 pub mod params;
 pub mod protocol;
 pub mod transport;

@@ -70,7 +70,7 @@ impl ErrorCode {
         }
     }
 
-    /// Spec §5: provider errors and timeouts may succeed on retry; nothing else will.
+    /// Attest protocol v1 §5: provider errors and timeouts may succeed on retry; nothing else will.
     pub fn retryable(self) -> bool {
         matches!(self, ErrorCode::ProviderError | ErrorCode::Timeout)
     }

@@ -5,7 +5,10 @@
 //!   model of its `sub_trace` (the engine's eager one, the SDK's lazy one);
 //! - [`target`]: the target/field grammar every layer uses, and its
 //!   resolution against any trace model that implements [`TraceView`];
-//! - [`text`]: bounded quoting and number formatting for explanations.
+//! - [`trace`]: the eager trace model the engine evaluates;
+//! - [`text`]: bounded quoting, number formatting and the one value
+//!   describer for explanations, and [`is_plugin_id`], the plugin-id rule;
+//! - [`json_errors`]: which member of valid JSON text cannot become a value.
 //!
 //! It depends on serde and serde_json only and builds for wasm32, so a
 //! plugin resolves a target and words an explanation exactly as the engine
@@ -14,12 +17,23 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod json_errors;
 pub mod target;
 pub mod text;
 pub mod trace;
 
 pub use target::{Missing, StepView, Target, TargetSyntaxError, TraceView, GRAMMAR_HINT};
 pub use trace::Trace;
+
+/// What a plugin id may hold, for messages.
+pub const PLUGIN_ID_RULE: &str = "letters, digits, '-', '_' and '.'";
+
+/// Whether `id` may name a plugin ([`PLUGIN_ID_RULE`], not empty): the
+/// engine refuses to load a plugin whose `describe()` gives another id, and
+/// the SDK's tests check the same rule.
+pub fn is_plugin_id(id: &str) -> bool {
+    !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
 
 /// An assertion's outcome (Attest protocol v1 §2.2): the engine's results, and the
 /// results continuous evaluation records.
@@ -182,7 +196,7 @@ impl<T> StepView for Step<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::Status;
+    use super::{is_plugin_id, Status};
 
     #[test]
     fn statuses_parse_from_their_names_only() {
@@ -191,5 +205,15 @@ mod tests {
         }
         assert_eq!(Status::parse("Pass"), None);
         assert_eq!(Status::parse("fail"), None);
+    }
+
+    #[test]
+    fn plugin_ids_are_letters_digits_dashes_underscores_and_dots() {
+        for ok in ["pii-leak", "acme.tone_v2", "X1"] {
+            assert!(is_plugin_id(ok), "{ok}");
+        }
+        for bad in ["", "has space", "slash/id", "émoji", "semi;colon"] {
+            assert!(!is_plugin_id(bad), "{bad}");
+        }
     }
 }

@@ -204,7 +204,7 @@ fn walk<'t>(mut cur: Cow<'t, Value>, path: &[Segment], base: &str) -> Result<Cow
                 return Err(Missing(format!(
                     "{} is {}, so {} cannot be read from it",
                     at(),
-                    describe_kind(&c),
+                    crate::text::describe(&c),
                     seg.describe()
                 )))
             }
@@ -220,17 +220,6 @@ fn missing_key<'a>(key: &str, at: &str, keys: impl Iterator<Item = &'a String>) 
         Missing(format!("field {} not found in {at} (it is empty)", quote(key)))
     } else {
         Missing(format!("field {} not found in {at} (available: {})", quote(key), quote_list(&keys)))
-    }
-}
-
-fn describe_kind(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("a boolean ({b})"),
-        Value::Number(n) => format!("a number ({n})"),
-        Value::String(s) => format!("a string ({})", quote(s)),
-        Value::Array(a) => format!("an array of {}", a.len()),
-        Value::Object(_) => "an object".into(),
     }
 }
 
@@ -602,7 +591,7 @@ mod tests {
             );
             assert_eq!(
                 get("output.message.x").unwrap_err().0,
-                "output.message is a string ('done'), so field 'x' cannot be read from it"
+                "output.message is a string (\"done\"), so field 'x' cannot be read from it"
             );
             assert_eq!(
                 get("steps[?name=='lookup'].result.items[9]").unwrap_err().0,

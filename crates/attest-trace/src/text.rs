@@ -109,6 +109,20 @@ pub fn kind_name(v: &serde_json::Value) -> &'static str {
     }
 }
 
+/// A value as messages describe it: its kind, and for a scalar its clipped
+/// JSON text (`a string ("abc")`, `a number (3)`, `a boolean (true)`,
+/// `null`, `an array`, `an object`, `an empty object`). The one describer
+/// of the engine, its layers and the plugin SDK.
+pub fn describe(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null".into(),
+        Value::Object(m) if m.is_empty() => "an empty object".into(),
+        Value::Array(_) | Value::Object(_) => kind_name(v).into(),
+        other => format!("{} ({})", kind_name(other), clip(&other.to_string(), 60)),
+    }
+}
+
 /// Formats a number the way people write it: `3`, `0.0067`, `1e-9`,
 /// `1e308` (never hundreds of digits).
 pub fn num(x: f64) -> String {

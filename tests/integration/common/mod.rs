@@ -23,7 +23,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 /// SDK readers fail on response lines longer than this (excluding `\n`).
 pub const MAX_RESPONSE_LINE: usize = 65_536;
-/// Spec §7 limits.
+/// Attest protocol v1 §7 limits.
 pub const MAX_TRACE_BYTES: usize = 10_485_760;
 pub const MAX_STEPS: usize = 10_000;
 pub const MAX_OUTPUT_CHARS: usize = 500_000;
@@ -351,7 +351,7 @@ impl Drop for Engine {
 
 // ---------------------------------------------------------------- requests
 
-/// Spec §2.1 initialize params.
+/// Attest protocol v1 §2.1 initialize params.
 pub fn init_params() -> Value {
     json!({
         "sdk_name": "attest-rust-tests",

@@ -4,7 +4,7 @@
 //! Specs are forward-compatible (Attest protocol v1 §6): unknown keys are ignored, and an
 //! explicit `null` means "not given" (the SDK sends `"model": null`).
 
-use crate::text::{clip, quote};
+use crate::text::quote;
 use serde_json::{Map, Value};
 use std::fmt;
 
@@ -32,6 +32,8 @@ impl fmt::Display for SpecError {
         f.write_str(&self.message)
     }
 }
+
+impl std::error::Error for SpecError {}
 
 /// Typed, error-reporting access to a spec object.
 pub struct Spec<'a> {
@@ -180,16 +182,5 @@ impl<'a> Spec<'a> {
     }
 }
 
-/// `a string ('abc')`, `a number (3)`, `an array`: for error messages.
-pub fn type_name(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("a boolean ({b})"),
-        Value::Number(n) => format!("a number ({n})"),
-        Value::String(s) if s.is_empty() => "an empty string".into(),
-        Value::String(s) => format!("a string ('{}')", clip(s, 60)),
-        Value::Array(a) if a.is_empty() => "an empty array".into(),
-        Value::Array(_) => "an array".into(),
-        Value::Object(_) => "an object".into(),
-    }
-}
+/// How messages describe a value (`a string ("abc")`, `an object`).
+pub use crate::text::describe as type_name;

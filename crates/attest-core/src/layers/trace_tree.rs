@@ -3,7 +3,7 @@
 //! This module owns the `trace_tree` assertion: the checks SDK 0.9.0 emits,
 //! their spec fields, and their verdicts. The tree itself (walk order, agent
 //! attribution, aggregates) is [`crate::trace::tree`]'s. Semantics, and where
-//! they deliberately differ from the reference engine, are in docs/trace_tree.md.
+//! they deliberately differ from other engines of the protocol, are in docs/trace_tree.md.
 //!
 //! Two notions of "agent" meet here. A *trace-level* agent is the `agent_id`
 //! of the root or of a sub-trace; output, input and delegation checks use it.

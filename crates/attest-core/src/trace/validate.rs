@@ -546,17 +546,7 @@ fn serialized_len(v: &Value) -> usize {
     c.0
 }
 
-use crate::text::kind_name as kind_of;
-
-/// `a string ("abc")`, `a number (3)`: the kind plus a clipped rendering.
-fn describe(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Object(m) if m.is_empty() => "an empty object".into(),
-        Value::Array(_) | Value::Object(_) => kind_of(v).into(),
-        other => format!("{} ({})", kind_of(other), clip(&other.to_string(), 60)),
-    }
-}
+use crate::text::{describe, kind_name as kind_of};
 
 #[cfg(test)]
 mod tests {
