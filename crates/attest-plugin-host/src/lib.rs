@@ -181,9 +181,9 @@ impl PluginHost {
         }
         let cache = ArtefactCache::new(cache_dir);
         let workers = LOAD_THREADS.min(specs.len());
-        let mut outcomes: Vec<Option<Result<Plugin, String>>> = (0..specs.len()).map(|_| None).collect();
+        let mut outcomes: Vec<Option<Result<Plugin, LoadError>>> = (0..specs.len()).map(|_| None).collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let slots: Vec<std::sync::Mutex<&mut Option<Result<Plugin, String>>>> = outcomes.iter_mut().map(std::sync::Mutex::new).collect();
+        let slots: Vec<std::sync::Mutex<&mut Option<Result<Plugin, LoadError>>>> = outcomes.iter_mut().map(std::sync::Mutex::new).collect();
         std::thread::scope(|scope| {
             for _ in 0..workers {
                 let (next, slots, cache) = (&next, &slots, &cache);
@@ -198,9 +198,10 @@ impl PluginHost {
         drop(slots);
         let mut loaded: Vec<(&PluginSpec, Plugin)> = Vec::new();
         for (spec, outcome) in specs.iter().zip(outcomes) {
-            match outcome.unwrap_or_else(|| Err("the loader stopped before reaching this plugin".into())) {
-                Ok(plugin) => loaded.push((spec, plugin)),
-                Err(error) => host.fail(&spec.path, error),
+            match outcome {
+                Some(Ok(plugin)) => loaded.push((spec, plugin)),
+                Some(Err(error)) => host.fail(&spec.path, error.to_string()),
+                None => host.fail(&spec.path, "the loader stopped before reaching this plugin".into()),
             }
         }
         let mut claims: HashMap<String, Vec<(&Path, bool)>> = HashMap::new();
@@ -334,85 +335,142 @@ pub fn files_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Why a plugin was refused. Its text is what the log, `list_plugins` and
+/// `attest-engine plugin check` show.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadError {
+    /// The file could not be read.
+    Unreadable { path: PathBuf, why: String },
+    /// Larger than [`MAX_COMPONENT_BYTES`].
+    TooLarge { bytes: u64 },
+    /// A core WebAssembly module, not a component.
+    CoreModule,
+    /// Not WebAssembly at all.
+    NotWasm,
+    /// Its configured memory limit is over the engine's maximum.
+    MemoryLimit { asked: usize },
+    /// Refused before compiling: it could never run, or would cost too much
+    /// to compile (see [`preflight`]).
+    Preflight(String),
+    /// The sandbox for its limits could not be set up.
+    Sandbox(String),
+    /// It does not compile.
+    Invalid(String),
+    /// Built against a plugin API version this engine does not serve.
+    UnknownApiVersion { built: String },
+    /// It declares no plugin API version.
+    NoApiVersion,
+    /// It does not fit the assertion-plugin world, or needs imports the sandbox does not grant.
+    Unfit(String),
+    /// Its `describe()` failed.
+    Describe(String),
+    /// Its id breaks the plugin-id rule.
+    BadId(String),
+    /// Its config schema is not JSON, or not a valid JSON Schema.
+    BadSchema { id: String, why: String },
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let served = SUPPORTED_API_VERSIONS.join(", ");
+        let newest = SUPPORTED_API_VERSIONS[0];
+        match self {
+            LoadError::Unreadable { path, why } => write!(f, "cannot read {}: {why}", path.display()),
+            LoadError::TooLarge { bytes } => write!(
+                f,
+                "the component is {bytes} bytes; the limit is {MAX_COMPONENT_BYTES} bytes ({} MiB)",
+                MAX_COMPONENT_BYTES >> 20
+            ),
+            LoadError::CoreModule => f.write_str("this is a core WebAssembly module, not a component: build it as a component (see docs/plugins.md) or convert it with `wasm-tools component new`"),
+            LoadError::NotWasm => f.write_str("not a WebAssembly component (bad magic bytes)"),
+            LoadError::MemoryLimit { asked } => write!(
+                f,
+                "memory limit {asked} bytes exceeds the engine's maximum of {} bytes",
+                sandbox::MAX_MEMORY_BYTES
+            ),
+            LoadError::Preflight(why) => f.write_str(why),
+            LoadError::Sandbox(why) => f.write_str(why),
+            LoadError::Invalid(why) => write!(f, "invalid component: {why}"),
+            LoadError::UnknownApiVersion { built } => write!(
+                f,
+                "built against attest:plugin@{built}, but this engine serves attest:plugin@{served}; rebuild the plugin against wit/since_v{newest}/ (attest:plugin@{newest})"
+            ),
+            LoadError::NoApiVersion => write!(
+                f,
+                "declares no attest:plugin API version (it imports neither attest:plugin/types nor attest:plugin/host); build it against wit/since_v{newest}/ (attest:plugin@{served})"
+            ),
+            LoadError::Unfit(why) => write!(
+                f,
+                "does not fit the assertion-plugin world or needs imports the sandbox does not grant: {why}"
+            ),
+            LoadError::Describe(why) => write!(f, "describe() failed: the plugin {why}"),
+            LoadError::BadId(id) => write!(f, "plugin id '{id}' is invalid: use {}", attest_trace::PLUGIN_ID_RULE),
+            LoadError::BadSchema { id, why } => write!(f, "plugin '{id}' config schema {why}"),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
 /// Loads one plugin, or says exactly why it is refused.
-pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, String> {
+pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, LoadError> {
     let started = Instant::now();
     let path = &spec.path;
-    let size = std::fs::metadata(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        .len();
+    let unreadable = |e: std::io::Error| LoadError::Unreadable {
+        path: path.clone(),
+        why: e.to_string(),
+    };
+    let size = std::fs::metadata(path).map_err(unreadable)?.len();
     if size > MAX_COMPONENT_BYTES as u64 {
-        return Err(format!(
-            "the component is {size} bytes; the limit is {MAX_COMPONENT_BYTES} bytes ({} MiB)",
-            MAX_COMPONENT_BYTES >> 20
-        ));
+        return Err(LoadError::TooLarge { bytes: size });
     }
-    let wasm = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let wasm = std::fs::read(path).map_err(unreadable)?;
     match wasm.get(..8) {
         Some([0, b'a', b's', b'm', 0x0d, 0, 0x01, 0]) => {}
-        Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => {
-            return Err("this is a core WebAssembly module, not a component: build it as a component (see docs/plugins.md) or convert it with `wasm-tools component new`".into())
-        }
-        _ => return Err("not a WebAssembly component (bad magic bytes)".into()),
+        Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => return Err(LoadError::CoreModule),
+        _ => return Err(LoadError::NotWasm),
     }
     if spec.limits.memory_bytes > sandbox::MAX_MEMORY_BYTES {
-        return Err(format!(
-            "memory limit {} bytes exceeds the engine's maximum of {} bytes",
-            spec.limits.memory_bytes,
-            sandbox::MAX_MEMORY_BYTES
-        ));
+        return Err(LoadError::MemoryLimit {
+            asked: spec.limits.memory_bytes,
+        });
     }
-    preflight(&wasm, &spec.limits)?;
-    let sandbox = Sandbox::get(spec.limits.fuel.is_some()).map_err(|e| e.to_string())?;
+    preflight(&wasm, &spec.limits).map_err(LoadError::Preflight)?;
+    let sandbox = Sandbox::get(spec.limits.fuel.is_some()).map_err(|e| LoadError::Sandbox(e.to_string()))?;
     let (component, source) = cache
         .load(sandbox.engine(), &wasm)
-        .map_err(|e| format!("invalid component: {}", crate::text::clip(&format!("{e:#}"), 400)))?;
-    let served = SUPPORTED_API_VERSIONS.join(", ");
-    let newest = SUPPORTED_API_VERSIONS[0];
+        .map_err(|e| LoadError::Invalid(crate::text::clip(&format!("{e:#}"), 400)))?;
     let (api, api_version) = match sandbox.api_version(&component) {
         Some(v) => match ApiVersion::serving(&v) {
             Some(api) => (api, v),
             None => {
-                return Err(format!(
-                    "built against attest:plugin@{}, but this engine serves attest:plugin@{served}; rebuild the plugin against wit/since_v{newest}/ (attest:plugin@{newest})",
-                    crate::text::clip(&v, 40)
-                ))
+                return Err(LoadError::UnknownApiVersion {
+                    built: crate::text::clip(&v, 40),
+                })
             }
         },
-        None => {
-            return Err(format!(
-                "declares no attest:plugin API version (it imports neither attest:plugin/types nor attest:plugin/host); build it against wit/since_v{newest}/ (attest:plugin@{served})"
-            ))
-        }
+        None => return Err(LoadError::NoApiVersion),
     };
-    let prepared = sandbox.prepare(&component, api).map_err(|e| {
-        format!(
-            "does not fit the assertion-plugin world or needs imports the sandbox does not grant: {}",
-            crate::text::clip(&format!("{e:#}"), 400)
-        )
-    })?;
+    let prepared = sandbox
+        .prepare(&component, api)
+        .map_err(|e| LoadError::Unfit(crate::text::clip(&format!("{e:#}"), 400)))?;
     let file_label: Arc<str> = Arc::from(path.file_name().map_or("plugin".into(), |n| n.to_string_lossy()).as_ref());
     let info = sandbox
         .describe(&prepared, &file_label, &spec.limits)
-        .map_err(|f| format!("describe() failed: the plugin {f}"))?;
+        .map_err(|f| LoadError::Describe(f.to_string()))?;
     if !attest_trace::is_plugin_id(&info.id) {
-        return Err(format!(
-            "plugin id '{}' is invalid: use {}",
-            crate::text::clip(&info.id, 60),
-            attest_trace::PLUGIN_ID_RULE
-        ));
+        return Err(LoadError::BadId(crate::text::clip(&info.id, 60)));
     }
-    let config_schema: Value =
-        serde_json::from_str(&info.config_schema).map_err(|e| format!("plugin '{}' config schema is not JSON: {e}", info.id))?;
+    let config_schema: Value = serde_json::from_str(&info.config_schema).map_err(|e| LoadError::BadSchema {
+        id: info.id.clone(),
+        why: format!("is not JSON: {e}"),
+    })?;
     let validator = jsonschema::options()
         .with_draft(jsonschema::Draft::Draft202012)
         .build(&config_schema)
-        .map_err(|e| {
-            format!(
-                "plugin '{}' config schema is not a valid JSON Schema: {}",
-                info.id,
-                crate::text::clip(&e.to_string(), 300)
-            )
+        .map_err(|e| LoadError::BadSchema {
+            id: info.id.clone(),
+            why: format!("is not a valid JSON Schema: {}", crate::text::clip(&e.to_string(), 300)),
         })?;
     Ok(Plugin {
         id: Arc::from(info.id.as_str()),
