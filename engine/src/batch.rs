@@ -10,8 +10,8 @@
 //! and the ECP runtime.
 
 use crate::config::Config;
-use crate::errors::{eval_error, provider_missing, request_id_reused, spec_error, trace_error, trace_not_json};
-use crate::evaluator::{self, EvalError, Outcome};
+use crate::errors::{eval_error, provider_missing, request_id_reused, suite_error, trace_error, trace_not_json};
+use crate::evaluator::{self, EvalError, Evaluator, Outcome};
 use crate::lane::Lane;
 use crate::layers::{AssertionType, CompiledAssertion, SpecError, Status};
 use crate::params::Object;
@@ -22,21 +22,20 @@ use crate::text::{clip_in_place, quote};
 use crate::trace::parse_trace;
 use crate::trace::Trace;
 use attest_core::backends::ScoreHistory;
+use attest_core::suite::{SuiteError, SuiteReader};
 use quick_cache::sync::Cache;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Largest plugin `details` kept in a result, serialised.
 pub use crate::evaluator::MAX_DETAILS_BYTES;
-/// Longest accepted `assertion_id`, in bytes.
-pub const MAX_ASSERTION_ID_BYTES: usize = 256;
+pub use attest_core::suite::MAX_ASSERTION_ID_BYTES;
 /// Spec texts longer than this are compiled every time instead of cached.
 const MAX_CACHED_SPEC_BYTES: usize = 64 * 1024;
 
@@ -259,38 +258,43 @@ impl<'a> LooseEnvelope<'a> {
     }
 }
 
-/// One assertion of the request, checked and compiled: the evaluator's
-/// view of it, and what its idempotency key covers.
-struct Planned<'a> {
-    assertion: evaluator::Planned,
+/// The request's assertions, checked and compiled: the core's evaluator,
+/// and beside each assertion what its idempotency key covers.
+struct Plan<'a> {
+    suite: Evaluator,
+    keys: Vec<RequestKey<'a>>,
+}
+
+/// An assertion's `request_id`, and the spec text it was sent with.
+struct RequestKey<'a> {
     request_id: Option<String>,
     spec_text: Cow<'a, str>,
 }
 
-impl std::ops::Deref for Planned<'_> {
-    type Target = evaluator::Planned;
-    fn deref(&self) -> &evaluator::Planned {
-        &self.assertion
+impl Plan<'_> {
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Each assertion with its key, in request order.
+    fn iter(&self) -> impl Iterator<Item = (&evaluator::Planned, &RequestKey<'_>)> {
+        self.suite.assertions().iter().zip(&self.keys)
+    }
+
+    fn into_owned(self) -> Plan<'static> {
+        let keys = self
+            .keys
+            .into_iter()
+            .map(|k| RequestKey {
+                request_id: k.request_id,
+                spec_text: Cow::Owned(k.spec_text.into_owned()),
+            })
+            .collect();
+        Plan { suite: self.suite, keys }
     }
 }
 
-impl std::borrow::Borrow<evaluator::Planned> for Planned<'_> {
-    fn borrow(&self) -> &evaluator::Planned {
-        &self.assertion
-    }
-}
-
-impl Planned<'_> {
-    fn into_owned(self) -> Planned<'static> {
-        Planned {
-            spec_text: Cow::Owned(self.spec_text.into_owned()),
-            assertion: self.assertion,
-            request_id: self.request_id,
-        }
-    }
-}
-
-fn assertion_error(message: String, detail: impl Into<String>, field: String) -> RpcError {
+fn assertion_error(message: String, detail: impl Into<String>, field: impl Into<String>) -> RpcError {
     RpcError::new(ErrorCode::AssertionError, message, detail).with_field(field)
 }
 
@@ -334,13 +338,13 @@ pub async fn evaluate(
         started,
         effects: Effects::All,
     };
-    if lane.may_block() || !plan.iter().any(|p| p.may_block()) {
+    if lane.may_block() || !plan.suite.may_block() {
         return run(engine, trace_raw, parsed.trace, &plan, how).await;
     }
     // The move costs a copy of the trace text and of each spec's text; the
     // parsed trace and the compiled assertions go as they are.
     let trace_raw = trace_raw.to_owned();
-    let plan: Vec<Planned<'static>> = plan.into_iter().map(Planned::into_owned).collect();
+    let plan = plan.into_owned();
     let (engine, trace) = (engine.clone(), parsed.trace);
     lane.block(async move { run(&engine, &trace_raw, trace, &plan, how).await }).await
 }
@@ -349,7 +353,7 @@ pub async fn evaluate(
 /// many traces without going through JSON-RPC (the `eval` command, the
 /// collector, the ECP runtime).
 pub struct Suite {
-    plan: Vec<Planned<'static>>,
+    plan: Plan<'static>,
 }
 
 impl Suite {
@@ -357,26 +361,16 @@ impl Suite {
     /// `assertions` list) exactly as `evaluate_batch` does, with the same
     /// errors and field paths.
     pub fn compile(engine: &Engine, assertions: &[Value]) -> Result<Suite, RpcError> {
-        let text = serde_json::to_string(assertions).map_err(|e| {
-            assertion_error(
-                format!("assertions could not be read: {e}"),
-                ASSERTIONS_SHAPE,
-                "params.assertions".into(),
-            )
-        })?;
-        let items: Vec<&RawValue> = serde_json::from_str(&text).map_err(|e| {
-            assertion_error(
-                format!("assertions could not be read: {e}"),
-                ASSERTIONS_SHAPE,
-                "params.assertions".into(),
-            )
-        })?;
+        let text = serde_json::to_string(assertions)
+            .map_err(|e| assertion_error(format!("assertions could not be read: {e}"), ASSERTIONS_SHAPE, "params.assertions"))?;
+        let items: Vec<&RawValue> = serde_json::from_str(&text)
+            .map_err(|e| assertion_error(format!("assertions could not be read: {e}"), ASSERTIONS_SHAPE, "params.assertions"))?;
         let wire = items
             .iter()
             .enumerate()
             .map(|(i, item)| LooseEnvelope::parse(i, item))
             .collect::<Result<Vec<_>, _>>()?;
-        let plan = plan(engine, wire)?.into_iter().map(Planned::into_owned).collect();
+        let plan = plan(engine, wire)?.into_owned();
         Ok(Suite { plan })
     }
 
@@ -385,12 +379,12 @@ impl Suite {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.plan.is_empty()
+        self.plan.len() == 0
     }
 
     /// The assertion types, in order.
     pub fn kinds(&self) -> impl Iterator<Item = AssertionType> + '_ {
-        self.plan.iter().map(|p| p.kind)
+        self.plan.suite.assertions().iter().map(|p| p.kind)
     }
 
     /// Validates `trace_text` (Attest protocol v1 §7) and evaluates the
@@ -446,7 +440,7 @@ pub enum Effects {
 /// Evaluates a checked plan on a validated trace: answers what the
 /// `request_id` cache holds, has the core's evaluator run the rest, shapes
 /// the results, and has the sinks record them.
-async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planned<'_>], how: Run) -> Result<BatchResult, RpcError> {
+async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &Plan<'_>, how: Run) -> Result<BatchResult, RpcError> {
     let Run {
         deadline,
         answer_bytes,
@@ -468,11 +462,12 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
     }
 
     // Only hashed when some assertion carries a request_id.
-    let trace_digest = plan.iter().any(|p| p.request_id.is_some()).then(|| digest(trace_raw.get()));
+    let trace_digest = plan.keys.iter().any(|k| k.request_id.is_some()).then(|| digest(trace_raw.get()));
     let cached = engine
         .sinks
         .answered(
-            plan.iter().map(|p| (p.id.as_str(), p.request_id.as_deref(), p.kind, &*p.spec_text)),
+            plan.iter()
+                .map(|(p, k)| (p.id.as_str(), k.request_id.as_deref(), p.kind, &*k.spec_text)),
             trace_digest,
         )
         .map_err(request_id_reused)?;
@@ -485,14 +480,17 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
         short_circuit: engine.providers.short_circuit,
         budget: engine.config.budget_usd.map(|b| (b, engine.sinks.cost_spent())),
     };
-    let evaluation = evaluator::evaluate(plan, trace_raw.get(), trace.clone(), &known, &cx)
+    let assertions = plan.suite.assertions();
+    let evaluation = plan
+        .suite
+        .evaluate_known(trace_raw.get(), trace.clone(), &known, &cx)
         .await
         .map_err(|e| {
             // What the providers that did answer cost is spent all the same.
             if let EvalError::Provider { cost, .. } = &e {
                 engine.sinks.add_cost(*cost);
             }
-            eval_error(e, |i| (&plan[i].id, plan[i].kind), engine.config.eval_timeout)
+            eval_error(e, |i| (&assertions[i].id, assertions[i].kind), engine.config.eval_timeout)
         })?;
 
     let max_chars = engine.config.max_explanation_chars;
@@ -500,10 +498,10 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
         .iter()
         .zip(cached)
         .zip(&evaluation.outcomes)
-        .map(|((p, cached), outcome)| match (cached, outcome) {
+        .map(|(((p, k), cached), outcome)| match (cached, outcome) {
             (Some(r), _) => r,
             (None, Some(o)) => AssertionResult {
-                request_id: p.request_id.clone(),
+                request_id: k.request_id.clone(),
                 ..AssertionResult::new(p, o.clone(), max_chars)
             },
             (None, None) => unreachable!("the evaluator answers every assertion it was given"),
@@ -512,10 +510,7 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
     engine.sinks.record(
         &Evaluation {
             trace: &trace,
-            assertions: plan
-                .iter()
-                .map(|p| (&p.assertion, p.request_id.as_deref(), &*p.spec_text))
-                .collect(),
+            assertions: plan.iter().map(|(p, k)| (p, k.request_id.as_deref(), &*k.spec_text)).collect(),
             outcomes: &evaluation.outcomes,
             results: &results,
             trace_digest,
@@ -536,7 +531,7 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &[Planne
 
 /// A lower bound on the serialised result of `plan`: every result with an
 /// empty explanation.
-fn smallest_answer(plan: &[Planned<'_>]) -> usize {
+fn smallest_answer(plan: &Plan<'_>) -> usize {
     // `{"assertion_id":"","status":"hard_fail","score":0.0,"explanation":"","cost":0.0,"duration_ms":0,"request_id":null}`
     // (`fit` drops `layer` and `type` before giving up).
     const EMPTY_RESULT_BYTES: usize = 110;
@@ -544,7 +539,7 @@ fn smallest_answer(plan: &[Planned<'_>]) -> usize {
     ENVELOPE
         + plan
             .iter()
-            .map(|p| EMPTY_RESULT_BYTES + p.id.len() + p.request_id.as_ref().map_or(0, |r| r.len()) + 1)
+            .map(|(p, k)| EMPTY_RESULT_BYTES + p.id.len() + k.request_id.as_ref().map_or(0, |r| r.len()) + 1)
             .sum::<usize>()
 }
 
@@ -578,7 +573,7 @@ fn read_params(params: Option<&RawValue>, max_depth: usize) -> Result<SplitParam
         assertion_error(
             "evaluate_batch params missing required field: assertions".into(),
             ASSERTIONS_SHAPE,
-            "params.assertions".into(),
+            "params.assertions",
         )
     };
     if let Ok(fast) = serde_json::from_str::<FastParams<'_>>(text) {
@@ -593,7 +588,7 @@ fn read_params(params: Option<&RawValue>, max_depth: usize) -> Result<SplitParam
             assertion_error(
                 "evaluate_batch assertions must be a list".into(),
                 ASSERTIONS_SHAPE,
-                "params.assertions".into(),
+                "params.assertions",
             )
         })?;
         items.iter().enumerate().map(|(i, item)| LooseEnvelope::parse(i, item)).collect()
@@ -625,67 +620,27 @@ fn unusable_params(text: &str, e: &serde_json::Error, max_depth: usize) -> RpcEr
 }
 
 /// Checks every assertion's envelope and compiles its spec, before anything runs.
-fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>, RpcError> {
-    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(wire.len());
-    let mut planned: Vec<Planned<'a>> = Vec::with_capacity(wire.len());
+fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Plan<'a>, RpcError> {
+    let mut reader = SuiteReader::with_capacity(wire.len());
+    let mut planned = Vec::with_capacity(wire.len());
+    let mut keys = Vec::with_capacity(wire.len());
     for (i, w) in wire.iter().enumerate() {
-        // Field paths are only built for errors: this loop is on the hot path.
-        let at = |f: &str| format!("params.assertions[{i}].{f}");
-        let id = match w.assertion_id.as_deref() {
-            Some(s) if !s.is_empty() => s,
-            _ => {
-                return Err(assertion_error(
-                    format!("assertions[{i}] missing required field: assertion_id"),
-                    ASSERTIONS_SHAPE,
-                    at("assertion_id"),
-                ))
-            }
-        };
-        let fail = |message: String, detail: String, field: &str| Err(assertion_error(message, detail, at(field)).with_assertion(id));
-        if id.len() > MAX_ASSERTION_ID_BYTES {
-            return fail(
-                format!("assertion_id exceeds maximum length: {} > {MAX_ASSERTION_ID_BYTES}", id.len()),
-                format!("assertion_id must be at most {MAX_ASSERTION_ID_BYTES} bytes."),
-                "assertion_id",
-            );
-        }
+        let id = reader.id(i, w.assertion_id.as_deref()).map_err(suite_error)?;
         if w.request_id
             .as_deref()
             .is_some_and(|r| r.is_empty() || r.len() > MAX_ASSERTION_ID_BYTES)
         {
-            return fail(
+            return Err(assertion_error(
                 format!(
                     "assertion {}: request_id must be a non-empty string of at most {MAX_ASSERTION_ID_BYTES} bytes",
                     quote(id)
                 ),
-                "request_id is an optional idempotency key; send a short string or omit it.".into(),
-                "request_id",
-            );
+                "request_id is an optional idempotency key; send a short string or omit it.",
+                format!("params.assertions[{i}].request_id"),
+            )
+            .with_assertion(id));
         }
-        let Some(kind_name) = w.kind.as_deref() else {
-            return fail(
-                format!("assertion {}: missing required field: type", quote(id)),
-                format!("Set type to one of: {}.", AssertionType::names()),
-                "type",
-            );
-        };
-        let Some(kind) = AssertionType::parse(kind_name) else {
-            return fail(
-                format!("assertion {}: unknown assertion type {}", quote(id), quote(kind_name)),
-                format!("Supported assertion types: {}.", AssertionType::names()),
-                "type",
-            );
-        };
-        if let Some(first) = seen.insert(id, i) {
-            return fail(
-                format!(
-                    "duplicate assertion_id {} in batch (assertions[{first}] and assertions[{i}])",
-                    quote(id)
-                ),
-                "assertion_id must be unique within a batch: results are matched to assertions by it.".into(),
-                "assertion_id",
-            );
-        }
+        let kind = reader.kind(i, id, w.kind.as_deref()).map_err(suite_error)?;
         // A paid layer without its provider is a configuration error, found
         // before anything is evaluated (and never worth retrying as is).
         if kind.is_paid() {
@@ -694,18 +649,28 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Vec<Planned<'a>>
             }
         }
         let spec_text = w.spec.map_or("null", |s| s.get());
-        let compiled = compile(engine, kind, spec_text).map_err(|e| spec_error(e, i, id, kind))?;
-        planned.push(Planned {
-            assertion: evaluator::Planned {
+        let compiled = compile(engine, kind, spec_text).map_err(|error| {
+            suite_error(SuiteError::Spec {
+                index: i,
                 id: id.to_owned(),
                 kind,
-                compiled,
-            },
+                error,
+            })
+        })?;
+        planned.push(evaluator::Planned {
+            id: id.to_owned(),
+            kind,
+            compiled,
+        });
+        keys.push(RequestKey {
             request_id: w.request_id.as_deref().map(str::to_owned),
             spec_text: Cow::Borrowed(spec_text),
         });
     }
-    Ok(planned)
+    Ok(Plan {
+        suite: Evaluator::from_planned(planned),
+        keys,
+    })
 }
 
 fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<CompiledAssertion>, SpecError> {

@@ -6,12 +6,13 @@
 //! here, once.
 
 use crate::evaluator::EvalError;
-use crate::layers::{AssertionType, SpecError};
+use crate::layers::AssertionType;
 use crate::protocol::{ErrorCode, RpcError};
 use crate::providers::ProviderError;
 use crate::sinks::RequestIdReused;
 use crate::text::{clip, num, quote};
 use crate::trace::validate::TraceError;
+use attest_core::suite::SuiteError;
 use std::time::Duration;
 
 /// A refused trace is `1001` (`INVALID_TRACE`), naming the member at fault.
@@ -19,16 +20,15 @@ pub fn trace_error(e: TraceError) -> RpcError {
     RpcError::new(ErrorCode::InvalidTrace, e.message, e.detail).with_field(e.field)
 }
 
-/// An assertion whose spec does not compile is `1002`, naming the
-/// assertion and the member at fault (`params.assertions[2].spec.check`).
-pub fn spec_error(e: SpecError, index: usize, assertion_id: &str, kind: AssertionType) -> RpcError {
-    RpcError::new(
-        ErrorCode::AssertionError,
-        format!("assertion {} ({}): {}", quote(assertion_id), kind.name(), e.message),
-        e.detail,
-    )
-    .with_assertion(assertion_id)
-    .with_field(format!("params.assertions[{index}].{}", e.field))
+/// An assertion list that is not a suite is `1002`, naming the assertion
+/// and the member at fault (`params.assertions[2].spec.check`).
+pub fn suite_error(e: SuiteError) -> RpcError {
+    let field = format!("params.assertions[{}].{}", e.index(), e.field());
+    let error = RpcError::new(ErrorCode::AssertionError, e.to_string(), e.detail()).with_field(field);
+    match e.assertion_id() {
+        Some(id) => error.with_assertion(id),
+        None => error,
+    }
 }
 
 /// A `request_id` resent for another assertion or trace is `1002`.
@@ -170,6 +170,7 @@ pub fn history_failed(e: &dyn std::fmt::Display) -> RpcError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layers::SpecError;
 
     #[test]
     fn a_trace_error_is_1001_with_its_field() {
@@ -186,15 +187,25 @@ mod tests {
 
     #[test]
     fn a_spec_error_is_1002_naming_the_assertion_and_its_member() {
-        let e = spec_error(
-            SpecError::new("spec.check", "unknown check 'contain'", "Valid checks: contains, ..."),
-            2,
-            "a3",
-            AssertionType::Content,
-        );
+        let e = suite_error(SuiteError::Spec {
+            index: 2,
+            id: "a3".into(),
+            kind: AssertionType::Content,
+            error: SpecError::new("spec.check", "unknown check 'contain'", "Valid checks: contains, ..."),
+        });
         assert_eq!(e.code, ErrorCode::AssertionError);
         assert_eq!(e.message, "assertion 'a3' (content): unknown check 'contain'");
+        assert_eq!(e.detail, "Valid checks: contains, ...");
         assert_eq!(e.assertion_id.as_deref(), Some("a3"));
         assert_eq!(e.field.as_deref(), Some("params.assertions[2].spec.check"));
+    }
+
+    #[test]
+    fn an_assertion_without_an_id_is_1002_naming_its_position() {
+        let e = suite_error(SuiteError::MissingId { index: 4 });
+        assert_eq!(e.code, ErrorCode::AssertionError);
+        assert_eq!(e.message, "assertions[4] missing required field: assertion_id");
+        assert_eq!(e.assertion_id, None);
+        assert_eq!(e.field.as_deref(), Some("params.assertions[4].assertion_id"));
     }
 }

@@ -11,13 +11,13 @@
 //! concurrently, unless a layer 1–4 assertion hard-failed and
 //! short-circuiting is on, or the budget is spent.
 
-use crate::backends::{AssertionPlugin, PluginAnswer, ProviderError, ScoreHistory};
+use crate::backends::{AssertionPlugin, Backends, PluginAnswer, ProviderError, ScoreHistory};
 use crate::drift::{dynamic_status, DriftReport, DriftStatus, Fingerprint};
 use crate::layers::{AssertionType, Check, CompiledAssertion, Evidence, Status, Verdict};
+use crate::suite::{SuiteError, SuiteReader};
 use crate::text::{clip, quote};
 use crate::trace::Trace;
 use serde_json::Value;
-use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -127,19 +127,88 @@ pub const MAX_DETAILS_BYTES: usize = 4096;
 /// Longest text of plugin evidence kept.
 const EVIDENCE_CHARS: usize = 500;
 
-/// Evaluates `suite` on `trace` (`trace_json`: its text as received, which
-/// plugins read). `known[i]` is the status of an assertion the caller has
-/// answered already (from its idempotency cache): it is not evaluated, and
-/// counts for short-circuiting.
-pub async fn evaluate<P: Borrow<Planned> + Sync>(
-    suite: &[P],
+/// A suite of assertions, compiled once, to evaluate against many traces.
+#[derive(Debug, Clone, Default)]
+pub struct Evaluator {
+    suite: Vec<Planned>,
+}
+
+/// One assertion as a front door received it, before it is checked.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    pub id: Option<&'a str>,
+    pub kind: Option<&'a str>,
+    pub spec: Option<&'a Value>,
+}
+
+impl Evaluator {
+    /// Checks `assertions` as a suite (see [`crate::suite`]) and compiles
+    /// each spec; `backends` compile the types the core does not evaluate
+    /// itself. The first assertion at fault is the error.
+    pub fn compile<'a>(assertions: impl IntoIterator<Item = Source<'a>>, backends: &dyn Backends) -> Result<Evaluator, SuiteError> {
+        let mut reader = SuiteReader::default();
+        let mut suite = Vec::new();
+        for (index, a) in assertions.into_iter().enumerate() {
+            let id = reader.id(index, a.id)?;
+            let kind = reader.kind(index, id, a.kind)?;
+            let compiled = CompiledAssertion::compile(kind, a.spec, backends).map_err(|error| SuiteError::Spec {
+                index,
+                id: id.to_owned(),
+                kind,
+                error,
+            })?;
+            suite.push(Planned {
+                id: id.to_owned(),
+                kind,
+                compiled: Arc::new(compiled),
+            });
+        }
+        Ok(Evaluator { suite })
+    }
+
+    /// A suite the caller checked and compiled itself (the engine does, to
+    /// share compiled assertions between requests).
+    pub fn from_planned(suite: Vec<Planned>) -> Evaluator {
+        Evaluator { suite }
+    }
+
+    /// The assertions, in suite order.
+    pub fn assertions(&self) -> &[Planned] {
+        &self.suite
+    }
+
+    /// Whether evaluating may hold its thread (see [`Planned::may_block`]).
+    pub fn may_block(&self) -> bool {
+        self.suite.iter().any(Planned::may_block)
+    }
+
+    /// Evaluates the suite on `trace` (`trace_json`: its text as received,
+    /// which plugins read).
+    pub async fn evaluate(&self, trace_json: &str, trace: Arc<Trace>, cx: &Context<'_>) -> Result<Evaluation, EvalError> {
+        self.evaluate_known(trace_json, trace, &[], cx).await
+    }
+
+    /// [`Evaluator::evaluate`], where `known[i]` is the status of an
+    /// assertion the caller has answered already (from its idempotency
+    /// cache): it is not evaluated, and counts for short-circuiting.
+    pub async fn evaluate_known(
+        &self,
+        trace_json: &str,
+        trace: Arc<Trace>,
+        known: &[Option<Status>],
+        cx: &Context<'_>,
+    ) -> Result<Evaluation, EvalError> {
+        evaluate(&self.suite, trace_json, trace, known, cx).await
+    }
+}
+
+async fn evaluate(
+    suite: &[Planned],
     trace_json: &str,
     trace: Arc<Trace>,
     known: &[Option<Status>],
     cx: &Context<'_>,
 ) -> Result<Evaluation, EvalError> {
-    let suite: Vec<&Planned> = suite.iter().map(Borrow::borrow).collect();
-    let suite = &suite[..];
     let fresh = |i: usize| known.get(i).is_none_or(Option::is_none);
     let mut plugin_answers = run_plugins(trace_json, suite, &fresh);
     let mut guarded = guarded_verdicts(suite, &trace, trace_json.len(), cx.deadline, &fresh).await?;
@@ -307,7 +376,7 @@ type PluginCalls<'a> = (&'a Arc<dyn AssertionPlugin>, Vec<usize>, Vec<String>);
 
 /// Runs every plugin check the caller did not answer, one sandboxed call per
 /// plugin; each answer with its share of the call's time.
-fn run_plugins(trace_json: &str, suite: &[&Planned], fresh: &(dyn Fn(usize) -> bool + Sync)) -> Vec<Option<(PluginAnswer, u64)>> {
+fn run_plugins(trace_json: &str, suite: &[Planned], fresh: &(dyn Fn(usize) -> bool + Sync)) -> Vec<Option<(PluginAnswer, u64)>> {
     let mut out: Vec<Option<(PluginAnswer, u64)>> = suite.iter().map(|_| None).collect();
     let mut by_plugin: Vec<PluginCalls<'_>> = Vec::new();
     for (i, p) in suite.iter().enumerate() {
@@ -370,7 +439,7 @@ fn bounded_details(details: Option<Value>) -> Option<Value> {
 /// checks with patterns always run there (see `watchdog`); `None` when no
 /// check needs it.
 async fn guarded_verdicts(
-    suite: &[&Planned],
+    suite: &[Planned],
     trace: &Arc<Trace>,
     trace_bytes: usize,
     deadline: Instant,
@@ -416,7 +485,7 @@ async fn guarded_verdicts(
 /// Settles every pending (paid) assertion: skipped when a layer 1–4
 /// assertion hard-failed and short-circuiting is on, refused when the
 /// budget is spent, else asked of its provider, all concurrently.
-async fn run_paid(suite: &[&Planned], trace: &Trace, progress: &mut [Progress], cx: &Context<'_>) -> Result<(), EvalError> {
+async fn run_paid(suite: &[Planned], trace: &Trace, progress: &mut [Progress], cx: &Context<'_>) -> Result<(), EvalError> {
     let pending: Vec<usize> = (0..suite.len()).filter(|i| matches!(progress[*i], Progress::Pending)).collect();
     if cx.short_circuit {
         let failed = suite
@@ -425,7 +494,7 @@ async fn run_paid(suite: &[&Planned], trace: &Trace, progress: &mut [Progress], 
             .find(|(p, s)| p.kind.layer() <= 4 && s.status() == Some(Status::HardFail));
         if let Some((culprit, _)) = failed {
             for i in pending {
-                progress[i] = Progress::Done(Settling::new(skipped(culprit, suite[i])));
+                progress[i] = Progress::Done(Settling::new(skipped(culprit, &suite[i])));
             }
             return Ok(());
         }
@@ -588,19 +657,14 @@ mod tests {
         }
     }
 
-    fn suite(fakes: &Fakes, assertions: &[(&str, Value)]) -> Vec<Planned> {
-        assertions
-            .iter()
-            .enumerate()
-            .map(|(i, (kind, spec))| {
-                let kind = AssertionType::parse(kind).unwrap();
-                Planned {
-                    id: format!("a{i}"),
-                    kind,
-                    compiled: Arc::new(CompiledAssertion::compile(kind, Some(spec), fakes).unwrap()),
-                }
-            })
-            .collect()
+    fn suite(fakes: &Fakes, assertions: &[(&str, Value)]) -> Evaluator {
+        let ids: Vec<String> = (0..assertions.len()).map(|i| format!("a{i}")).collect();
+        let sources = assertions.iter().zip(&ids).map(|((kind, spec), id)| Source {
+            id: Some(id),
+            kind: Some(kind),
+            spec: Some(spec),
+        });
+        Evaluator::compile(sources, fakes).unwrap()
     }
 
     const TRACE: &str = r#"{"schema_version":1,"trace_id":"t","agent_id":"bot","output":{"message":"refund issued"}}"#;
@@ -616,10 +680,10 @@ mod tests {
         }
     }
 
-    async fn run(suite: &[Planned], known: &[Option<Status>], cx: &Context<'_>) -> Result<Evaluation, EvalError> {
+    async fn run(suite: &Evaluator, known: &[Option<Status>], cx: &Context<'_>) -> Result<Evaluation, EvalError> {
         let raw = serde_json::value::RawValue::from_string(TRACE.to_owned()).unwrap();
         let trace = Arc::new(parse_trace(&raw, &Limits::default()).unwrap().trace);
-        evaluate(suite, TRACE, trace, known, cx).await
+        suite.evaluate_known(TRACE, trace, known, cx).await
     }
 
     fn fakes() -> Fakes {
@@ -730,6 +794,37 @@ mod tests {
             Some("dynamic: static band (history off)")
         );
         assert!(e.alerts.is_empty());
+    }
+
+    #[test]
+    fn a_list_that_is_not_a_suite_names_the_assertion_and_member_at_fault() {
+        let f = fakes();
+        let good = json!({"target": "output.message", "check": "contains", "value": "refund"});
+        let bad = json!({"target": "output.message", "check": "contain", "value": "refund"});
+        let source = |id, spec| Source {
+            id: Some(id),
+            kind: Some("content"),
+            spec: Some(spec),
+        };
+        match Evaluator::compile([source("ok", &good), source("typo", &bad)], &f).unwrap_err() {
+            SuiteError::Spec { index, id, kind, error } => {
+                assert_eq!((index, id.as_str(), kind), (1, "typo", AssertionType::Content));
+                assert_eq!(error.field, "spec.check");
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = Evaluator::compile([source("same", &good), source("same", &good)], &f).unwrap_err();
+        assert_eq!(
+            e,
+            SuiteError::DuplicateId {
+                index: 1,
+                first: 0,
+                id: "same".into()
+            }
+        );
+        let suite = Evaluator::compile([source("ok", &good)], &f).unwrap();
+        assert_eq!(suite.assertions().len(), 1);
+        assert!(!suite.may_block());
     }
 
     #[tokio::test]

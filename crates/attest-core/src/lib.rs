@@ -17,6 +17,7 @@ pub mod drift;
 pub mod evaluator;
 pub mod lane;
 pub mod layers;
+pub mod suite;
 pub mod trace;
 pub mod watchdog;
 
