@@ -130,7 +130,11 @@ const SHAPE: &str = "Send {\"trace_id\": str, \"plugin_name\": str, \"assertion_
 
 /// Validates `submit_plugin_result` params into a record.
 pub fn parse(params: Option<&RawValue>) -> Result<PluginResult, RpcError> {
-    let map: Map<String, Value> = crate::params::object(Method::SubmitPluginResult, params)?;
+    let map: Map<String, Value> = crate::params::object(
+        Method::SubmitPluginResult,
+        params,
+        &["trace_id", "plugin_name", "assertion_id", "result"],
+    )?;
     let p = Members::new(Method::SubmitPluginResult, &map, SHAPE, Wording::Method);
     // Blank ids would name nothing in a report.
     let id = |key: &str| match p.required(key, |m, k| m.id(k, MAX_ID_BYTES))? {

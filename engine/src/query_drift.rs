@@ -17,7 +17,7 @@ const QUERY_SHAPE: &str =
 
 /// Reads `query_drift` params into what to look up and the window size.
 pub fn parse_query(params: Option<&RawValue>) -> Result<(Subject, u64), RpcError> {
-    let map = crate::params::object(Method::QueryDrift, params)?;
+    let map = crate::params::object(Method::QueryDrift, params, &["window_size", "fingerprint", "assertion_id"])?;
     let p = Members::new(Method::QueryDrift, &map, QUERY_SHAPE, Wording::Method);
     let window = match p.get("window_size") {
         None => DEFAULT_WINDOW,

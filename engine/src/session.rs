@@ -370,7 +370,17 @@ struct InitializeParams {
 impl InitializeParams {
     fn parse(params: Option<&RawValue>) -> Result<InitializeParams, RpcError> {
         let example = "Send {\"sdk_name\":\"attest-python\",\"sdk_version\":\"0.9.0\",\"protocol_version\":1,\"required_capabilities\":[\"layers_1_4\"],\"preferred_encoding\":\"json\"}.";
-        let map: Map<String, Value> = crate::params::object(Method::Initialize, params)?;
+        let map: Map<String, Value> = crate::params::object(
+            Method::Initialize,
+            params,
+            &[
+                "sdk_name",
+                "sdk_version",
+                "protocol_version",
+                "required_capabilities",
+                "preferred_encoding",
+            ],
+        )?;
         let p = Members::new(Method::Initialize, &map, example, Wording::ParamsField);
         let sdk_name = p.required("sdk_name", Members::string)?.to_owned();
         let sdk_version = p.required("sdk_version", Members::string)?.to_owned();

@@ -101,6 +101,28 @@ fn unrepresentable_trace_values_are_1001_naming_the_field() {
 }
 
 #[test]
+fn members_a_method_does_not_read_are_ignored_whatever_they_hold_in_every_method() {
+    let mut e = Engine::spawn();
+    e.initialize();
+    let junk = r#""extra":1e400,"other":"\ud800""#;
+    let assertions = r#"[{"assertion_id":"a","type":"content","spec":{"target":"output.message","check":"contains","value":"hello"}}]"#;
+    let line =
+        format!(r#"{{"jsonrpc":"2.0","id":"b","method":"evaluate_batch","params":{{"trace":{TRACE},"assertions":{assertions},{junk}}}}}"#);
+    assert_eq!(statuses(&expect_result(&raw_exchange(&mut e, &line))), ["pass"]);
+    let line = format!(r#"{{"jsonrpc":"2.0","id":"q","method":"query_drift","params":{{"assertion_id":"a",{junk}}}}}"#);
+    expect_result(&raw_exchange(&mut e, &line));
+    let line = format!(
+        r#"{{"jsonrpc":"2.0","id":"s","method":"submit_plugin_result","params":{{"trace_id":"t1","plugin_name":"p","assertion_id":"a","result":{{"status":"pass","score":1.0,"explanation":"ok"}},{junk}}}}}"#
+    );
+    expect_result(&raw_exchange(&mut e, &line));
+    // A member the method reads is still refused, with its path.
+    let line = r#"{"jsonrpc":"2.0","id":"w","method":"query_drift","params":{"assertion_id":"a","window_size":1e400}}"#;
+    let err = expect_error(&raw_exchange(&mut e, line), 1002);
+    assert_eq!(err["data"]["field"], json!("params.window_size"));
+    still_serving(&mut e);
+}
+
+#[test]
 fn huge_regex_programs_are_refused_at_compile_time() {
     let mut e = Engine::spawn();
     e.initialize();

@@ -11,6 +11,8 @@
 //!   `generate_user_message`. Methods without a domain code (`initialize`,
 //!   `shutdown`, `list_plugins`, `cache_stats`) use `-32602` for members too.
 //!
+//! - Members a method does not read are ignored, whatever they hold.
+//!
 //! Errors always name the member as a path (`params.result.score`).
 
 use crate::protocol::{ErrorCode, Method, RpcError};
@@ -42,16 +44,53 @@ fn not_an_object(method: Method) -> RpcError {
     .with_field("params")
 }
 
-/// Reads `params` into an object; absent params are `{}`.
-pub fn object(method: Method, params: Option<&RawValue>) -> Result<Map<String, Value>, RpcError> {
+/// Reads the members of `params` named in `members` into an object; absent
+/// params are `{}`. Members the method does not read are skipped unread,
+/// whatever they hold, as serde's derived readers skip them: a value
+/// nothing can represent (`1e400`) is refused only where it is read.
+pub fn object(method: Method, params: Option<&RawValue>, members: &[&str]) -> Result<Map<String, Value>, RpcError> {
     require_object(method, params)?;
     let Some(raw) = params else {
         return Ok(Map::new());
     };
-    serde_json::from_str(raw.get()).map_err(|e| match crate::json_errors::unrepresentable(raw.get(), &e, "params") {
+    let unusable = |text: &str, e: &serde_json::Error, at: &str| match crate::json_errors::unrepresentable(text, e, at) {
         Some(u) => RpcError::new(member_code(method), u.message, crate::json_errors::PLAIN_JSON_HINT).with_field(u.field),
         None => not_an_object(method),
-    })
+    };
+    // Keys are owned: a key written with escapes cannot be borrowed.
+    let all: Vec<(String, &RawValue)> = serde_json::from_str::<RawMembers<'_>>(raw.get())
+        .map_err(|e| unusable(raw.get(), &e, "params"))?
+        .0;
+    let mut map = Map::new();
+    // The last of repeated members wins, as in a parsed object.
+    for (key, value) in all.into_iter().filter(|(k, _)| members.contains(&k.as_str())) {
+        let value: Value = serde_json::from_str(value.get()).map_err(|e| unusable(value.get(), &e, &format!("params.{key}")))?;
+        map.insert(key, value);
+    }
+    Ok(map)
+}
+
+/// An object's members in order, each value left unparsed.
+struct RawMembers<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for RawMembers<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = RawMembers<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawMembers<'a>, A::Error> {
+                let mut members = Vec::new();
+                while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
+                    members.push(entry);
+                }
+                Ok(RawMembers(members))
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
+    }
 }
 
 /// A member error from typed (serde) reading of `text`, the params of
@@ -299,7 +338,7 @@ mod tests {
     #[test]
     fn non_objects_are_invalid_params_for_every_method() {
         for m in Method::ALL {
-            let e = object(m, Some(&raw("[1,2]"))).unwrap_err();
+            let e = object(m, Some(&raw("[1,2]")), &[]).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidParams, "{m:?}");
             assert_eq!(e.field.as_deref(), Some("params"));
         }
@@ -307,7 +346,7 @@ mod tests {
 
     #[test]
     fn unrepresentable_members_get_the_domain_code_and_path() {
-        let e = object(Method::QueryDrift, Some(&raw(r#"{"window_size":1e400}"#))).unwrap_err();
+        let e = object(Method::QueryDrift, Some(&raw(r#"{"window_size":1e400}"#)), &["window_size"]).unwrap_err();
         assert_eq!(e.code, ErrorCode::AssertionError);
         assert_eq!(e.field.as_deref(), Some("params.window_size"));
         assert!(e.message.starts_with("number out of range"), "{}", e.message);
@@ -378,7 +417,15 @@ mod tests {
 
     #[test]
     fn absent_params_are_empty() {
-        assert!(object(Method::ListPlugins, None).unwrap().is_empty());
+        assert!(object(Method::ListPlugins, None, &[]).unwrap().is_empty());
+        // Members the method does not read are skipped unread, as serde skips them.
+        let text = r#"{"window_size":3,"extra":1e400,"other":"\ud800","deep":[[[[1]]]],"window_size":4}"#;
+        let map = object(Method::QueryDrift, Some(&raw(text)), &["window_size"]).unwrap();
+        assert_eq!(map.len(), 1);
+        assert_eq!(map["window_size"], 4, "the last of repeated members wins");
+        let e = object(Method::QueryDrift, Some(&raw(r#"{"window_size":[1,"\ud800"]}"#)), &["window_size"]).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("params.window_size[1]"));
+        assert_eq!(e.code, ErrorCode::AssertionError);
     }
 
     #[test]
