@@ -17,7 +17,7 @@ use crate::layers::{AssertionType, CompiledAssertion, SpecError, Status};
 use crate::params::Object;
 use crate::protocol::{ErrorCode, RpcError};
 use crate::session::Engine;
-use crate::sinks::Evaluation;
+use crate::sinks::{Evaluation, Fresh};
 use crate::text::{clip_in_place, quote};
 use crate::trace::parse_trace;
 use crate::trace::Trace;
@@ -463,15 +463,21 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &Plan<'_
 
     // Only hashed when some assertion carries a request_id.
     let trace_digest = plan.keys.iter().any(|k| k.request_id.is_some()).then(|| digest(trace_raw.get()));
-    let cached = engine
-        .sinks
-        .answered(
-            plan.iter()
-                .map(|(p, k)| (p.id.as_str(), k.request_id.as_deref(), p.kind, &*k.spec_text)),
-            trace_digest,
-        )
-        .map_err(request_id_reused)?;
+    // Empty when no assertion carries a request_id (the common case): then
+    // nothing is known beforehand.
+    let cached = match trace_digest {
+        None => Vec::new(),
+        Some(_) => engine
+            .sinks
+            .answered(
+                plan.iter()
+                    .map(|(p, k)| (p.id.as_str(), k.request_id.as_deref(), p.kind, &*k.spec_text)),
+                trace_digest,
+            )
+            .map_err(request_id_reused)?,
+    };
     let known: Vec<Option<Status>> = cached.iter().map(|c| c.as_ref().map(|r| r.status)).collect();
+    let mut cached = cached.into_iter();
     let cx = evaluator::Context {
         deadline,
         history: engine.sinks.history.as_ref().map(|h| h as &dyn ScoreHistory),
@@ -481,9 +487,9 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &Plan<'_
         budget: engine.config.budget_usd.map(|b| (b, engine.sinks.cost_spent())),
     };
     let assertions = plan.suite.assertions();
-    let evaluation = plan
-        .suite
-        .evaluate_known(trace_raw.get(), trace.clone(), &known, &cx)
+    // Boxed: the evaluation's state is large, and every future that holds
+    // it inline is copied whole when the request's task is spawned.
+    let evaluation = Box::pin(plan.suite.evaluate_known(trace_raw.get(), trace.clone(), &known, &cx))
         .await
         .map_err(|e| {
             // What the providers that did answer cost is spent all the same.
@@ -494,16 +500,24 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &Plan<'_
         })?;
 
     let max_chars = engine.config.max_explanation_chars;
+    let evaluator::Evaluation { outcomes, alerts } = evaluation;
+    // Outcomes move into the results; the sinks keep what they read besides.
+    let mut fresh: Vec<Option<Fresh>> = Vec::with_capacity(outcomes.len());
     let results: Vec<AssertionResult> = plan
         .iter()
-        .zip(cached)
-        .zip(&evaluation.outcomes)
-        .map(|(((p, k), cached), outcome)| match (cached, outcome) {
-            (Some(r), _) => r,
-            (None, Some(o)) => AssertionResult {
-                request_id: k.request_id.clone(),
-                ..AssertionResult::new(p, o.clone(), max_chars)
-            },
+        .zip(outcomes)
+        .map(|((p, k), outcome)| match (cached.next().flatten(), outcome) {
+            (Some(r), _) => {
+                fresh.push(None);
+                r
+            }
+            (None, Some(o)) => {
+                fresh.push(Some(Fresh::of(&o)));
+                AssertionResult {
+                    request_id: k.request_id.clone(),
+                    ..AssertionResult::new(p, o, max_chars)
+                }
+            }
             (None, None) => unreachable!("the evaluator answers every assertion it was given"),
         })
         .collect();
@@ -511,17 +525,17 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &Plan<'_
         &Evaluation {
             trace: &trace,
             assertions: plan.iter().map(|(p, k)| (p, k.request_id.as_deref(), &*k.spec_text)).collect(),
-            outcomes: &evaluation.outcomes,
+            fresh: &fresh,
             results: &results,
             trace_digest,
-            alerts: &evaluation.alerts,
+            alerts: &alerts,
         },
         effects,
     );
     // Summed from +0.0: an empty f64 sum is -0.0, which would print as such.
     let total_cost = results.iter().fold(0.0, |acc, r| acc + r.cost);
     Ok(BatchResult {
-        alerts: evaluation.alerts,
+        alerts,
         trace_id: trace.trace_id.clone(),
         results,
         total_cost,

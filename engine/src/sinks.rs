@@ -35,13 +35,35 @@ pub struct Evaluation<'a> {
     /// Each assertion, with its `request_id` and spec text.
     pub assertions: Vec<(&'a Planned, Option<&'a str>, &'a str)>,
     /// What the evaluator concluded (`None`: answered from the `request_id` cache).
-    pub outcomes: &'a [Option<Outcome>],
+    pub fresh: &'a [Option<Fresh>],
     /// The results as they are answered, in the same order.
     pub results: &'a [AssertionResult],
     /// Hash of the trace text, when some assertion carries a `request_id`.
     pub trace_digest: Option<u64>,
     /// Drift detected by dynamic thresholds.
     pub alerts: &'a [DriftReport],
+}
+
+/// What the sinks read of an outcome the evaluator concluded, besides its
+/// result: the outcome itself moves into the result.
+#[derive(Debug, Clone, Copy)]
+pub struct Fresh {
+    /// USD spent on it.
+    pub cost: f64,
+    /// Not run (short-circuit): recorded in no history.
+    pub skipped: bool,
+    /// The score as the check gave it, before results clamp it.
+    pub score: f64,
+}
+
+impl Fresh {
+    pub fn of(o: &Outcome) -> Fresh {
+        Fresh {
+            cost: o.cost,
+            skipped: o.skipped,
+            score: o.verdict.score,
+        }
+    }
 }
 
 /// A `request_id` sent again for a different assertion or trace.
@@ -162,7 +184,7 @@ impl Sinks {
         let fresh = || {
             e.assertions
                 .iter()
-                .zip(e.outcomes)
+                .zip(e.fresh)
                 .zip(e.results)
                 .filter_map(|((a, o), r)| Some((a, o.as_ref()?, r)))
         };
@@ -199,7 +221,7 @@ impl Sinks {
                         spec: planned.compiled.spec_digest,
                         assertion_type: planned.kind.name(),
                         status: result.status,
-                        score: o.verdict.score,
+                        score: o.score,
                     })
                     .collect(),
             });

@@ -229,7 +229,7 @@ async fn evaluate(
             continue;
         }
         let t0 = Instant::now();
-        let (status, verdict, details, plugin_ms) = match plugin_answers[i].take() {
+        let (status, verdict, details, plugin_ms) = match plugin_answers.get_mut(i).and_then(Option::take) {
             Some((answer, ms)) => {
                 let verdict = Verdict {
                     passed: answer.passed,
@@ -377,7 +377,8 @@ type PluginCalls<'a> = (&'a Arc<dyn AssertionPlugin>, Vec<usize>, Vec<String>);
 /// Runs every plugin check the caller did not answer, one sandboxed call per
 /// plugin; each answer with its share of the call's time.
 fn run_plugins(trace_json: &str, suite: &[Planned], fresh: &(dyn Fn(usize) -> bool + Sync)) -> Vec<Option<(PluginAnswer, u64)>> {
-    let mut out: Vec<Option<(PluginAnswer, u64)>> = suite.iter().map(|_| None).collect();
+    // Left empty (no allocation) for a suite without plugin checks.
+    let mut out: Vec<Option<(PluginAnswer, u64)>> = Vec::new();
     let mut by_plugin: Vec<PluginCalls<'_>> = Vec::new();
     for (i, p) in suite.iter().enumerate() {
         let Check::Plugin(check) = &p.compiled.check else { continue };
@@ -391,6 +392,9 @@ fn run_plugins(trace_json: &str, suite: &[Planned], fresh: &(dyn Fn(usize) -> bo
             }
             None => by_plugin.push((&check.plugin, vec![i], vec![check.config.clone()])),
         }
+    }
+    if !by_plugin.is_empty() {
+        out.resize_with(suite.len(), || None);
     }
     for (plugin, at, configs) in by_plugin {
         let t0 = Instant::now();
