@@ -123,6 +123,22 @@ pub fn describe(v: &serde_json::Value) -> String {
     }
 }
 
+/// A value as it is written, for explanations that show it rather than
+/// describe it: a string quoted (`'R-1'`), a number as people write it
+/// (`0.0067`), anything else as compact JSON; clipped. The one renderer of
+/// the engine's layers and the plugins.
+pub fn render(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => quote(s),
+        Value::Number(n) => n.as_f64().map_or_else(|| n.to_string(), num),
+        other => clip(&other.to_string(), MAX_RENDERED_CHARS),
+    }
+}
+
+/// Longest JSON text [`render`] shows, in characters.
+const MAX_RENDERED_CHARS: usize = 120;
+
 /// Formats a number the way people write it: `3`, `0.0067`, `1e-9`,
 /// `1e308` (never hundreds of digits).
 pub fn num(x: f64) -> String {
@@ -140,6 +156,19 @@ pub fn num(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn render_shows_values_as_written_and_bounded() {
+        use serde_json::json;
+        assert_eq!(render(&json!("R-1")), "'R-1'");
+        assert_eq!(render(&json!(0.0067)), "0.0067");
+        assert_eq!(render(&json!(3)), "3");
+        assert_eq!(render(&json!(true)), "true");
+        assert_eq!(render(&json!(null)), "null");
+        assert_eq!(render(&json!({"a": [1, 2]})), r#"{"a":[1,2]}"#);
+        let long = json!(vec![1; 1000]);
+        assert!(render(&long).chars().count() <= MAX_RENDERED_CHARS);
+    }
 
     #[test]
     fn clip_counts_characters_not_bytes() {

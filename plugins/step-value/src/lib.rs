@@ -11,7 +11,7 @@
 //! at any depth); `lt`/`lte`/`gt`/`gte` compare numbers. This module owns the
 //! config, the comparison and the verdict.
 
-use attest_plugin_sdk::text::{clip, num, quote};
+use attest_plugin_sdk::text::{clip, num, render};
 use attest_plugin_sdk::{json, resolve_or_fail, AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json as j, Value};
@@ -104,16 +104,6 @@ impl Side<'_> {
             Some(label) => format!("{label} = {}", render(&self.value)),
             None => render(&self.value),
         }
-    }
-}
-
-/// A value for an explanation: numbers compact, strings quoted, others
-/// compact JSON, clipped.
-fn render(v: &Value) -> String {
-    match v {
-        Value::Number(n) => n.as_f64().map_or_else(|| n.to_string(), num),
-        Value::String(s) => quote(s),
-        other => clip(&other.to_string(), 120),
     }
 }
 

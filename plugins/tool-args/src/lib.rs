@@ -6,7 +6,7 @@
 //! "call" is a top-level `tool_call` or `retrieval` step with the tool's
 //! name, the same notion as the engine's trace assertions.
 
-use attest_plugin_sdk::text::{clip, quote, quote_list};
+use attest_plugin_sdk::text::{clip, quote, quote_list, render};
 use attest_plugin_sdk::{json, AssertionPlugin, PluginError, PluginInfo, Step, Trace, Verdict};
 use regex::{Regex, RegexBuilder};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -161,14 +161,6 @@ fn regex_error(err: &regex::Error) -> String {
     match text.rsplit_once("error: ") {
         Some((_, reason)) => reason.trim().to_owned(),
         None => text.split_whitespace().collect::<Vec<_>>().join(" "),
-    }
-}
-
-/// A JSON value for an explanation: strings quoted, others compact, clipped.
-fn render(v: &Value) -> String {
-    match v {
-        Value::String(s) => quote(s),
-        other => clip(&other.to_string(), 120),
     }
 }
 

@@ -558,19 +558,9 @@ fn data_flow(tree: &Tree<'_>, from: &str, to: &str, field: &FieldPath) -> Verdic
         Verdict::fail(format!(
             "{name}: the value of output field {f} of agent {} ({}) was not found in the input of agent {}.",
             quote(from),
-            describe_value(values[0]),
+            crate::text::render(values[0]),
             quote(to)
         ))
-    }
-}
-
-/// A bounded rendering of a JSON value for explanations.
-fn describe_value(v: &Value) -> String {
-    match v {
-        Value::String(s) => quote(s),
-        Value::Number(n) => n.to_string(),
-        Value::Bool(b) => b.to_string(),
-        other => type_name(other),
     }
 }
 
