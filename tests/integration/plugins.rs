@@ -2109,6 +2109,48 @@ fn compiled_plugins_are_cached_across_starts() {
 }
 
 #[test]
+fn a_cached_start_takes_the_plugins_description_from_the_cache() {
+    let cache = fresh_cache();
+    let flags = plugin_flags(&["pii-leak"]);
+    let mut engine = start(cache.path(), &flags);
+    let first = listed(&list_plugins(&mut engine), "pii-leak").clone();
+    drop(engine);
+    let artefact = cached_artefacts(cache.path()).remove(0);
+    let record_path = artefact.with_extension("describe.json");
+    let record: Value = serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+    assert_eq!(record["id"], json!("pii-leak"), "{record}");
+    assert_eq!(record["description"], first["description"], "{record}");
+
+    // The next start reads the record instead of calling describe(): an
+    // edited (still well-formed) record is what list_plugins shows.
+    let mut edited = record.clone();
+    edited["description"] = json!("described from the cache");
+    std::fs::write(&record_path, edited.to_string()).unwrap();
+    let mut engine = start(cache.path(), &flags);
+    let listing = list_plugins(&mut engine);
+    assert_eq!(listed(&listing, "pii-leak")["description"], json!("described from the cache"));
+    assert_eq!(listed(&listing, "pii-leak")["loaded_from"], json!("cache"));
+    let results = evaluate(&mut engine, &leaky_trace(), &json!([plugin("p", "pii-leak", json!({}))]));
+    assert_eq!(results[0]["status"], json!("hard_fail"), "the plugin itself still runs");
+    drop(engine);
+
+    // A damaged record, or one made for another component, is ignored and rewritten.
+    for bad in [b"{not json".to_vec(), {
+        let mut other = record.clone();
+        other["component"] = json!("00000000000000000000000000000000");
+        other["description"] = json!("another component's");
+        other.to_string().into_bytes()
+    }] {
+        std::fs::write(&record_path, bad).unwrap();
+        let mut engine = start(cache.path(), &flags);
+        assert_eq!(listed(&list_plugins(&mut engine), "pii-leak")["description"], first["description"]);
+        drop(engine);
+        let rewritten: Value = serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+        assert_eq!(rewritten, record);
+    }
+}
+
+#[test]
 fn a_garbage_cache_file_is_ignored_and_recompiled() {
     let cache = fresh_cache();
     let flags = plugin_flags(&["pii-leak", "refusal"]);

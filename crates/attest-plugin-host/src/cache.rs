@@ -23,6 +23,15 @@
 //! (docs/plugins.md, "The compiled cache"); a cryptographic hash would not
 //! change that. Stored artefacts are read through a memory map, so a start
 //! neither copies them nor zeroes fresh pages for them.
+//!
+//! Beside each artefact, `<name>.describe.json` keeps what the plugin's
+//! `describe()` answered. `describe()` is a pure function of the component
+//! (a plugin has no clock, no files and no environment), and calling it
+//! means instantiating the plugin, which for an 18 MB Python component is
+//! most of a cached start. A record names the component hash it was made
+//! for; one that does not match, or does not parse, is ignored and
+//! rewritten. Failed `describe()` calls are never recorded, so a broken
+//! plugin is described (and reported) on every start.
 
 use std::path::{Path, PathBuf};
 use wasmtime::component::Component;
@@ -49,6 +58,81 @@ pub struct ArtefactCache {
     dir: Option<PathBuf>,
 }
 
+/// A loaded component, where it came from, and its place in the cache.
+pub struct Loaded {
+    pub component: Component,
+    pub source: Source,
+    /// Its cache entry (`None` with the cache off).
+    pub entry: Option<Entry>,
+}
+
+/// A component's cache entry: the artefact's path and the component's hash.
+pub struct Entry {
+    path: PathBuf,
+    hash: SourceHash,
+}
+
+/// What a plugin's `describe()` answered, as the cache keeps it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Described {
+    pub id: String,
+    pub version: String,
+    pub description: String,
+    pub config_schema: String,
+}
+
+/// The record on disk: a description, and the component it describes.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct DescribeRecord {
+    component: String,
+    #[serde(flatten)]
+    described: Described,
+}
+
+impl Entry {
+    fn describe_path(&self) -> PathBuf {
+        self.path.with_extension("describe.json")
+    }
+
+    /// The recorded description of this component, if there is a sound one.
+    pub fn described(&self) -> Option<Described> {
+        let text = std::fs::read(self.describe_path()).ok()?;
+        // Bounded like a fresh describe(): a record is never trusted beyond
+        // what the plugin itself could have answered.
+        if text.len() > crate::sandbox::MAX_SCHEMA_BYTES + 16 * 1024 {
+            return None;
+        }
+        let record: DescribeRecord = serde_json::from_slice(&text).ok()?;
+        let d = &record.described;
+        let fits = d.config_schema.len() <= crate::sandbox::MAX_SCHEMA_BYTES
+            && [&d.id, &d.version, &d.description]
+                .iter()
+                .all(|s| s.chars().count() <= crate::sandbox::MAX_INFO_CHARS);
+        (fits && record.component == hex(&self.hash)).then_some(record.described)
+    }
+
+    /// Records what `describe()` answered, for the next start.
+    pub fn remember(&self, described: &Described) {
+        let record = DescribeRecord {
+            component: hex(&self.hash),
+            described: described.clone(),
+        };
+        let path = self.describe_path();
+        let written = serde_json::to_vec(&record).map_err(std::io::Error::other).and_then(|bytes| {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, bytes)?;
+            std::fs::rename(&tmp, &path)
+        });
+        if let Err(e) = written {
+            tracing::warn!(path = %path.display(), error = %e, "cannot cache the plugin's description");
+        }
+    }
+}
+
+fn hex(hash: &SourceHash) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl ArtefactCache {
     /// `dir: None` disables the cache (every start compiles).
     pub fn new(dir: Option<PathBuf>) -> ArtefactCache {
@@ -69,14 +153,23 @@ impl ArtefactCache {
     }
 
     /// Loads the compiled component for `wasm`, compiling and storing it on a miss.
-    pub fn load(&self, engine: &Engine, wasm: &[u8]) -> anyhow::Result<(Component, Source)> {
+    pub fn load(&self, engine: &Engine, wasm: &[u8]) -> anyhow::Result<Loaded> {
         let source: SourceHash = xxh3_128(wasm).to_le_bytes();
         let path = self.path_for(engine, &source);
-        if let Some(p) = path.as_deref() {
+        let (component, from) = self.load_at(engine, wasm, &source, path.as_deref())?;
+        Ok(Loaded {
+            component,
+            source: from,
+            entry: path.map(|path| Entry { path, hash: source }),
+        })
+    }
+
+    fn load_at(&self, engine: &Engine, wasm: &[u8], source: &SourceHash, path: Option<&Path>) -> anyhow::Result<(Component, Source)> {
+        if let Some(p) = path {
             match map(p) {
                 // wasmtime maps the file itself (its trailer is past the
                 // artefact's end), so loading copies nothing.
-                Ok(Some(file)) => match verified(&file, &source) {
+                Ok(Some(file)) => match verified(&file, source) {
                     // SAFETY: the file is, checksum-verified, what this cache
                     // stored for this input and engine build, and entries are
                     // never modified in place (see module docs).
@@ -93,8 +186,8 @@ impl ArtefactCache {
             }
         }
         let compiled = engine.precompile_component(wasm)?;
-        if let Some(p) = &path {
-            if let Err(e) = store(p, &compiled, &source) {
+        if let Some(p) = path {
+            if let Err(e) = store(p, &compiled, source) {
                 tracing::warn!(path = %p.display(), error = %e, "cannot cache the compiled plugin");
             }
         }
@@ -162,6 +255,35 @@ mod tests {
         assert_eq!(verified(&flipped, &source), None);
         assert_eq!(verified(&file[..file.len() - 1], &source), None);
         assert_eq!(verified(&[0; 5], &source), None);
+    }
+
+    #[test]
+    fn a_description_is_used_only_for_the_component_it_was_recorded_for() {
+        let dir = std::env::temp_dir().join(format!("attest-describe-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let entry = |component: &[u8]| Entry {
+            path: dir.join("entry.cwasm"),
+            hash: xxh3_128(component).to_le_bytes(),
+        };
+        let d = Described {
+            id: "pii-leak".into(),
+            version: "1.0.0".into(),
+            description: "finds PII".into(),
+            config_schema: r#"{"type":"object"}"#.into(),
+        };
+        assert_eq!(entry(b"component").described(), None);
+        entry(b"component").remember(&d);
+        assert_eq!(entry(b"component").described(), Some(d.clone()));
+        assert_eq!(entry(b"another component").described(), None, "another component's record");
+        std::fs::write(entry(b"component").describe_path(), b"{damaged").unwrap();
+        assert_eq!(entry(b"component").described(), None, "a damaged record");
+        let oversized = Described {
+            description: "x".repeat(crate::sandbox::MAX_INFO_CHARS + 1),
+            ..d
+        };
+        entry(b"component").remember(&oversized);
+        assert_eq!(entry(b"component").described(), None, "a record beyond describe()'s bounds");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -437,7 +437,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
     }
     preflight(&wasm, &spec.limits).map_err(LoadError::Preflight)?;
     let sandbox = Sandbox::get(spec.limits.fuel.is_some()).map_err(|e| LoadError::Sandbox(e.to_string()))?;
-    let (component, source) = cache
+    let cache::Loaded { component, source, entry } = cache
         .load(sandbox.engine(), &wasm)
         .map_err(|e| LoadError::Invalid(crate::text::clip(&format!("{e:#}"), 400)))?;
     let (api, api_version) = match sandbox.api_version(&component) {
@@ -455,9 +455,25 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
         .prepare(&component, api)
         .map_err(|e| LoadError::Unfit(crate::text::clip(&format!("{e:#}"), 400)))?;
     let file_label: Arc<str> = Arc::from(path.file_name().map_or("plugin".into(), |n| n.to_string_lossy()).as_ref());
-    let info = sandbox
-        .describe(&prepared, &file_label, &spec.limits)
-        .map_err(|f| LoadError::Describe(f.to_string()))?;
+    // A cached description spares instantiating the plugin at start-up.
+    let info = match entry.as_ref().and_then(cache::Entry::described) {
+        Some(known) => known,
+        None => {
+            let info = sandbox
+                .describe(&prepared, &file_label, &spec.limits)
+                .map_err(|f| LoadError::Describe(f.to_string()))?;
+            let described = cache::Described {
+                id: info.id,
+                version: info.version,
+                description: info.description,
+                config_schema: info.config_schema,
+            };
+            if let Some(entry) = &entry {
+                entry.remember(&described);
+            }
+            described
+        }
+    };
     if !attest_trace::is_plugin_id(&info.id) {
         return Err(LoadError::BadId(crate::text::clip(&info.id, 60)));
     }
