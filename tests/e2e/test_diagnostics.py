@@ -129,7 +129,7 @@ def test_layer8_plugin_failure_renders_the_plugins_evidence(attest) -> None:
     block = render_only_failure(attest, chain)
     got = check_block(block, "L8 plugin")
     assert got["expected"] == "'process_refund' called with amount equals 89.99; order_id matches /^ORD-\\d+$/", block
-    assert got["actual"] == "amount=80.0, order_id='order-123'", block
+    assert got["actual"] == "amount=80, order_id='order-123'", block
     assert got["trace path"] == "steps[2].args", block
     assert got["hint"].startswith("Make the agent pass amount equals 89.99"), block
 

@@ -193,7 +193,7 @@ PLUGIN_CASES = [
     case("tool-args-pass", "refund", lambda e: e.plugin("tool-args", REFUND_ARGS), PASS, 1.0,
          "The only call to 'process_refund' (step 2) matches: amount equals 89.99"),
     case("tool-args-fail", "wrong_refund", lambda e: e.plugin("tool-args", REFUND_ARGS), HARD, 0.0,
-         "argument 'amount' is 80.0, expected 89.99"),
+         "argument 'amount' is 80, expected 89.99"),
     case("tool-args-fail-never-called", "refund",
          lambda e: e.plugin("tool-args", {"tool": "send_email", "expect": {"to": {"regex": "@corp\\.com$"}}}),
          HARD, 0.0, "'send_email' was never called (tool calls: ['lookup_order', 'process_refund'])"),

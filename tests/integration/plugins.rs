@@ -860,7 +860,7 @@ fn tool_args_passes_and_fails() {
         0.0,
         &[
             "does not match",
-            "argument 'amount' is 80.0, expected 89.99",
+            "argument 'amount' is 80, expected 89.99",
             "argument 'order_id' is 'order-123', which does not match /^ORD-\\d+$/",
         ],
     );
@@ -878,7 +878,7 @@ fn tool_args_passes_and_fails() {
         "{}",
         r[0]
     );
-    assert_eq!(r[0]["actual"], json!("amount=80.0, order_id='order-123'"), "{}", r[0]);
+    assert_eq!(r[0]["actual"], json!("amount=80, order_id='order-123'"), "{}", r[0]);
     assert_eq!(r[0]["trace_node_path"], json!("steps[2].args"), "{}", r[0]);
     let hint = r[0]["suggested_action"].as_str().unwrap_or_default();
     assert!(hint.starts_with("Make the agent pass amount equals 89.99"), "{}", r[0]);

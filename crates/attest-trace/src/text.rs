@@ -124,9 +124,10 @@ pub fn describe(v: &serde_json::Value) -> String {
 }
 
 /// A value as it is written, for explanations that show it rather than
-/// describe it: a string quoted (`'R-1'`), a number as people write it
-/// (`0.0067`), anything else as compact JSON; clipped. The one renderer of
-/// the engine's layers and the plugins.
+/// describe it: a string quoted (`'R-1'`), a number as people write it and
+/// as the built-in layers show numbers (`80`, `0.0067`, see [`num`]),
+/// anything else as compact JSON (`true`, `{"a":1}`); clipped. The one
+/// renderer of the engine's layers and the plugins.
 pub fn render(v: &serde_json::Value) -> String {
     use serde_json::Value;
     match v {
@@ -162,6 +163,7 @@ mod tests {
         use serde_json::json;
         assert_eq!(render(&json!("R-1")), "'R-1'");
         assert_eq!(render(&json!(0.0067)), "0.0067");
+        assert_eq!(render(&json!(80.0)), "80", "as the built-in layers show numbers");
         assert_eq!(render(&json!(3)), "3");
         assert_eq!(render(&json!(true)), "true");
         assert_eq!(render(&json!(null)), "null");
