@@ -2134,6 +2134,19 @@ fn a_cached_start_takes_the_plugins_description_from_the_cache() {
     assert_eq!(results[0]["status"], json!("hard_fail"), "the plugin itself still runs");
     drop(engine);
 
+    // The record holds only for the limits describe() ran under: with
+    // others, describe() runs again.
+    let dir = tempfile::tempdir().unwrap();
+    let mut tighter = vec![
+        "--config".to_owned(),
+        write_config(dir.path(), "[plugin_defaults]\nmemory_mib = 32\n"),
+    ];
+    tighter.extend(flags.iter().cloned());
+    let mut engine = start(cache.path(), &tighter);
+    assert_eq!(listed(&list_plugins(&mut engine), "pii-leak")["description"], first["description"]);
+    drop(engine);
+    std::fs::write(&record_path, edited.to_string()).unwrap();
+
     // A damaged record, or one made for another component, is ignored and rewritten.
     for bad in [b"{not json".to_vec(), {
         let mut other = record.clone();

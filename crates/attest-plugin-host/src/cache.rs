@@ -27,9 +27,10 @@
 //! Beside each artefact, `<name>.describe.json` keeps what the plugin's
 //! `describe()` answered. `describe()` is a pure function of the component
 //! (a plugin has no clock, no files and no environment), and calling it
-//! means instantiating the plugin, which for an 18 MB Python component is
-//! most of a cached start. A record names the component hash it was made
-//! for; one that does not match, or does not parse, is ignored and
+//! means instantiating the plugin. A record names the component hash it
+//! was made for and the limits `describe()` ran under (a plugin that
+//! describes itself within generous limits may not within tighter ones);
+//! one that does not match both, or does not parse, is ignored and
 //! rewritten. Failed `describe()` calls are never recorded, so a broken
 //! plugin is described (and reported) on every start.
 
@@ -81,10 +82,12 @@ pub struct Described {
     pub config_schema: String,
 }
 
-/// The record on disk: a description, and the component it describes.
+/// The record on disk: a description, the component it describes, and the
+/// limits `describe()` ran under (as the plugin's limits serialise).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct DescribeRecord {
     component: String,
+    limits: String,
     #[serde(flatten)]
     described: Described,
 }
@@ -94,8 +97,9 @@ impl Entry {
         self.path.with_extension("describe.json")
     }
 
-    /// The recorded description of this component, if there is a sound one.
-    pub fn described(&self) -> Option<Described> {
+    /// The recorded description of this component under `limits`, if
+    /// there is a sound one.
+    pub fn described(&self, limits: &str) -> Option<Described> {
         let text = std::fs::read(self.describe_path()).ok()?;
         // Bounded like a fresh describe(): a record is never trusted beyond
         // what the plugin itself could have answered.
@@ -108,13 +112,14 @@ impl Entry {
             && [&d.id, &d.version, &d.description]
                 .iter()
                 .all(|s| s.chars().count() <= crate::sandbox::MAX_INFO_CHARS);
-        (fits && record.component == hex(&self.hash)).then_some(record.described)
+        (fits && record.component == hex(&self.hash) && record.limits == limits).then_some(record.described)
     }
 
-    /// Records what `describe()` answered, for the next start.
-    pub fn remember(&self, described: &Described) {
+    /// Records what `describe()` answered under `limits`, for the next start.
+    pub fn remember(&self, described: &Described, limits: &str) {
         let record = DescribeRecord {
             component: hex(&self.hash),
+            limits: limits.to_owned(),
             described: described.clone(),
         };
         let path = self.describe_path();
@@ -271,18 +276,19 @@ mod tests {
             description: "finds PII".into(),
             config_schema: r#"{"type":"object"}"#.into(),
         };
-        assert_eq!(entry(b"component").described(), None);
-        entry(b"component").remember(&d);
-        assert_eq!(entry(b"component").described(), Some(d.clone()));
-        assert_eq!(entry(b"another component").described(), None, "another component's record");
+        assert_eq!(entry(b"component").described("l"), None);
+        entry(b"component").remember(&d, "l");
+        assert_eq!(entry(b"component").described("l"), Some(d.clone()));
+        assert_eq!(entry(b"component").described("tighter"), None, "described under other limits");
+        assert_eq!(entry(b"another component").described("l"), None, "another component's record");
         std::fs::write(entry(b"component").describe_path(), b"{damaged").unwrap();
-        assert_eq!(entry(b"component").described(), None, "a damaged record");
+        assert_eq!(entry(b"component").described("l"), None, "a damaged record");
         let oversized = Described {
             description: "x".repeat(crate::sandbox::MAX_INFO_CHARS + 1),
             ..d
         };
-        entry(b"component").remember(&oversized);
-        assert_eq!(entry(b"component").described(), None, "a record beyond describe()'s bounds");
+        entry(b"component").remember(&oversized, "l");
+        assert_eq!(entry(b"component").described("l"), None, "a record beyond describe()'s bounds");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

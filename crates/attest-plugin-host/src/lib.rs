@@ -455,8 +455,10 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
         .prepare(&component, api)
         .map_err(|e| LoadError::Unfit(crate::text::clip(&format!("{e:#}"), 400)))?;
     let file_label: Arc<str> = Arc::from(path.file_name().map_or("plugin".into(), |n| n.to_string_lossy()).as_ref());
-    // A cached description spares instantiating the plugin at start-up.
-    let info = match entry.as_ref().and_then(cache::Entry::described) {
+    // A cached description spares instantiating the plugin at start-up;
+    // it holds only for the limits it was made under.
+    let limits_key = serde_json::to_string(&spec.limits).unwrap_or_default();
+    let info = match entry.as_ref().and_then(|e| e.described(&limits_key)) {
         Some(known) => known,
         None => {
             let info = sandbox
@@ -469,7 +471,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
                 config_schema: info.config_schema,
             };
             if let Some(entry) = &entry {
-                entry.remember(&described);
+                entry.remember(&described, &limits_key);
             }
             described
         }
