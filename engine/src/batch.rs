@@ -22,7 +22,7 @@ use crate::text::{clip_in_place, quote};
 use crate::trace::parse_trace;
 use crate::trace::Trace;
 use attest_core::backends::ScoreHistory;
-use attest_core::suite::{SuiteError, SuiteReader};
+use attest_core::suite::{SuiteError, SuiteReader, ASSERTIONS_SHAPE};
 use quick_cache::sync::Cache;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -564,8 +564,6 @@ fn digest(text: &str) -> u64 {
 }
 
 const PARAMS_SHAPE: &str = "Send {\"trace\": {...}, \"assertions\": [{\"assertion_id\": ..., \"type\": ..., \"spec\": {...}}, ...]}.";
-const ASSERTIONS_SHAPE: &str =
-    "Send assertions as a list of {\"assertion_id\": str, \"type\": str, \"spec\": {...}, \"request_id\"?: str}.";
 
 /// The raw trace, and the assertion envelopes or what is wrong with them.
 type SplitParams<'a> = (Option<&'a RawValue>, Result<Vec<Envelope<'a>>, RpcError>);

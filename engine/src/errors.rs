@@ -205,6 +205,7 @@ mod tests {
         let e = suite_error(SuiteError::MissingId { index: 4 });
         assert_eq!(e.code, ErrorCode::AssertionError);
         assert_eq!(e.message, "assertions[4] missing required field: assertion_id");
+        assert_eq!(e.detail, attest_core::suite::ASSERTIONS_SHAPE);
         assert_eq!(e.assertion_id, None);
         assert_eq!(e.field.as_deref(), Some("params.assertions[4].assertion_id"));
     }

@@ -12,6 +12,10 @@ use std::collections::HashMap;
 /// Longest accepted `assertion_id`, in bytes.
 pub const MAX_ASSERTION_ID_BYTES: usize = 256;
 
+/// What a list of assertions looks like, for errors about its shape.
+pub const ASSERTIONS_SHAPE: &str =
+    "Send assertions as a list of {\"assertion_id\": str, \"type\": str, \"spec\": {...}, \"request_id\"?: str}.";
+
 /// Why a list of assertions is not a suite. `index` is the assertion's
 /// position in the list.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +86,7 @@ impl SuiteError {
     /// What to do about it.
     pub fn detail(&self) -> String {
         match self {
-            SuiteError::MissingId { .. } => "Give every assertion an assertion_id: results are matched to assertions by it.".into(),
+            SuiteError::MissingId { .. } => ASSERTIONS_SHAPE.into(),
             SuiteError::IdTooLong { .. } => format!("assertion_id must be at most {MAX_ASSERTION_ID_BYTES} bytes."),
             SuiteError::MissingType { .. } => format!("Set type to one of: {}.", AssertionType::names()),
             SuiteError::UnknownType { .. } => format!("Supported assertion types: {}.", AssertionType::names()),
