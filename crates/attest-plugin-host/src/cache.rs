@@ -100,10 +100,16 @@ impl Entry {
     /// The recorded description of this component under `limits`, if
     /// there is a sound one.
     pub fn described(&self, limits: &str) -> Option<Described> {
-        let text = std::fs::read(self.describe_path()).ok()?;
         // Bounded like a fresh describe(): a record is never trusted beyond
-        // what the plugin itself could have answered.
-        if text.len() > crate::sandbox::MAX_SCHEMA_BYTES + 16 * 1024 {
+        // what the plugin itself could have answered, nor read past that.
+        const MAX_RECORD_BYTES: u64 = crate::sandbox::MAX_SCHEMA_BYTES as u64 + 16 * 1024;
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(std::fs::File::open(self.describe_path()).ok()?, MAX_RECORD_BYTES + 1),
+            &mut text,
+        )
+        .ok()?;
+        if text.len() as u64 > MAX_RECORD_BYTES {
             return None;
         }
         let record: DescribeRecord = serde_json::from_slice(&text).ok()?;
