@@ -167,6 +167,61 @@ pub struct FilePlugin {
     pub path: PathBuf,
     #[serde(flatten)]
     pub limits: FileLimits,
+    /// Capabilities granted to this plugin (`embed`, `judge`,
+    /// `config-secret`); none by default.
+    #[serde(default)]
+    pub grants: Vec<String>,
+    /// Values `config-secret` answers this plugin, by name.
+    #[serde(default)]
+    pub secrets: std::collections::BTreeMap<String, FileSecret>,
+}
+
+/// A secret mapped to a plugin: a literal value, or `{ env = "VAR" }` to
+/// read it from the engine's environment at start-up (the plugin never
+/// sees the environment itself).
+#[derive(Clone, Deserialize)]
+#[serde(untagged)]
+pub enum FileSecret {
+    Value(String),
+    Env { env: String },
+}
+
+impl std::fmt::Debug for FileSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileSecret::Value(_) => f.write_str("Value(<redacted>)"),
+            FileSecret::Env { env } => write!(f, "Env({env})"),
+        }
+    }
+}
+
+/// `[[plugins]] grants` and `secrets`, checked.
+fn grants(p: &FilePlugin, env: &dyn Fn(&str) -> Option<String>) -> Result<crate::plugins::capabilities::Grants> {
+    use crate::plugins::capabilities::Capability;
+    let mut capabilities = Vec::new();
+    for name in &p.grants {
+        let c = Capability::parse(name).with_context(|| {
+            let valid: Vec<&str> = Capability::ALL.iter().map(|c| c.name()).collect();
+            format!("grants: unknown capability '{name}'; valid capabilities: {}", valid.join(", "))
+        })?;
+        if !capabilities.contains(&c) {
+            capabilities.push(c);
+        }
+    }
+    capabilities.sort();
+    if !p.secrets.is_empty() && !capabilities.contains(&Capability::ConfigSecret) {
+        bail!("secrets are mapped but not granted: add \"config-secret\" to grants, or remove secrets");
+    }
+    let mut secrets = std::collections::BTreeMap::new();
+    for (name, source) in &p.secrets {
+        let value = match source {
+            FileSecret::Value(v) => v.clone(),
+            FileSecret::Env { env: var } => env(var)
+                .with_context(|| format!("secrets.{name}: environment variable {var} is not set; set it, or give the value itself"))?,
+        };
+        secrets.insert(name.clone(), value);
+    }
+    Ok(crate::plugins::capabilities::Grants { capabilities, secrets })
 }
 
 /// Settings given on the command line (they win over everything).
@@ -302,6 +357,7 @@ impl Config {
                 path: base.join(&p.path),
                 limits: limits(&defaults, &p.limits).with_context(|| src(&format!("plugins[{i}]")))?,
                 explicit: true,
+                grants: grants(p, &env).with_context(|| src(&format!("plugins[{i}]")))?,
             });
         }
         let dir = overrides
@@ -315,12 +371,14 @@ impl Config {
                 path,
                 limits: defaults.clone(),
                 explicit: false,
+                grants: Default::default(),
             }));
         }
         c.plugins.extend(overrides.plugins.iter().map(|path| PluginSpec {
             path: path.clone(),
             limits: defaults.clone(),
             explicit: true,
+            grants: Default::default(),
         }));
         if let Some(dir) = env("ATTEST_CACHE_DIR").map(PathBuf::from).or(file.cache_dir) {
             c.cache_dir = (!dir.as_os_str().is_empty()).then_some(dir);

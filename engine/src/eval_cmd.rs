@@ -64,7 +64,64 @@ pub fn run_plugin(
         "spec": {"plugin_id": plugin_id, "config": config},
     });
     let traces = read_traces(trace_path)?;
-    evaluate_files(engine, &[assertion], traces, format, true, out)
+    let plugin = engine.plugins.get(plugin_id);
+    if let Some(p) = plugin {
+        p.record_capability_use();
+    }
+    let labels: Vec<String> = traces.iter().map(|(label, _)| label.clone()).collect();
+    let code = evaluate_files(engine, &[assertion], traces, format, true, out)?;
+    if let (Some(p), Format::Table) = (plugin, format) {
+        write_capability_use(&labels, &p.capability_listing(), &p.take_capability_use(), out)?;
+    }
+    Ok(code)
+}
+
+/// What the plugin's capability calls did, trace by trace.
+fn write_capability_use(
+    labels: &[String],
+    listing: &crate::plugins::CapabilityListing,
+    uses: &[crate::plugins::CapabilityUse],
+    out: &mut impl std::io::Write,
+) -> Result<()> {
+    let names = |cs: &[crate::plugins::capabilities::Capability]| {
+        if cs.is_empty() {
+            "none".to_owned()
+        } else {
+            cs.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+        }
+    };
+    writeln!(
+        out,
+        "\ncapabilities: requested {}; granted {}",
+        names(&listing.requested),
+        names(&listing.usable)
+    )?;
+    let calls: usize = uses.iter().map(|u| u.calls.len() + u.unrecorded).sum();
+    if calls == 0 {
+        writeln!(out, "capability calls: none")?;
+        return Ok(());
+    }
+    writeln!(out, "capability calls:")?;
+    for (label, used) in labels.iter().zip(uses) {
+        for c in &used.calls {
+            let outcome = match &c.error {
+                Some(e) => format!("{}: {e}", c.outcome),
+                None => c.outcome.clone(),
+            };
+            writeln!(
+                out,
+                "  {label}  {} ({})  {:.1} ms  ${:.6}  {outcome}",
+                c.capability.name(),
+                c.asked,
+                c.ms,
+                c.cost
+            )?;
+        }
+        if used.unrecorded > 0 {
+            writeln!(out, "  {label}  … {} more calls", used.unrecorded)?;
+        }
+    }
+    Ok(())
 }
 
 /// Evaluates `assertions` on each trace, prints the outcomes, and returns the

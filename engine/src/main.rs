@@ -6,6 +6,8 @@
 use attest_engine::config::{Config, Overrides, ENV_VARS};
 use attest_engine::eval_cmd::{self, Format};
 use attest_engine::plugins::sandbox::SUPPORTED_API_VERSIONS;
+use attest_engine::plugins::cache::ArtefactCache;
+use attest_engine::plugins::capabilities::Capability;
 use attest_engine::plugins::{PluginHost, PluginLimits, PluginSpec};
 use attest_engine::session::Engine;
 use attest_engine::{logging, server, ENGINE_VERSION};
@@ -133,6 +135,10 @@ enum PluginCommand {
         /// The assertion's `config` as inline JSON.
         #[arg(long, value_name = "JSON")]
         plugin_config_json: Option<String>,
+        /// Grant a capability for this run (embed, judge, config-secret),
+        /// on top of what the plugin's `[[plugins]]` entry grants. Repeatable.
+        #[arg(long = "grant", value_name = "CAPABILITY")]
+        grants: Vec<String>,
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
@@ -208,16 +214,29 @@ fn main() -> ExitCode {
                     trace,
                     plugin_config,
                     plugin_config_json,
+                    grants,
                     format,
                 },
         } => {
             logging::init(config.log_level);
+            let mut granted = Vec::new();
+            for name in &grants {
+                match Capability::parse(name) {
+                    Some(c) => granted.push(c),
+                    None => {
+                        let valid: Vec<&str> = Capability::ALL.iter().map(|c| c.name()).collect();
+                        eprintln!("attest-engine plugin test: --grant {name}: unknown capability; valid capabilities: {}", valid.join(", "));
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             plugin_test(
                 config,
                 &file,
                 &trace,
                 plugin_config.as_deref(),
                 plugin_config_json.as_deref(),
+                &granted,
                 format,
             )
         }
@@ -354,20 +373,29 @@ fn load_engine(config: attest_engine::config::Config) -> Option<Engine> {
     Some(Engine::with_plugins(config, plugins))
 }
 
-/// Loads `file` alone, with the limits the config gives it, through the
-/// compiled-artefact cache (so a `plugin check` warms it for the engine).
-fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Path) -> PluginHost {
-    let limits = config
+/// Loads `file` alone, with the limits and grants the config gives it (plus
+/// `extra` grants), using the compiled-artefact cache without writing to
+/// it: inspecting a plugin leaves the engine's cache as it was.
+fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Path, extra: &[Capability]) -> PluginHost {
+    let (limits, mut grants) = config
         .plugins
         .iter()
         .find(|p| p.path == file)
-        .map_or_else(PluginLimits::default, |p| p.limits.clone());
+        .map_or_else(|| (PluginLimits::default(), Default::default()), |p| (p.limits.clone(), p.grants.clone()));
+    for c in extra {
+        if !grants.allows(*c) {
+            grants.capabilities.push(*c);
+        }
+    }
+    grants.capabilities.sort();
     let spec = PluginSpec {
         path: file.to_owned(),
         limits,
         explicit: true,
+        grants,
     };
-    PluginHost::load(std::slice::from_ref(&spec), config.cache_dir.as_ref().map(|d| d.join("plugins")))
+    let cache = ArtefactCache::read_only(config.cache_dir.as_ref().map(|d| d.join("plugins")));
+    PluginHost::load_with(std::slice::from_ref(&spec), &cache)
 }
 
 /// `attest-engine plugin test <file> --trace <t> [--plugin-config <c> | --plugin-config-json <json>]`.
@@ -377,6 +405,7 @@ fn plugin_test(
     trace: &std::path::Path,
     config_file: Option<&std::path::Path>,
     config_json: Option<&str>,
+    grants: &[Capability],
     format: OutputFormat,
 ) -> ExitCode {
     let plugin_config = match (config_file, config_json) {
@@ -393,7 +422,7 @@ fn plugin_test(
             return ExitCode::from(2);
         }
     };
-    let host = load_one_plugin(&config, file);
+    let host = load_one_plugin(&config, file, grants);
     let Some(id) = host.ids().first().cloned() else {
         let why = host.failures().first().map_or("unknown error", |f| f.error.as_str());
         eprintln!("attest-engine plugin test: refused: {}: {why}", file.display());
@@ -414,7 +443,7 @@ fn plugin_test(
 
 /// `attest-engine plugin check <file>`.
 fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) -> ExitCode {
-    let host = load_one_plugin(config, file);
+    let host = load_one_plugin(config, file, &[]);
     match host.ids().first().and_then(|id| host.get(id)) {
         Some(p) => {
             println!("plugin:       {} {}", p.id, p.version);
@@ -435,6 +464,25 @@ fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) 
                 p.limits.timeout.as_millis()
             );
             println!("loaded from:  {:?} in {:.1} ms", p.source, p.load_ms);
+            let names = |cs: &[Capability]| {
+                if cs.is_empty() {
+                    "none".to_owned()
+                } else {
+                    cs.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+                }
+            };
+            let listing = p.capability_listing();
+            println!("capabilities: requested {}; granted {}", names(&listing.requested), names(&listing.granted));
+            let ungranted: Vec<Capability> = listing.requested.iter().copied().filter(|c| !listing.granted.contains(c)).collect();
+            if !ungranted.is_empty() {
+                println!(
+                    "              not granted: {} (calls answer not-granted; grant with grants = [...] in the plugin's [[plugins]] entry)",
+                    names(&ungranted)
+                );
+            }
+            if !listing.secrets.is_empty() {
+                println!("secrets:      {}", listing.secrets.join(", "));
+            }
             println!(
                 "config schema:\n{}",
                 serde_json::to_string_pretty(&p.config_schema).unwrap_or_default()

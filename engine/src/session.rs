@@ -128,8 +128,10 @@ impl Engine {
                     None
                 }
             });
+        let providers = Arc::new(Providers::new(&config.providers));
+        plugins.connect_models(Arc::new(crate::plugin_models::ProviderModels(providers.clone())));
         Engine {
-            providers: Arc::new(Providers::new(&config.providers)),
+            providers,
             sinks: Sinks::new(&config, history, webhook),
             caches: BatchCaches::new(&config),
             plugins,

@@ -1,5 +1,5 @@
 //! The glue between a plugin's [`AssertionPlugin`] impl and the component's
-//! exports: the wit-bindgen bindings for `attest:plugin@0.1.0`, an adapter
+//! exports: the wit-bindgen bindings for `attest:plugin@0.2.0`, an adapter
 //! implementing the generated `Guest` trait, and conversions from the SDK's
 //! types to the generated ones. Nothing here is part of the public API; the
 //! [`export_plugin!`](crate::export_plugin) macro is the only way in.
@@ -16,7 +16,7 @@ use std::marker::PhantomData;
 /// object code and the component linker always finds it.
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/since_v0.1.0/attest-plugin.wit",
+        path: "../wit/since_v0.2.0/attest-plugin.wit",
         world: "assertion-plugin",
         pub_export_macro: true,
         export_macro_name: "__export_assertion_plugin",
@@ -38,6 +38,15 @@ impl<P: AssertionPlugin> bindings::Guest for Export<P> {
             version: info.version,
             description: info.description,
             config_schema: info.config_schema,
+            capabilities: info
+                .capabilities
+                .into_iter()
+                .map(|c| match c {
+                    crate::models::Capability::Embed => wit::Capability::Embed,
+                    crate::models::Capability::Judge => wit::Capability::Judge,
+                    crate::models::Capability::ConfigSecret => wit::Capability::ConfigSecret,
+                })
+                .collect(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Write attest-engine assertion plugins in plain Rust.
 //!
 //! An assertion plugin is a WebAssembly component for the `assertion-plugin`
-//! world of `wit/since_v0.1.0/attest-plugin.wit` (`attest:plugin@0.1.0`). This crate hides
+//! world of `wit/since_v0.2.0/attest-plugin.wit` (`attest:plugin@0.2.0`). This crate hides
 //! the WIT plumbing: a plugin implements [`AssertionPlugin`] on typed data and
 //! exports itself with one macro, [`export_plugin!`].
 //!
@@ -57,6 +57,8 @@
 //! - [`verdict`]: [`Verdict`] builders, [`PluginError`], [`PluginInfo`];
 //! - [`config`]: typed config decoding, errors mapped to `invalid-config`;
 //! - [`log()`]: the host's log import, with a native recorder for tests;
+//! - [`models`]: embeddings, an LLM judge and operator secrets, through the
+//!   engine, once the operator grants them;
 //! - [`json`] and [`text`]: comparison and explanation helpers;
 //! - [`testing`] (native only): helpers for plugin unit tests.
 //!
@@ -67,6 +69,7 @@ pub mod config;
 mod export;
 pub mod json;
 mod log;
+pub mod models;
 /// The target grammar, shared with the engine (`attest-trace`).
 pub use attest_trace::target;
 /// Bounded quoting for explanations, shared with the engine (`attest-trace`).

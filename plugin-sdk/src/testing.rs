@@ -4,12 +4,84 @@
 //! as the component's `evaluate` export, so a native test covers config
 //! decoding and trace decoding too, not just the plugin's own function.
 
+use crate::models::{Capability, CapabilityError, JudgeRequest, Judgement};
 use crate::{evaluate_batch, AssertionPlugin, LogLevel, PluginError, Verdict};
 use serde_json::{json, Value};
 
 /// Drains the log lines this thread's plugin code wrote with [`crate::log`].
 pub fn take_logs() -> Vec<(LogLevel, String)> {
     crate::log::imp::take()
+}
+
+/// Fakes for the engine's capabilities in native tests, for this thread;
+/// dropping it removes them. Calls without a fake are refused as not
+/// granted, as an engine that did not grant them would.
+///
+/// ```
+/// use attest_plugin_sdk::models::{self, Judgement};
+/// use attest_plugin_sdk::testing::FakeHost;
+///
+/// let host = FakeHost::new()
+///     .embed(|texts| Ok(texts.iter().map(|t| vec![t.len() as f32, 1.0]).collect()))
+///     .judge(|req| Ok(Judgement { score: 0.9, reasoning: format!("judged {}", req.content) }))
+///     .secret("api_key", "k");
+/// assert_eq!(models::embed(&["ab"]).unwrap(), vec![vec![2.0, 1.0]]);
+/// assert_eq!(models::config_secret("api_key").unwrap().as_deref(), Some("k"));
+/// assert_eq!(host.calls().len(), 2);
+/// ```
+pub struct FakeHost {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl FakeHost {
+    /// Starts with no fake: every call is refused.
+    pub fn new() -> FakeHost {
+        crate::models::imp::FAKES.with(|f| *f.borrow_mut() = Default::default());
+        FakeHost {
+            _not_send: std::marker::PhantomData,
+        }
+    }
+
+    /// Answers `embed` calls.
+    pub fn embed(self, f: impl FnMut(&[&str]) -> Result<Vec<Vec<f32>>, CapabilityError> + 'static) -> FakeHost {
+        crate::models::imp::FAKES.with(|fakes| fakes.borrow_mut().embed = Some(Box::new(f)));
+        self
+    }
+
+    /// Answers `judge` calls.
+    pub fn judge(self, f: impl FnMut(&JudgeRequest) -> Result<Judgement, CapabilityError> + 'static) -> FakeHost {
+        crate::models::imp::FAKES.with(|fakes| fakes.borrow_mut().judge = Some(Box::new(f)));
+        self
+    }
+
+    /// Grants `config-secret`, with `name` mapped to `value`.
+    pub fn secret(self, name: &str, value: &str) -> FakeHost {
+        crate::models::imp::FAKES.with(|fakes| {
+            fakes
+                .borrow_mut()
+                .secrets
+                .get_or_insert_with(Vec::new)
+                .push((name.to_owned(), value.to_owned()))
+        });
+        self
+    }
+
+    /// The capability calls made so far, in order.
+    pub fn calls(&self) -> Vec<Capability> {
+        crate::models::imp::FAKES.with(|f| f.borrow().calls.clone())
+    }
+}
+
+impl Default for FakeHost {
+    fn default() -> FakeHost {
+        FakeHost::new()
+    }
+}
+
+impl Drop for FakeHost {
+    fn drop(&mut self) {
+        crate::models::imp::FAKES.with(|f| *f.borrow_mut() = Default::default());
+    }
 }
 
 /// Evaluates one config against one trace, both given as JSON values, the

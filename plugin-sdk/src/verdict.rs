@@ -266,17 +266,29 @@ pub struct PluginInfo {
     /// JSON Schema (draft 2020-12) of the assertion's `config` object, as
     /// JSON text; usually `include_str!("../config.schema.json")`.
     pub config_schema: String,
+    /// Capabilities the plugin asks the operator for (see [`crate::models`]).
+    pub capabilities: Vec<crate::models::Capability>,
 }
 
 impl PluginInfo {
-    /// An id and version, no description, and [`ANY_OBJECT_SCHEMA`].
+    /// An id and version, no description, [`ANY_OBJECT_SCHEMA`], and no
+    /// capability.
     pub fn new(id: impl Into<String>, version: impl Into<String>) -> PluginInfo {
         PluginInfo {
             id: id.into(),
             version: version.into(),
             description: String::new(),
             config_schema: ANY_OBJECT_SCHEMA.to_owned(),
+            capabilities: Vec::new(),
         }
+    }
+
+    /// Requests a capability; the operator still has to grant it.
+    pub fn requests(mut self, capability: crate::models::Capability) -> PluginInfo {
+        if !self.capabilities.contains(&capability) {
+            self.capabilities.push(capability);
+        }
+        self
     }
 
     pub fn description(mut self, description: impl Into<String>) -> PluginInfo {

@@ -60,10 +60,20 @@ pub trait PaidCheck: fmt::Debug + Send + Sync {
 /// A loaded assertion plugin (layer 8).
 pub trait AssertionPlugin: fmt::Debug + Send + Sync {
     fn id(&self) -> &str;
-    /// Evaluates one trace (its JSON text, as received) against each config,
-    /// in one sandboxed call; one answer per config, in order. A plugin that
-    /// fails answers with failures, never with fewer answers.
-    fn evaluate(&self, trace_json: &str, configs: &[String]) -> Vec<PluginAnswer>;
+    /// Evaluates one trace (its JSON text, as received) against each config;
+    /// one answer per config, in order. A plugin that fails answers with
+    /// failures, never with fewer answers.
+    fn evaluate(&self, trace_json: &str, configs: &[String], call: &PluginCall) -> Vec<PluginAnswer>;
+}
+
+/// What a plugin's model calls (embeddings, judge) may spend and how long
+/// they may wait, for one evaluation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PluginCall {
+    /// The evaluation's deadline.
+    pub deadline: std::time::Instant,
+    /// USD left in the session's budget (`None`: no budget).
+    pub budget_left: Option<f64>,
 }
 
 /// One plugin verdict, as the plugin gave it (scores unclamped).
@@ -74,6 +84,8 @@ pub struct PluginAnswer {
     pub score: f64,
     pub explanation: String,
     pub details: Option<Value>,
+    /// USD the plugin's model calls cost while answering.
+    pub cost: f64,
 }
 
 /// A plugin assertion, compiled: the plugin and the config it receives.

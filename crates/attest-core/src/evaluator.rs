@@ -11,7 +11,7 @@
 //! concurrently, unless a layer 1–4 assertion hard-failed and
 //! short-circuiting is on, or the budget is spent.
 
-use crate::backends::{AssertionPlugin, Backends, PluginAnswer, ProviderError, ScoreHistory};
+use crate::backends::{AssertionPlugin, Backends, PluginAnswer, PluginCall, ProviderError, ScoreHistory};
 use crate::drift::{dynamic_status, DriftReport, DriftStatus, Fingerprint};
 use crate::layers::{AssertionType, Check, CompiledAssertion, Evidence, Status, Verdict};
 use crate::suite::{SuiteError, SuiteReader};
@@ -210,7 +210,8 @@ async fn evaluate(
     cx: &Context<'_>,
 ) -> Result<Evaluation, EvalError> {
     let fresh = |i: usize| known.get(i).is_none_or(Option::is_none);
-    let mut plugin_answers = run_plugins(trace_json, suite, &fresh);
+    let mut plugin_answers = run_plugins(trace_json, suite, &fresh, cx);
+    let plugin_cost: f64 = plugin_answers.iter().flatten().map(|(a, _)| a.cost).sum();
     let mut guarded = guarded_verdicts(suite, &trace, trace_json.len(), cx.deadline, &fresh).await?;
     let mut progress: Vec<Progress> = Vec::with_capacity(suite.len());
     for (i, p) in suite.iter().enumerate() {
@@ -229,8 +230,9 @@ async fn evaluate(
             continue;
         }
         let t0 = Instant::now();
-        let (status, verdict, details, plugin_ms) = match plugin_answers.get_mut(i).and_then(Option::take) {
+        let (status, verdict, details, plugin_ms, cost) = match plugin_answers.get_mut(i).and_then(Option::take) {
             Some((answer, ms)) => {
+                let cost = answer.cost;
                 let verdict = Verdict {
                     passed: answer.passed,
                     score: answer.score,
@@ -239,14 +241,14 @@ async fn evaluate(
                     evidence: plugin_evidence(answer.details.as_ref()),
                 };
                 let (status, verdict) = p.compiled.classify(verdict);
-                (status, verdict, bounded_details(answer.details), ms)
+                (status, verdict, bounded_details(answer.details), ms, cost)
             }
             None => {
                 let (status, verdict) = match guarded.as_mut().and_then(|g| g[i].take()) {
                     Some(done) => done,
                     None => p.compiled.evaluate(&trace),
                 };
-                (status, verdict, None, 0)
+                (status, verdict, None, 0, 0.0)
             }
         };
         progress.push(Progress::Done(Settling::new(Outcome {
@@ -254,7 +256,7 @@ async fn evaluate(
             verdict,
             details,
             duration_ms: t0.elapsed().as_millis() as u64 + plugin_ms,
-            cost: 0.0,
+            cost,
             skipped: false,
             threshold_source: None,
         })));
@@ -267,7 +269,7 @@ async fn evaluate(
         }
     }
     if progress.iter().any(|s| matches!(s, Progress::Pending)) {
-        run_paid(suite, &trace, &mut progress, cx).await?;
+        run_paid(suite, &trace, &mut progress, cx, plugin_cost).await?;
     }
     let outcomes = suite
         .iter()
@@ -375,8 +377,14 @@ fn dynamic(cx: &Context<'_>, fp: Fingerprint, id: &str, score: f64, soft: bool) 
 type PluginCalls<'a> = (&'a Arc<dyn AssertionPlugin>, Vec<usize>, Vec<String>);
 
 /// Runs every plugin check the caller did not answer, one sandboxed call per
-/// plugin; each answer with its share of the call's time.
-fn run_plugins(trace_json: &str, suite: &[Planned], fresh: &(dyn Fn(usize) -> bool + Sync)) -> Vec<Option<(PluginAnswer, u64)>> {
+/// plugin; each answer with its share of the call's time. What plugins'
+/// model calls spend comes off the budget the next plugin may use.
+fn run_plugins(
+    trace_json: &str,
+    suite: &[Planned],
+    fresh: &(dyn Fn(usize) -> bool + Sync),
+    cx: &Context<'_>,
+) -> Vec<Option<(PluginAnswer, u64)>> {
     // Left empty (no allocation) for a suite without plugin checks.
     let mut out: Vec<Option<(PluginAnswer, u64)>> = Vec::new();
     let mut by_plugin: Vec<PluginCalls<'_>> = Vec::new();
@@ -396,9 +404,15 @@ fn run_plugins(trace_json: &str, suite: &[Planned], fresh: &(dyn Fn(usize) -> bo
     if !by_plugin.is_empty() {
         out.resize_with(suite.len(), || None);
     }
+    let mut spent = 0.0;
     for (plugin, at, configs) in by_plugin {
         let t0 = Instant::now();
-        let answers = plugin.evaluate(trace_json, &configs);
+        let call = PluginCall {
+            deadline: cx.deadline,
+            budget_left: cx.budget.map(|(budget, before)| budget - before - spent),
+        };
+        let answers = plugin.evaluate(trace_json, &configs, &call);
+        spent += answers.iter().map(|a| a.cost).sum::<f64>();
         let share = t0.elapsed().as_millis() as u64 / at.len() as u64;
         for (i, answer) in at.into_iter().zip(answers) {
             out[i] = Some((answer, share));
@@ -489,7 +503,8 @@ async fn guarded_verdicts(
 /// Settles every pending (paid) assertion: skipped when a layer 1–4
 /// assertion hard-failed and short-circuiting is on, refused when the
 /// budget is spent, else asked of its provider, all concurrently.
-async fn run_paid(suite: &[Planned], trace: &Trace, progress: &mut [Progress], cx: &Context<'_>) -> Result<(), EvalError> {
+/// `plugin_cost` is what plugins' model calls spent earlier in this evaluation.
+async fn run_paid(suite: &[Planned], trace: &Trace, progress: &mut [Progress], cx: &Context<'_>, plugin_cost: f64) -> Result<(), EvalError> {
     let pending: Vec<usize> = (0..suite.len()).filter(|i| matches!(progress[*i], Progress::Pending)).collect();
     if cx.short_circuit {
         let failed = suite
@@ -504,6 +519,7 @@ async fn run_paid(suite: &[Planned], trace: &Trace, progress: &mut [Progress], c
         }
     }
     if let Some((budget, spent)) = cx.budget {
+        let spent = spent + plugin_cost;
         if spent >= budget {
             return Err(EvalError::BudgetSpent {
                 index: pending[0],
@@ -602,7 +618,7 @@ mod tests {
         fn id(&self) -> &str {
             "echo"
         }
-        fn evaluate(&self, _trace_json: &str, configs: &[String]) -> Vec<PluginAnswer> {
+        fn evaluate(&self, _trace_json: &str, configs: &[String], call: &PluginCall) -> Vec<PluginAnswer> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             configs
                 .iter()
@@ -610,8 +626,10 @@ mod tests {
                     passed: c.contains("true"),
                     always_hard: false,
                     score: 7.0,
-                    explanation: "echoed".into(),
+                    explanation: format!("echoed with {:?} left", call.budget_left),
                     details: Some(json!({"expected": "a pass", "actual": c})),
+                    // A config naming "spend" stands for a plugin whose model calls cost.
+                    cost: if c.contains("spend") { 0.25 } else { 0.0 },
                 })
                 .collect()
         }
@@ -772,6 +790,35 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn plugin_model_calls_cost_their_assertion_and_spend_the_budget() {
+        let f = fakes();
+        let s = suite(
+            &f,
+            &[
+                ("plugin", json!({"plugin_id": "echo", "config": {"ok": true, "spend": 1}})),
+                ("llm_judge", json!({"score": 0.9})),
+            ],
+        );
+        let mut cx = context(None);
+        cx.budget = Some((1.0, 0.5));
+        let e = run(&s, &[], &cx).await.unwrap();
+        let plugin = e.outcomes[0].as_ref().unwrap();
+        assert_eq!(plugin.cost, 0.25);
+        assert!(plugin.verdict.explanation.contains("Some(0.5)"), "the plugin was told what is left");
+        assert!((e.cost() - 0.26).abs() < 1e-12);
+        // What the plugin spent counts before paid layers are admitted.
+        cx.budget = Some((1.0, 0.75));
+        assert_eq!(
+            run(&s, &[], &cx).await.unwrap_err(),
+            EvalError::BudgetSpent {
+                index: 1,
+                budget: 1.0,
+                spent: 1.0
+            }
+        );
     }
 
     #[tokio::test]

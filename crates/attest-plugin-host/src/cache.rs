@@ -57,6 +57,9 @@ pub enum Source {
 
 pub struct ArtefactCache {
     dir: Option<PathBuf>,
+    /// Use what is stored, store nothing (`plugin check`, `plugin test`:
+    /// inspecting a plugin must not change the engine's cache).
+    read_only: bool,
 }
 
 /// A loaded component, where it came from, and its place in the cache.
@@ -71,6 +74,7 @@ pub struct Loaded {
 pub struct Entry {
     path: PathBuf,
     hash: SourceHash,
+    read_only: bool,
 }
 
 /// What a plugin's `describe()` answered, as the cache keeps it.
@@ -80,6 +84,9 @@ pub struct Described {
     pub version: String,
     pub description: String,
     pub config_schema: String,
+    /// Requested capabilities. A record without them (made before plugins
+    /// could request any) is not sound, and the plugin is described again.
+    pub capabilities: Vec<crate::capabilities::Capability>,
 }
 
 /// The record on disk: a description, the component it describes, and the
@@ -123,6 +130,9 @@ impl Entry {
 
     /// Records what `describe()` answered under `limits`, for the next start.
     pub fn remember(&self, described: &Described, limits: &str) {
+        if self.read_only {
+            return;
+        }
         let record = DescribeRecord {
             component: hex(&self.hash),
             limits: limits.to_owned(),
@@ -145,9 +155,14 @@ fn hex(hash: &SourceHash) -> String {
 }
 
 impl ArtefactCache {
+    /// A cache that uses what is stored in `dir` and stores nothing.
+    pub fn read_only(dir: Option<PathBuf>) -> ArtefactCache {
+        ArtefactCache { dir, read_only: true }
+    }
+
     /// `dir: None` disables the cache (every start compiles).
     pub fn new(dir: Option<PathBuf>) -> ArtefactCache {
-        ArtefactCache { dir }
+        ArtefactCache { dir, read_only: false }
     }
 
     fn path_for(&self, engine: &Engine, source: &SourceHash) -> Option<PathBuf> {
@@ -171,7 +186,11 @@ impl ArtefactCache {
         Ok(Loaded {
             component,
             source: from,
-            entry: path.map(|path| Entry { path, hash: source }),
+            entry: path.map(|path| Entry {
+                path,
+                hash: source,
+                read_only: self.read_only,
+            }),
         })
     }
 
@@ -197,7 +216,7 @@ impl ArtefactCache {
             }
         }
         let compiled = engine.precompile_component(wasm)?;
-        if let Some(p) = path {
+        if let Some(p) = path.filter(|_| !self.read_only) {
             if let Err(e) = store(p, &compiled, source) {
                 tracing::warn!(path = %p.display(), error = %e, "cannot cache the compiled plugin");
             }
@@ -275,12 +294,14 @@ mod tests {
         let entry = |component: &[u8]| Entry {
             path: dir.join("entry.cwasm"),
             hash: xxh3_128(component).to_le_bytes(),
+            read_only: false,
         };
         let d = Described {
             id: "pii-leak".into(),
             version: "1.0.0".into(),
             description: "finds PII".into(),
             config_schema: r#"{"type":"object"}"#.into(),
+            capabilities: vec![crate::capabilities::Capability::Judge],
         };
         assert_eq!(entry(b"component").described("l"), None);
         entry(b"component").remember(&d, "l");

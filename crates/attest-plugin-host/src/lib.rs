@@ -11,10 +11,12 @@
 //! and refuses what could never run or would cost too much to compile.
 
 pub mod cache;
+pub mod capabilities;
 pub mod check;
 pub mod config;
 pub mod sandbox;
 pub mod since_v0_1_0;
+pub mod since_v0_2_0;
 
 /// The target/field grammar plugin configs use.
 use attest_trace::target;
@@ -22,8 +24,9 @@ use attest_trace::target;
 use attest_trace::text;
 
 use attest_core::backends::AssertionPlugin;
-pub use attest_core::backends::PluginAnswer;
+pub use attest_core::backends::{PluginAnswer, PluginCall};
 use cache::{ArtefactCache, Source};
+use capabilities::{CallContext, CallRecord, Capability, Grants, Models};
 use sandbox::{Answer, ApiVersion, PluginError, Prepared, Sandbox, Status, SUPPORTED_API_VERSIONS};
 use serde::Serialize;
 use serde_json::Value;
@@ -96,6 +99,8 @@ pub struct PluginSpec {
     /// Named on its own (`--plugin`, `[[plugins]]`) rather than found in a
     /// plugin directory: an id conflict involving it stops the start.
     pub explicit: bool,
+    /// What the operator granted it (`[[plugins]] grants`, `secrets`).
+    pub grants: Grants,
 }
 
 /// A loaded, ready plugin.
@@ -112,6 +117,15 @@ pub struct Plugin {
     prepared: Prepared,
     pub source: Source,
     pub load_ms: f64,
+    /// Capabilities the plugin asked for in `describe()`.
+    pub requested: Vec<Capability>,
+    /// What the operator granted it.
+    pub grants: Grants,
+    secrets: Arc<std::collections::BTreeMap<String, String>>,
+    /// The engine's models, connected once the engine has built them.
+    models: std::sync::OnceLock<Arc<dyn Models>>,
+    /// Capability use of each call, kept only when asked (`plugin test`).
+    recorded: std::sync::OnceLock<std::sync::Mutex<Vec<CapabilityUse>>>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -169,24 +183,42 @@ pub struct PluginEntry<'a> {
     pub config_schema: Value,
     pub loaded_from: Source,
     pub load_ms: f64,
+    /// Capabilities the plugin asked for, and those the operator granted.
+    pub capabilities: CapabilityListing,
+}
+
+/// Requested and granted capabilities, and the names of mapped secrets
+/// (never their values).
+#[derive(Debug, Clone, Serialize)]
+pub struct CapabilityListing {
+    pub requested: Vec<Capability>,
+    pub granted: Vec<Capability>,
+    /// Requested and granted: what calls may use.
+    pub usable: Vec<Capability>,
+    pub secrets: Vec<String>,
 }
 
 impl PluginHost {
     /// Loads every plugin in `specs` (in parallel); failures are kept, not
     /// fatal. Plugins that claim the same id are all refused.
     pub fn load(specs: &[PluginSpec], cache_dir: Option<PathBuf>) -> PluginHost {
+        PluginHost::load_with(specs, &ArtefactCache::new(cache_dir))
+    }
+
+    /// [`PluginHost::load`] through a given cache (a read-only one, for
+    /// inspecting plugins without changing the engine's cache).
+    pub fn load_with(specs: &[PluginSpec], cache: &ArtefactCache) -> PluginHost {
         let mut host = PluginHost::default();
         if specs.is_empty() {
             return host;
         }
-        let cache = ArtefactCache::new(cache_dir);
         let workers = LOAD_THREADS.min(specs.len());
         let mut outcomes: Vec<Option<Result<Plugin, LoadError>>> = (0..specs.len()).map(|_| None).collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let slots: Vec<std::sync::Mutex<&mut Option<Result<Plugin, LoadError>>>> = outcomes.iter_mut().map(std::sync::Mutex::new).collect();
         std::thread::scope(|scope| {
             for _ in 0..workers {
-                let (next, slots, cache) = (&next, &slots, &cache);
+                let (next, slots) = (&next, &slots);
                 scope.spawn(move || loop {
                     let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(slot) = slots.get(k) else { break };
@@ -296,6 +328,7 @@ impl PluginHost {
                 config_schema: listed_schema(&p.config_schema, &p.path, &mut schema_budget),
                 loaded_from: p.source,
                 load_ms: p.load_ms,
+                capabilities: p.capability_listing(),
             };
             let size = serde_json::to_string(&entry).map_or(usize::MAX, |s| s.len() + 1);
             if listing.plugins_not_listed > 0 || size > left {
@@ -469,6 +502,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
                 version: info.version,
                 description: info.description,
                 config_schema: info.config_schema,
+                capabilities: info.capabilities,
             };
             if let Some(entry) = &entry {
                 entry.remember(&described, &limits_key);
@@ -503,6 +537,11 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
         prepared,
         source,
         load_ms: started.elapsed().as_secs_f64() * 1000.0,
+        requested: info.capabilities,
+        secrets: Arc::new(spec.grants.secrets.clone()),
+        grants: spec.grants.clone(),
+        models: std::sync::OnceLock::new(),
+        recorded: std::sync::OnceLock::new(),
     })
 }
 
@@ -573,12 +612,108 @@ impl AssertionPlugin for Plugin {
         &self.id
     }
 
-    fn evaluate(&self, trace_json: &str, configs: &[String]) -> Vec<PluginAnswer> {
-        Plugin::evaluate(self, trace_json, configs)
+    fn evaluate(&self, trace_json: &str, configs: &[String], call: &PluginCall) -> Vec<PluginAnswer> {
+        let (answers, used) = Plugin::evaluate(self, trace_json, configs, call);
+        if let Some(recorded) = self.recorded.get() {
+            let mut recorded = recorded.lock().unwrap_or_else(|e| e.into_inner());
+            if recorded.len() < MAX_RECORDED_USES {
+                recorded.push(used);
+            }
+        }
+        answers
+    }
+}
+
+/// Calls whose capability use a recording plugin keeps.
+const MAX_RECORDED_USES: usize = 10_000;
+
+impl CapabilityUse {
+    fn merge(&mut self, other: CapabilityUse) {
+        let room = capabilities::MAX_RECORDED_CALLS.saturating_sub(self.calls.len());
+        self.unrecorded += other.unrecorded + other.calls.len().saturating_sub(room);
+        self.calls.extend(other.calls.into_iter().take(room));
+        self.cost += other.cost;
+    }
+}
+
+/// One plugin call's capability use, for `plugin test`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CapabilityUse {
+    pub calls: Vec<CallRecord>,
+    /// Calls beyond those recorded.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unrecorded: usize,
+    pub cost: f64,
+}
+
+impl PluginHost {
+    /// Connects the engine's models to every plugin, for `embed` and
+    /// `judge` (the engine builds its providers after loading plugins).
+    pub fn connect_models(&self, models: Arc<dyn Models>) {
+        for plugin in self.plugins.values() {
+            let _ = plugin.models.set(models.clone());
+        }
     }
 }
 
 impl Plugin {
+    /// From now on, keeps what each call's capability calls did (for
+    /// `plugin test`, which prints them).
+    pub fn record_capability_use(&self) {
+        let _ = self.recorded.set(std::sync::Mutex::new(Vec::new()));
+    }
+
+    /// What was recorded since the last time, one entry per call.
+    pub fn take_capability_use(&self) -> Vec<CapabilityUse> {
+        self.recorded
+            .get()
+            .map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|e| e.into_inner())))
+            .unwrap_or_default()
+    }
+
+    /// Requested and granted capabilities, as listed.
+    pub fn capability_listing(&self) -> CapabilityListing {
+        CapabilityListing {
+            requested: self.requested.clone(),
+            granted: self.grants.capabilities.clone(),
+            usable: self.usable(),
+            secrets: self.grants.secrets.keys().cloned().collect(),
+        }
+    }
+
+    /// Capabilities both requested and granted.
+    pub fn usable(&self) -> Vec<Capability> {
+        self.requested.iter().copied().filter(|c| self.grants.allows(*c)).collect()
+    }
+
+    /// Whether calls may spend money or wait on a provider.
+    fn uses_models(&self) -> bool {
+        self.requested.iter().any(|c| c.is_model() && self.grants.allows(*c))
+    }
+
+    /// The context a call starts with; `None` when the plugin requested no
+    /// capability (its calls are refused without one).
+    fn call_context(&self, call: &PluginCall) -> Option<Box<CallContext>> {
+        if self.requested.is_empty() {
+            return None;
+        }
+        let deadline = (Instant::now() + self.limits.timeout).min(call.deadline);
+        Some(Box::new(CallContext {
+            plugin_id: self.id.clone(),
+            usable: self.usable(),
+            requested: self.requested.clone(),
+            secrets: self.secrets.clone(),
+            models: self.models.get().cloned(),
+            deadline,
+            budget_left: call.budget_left,
+            spent: 0.0,
+            model_calls: 0,
+            budget_refusal: None,
+            records: Vec::new(),
+            unrecorded: 0,
+        }))
+    }
+
     /// Checks an assertion's `config` against the plugin's schema; lists up to 3 problems.
     pub fn check_config(&self, config: &Value) -> Result<(), String> {
         let errors: Vec<_> = self.validator.iter_errors(config).collect();
@@ -590,14 +725,71 @@ impl Plugin {
         }
     }
 
-    /// Runs the plugin once for several configs on one trace. If the call
-    /// faults or answers with the wrong number of results and there was more
-    /// than one config, each config is retried on its own so that one bad
-    /// config cannot take the others down; except after a timeout, which
-    /// fails every config of the call.
-    pub fn evaluate(&self, trace: &str, configs: &[String]) -> Vec<PluginAnswer> {
-        let (why, retry) = match self.sandbox.evaluate(&self.prepared, &self.id, &self.limits, trace, configs) {
-            Ok(Answer::Results(results)) => return results.into_iter().map(|r| self.check(r)).collect(),
+    /// Runs the plugin for several configs on one trace, and says what its
+    /// capability calls did. If the call faults or answers with the wrong
+    /// number of results and there was more than one config, each config is
+    /// retried on its own so that one bad config cannot take the others
+    /// down; except after a timeout, which fails every config of the call.
+    ///
+    /// A plugin that may call models is called once per config, so that each
+    /// assertion carries exactly its own cost and its own share of the
+    /// budget; the others get one call for all their configs.
+    pub fn evaluate(&self, trace: &str, configs: &[String], call: &PluginCall) -> (Vec<PluginAnswer>, CapabilityUse) {
+        let mut used = CapabilityUse::default();
+        if configs.len() > 1 && self.uses_models() {
+            let mut budget_left = call.budget_left;
+            let answers = configs
+                .iter()
+                .flat_map(|c| {
+                    let one = PluginCall { budget_left, ..*call };
+                    let (answers, u) = self.evaluate_once(trace, std::slice::from_ref(c), &one);
+                    budget_left = budget_left.map(|b| b - u.cost);
+                    used.merge(u);
+                    answers
+                })
+                .collect();
+            return (answers, used);
+        }
+        let answers = self.evaluate_once(trace, configs, call);
+        (answers.0, answers.1)
+    }
+
+    fn evaluate_once(&self, trace: &str, configs: &[String], call: &PluginCall) -> (Vec<PluginAnswer>, CapabilityUse) {
+        let (answer, cx) = self
+            .sandbox
+            .evaluate(&self.prepared, &self.id, &self.limits, trace, configs, self.call_context(call));
+        let (used, refusal) = match cx {
+            Some(cx) => {
+                let cx = *cx;
+                (
+                    CapabilityUse {
+                        calls: cx.records,
+                        unrecorded: cx.unrecorded,
+                        cost: cx.spent,
+                    },
+                    cx.budget_refusal,
+                )
+            }
+            None => (CapabilityUse::default(), None),
+        };
+        let cost_each = used.cost / configs.len().max(1) as f64;
+        let (why, retry) = match answer {
+            Ok(Answer::Results(results)) => {
+                let answers = results
+                    .into_iter()
+                    .map(|r| {
+                        let mut answer = match &refusal {
+                            // The budget, not the plugin, decides: whatever
+                            // the plugin made of the refusal.
+                            Some(why) => self.fault_outcome(&format!("was refused a model call: {why}")),
+                            None => self.check(r),
+                        };
+                        answer.cost = cost_each;
+                        answer
+                    })
+                    .collect();
+                return (answers, used);
+            }
             Ok(Answer::WrongCount(n)) => (format!("returned {n} results for {} configs", configs.len()), true),
             // Retrying after a timeout would hold the batch for one more
             // deadline per config.
@@ -605,10 +797,26 @@ impl Plugin {
             Err(fault) => (fault.to_string(), true),
         };
         if retry && configs.len() > 1 {
-            return configs.iter().flat_map(|c| self.evaluate(trace, std::slice::from_ref(c))).collect();
+            let mut all = used;
+            let answers = configs
+                .iter()
+                .flat_map(|c| {
+                    let (answers, u) = self.evaluate_once(trace, std::slice::from_ref(c), call);
+                    all.merge(u);
+                    answers
+                })
+                .collect();
+            return (answers, all);
         }
         tracing::warn!(plugin = %self.id, fault = %why, "plugin call failed");
-        configs.iter().map(|_| self.fault_outcome(&why)).collect()
+        let answers = configs
+            .iter()
+            .map(|_| PluginAnswer {
+                cost: cost_each,
+                ..self.fault_outcome(&why)
+            })
+            .collect();
+        (answers, used)
     }
 
     fn check(&self, result: Result<sandbox::Verdict, PluginError>) -> PluginAnswer {
@@ -626,6 +834,7 @@ impl Plugin {
                     score: 0.0,
                     explanation: format!("plugin '{}' {kind}: {}", self.id, crate::text::clip(&msg, 1000)),
                     details: None,
+                    cost: 0.0,
                 };
             }
         };
@@ -643,6 +852,7 @@ impl Plugin {
             score: v.score,
             explanation: v.explanation,
             details,
+            cost: 0.0,
         }
     }
 
@@ -653,6 +863,7 @@ impl Plugin {
             score: 0.0,
             explanation: format!("plugin '{}' {why}; no verdict.", self.id),
             details: None,
+            cost: 0.0,
         }
     }
 }

@@ -27,38 +27,39 @@ use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreContextMut, StoreLim
 use wasmtime_wasi::p2::{DynPollable, Pollable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-/// The newest contract version's bindings: their types are the ones the
-/// rest of the engine works with; older versions convert into them.
-pub use super::since_v0_1_0 as latest;
-pub use latest::{PluginError, PluginInfo, Status, Verdict};
+use super::capabilities::{CallContext, CallError, Capability};
 
 /// The contract versions this engine serves, each with its own bindings
 /// module and linker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiVersion {
     V0_1_0,
+    V0_2_0,
 }
 
 impl ApiVersion {
     /// Every version, newest first.
-    pub const ALL: [ApiVersion; 1] = [ApiVersion::V0_1_0];
+    pub const ALL: [ApiVersion; 2] = [ApiVersion::V0_2_0, ApiVersion::V0_1_0];
 
     /// The version its module was frozen at (`wit/since_vX.Y.Z/`).
     pub fn min_version(self) -> (u64, u64, u64) {
         match self {
             ApiVersion::V0_1_0 => super::since_v0_1_0::MIN_VERSION,
+            ApiVersion::V0_2_0 => super::since_v0_2_0::MIN_VERSION,
         }
     }
 
     fn add_to_linker(self, linker: &mut Linker<State>) -> anyhow::Result<()> {
         match self {
             ApiVersion::V0_1_0 => super::since_v0_1_0::add_to_linker(linker),
+            ApiVersion::V0_2_0 => super::since_v0_2_0::add_to_linker(linker),
         }
     }
 
     fn check_exports(self, pre: &wasmtime::component::InstancePre<State>) -> anyhow::Result<()> {
         match self {
             ApiVersion::V0_1_0 => super::since_v0_1_0::check_exports(pre),
+            ApiVersion::V0_2_0 => super::since_v0_2_0::check_exports(pre),
         }
     }
 
@@ -84,7 +85,75 @@ impl ApiVersion {
 }
 
 /// The contract versions this engine serves, newest first, as text.
-pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1.0"];
+pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.2.0", "0.1.0"];
+
+/// What a plugin concluded about one assertion (every contract version has
+/// the same three, by the same names).
+#[derive(ComponentType, Lift, Debug, Clone, Copy, PartialEq, Eq)]
+#[component(enum)]
+#[repr(u8)]
+pub enum Status {
+    #[component(name = "pass")]
+    Pass,
+    #[component(name = "fail")]
+    Fail,
+    #[component(name = "hard-fail")]
+    HardFail,
+}
+
+/// A plugin's verdict, bounded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub status: Status,
+    pub score: f64,
+    pub explanation: String,
+    pub details: Option<String>,
+}
+
+/// Why a plugin could not reach a verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PluginError {
+    InvalidConfig(String),
+    UnsupportedTrace(String),
+    Internal(String),
+}
+
+/// What `describe()` answered, bounded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Info {
+    pub id: String,
+    pub version: String,
+    pub description: String,
+    pub config_schema: String,
+    /// Requested (0.2.0 and later; none before).
+    pub capabilities: Vec<Capability>,
+}
+
+impl Info {
+    /// The fields every version's `plugin-info` has, refused when the
+    /// schema is over its limit and clipped otherwise.
+    pub(super) fn bounded(
+        id: BoundedText<MAX_INFO_BYTES>,
+        version: BoundedText<MAX_INFO_BYTES>,
+        description: BoundedText<MAX_INFO_BYTES>,
+        config_schema: BoundedText<MAX_SCHEMA_BYTES>,
+    ) -> Result<Info, Fault> {
+        if config_schema.len > MAX_SCHEMA_BYTES {
+            return Err(Fault::TooLarge(format!(
+                "declares a config schema of {} bytes; the limit is {MAX_SCHEMA_BYTES} bytes ({} KiB): describe the config more compactly",
+                config_schema.len,
+                MAX_SCHEMA_BYTES / 1024
+            )));
+        }
+        Ok(Info {
+            config_schema: config_schema.text,
+            id: crate::text::clip(&id.text, MAX_INFO_CHARS),
+            version: crate::text::clip(&version.text, MAX_INFO_CHARS),
+            description: crate::text::clip(&description.text, MAX_INFO_CHARS),
+            capabilities: Vec::new(),
+        })
+    }
+}
 
 /// How often the epoch advances; timeouts are rounded up to it.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -121,6 +190,9 @@ pub struct State {
     table: ResourceTable,
     /// Origin of the monotonic clock WASI plugins read.
     started: std::time::Instant,
+    /// What the call may use beyond logging; `None` for plugins that
+    /// request no capability (every call of theirs is refused).
+    capabilities: Option<Box<CallContext>>,
 }
 
 /// What is left of a call's log budget, and what was dropped past it.
@@ -197,6 +269,15 @@ pub enum LogLevel {
 }
 
 impl State {
+    /// Serves a capability call, or refuses it when the plugin requested no
+    /// capability at all.
+    pub fn capability_call<T>(&mut self, capability: Capability, call: impl FnOnce(&mut CallContext) -> Result<T, CallError>) -> Result<T, CallError> {
+        match self.capabilities.as_deref_mut() {
+            Some(cx) => call(cx),
+            None => Err(super::capabilities::not_granted(&self.plugin_id, capability, false)),
+        }
+    }
+
     /// `host.log`: the line goes to the engine's log, attributed to the
     /// plugin, while the call's log budget lasts.
     pub fn write_log(&mut self, level: LogLevel, message: &str) {
@@ -510,6 +591,7 @@ impl Sandbox {
             wasi: None,
             table: ResourceTable::new(),
             started: std::time::Instant::now(),
+            capabilities: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -523,7 +605,7 @@ impl Sandbox {
 
     /// `describe()` in a fresh instance. Its strings are read in place and
     /// only copied once they are known to be small enough.
-    pub fn describe(&self, plugin: &Prepared, plugin_id: &Arc<str>, limits: &PluginLimits) -> Result<PluginInfo, Fault> {
+    pub fn describe(&self, plugin: &Prepared, plugin_id: &Arc<str>, limits: &PluginLimits) -> Result<Info, Fault> {
         self.on_call_thread(plugin, || {
             let mut store = self.store(plugin_id, limits);
             let result = describe_in(&mut store, plugin);
@@ -535,6 +617,8 @@ impl Sandbox {
     /// `evaluate()` in a fresh instance. The result list is counted before
     /// anything is copied out of the plugin's memory, and each string is
     /// clipped (details over their limit replaced) as it is copied.
+    /// `capabilities` is what the call may use beyond logging; it comes back
+    /// with what the call used.
     pub fn evaluate(
         &self,
         plugin: &Prepared,
@@ -542,13 +626,25 @@ impl Sandbox {
         limits: &PluginLimits,
         trace: &str,
         configs: &[String],
-    ) -> Result<Answer, Fault> {
-        self.on_call_thread(plugin, || {
+        capabilities: Option<Box<CallContext>>,
+    ) -> (Result<Answer, Fault>, Option<Box<CallContext>>) {
+        let mut used = None;
+        let answer = self.on_call_thread(plugin, || {
             let mut store = self.store(plugin_id, limits);
+            store.data_mut().capabilities = capabilities;
             let result = evaluate_in(&mut store, plugin, trace, configs);
             finish(&store);
-            result.map_err(|e| classify(e, &store, limits))
-        })
+            let result = result.map_err(|e| classify(e, &store, limits));
+            Ok((result, store.into_data().capabilities))
+        });
+        let answer = match answer {
+            Ok((result, cx)) => {
+                used = cx;
+                result
+            }
+            Err(fault) => Err(fault),
+        };
+        (answer, used)
     }
 
     /// Runs a call where its host calls can be served: plugins that import
@@ -652,6 +748,61 @@ fn u32_at(bytes: &[u8], at: usize) -> wasmtime::Result<u32> {
     }
 }
 
+/// A `list<T>` copied only when it has at most `MAX` items; otherwise only
+/// its length is read.
+pub(super) enum CappedList<T, const MAX: usize> {
+    Items(Vec<T>),
+    TooMany(usize),
+}
+
+impl<T, const MAX: usize> CappedList<T, MAX> {
+    /// How many items the list had.
+    pub(super) fn len(&self) -> usize {
+        match self {
+            CappedList::Items(items) => items.len(),
+            CappedList::TooMany(n) => *n,
+        }
+    }
+
+    /// The items, or how many there were when too many.
+    pub(super) fn items(self) -> Result<Vec<T>, usize> {
+        match self {
+            CappedList::Items(items) => Ok(items),
+            CappedList::TooMany(n) => Err(n),
+        }
+    }
+}
+
+// SAFETY: the same canonical-ABI representation as `[T]` (a pointer and a
+// length), checked by the same typecheck.
+unsafe impl<T: ComponentType, const MAX: usize> ComponentType for CappedList<T, MAX> {
+    type Lower = [ValRaw; 2];
+    const ABI: CanonicalAbiInfo = CanonicalAbiInfo::POINTER_PAIR;
+
+    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+        <[T] as ComponentType>::typecheck(ty, types)
+    }
+}
+
+// SAFETY: delegates to `Vec<T>`'s lift, whose representation is the same.
+unsafe impl<T: Lift, const MAX: usize> Lift for CappedList<T, MAX> {
+    fn linear_lift_from_flat(cx: &mut LiftContext<'_>, ty: InterfaceType, src: &[ValRaw; 2]) -> wasmtime::Result<Self> {
+        let len = src[1].get_u32() as usize;
+        if len > MAX {
+            return Ok(CappedList::TooMany(len));
+        }
+        Ok(CappedList::Items(<Vec<T> as Lift>::linear_lift_from_flat(cx, ty, src)?))
+    }
+
+    fn linear_lift_from_memory(cx: &mut LiftContext<'_>, ty: InterfaceType, bytes: &[u8]) -> wasmtime::Result<Self> {
+        let len = u32_at(bytes, 4)? as usize;
+        if len > MAX {
+            return Ok(CappedList::TooMany(len));
+        }
+        Ok(CappedList::Items(<Vec<T> as Lift>::linear_lift_from_memory(cx, ty, bytes)?))
+    }
+}
+
 /// A `string` copied only up to `MAX` bytes, with its full length.
 pub(super) struct BoundedText<const MAX: usize> {
     /// At most `MAX` bytes, cut at a character boundary.
@@ -735,22 +886,72 @@ pub(super) const MAX_VERDICT_TEXT_BYTES: usize = 4 * MAX_VERDICT_TEXT_CHARS;
 /// Longest id, version or description copied, in bytes.
 pub(super) const MAX_INFO_BYTES: usize = 4 * MAX_INFO_CHARS;
 
-fn describe_in(store: &mut Store<State>, plugin: &Prepared) -> wasmtime::Result<Result<PluginInfo, Fault>> {
+fn describe_in(store: &mut Store<State>, plugin: &Prepared) -> wasmtime::Result<Result<Info, Fault>> {
     let instance = plugin.pre.instantiate(&mut *store)?;
     match plugin.api {
         ApiVersion::V0_1_0 => super::since_v0_1_0::describe(store, &instance, &plugin.describe),
+        ApiVersion::V0_2_0 => super::since_v0_2_0::describe(store, &instance, &plugin.describe),
     }
 }
 
+/// `verdict`, copied within bounds (the same record in every version).
+#[derive(ComponentType, Lift)]
+#[component(record)]
+struct RawVerdict {
+    status: Status,
+    score: f64,
+    explanation: BoundedText<MAX_VERDICT_TEXT_BYTES>,
+    details: Option<BoundedText<MAX_DETAILS_BYTES>>,
+}
+
+/// `plugin-error`, copied within bounds (the same variant in every version).
+#[derive(ComponentType, Lift)]
+#[component(variant)]
+enum RawError {
+    #[component(name = "invalid-config")]
+    InvalidConfig(BoundedText<MAX_VERDICT_TEXT_BYTES>),
+    #[component(name = "unsupported-trace")]
+    UnsupportedTrace(BoundedText<MAX_VERDICT_TEXT_BYTES>),
+    #[component(name = "internal")]
+    Internal(BoundedText<MAX_VERDICT_TEXT_BYTES>),
+}
+
+/// Calls `evaluate`, whose signature every version shares; a wrong number
+/// of results is answered as such, and none of them is copied.
 fn evaluate_in(store: &mut Store<State>, plugin: &Prepared, trace: &str, configs: &[String]) -> wasmtime::Result<Answer> {
+    type Results = CountedList<Result<RawVerdict, RawError>>;
     let instance = plugin.pre.instantiate(&mut *store)?;
-    let answer = match plugin.api {
-        ApiVersion::V0_1_0 => super::since_v0_1_0::evaluate(store, &instance, &plugin.evaluate, trace, configs)?,
+    let func = instance.get_typed_func::<(&str, &[String]), (Results,)>(&mut *store, &plugin.evaluate)?;
+    EXPECTED_RESULTS.with(|e| e.set(configs.len()));
+    let (list,) = func.call(&mut *store, (trace, configs))?;
+    let items = match list {
+        CountedList::Items(items) => items,
+        CountedList::WrongCount(n) => return Ok(Answer::WrongCount(n)),
     };
-    Ok(match answer {
-        Ok(results) => Answer::Results(results),
-        Err(count) => Answer::WrongCount(count),
-    })
+    let text = |t: BoundedText<MAX_VERDICT_TEXT_BYTES>| crate::text::clip(&t.text, MAX_VERDICT_TEXT_CHARS);
+    Ok(Answer::Results(
+        items
+            .into_iter()
+            .map(|item| match item {
+                Ok(v) => Ok(Verdict {
+                    status: v.status,
+                    score: v.score,
+                    explanation: text(v.explanation),
+                    details: v.details.map(|d| {
+                        if d.len > MAX_DETAILS_BYTES {
+                            serde_json::json!({"omitted": format!("details were {} bytes; the limit is {MAX_DETAILS_BYTES}", d.len)})
+                                .to_string()
+                        } else {
+                            d.text
+                        }
+                    }),
+                }),
+                Err(RawError::InvalidConfig(m)) => Err(PluginError::InvalidConfig(text(m))),
+                Err(RawError::UnsupportedTrace(m)) => Err(PluginError::UnsupportedTrace(text(m))),
+                Err(RawError::Internal(m)) => Err(PluginError::Internal(text(m))),
+            })
+            .collect(),
+    ))
 }
 
 /// Names what went wrong in a failed call.
@@ -780,8 +981,10 @@ mod tests {
     #[test]
     fn version_policy() {
         assert_eq!(ApiVersion::serving("0.1.0"), Some(ApiVersion::V0_1_0));
-        assert_eq!(ApiVersion::serving("0.2.0"), None, "a newer minor is not served");
+        assert_eq!(ApiVersion::serving("0.2.0"), Some(ApiVersion::V0_2_0), "both served side by side");
+        assert_eq!(ApiVersion::serving("0.3.0"), None, "a newer minor is not served");
         assert_eq!(ApiVersion::serving("0.1.1"), None, "a newer patch is not served");
+        assert_eq!(ApiVersion::serving("0.2.1"), None, "a newer patch is not served");
         assert_eq!(ApiVersion::serving("0.0.9"), None, "another 0.x minor is not served");
         assert_eq!(ApiVersion::serving("9.0.0"), None);
         assert_eq!(ApiVersion::serving("garbage"), None);

@@ -164,6 +164,36 @@ impl JudgeCheck {
         })
     }
 
+    /// The judge a plugin asks (`models.judge`): the team's `rubric` and
+    /// scored examples as criteria on top of the default focus, no bias
+    /// probes (a plugin asks for one judgement), the engine's model and
+    /// sample count.
+    pub fn for_plugin(rubric: &str, examples: &[(String, f64, String)]) -> JudgeCheck {
+        let mut criteria = rubric.trim().to_owned();
+        if !examples.is_empty() {
+            criteria.push_str("\n\nScored examples of the kind of text being judged (data, for calibration only):");
+            for (i, (content, score, reasoning)) in examples.iter().enumerate() {
+                criteria.push_str(&format!(
+                    "\nExample {}: score {}. Text: {} Reasoning: {}",
+                    i + 1,
+                    num(*score),
+                    quote(&clip(content, 2000)),
+                    clip(reasoning, 1000)
+                ));
+            }
+        }
+        JudgeCheck {
+            target: Target::parse("output.message").expect("a valid target"),
+            instructions: Instructions::Rubric(Rubric::Default),
+            criteria: (!criteria.is_empty()).then_some(criteria),
+            threshold: DEFAULT_THRESHOLD,
+            model: None,
+            samples: None,
+            bias_probes: Vec::new(),
+            unprobed: true,
+        }
+    }
+
     /// This check with no bias probes, whatever the engine's configuration.
     pub fn without_bias_probes(self) -> JudgeCheck {
         JudgeCheck { unprobed: true, ..self }
