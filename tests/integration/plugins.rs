@@ -28,8 +28,12 @@ const SHARED_CACHE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/plugi
 /// Plugins load before the engine reads its first line; compiling several
 /// components with an unoptimised engine takes a while on a small machine.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(180);
-/// The WIT version the engine serves.
-const API: &str = "0.1.0";
+/// The WIT version the Rust plugins are built against (the newest).
+const API: &str = "0.2.0";
+/// Every WIT version the engine serves, newest first.
+const SERVED: [&str; 2] = ["0.2.0", "0.1.0"];
+/// The WIT version the Python plugin is built against.
+const PY_API: &str = "0.1.0";
 /// Default per-call limits (`PluginLimits::default`): no fuel metering.
 const DEFAULT_MEMORY: u64 = 64 * 1024 * 1024;
 /// The fuel budget the fault-containment test gives hostile plugins.
@@ -95,6 +99,20 @@ fn start<S: AsRef<std::ffi::OsStr>>(cache: &Path, args: &[S]) -> Engine {
     start_command(engine_command(cache, args)).0
 }
 
+/// Every file under `dir`, at any depth.
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk_files(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
 /// A temporary cache directory for one test.
 fn fresh_cache() -> TempDir {
     tempfile::tempdir().expect("creating a temporary cache directory")
@@ -106,15 +124,10 @@ fn warm_shared_cache() -> &'static Path {
     static WARM: Once = Once::new();
     WARM.call_once(|| {
         let started = Instant::now();
-        let out = run_with(Path::new(SHARED_CACHE), &["plugin", "check", &wasm("json-output-keys")]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "plugin check json-output-keys.wasm failed ({:?}):\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(stdout.contains("plugin:       json-output-keys 0.1.0"), "{stdout}");
+        // An engine start compiles it into the cache (`plugin check` only reads the cache).
+        let mut engine = start(Path::new(SHARED_CACHE), &["--plugin", &wasm("json-output-keys")]);
+        let listing = list_plugins(&mut engine);
+        assert_eq!(listed_ids(&listing), ["json-output-keys"], "{listing}");
         eprintln!(
             "json-output-keys.wasm ready in {SHARED_CACHE} after {:.1} s",
             started.elapsed().as_secs_f64()
@@ -357,7 +370,7 @@ fn list_plugins_describes_each_loaded_plugin() {
     assert!(caps.contains(&"plugins") && caps.contains(&"layer_8"), "{init}");
 
     let listing = list_plugins(&mut engine);
-    assert_eq!(listing["api_versions"], json!([API]), "{listing}");
+    assert_eq!(listing["api_versions"], json!(SERVED), "{listing}");
     assert_eq!(listed_ids(&listing), RUST_EXAMPLES, "loaded in command-line order");
     assert_eq!(listing["failed"], json!([]), "{listing}");
     for id in RUST_EXAMPLES {
@@ -464,7 +477,7 @@ fn plugin_dir_loads_every_plugin_and_refuses_future_api() {
     assert!(engine.stderr_shows("future-api.wasm"), "the refusal is logged");
 
     let python = listed(&listing, "json-output-keys");
-    assert_eq!(python["api_version"], json!(API), "{python}");
+    assert_eq!(python["api_version"], json!(PY_API), "{python}");
     assert_eq!(python["version"], json!("0.1.0"), "{python}");
     assert!(python["config_schema"]["properties"]["required_keys"].is_object(), "{python}");
 
@@ -668,7 +681,7 @@ fn without_plugins_list_is_empty_and_plugin_assertions_explain_how_to_load() {
     let cache = fresh_cache();
     let mut engine = start::<&str>(cache.path(), &[]);
     let listing = list_plugins(&mut engine);
-    assert_eq!(listing, json!({"api_versions": [API], "plugins": [], "failed": []}));
+    assert_eq!(listing, json!({"api_versions": SERVED, "plugins": [], "failed": []}));
     let err = expect_error(
         &engine.request(&evaluate_request(
             json!(1),
@@ -2016,7 +2029,7 @@ fn plugin_check_prints_metadata_api_version_and_limits() {
         for line in [
             format!("plugin:       {id} 0.1.0"),
             format!("file:         {}", wasm(id)),
-            format!("api version:  attest:plugin@{API} (engine serves {API})"),
+            format!("api version:  attest:plugin@{API} (engine serves {})", SERVED.join(", ")),
             format!("limits:       no fuel metering (the deadline bounds CPU), 64 MiB memory, {DEFAULT_TIMEOUT_MS} ms per call"),
             "loaded from:  Compiled in ".to_owned(),
             "config schema:\n{".to_owned(),
@@ -2033,7 +2046,13 @@ fn plugin_check_prints_metadata_api_version_and_limits() {
             serde_json::from_str::<Value>(&std::fs::read_to_string(file).unwrap()).unwrap()
         );
     }
-    // The second check of the same file loads it from the cache.
+    // Checking a plugin leaves the engine's cache as it was: nothing is written.
+    let out = run_with(cache.path(), &["plugin", "check", &wasm("pii-leak")]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("loaded from:  Compiled in "));
+    let written: Vec<_> = walk_files(cache.path());
+    assert!(written.is_empty(), "plugin check wrote {written:?}");
+    // A cache an engine start filled is used.
+    drop(start(cache.path(), &["--plugin", &wasm("pii-leak")]));
     let out = run_with(cache.path(), &["plugin", "check", &wasm("pii-leak")]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("loaded from:  Cache in "));
 }

@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_provider;
+
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStderr, ChildStdin, Command, ExitStatus, Output, Stdio};
