@@ -1,18 +1,25 @@
 //! Plugin benchmarks (docs/benchmarks.md), in process through the library:
 //!
 //! 1. per-call overhead of a trivial plugin (`noop`) on the refund trace:
-//!    fresh sandboxed instance + trace hand-over + call + verdict checks;
+//!    fresh sandboxed instance + trace hand-over + call + verdict checks,
+//!    built against `attest:plugin@0.2.0` and against 0.1.0 (the fixture),
+//!    interleaved in one run;
 //! 2. `content.contains` as a plugin (`contains`) against the native check,
 //!    per assertion, both inside a full `evaluate_batch` of 8 assertions;
-//! 3. loading every plugin in `plugins/dist` with an empty compiled cache
+//! 3. one `embed` through a plugin (`embed-once`, capability path) against
+//!    the same text embedded directly by the engine's providers (layer 5's
+//!    path), both answered by the provider cache, so what differs is the
+//!    path; needs the local model (`ATTEST_TEST_MODEL_DIR`, as the tests);
+//! 4. loading every plugin in `plugins/dist` with an empty compiled cache
 //!    and again with a warm one.
 //!
 //! Needs the components: `bash plugins/build.sh` (and `plugins/python/build.sh`
 //! for the Python plugin). `cargo bench --bench plugins`; `BENCH_SKIP_STARTUP=1`
-//! skips part 3 (handy under a profiler).
+//! skips part 4 (handy under a profiler).
 
 use attest_engine::config::Config;
-use attest_engine::plugins::{files_in, PluginHost, PluginLimits, PluginSpec};
+use attest_engine::plugins::capabilities::{Capability, Grants};
+use attest_engine::plugins::{files_in, PluginCall, PluginHost, PluginLimits, PluginSpec};
 use attest_engine::session::Engine;
 use serde_json::{json, value::RawValue, Value};
 use std::path::{Path, PathBuf};
@@ -23,12 +30,23 @@ fn dist() -> PathBuf {
 }
 
 fn spec(name: &str) -> PluginSpec {
-    let path = dist().join(format!("{name}.wasm"));
+    at(dist().join(format!("{name}.wasm")))
+}
+
+fn at(path: PathBuf) -> PluginSpec {
     assert!(path.is_file(), "{} is missing: run plugins/build.sh", path.display());
     PluginSpec {
         path,
         limits: PluginLimits::default(),
         explicit: true,
+        grants: Grants::default(),
+    }
+}
+
+fn call() -> PluginCall {
+    PluginCall {
+        deadline: Instant::now() + Duration::from_secs(30),
+        budget_left: None,
     }
 }
 
@@ -38,22 +56,35 @@ fn main() {
     assert!(host.failures().is_empty(), "{:?}", host.failures());
     let trace = refund_trace().to_string();
 
-    // 1. Per-call overhead.
+    // 1. Per-call overhead, 0.2.0 and 0.1.0 (the same plugin id: two hosts).
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/plugins/v0_1_0-noop.wasm");
+    let old_host = PluginHost::load(&[at(fixture)], Some(cache.clone()));
+    let old = old_host.get("noop").expect("the 0.1.0 noop loaded");
+    assert_eq!(old.api_version, "0.1.0");
     let noop = host.get("noop").expect("noop loaded");
+    assert_eq!(noop.api_version, "0.2.0");
     let one = vec!["{}".to_owned()];
     let eight: Vec<String> = (0..8).map(|_| "{}".to_owned()).collect();
-    let [per_call, per_call8] = rounds([
+    let [per_call, per_call_old, per_call8] = rounds([
         &mut || {
-            let out = noop.evaluate(&trace, &one);
+            let (out, _) = noop.evaluate(&trace, &one, &call());
             assert!(out[0].passed);
         },
         &mut || {
-            let out = noop.evaluate(&trace, &eight);
+            let (out, _) = old.evaluate(&trace, &one, &call());
+            assert!(out[0].passed);
+        },
+        &mut || {
+            let (out, _) = noop.evaluate(&trace, &eight, &call());
             assert_eq!(out.len(), 8);
         },
     ]);
-    println!("noop plugin, one assertion per call: {per_call}");
-    println!("noop plugin, eight assertions per call: {per_call8}");
+    println!("noop plugin (attest:plugin@0.2.0), one assertion per call: {per_call}");
+    println!(
+        "noop plugin (attest:plugin@0.1.0), one assertion per call: {per_call_old}; 0.2.0/0.1.0 {:.3} (median of per-round ratios)",
+        median(per_call.rounds.iter().zip(&per_call_old.rounds).map(|(n, o)| n / o).collect())
+    );
+    println!("noop plugin (attest:plugin@0.2.0), eight assertions per call: {per_call8}");
 
     // 2. contains: plugin vs native, inside evaluate_batch.
     let engine = std::sync::Arc::new(Engine::with_plugins(Config::default(), host));
@@ -107,17 +138,22 @@ fn main() {
         median(t_native.rounds.iter().zip(&t_plugin.rounds).map(|(n, p)| p / n).collect()),
     );
 
+    // 3. One embed: through a plugin against the engine's own path.
+    match std::env::var_os("ATTEST_TEST_MODEL_DIR") {
+        Some(model) => embed_overhead(PathBuf::from(model), &cache),
+        None => println!("embed through a plugin: skipped (set ATTEST_TEST_MODEL_DIR to the local model's directory)"),
+    }
+
     if std::env::var_os("BENCH_SKIP_STARTUP").is_some() {
         return;
     }
-    // 3. Start-up: every component in plugins/dist, uncached then cached.
+    // 4. Start-up: every component in plugins/dist, uncached then cached.
     let specs: Vec<PluginSpec> = files_in(&dist())
         .expect("plugins/dist")
         .into_iter()
         .map(|path| PluginSpec {
-            path,
-            limits: PluginLimits::default(),
             explicit: false,
+            ..at(path)
         })
         .collect();
     let cold_dir = tempdir("attest-bench-cold");
@@ -140,6 +176,42 @@ fn main() {
     let _ = std::fs::remove_dir_all(&cache);
 }
 
+/// Part 3: `embed-once` (one `models.embed` of `output.message`) against
+/// `Providers::embed` of the same text, both answered by the provider cache.
+fn embed_overhead(model: PathBuf, cache: &Path) {
+    let mut config = Config::default();
+    config.providers.embedding = attest_engine::providers::config::EmbeddingSource::Local { dir: model };
+    config.providers.cache_path = Some(cache.join("providers.sqlite3"));
+    let mut spec = spec("embed-once");
+    spec.grants.capabilities.push(Capability::Embed);
+    let host = PluginHost::load(&[spec], Some(cache.to_owned()));
+    let engine = Engine::with_plugins(config, host);
+    let plugin = engine.plugins.get("embed-once").expect("embed-once loaded");
+    let trace = refund_trace().to_string();
+    let text = refund_trace()["output"]["message"].as_str().unwrap().to_owned();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let one = vec!["{}".to_owned()];
+    let [through_plugin, direct] = rounds_of(
+        200,
+        [
+            &mut || {
+                let (out, used) = plugin.evaluate(&trace, &one, &call());
+                assert!(out[0].passed, "{}", out[0].explanation);
+                assert_eq!(used.calls.len(), 1);
+            },
+            &mut || {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                let e = runtime.block_on(engine.providers.embed(&[text.as_str()], None, deadline)).unwrap();
+                assert_eq!(e.cached, 1);
+            },
+        ],
+    );
+    println!(
+        "one embed of output.message, provider cache warm: through a plugin {through_plugin}, the engine's own path {direct}: {:.1} µs more per call",
+        through_plugin.median - direct.median
+    );
+}
+
 /// Rounds per measurement, and runs per round.
 const ROUNDS: usize = 11;
 const RUNS_PER_ROUND: u32 = 2_000;
@@ -159,9 +231,14 @@ impl std::fmt::Display for Timing {
 
 /// Times each workload in interleaved rounds (A, B, A, B, …), so that a noisy
 /// stretch on a shared machine hits every workload alike; reports medians.
-fn rounds<const N: usize>(mut work: [&mut dyn FnMut(); N]) -> [Timing; N] {
+fn rounds<const N: usize>(work: [&mut dyn FnMut(); N]) -> [Timing; N] {
+    rounds_of(RUNS_PER_ROUND, work)
+}
+
+/// [`rounds`] with `runs` runs per round.
+fn rounds_of<const N: usize>(runs: u32, mut work: [&mut dyn FnMut(); N]) -> [Timing; N] {
     for w in work.iter_mut() {
-        for _ in 0..RUNS_PER_ROUND {
+        for _ in 0..runs {
             w();
         }
     }
@@ -169,10 +246,10 @@ fn rounds<const N: usize>(mut work: [&mut dyn FnMut(); N]) -> [Timing; N] {
     for _ in 0..ROUNDS {
         for (w, times) in work.iter_mut().zip(per.iter_mut()) {
             let t0 = Instant::now();
-            for _ in 0..RUNS_PER_ROUND {
+            for _ in 0..runs {
                 w();
             }
-            times.push(t0.elapsed().as_secs_f64() * 1e6 / f64::from(RUNS_PER_ROUND));
+            times.push(t0.elapsed().as_secs_f64() * 1e6 / f64::from(runs));
         }
     }
     per.map(|rounds| Timing {

@@ -556,6 +556,45 @@ mod tests {
     }
 
     #[test]
+    fn grants_and_secrets_are_checked_when_the_config_loads() {
+        use crate::plugins::capabilities::Capability;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("attest.toml");
+        let load = |text: &str, vars: &[(&str, &str)]| {
+            std::fs::write(&path, text).unwrap();
+            let o = Overrides {
+                config_path: Some(path.clone()),
+                ..Overrides::default()
+            };
+            Config::load(&o, env(vars)).map_err(|e| format!("{e:#}"))
+        };
+        let c = load(
+            "[[plugins]]\npath = \"a.wasm\"\ngrants = [\"judge\", \"config-secret\", \"judge\"]\n[plugins.secrets]\nk = \"v\"\nt = { env = \"TOKEN\" }\n[[plugins]]\npath = \"b.wasm\"\n",
+            &[("TOKEN", "tok")],
+        )
+        .unwrap();
+        let g = &c.plugins[0].grants;
+        assert_eq!(g.capabilities, [Capability::Judge, Capability::ConfigSecret]);
+        assert_eq!(g.secrets.get("t").map(String::as_str), Some("tok"));
+        assert!(!format!("{g:?}").contains("tok"), "secret values stay out of debug output");
+        assert!(c.plugins[1].grants.capabilities.is_empty(), "nothing granted by default");
+
+        let e = load("[[plugins]]\npath = \"a.wasm\"\ngrants = [\"embedd\"]\n", &[]).unwrap_err();
+        assert!(
+            e.contains("plugins[0]") && e.contains("unknown capability 'embedd'") && e.contains("embed, judge, config-secret"),
+            "{e}"
+        );
+        let e = load("[[plugins]]\npath = \"a.wasm\"\n[plugins.secrets]\nk = \"v\"\n", &[]).unwrap_err();
+        assert!(e.contains("add \"config-secret\" to grants"), "{e}");
+        let e = load(
+            "[[plugins]]\npath = \"a.wasm\"\ngrants = [\"config-secret\"]\n[plugins.secrets]\nt = { env = \"MISSING\" }\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("secrets.t: environment variable MISSING is not set"), "{e}");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));

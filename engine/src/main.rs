@@ -5,9 +5,9 @@
 
 use attest_engine::config::{Config, Overrides, ENV_VARS};
 use attest_engine::eval_cmd::{self, Format};
-use attest_engine::plugins::sandbox::SUPPORTED_API_VERSIONS;
 use attest_engine::plugins::cache::ArtefactCache;
 use attest_engine::plugins::capabilities::Capability;
+use attest_engine::plugins::sandbox::SUPPORTED_API_VERSIONS;
 use attest_engine::plugins::{PluginHost, PluginLimits, PluginSpec};
 use attest_engine::session::Engine;
 use attest_engine::{logging, server, ENGINE_VERSION};
@@ -225,7 +225,10 @@ fn main() -> ExitCode {
                     Some(c) => granted.push(c),
                     None => {
                         let valid: Vec<&str> = Capability::ALL.iter().map(|c| c.name()).collect();
-                        eprintln!("attest-engine plugin test: --grant {name}: unknown capability; valid capabilities: {}", valid.join(", "));
+                        eprintln!(
+                            "attest-engine plugin test: --grant {name}: unknown capability; valid capabilities: {}",
+                            valid.join(", ")
+                        );
                         return ExitCode::from(2);
                     }
                 }
@@ -377,11 +380,10 @@ fn load_engine(config: attest_engine::config::Config) -> Option<Engine> {
 /// `extra` grants), using the compiled-artefact cache without writing to
 /// it: inspecting a plugin leaves the engine's cache as it was.
 fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Path, extra: &[Capability]) -> PluginHost {
-    let (limits, mut grants) = config
-        .plugins
-        .iter()
-        .find(|p| p.path == file)
-        .map_or_else(|| (PluginLimits::default(), Default::default()), |p| (p.limits.clone(), p.grants.clone()));
+    let (limits, mut grants) = config.plugins.iter().find(|p| p.path == file).map_or_else(
+        || (PluginLimits::default(), Default::default()),
+        |p| (p.limits.clone(), p.grants.clone()),
+    );
     for c in extra {
         if !grants.allows(*c) {
             grants.capabilities.push(*c);
@@ -472,7 +474,11 @@ fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) 
                 }
             };
             let listing = p.capability_listing();
-            println!("capabilities: requested {}; granted {}", names(&listing.requested), names(&listing.granted));
+            println!(
+                "capabilities: requested {}; granted {}",
+                names(&listing.requested),
+                names(&listing.granted)
+            );
             let ungranted: Vec<Capability> = listing.requested.iter().copied().filter(|c| !listing.granted.contains(c)).collect();
             if !ungranted.is_empty() {
                 println!(

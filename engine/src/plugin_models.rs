@@ -28,11 +28,7 @@ impl Models for ProviderModels {
         let providers = self.0.clone();
         Box::pin(async move {
             let judge = providers.judge()?;
-            let examples: Vec<(String, f64, String)> = request
-                .examples
-                .into_iter()
-                .map(|e| (e.content, e.score, e.reasoning))
-                .collect();
+            let examples: Vec<(String, f64, String)> = request.examples.into_iter().map(|e| (e.content, e.score, e.reasoning)).collect();
             let check = JudgeCheck::for_plugin(&request.rubric, &examples);
             let shown = Shown {
                 output: &request.content,

@@ -202,11 +202,12 @@ mod imp {
                 })
                 .collect(),
         };
-        models::judge(&request).map(|j| Judgement {
-            score: j.score,
-            reasoning: j.reasoning,
-        })
-        .map_err(from_wit)
+        models::judge(&request)
+            .map(|j| Judgement {
+                score: j.score,
+                reasoning: j.reasoning,
+            })
+            .map_err(from_wit)
     }
 
     pub fn config_secret(name: &str) -> Result<Option<String>, CapabilityError> {
@@ -296,7 +297,13 @@ mod tests {
 
     #[test]
     fn without_fakes_every_call_is_refused_as_not_granted() {
-        assert!(matches!(embed(&["x"]), Err(CapabilityError::NotGranted { capability: Capability::Embed, .. })));
+        assert!(matches!(
+            embed(&["x"]),
+            Err(CapabilityError::NotGranted {
+                capability: Capability::Embed,
+                ..
+            })
+        ));
         let e = judge(&JudgeRequest::new("r", "c")).unwrap_err();
         assert!(e.to_string().contains("'judge' is not granted"), "{e}");
         let as_plugin_error: crate::PluginError = e.into();

@@ -319,11 +319,13 @@ def test_engine_loaded_the_plugin_directory(attest) -> None:
     ids = {p["id"] for p in listing["plugins"]}
     assert set(EXAMPLE_PLUGINS) <= ids, ids
     assert "spin" in ids
+    assert listing["api_versions"] == ["0.2.0", "0.1.0"], listing["api_versions"]
     for p in listing["plugins"]:
-        assert p["api_version"] == "0.1.0", p
+        # The Rust plugins are built against 0.2.0; the Python one is still 0.1.0.
+        assert p["api_version"] == ("0.1.0" if p["id"] == "json-output-keys" else "0.2.0"), p
     failed = {Path(f["path"]).name: f["error"] for f in listing["failed"]}
     assert "future-api.wasm" in failed, listing["failed"]
-    assert "attest:plugin@9.0.0" in failed["future-api.wasm"] and "0.1.0" in failed["future-api.wasm"]
+    assert "attest:plugin@9.0.0" in failed["future-api.wasm"] and "0.2.0, 0.1.0" in failed["future-api.wasm"]
 
 
 # ─────────────────────────────────────────────────────────────────────────────

@@ -89,15 +89,20 @@ fn a_0_1_0_and_a_0_2_0_plugin_answer_in_one_batch_with_judge_granted() {
     let config = config_file(
         dir.path(),
         REFUND_PRICE,
-        &[
-            format!("path = {V0_1_0_FIXTURE:?}"),
-            entry("rubric", "grants = [\"judge\"]"),
-        ],
+        &[format!("path = {V0_1_0_FIXTURE:?}"), entry("rubric", "grants = [\"judge\"]")],
     );
     let mut e = engine(dir.path(), &config, Some(&fake), &[]);
     let listing = e.request(&rpc(json!(0), "list_plugins", json!({})))["result"].clone();
     assert_eq!(listing["api_versions"], json!(["0.2.0", "0.1.0"]), "{listing}");
-    let find = |id: &str| listing["plugins"].as_array().unwrap().iter().find(|p| p["id"] == id).unwrap().clone();
+    let find = |id: &str| {
+        listing["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap()
+            .clone()
+    };
     assert_eq!(find("noop")["api_version"], "0.1.0");
     assert_eq!(find("rubric")["api_version"], "0.2.0");
     assert_eq!(
@@ -130,7 +135,10 @@ fn a_0_1_0_and_a_0_2_0_plugin_answer_in_one_batch_with_judge_granted() {
     let bodies = fake.bodies("/v1/chat/completions");
     assert_eq!(bodies.len(), 1, "one provider call, then the cache");
     let user = user_message(&bodies[0]);
-    assert!(user.contains("Warm and clear.") && output_block(&bodies[0]).contains("GOOD: your refund"), "{user}");
+    assert!(
+        user.contains("Warm and clear.") && output_block(&bodies[0]).contains("GOOD: your refund"),
+        "{user}"
+    );
 }
 
 #[test]
@@ -165,8 +173,15 @@ fn each_capability_granted_works_and_denied_names_its_config_key() {
     assert_eq!(r[0]["status"], "pass", "{}", r[0]);
     assert_eq!(r[0]["score"], 0.5, "{}", r[0]);
     assert_eq!(r[1]["status"], "hard_fail", "{}", r[1]);
-    assert!(explanation(&r[1]).contains("Least supported: 'We also operate a colony on Mars.'"), "{}", r[1]);
-    assert!(!fake.bodies("/v1/embeddings").is_empty(), "embeddings came from the engine's provider");
+    assert!(
+        explanation(&r[1]).contains("Least supported: 'We also operate a colony on Mars.'"),
+        "{}",
+        r[1]
+    );
+    assert!(
+        !fake.bodies("/v1/embeddings").is_empty(),
+        "embeddings came from the engine's provider"
+    );
     assert_eq!(r[2]["status"], "hard_fail", "the fake scores 0.5 < 0.7: {}", r[2]);
     assert_eq!(r[3]["status"], "pass", "the environment is never a secret: {}", r[3]);
     assert_eq!(r[4]["status"], "hard_fail", "{}", r[4]);
@@ -241,7 +256,11 @@ fn a_plugins_judge_call_is_refused_once_the_budget_is_spent() {
     );
     assert_eq!(r[2]["cost"], 0.0);
     assert_eq!(r[3]["status"], "pass", "free layers still run: {}", r[3]);
-    assert_eq!(fake.bodies("/v1/chat/completions").len(), 2, "the refused call never reached the provider");
+    assert_eq!(
+        fake.bodies("/v1/chat/completions").len(),
+        2,
+        "the refused call never reached the provider"
+    );
     // The next request finds the budget spent too.
     let r = results(&mut e, answer("GOOD two"), json!([plugin("d", "rubric", json!({"rubric": "r4"}))]));
     assert!(explanation(&r[0]).contains("budget"), "{}", r[0]);
@@ -255,11 +274,7 @@ fn the_local_embedding_model_serves_embed() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
-        "",
-        &[entry("grounding", "grants = [\"embed\"]\ntimeout = \"60s\"")],
-    );
+    let config = config_file(dir.path(), "", &[entry("grounding", "grants = [\"embed\"]\ntimeout = \"60s\"")]);
     let mut e = engine(
         dir.path(),
         &config,
@@ -271,8 +286,16 @@ fn the_local_embedding_model_serves_embed() {
         &mut e,
         answer("You can get a refund within 30 days if you bring the receipt. Penguins huddle in the antarctic winter."),
         json!([
-            plugin("half", "grounding", json!({"documents": docs, "min_similarity": 0.5, "min_supported": 0.5})),
-            plugin("all", "grounding", json!({"documents": docs, "min_similarity": 0.5, "min_supported": 1.0})),
+            plugin(
+                "half",
+                "grounding",
+                json!({"documents": docs, "min_similarity": 0.5, "min_supported": 0.5})
+            ),
+            plugin(
+                "all",
+                "grounding",
+                json!({"documents": docs, "min_similarity": 0.5, "min_supported": 1.0})
+            ),
         ]),
     );
     assert_eq!(r[0]["status"], "pass", "{}", r[0]);
@@ -301,10 +324,7 @@ fn hostile_capability_plugins_are_contained_and_their_neighbours_unaffected() {
     e.send(&evaluate_request(
         json!("loop"),
         answer("GOOD"),
-        json!([
-            plugin("loop", "judge-loop", json!({})),
-            plugin("neighbour", "refusal", json!({})),
-        ]),
+        json!([plugin("loop", "judge-loop", json!({})), plugin("neighbour", "refusal", json!({})),]),
     ));
     std::thread::sleep(Duration::from_millis(100));
     e.send(&evaluate_request(
@@ -335,8 +355,16 @@ fn hostile_capability_plugins_are_contained_and_their_neighbours_unaffected() {
             plugin("neighbour", "refusal", json!({})),
         ]),
     );
-    assert!(explanation(&r[0]).contains("embed was given 100000 texts; one call takes at most 64"), "{}", r[0]);
-    assert!(explanation(&r[1]).contains("is 16777216 bytes; the limit is 32768 bytes"), "{}", r[1]);
+    assert!(
+        explanation(&r[0]).contains("embed was given 100000 texts; one call takes at most 64"),
+        "{}",
+        r[0]
+    );
+    assert!(
+        explanation(&r[1]).contains("is 16777216 bytes; the limit is 32768 bytes"),
+        "{}",
+        r[1]
+    );
     assert!(explanation(&r[2]).contains("capability 'config-secret' is not granted"), "{}", r[2]);
     for r in &r[..3] {
         assert_eq!(r["status"], "hard_fail", "{r}");
@@ -364,9 +392,15 @@ fn plugin_test_prints_capability_calls_and_grants_from_the_command_line() {
     };
     let denied = run(&[]);
     assert!(denied.contains("capabilities: requested embed; granted none"), "{denied}");
-    assert!(denied.contains("embed (100000 texts)") && denied.contains("not-granted"), "{denied}");
+    assert!(
+        denied.contains("embed (100000 texts)") && denied.contains("not-granted"),
+        "{denied}"
+    );
     let granted = run(&["--grant", "embed"]);
     assert!(granted.contains("granted embed"), "{granted}");
-    assert!(granted.contains("embed (100000 texts)") && granted.contains("over-limit"), "{granted}");
+    assert!(
+        granted.contains("embed (100000 texts)") && granted.contains("over-limit"),
+        "{granted}"
+    );
     assert!(!dir.path().join("cache").exists(), "plugin test writes no cache");
 }

@@ -2068,7 +2068,7 @@ fn plugin_check_refuses_a_future_api_version() {
         stdout.contains("attest:plugin@9.0.0") && stdout.contains(&format!("attest:plugin@{API}")),
         "{stdout}"
     );
-    assert!(stdout.contains("rebuild the plugin against wit/since_v0.1.0/"), "{stdout}");
+    assert!(stdout.contains("rebuild the plugin against wit/since_v0.2.0/"), "{stdout}");
     assert!(!stdout.contains("plugin:"), "{stdout}");
 }
 

@@ -504,7 +504,13 @@ async fn guarded_verdicts(
 /// assertion hard-failed and short-circuiting is on, refused when the
 /// budget is spent, else asked of its provider, all concurrently.
 /// `plugin_cost` is what plugins' model calls spent earlier in this evaluation.
-async fn run_paid(suite: &[Planned], trace: &Trace, progress: &mut [Progress], cx: &Context<'_>, plugin_cost: f64) -> Result<(), EvalError> {
+async fn run_paid(
+    suite: &[Planned],
+    trace: &Trace,
+    progress: &mut [Progress],
+    cx: &Context<'_>,
+    plugin_cost: f64,
+) -> Result<(), EvalError> {
     let pending: Vec<usize> = (0..suite.len()).filter(|i| matches!(progress[*i], Progress::Pending)).collect();
     if cx.short_circuit {
         let failed = suite

@@ -324,7 +324,9 @@ impl CallContext {
     /// `secrets.config-secret`, as [`CallContext::embed`].
     pub fn config_secret(&mut self, name: Result<&str, CallError>) -> Result<Option<String>, CallError> {
         let started = Instant::now();
-        let result = self.check(Capability::ConfigSecret).and_then(|()| Ok(self.secrets.get(name.clone()?).cloned()));
+        let result = self
+            .check(Capability::ConfigSecret)
+            .and_then(|()| Ok(self.secrets.get(name.clone()?).cloned()));
         let name = name.unwrap_or("(over the limit)");
         let cost = result.as_ref().map(|_| 0.0).map_err(Clone::clone);
         let found = if matches!(result, Ok(Some(_))) { "found" } else { "not mapped" };
@@ -354,7 +356,9 @@ impl CallContext {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let future = ask(deadline);
         let task = runtime.spawn(async move {
-            let answer = tokio::time::timeout_at(deadline, future).await.unwrap_or(Err(ProviderError::Timeout));
+            let answer = tokio::time::timeout_at(deadline, future)
+                .await
+                .unwrap_or(Err(ProviderError::Timeout));
             let _ = tx.send(answer);
         });
         // The runtime's own timer ends the future at the deadline; the grace
@@ -451,12 +455,17 @@ mod tests {
     #[test]
     fn ungranted_calls_name_the_capability_and_the_key() {
         let mut cx = context(&[], None, free());
-        let err = cx.embed(Err(CallError::OverLimit("too many".into())), "9999 texts".into()).unwrap_err();
+        let err = cx
+            .embed(Err(CallError::OverLimit("too many".into())), "9999 texts".into())
+            .unwrap_err();
         let CallError::NotGranted { capability, message } = err else {
             panic!("{err:?}")
         };
         assert_eq!(capability, Capability::Embed);
-        assert!(message.contains("grants = [\"embed\"]") && message.contains(GRANTS_KEY), "{message}");
+        assert!(
+            message.contains("grants = [\"embed\"]") && message.contains(GRANTS_KEY),
+            "{message}"
+        );
         assert!(matches!(cx.config_secret(Ok("token")), Err(CallError::NotGranted { .. })));
         assert_eq!(cx.records.len(), 2);
         assert_eq!(cx.records[0].outcome, "not-granted");
@@ -507,15 +516,24 @@ mod tests {
             },
         );
         assert!(cx.judge(Ok(request("good")), String::new()).is_ok());
-        assert!(cx.judge(Ok(request("good")), String::new()).is_ok(), "0.01 spent of 0.015: admitted");
-        assert!(matches!(cx.judge(Ok(request("good")), String::new()), Err(CallError::BudgetExhausted(_))));
+        assert!(
+            cx.judge(Ok(request("good")), String::new()).is_ok(),
+            "0.01 spent of 0.015: admitted"
+        );
+        assert!(matches!(
+            cx.judge(Ok(request("good")), String::new()),
+            Err(CallError::BudgetExhausted(_))
+        ));
         assert!(cx.budget_refusal.is_some());
 
         let mut cx = context(&Capability::ALL, None, free());
         for _ in 0..MAX_MODEL_CALLS {
             cx.embed(Ok(vec!["x".into()]), String::new()).unwrap();
         }
-        assert!(matches!(cx.embed(Ok(vec!["x".into()]), String::new()), Err(CallError::OverLimit(_))));
+        assert!(matches!(
+            cx.embed(Ok(vec!["x".into()]), String::new()),
+            Err(CallError::OverLimit(_))
+        ));
     }
 
     #[test]

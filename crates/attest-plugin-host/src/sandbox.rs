@@ -271,7 +271,11 @@ pub enum LogLevel {
 impl State {
     /// Serves a capability call, or refuses it when the plugin requested no
     /// capability at all.
-    pub fn capability_call<T>(&mut self, capability: Capability, call: impl FnOnce(&mut CallContext) -> Result<T, CallError>) -> Result<T, CallError> {
+    pub fn capability_call<T>(
+        &mut self,
+        capability: Capability,
+        call: impl FnOnce(&mut CallContext) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
         match self.capabilities.as_deref_mut() {
             Some(cx) => call(cx),
             None => Err(super::capabilities::not_granted(&self.plugin_id, capability, false)),

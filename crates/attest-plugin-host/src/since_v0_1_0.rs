@@ -61,11 +61,7 @@ struct RawInfo {
 }
 
 /// Calls `describe`.
-pub fn describe(
-    store: &mut Store<State>,
-    instance: &Instance,
-    export: &ComponentExportIndex,
-) -> wasmtime::Result<Result<Info, Fault>> {
+pub fn describe(store: &mut Store<State>, instance: &Instance, export: &ComponentExportIndex) -> wasmtime::Result<Result<Info, Fault>> {
     let func = instance.get_typed_func::<(), (RawInfo,)>(&mut *store, export)?;
     let (raw,) = func.call(&mut *store, ())?;
     Ok(Info::bounded(raw.id, raw.version, raw.description, raw.config_schema))

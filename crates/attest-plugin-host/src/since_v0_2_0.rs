@@ -44,12 +44,10 @@ pub fn add_to_linker(linker: &mut Linker<State>) -> anyhow::Result<()> {
     )?;
     models.func_wrap(
         "judge",
-        |mut cx: StoreContextMut<'_, State>, (request,): (RawJudgeRequest,)| -> wasmtime::Result<(Result<WitJudgement, CapabilityError>,)> {
-            let asked = format!(
-                "{} bytes of content, {} examples",
-                request.content.len,
-                request.examples.len()
-            );
+        |mut cx: StoreContextMut<'_, State>,
+         (request,): (RawJudgeRequest,)|
+         -> wasmtime::Result<(Result<WitJudgement, CapabilityError>,)> {
+            let asked = format!("{} bytes of content, {} examples", request.content.len, request.examples.len());
             let result = cx
                 .data_mut()
                 .capability_call(Capability::Judge, |c| c.judge(request.into_request(), asked));
@@ -260,11 +258,7 @@ struct RawInfo {
 }
 
 /// Calls `describe`.
-pub fn describe(
-    store: &mut Store<State>,
-    instance: &Instance,
-    export: &ComponentExportIndex,
-) -> wasmtime::Result<Result<Info, Fault>> {
+pub fn describe(store: &mut Store<State>, instance: &Instance, export: &ComponentExportIndex) -> wasmtime::Result<Result<Info, Fault>> {
     let func = instance.get_typed_func::<(), (RawInfo,)>(&mut *store, export)?;
     let (raw,) = func.call(&mut *store, ())?;
     let Ok(listed) = raw.capabilities.items() else {

@@ -10,9 +10,9 @@
 //! `embed` to this plugin in the engine's config file.
 
 use attest_plugin_sdk::models::{self, Capability};
+use attest_plugin_sdk::serde_json;
 use attest_plugin_sdk::text::{clip, num, quote};
 use attest_plugin_sdk::{json, resolve_or_fail, AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
-use attest_plugin_sdk::serde_json;
 use serde::Deserialize;
 
 pub struct Grounding;
@@ -119,7 +119,9 @@ impl AssertionPlugin for Grounding {
 
     fn info() -> PluginInfo {
         PluginInfo::new("grounding", env!("CARGO_PKG_VERSION"))
-            .description("Scores how well an answer is supported by the retrieved documents, sentence by sentence, with the engine's embeddings.")
+            .description(
+                "Scores how well an answer is supported by the retrieved documents, sentence by sentence, with the engine's embeddings.",
+            )
             .config_schema(include_str!("../config.schema.json"))
             .requests(Capability::Embed)
     }
@@ -136,10 +138,10 @@ impl AssertionPlugin for Grounding {
             return Ok(Verdict::fail(format!("{a} has no sentence to check against {d}.")));
         }
         if docs.is_empty() {
-            return Ok(Verdict::fail(format!(
-                "{d} holds no document text, so nothing in {a} can be supported."
-            ))
-            .with_details(serde_json::json!({"expected": format!("document text at {d}"), "actual": "none", "path": d.as_str()})));
+            return Ok(
+                Verdict::fail(format!("{d} holds no document text, so nothing in {a} can be supported."))
+                    .with_details(serde_json::json!({"expected": format!("document text at {d}"), "actual": "none", "path": d.as_str()})),
+            );
         }
         let texts: Vec<&str> = all.iter().chain(docs.iter()).map(String::as_str).collect();
         let vectors = embed_all(&texts)?;
@@ -170,7 +172,11 @@ impl AssertionPlugin for Grounding {
         let (wi, ws) = weakest.unwrap_or((0, 0.0));
         let mut explanation = format!(
             "{supported} of {judged} sentences of {a} are supported by {} (similarity ≥ {}); needed {}% supported.",
-            if docs.len() == 1 { format!("the document at {d}") } else { format!("one of {} documents at {d}", docs.len()) },
+            if docs.len() == 1 {
+                format!("the document at {d}")
+            } else {
+                format!("one of {} documents at {d}", docs.len())
+            },
             num(config.min_similarity),
             num((config.min_supported * 100.0).round())
         );
@@ -181,12 +187,14 @@ impl AssertionPlugin for Grounding {
                 num((ws * 1000.0).round() / 1000.0)
             ));
         }
-        Ok(Verdict::from_bool(passed, explanation).with_score(score).with_details(serde_json::json!({
-            "expected": format!("≥ {}% of sentences supported", num((config.min_supported * 100.0).round())),
-            "actual": format!("{supported} of {judged}"),
-            "path": a.as_str(),
-            "sentences": rows.into_iter().take(8).collect::<Vec<_>>(),
-        })))
+        Ok(Verdict::from_bool(passed, explanation)
+            .with_score(score)
+            .with_details(serde_json::json!({
+                "expected": format!("≥ {}% of sentences supported", num((config.min_supported * 100.0).round())),
+                "actual": format!("{supported} of {judged}"),
+                "path": a.as_str(),
+                "sentences": rows.into_iter().take(8).collect::<Vec<_>>(),
+            })))
     }
 }
 
@@ -195,8 +203,8 @@ attest_plugin_sdk::export_plugin!(Grounding);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use attest_plugin_sdk::testing::{self, FakeHost};
     use attest_plugin_sdk::serde_json::json;
+    use attest_plugin_sdk::testing::{self, FakeHost};
 
     /// Word-bag vectors: sentences sharing words with a document are similar.
     fn bag(texts: &[&str]) -> Result<Vec<Vec<f32>>, models::CapabilityError> {
@@ -232,7 +240,11 @@ mod tests {
     #[test]
     fn supported_answers_pass_and_unsupported_sentences_fail() {
         let host = FakeHost::new().embed(bag);
-        let good = testing::evaluate::<Grounding>(&trace("Refunds take 30 days with a receipt. Shipping is free."), &json!({"documents": DOCS})).unwrap();
+        let good = testing::evaluate::<Grounding>(
+            &trace("Refunds take 30 days with a receipt. Shipping is free."),
+            &json!({"documents": DOCS}),
+        )
+        .unwrap();
         assert!(good.is_pass(), "{}", good.explanation());
         assert_eq!(good.score(), 1.0);
         let bad = testing::evaluate::<Grounding>(
@@ -242,7 +254,11 @@ mod tests {
         .unwrap();
         assert!(!bad.is_pass());
         assert_eq!(bad.score(), 0.5);
-        assert!(bad.explanation().contains("Least supported: 'We also run a Mars colony!'"), "{}", bad.explanation());
+        assert!(
+            bad.explanation().contains("Least supported: 'We also run a Mars colony!'"),
+            "{}",
+            bad.explanation()
+        );
         assert_eq!(host.calls().len(), 2, "one embed call per evaluation");
     }
 
@@ -250,16 +266,26 @@ mod tests {
     fn missing_documents_fail_and_a_refused_embed_is_an_error() {
         let _host = FakeHost::new().embed(bag);
         let v = testing::evaluate::<Grounding>(&trace("Refunds."), &json!({"documents": "steps[?name=='none'].result"})).unwrap();
-        assert!(!v.is_pass() && v.explanation().contains("could not be checked"), "{}", v.explanation());
+        assert!(
+            !v.is_pass() && v.explanation().contains("could not be checked"),
+            "{}",
+            v.explanation()
+        );
         drop(_host);
         let _none = FakeHost::new();
         let e = testing::evaluate::<Grounding>(&trace("Refunds take 30 days."), &json!({"documents": DOCS})).unwrap_err();
-        assert!(matches!(e, PluginError::Internal(ref m) if m.contains("'embed' is not granted")), "{e:?}");
+        assert!(
+            matches!(e, PluginError::Internal(ref m) if m.contains("'embed' is not granted")),
+            "{e:?}"
+        );
     }
 
     #[test]
     fn sentences_split_on_terminators_and_lines() {
-        assert_eq!(sentences("One. Two! Three?\nFour 3.5 five"), ["One.", "Two!", "Three?", "Four 3.5 five"]);
+        assert_eq!(
+            sentences("One. Two! Three?\nFour 3.5 five"),
+            ["One.", "Two!", "Three?", "Four 3.5 five"]
+        );
         assert!(sentences("... --- 42").is_empty());
         assert_eq!(documents(&json!(["a", {"content": "b", "n": 1}, 3, ""])), ["a", "b"]);
     }

@@ -4,9 +4,9 @@
 //! prices the call, and refuses it once the session's budget is spent.
 
 use attest_plugin_sdk::models::{self, Capability, JudgeRequest};
+use attest_plugin_sdk::serde_json;
 use attest_plugin_sdk::text::{clip, num};
 use attest_plugin_sdk::{json, resolve_or_fail, AssertionPlugin, PluginError, PluginInfo, Target, Trace, Verdict};
-use attest_plugin_sdk::serde_json;
 use serde::Deserialize;
 
 pub struct Rubric;
@@ -89,8 +89,8 @@ attest_plugin_sdk::export_plugin!(Rubric);
 mod tests {
     use super::*;
     use attest_plugin_sdk::models::{CapabilityError, Judgement};
-    use attest_plugin_sdk::testing::{self, FakeHost};
     use attest_plugin_sdk::serde_json::json;
+    use attest_plugin_sdk::testing::{self, FakeHost};
     use std::cell::RefCell;
     use std::rc::Rc;
 
@@ -128,7 +128,11 @@ mod tests {
         assert_eq!(req.examples[0].reasoning, "rude");
         let cold = json!({"schema_version": 1, "trace_id": "t", "output": {"message": "Fine."}});
         let v = testing::evaluate::<Rubric>(&cold, &json!({"rubric": "r"})).unwrap();
-        assert!(!v.is_pass() && v.explanation().contains("is below the threshold 0.7"), "{}", v.explanation());
+        assert!(
+            !v.is_pass() && v.explanation().contains("is below the threshold 0.7"),
+            "{}",
+            v.explanation()
+        );
     }
 
     #[test]

@@ -148,4 +148,3 @@ impl Respond for Embeddings {
         ResponseTemplate::new(200).set_body_json(json!({"data": data, "usage": {"prompt_tokens": 500}}))
     }
 }
-

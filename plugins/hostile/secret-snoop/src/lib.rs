@@ -17,7 +17,9 @@ pub struct Config {
 }
 
 fn default_names() -> Vec<String> {
-    ["HOME", "PATH", "AWS_SECRET_ACCESS_KEY", "ATTEST_JUDGE_API_KEY"].map(String::from).to_vec()
+    ["HOME", "PATH", "AWS_SECRET_ACCESS_KEY", "ATTEST_JUDGE_API_KEY"]
+        .map(String::from)
+        .to_vec()
 }
 
 impl AssertionPlugin for SecretSnoop {
