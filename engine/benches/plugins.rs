@@ -4,6 +4,8 @@
 //!    fresh sandboxed instance + trace hand-over + call + verdict checks,
 //!    built against `attest:plugin@0.2.0` and against 0.1.0 (the fixture),
 //!    interleaved in one run;
+//!    then the same for the Python and JavaScript example plugins (their
+//!    load, compiled and cached, and one assertion per call);
 //! 2. `content.contains` as a plugin (`contains`) against the native check,
 //!    per assertion, both inside a full `evaluate_batch` of 8 assertions;
 //! 3. one `embed` through a plugin (`embed-once`, capability path) against
@@ -85,6 +87,10 @@ fn main() {
         median(per_call.rounds.iter().zip(&per_call_old.rounds).map(|(n, o)| n / o).collect())
     );
     println!("noop plugin (attest:plugin@0.2.0), eight assertions per call: {per_call8}");
+
+    // 1b. The same trace through each guest language: load (compiled, then
+    // cached) and one assertion per call.
+    guest_languages(&trace, per_call.median);
 
     // 2. contains: plugin vs native, inside evaluate_batch.
     let engine = std::sync::Arc::new(Engine::with_plugins(Config::default(), host));
@@ -174,6 +180,48 @@ fn main() {
     drop(cold);
     let _ = std::fs::remove_dir_all(&cold_dir);
     let _ = std::fs::remove_dir_all(&cache);
+}
+
+/// Part 1b: the Python (`json-output-keys`, componentize-py) and JavaScript
+/// (`readability`, componentize-js) plugins against the Rust `noop`.
+fn guest_languages(trace: &str, rust_noop_us: f64) {
+    let plugins = [
+        ("json-output-keys", "Python", r#"{"required_keys": ["refund_id"]}"#),
+        ("readability", "JavaScript", r#"{"target": "output.message", "max_grade": 12}"#),
+    ];
+    for (name, lang, config) in plugins {
+        let path = dist().join(format!("{name}.wasm"));
+        if !path.is_file() {
+            println!("{lang} plugin {name}: skipped ({} is not built)", path.display());
+            continue;
+        }
+        let dir = tempdir(&format!("attest-bench-{name}"));
+        let cold = PluginHost::load(&[at(path.clone())], Some(dir.clone()));
+        let warm = PluginHost::load(&[at(path)], Some(dir.clone()));
+        let (Some(c), Some(p)) = (
+            cold.ids().first().and_then(|id| cold.get(id)),
+            warm.ids().first().and_then(|id| warm.get(id)),
+        ) else {
+            println!("{lang} plugin {name}: not loaded: {:?}", warm.failures());
+            continue;
+        };
+        let configs = vec![config.to_owned()];
+        let [t] = rounds_of(
+            50,
+            [&mut || {
+                let (out, _) = p.evaluate(trace, &configs, &call());
+                assert!(out[0].passed, "{}", out[0].explanation);
+            }],
+        );
+        println!(
+            "{lang} plugin {name} (attest:plugin@{}): load {:.0} ms compiled, {:.1} ms cached; one assertion per call {t}: {:.0}x the Rust noop",
+            p.api_version,
+            c.load_ms,
+            p.load_ms,
+            t.median / rust_noop_us
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 /// Part 3: `embed-once` (one `models.embed` of `output.message`) against

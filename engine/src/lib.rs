@@ -45,6 +45,7 @@ pub use attest_history as history;
 pub mod layers;
 pub mod logging;
 pub mod plugin_models;
+pub mod plugin_new;
 pub mod plugin_results;
 pub mod query_drift;
 /// The WebAssembly plugin host (layer 8), from `attest-plugin-host`.

@@ -5,6 +5,7 @@
 
 use attest_engine::config::{Config, Overrides, ENV_VARS};
 use attest_engine::eval_cmd::{self, Format};
+use attest_engine::plugin_new::{self, Lang};
 use attest_engine::plugins::cache::ArtefactCache;
 use attest_engine::plugins::capabilities::Capability;
 use attest_engine::plugins::sandbox::SUPPORTED_API_VERSIONS;
@@ -113,6 +114,22 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PluginCommand {
+    /// Write a new plugin project: a config schema, an example check, its
+    /// unit tests, a build script and a README, ready to build.
+    New {
+        /// The plugin's id, also its project, crate or package name
+        /// (lowercase letters, digits and '-').
+        name: String,
+        #[arg(long, value_enum)]
+        lang: Lang,
+        /// Where to write it (default: ./<name>); must be new or empty.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// The Rust plugin SDK (`plugin-sdk/` of attest-engine's repository;
+        /// found on its own when the engine runs from a checkout).
+        #[arg(long, value_name = "DIR")]
+        sdk: Option<PathBuf>,
+    },
     /// Load a plugin as the engine would and print its metadata, API version
     /// and limits, or exactly why it would be refused.
     Check {
@@ -200,6 +217,21 @@ fn main() -> ExitCode {
         Command::Version => {
             println!("attest-engine {ENGINE_VERSION}");
             ExitCode::SUCCESS
+        }
+        Command::Plugin {
+            command: PluginCommand::New { name, lang, dir, sdk },
+        } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            match plugin_new::create(&name, lang, &dir, sdk.as_deref()) {
+                Ok(_) => {
+                    print!("{}", plugin_new::next_steps(&name, lang, &dir));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("attest-engine plugin new: {e}");
+                    ExitCode::from(2)
+                }
+            }
         }
         Command::Plugin {
             command: PluginCommand::Check { file },

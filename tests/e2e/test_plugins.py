@@ -57,7 +57,7 @@ PASS = STATUS_PASS  # "pass"
 SOFT = STATUS_SOFT_FAIL  # "soft_fail"
 HARD = STATUS_HARD_FAIL  # "hard_fail"
 
-EXAMPLE_PLUGINS = ("pii-leak", "tool-args", "refusal", "step-value", "json-output-keys")
+EXAMPLE_PLUGINS = ("pii-leak", "tool-args", "refusal", "step-value", "json-output-keys", "readability")
 NEEDED_COMPONENTS = EXAMPLE_PLUGINS + ("spin",)
 
 
@@ -66,7 +66,7 @@ def _components_are_built() -> None:
     missing = [name for name in NEEDED_COMPONENTS if not (PLUGIN_DIR / f"{name}.wasm").is_file()]
     assert not missing, (
         f"{', '.join(m + '.wasm' for m in missing)} missing from {PLUGIN_DIR}: "
-        "run plugins/build.sh and plugins/python/build.sh"
+        "run plugins/build.sh, plugins/python/build.sh and plugins/js/build.sh"
     )
 
 
@@ -174,6 +174,17 @@ def check_results(agent_result: AgentResult, chain: ExpectChain) -> None:
 # ─────────────────────────────────────────────────────────────────────────────
 
 PLUGIN_CASES = [
+    # readability: the JavaScript plugin (componentize-js, attest:plugin@0.2.0)
+    case("readability-pass", "refund", lambda e: e.plugin("readability"), PASS, 1.0,
+         "output.message reads at grade 0.5 (Flesch-Kincaid: 17 words, 3 sentences, 20 syllables), within the maximum grade 8."),
+    case("readability-fail", "refusing", lambda e: e.plugin("readability", {"max_grade": 1}), HARD, 0.87,
+         "output.message reads at grade 2.3"),
+    case("readability-soft", "refusing", lambda e: e.plugin("readability", {"max_grade": 1}, soft=True), SOFT, 0.87,
+         "above the maximum grade 1"),
+    # A 0.2.0 plugin whose capability the operator did not grant (plugin_dir grants nothing):
+    # it loads, and its call is refused with the config key that grants it.
+    case("rubric-not-granted", "refund", lambda e: e.plugin("rubric", {"rubric": "Warm and clear."}), HARD, 0.0,
+         "capability 'judge' is not granted to plugin 'rubric'"),
     # pii-leak
     case("pii-leak-pass", "refund", lambda e: e.plugin("pii-leak"), PASS, 1.0,
          "output.message contains no email address, phone number or card number."),

@@ -118,18 +118,21 @@ fn fresh_cache() -> TempDir {
     tempfile::tempdir().expect("creating a temporary cache directory")
 }
 
-/// Compiles the Python plugin into [`SHARED_CACHE`] once per test run, so the
-/// tests that load it start in about a second.
+/// Compiles the Python and JavaScript plugins into [`SHARED_CACHE`] once per
+/// test run, so the tests that load them start in about a second.
 fn warm_shared_cache() -> &'static Path {
     static WARM: Once = Once::new();
     WARM.call_once(|| {
         let started = Instant::now();
-        // An engine start compiles it into the cache (`plugin check` only reads the cache).
-        let mut engine = start(Path::new(SHARED_CACHE), &["--plugin", &wasm("json-output-keys")]);
+        // An engine start compiles them into the cache (`plugin check` only reads the cache).
+        let mut engine = start(
+            Path::new(SHARED_CACHE),
+            &["--plugin", &wasm("json-output-keys"), "--plugin", &wasm("readability")],
+        );
         let listing = list_plugins(&mut engine);
-        assert_eq!(listed_ids(&listing), ["json-output-keys"], "{listing}");
+        assert_eq!(listed_ids(&listing), ["json-output-keys", "readability"], "{listing}");
         eprintln!(
-            "json-output-keys.wasm ready in {SHARED_CACHE} after {:.1} s",
+            "json-output-keys.wasm and readability.wasm ready in {SHARED_CACHE} after {:.1} s",
             started.elapsed().as_secs_f64()
         );
     });
@@ -2617,6 +2620,58 @@ fn a_plugin_built_against_0_1_0_still_loads_and_evaluates() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("api version:  attest:plugin@0.1.0"), "{stdout}");
+}
+
+/// The JavaScript plugin (componentize-js, `plugins/js/`), built against
+/// 0.2.0 like the Rust ones, passes and fails where it should.
+#[test]
+fn the_javascript_plugin_passes_and_fails_where_it_should() {
+    let cache = warm_shared_cache();
+    let mut engine = start(cache, &["--plugin", &wasm("readability"), "--plugin", V0_1_0_FIXTURE]);
+    let listing = list_plugins(&mut engine);
+    let js = listed(&listing, "readability");
+    assert_eq!(js["api_version"], json!(API), "{js}");
+    assert_eq!(js["capabilities"]["requested"], json!([]), "{js}");
+    let r = evaluate(
+        &mut engine,
+        &with_message("Your refund is on its way. It takes three days."),
+        &json!([
+            plugin("plain", "readability", json!({})),
+            plugin("strict", "readability", json!({"max_grade": 0})),
+            plugin("missing", "readability", json!({"target": "output.nope"})),
+            plugin("old", "noop", json!({})),
+        ]),
+    );
+    check(&r[0], "pass", 1.0, &["output.message reads at grade", "within the maximum grade 8"]);
+    assert_eq!(r[0]["layer"], 8);
+    let dense = evaluate(
+        &mut engine,
+        &with_message("Notwithstanding contractual considerations, reimbursement eligibility necessitates documentation."),
+        &json!([plugin("dense", "readability", json!({}))]),
+    );
+    assert_eq!(dense[0]["status"], "hard_fail", "{}", dense[0]);
+    assert!(
+        dense[0]["explanation"].as_str().unwrap().contains("above the maximum grade 8"),
+        "{}",
+        dense[0]
+    );
+    assert_eq!(dense[0]["expected"], "grade ≤ 8", "details became evidence: {}", dense[0]);
+    assert_eq!(r[2]["status"], "hard_fail", "{}", r[2]);
+    assert!(
+        r[2]["explanation"].as_str().unwrap().contains("output.nope could not be checked"),
+        "{}",
+        r[2]
+    );
+    check(&r[3], "pass", 1.0, &["noop"]);
+    // The schema's pattern guards the path grammar the JS plugin reads: a 1002 before it runs.
+    expect_error(
+        &engine.request(&evaluate_request(
+            json!("bad"),
+            refund_trace(),
+            json!([plugin("bad", "readability", json!({"target": "steps[?name=='x']"}))]),
+        )),
+        1002,
+    );
 }
 
 // ---------------------------------------------------------------- plugin test

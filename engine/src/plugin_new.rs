@@ -1,0 +1,261 @@
+//! `attest-engine plugin new <name> --lang rust|python|js`: writes a complete
+//! plugin project (a config schema, an example check, its unit tests, a build
+//! script and a README) that builds and passes its tests as generated.
+//!
+//! The templates live in `engine/templates/plugin/` and are compiled into the
+//! binary, so a new plugin needs nothing but the engine and the language's
+//! toolchain. Python and JavaScript projects carry their own copy of the WIT
+//! they are built against; a Rust project depends on the plugin SDK, which
+//! carries it.
+
+use std::path::{Path, PathBuf};
+
+/// The guest languages a project can be written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    Rust,
+    Python,
+    Js,
+}
+
+/// Why a project was not written.
+#[derive(Debug)]
+pub enum NewError {
+    BadName(String),
+    NotEmpty(PathBuf),
+    NoSdk(PathBuf),
+    Write { path: PathBuf, why: std::io::Error },
+}
+
+impl std::fmt::Display for NewError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NewError::BadName(name) => write!(
+                f,
+                "'{}' cannot name a plugin project: use lowercase letters, digits and '-', starting with a letter, at most 64 characters (it becomes the plugin id, the crate, module or package name, and the file name)",
+                crate::text::clip(name, 80)
+            ),
+            NewError::NotEmpty(dir) => write!(
+                f,
+                "{} exists and is not empty: choose another name, or --dir for an empty or new directory",
+                dir.display()
+            ),
+            NewError::NoSdk(tried) => write!(
+                f,
+                "the Rust plugin SDK is not at {}: pass --sdk <path of attest-engine's plugin-sdk directory>",
+                tried.display()
+            ),
+            NewError::Write { path, why } => write!(f, "cannot write {}: {why}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for NewError {}
+
+/// The contract new Python and JavaScript projects are built against.
+const WIT: &str = include_str!("../../wit/since_v0.2.0/attest-plugin.wit");
+const TRACE: &str = include_str!("../templates/plugin/common/trace.json");
+
+/// A template file: where it goes, its text, and whether it is a script.
+type File = (&'static str, &'static str, bool);
+
+const RUST: &[File] = &[
+    ("Cargo.toml", include_str!("../templates/plugin/rust/Cargo.toml"), false),
+    ("src/lib.rs", include_str!("../templates/plugin/rust/src/lib.rs"), false),
+    (
+        "config.schema.json",
+        include_str!("../templates/plugin/rust/config.schema.json"),
+        false,
+    ),
+    ("build.sh", include_str!("../templates/plugin/rust/build.sh"), true),
+    ("README.md", include_str!("../templates/plugin/rust/README.md"), false),
+    (".gitignore", "/target/\n*.wasm\n", false),
+];
+
+const PYTHON: &[File] = &[
+    ("{{module}}/__init__.py", "", false),
+    (
+        "{{module}}/logic.py",
+        include_str!("../templates/plugin/python/module/logic.py"),
+        false,
+    ),
+    ("{{module}}/app.py", include_str!("../templates/plugin/python/module/app.py"), false),
+    (
+        "tests/test_logic.py",
+        include_str!("../templates/plugin/python/tests/test_logic.py"),
+        false,
+    ),
+    (
+        "requirements.txt",
+        include_str!("../templates/plugin/python/requirements.txt"),
+        false,
+    ),
+    ("build.sh", include_str!("../templates/plugin/python/build.sh"), true),
+    ("README.md", include_str!("../templates/plugin/python/README.md"), false),
+    ("wit/attest-plugin.wit", WIT, false),
+    (".gitignore", "/.venv/\n__pycache__/\n*.wasm\n", false),
+];
+
+const JS: &[File] = &[
+    ("src/plugin.js", include_str!("../templates/plugin/js/src/plugin.js"), false),
+    (
+        "test/plugin.test.js",
+        include_str!("../templates/plugin/js/test/plugin.test.js"),
+        false,
+    ),
+    ("package.json", include_str!("../templates/plugin/js/package.json"), false),
+    ("build.sh", include_str!("../templates/plugin/js/build.sh"), true),
+    ("README.md", include_str!("../templates/plugin/js/README.md"), false),
+    ("wit/attest-plugin.wit", WIT, false),
+    (".gitignore", "/node_modules/\n*.wasm\n", false),
+];
+
+/// Where the SDK is when the engine runs from a checkout of its repository.
+fn default_sdk() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugin-sdk")
+}
+
+/// Whether `name` can name a project in every language.
+pub fn is_project_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    name.len() <= 64
+        && bytes.next().is_some_and(|b| b.is_ascii_lowercase())
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.ends_with('-')
+}
+
+/// Writes a `lang` project for plugin `name` into `dir`; returns the files
+/// written. `sdk`: the Rust plugin SDK (default: the repository's, when the
+/// engine runs from a checkout).
+pub fn create(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Result<Vec<PathBuf>, NewError> {
+    if !is_project_name(name) {
+        return Err(NewError::BadName(name.to_owned()));
+    }
+    if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
+        return Err(NewError::NotEmpty(dir.to_owned()));
+    }
+    let snake = name.replace('-', "_");
+    let mut vars: Vec<(&str, String)> = vec![("{{name}}", name.to_owned()), ("{{crate}}", snake.clone()), ("{{module}}", snake)];
+    let files = match lang {
+        Lang::Rust => {
+            let sdk = sdk.map(Path::to_path_buf).unwrap_or_else(default_sdk);
+            let sdk = sdk
+                .canonicalize()
+                .ok()
+                .filter(|p| p.join("Cargo.toml").is_file())
+                .ok_or(NewError::NoSdk(sdk))?;
+            vars.push(("{{sdk}}", sdk.display().to_string()));
+            RUST
+        }
+        Lang::Python => PYTHON,
+        Lang::Js => JS,
+    };
+    let fill = |text: &str| vars.iter().fold(text.to_owned(), |t, (k, v)| t.replace(k, v));
+    let mut written = Vec::new();
+    let all = files.iter().copied().chain(std::iter::once(("trace.json", TRACE, false)));
+    for (path, text, script) in all {
+        let path = dir.join(fill(path));
+        write(&path, &fill(text), script).map_err(|why| NewError::Write { path: path.clone(), why })?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+fn write(path: &Path, text: &str, script: bool) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, text)?;
+    if script {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
+
+/// What to do next, for the person who ran `plugin new`.
+pub fn next_steps(name: &str, lang: Lang, dir: &Path) -> String {
+    let test = match lang {
+        Lang::Rust => "cargo test && ./build.sh",
+        Lang::Python | Lang::Js => "./build.sh            # runs the tests, then builds",
+    };
+    format!(
+        "created {dir}\n\nnext:\n  cd {dir}\n  {test}\n  attest-engine plugin test {name}.wasm --trace trace.json --plugin-config-json '{{\"phrase\": \"refund\"}}'\n  attest-engine --plugin {name}.wasm     # serve it to an SDK\n",
+        dir = dir.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_must_suit_every_language() {
+        for ok in ["tone", "brand-tone", "check2"] {
+            assert!(is_project_name(ok), "{ok}");
+        }
+        for bad in ["", "Tone", "2fast", "-x", "x-", "a_b", "a.b", "ü", &"x".repeat(65)] {
+            assert!(!is_project_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_language_gets_a_complete_project_with_its_name_filled_in() {
+        for (lang, expect) in [
+            (
+                Lang::Rust,
+                &[
+                    "Cargo.toml",
+                    "src/lib.rs",
+                    "config.schema.json",
+                    "build.sh",
+                    "README.md",
+                    "trace.json",
+                ][..],
+            ),
+            (
+                Lang::Python,
+                &[
+                    "brand_tone/logic.py",
+                    "brand_tone/app.py",
+                    "tests/test_logic.py",
+                    "build.sh",
+                    "wit/attest-plugin.wit",
+                ][..],
+            ),
+            (
+                Lang::Js,
+                &[
+                    "src/plugin.js",
+                    "test/plugin.test.js",
+                    "package.json",
+                    "build.sh",
+                    "wit/attest-plugin.wit",
+                ][..],
+            ),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().join("brand-tone");
+            let files = create("brand-tone", lang, &root, None).unwrap();
+            for e in expect {
+                assert!(files.contains(&root.join(e)), "{lang:?}: {e} missing from {files:?}");
+            }
+            for f in &files {
+                let text = std::fs::read_to_string(f).unwrap();
+                assert!(!text.contains("{{"), "{}: an unfilled placeholder", f.display());
+            }
+            let script = std::fs::metadata(root.join("build.sh")).unwrap();
+            assert!(std::os::unix::fs::PermissionsExt::mode(&script.permissions()) & 0o111 != 0);
+            assert!(matches!(create("brand-tone", lang, &root, None), Err(NewError::NotEmpty(_))));
+        }
+    }
+
+    #[test]
+    fn bad_names_and_a_missing_sdk_are_refused_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = create("Bad Name", Lang::Js, dir.path(), None).unwrap_err();
+        assert!(e.to_string().contains("lowercase letters, digits and '-'"), "{e}");
+        let e = create("ok", Lang::Rust, &dir.path().join("ok"), Some(Path::new("/nowhere"))).unwrap_err();
+        assert!(e.to_string().contains("pass --sdk"), "{e}");
+    }
+}

@@ -1,0 +1,26 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { describe, evaluate } from '../src/plugin.js';
+
+const trace = JSON.stringify({ schema_version: 1, trace_id: 't', output: { message: 'Your REFUND is on its way.' } });
+
+test('describe names the plugin and its schema', () => {
+  const info = describe();
+  assert.equal(info.id, '{{name}}');
+  assert.deepEqual(JSON.parse(info.configSchema).required, ['phrase']);
+});
+
+test('passes when the phrase is there and fails when it is not', () => {
+  const [ok, no, missing] = evaluate(trace, [
+    JSON.stringify({ phrase: 'refund' }),
+    JSON.stringify({ phrase: 'apology' }),
+    JSON.stringify({ phrase: 'x', target: 'output.nope' }),
+  ]);
+  assert.equal(ok.val.status, 'pass');
+  assert.equal(no.val.explanation, "output.message does not contain 'apology'.");
+  assert.match(missing.val.explanation, /could not be checked/);
+});
+
+test('a trace that is not JSON is unsupported', () => {
+  assert.equal(evaluate('nope', ['{}'])[0].val.tag, 'unsupported-trace');
+});
