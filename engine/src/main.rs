@@ -224,7 +224,7 @@ fn main() -> ExitCode {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
             match plugin_new::create(&name, lang, &dir, sdk.as_deref()) {
                 Ok(_) => {
-                    print!("{}", plugin_new::next_steps(&name, lang, &dir));
+                    print!("{}", plugin_new::next_steps(&name, lang, &dir, sdk.as_deref()));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -405,13 +405,17 @@ fn load_engine(config: attest_engine::config::Config) -> Option<Engine> {
         }
         return None;
     }
+    // Components the start-up index spared reading load now, off the path
+    // to the first answer.
+    plugins.warm_in_background();
     Some(Engine::with_plugins(config, plugins))
 }
 
 /// Loads `file` alone, with the limits and grants the config gives it (plus
-/// `extra` grants), using the compiled-artefact cache without writing to
-/// it: inspecting a plugin leaves the engine's cache as it was.
-fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Path, extra: &[Capability]) -> PluginHost {
+/// `extra` grants), through the compiled-artefact cache. `inspect`: use the
+/// cache without writing to it (`plugin check` leaves the engine's cache as
+/// it was; `plugin test` runs the plugin as the engine would, and fills it).
+fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Path, extra: &[Capability], inspect: bool) -> PluginHost {
     let (limits, mut grants) = config.plugins.iter().find(|p| p.path == file).map_or_else(
         || (PluginLimits::default(), Default::default()),
         |p| (p.limits.clone(), p.grants.clone()),
@@ -428,7 +432,12 @@ fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Pat
         explicit: true,
         grants,
     };
-    let cache = ArtefactCache::read_only(config.cache_dir.as_ref().map(|d| d.join("plugins")));
+    let dir = config.cache_dir.as_ref().map(|d| d.join("plugins"));
+    let cache = if inspect {
+        ArtefactCache::read_only(dir)
+    } else {
+        ArtefactCache::new(dir)
+    };
     PluginHost::load_with(std::slice::from_ref(&spec), &cache)
 }
 
@@ -456,7 +465,7 @@ fn plugin_test(
             return ExitCode::from(2);
         }
     };
-    let host = load_one_plugin(&config, file, grants);
+    let host = load_one_plugin(&config, file, grants, false);
     let Some(id) = host.ids().first().cloned() else {
         let why = host.failures().first().map_or("unknown error", |f| f.error.as_str());
         eprintln!("attest-engine plugin test: refused: {}: {why}", file.display());
@@ -477,7 +486,7 @@ fn plugin_test(
 
 /// `attest-engine plugin check <file>`.
 fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) -> ExitCode {
-    let host = load_one_plugin(config, file, &[]);
+    let host = load_one_plugin(config, file, &[], true);
     match host.ids().first().and_then(|id| host.get(id)) {
         Some(p) => {
             println!("plugin:       {} {}", p.id, p.version);

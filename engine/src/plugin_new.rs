@@ -174,13 +174,24 @@ fn write(path: &Path, text: &str, script: bool) -> std::io::Result<()> {
 }
 
 /// What to do next, for the person who ran `plugin new`.
-pub fn next_steps(name: &str, lang: Lang, dir: &Path) -> String {
+pub fn next_steps(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> String {
     let test = match lang {
         Lang::Rust => "cargo test && ./build.sh",
         Lang::Python | Lang::Js => "./build.sh            # runs the tests, then builds",
     };
+    let sdk = match lang {
+        Lang::Rust => format!(
+            "using the plugin SDK at {}\n",
+            sdk.map(Path::to_path_buf)
+                .unwrap_or_else(default_sdk)
+                .canonicalize()
+                .unwrap_or_default()
+                .display()
+        ),
+        Lang::Python | Lang::Js => String::new(),
+    };
     format!(
-        "created {dir}\n\nnext:\n  cd {dir}\n  {test}\n  attest-engine plugin test {name}.wasm --trace trace.json --plugin-config-json '{{\"phrase\": \"refund\"}}'\n  attest-engine --plugin {name}.wasm     # serve it to an SDK\n",
+        "created {dir}\n{sdk}\nnext:\n  cd {dir}\n  {test}\n  attest-engine plugin test {name}.wasm --trace trace.json --plugin-config-json '{{\"phrase\": \"refund\"}}'\n  attest-engine --plugin {name}.wasm     # serve it to an SDK\n",
         dir = dir.display()
     )
 }

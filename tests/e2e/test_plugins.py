@@ -331,9 +331,13 @@ def test_engine_loaded_the_plugin_directory(attest) -> None:
     assert set(EXAMPLE_PLUGINS) <= ids, ids
     assert "spin" in ids
     assert listing["api_versions"] == ["0.2.0", "0.1.0"], listing["api_versions"]
-    for p in listing["plugins"]:
-        # The Rust plugins are built against 0.2.0; the Python one is still 0.1.0.
-        assert p["api_version"] == ("0.1.0" if p["id"] == "json-output-keys" else "0.2.0"), p
+    versions = {p["id"]: p["api_version"] for p in listing["plugins"]}
+    # Plugins built with the SDKs are 0.2.0; the Python one (and hostile ones
+    # written against their own copy of the 0.1.0 WIT) are still 0.1.0.
+    assert set(versions.values()) == {"0.2.0", "0.1.0"}, versions
+    for plugin_id in ("pii-leak", "tool-args", "refusal", "step-value", "readability", "spin"):
+        assert versions[plugin_id] == "0.2.0", versions
+    assert versions["json-output-keys"] == "0.1.0", versions
     failed = {Path(f["path"]).name: f["error"] for f in listing["failed"]}
     assert "future-api.wasm" in failed, listing["failed"]
     assert "attest:plugin@9.0.0" in failed["future-api.wasm"] and "0.2.0, 0.1.0" in failed["future-api.wasm"]

@@ -297,6 +297,13 @@ fn cached_artefacts(cache: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// Removes the compiled cache's start-up index, so the next start loads its
+/// plugins in full (through the artefacts these tests are about) instead of
+/// deferring that to their first call.
+fn forget_index(cache: &Path) {
+    let _ = std::fs::remove_dir_all(cache.join("plugins").join("index"));
+}
+
 /// A TOML config file in `dir`.
 fn write_config(dir: &Path, text: &str) -> String {
     let path = dir.join("attest.toml");
@@ -2134,6 +2141,7 @@ fn compiled_plugins_are_cached_across_starts() {
 fn a_cached_start_takes_the_plugins_description_from_the_cache() {
     let cache = fresh_cache();
     let flags = plugin_flags(&["pii-leak"]);
+    forget_index(cache.path());
     let mut engine = start(cache.path(), &flags);
     let first = listed(&list_plugins(&mut engine), "pii-leak").clone();
     drop(engine);
@@ -2148,6 +2156,7 @@ fn a_cached_start_takes_the_plugins_description_from_the_cache() {
     let mut edited = record.clone();
     edited["description"] = json!("described from the cache");
     std::fs::write(&record_path, edited.to_string()).unwrap();
+    forget_index(cache.path());
     let mut engine = start(cache.path(), &flags);
     let listing = list_plugins(&mut engine);
     assert_eq!(listed(&listing, "pii-leak")["description"], json!("described from the cache"));
@@ -2177,12 +2186,66 @@ fn a_cached_start_takes_the_plugins_description_from_the_cache() {
         other.to_string().into_bytes()
     }] {
         std::fs::write(&record_path, bad).unwrap();
+        forget_index(cache.path());
         let mut engine = start(cache.path(), &flags);
         assert_eq!(listed(&list_plugins(&mut engine), "pii-leak")["description"], first["description"]);
         drop(engine);
         let rewritten: Value = serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
         assert_eq!(rewritten, record);
     }
+}
+
+/// The start-up index: a plugin loaded before (same file, limits and engine)
+/// is taken from its record at start-up, and its component is loaded after,
+/// in the background or on first use; a changed file is loaded in full again.
+#[test]
+fn the_start_up_index_defers_loading_known_plugins() {
+    let cache = fresh_cache();
+    let flags = plugin_flags(&["pii-leak"]);
+    drop(start(cache.path(), &flags));
+    let index_dir = cache.path().join("plugins").join("index");
+    let records: Vec<PathBuf> = std::fs::read_dir(&index_dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record: Value = serde_json::from_slice(&std::fs::read(&records[0]).unwrap()).unwrap();
+    assert_eq!(record["described"]["id"], json!("pii-leak"), "{record}");
+    assert_eq!(record["path"], json!(wasm("pii-leak")));
+
+    // Known: listed from the record, and it runs.
+    let mut engine = start(cache.path(), &flags);
+    assert_eq!(listed(&list_plugins(&mut engine), "pii-leak")["loaded_from"], json!("cache"));
+    let r = evaluate(&mut engine, &leaky_trace(), &json!([plugin("p", "pii-leak", json!({}))]));
+    check(&r[0], "hard_fail", 0.0, &["leaks personal data"]);
+    drop(engine);
+
+    // A record whose component is not the file's: the plugin lists (its
+    // record says what it was) but refuses to run what it no longer is.
+    let mut stale = record.clone();
+    stale["source"] = json!("00000000000000000000000000000000");
+    std::fs::write(&records[0], stale.to_string()).unwrap();
+    let mut engine = start(cache.path(), &flags);
+    let r = evaluate(&mut engine, &leaky_trace(), &json!([plugin("p", "pii-leak", json!({}))]));
+    check_fault(&r[0], "pii-leak", "changed after the engine started; restart the engine");
+    drop(engine);
+    // The stale record is dropped: the next start loads the file in full and indexes it again.
+    assert!(!records[0].exists(), "the stale record is gone");
+    let mut engine = start(cache.path(), &flags);
+    let r = evaluate(&mut engine, &leaky_trace(), &json!([plugin("p", "pii-leak", json!({}))]));
+    check(&r[0], "hard_fail", 0.0, &["leaks personal data"]);
+    drop(engine);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&std::fs::read(&records[0]).unwrap()).unwrap()["source"],
+        record["source"]
+    );
+
+    // A copy of the file elsewhere is another path: loaded in full, and indexed too.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("pii-leak.wasm");
+    std::fs::copy(wasm("pii-leak"), &copy).unwrap();
+    let mut engine = start(cache.path(), &["--plugin", copy.to_str().unwrap()]);
+    let r = evaluate(&mut engine, &leaky_trace(), &json!([plugin("p", "pii-leak", json!({}))]));
+    check(&r[0], "hard_fail", 0.0, &["leaks personal data"]);
+    drop(engine);
+    assert_eq!(std::fs::read_dir(&index_dir).unwrap().count(), 2);
 }
 
 #[test]
@@ -2199,6 +2262,7 @@ fn a_garbage_cache_file_is_ignored_and_recompiled() {
         std::fs::write(f, if i == 0 { garbage } else { b"".to_vec() }).unwrap();
     }
 
+    forget_index(cache.path());
     let mut engine = start(cache.path(), &flags);
     assert_eq!(sources(&mut engine), ["compiled", "compiled"]);
     assert!(
@@ -2238,6 +2302,7 @@ fn a_cache_file_with_corrupted_code_is_recompiled_not_run() {
             *b ^= 0xff;
         }
         std::fs::write(&artefacts[0], &bad).unwrap();
+        forget_index(cache.path());
 
         let mut engine = Engine::spawn_command(engine_command(cache.path(), &flags));
         engine.send(&initialize_request(json!("init"), init_params()));
@@ -2404,6 +2469,7 @@ fn a_cache_entry_of_another_plugin_is_not_run_in_its_place() {
     assert_eq!(refusal_entry.len(), 1);
     // A valid entry, compiled by this engine, but from another component.
     std::fs::copy(&refusal_entry[0], &pii_entry[0]).unwrap();
+    forget_index(cache.path());
 
     let mut engine = start(cache.path(), &plugin_flags(&["pii-leak"]));
     let listing = list_plugins(&mut engine);

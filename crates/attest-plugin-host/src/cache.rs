@@ -55,6 +55,7 @@ pub enum Source {
     Compiled,
 }
 
+#[derive(Debug, Clone)]
 pub struct ArtefactCache {
     dir: Option<PathBuf>,
     /// Use what is stored, store nothing (`plugin check`, `plugin test`:
@@ -66,6 +67,8 @@ pub struct ArtefactCache {
 pub struct Loaded {
     pub component: Component,
     pub source: Source,
+    /// The hash of the component's bytes ([`source_hash`]).
+    pub hash: String,
     /// Its cache entry (`None` with the cache off).
     pub entry: Option<Entry>,
 }
@@ -89,6 +92,45 @@ pub struct Described {
     pub capabilities: Vec<crate::capabilities::Capability>,
 }
 
+impl Described {
+    /// Within what a fresh `describe()` could have answered: a record is
+    /// never trusted beyond that.
+    fn fits(&self) -> bool {
+        self.config_schema.len() <= crate::sandbox::MAX_SCHEMA_BYTES
+            && [&self.id, &self.version, &self.description]
+                .iter()
+                .all(|s| s.chars().count() <= crate::sandbox::MAX_INFO_CHARS)
+    }
+}
+
+/// Largest record file read: a description at its bounds, and room for the rest.
+const MAX_RECORD_BYTES: u64 = crate::sandbox::MAX_SCHEMA_BYTES as u64 + 16 * 1024;
+
+/// A JSON record, read no further than [`MAX_RECORD_BYTES`].
+fn read_record<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::open(path).ok()?, MAX_RECORD_BYTES + 1),
+        &mut text,
+    )
+    .ok()?;
+    if text.len() as u64 > MAX_RECORD_BYTES {
+        return None;
+    }
+    serde_json::from_slice(&text).ok()
+}
+
+/// Writes a record under a temporary name and renames it into place.
+fn write_record<T: serde::Serialize>(path: &Path, record: &T) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
 /// The record on disk: a description, the component it describes, and the
 /// limits `describe()` ran under (as the plugin's limits serialise).
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -107,25 +149,8 @@ impl Entry {
     /// The recorded description of this component under `limits`, if
     /// there is a sound one.
     pub fn described(&self, limits: &str) -> Option<Described> {
-        // Bounded like a fresh describe(): a record is never trusted beyond
-        // what the plugin itself could have answered, nor read past that.
-        const MAX_RECORD_BYTES: u64 = crate::sandbox::MAX_SCHEMA_BYTES as u64 + 16 * 1024;
-        let mut text = Vec::new();
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(std::fs::File::open(self.describe_path()).ok()?, MAX_RECORD_BYTES + 1),
-            &mut text,
-        )
-        .ok()?;
-        if text.len() as u64 > MAX_RECORD_BYTES {
-            return None;
-        }
-        let record: DescribeRecord = serde_json::from_slice(&text).ok()?;
-        let d = &record.described;
-        let fits = d.config_schema.len() <= crate::sandbox::MAX_SCHEMA_BYTES
-            && [&d.id, &d.version, &d.description]
-                .iter()
-                .all(|s| s.chars().count() <= crate::sandbox::MAX_INFO_CHARS);
-        (fits && record.component == hex(&self.hash) && record.limits == limits).then_some(record.described)
+        let record: DescribeRecord = read_record(&self.describe_path())?;
+        (record.described.fits() && record.component == hex(&self.hash) && record.limits == limits).then_some(record.described)
     }
 
     /// Records what `describe()` answered under `limits`, for the next start.
@@ -139,15 +164,52 @@ impl Entry {
             described: described.clone(),
         };
         let path = self.describe_path();
-        let written = serde_json::to_vec(&record).map_err(std::io::Error::other).and_then(|bytes| {
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, bytes)?;
-            std::fs::rename(&tmp, &path)
-        });
-        if let Err(e) = written {
+        if let Err(e) = write_record(&path, &record) {
             tracing::warn!(path = %path.display(), error = %e, "cannot cache the plugin's description");
         }
     }
+}
+
+/// What a start needs to know of a plugin file it has loaded before, without
+/// reading it: the file as it was (length, times, inode), the limits and the
+/// engine version it was loaded under, the hash of its bytes, and what it
+/// described itself as.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Indexed {
+    pub path: PathBuf,
+    stamp: FileStamp,
+    limits: String,
+    engine: String,
+    /// The hash of the component's bytes, checked when it is loaded.
+    pub source: String,
+    pub api_version: String,
+    pub described: Described,
+}
+
+/// A file's identity as `stat` gives it; any write changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileStamp {
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    ino: u64,
+}
+
+impl FileStamp {
+    pub fn of(meta: &std::fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp {
+            len: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+            ino: meta.ino(),
+        }
+    }
+}
+
+/// The hash of a component's bytes, as [`Indexed::source`] holds it.
+pub fn source_hash(wasm: &[u8]) -> String {
+    hex(&xxh3_128(wasm).to_le_bytes())
 }
 
 fn hex(hash: &SourceHash) -> String {
@@ -158,6 +220,56 @@ impl ArtefactCache {
     /// A cache that uses what is stored in `dir` and stores nothing.
     pub fn read_only(dir: Option<PathBuf>) -> ArtefactCache {
         ArtefactCache { dir, read_only: true }
+    }
+
+    fn index_path(&self, plugin: &Path) -> Option<PathBuf> {
+        let dir = self.dir.as_ref()?;
+        let key = xxh3_128(plugin.as_os_str().as_encoded_bytes());
+        Some(dir.join("index").join(format!("{key:032x}.json")))
+    }
+
+    /// What the start-up index holds for `plugin`, when the file is still the
+    /// one it was made for and the limits and engine version match. A
+    /// read-only cache (`plugin check`, `plugin test`) never uses the index:
+    /// inspecting a plugin loads it in full.
+    pub fn indexed(&self, plugin: &Path, meta: &std::fs::Metadata, limits: &str) -> Option<Indexed> {
+        if self.read_only {
+            return None;
+        }
+        let record: Indexed = read_record(&self.index_path(plugin)?)?;
+        let current = record.path == plugin
+            && record.stamp == FileStamp::of(meta)
+            && record.limits == limits
+            && record.engine == env!("CARGO_PKG_VERSION")
+            && record.described.fits();
+        current.then_some(record)
+    }
+
+    /// Drops `plugin`'s index record (it no longer matches the file), so the
+    /// next start loads the plugin in full.
+    pub fn forget(&self, plugin: &Path) {
+        if let Some(path) = self.index_path(plugin).filter(|_| !self.read_only) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Records a plugin that loaded in full, for the next start's index.
+    pub fn index(&self, plugin: &Path, meta: &std::fs::Metadata, limits: &str, source: String, api_version: &str, described: &Described) {
+        let Some(path) = self.index_path(plugin).filter(|_| !self.read_only) else {
+            return;
+        };
+        let record = Indexed {
+            path: plugin.to_owned(),
+            stamp: FileStamp::of(meta),
+            limits: limits.to_owned(),
+            engine: env!("CARGO_PKG_VERSION").to_owned(),
+            source,
+            api_version: api_version.to_owned(),
+            described: described.clone(),
+        };
+        if let Err(e) = write_record(&path, &record) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot index the plugin for the next start");
+        }
     }
 
     /// `dir: None` disables the cache (every start compiles).
@@ -186,6 +298,7 @@ impl ArtefactCache {
         Ok(Loaded {
             component,
             source: from,
+            hash: hex(&source),
             entry: path.map(|path| Entry {
                 path,
                 hash: source,
@@ -215,6 +328,11 @@ impl ArtefactCache {
                 Err(e) => tracing::warn!(path = %p.display(), reason = %e, "ignoring a cached compiled plugin; recompiling"),
             }
         }
+        // Say so before the wait: a large component compiles for tens of seconds.
+        tracing::info!(
+            bytes = wasm.len(),
+            "compiling a plugin (first load: well under a second for a small Rust plugin, tens of seconds for a Python or JavaScript one); the result is cached"
+        );
         let compiled = engine.precompile_component(wasm)?;
         if let Some(p) = path.filter(|_| !self.read_only) {
             if let Err(e) = store(p, &compiled, source) {
@@ -316,6 +434,44 @@ mod tests {
         };
         entry(b"component").remember(&oversized, "l");
         assert_eq!(entry(b"component").described("l"), None, "a record beyond describe()'s bounds");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_index_holds_only_for_the_same_file_limits_and_engine() {
+        let dir = std::env::temp_dir().join(format!("attest-index-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let plugin = dir.join("p.wasm");
+        std::fs::write(&plugin, b"component").unwrap();
+        let cache = ArtefactCache::new(Some(dir.join("cache")));
+        let d = Described {
+            id: "p".into(),
+            version: "1.0.0".into(),
+            description: "d".into(),
+            config_schema: "{}".into(),
+            capabilities: vec![],
+        };
+        let meta = || std::fs::metadata(&plugin).unwrap();
+        assert_eq!(cache.indexed(&plugin, &meta(), "l"), None);
+        cache.index(&plugin, &meta(), "l", source_hash(b"component"), "0.2.0", &d);
+        let hit = cache.indexed(&plugin, &meta(), "l").unwrap();
+        assert_eq!(
+            (hit.described, hit.source.as_str()),
+            (d.clone(), source_hash(b"component").as_str())
+        );
+        assert_eq!(cache.indexed(&plugin, &meta(), "other limits"), None);
+        assert_eq!(
+            ArtefactCache::read_only(Some(dir.join("cache"))).indexed(&plugin, &meta(), "l"),
+            None
+        );
+        // Any write to the file changes its stamp.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::write(&plugin, b"component").unwrap();
+        assert_eq!(cache.indexed(&plugin, &meta(), "l"), None);
+        cache.index(&plugin, &meta(), "l", source_hash(b"component"), "0.2.0", &d);
+        cache.forget(&plugin);
+        assert_eq!(cache.indexed(&plugin, &meta(), "l"), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

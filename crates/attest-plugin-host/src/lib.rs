@@ -113,8 +113,12 @@ pub struct Plugin {
     pub limits: PluginLimits,
     pub config_schema: Value,
     validator: jsonschema::Validator,
-    sandbox: &'static Sandbox,
-    prepared: Prepared,
+    /// The linked component, ready to instantiate: loaded at start-up, or,
+    /// for a plugin the start-up index knew, on first use (or by
+    /// [`PluginHost::warm_in_background`]).
+    runtime: std::sync::OnceLock<Result<Runtime, String>>,
+    /// How to load it later, for a plugin the index knew.
+    deferred: Option<Deferred>,
     pub source: Source,
     pub load_ms: f64,
     /// Capabilities the plugin asked for in `describe()`.
@@ -135,6 +139,19 @@ impl std::fmt::Debug for Plugin {
             .field("version", &self.version)
             .finish()
     }
+}
+
+/// A plugin's linked component and the sandbox it runs in.
+struct Runtime {
+    sandbox: &'static Sandbox,
+    prepared: Prepared,
+}
+
+/// What loading a plugin the start-up index knew takes: its cache, and what
+/// its bytes must still be.
+struct Deferred {
+    cache: ArtefactCache,
+    source: String,
 }
 
 /// A plugin file that could not be loaded, and why.
@@ -445,7 +462,9 @@ impl std::fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
-/// Loads one plugin, or says exactly why it is refused.
+/// Loads one plugin, or says exactly why it is refused. A plugin the cache's
+/// start-up index knows (the same file, limits and engine) is taken from its
+/// record without reading the file; its component is loaded on first use.
 pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, LoadError> {
     let started = Instant::now();
     let path = &spec.path;
@@ -453,9 +472,34 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
         path: path.clone(),
         why: e.to_string(),
     };
-    let size = std::fs::metadata(path).map_err(unreadable)?.len();
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
+    let size = meta.len();
     if size > MAX_COMPONENT_BYTES as u64 {
         return Err(LoadError::TooLarge { bytes: size });
+    }
+    if spec.limits.memory_bytes > sandbox::MAX_MEMORY_BYTES {
+        return Err(LoadError::MemoryLimit {
+            asked: spec.limits.memory_bytes,
+        });
+    }
+    // A description holds only for the limits it was made under.
+    let limits_key = serde_json::to_string(&spec.limits).unwrap_or_default();
+    if let Some(known) = cache.indexed(path, &meta, &limits_key) {
+        if ApiVersion::serving(&known.api_version).is_some() {
+            let deferred = Deferred {
+                cache: cache.clone(),
+                source: known.source,
+            };
+            return described_plugin(
+                spec,
+                known.described,
+                known.api_version,
+                Source::Cache,
+                None,
+                Some(deferred),
+                started,
+            );
+        }
     }
     let wasm = std::fs::read(path).map_err(unreadable)?;
     match wasm.get(..8) {
@@ -463,14 +507,14 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
         Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => return Err(LoadError::CoreModule),
         _ => return Err(LoadError::NotWasm),
     }
-    if spec.limits.memory_bytes > sandbox::MAX_MEMORY_BYTES {
-        return Err(LoadError::MemoryLimit {
-            asked: spec.limits.memory_bytes,
-        });
-    }
     preflight(&wasm, &spec.limits).map_err(LoadError::Preflight)?;
     let sandbox = Sandbox::get(spec.limits.fuel.is_some()).map_err(|e| LoadError::Sandbox(e.to_string()))?;
-    let cache::Loaded { component, source, entry } = cache
+    let cache::Loaded {
+        component,
+        source,
+        hash,
+        entry,
+    } = cache
         .load(sandbox.engine(), &wasm)
         .map_err(|e| LoadError::Invalid(crate::text::clip(&format!("{e:#}"), 400)))?;
     let (api, api_version) = match sandbox.api_version(&component) {
@@ -488,9 +532,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
         .prepare(&component, api)
         .map_err(|e| LoadError::Unfit(crate::text::clip(&format!("{e:#}"), 400)))?;
     let file_label: Arc<str> = Arc::from(path.file_name().map_or("plugin".into(), |n| n.to_string_lossy()).as_ref());
-    // A cached description spares instantiating the plugin at start-up;
-    // it holds only for the limits it was made under.
-    let limits_key = serde_json::to_string(&spec.limits).unwrap_or_default();
+    // A cached description spares instantiating the plugin at start-up.
     let info = match entry.as_ref().and_then(|e| e.described(&limits_key)) {
         Some(known) => known,
         None => {
@@ -510,6 +552,30 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
             described
         }
     };
+    let plugin = described_plugin(
+        spec,
+        info.clone(),
+        api_version.clone(),
+        source,
+        Some(Runtime { sandbox, prepared }),
+        None,
+        started,
+    )?;
+    cache.index(path, &meta, &limits_key, hash, &api_version, &info);
+    Ok(plugin)
+}
+
+/// A plugin from what it described itself as; `runtime` is its linked
+/// component, or `None` when `deferred` says how to load it on first use.
+fn described_plugin(
+    spec: &PluginSpec,
+    info: cache::Described,
+    api_version: String,
+    source: Source,
+    runtime: Option<Runtime>,
+    deferred: Option<Deferred>,
+    started: Instant,
+) -> Result<Plugin, LoadError> {
     if !attest_trace::is_plugin_id(&info.id) {
         return Err(LoadError::BadId(crate::text::clip(&info.id, 60)));
     }
@@ -524,17 +590,21 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
             id: info.id.clone(),
             why: format!("is not a valid JSON Schema: {}", crate::text::clip(&e.to_string(), 300)),
         })?;
+    let loaded = std::sync::OnceLock::new();
+    if let Some(runtime) = runtime {
+        let _ = loaded.set(Ok(runtime));
+    }
     Ok(Plugin {
         id: Arc::from(info.id.as_str()),
         version: info.version,
         description: info.description,
         api_version,
-        path: path.clone(),
+        path: spec.path.clone(),
         limits: spec.limits.clone(),
         config_schema,
         validator,
-        sandbox,
-        prepared,
+        runtime: loaded,
+        deferred,
         source,
         load_ms: started.elapsed().as_secs_f64() * 1000.0,
         requested: info.capabilities,
@@ -647,6 +717,23 @@ pub struct CapabilityUse {
 }
 
 impl PluginHost {
+    /// Loads, on a thread of its own, the components of plugins taken from
+    /// the start-up index, so that first calls rarely wait for them.
+    pub fn warm_in_background(&self) {
+        let pending: Vec<Arc<Plugin>> = self.plugins.values().filter(|p| p.runtime.get().is_none()).cloned().collect();
+        if pending.is_empty() {
+            return;
+        }
+        let spawned = std::thread::Builder::new().name("attest-plugin-warm".into()).spawn(move || {
+            for plugin in pending {
+                let _ = plugin.runtime();
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot load plugin components in the background; they load on first use");
+        }
+    }
+
     /// Connects the engine's models to every plugin, for `embed` and
     /// `judge` (the engine builds its providers after loading plugins).
     pub fn connect_models(&self, models: Arc<dyn Models>) {
@@ -657,6 +744,46 @@ impl PluginHost {
 }
 
 impl Plugin {
+    /// The linked component, loading it first for a plugin the start-up
+    /// index knew. A load that fails is remembered: every call then fails
+    /// with its reason.
+    fn runtime(&self) -> Result<&Runtime, &str> {
+        self.runtime
+            .get_or_init(|| {
+                let deferred = self.deferred.as_ref().ok_or("the plugin has no component")?;
+                let loaded = self.load_deferred(deferred);
+                if let Err(why) = &loaded {
+                    tracing::error!(plugin = %self.id, path = %self.path.display(), %why, "plugin component not loaded");
+                }
+                loaded
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+
+    fn load_deferred(&self, deferred: &Deferred) -> Result<Runtime, String> {
+        let wasm = std::fs::read(&self.path).map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
+        if cache::source_hash(&wasm) != deferred.source {
+            deferred.cache.forget(&self.path);
+            return Err(format!(
+                "{} changed after the engine started; restart the engine to load the new version",
+                self.path.display()
+            ));
+        }
+        let sandbox = Sandbox::get(self.limits.fuel.is_some()).map_err(|e| e.to_string())?;
+        let loaded = deferred
+            .cache
+            .load(sandbox.engine(), &wasm)
+            .map_err(|e| format!("is not a loadable component: {}", crate::text::clip(&format!("{e:#}"), 300)))?;
+        let api = ApiVersion::serving(&self.api_version)
+            .filter(|_| sandbox.api_version(&loaded.component).as_deref() == Some(self.api_version.as_str()))
+            .ok_or_else(|| format!("is no longer built against attest:plugin@{}", self.api_version))?;
+        let prepared = sandbox
+            .prepare(&loaded.component, api)
+            .map_err(|e| crate::text::clip(&format!("{e:#}"), 300))?;
+        Ok(Runtime { sandbox, prepared })
+    }
+
     /// From now on, keeps what each call's capability calls did (for
     /// `plugin test`, which prints them).
     pub fn record_capability_use(&self) {
@@ -755,9 +882,16 @@ impl Plugin {
     }
 
     fn evaluate_once(&self, trace: &str, configs: &[String], call: &PluginCall) -> (Vec<PluginAnswer>, CapabilityUse) {
-        let (answer, cx) = self
+        let rt = match self.runtime() {
+            Ok(rt) => rt,
+            Err(why) => {
+                let why = format!("could not be loaded: {why}");
+                return (configs.iter().map(|_| self.fault_outcome(&why)).collect(), CapabilityUse::default());
+            }
+        };
+        let (answer, cx) = rt
             .sandbox
-            .evaluate(&self.prepared, &self.id, &self.limits, trace, configs, self.call_context(call));
+            .evaluate(&rt.prepared, &self.id, &self.limits, trace, configs, self.call_context(call));
         let (used, refusal) = match cx {
             Some(cx) => {
                 let cx = *cx;

@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 if command -v rustup >/dev/null && rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
+  echo "building with rustup's wasm32-wasip2 target"
   target_dir="${CARGO_TARGET_DIR:-target}"
   cargo build --release --target wasm32-wasip2
   cp "$target_dir/wasm32-wasip2/release/{{crate}}.wasm" {{name}}.wasm
@@ -22,6 +23,7 @@ else
   done
   bin="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin"
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/attest-plugins-target}"
+  echo "building with Debian's rustc-web and -Zbuild-std (no wasm32-wasip2 target in rustup) in $CARGO_TARGET_DIR"
   CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER="$bin/wasm-component-ld" \
   CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C link-arg=--wasm-ld-path=$bin/gcc-ld/wasm-ld" \
   RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \
