@@ -877,8 +877,7 @@ impl Plugin {
                 .collect();
             return (answers, used);
         }
-        let answers = self.evaluate_once(trace, configs, call);
-        (answers.0, answers.1)
+        self.evaluate_once(trace, configs, call)
     }
 
     fn evaluate_once(&self, trace: &str, configs: &[String], call: &PluginCall) -> (Vec<PluginAnswer>, CapabilityUse) {

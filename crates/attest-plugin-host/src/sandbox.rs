@@ -632,7 +632,6 @@ impl Sandbox {
         configs: &[String],
         capabilities: Option<Box<CallContext>>,
     ) -> (Result<Answer, Fault>, Option<Box<CallContext>>) {
-        let mut used = None;
         let answer = self.on_call_thread(plugin, || {
             let mut store = self.store(plugin_id, limits);
             store.data_mut().capabilities = capabilities;
@@ -641,14 +640,7 @@ impl Sandbox {
             let result = result.map_err(|e| classify(e, &store, limits));
             Ok((result, store.into_data().capabilities))
         });
-        let answer = match answer {
-            Ok((result, cx)) => {
-                used = cx;
-                result
-            }
-            Err(fault) => Err(fault),
-        };
-        (answer, used)
+        answer.unwrap_or_else(|fault| (Err(fault), None))
     }
 
     /// Runs a call where its host calls can be served: plugins that import
