@@ -6,7 +6,8 @@
 //!    interleaved in one run;
 //!    then the same for the Python and JavaScript example plugins (their
 //!    load, compiled and cached, and one assertion per call);
-//! 2. `content.contains` as a plugin (`contains`) against the native check,
+//! 2. `content.contains` as a plugin (`contains`) against the native check
+//!    (and the same batch of 8 `noop` assertions, to separate the guest's work),
 //!    per assertion, both inside a full `evaluate_batch` of 8 assertions;
 //! 3. one `embed` through a plugin (`embed-once`, capability path) against
 //!    the same text embedded directly by the engine's providers (layer 5's
@@ -17,7 +18,8 @@
 //!
 //! Needs the components: `bash plugins/build.sh` (and `plugins/python/build.sh`
 //! for the Python plugin). `cargo bench --bench plugins`; `BENCH_SKIP_STARTUP=1`
-//! skips part 4 (handy under a profiler).
+//! skips part 4; `BENCH_PROFILE=noop`, `=contains` or `=noop-batch` runs only that part, for
+//! ten seconds, under a sampling profiler.
 
 use attest_engine::config::Config;
 use attest_engine::plugins::capabilities::{Capability, Grants};
@@ -67,6 +69,11 @@ fn main() {
     assert_eq!(noop.api_version, "0.2.0");
     let one = vec!["{}".to_owned()];
     let eight: Vec<String> = (0..8).map(|_| "{}".to_owned()).collect();
+    if profiling("noop") {
+        spin_for_profiler(&mut || {
+            noop.evaluate(&trace, &one, &call());
+        });
+    }
     let [per_call, per_call_old, per_call8] = rounds([
         &mut || {
             let (out, _) = noop.evaluate(&trace, &one, &call());
@@ -90,7 +97,9 @@ fn main() {
 
     // 1b. The same trace through each guest language: load (compiled, then
     // cached) and one assertion per call.
-    guest_languages(&trace, per_call.median);
+    if std::env::var_os("BENCH_PROFILE").is_none() {
+        guest_languages(&trace, per_call.median);
+    }
 
     // 2. contains: plugin vs native, inside evaluate_batch.
     let engine = std::sync::Arc::new(Engine::with_plugins(Config::default(), host));
@@ -135,7 +144,19 @@ fn main() {
             r.results
         );
     };
-    let [t_native, t_plugin] = rounds([&mut || run(&native_req), &mut || run(&plugin_req)]);
+    if profiling("contains") {
+        spin_for_profiler(&mut || run(&plugin_req));
+    }
+    // The same batch shape with a plugin that does nothing: what the batch
+    // and one plugin call cost around the guest's own work.
+    let noop8: Vec<Value> = (0..8)
+        .map(|i| json!({"assertion_id": format!("z{i}"), "type": "plugin", "spec": {"plugin_id": "noop"}}))
+        .collect();
+    let noop_req = batch(&noop8);
+    if profiling("noop-batch") {
+        spin_for_profiler(&mut || run(&noop_req));
+    }
+    let [t_native, t_plugin, t_noop] = rounds([&mut || run(&native_req), &mut || run(&plugin_req), &mut || run(&noop_req)]);
     println!(
         "evaluate_batch of 8 contains assertions: native {t_native} ({:.2} µs per assertion), plugin {t_plugin} ({:.2} µs per assertion): {:.2}x (median of per-round ratios {:.2}x)",
         t_native.median / 8.0,
@@ -143,6 +164,7 @@ fn main() {
         t_plugin.median / t_native.median,
         median(t_native.rounds.iter().zip(&t_plugin.rounds).map(|(n, p)| p / n).collect()),
     );
+    println!("evaluate_batch of 8 noop plugin assertions (no guest work): {t_noop}");
 
     // 3. One embed: through a plugin against the engine's own path.
     match std::env::var_os("ATTEST_TEST_MODEL_DIR") {
@@ -281,6 +303,23 @@ impl std::fmt::Display for Timing {
 /// stretch on a shared machine hits every workload alike; reports medians.
 fn rounds<const N: usize>(work: [&mut dyn FnMut(); N]) -> [Timing; N] {
     rounds_of(RUNS_PER_ROUND, work)
+}
+
+/// Whether `BENCH_PROFILE` names this part: it then runs alone, long enough
+/// for a sampling profiler (`perf record`), and the benchmark exits.
+fn profiling(part: &str) -> bool {
+    std::env::var("BENCH_PROFILE").is_ok_and(|p| p == part)
+}
+
+fn spin_for_profiler(work: &mut dyn FnMut()) -> ! {
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut runs = 0u64;
+    while Instant::now() < until {
+        work();
+        runs += 1;
+    }
+    println!("{runs} runs in 10 s: {:.2} µs each", 10e6 / runs as f64);
+    std::process::exit(0)
 }
 
 /// [`rounds`] with `runs` runs per round.

@@ -512,6 +512,11 @@ impl Sandbox {
         // Where the kernel supports it, reset only the pages a call dirtied.
         pool.pagemap_scan(wasmtime::Enabled::Auto);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        // For profiling plugins: `perf` then names the guest's functions
+        // (docs/benchmarks.md, "Profiling a plugin call").
+        if std::env::var_os("ATTEST_PLUGIN_PERF_MAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config)?;
         let mut linkers = Vec::new();
         for api in ApiVersion::ALL {
