@@ -97,7 +97,7 @@ fn main() {
 
     // 1b. The same trace through each guest language: load (compiled, then
     // cached) and one assertion per call.
-    if std::env::var_os("BENCH_PROFILE").is_none() {
+    if profiled_part().is_none() {
         guest_languages(&trace, per_call.median);
     }
 
@@ -305,20 +305,42 @@ fn rounds<const N: usize>(work: [&mut dyn FnMut(); N]) -> [Timing; N] {
     rounds_of(RUNS_PER_ROUND, work)
 }
 
+/// The parts `BENCH_PROFILE` can name.
+const PROFILED_PARTS: [&str; 3] = ["noop", "contains", "noop-batch"];
+/// How long a profiled part runs.
+const PROFILE_FOR: Duration = Duration::from_secs(10);
+
+/// The part `BENCH_PROFILE` names, if any; an unknown name stops the
+/// benchmark with the valid ones rather than running a partial benchmark.
+fn profiled_part() -> Option<String> {
+    let part = std::env::var("BENCH_PROFILE").ok()?;
+    assert!(
+        PROFILED_PARTS.contains(&part.as_str()),
+        "BENCH_PROFILE={part} names no part; use one of {}",
+        PROFILED_PARTS.join(", ")
+    );
+    Some(part)
+}
+
 /// Whether `BENCH_PROFILE` names this part: it then runs alone, long enough
 /// for a sampling profiler (`perf record`), and the benchmark exits.
 fn profiling(part: &str) -> bool {
-    std::env::var("BENCH_PROFILE").is_ok_and(|p| p == part)
+    profiled_part().is_some_and(|p| p == part)
 }
 
 fn spin_for_profiler(work: &mut dyn FnMut()) -> ! {
-    let until = Instant::now() + Duration::from_secs(10);
+    let t0 = Instant::now();
     let mut runs = 0u64;
-    while Instant::now() < until {
+    while t0.elapsed() < PROFILE_FOR {
         work();
         runs += 1;
     }
-    println!("{runs} runs in 10 s: {:.2} µs each", 10e6 / runs as f64);
+    let elapsed = t0.elapsed();
+    println!(
+        "{runs} runs in {:.1} s: {:.2} µs each",
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1e6 / runs as f64
+    );
     std::process::exit(0)
 }
 

@@ -513,7 +513,8 @@ impl Sandbox {
         pool.pagemap_scan(wasmtime::Enabled::Auto);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         // For profiling plugins: `perf` then names the guest's functions
-        // (docs/benchmarks.md, "Profiling a plugin call").
+        // (docs/benchmarks.md, "Where a plugin call's time goes"); wasmtime
+        // writes the map to /tmp/perf-<pid>.map.
         if std::env::var_os("ATTEST_PLUGIN_PERF_MAP").is_some() {
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);
         }
