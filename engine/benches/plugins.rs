@@ -16,6 +16,9 @@
 //! 4. loading every plugin in `plugins/dist` with an empty compiled cache
 //!    and again with a warm one.
 //!
+//! Each figure is wall time per run, with the CPU time per run of the whole
+//! process beside it.
+//!
 //! Needs the components: `bash plugins/build.sh` (and `plugins/python/build.sh`
 //! for the Python plugin). `cargo bench --bench plugins`; `BENCH_SKIP_STARTUP=1`
 //! skips part 4; `BENCH_PROFILE=noop`, `=contains` or `=noop-batch` runs only that part, for
@@ -286,17 +289,35 @@ fn embed_overhead(model: PathBuf, cache: &Path) {
 const ROUNDS: usize = 11;
 const RUNS_PER_ROUND: u32 = 2_000;
 
-/// Per-run times in µs: one mean per round, and their median.
+/// Per-run times in µs: one mean per round, and their median; and the
+/// median CPU time per run over every thread of the process, where Linux
+/// tells it (work moved to another thread shows there, not in the wall time).
 struct Timing {
     rounds: Vec<f64>,
     median: f64,
+    cpu: Option<f64>,
 }
 
 impl std::fmt::Display for Timing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (lo, hi) = self.rounds.iter().fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-        write!(f, "{:.1} µs (median of {ROUNDS} rounds; {lo:.1}–{hi:.1})", self.median)
+        write!(f, "{:.1} µs (median of {ROUNDS} rounds; {lo:.1}–{hi:.1}", self.median)?;
+        match self.cpu {
+            Some(cpu) => write!(f, "; CPU {cpu:.1} µs per run, all threads)"),
+            None => write!(f, ")"),
+        }
     }
+}
+
+/// CPU time the whole process has used, in ns: the sum over its threads of
+/// their time on a CPU (`/proc/self/task/*/schedstat`); `None` off Linux.
+fn process_cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
 }
 
 /// Times each workload in interleaved rounds (A, B, A, B, …), so that a noisy
@@ -351,19 +372,24 @@ fn rounds_of<const N: usize>(runs: u32, mut work: [&mut dyn FnMut(); N]) -> [Tim
             w();
         }
     }
-    let mut per: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
+    let mut per: [(Vec<f64>, Vec<f64>); N] = std::array::from_fn(|_| (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS)));
     for _ in 0..ROUNDS {
-        for (w, times) in work.iter_mut().zip(per.iter_mut()) {
+        for (w, (times, cpu)) in work.iter_mut().zip(per.iter_mut()) {
+            let cpu0 = process_cpu_ns();
             let t0 = Instant::now();
             for _ in 0..runs {
                 w();
             }
             times.push(t0.elapsed().as_secs_f64() * 1e6 / f64::from(runs));
+            if let (Some(a), Some(b)) = (cpu0, process_cpu_ns()) {
+                cpu.push(b.saturating_sub(a) as f64 / 1e3 / f64::from(runs));
+            }
         }
     }
-    per.map(|rounds| Timing {
+    per.map(|(rounds, cpu)| Timing {
         median: median(rounds.clone()),
         rounds,
+        cpu: (cpu.len() == ROUNDS).then(|| median(cpu)),
     })
 }
 

@@ -1501,6 +1501,31 @@ fn config_that_is_not_an_object_is_assertion_error() {
 // ---------------------------------------------------------------- fault containment
 
 #[test]
+fn no_state_survives_from_one_call_to_the_next() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["remember", "trap"]));
+    // Many calls in a row, each of which may land in a pooled slot an
+    // earlier call used; a trapping plugin in between must not change that.
+    for i in 0..40 {
+        let mut assertions = vec![
+            plugin("first", "remember", json!({"leave": format!("a{i}")})),
+            plugin("second", "remember", json!({"leave": format!("b{i}")})),
+        ];
+        if i % 3 == 0 {
+            assertions.push(plugin("trap", "trap", json!({})));
+        }
+        let r = evaluate(&mut engine, &refund_trace(), &Value::Array(assertions));
+        // One instance per call: the call's second assertion sees the first...
+        check(find(&r, "second"), "hard_fail", 0.0, &[&format!("seen 1, left over a{i}")]);
+        // ...and nothing of the calls before it.
+        check(find(&r, "first"), "pass", 1.0, &["seen 0, left over none"]);
+        if i % 3 == 0 {
+            check_fault(find(&r, "trap"), "trap", "trapped");
+        }
+    }
+}
+
+#[test]
 fn hostile_plugins_are_contained_and_builtins_still_pass() {
     let cache = fresh_cache();
     // Metered: the spinning plugin stops on fuel, deterministically and long
