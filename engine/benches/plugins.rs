@@ -175,6 +175,11 @@ fn main() {
         None => println!("embed through a plugin: skipped (set ATTEST_TEST_MODEL_DIR to the local model's directory)"),
     }
 
+    // 5. The round trip through the binary, as the SDK sees it.
+    if profiled_part().is_none() {
+        round_trips();
+    }
+
     if std::env::var_os("BENCH_SKIP_STARTUP").is_some() {
         return;
     }
@@ -205,6 +210,74 @@ fn main() {
     drop(cold);
     let _ = std::fs::remove_dir_all(&cold_dir);
     let _ = std::fs::remove_dir_all(&cache);
+}
+
+/// Part 5: requests sent one at a time through the `attest-engine` binary,
+/// each awaited before the next, as the SDK sends them: a batch of one
+/// native `content.contains` assertion and a batch of one `noop` plugin
+/// assertion, alternating. What the plugin assertion adds to a round trip
+/// is the difference. `BENCH_ENGINE` measures another build of the engine
+/// (an earlier commit's, say) with the same requests.
+fn round_trips() {
+    use std::io::{BufRead, BufReader, Write};
+    const REQUESTS: usize = 4_000;
+    let engine = std::env::var("BENCH_ENGINE").unwrap_or_else(|_| env!("CARGO_BIN_EXE_attest-engine").to_owned());
+    let cache = tempdir("attest-bench-round-trips");
+    let noop = dist().join("noop.wasm");
+    let mut child = std::process::Command::new(&engine)
+        .args(["--log-level=warn", "--no-history", "--plugin"])
+        .arg(&noop)
+        .env("ATTEST_CACHE_DIR", &cache)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn attest-engine");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let mut ask = |request: &Value| {
+        let t0 = Instant::now();
+        writeln!(stdin, "{request}").and_then(|()| stdin.flush()).expect("write a request");
+        line.clear();
+        stdout.read_line(&mut line).expect("read an answer");
+        let elapsed = t0.elapsed().as_secs_f64() * 1e6;
+        assert!(line.contains(r#""result""#), "{line}");
+        assert!(!line.contains(r#""status":"#) || line.contains(r#""status":"pass""#), "{line}");
+        elapsed
+    };
+    ask(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "sdk_name": "bench", "sdk_version": "0", "protocol_version": 1,
+        "required_capabilities": ["layers_1_4"], "preferred_encoding": "json"}}));
+    let batch = |id: usize, assertion: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "evaluate_batch",
+               "params": {"trace": refund_trace(), "assertions": [assertion]}})
+    };
+    let native =
+        json!({"assertion_id": "n", "type": "content", "spec": {"target": "output.message", "check": "contains", "value": "refund"}});
+    let plugin = json!({"assertion_id": "p", "type": "plugin", "spec": {"plugin_id": "noop"}});
+    let (mut t_native, mut t_plugin) = (Vec::new(), Vec::new());
+    for i in 0..2 * REQUESTS {
+        let (assertion, times) = if i % 2 == 0 {
+            (&native, &mut t_native)
+        } else {
+            (&plugin, &mut t_plugin)
+        };
+        let t = ask(&batch(i + 1, assertion.clone()));
+        // The first tenth warms up.
+        if i >= REQUESTS / 5 {
+            times.push(t);
+        }
+    }
+    drop(stdin);
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&cache);
+    let (native, plugin) = (median(t_native), median(t_plugin));
+    println!(
+        "round trip through the binary, one request at a time: one native contains assertion {native:.1} µs, one noop plugin assertion {plugin:.1} µs (medians of {} each): the plugin assertion adds {:.1} µs",
+        REQUESTS - REQUESTS / 10,
+        plugin - native
+    );
 }
 
 /// Part 1b: the Python (`json-output-keys`, componentize-py) and JavaScript

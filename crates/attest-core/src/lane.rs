@@ -3,9 +3,12 @@
 //! Every line starts on the async workers holding one of the general
 //! request slots. Work that may hold a thread for up to the eval timeout
 //! (plugin calls, history reads for dynamic thresholds and `query_drift`)
-//! moves to the blocking pool once the request is parsed and planned and the
+//! leaves the async workers once the request is parsed and planned and the
 //! engine knows it is there, so the decision is made from the request's
-//! parsed values, never from its bytes. Moving trades the general slot for
+//! parsed values, never from its bytes. On a multi-threaded runtime the work
+//! stays on its thread, which hands its worker role to another thread while
+//! the work runs (`block_in_place`); on the single-threaded one it moves to
+//! the blocking pool. Either way it runs where it may block. Moving trades the general slot for
 //! one of the blocking share (`plugins::call_share`), so slow plugins cannot
 //! hold every slot while plain requests wait behind them, and off the async
 //! workers they cannot stall other requests even on the single-threaded
@@ -96,7 +99,9 @@ impl Lane {
     }
 
     /// Runs `work` where it may block: right here when this thread already
-    /// may, else on the blocking pool after [`Lane::enter_pool`]. A panic in
+    /// may, else after [`Lane::enter_pool`] as blocking work: in place on a
+    /// multi-threaded runtime (whose worker role moves to another thread
+    /// meanwhile), on the blocking pool on a single-threaded one. A panic in
     /// `work` is raised again here, so the caller's panic handling sees it
     /// wherever the work ran.
     pub async fn block<T, F>(&mut self, work: F) -> T
@@ -109,6 +114,14 @@ impl Lane {
         }
         self.enter_pool().await;
         let runtime = tokio::runtime::Handle::current();
+        if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            // The work stays on this thread, which hands its worker role
+            // (and the tasks queued on it) to another thread for as long as
+            // the work runs. Nothing waits for a thread to wake up to start
+            // the work or to take its answer back, which two hand-offs
+            // between threads would cost (docs/benchmarks.md).
+            return tokio::task::block_in_place(|| pool_work(|| runtime.block_on(work)));
+        }
         match tokio::task::spawn_blocking(move || pool_work(|| runtime.block_on(work))).await {
             Ok(value) => value,
             Err(e) => match e.try_into_panic() {
@@ -140,6 +153,46 @@ mod tests {
         assert_eq!(lane.block(async { std::thread::current().id() }).await, here);
         drop(lane);
         assert_eq!(share.available_permits(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn on_a_multi_threaded_runtime_work_blocks_in_place_while_other_tasks_go_on() {
+        let general = Arc::new(Semaphore::new(1));
+        let share = Arc::new(Semaphore::new(1));
+        let mut lane = Lane::new(general.clone().acquire_owned().await.unwrap(), share.clone());
+        let here = std::thread::current().id();
+        // A task queued on the only worker: it can run only if the blocked
+        // thread handed its worker role on.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = tokio::spawn(async move { tx.send(()).unwrap() });
+        let (there, marked, other_ran) = lane
+            .block(async move {
+                let other_ran = rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok();
+                (std::thread::current().id(), on_pool(), other_ran)
+            })
+            .await;
+        assert_eq!(here, there, "the work ran on the thread that asked for it");
+        assert!(marked, "as request work that may block");
+        assert!(other_ran, "the runtime's other task ran while the work blocked");
+        assert!(!on_pool(), "the thread is an async worker again");
+        assert_eq!(general.available_permits(), 1, "the general slot was handed back");
+        assert_eq!(share.available_permits(), 0, "the line holds a slot of the blocking share");
+        other.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_panic_in_work_blocking_in_place_is_raised_for_the_caller() {
+        use futures_util::FutureExt;
+        let mut lane = Lane::new(
+            Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap(),
+            Arc::new(Semaphore::new(1)),
+        );
+        let caught = std::panic::AssertUnwindSafe(lane.block::<(), _>(async { panic!("plugin host bug") }))
+            .catch_unwind()
+            .await
+            .unwrap_err();
+        assert_eq!(caught.downcast_ref::<&str>(), Some(&"plugin host bug"));
+        assert!(!on_pool());
     }
 
     #[tokio::test(flavor = "current_thread")]
