@@ -14,15 +14,24 @@
 //!    path), both answered by the provider cache, so what differs is the
 //!    path; needs the local model (`ATTEST_TEST_MODEL_DIR`, as the tests);
 //! 4. loading every plugin in `plugins/dist` with an empty compiled cache
-//!    and again with a warm one.
+//!    and again with a warm one (run last);
+//! 5. what one `noop` plugin assertion adds to a round trip through the
+//!    `attest-engine` binary, requests sent one at a time as the SDK sends
+//!    them (`BENCH_ENGINE` measures another build).
 //!
 //! Each figure is wall time per run, with the CPU time per run of the whole
-//! process beside it.
+//! process beside it. The benchmark runs on the binary's allocator
+//! (mimalloc), so in-process figures are the shipped engine's.
 //!
 //! Needs the components: `bash plugins/build.sh` (and `plugins/python/build.sh`
 //! for the Python plugin). `cargo bench --bench plugins`; `BENCH_SKIP_STARTUP=1`
 //! skips part 4; `BENCH_PROFILE=noop`, `=contains` or `=noop-batch` runs only that part, for
 //! ten seconds, under a sampling profiler.
+
+/// The allocator the `attest-engine` binary uses, so that the in-process
+/// figures are the shipped engine's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use attest_engine::config::Config;
 use attest_engine::plugins::capabilities::{Capability, Grants};
