@@ -3,8 +3,9 @@
 //!
 //! - At most `max_concurrent_requests` lines are in flight; while that many
 //!   are, no more input is read (back-pressure instead of a queue). Work
-//!   that may block moves to the blocking pool and a share of slots of its
-//!   own once the parsed request shows it is there (see [`crate::lane`]).
+//!   that may block leaves the async workers, taking a share of slots of
+//!   its own, once the parsed request shows it is there (see
+//!   [`crate::lane`]).
 //! - Until `initialize` has succeeded, lines are handled one at a time, so a
 //!   client that pipelines `initialize` and its first batch still works.
 //! - `shutdown`, end of input, SIGTERM and SIGINT all stop reading and drain

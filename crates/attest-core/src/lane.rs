@@ -1,4 +1,4 @@
-//! Where a request's work runs: on the async workers, or on the blocking pool.
+//! Where a request's work runs: on the async workers, or where it may block.
 //!
 //! Every line starts on the async workers holding one of the general
 //! request slots. Work that may hold a thread for up to the eval timeout
@@ -58,7 +58,7 @@ pub struct Lane {
 
 impl Lane {
     /// A line on the async workers, holding a general slot; `share` bounds
-    /// the lines that may be on the blocking pool at once.
+    /// the lines that may run blocking work at once.
     pub fn new(general: OwnedSemaphorePermit, share: Arc<Semaphore>) -> Lane {
         Lane {
             general: Some(general),
@@ -86,7 +86,7 @@ impl Lane {
 
     /// Trades the general slot for one of the blocking share (waiting for
     /// one) and marks the line as running where it may block. The caller
-    /// then runs the line on the blocking pool.
+    /// then runs the line where it may block (see [`Lane::block`]).
     pub async fn enter_pool(&mut self) {
         if self.may_block {
             return;
