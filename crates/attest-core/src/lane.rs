@@ -7,12 +7,11 @@
 //! engine knows it is there, so the decision is made from the request's
 //! parsed values, never from its bytes. On a multi-threaded runtime the work
 //! stays on its thread, which hands its worker role to another thread while
-//! the work runs (`block_in_place`); on the single-threaded one it moves to
-//! the blocking pool. Either way it runs where it may block. Moving trades the general slot for
-//! one of the blocking share (`plugins::call_share`), so slow plugins cannot
-//! hold every slot while plain requests wait behind them, and off the async
-//! workers they cannot stall other requests even on the single-threaded
-//! runtime used on one CPU.
+//! the work runs (`block_in_place`); on the single-threaded runtime used on
+//! one CPU it moves to the blocking pool. Leaving trades the general slot
+//! for one of the blocking share (`plugins::call_share`), so slow plugins
+//! cannot hold every slot while plain requests wait behind them, and off the
+//! async workers they cannot stall other requests.
 //!
 //! Lines too large to parse quickly start on the pool (see `server`).
 
@@ -157,42 +156,51 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn on_a_multi_threaded_runtime_work_blocks_in_place_while_other_tasks_go_on() {
-        let general = Arc::new(Semaphore::new(1));
-        let share = Arc::new(Semaphore::new(1));
-        let mut lane = Lane::new(general.clone().acquire_owned().await.unwrap(), share.clone());
-        let here = std::thread::current().id();
-        // A task queued on the only worker: it can run only if the blocked
-        // thread handed its worker role on.
-        let (tx, rx) = std::sync::mpsc::channel();
-        let other = tokio::spawn(async move { tx.send(()).unwrap() });
-        let (there, marked, other_ran) = lane
-            .block(async move {
-                let other_ran = rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok();
-                (std::thread::current().id(), on_pool(), other_ran)
-            })
-            .await;
-        assert_eq!(here, there, "the work ran on the thread that asked for it");
-        assert!(marked, "as request work that may block");
-        assert!(other_ran, "the runtime's other task ran while the work blocked");
-        assert!(!on_pool(), "the thread is an async worker again");
-        assert_eq!(general.available_permits(), 1, "the general slot was handed back");
-        assert_eq!(share.available_permits(), 0, "the line holds a slot of the blocking share");
-        other.await.unwrap();
+        // On the runtime's only worker thread, as a request's task is.
+        tokio::spawn(async {
+            let general = Arc::new(Semaphore::new(1));
+            let share = Arc::new(Semaphore::new(1));
+            let mut lane = Lane::new(general.clone().acquire_owned().await.unwrap(), share.clone());
+            let here = std::thread::current().id();
+            // Queued on the same worker: it runs only if the blocked thread
+            // handed its worker role on.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let other = tokio::spawn(async move { tx.send(()).unwrap() });
+            let (there, marked, other_ran) = lane
+                .block(async move {
+                    let other_ran = rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok();
+                    (std::thread::current().id(), on_pool(), other_ran)
+                })
+                .await;
+            assert_eq!(here, there, "the work ran on the thread that asked for it");
+            assert!(marked, "as request work that may block");
+            assert!(other_ran, "the runtime's other task ran while the work blocked");
+            assert!(!on_pool(), "the thread runs async tasks again");
+            assert_eq!(general.available_permits(), 1, "the general slot was handed back");
+            assert_eq!(share.available_permits(), 0, "the line holds a slot of the blocking share");
+            other.await.unwrap();
+        })
+        .await
+        .unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_panic_in_work_blocking_in_place_is_raised_for_the_caller() {
         use futures_util::FutureExt;
-        let mut lane = Lane::new(
-            Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap(),
-            Arc::new(Semaphore::new(1)),
-        );
-        let caught = std::panic::AssertUnwindSafe(lane.block::<(), _>(async { panic!("plugin host bug") }))
-            .catch_unwind()
-            .await
-            .unwrap_err();
-        assert_eq!(caught.downcast_ref::<&str>(), Some(&"plugin host bug"));
-        assert!(!on_pool());
+        tokio::spawn(async {
+            let mut lane = Lane::new(
+                Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap(),
+                Arc::new(Semaphore::new(1)),
+            );
+            let caught = std::panic::AssertUnwindSafe(lane.block::<(), _>(async { panic!("plugin host bug") }))
+                .catch_unwind()
+                .await
+                .unwrap_err();
+            assert_eq!(caught.downcast_ref::<&str>(), Some(&"plugin host bug"));
+            assert!(!on_pool());
+        })
+        .await
+        .unwrap();
     }
 
     #[tokio::test(flavor = "current_thread")]
