@@ -184,27 +184,9 @@ mod tests {
         .unwrap();
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn a_panic_in_work_blocking_in_place_is_raised_for_the_caller() {
-        use futures_util::FutureExt;
-        tokio::spawn(async {
-            let mut lane = Lane::new(
-                Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap(),
-                Arc::new(Semaphore::new(1)),
-            );
-            let caught = std::panic::AssertUnwindSafe(lane.block::<(), _>(async { panic!("plugin host bug") }))
-                .catch_unwind()
-                .await
-                .unwrap_err();
-            assert_eq!(caught.downcast_ref::<&str>(), Some(&"plugin host bug"));
-            assert!(!on_pool());
-        })
-        .await
-        .unwrap();
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_panic_on_the_pool_is_raised_again_for_the_caller() {
+    /// A panic in a lane's blocking work reaches the caller, and the thread
+    /// is no longer marked as running request work.
+    async fn a_panic_in_work_reaches_the_caller() {
         use futures_util::FutureExt;
         let mut lane = Lane::new(
             Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap(),
@@ -215,5 +197,17 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(caught.downcast_ref::<&str>(), Some(&"plugin host bug"));
+        assert!(!on_pool());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_panic_in_work_blocking_in_place_is_raised_for_the_caller() {
+        // On the runtime's only worker thread, as a request's task is.
+        tokio::spawn(a_panic_in_work_reaches_the_caller()).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_panic_on_the_pool_is_raised_again_for_the_caller() {
+        a_panic_in_work_reaches_the_caller().await;
     }
 }
