@@ -74,9 +74,13 @@ pub struct CollectArgs {
     /// Deadline for reading and answering one export request (408 past it).
     #[arg(long, default_value_t = 30)]
     pub request_timeout_secs: u64,
-    /// Export requests handled at once; more get 429.
+    /// Export requests handled at once, uploads included; more get 429.
     #[arg(long, default_value_t = 64)]
     pub max_inflight_requests: usize,
+    /// Request body bytes being received or decoded at once (each request
+    /// reserves its Content-Length, or --max-request-bytes without one); more get 429.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub max_inflight_bytes: usize,
     /// Closed traces waiting for evaluation; when full, export requests get 503.
     #[arg(long, default_value_t = 1024)]
     pub queue_capacity: usize,
@@ -189,6 +193,13 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             bail!("{name} must be at least 1");
         }
     }
+    if args.max_inflight_bytes < args.max_request_bytes {
+        bail!(
+            "--max-inflight-bytes {} is less than --max-request-bytes {}: a request of the largest allowed size could never be admitted; raise --max-inflight-bytes or lower --max-request-bytes",
+            args.max_inflight_bytes,
+            args.max_request_bytes
+        );
+    }
     let bearer_token = match &args.bearer_token_env {
         None => None,
         Some(var) => Some(
@@ -249,6 +260,10 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         bearer_token,
         max_request_bytes: args.max_request_bytes,
         inflight: Semaphore::new(args.max_inflight_requests),
+        inflight_kib: Semaphore::new((args.max_inflight_bytes / 1024).clamp(1, Semaphore::MAX_PERMITS)),
+        // Half the request deadline: the answer must still reach the
+        // exporter before it gives up and sends everything again.
+        queue_wait: Duration::from_secs(args.request_timeout_secs.max(1)) / 2,
     });
     let listener = tokio::net::TcpListener::bind(args.otlp_http)
         .await

@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::Body;
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,7 +29,18 @@ pub struct ReceiverState {
     pub ready: ReadySender,
     pub bearer_token: Option<String>,
     pub max_request_bytes: usize,
+    /// Export requests handled at once, counted from before their body is
+    /// read.
     pub inflight: Semaphore,
+    /// Bytes of request bodies being read or decoded at once, in KiB: each
+    /// request reserves its `Content-Length` (the request limit when it
+    /// sends none) before its body is read, so slow uploads cannot hold
+    /// unbounded memory.
+    pub inflight_kib: Semaphore,
+    /// How long an export waits for room in a full evaluation queue before
+    /// the traces that did not fit are rejected (reported as a partial
+    /// success).
+    pub queue_wait: std::time::Duration,
 }
 
 impl ReceiverState {
@@ -47,6 +58,28 @@ impl ReceiverState {
         self.update_gauges();
     }
 
+    /// Routes an export's events, waiting up to [`ReceiverState::queue_wait`]
+    /// for room in the evaluation queue. Returns the spans of the traces that
+    /// still did not fit (counted as `queue_full` drops), which the export's
+    /// answer reports as rejected.
+    pub async fn dispatch_waiting(&self, events: Events) -> u64 {
+        for d in events.dropped {
+            self.metrics.dropped(d.reason.as_str(), d.spans);
+        }
+        let until = tokio::time::Instant::now() + self.queue_wait;
+        let mut rejected = 0;
+        for t in events.ready {
+            let spans = t.spans.len() as u64;
+            let sent = tokio::time::timeout_at(until, self.ready.send((t, Instant::now()))).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                self.metrics.dropped(crate::assemble::DropReason::QueueFull.as_str(), spans);
+                rejected += spans;
+            }
+        }
+        self.update_gauges();
+        rejected
+    }
+
     pub fn update_gauges(&self) {
         let a = self.assembler.lock().unwrap_or_else(|e| e.into_inner());
         self.metrics.open_traces.store(a.open_traces() as u64, Ordering::Relaxed);
@@ -58,11 +91,9 @@ impl ReceiverState {
 }
 
 pub fn router(state: Arc<ReceiverState>, request_timeout: std::time::Duration) -> Router {
-    let limit = state.max_request_bytes;
     Router::new()
         .route("/v1/traces", post(export))
         .route("/metrics", get(metrics))
-        .layer(DefaultBodyLimit::max(limit))
         // A client that sends its body too slowly gets 408 instead of holding the request open.
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -99,7 +130,7 @@ fn enc_label(e: Encoding) -> &'static str {
     }
 }
 
-async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, body: Body) -> Response {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let Some(encoding) = Encoding::from_content_type(content_type) else {
         state.metrics.request(415, "unknown");
@@ -118,16 +149,41 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
             return reply(StatusCode::UNAUTHORIZED, encoding, body, None);
         }
     }
+    let limit = state.max_request_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large(&state, encoding, label);
+    }
+    // Both limits are taken before the body is read: a request waiting for
+    // its upload holds its share of memory like any other.
     let Ok(_permit) = state.inflight.try_acquire() else {
-        state.metrics.request(429, label);
-        let body = otlp::error_body(encoding, 8, "too many export requests in flight; retry later");
-        return reply(StatusCode::TOO_MANY_REQUESTS, encoding, body, Some(1));
+        return overloaded(&state, encoding, label, "too many export requests in flight; retry later");
+    };
+    let reserve_kib = (declared.map_or(limit, |n| n as usize).div_ceil(1024)).max(1);
+    let Ok(_bytes) = state.inflight_kib.try_acquire_many(u32::try_from(reserve_kib).unwrap_or(u32::MAX)) else {
+        return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
     };
     if state.ready.capacity() == 0 {
         state.metrics.request(503, label);
         let body = otlp::error_body(encoding, 14, "evaluation queue is full; retry later");
         return reply(StatusCode::SERVICE_UNAVAILABLE, encoding, body, Some(2));
     }
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            // Over the limit mid-stream (no or a wrong Content-Length), or
+            // the connection failed while the body was read.
+            if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
+                return too_large(&state, encoding, label);
+            }
+            state.metrics.request(400, label);
+            let msg = format!("the request body could not be read: {}", crate::bounded(&e.to_string(), 200));
+            return reply(StatusCode::BAD_REQUEST, encoding, otlp::error_body(encoding, 3, &msg), None);
+        }
+    };
     let content_encoding = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok());
     let decoded = otlp::decompress(&body, content_encoding, state.max_request_bytes).and_then(|raw| otlp::decode(&raw, encoding));
     let decoded = match decoded {
@@ -144,12 +200,30 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
         let mut a = state.assembler.lock().unwrap_or_else(|e| e.into_inner());
         a.add(decoded.spans, Instant::now())
     };
-    state.dispatch(events);
+    let queue_full = state.dispatch_waiting(events).await;
+    let (rejected, reason) = match queue_full {
+        0 => (decoded.rejected, decoded.reject_reason),
+        n => (
+            decoded.rejected + n,
+            Some(format!(
+                "{n} spans were not evaluated: the evaluation queue (--queue-capacity) stayed full; send them again later or raise --queue-capacity or --concurrency"
+            )),
+        ),
+    };
     state.metrics.request(200, label);
-    reply(
-        StatusCode::OK,
-        encoding,
-        otlp::success_body(encoding, decoded.rejected, decoded.reject_reason),
-        None,
-    )
+    reply(StatusCode::OK, encoding, otlp::success_body(encoding, rejected, reason), None)
+}
+
+fn too_large(state: &ReceiverState, encoding: Encoding, label: &'static str) -> Response {
+    state.metrics.request(413, label);
+    let msg = format!(
+        "the request body is over the {}-byte limit (--max-request-bytes); send smaller batches",
+        state.max_request_bytes
+    );
+    reply(StatusCode::PAYLOAD_TOO_LARGE, encoding, otlp::error_body(encoding, 3, &msg), None)
+}
+
+fn overloaded(state: &ReceiverState, encoding: Encoding, label: &'static str, why: &str) -> Response {
+    state.metrics.request(429, label);
+    reply(StatusCode::TOO_MANY_REQUESTS, encoding, otlp::error_body(encoding, 8, why), Some(1))
 }

@@ -416,3 +416,155 @@ async fn a_body_sent_too_slowly_gets_408() {
     let (code, _) = c.proc.terminate();
     assert_eq!(code, 0);
 }
+
+/// Sends a request head and part of its body, and keeps the upload open.
+async fn start_upload(addr: &str, declared: usize) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head =
+        format!("POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {declared}\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&[0u8; 16]).await.unwrap();
+    s
+}
+
+#[tokio::test]
+async fn uploads_still_arriving_count_toward_the_request_and_byte_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &[
+            "--max-inflight-requests",
+            "2",
+            "--max-request-bytes",
+            "1000000",
+            "--max-inflight-bytes",
+            "1500000",
+        ],
+    );
+    let addr = c.url.trim_start_matches("http://").to_string();
+    let good = || request(agent_trace(3, 1, "lookup_order")).encode_to_vec();
+
+    // Declared over the request limit: refused before any of it is read,
+    // naming the limit and its flag.
+    let mut over = good();
+    over.resize(1_000_001, 0);
+    let r = post(&c.url, "application/x-protobuf", None, over).await;
+    assert_eq!(r.status(), 413);
+    let status = opentelemetry_proto_status(&r.bytes().await.unwrap());
+    assert!(status.contains("1000000-byte limit (--max-request-bytes)"), "{status}");
+
+    // One slow upload of 800 kB holds that much of the 1.5 MB budget: a
+    // second one of 800 kB is refused while it lasts; a small request fits.
+    let first = start_upload(&addr, 800_000).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = start_upload(&addr, 800_000).await;
+    let answer = read_head(second).await;
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert_eq!(post(&c.url, "application/x-protobuf", None, good()).await.status(), 200);
+
+    // Two uploads in progress fill the request slots, whatever their size.
+    let _second_small = start_upload(&addr, 100).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = post(&c.url, "application/x-protobuf", None, good()).await;
+    assert_eq!(r.status(), 429);
+    drop(first);
+    drop(_second_small);
+
+    // Once they are gone, requests are admitted again.
+    let mut admitted = false;
+    for _ in 0..50 {
+        if post(&c.url, "application/x-protobuf", None, good()).await.status() == 200 {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(admitted, "requests admitted once the uploads ended");
+    let m = c
+        .wait_metric("attest_collect_requests_total{code=\"429\",encoding=\"protobuf\"}", 2.0, 10)
+        .await;
+    assert_eq!(
+        metric(&m, r#"attest_collect_requests_total{code="413",encoding="protobuf"}"#),
+        1.0,
+        "{m}"
+    );
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+}
+
+async fn read_head(mut s: tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut answer = vec![0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut answer))
+        .await
+        .expect("an answer")
+        .unwrap();
+    String::from_utf8_lossy(&answer[..n])
+        .to_ascii_lowercase()
+        .replace("http/1.1", "HTTP/1.1")
+}
+
+#[tokio::test]
+async fn traces_that_do_not_fit_a_full_queue_are_rejected_in_the_answer_not_dropped_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    // Five open traces at most: a request with ten complete traces releases
+    // the oldest five at once. One is evaluated (slowly), one or two wait
+    // (the queue and the consumer's hand), and the rest cannot get in
+    // within the wait.
+    let c = Collector::start_with_env(
+        dir.path(),
+        RULES,
+        &[
+            "--max-open-traces",
+            "5",
+            "--queue-capacity",
+            "1",
+            "--concurrency",
+            "1",
+            "--request-timeout-secs",
+            "2",
+            "--results-jsonl",
+            results.to_str().unwrap(),
+        ],
+        &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "1500")],
+    );
+    let spans: Vec<_> = (1..=10u8).flat_map(|t| agent_trace(t, 1, "lookup_order")).collect();
+    let per_trace = agent_trace(1, 1, "lookup_order").len() as i64;
+    let r = post(&c.url, "application/x-protobuf", None, request(spans).encode_to_vec()).await;
+    assert_eq!(r.status(), 200);
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct PartialSuccess {
+        #[prost(int64, tag = "1")]
+        rejected_spans: i64,
+        #[prost(string, tag = "2")]
+        error_message: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct ExportResponse {
+        #[prost(message, optional, tag = "1")]
+        partial_success: Option<PartialSuccess>,
+    }
+    let answer = ExportResponse::decode(r.bytes().await.unwrap()).unwrap();
+    let partial = answer.partial_success.expect("a partial success");
+    let rejected = partial.rejected_spans / per_trace;
+    assert!(
+        (1..=3).contains(&rejected) && partial.rejected_spans % per_trace == 0,
+        "{partial:?}"
+    );
+    assert!(partial.error_message.contains("--queue-capacity"), "{partial:?}");
+    let m = c.wait_metric("attest_collect_traces_evaluated_total", 1.0, 20).await;
+    assert_eq!(
+        metric(&m, r#"attest_collect_traces_dropped_total{reason="queue_full"}"#),
+        rejected as f64,
+        "{m}"
+    );
+    // Everything not rejected is evaluated: the queued ones now, the open
+    // ones when SIGTERM drains them.
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(read_jsonl(&results).len(), (10 - rejected as usize) * 3);
+}
