@@ -48,6 +48,8 @@ pub struct Config {
     pub max_plugin_results: usize,
     /// WebAssembly plugins to load at start-up, in order.
     pub plugins: Vec<PluginSpec>,
+    /// Limits for a plugin no `[[plugins]]` entry names (`[plugin_defaults]`).
+    pub plugin_defaults: crate::plugins::PluginLimits,
     /// Where compiled plugins are cached (`None`: no cache).
     pub cache_dir: Option<PathBuf>,
     /// Result history (`None`: off). Lives in the cache directory by default.
@@ -89,6 +91,7 @@ impl Default for Config {
             drain_timeout: Duration::from_secs(30),
             max_plugin_results: 100_000,
             plugins: Vec::new(),
+            plugin_defaults: crate::plugins::PluginLimits::default(),
             cache_dir: default_cache_dir(),
             history: None,
             dynamic_min_samples: 10,
@@ -380,6 +383,8 @@ impl Config {
             explicit: true,
             grants: Default::default(),
         }));
+        c.plugins = once_per_file(std::mem::take(&mut c.plugins), file.plugins.len()).map_err(|e| anyhow::anyhow!(src(&e)))?;
+        c.plugin_defaults = defaults;
         if let Some(dir) = env("ATTEST_CACHE_DIR").map(PathBuf::from).or(file.cache_dir) {
             c.cache_dir = (!dir.as_os_str().is_empty()).then_some(dir);
         }
@@ -482,6 +487,41 @@ fn default_cache_dir() -> Option<PathBuf> {
 }
 
 /// Applies a file's limit overrides on top of `base`.
+/// What identifies a plugin file: its canonical path when it can be
+/// resolved (so `w/p.wasm`, `./w/p.wasm` and a directory's listing of it are
+/// one file), else the path as given (a missing file is refused when loaded).
+pub fn plugin_file_key(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Each plugin file once. The first `entries` specs are the config file's
+/// `[[plugins]]` entries, whose limits and grants win over the directory's
+/// and the flags' naming the same file; two entries for one file are a
+/// configuration error.
+fn once_per_file(specs: Vec<PluginSpec>, entries: usize) -> std::result::Result<Vec<PluginSpec>, String> {
+    let mut seen: std::collections::HashMap<PathBuf, usize> = std::collections::HashMap::new();
+    let mut out: Vec<PluginSpec> = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.into_iter().enumerate() {
+        match seen.entry(plugin_file_key(&spec.path)) {
+            std::collections::hash_map::Entry::Occupied(first) => {
+                let first = *first.get();
+                if i < entries {
+                    return Err(format!(
+                        "plugins[{i}] names the same file as plugins[{first}] ({}): give each plugin file one entry",
+                        spec.path.display()
+                    ));
+                }
+                out[first].explicit |= spec.explicit;
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(out.len());
+                out.push(spec);
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::plugins::PluginLimits> {
     let mut l = base.clone();
     if let Some(fuel) = f.fuel {

@@ -48,13 +48,37 @@ pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: F
     evaluate_files(engine, &assertions, traces, format, false, out)
 }
 
+/// Largest input file (traces, assertions, a plugin's config) read, in
+/// bytes. The cap holds for any kind of file: a pipe or a device reports no
+/// size to check first.
+pub const MAX_INPUT_FILE_BYTES: u64 = 256 << 20;
+
+/// Reads `path` (`what` names it in errors) as UTF-8 text, up to
+/// [`MAX_INPUT_FILE_BYTES`].
+pub fn read_input(path: &Path, what: &str) -> Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read {what} {}", path.display()))?;
+    let mut text = String::new();
+    file.take(MAX_INPUT_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    if text.len() as u64 > MAX_INPUT_FILE_BYTES {
+        bail!(
+            "{what} {} is larger than {} MiB: split it into smaller files",
+            path.display(),
+            MAX_INPUT_FILE_BYTES >> 20
+        );
+    }
+    Ok(text)
+}
+
 /// `attest-engine plugin test`: one plugin assertion with `config`, on each
-/// trace of `trace_path`, printed with the plugin's details and evidence.
+/// trace (read with [`read_traces`]), printed with the plugin's details and evidence.
 pub fn run_plugin(
     engine: &Engine,
     plugin_id: &str,
     config: Value,
-    trace_path: &Path,
+    traces: Vec<(String, String)>,
     format: Format,
     out: &mut impl std::io::Write,
 ) -> Result<i32> {
@@ -63,7 +87,6 @@ pub fn run_plugin(
         "type": "plugin",
         "spec": {"plugin_id": plugin_id, "config": config},
     });
-    let traces = read_traces(trace_path)?;
     let plugin = engine.plugins.get(plugin_id);
     if let Some(p) = plugin {
         p.record_capability_use();
@@ -188,7 +211,7 @@ fn trace_problem(engine: &Engine, trace_text: &str) -> Option<RpcError> {
 }
 
 fn read_assertions(path: &Path) -> Result<Vec<Value>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read assertions file {}", path.display()))?;
+    let text = read_input(path, "assertions file")?;
     let v: Value = serde_json::from_str(&text).with_context(|| format!("assertions file {} is not valid JSON", path.display()))?;
     let list = match v {
         Value::Array(items) => items,
@@ -204,27 +227,33 @@ fn read_assertions(path: &Path) -> Result<Vec<Value>> {
     Ok(list)
 }
 
-/// `(label, trace JSON text)` per trace in the file.
-fn read_traces(path: &Path) -> Result<Vec<(String, String)>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read trace file {}", path.display()))?;
+/// `(label, trace JSON text)` per trace in the file: one trace object, a
+/// JSON list of them, or (`.jsonl`, `.ndjson`) one per line. A file with no
+/// trace is an error, not a run that checks nothing.
+pub fn read_traces(path: &Path) -> Result<Vec<(String, String)>> {
+    let text = read_input(path, "trace file")?;
     let name = path.display().to_string();
-    if path.extension().is_some_and(|e| e == "jsonl" || e == "ndjson") {
-        return Ok(text
-            .lines()
+    let traces: Vec<(String, String)> = if path.extension().is_some_and(|e| e == "jsonl" || e == "ndjson") {
+        text.lines()
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
             .map(|(i, l)| (format!("{name}:{}", i + 1), l.to_owned()))
-            .collect());
+            .collect()
+    } else {
+        let v: Value = serde_json::from_str(&text).with_context(|| format!("trace file {name} is not valid JSON"))?;
+        match v {
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("{name}[{i}]"), t.to_string()))
+                .collect(),
+            _ => vec![(name.clone(), text)],
+        }
+    };
+    if traces.is_empty() {
+        bail!("trace file {name} holds no trace: give one trace object, a JSON list of traces, or a .jsonl file with one trace per line");
     }
-    let v: Value = serde_json::from_str(&text).with_context(|| format!("trace file {name} is not valid JSON"))?;
-    Ok(match v {
-        Value::Array(items) => items
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (format!("{name}[{i}]"), t.to_string()))
-            .collect(),
-        _ => vec![(name, text)],
-    })
+    Ok(traces)
 }
 
 fn write_table(outcomes: &[Outcome], verbose: bool, out: &mut impl std::io::Write) -> Result<()> {

@@ -9,7 +9,7 @@ use attest_engine::plugin_new::{self, Lang};
 use attest_engine::plugins::cache::ArtefactCache;
 use attest_engine::plugins::capabilities::Capability;
 use attest_engine::plugins::sandbox::SUPPORTED_API_VERSIONS;
-use attest_engine::plugins::{PluginHost, PluginLimits, PluginSpec};
+use attest_engine::plugins::{PluginHost, PluginSpec};
 use attest_engine::session::Engine;
 use attest_engine::{logging, server, ENGINE_VERSION};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -416,10 +416,15 @@ fn load_engine(config: attest_engine::config::Config) -> Option<Engine> {
 /// cache without writing to it (`plugin check` leaves the engine's cache as
 /// it was; `plugin test` runs the plugin as the engine would, and fills it).
 fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Path, extra: &[Capability], inspect: bool) -> PluginHost {
-    let (limits, mut grants) = config.plugins.iter().find(|p| p.path == file).map_or_else(
-        || (PluginLimits::default(), Default::default()),
-        |p| (p.limits.clone(), p.grants.clone()),
-    );
+    let key = attest_engine::config::plugin_file_key(file);
+    let (limits, mut grants) = config
+        .plugins
+        .iter()
+        .find(|p| attest_engine::config::plugin_file_key(&p.path) == key)
+        .map_or_else(
+            || (config.plugin_defaults.clone(), Default::default()),
+            |p| (p.limits.clone(), p.grants.clone()),
+        );
     for c in extra {
         if !grants.allows(*c) {
             grants.capabilities.push(*c);
@@ -451,15 +456,21 @@ fn plugin_test(
     grants: &[Capability],
     format: OutputFormat,
 ) -> ExitCode {
+    // Both inputs are read before the plugin loads: a mistake in either is
+    // reported at once, not after a compile.
     let plugin_config = match (config_file, config_json) {
-        (Some(path), _) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))
-            .and_then(|text| serde_json::from_str(&text).map_err(|e| format!("config file {} is not valid JSON: {e}", path.display()))),
+        (Some(path), _) => eval_cmd::read_input(path, "plugin config file (--plugin-config)")
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|text| {
+                serde_json::from_str(&text)
+                    .map_err(|e| format!("plugin config file (--plugin-config) {} is not valid JSON: {e}", path.display()))
+            }),
         (None, Some(text)) => serde_json::from_str(text).map_err(|e| format!("--plugin-config-json is not valid JSON: {e}")),
         (None, None) => Ok(serde_json::json!({})),
     };
-    let plugin_config = match plugin_config {
-        Ok(c) => c,
+    let inputs = plugin_config.and_then(|c| eval_cmd::read_traces(trace).map(|t| (c, t)).map_err(|e| format!("{e:#}")));
+    let (plugin_config, traces) = match inputs {
+        Ok(inputs) => inputs,
         Err(e) => {
             eprintln!("attest-engine plugin test: {e}");
             return ExitCode::from(2);
@@ -475,7 +486,7 @@ fn plugin_test(
     config.history = None;
     config.plugins.clear();
     let engine = Engine::with_plugins(config, host);
-    match eval_cmd::run_plugin(&engine, &id, plugin_config, trace, format.into(), &mut std::io::stdout().lock()) {
+    match eval_cmd::run_plugin(&engine, &id, plugin_config, traces, format.into(), &mut std::io::stdout().lock()) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             eprintln!("attest-engine plugin test: {e:#}");

@@ -228,6 +228,29 @@ fn unreadable_inputs_exit_2_with_a_message() {
     let out = eval(&bad_trace, &assertions, &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("is not valid JSON"), "{}", stderr(&out));
+
+    // A file with no trace checks nothing: an error, not a silent success.
+    for (name, text) in [("empty.json", "[]"), ("empty.jsonl", "\n\n")] {
+        let empty = write(&dir, name, text);
+        let out = eval(&empty, &assertions, &[]);
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        assert!(stderr(&out).contains("holds no trace"), "{}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{name}");
+    }
+}
+
+#[test]
+fn an_endless_input_file_is_read_no_further_than_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    // A device reports no size: the read itself stops at the cap.
+    let out = eval(Path::new("/dev/zero"), &assertions, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("trace file /dev/zero is larger than 256 MiB"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

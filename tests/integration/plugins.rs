@@ -687,6 +687,56 @@ fn plugins_named_one_by_one_sharing_an_id_stop_the_start() {
 }
 
 #[test]
+fn one_file_named_twice_is_one_plugin_and_its_config_entry_decides_its_grants() {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("dir");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    for name in ["rubric", "pii-leak"] {
+        std::fs::copy(wasm(name), plugin_dir.join(format!("{name}.wasm"))).unwrap();
+    }
+    // The directory lists rubric.wasm, and an entry grants it `judge`;
+    // pii-leak.wasm is in the directory and named by two flags as well.
+    let config = write_config(
+        dir.path(),
+        "plugin_dir = 'dir'\n\n[[plugins]]\npath = './dir/rubric.wasm'\ngrants = ['judge']\n",
+    );
+    let pii = plugin_dir.join("pii-leak.wasm");
+    let pii_again = plugin_dir.join(".").join("pii-leak.wasm");
+    let mut engine = start(
+        cache.path(),
+        &[
+            "--config",
+            &config,
+            "--plugin",
+            pii.to_str().unwrap(),
+            "--plugin",
+            pii_again.to_str().unwrap(),
+        ],
+    );
+    let listing = list_plugins(&mut engine);
+    let mut ids = listed_ids(&listing);
+    ids.sort();
+    assert_eq!(ids, ["pii-leak", "rubric"], "{listing}");
+    assert_eq!(listing["failed"], json!([]), "{listing}");
+    let rubric = listing["plugins"].as_array().unwrap().iter().find(|p| p["id"] == "rubric").unwrap();
+    assert_eq!(rubric["capabilities"]["granted"], json!(["judge"]), "{listing}");
+    let resp = engine.request(&shutdown_request(json!("bye")));
+    expect_result(&resp);
+    assert!(engine.wait_exit().success());
+
+    // Two entries for one file cannot both decide: refused, naming both.
+    let config = write_config(
+        dir.path(),
+        "[[plugins]]\npath = 'dir/rubric.wasm'\ngrants = ['judge']\n\n[[plugins]]\npath = './dir/rubric.wasm'\n",
+    );
+    let out = run_with(cache.path(), &["--config", &config]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("plugins[1] names the same file as plugins[0]"), "{stderr}");
+}
+
+#[test]
 fn without_plugins_list_is_empty_and_plugin_assertions_explain_how_to_load() {
     let cache = fresh_cache();
     let mut engine = start::<&str>(cache.path(), &[]);
@@ -2015,6 +2065,38 @@ fn per_plugin_limits_from_the_config_file_take_effect() {
         stdout.contains("limits:       20000 fuel per call, 32 MiB memory, 1500 ms per call"),
         "{stdout}"
     );
+    // A file no entry names gets [plugin_defaults], as the server gives it;
+    // one an entry names is found however its path is spelled.
+    let out = run_with(cache.path(), &["--config", &config, "plugin", "check", &wasm("step-value")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("limits:       no fuel metering (the deadline bounds CPU), 32 MiB memory, 1500 ms per call"),
+        "{stdout}"
+    );
+    let hog = std::path::Path::new(&wasm("hog")).parent().unwrap().join(".").join("hog.wasm");
+    let out = run_with(cache.path(), &["--config", &config, "plugin", "check", hog.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("8 MiB memory, 1500 ms per call"), "{stdout}");
+    let out = run_with(
+        cache.path(),
+        &[
+            "--config",
+            &config,
+            "plugin",
+            "test",
+            &wasm("spin"),
+            "--trace",
+            &trace_file(dir.path()),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("timed out after 300 ms"), "{stdout}");
+}
+
+fn trace_file(dir: &std::path::Path) -> String {
+    let path = dir.join("trace.json");
+    std::fs::write(&path, refund_trace().to_string()).unwrap();
+    path.to_str().unwrap().to_owned()
 }
 
 #[test]
@@ -2849,6 +2931,57 @@ fn plugin_test_runs_one_plugin_on_a_trace_and_prints_its_verdict() {
         String::from_utf8_lossy(&out.stderr).contains("refused"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The inputs are read before the plugin loads: a missing trace is named
+    // at once, even for a plugin whose describe() never answers.
+    let missing = dir.path().join("nope.json");
+    let started = Instant::now();
+    let out = run_with(
+        cache.path(),
+        &["plugin", "test", &wasm("slow-describe"), "--trace", missing.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot read trace file") && stderr.contains("nope.json"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+    let empty = dir.path().join("empty.json");
+    std::fs::write(&empty, "[]").unwrap();
+    let out = run_with(
+        cache.path(),
+        &["plugin", "test", &wasm("pii-leak"), "--trace", empty.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no trace"));
+
+    // Devices and pipes report no size; reads stop at the caps.
+    let out = run_with(cache.path(), &["plugin", "check", "/dev/zero"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("the component is at least 67108865 bytes; the limit is 67108864 bytes"),
+        "{stdout}"
+    );
+    let out = run_with(
+        cache.path(),
+        &[
+            "plugin",
+            "test",
+            &wasm("pii-leak"),
+            "--trace",
+            &clean,
+            "--plugin-config",
+            "/dev/zero",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("plugin config file (--plugin-config) /dev/zero is larger than 256 MiB"),
+        "{stderr}"
     );
 }
 

@@ -428,7 +428,8 @@ impl std::fmt::Display for LoadError {
             LoadError::Unreadable { path, why } => write!(f, "cannot read {}: {why}", path.display()),
             LoadError::TooLarge { bytes } => write!(
                 f,
-                "the component is {bytes} bytes; the limit is {MAX_COMPONENT_BYTES} bytes ({} MiB)",
+                "the component is {}{bytes} bytes; the limit is {MAX_COMPONENT_BYTES} bytes ({} MiB)",
+                if *bytes > MAX_COMPONENT_BYTES as u64 + 1 { "" } else { "at least " },
                 MAX_COMPONENT_BYTES >> 20
             ),
             LoadError::CoreModule => f.write_str("this is a core WebAssembly module, not a component: build it as a component (see docs/plugins.md) or convert it with `wasm-tools component new`"),
@@ -461,6 +462,18 @@ impl std::fmt::Display for LoadError {
 }
 
 impl std::error::Error for LoadError {}
+
+/// A component file's bytes, and at most one byte past
+/// [`MAX_COMPONENT_BYTES`] (so that a larger one is told apart): a pipe or a
+/// device has no size to check first.
+fn read_component(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut wasm = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_COMPONENT_BYTES as u64 + 1)
+        .read_to_end(&mut wasm)?;
+    Ok(wasm)
+}
 
 /// Loads one plugin, or says exactly why it is refused. A plugin the cache's
 /// start-up index knows (the same file, limits and engine) is taken from its
@@ -501,7 +514,10 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
             );
         }
     }
-    let wasm = std::fs::read(path).map_err(unreadable)?;
+    let wasm = read_component(path).map_err(unreadable)?;
+    if wasm.len() > MAX_COMPONENT_BYTES {
+        return Err(LoadError::TooLarge { bytes: wasm.len() as u64 });
+    }
     match wasm.get(..8) {
         Some([0, b'a', b's', b'm', 0x0d, 0, 0x01, 0]) => {}
         Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => return Err(LoadError::CoreModule),
@@ -762,7 +778,7 @@ impl Plugin {
     }
 
     fn load_deferred(&self, deferred: &Deferred) -> Result<Runtime, String> {
-        let wasm = std::fs::read(&self.path).map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
+        let wasm = read_component(&self.path).map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
         if cache::source_hash(&wasm) != deferred.source {
             deferred.cache.forget(&self.path);
             return Err(format!(
