@@ -77,6 +77,12 @@ impl GradingHost for EngineGradingHost {
         })
     }
 
+    fn check_attest(&self, assertion: &Value) -> Result<(), String> {
+        Suite::compile(&self.engine, std::slice::from_ref(assertion))
+            .map(|_| ())
+            .map_err(|e| format!("{} ({}): {} {}", e.code.code(), e.code.error_type(), e.message, e.detail))
+    }
+
     fn judge(&self, request: JudgeRequest) -> BoxFuture<'_, Result<JudgeVerdict, GradeError>> {
         Box::pin(async move {
             let providers = &self.engine.providers;

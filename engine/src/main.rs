@@ -193,8 +193,60 @@ fn env_help() -> String {
     s
 }
 
+/// The exit code for a command line clap refused: 0 for `--help` and
+/// `--version`; for `ecp` subcommands 1, as for their other input errors
+/// (2 means failed checks there); 2 elsewhere.
+fn usage_error_code(e: &clap::Error) -> u8 {
+    if !e.use_stderr() {
+        return 0;
+    }
+    let first_word = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if first_word.as_deref() == Some("ecp") {
+        1
+    } else {
+        2
+    }
+}
+
+/// Runs a command that needs no engine configuration; `None` for the others.
+fn without_config(command: &Command) -> Option<ExitCode> {
+    match command {
+        Command::Version => {
+            println!("attest-engine {ENGINE_VERSION}");
+            Some(ExitCode::SUCCESS)
+        }
+        Command::Plugin {
+            command: PluginCommand::New { name, lang, dir, sdk },
+        } => {
+            let dir = dir.clone().unwrap_or_else(|| PathBuf::from(name));
+            Some(match plugin_new::create(name, *lang, &dir, sdk.as_deref()) {
+                Ok(_) => {
+                    print!("{}", plugin_new::next_steps(name, *lang, &dir, sdk.as_deref()));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("attest-engine plugin new: {e}");
+                    ExitCode::from(2)
+                }
+            })
+        }
+        _ => None,
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(usage_error_code(&e));
+        }
+    };
+    // Commands that read no engine configuration run before it is loaded:
+    // a broken config file or environment must not stop them.
+    if let Some(code) = cli.command.as_ref().and_then(without_config) {
+        return code;
+    }
     let overrides = Overrides {
         config_path: cli.config.clone(),
         log_level: cli.log_level.clone(),
@@ -214,25 +266,10 @@ fn main() -> ExitCode {
         }
     };
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Version => {
-            println!("attest-engine {ENGINE_VERSION}");
-            ExitCode::SUCCESS
-        }
-        Command::Plugin {
-            command: PluginCommand::New { name, lang, dir, sdk },
-        } => {
-            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
-            match plugin_new::create(&name, lang, &dir, sdk.as_deref()) {
-                Ok(_) => {
-                    print!("{}", plugin_new::next_steps(&name, lang, &dir, sdk.as_deref()));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("attest-engine plugin new: {e}");
-                    ExitCode::from(2)
-                }
-            }
-        }
+        command @ (Command::Version
+        | Command::Plugin {
+            command: PluginCommand::New { .. },
+        }) => without_config(&command).unwrap_or(ExitCode::SUCCESS),
         Command::Plugin {
             command: PluginCommand::Check { file },
         } => {

@@ -151,3 +151,34 @@ fn every_front_door_parses_its_options() {
         assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+#[test]
+fn commands_that_read_no_engine_configuration_run_whatever_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("tone-check");
+    // A missing config file and a bad log level stop the engine, not these.
+    let out = command()
+        .env("ATTEST_CONFIG", dir.path().join("missing.toml"))
+        .env("ATTEST_LOG_LEVEL", "bogus")
+        .args(["plugin", "new", "tone-check", "--lang", "js", "--dir"])
+        .arg(&project)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(project.join("README.md").is_file());
+    let out = command()
+        .env("ATTEST_CONFIG", dir.path().join("missing.toml"))
+        .arg("version")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("attest-engine "));
+    // The engine itself still refuses the broken configuration.
+    let out = command()
+        .env("ATTEST_CONFIG", dir.path().join("missing.toml"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("configuration error"));
+}

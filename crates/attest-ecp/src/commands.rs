@@ -46,7 +46,7 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
             return Ok(1);
         }
     };
-    let manifest = match manifest::load(&args.manifest) {
+    let manifest = match manifest::load(&args.manifest).and_then(|m| m.check_attest_graders(host.as_ref()).map(|()| m)) {
         Ok(m) => m,
         Err(e) => {
             eprint!("error: {e}");
@@ -86,8 +86,8 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
     Ok(if fail_on_error && failed > 0 { 2 } else { 0 })
 }
 
-pub fn validate(path: &Path) -> i32 {
-    match manifest::load(path) {
+pub fn validate(path: &Path, host: &dyn GradingHost) -> i32 {
+    match manifest::load(path).and_then(|m| m.check_attest_graders(host).map(|()| m)) {
         Ok(m) => {
             println!("Manifest valid: {}", path.display());
             println!("Name: {}", m.name);

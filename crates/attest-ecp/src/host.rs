@@ -180,6 +180,13 @@ pub trait GradingHost: Send + Sync {
     fn judge(&self, request: JudgeRequest) -> BoxFuture<'_, Result<JudgeVerdict, GradeError>>;
     /// Every graded step is reported here (1-based step index) so results reach the host's history.
     fn record<'a>(&'a self, scenario: &'a str, step: usize, results: &'a [CheckResult]) -> BoxFuture<'a, ()>;
+    /// Checks an `attest` grader's assertion without evaluating it, so that
+    /// a manifest with a bad one is refused before any agent starts. `Err`
+    /// says what is wrong, as `evaluate_batch` would. A host without an
+    /// evaluator has nothing to check against and accepts every assertion.
+    fn check_attest(&self, _assertion: &Value) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Standalone host: `llm_judge` through an OpenAI-compatible

@@ -142,7 +142,7 @@ pub struct TrendArgs {
 pub async fn run_command(cmd: EcpCommand, host: Arc<dyn GradingHost>) -> anyhow::Result<i32> {
     match cmd.action {
         EcpAction::Run(args) => commands::run(args, host).await,
-        EcpAction::Validate { manifest } => Ok(commands::validate(&manifest)),
+        EcpAction::Validate { manifest } => Ok(commands::validate(&manifest, host.as_ref())),
         EcpAction::Conformance(args) => commands::conformance(args).await,
         EcpAction::Init { directory, force } => Ok(commands::init(&directory, force)),
         EcpAction::Trend(args) => Ok(commands::trend(&args)),

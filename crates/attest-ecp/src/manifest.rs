@@ -187,6 +187,53 @@ impl Manifest {
     pub fn grader_count(&self) -> usize {
         self.scenarios.iter().flat_map(|s| &s.steps).map(|s| s.graders.len()).sum()
     }
+
+    /// Checks every `attest` grader's assertion with `host`'s evaluator. A
+    /// dataset repeats its steps' graders, so a problem is listed once, at
+    /// its first place.
+    pub fn check_attest_graders(&self, host: &dyn crate::host::GradingHost) -> Result<(), ManifestErrors> {
+        const MAX_LISTED: usize = 20;
+        let mut errors: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut more = 0usize;
+        for scenario in &self.scenarios {
+            for (i, step) in scenario.steps.iter().enumerate() {
+                for (j, grader) in step.graders.iter().enumerate() {
+                    let Grader::Attest { assertion, .. } = grader else { continue };
+                    // The runner names the assertion when the manifest does not.
+                    let mut assertion = assertion.clone();
+                    if let Some(obj) = assertion.as_object_mut() {
+                        obj.entry("assertion_id").or_insert_with(|| Value::from("ecp_check"));
+                    }
+                    let Err(why) = host.check_attest(&assertion) else { continue };
+                    if !seen.insert(why.clone()) {
+                        continue;
+                    }
+                    if errors.len() == MAX_LISTED {
+                        more += 1;
+                        continue;
+                    }
+                    errors.push(format!(
+                        "scenario '{}', step {}, grader {} (attest): field 'assertion': {why}",
+                        scenario.name,
+                        i + 1,
+                        j + 1
+                    ));
+                }
+            }
+        }
+        if more > 0 {
+            errors.push(format!("… and {more} more assertion problem(s)"));
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ManifestErrors {
+                path: self.path.clone(),
+                errors,
+            })
+        }
+    }
 }
 
 /// Every problem found in a manifest, each with its location.
@@ -222,7 +269,20 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
             meta.len()
         ));
     }
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    // A pipe or a device reports no size: the read itself stops past the limit.
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(
+            std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+            MAX_FILE_BYTES + 1,
+        ),
+        &mut bytes,
+    )
+    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("{} is larger than the limit of {MAX_FILE_BYTES} bytes", path.display()));
+    }
+    Ok(bytes)
 }
 
 /// Load, expand and validate a manifest file.

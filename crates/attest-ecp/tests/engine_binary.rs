@@ -107,6 +107,44 @@ fn the_engine_binary_validates_manifests() {
         text.contains("startswith") && text.contains("contains, equals, does_not_contain, regex"),
         "{text}"
     );
+
+    // An attest grader's assertion is checked by the engine's evaluator, as
+    // evaluate_batch would check it: refused by validate and by run, before
+    // the agent (which would leave a mark) starts.
+    let marker = dir.path().join("agent-started");
+    let m = write(
+        dir.path(),
+        "bad-attest.yaml",
+        &format!(
+            "manifest_version: v1\nname: bad\ntarget: touch {}\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - {{type: attest, assertion: {{type: trace, spec: {{check: bogus}}}}}}\n          - {{type: attest, assertion: {{type: nonsense, spec: {{}}}}}}\n",
+            marker.display()
+        ),
+    );
+    for action in ["validate", "run"] {
+        let mut cmd = Command::new(&engine);
+        cmd.args(["ecp", action]);
+        if action == "run" {
+            cmd.arg("--manifest");
+        }
+        let run = cmd.arg(&m).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+        assert_eq!(run.status.code(), Some(1), "{action}: {text}");
+        assert!(
+            text.contains("2 problem(s)")
+                && text.contains("scenario 'S', step 1, grader 1 (attest): field 'assertion': 1002")
+                && text.contains("bogus")
+                && text.contains("scenario 'S', step 1, grader 2 (attest)")
+                && text.contains("nonsense"),
+            "{action}: {text}"
+        );
+        assert!(!marker.exists(), "{action} started the agent");
+    }
+
+    // Bad arguments are input errors (1); 2 means failed checks.
+    for args in [&["ecp", "run"][..], &["ecp", "run", "--manifest", "m.yaml", "--jobs", "100"]] {
+        let run = Command::new(&engine).args(args).output().unwrap();
+        assert_eq!(run.status.code(), Some(1), "{args:?}: {}", String::from_utf8_lossy(&run.stderr));
+    }
 }
 
 /// The `attest` grader runs WebAssembly plugins (layer 8) loaded by the engine.
