@@ -39,7 +39,7 @@ def answer(request):
         return step(str(params.get("input", "")))
     if method == "agent/reset":
         history.clear()
-        return {}
+        return True
     raise LookupError(method)
 
 

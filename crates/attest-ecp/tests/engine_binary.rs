@@ -328,4 +328,15 @@ fn the_readme_quick_start_runs_offline() {
         .unwrap()
         .contains(r#"tests="2" failures="0" errors="0""#));
     assert!(std::fs::read_to_string(&report).unwrap().contains("Refund request"));
+
+    // The example agent is a conformant ECP agent.
+    let run = Command::new(&engine)
+        .args(["--log-level=warn", "ecp", "conformance", "python3 examples/ecp/refund_agent.py"])
+        .current_dir(&root)
+        .env("ATTEST_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .expect("attest-engine runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(run.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("Conformance: 3/3 checks passed"), "{stdout}");
 }
