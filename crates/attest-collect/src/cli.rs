@@ -238,11 +238,11 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     let consumer = tokio::spawn(consume(rx, pipeline.clone(), publisher.clone(), args.concurrency));
 
     if let Some(input) = &args.jsonl {
-        jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
+        let complete = jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
         drop(tx);
         consumer.await?;
         pipeline.flush().await?;
-        return Ok(0);
+        return Ok(if complete { 0 } else { 1 });
     }
 
     let limits = Limits {
@@ -305,9 +305,11 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     consumer.await?;
     pipeline.flush().await?;
     eprintln!(
-        "attest-collect: drained; {} traces evaluated, {} published",
+        "attest-collect: drained; {} traces evaluated, {} evaluations failed, {} published, {} publishes failed",
         metrics.traces_evaluated.load(Ordering::Relaxed),
-        metrics.traces_published.load(Ordering::Relaxed)
+        metrics.rule_event_count("eval_error") + metrics.dropped_count("evaluation_failed"),
+        metrics.traces_published.load(Ordering::Relaxed),
+        metrics.dropped_count("publish_failed"),
     );
     Ok(0)
 }

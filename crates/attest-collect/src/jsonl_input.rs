@@ -26,7 +26,11 @@ enum Line {
     Malformed(String),
 }
 
-pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Publisher>>, concurrency: usize) -> anyhow::Result<()> {
+/// Evaluates (or publishes) every trace of `input`. Returns whether every
+/// line was a trace that was evaluated or published: malformed lines, rule
+/// evaluations that failed and publishes that failed are counted in the
+/// summary and make the run fail.
+pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Publisher>>, concurrency: usize) -> anyhow::Result<bool> {
     let reader: Box<dyn Read + Send> = if input == "-" {
         Box::new(std::io::stdin())
     } else {
@@ -74,18 +78,24 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
     }
     while tasks.join_next().await.is_some() {}
     reader_task.await??;
-    progress(pipeline, lines, malformed, started);
-    Ok(())
+    let failed = progress(pipeline, lines, malformed, started);
+    Ok(malformed == 0 && failed == 0)
 }
 
-fn progress(pipeline: &Pipeline, lines: u64, malformed: u64, started: Instant) {
-    let evaluated = pipeline.metrics.traces_evaluated.load(Ordering::Relaxed);
-    let published = pipeline.metrics.traces_published.load(Ordering::Relaxed);
-    let duplicates = pipeline.metrics.publish_duplicates.load(Ordering::Relaxed);
+/// Prints the run's counts so far; returns how many evaluations and
+/// publishes failed.
+fn progress(pipeline: &Pipeline, lines: u64, malformed: u64, started: Instant) -> u64 {
+    let m = &pipeline.metrics;
+    let evaluated = m.traces_evaluated.load(Ordering::Relaxed);
+    let published = m.traces_published.load(Ordering::Relaxed);
+    let duplicates = m.publish_duplicates.load(Ordering::Relaxed);
+    let eval_failed = m.rule_event_count("eval_error") + m.dropped_count("evaluation_failed");
+    let publish_failed = m.dropped_count("publish_failed");
     let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-3);
     eprintln!(
-        "attest-collect: --jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {published} published ({duplicates} already in the stream)"
+        "attest-collect: --jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {eval_failed} evaluations failed, {published} published ({duplicates} already in the stream), {publish_failed} publishes failed"
     );
+    eval_failed + publish_failed
 }
 
 fn read_lines(reader: Box<dyn Read + Send>, tx: mpsc::Sender<(u64, Line)>) -> anyhow::Result<()> {

@@ -58,6 +58,17 @@ impl Metrics {
         bump(&self.rule_events, (rule.to_string(), event), 1);
     }
 
+    /// How many times `event` happened, over every rule.
+    pub fn rule_event_count(&self, event: &str) -> u64 {
+        self.rule_events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|((_, e), _)| *e == event)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     pub fn dropped_count(&self, reason: &str) -> u64 {
         self.dropped
             .lock()

@@ -340,20 +340,48 @@ fn jsonl_backfill_counts_bad_lines_and_rescoring_never_counts_twice() {
             ],
             &[],
         );
-        assert_eq!(p.wait_exit(60), 0, "{}", p.stderr_text());
+        // Lines that were not evaluated make the run fail, after the rest was.
+        assert_eq!(p.wait_exit(60), 1, "{}", p.stderr_text());
         let err = p.stderr_text();
         assert!(err.contains("--jsonl: 53 lines"), "{err}");
         assert!(err.contains("3 malformed"), "{err}");
         assert!(err.contains("line 11: not JSON"), "{err}");
         assert!(err.contains("line 31: missing object field `output`"), "{err}");
     }
-    let results = read_jsonl(&results);
-    assert_eq!(results.len(), 150, "50 traces x 3 assertions, written once over two runs");
-    let passes = results
+    let results_text = std::fs::read_to_string(&results).unwrap();
+    let results_lines = read_jsonl(&results);
+    assert_eq!(results_lines.len(), 150, "50 traces x 3 assertions, written once over two runs");
+    let passes = results_lines
         .iter()
         .filter(|r| r["assertion_id"] == "uses-lookup" && r["status"] == "pass")
         .count();
     assert_eq!(passes, 25);
+
+    // A trace the engine's evaluator refuses (an answer over its size
+    // limit) is a counted failure, not a silent skip.
+    let evaluator = support::Evaluator::product();
+    if evaluator != support::Evaluator::Engine {
+        return;
+    }
+    let big = dir.path().join("big.jsonl");
+    let message = "x".repeat(600_000);
+    std::fs::write(
+        &big,
+        serde_json::json!({"schema_version": 1, "trace_id": "big", "agent_id": "refund-agent", "steps": [], "output": {"message": message}})
+            .to_string(),
+    )
+    .unwrap();
+    let mut p = Proc::spawn_on(
+        evaluator,
+        dir.path(),
+        "big",
+        &["collect", "--rules", rules.to_str().unwrap(), "--jsonl", big.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(p.wait_exit(60), 1, "{}", p.stderr_text());
+    let err = p.stderr_text();
+    assert!(err.contains("0 malformed") && err.contains("1 evaluations failed"), "{err}");
+    assert_eq!(std::fs::read_to_string(&results).unwrap(), results_text, "nothing written for it");
 }
 
 #[tokio::test]
