@@ -150,6 +150,18 @@ fn every_front_door_parses_its_options() {
         let out = run(cmd);
         assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
+    // A listen address may name a host; one that is neither is refused with
+    // the forms that work.
+    let out = run(&["collect", "--rules", "missing.yaml", "--otlp-http", "no-such-address"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("give IP:PORT (127.0.0.1:4318, [::1]:4318) or HOST:PORT (localhost:4318)"),
+        "{stderr}"
+    );
+    let out = run(&["collect", "--rules", "missing.yaml", "--otlp-http", "localhost:0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("rules file missing.yaml"), "the address was accepted: {stderr}");
 }
 
 #[test]

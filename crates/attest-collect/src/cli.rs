@@ -27,8 +27,8 @@ pub struct CollectArgs {
     /// Rules file (YAML, or JSON with a .json extension).
     #[arg(long)]
     pub rules: PathBuf,
-    /// OTLP/HTTP listen address.
-    #[arg(long, default_value = "127.0.0.1:4318")]
+    /// OTLP/HTTP listen address (IP:PORT, or a host name such as localhost:4318).
+    #[arg(long, default_value = "127.0.0.1:4318", value_parser = listen_addr)]
     pub otlp_http: SocketAddr,
     /// Required to listen on a non-loopback address.
     #[arg(long)]
@@ -132,9 +132,21 @@ pub struct WorkerArgs {
     /// Traces evaluated at once by this worker.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
-    /// Serve `/metrics` on this address.
-    #[arg(long)]
+    /// Serve `/metrics` on this address (IP:PORT, or a host name such as localhost:9464).
+    #[arg(long, value_parser = listen_addr)]
     pub metrics_addr: Option<SocketAddr>,
+}
+
+/// A listen address: `IP:PORT`, or `HOST:PORT` resolved to its first address.
+fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let hint = "give IP:PORT (127.0.0.1:4318, [::1]:4318) or HOST:PORT (localhost:4318)";
+    match std::net::ToSocketAddrs::to_socket_addrs(s) {
+        Ok(mut addrs) => addrs.next().ok_or_else(|| format!("'{s}' resolves to no address; {hint}")),
+        Err(e) => Err(format!("'{s}' is not a listen address ({e}); {hint}")),
+    }
 }
 
 fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {

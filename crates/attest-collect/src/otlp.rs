@@ -122,14 +122,85 @@ pub fn decode(body: &[u8], encoding: Encoding) -> Result<Decoded, BadPayload> {
     let request = match encoding {
         Encoding::Protobuf => ExportTraceServiceRequest::decode(body)
             .map_err(|e| BadPayload(format!("body is not an OTLP ExportTraceServiceRequest protobuf: {e}")))?,
-        Encoding::Json => serde_json::from_slice::<ExportTraceServiceRequest>(body).map_err(|e| {
-            BadPayload(format!(
-                "body is not OTLP/JSON ExportTraceServiceRequest: {}",
-                crate::bounded(&e.to_string(), 300)
-            ))
-        })?,
+        Encoding::Json => decode_json(body)?,
     };
     Ok(flatten(request))
+}
+
+/// OTLP/JSON: an object (serde would also take a list of its fields). Ids
+/// that are not hex strings fail the typed decoding; such a request is
+/// decoded again with those ids blanked, so that only their spans are
+/// rejected (as for ids of a wrong length) and the rest of the request is
+/// kept.
+fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, BadPayload> {
+    let not_otlp = |e: serde_json::Error| {
+        BadPayload(format!(
+            "body is not OTLP/JSON ExportTraceServiceRequest: {}",
+            crate::bounded(&e.to_string(), 300)
+        ))
+    };
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(BadPayload(
+            "body is not OTLP/JSON ExportTraceServiceRequest: it must be a JSON object ({\"resourceSpans\": [...]})".into(),
+        ));
+    }
+    let typed_error = match serde_json::from_slice::<ExportTraceServiceRequest>(body) {
+        Ok(request) => return Ok(request),
+        Err(e) => e,
+    };
+    let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
+        return Err(not_otlp(typed_error));
+    };
+    if !blank_bad_ids(&mut value) {
+        return Err(not_otlp(typed_error));
+    }
+    serde_json::from_value(value).map_err(|_| not_otlp(typed_error))
+}
+
+/// Replaces span ids that are not hex strings with ones the span checks
+/// reject: an empty trace or span id, a one-byte parent span id (an empty
+/// parent would make the span a root). Returns whether any was replaced.
+fn blank_bad_ids(request: &mut Value) -> bool {
+    let is_hex = |v: &Value| match v {
+        Value::String(s) => s.len() % 2 == 0 && s.bytes().all(|b| b.is_ascii_hexdigit()),
+        Value::Null => true,
+        _ => false,
+    };
+    let mut replaced = false;
+    for resource in field_items(request, "resourceSpans", "resource_spans") {
+        for scope in field_items(resource, "scopeSpans", "scope_spans") {
+            for span in field_items(scope, "spans", "spans") {
+                let Some(span) = span.as_object_mut() else { continue };
+                for (camel, snake, blank) in [
+                    ("traceId", "trace_id", ""),
+                    ("spanId", "span_id", ""),
+                    ("parentSpanId", "parent_span_id", "00"),
+                ] {
+                    for key in [camel, snake] {
+                        if let Some(id) = span.get_mut(key) {
+                            if !is_hex(id) {
+                                *id = Value::String(blank.into());
+                                replaced = true;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    replaced
+}
+
+/// The items of the list `v.<camel>` (or `v.<snake>`), if it is one.
+fn field_items<'a>(v: &'a mut Value, camel: &str, snake: &str) -> impl Iterator<Item = &'a mut Value> {
+    let list = match v.as_object_mut() {
+        Some(o) => {
+            let key = if o.contains_key(camel) { camel } else { snake };
+            o.get_mut(key).and_then(Value::as_array_mut)
+        }
+        None => None,
+    };
+    list.into_iter().flatten()
 }
 
 fn flatten(request: ExportTraceServiceRequest) -> Decoded {

@@ -74,7 +74,27 @@ async fn malformed_payloads_get_otlp_answers_and_good_ones_still_work() {
     assert_eq!(body["partialSuccess"]["rejectedSpans"], serde_json::json!(1), "{body}");
     assert!(body["partialSuccess"]["errorMessage"].as_str().unwrap().contains("trace id"));
 
-    let m = c.wait_metric("attest_collect_traces_evaluated_total", 1.0, 20).await;
+    // OTLP/JSON ids that are not hex reject their span only; the rest of
+    // the request is kept.
+    let mut req = request(agent_trace(8, 1, "lookup_order"));
+    req.resource_spans[0].scope_spans[0].spans.push(span(8, 60, Some(0), "odd", vec![]));
+    let last = req.resource_spans[0].scope_spans[0].spans.len() - 1;
+    let mut json: serde_json::Value = serde_json::to_value(&req).unwrap();
+    json["resourceSpans"][0]["scopeSpans"][0]["spans"][last]["traceId"] = serde_json::json!("xyz");
+    let r = post(&c.url, "application/json", None, json.to_string().into_bytes()).await;
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["partialSuccess"]["rejectedSpans"], serde_json::json!(1), "{body}");
+
+    // A JSON list is not an ExportTraceServiceRequest, whatever it holds.
+    for list in ["[]", "[[]]"] {
+        let r = post(&c.url, "application/json", None, list.as_bytes().to_vec()).await;
+        assert_eq!(r.status(), 400, "{list}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert!(body["message"].as_str().unwrap().contains("must be a JSON object"), "{body}");
+    }
+
+    let m = c.wait_metric("attest_collect_traces_evaluated_total", 2.0, 20).await;
     assert_eq!(
         metric(&m, r#"attest_collect_requests_total{code="400",encoding="protobuf"}"#),
         2.0,
@@ -82,7 +102,7 @@ async fn malformed_payloads_get_otlp_answers_and_good_ones_still_work() {
     );
     assert_eq!(
         metric(&m, r#"attest_collect_requests_total{code="400",encoding="json"}"#),
-        2.0,
+        4.0,
         "{m}"
     );
     assert_eq!(
@@ -93,8 +113,10 @@ async fn malformed_payloads_get_otlp_answers_and_good_ones_still_work() {
     let (code, stderr) = c.proc.terminate();
     assert_eq!(code, 0, "{stderr}");
     let results = read_jsonl(&results);
-    assert_eq!(results.len(), 3);
-    assert!(results.iter().all(|r| r["trace_id"] == "07070707070707070707070707070707"));
+    assert_eq!(results.len(), 6);
+    for id in ["07070707070707070707070707070707", "08080808080808080808080808080808"] {
+        assert_eq!(results.iter().filter(|r| r["trace_id"] == id).count(), 3, "{results:?}");
+    }
 }
 
 fn opentelemetry_proto_status(body: &[u8]) -> String {
