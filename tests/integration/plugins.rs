@@ -641,6 +641,19 @@ fn plugins_sharing_an_id_in_a_directory_are_all_refused() {
         1002,
     );
     assert_eq!(err["data"]["field"], json!("params.assertions[0].spec.plugin_id"), "{err}");
+    // Not "unknown": the answer says the id was refused, and why.
+    assert!(err["message"].as_str().unwrap().contains("plugin 'twin' was refused at start-up"), "{err}");
+    assert!(err["data"]["detail"].as_str().unwrap().contains("is claimed by 2 plugins"), "{err}");
+    // An id nothing claims lists what loaded and says that files failed.
+    let err = expect_error(
+        &engine.request(&evaluate_request(json!(2), refund_trace(), json!([plugin("t", "nobody", json!({}))]))),
+        1002,
+    );
+    let detail = err["data"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("Available plugins: pii-leak") && detail.contains("2 plugin file(s) failed to load"),
+        "{err}"
+    );
 }
 
 #[test]

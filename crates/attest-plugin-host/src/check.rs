@@ -17,14 +17,7 @@ use serde_json::Value;
 /// Compiles a `plugin` assertion against the loaded plugins.
 pub fn compile(spec: &Spec<'_>, host: &PluginHost) -> Result<PluginCheck, SpecError> {
     let id = spec.str("plugin_id")?;
-    let plugin = host.get(id).ok_or_else(|| {
-        let detail = if host.ids().is_empty() {
-            "No plugins are loaded. Start the engine with --plugin <file.wasm>, plugin_dir or [[plugins]] in the config file (see docs/plugins.md); list_plugins shows what loaded and what failed.".to_owned()
-        } else {
-            format!("Available plugins: {}. list_plugins shows each plugin's config schema.", host.ids().join(", "))
-        };
-        SpecError::new("spec.plugin_id", format!("unknown plugin {}", quote(id)), detail)
-    })?;
+    let plugin = host.get(id).ok_or_else(|| unknown_plugin(id, host))?;
     let mut config = match spec.raw("config") {
         None => Value::Object(Default::default()),
         Some(v @ Value::Object(_)) => v.clone(),
@@ -64,4 +57,29 @@ pub fn compile(spec: &Spec<'_>, host: &PluginHost) -> Result<PluginCheck, SpecEr
         plugin: plugin.clone(),
         config: config.to_string(),
     })
+}
+
+/// Why `id` names no loaded plugin: refused at start-up (its id claimed
+/// twice), or not loaded at all, with what is available and what failed.
+fn unknown_plugin(id: &str, host: &PluginHost) -> SpecError {
+    let claimed = format!("plugin id {} is claimed", quote(id));
+    if let Some(refused) = host.failures().iter().find(|f| f.error.starts_with(&claimed)) {
+        return SpecError::new(
+            "spec.plugin_id",
+            format!("plugin {} was refused at start-up", quote(id)),
+            crate::text::clip(&refused.error, 600),
+        );
+    }
+    let mut detail = if host.ids().is_empty() {
+        "No plugins are loaded. Start the engine with --plugin <file.wasm>, plugin_dir or [[plugins]] in the config file (see docs/plugins.md).".to_owned()
+    } else {
+        format!("Available plugins: {}. list_plugins shows each plugin's config schema.", host.ids().join(", "))
+    };
+    match host.failures().len() {
+        0 => {}
+        n => detail.push_str(&format!(
+            " {n} plugin file(s) failed to load; list_plugins shows which and why (`failed`)."
+        )),
+    }
+    SpecError::new("spec.plugin_id", format!("unknown plugin {}", quote(id)), detail)
 }
