@@ -168,8 +168,11 @@ pub struct FileLimits {
 #[serde(deny_unknown_fields)]
 pub struct FilePlugin {
     pub path: PathBuf,
-    #[serde(flatten)]
-    pub limits: FileLimits,
+    // The limits are spelled out rather than a flattened `FileLimits`: with
+    // `flatten`, an unknown key's error could not list the valid ones.
+    pub fuel: Option<u64>,
+    pub memory_mib: Option<usize>,
+    pub timeout: Option<String>,
     /// Capabilities granted to this plugin (`embed`, `judge`,
     /// `config-secret`); none by default.
     #[serde(default)]
@@ -179,14 +182,54 @@ pub struct FilePlugin {
     pub secrets: std::collections::BTreeMap<String, FileSecret>,
 }
 
+impl FilePlugin {
+    fn limits(&self) -> FileLimits {
+        FileLimits {
+            fuel: self.fuel,
+            memory_mib: self.memory_mib,
+            timeout: self.timeout.clone(),
+        }
+    }
+}
+
 /// A secret mapped to a plugin: a literal value, or `{ env = "VAR" }` to
 /// read it from the engine's environment at start-up (the plugin never
 /// sees the environment itself).
-#[derive(Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Clone)]
 pub enum FileSecret {
     Value(String),
     Env { env: String },
+}
+
+/// The two forms by name: an untagged enum's error would name neither.
+impl<'de> Deserialize<'de> for FileSecret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Form;
+        const EXPECTED: &str = r#"a secret's value as a string ("…"), or { env = "VAR" } to read it from the engine's environment"#;
+        impl<'de> serde::de::Visitor<'de> for Form {
+            type Value = FileSecret;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<FileSecret, E> {
+                Ok(FileSecret::Value(v.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<FileSecret, A::Error> {
+                let mut env = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key != "env" || env.is_some() {
+                        return Err(serde::de::Error::custom(format!(
+                            "unexpected key '{key}' in a secret; expected {EXPECTED}"
+                        )));
+                    }
+                    env = Some(map.next_value::<String>()?);
+                }
+                env.map(|env| FileSecret::Env { env })
+                    .ok_or_else(|| serde::de::Error::custom(format!("an empty table is not a secret; expected {EXPECTED}")))
+            }
+        }
+        d.deserialize_any(Form)
+    }
 }
 
 impl std::fmt::Debug for FileSecret {
@@ -215,8 +258,14 @@ fn grants(p: &FilePlugin, env: &dyn Fn(&str) -> Option<String>) -> Result<crate:
     if !p.secrets.is_empty() && !capabilities.contains(&Capability::ConfigSecret) {
         bail!("secrets are mapped but not granted: add \"config-secret\" to grants, or remove secrets");
     }
+    if p.path.as_os_str().is_empty() {
+        bail!("path is empty: give the plugin's .wasm file");
+    }
     let mut secrets = std::collections::BTreeMap::new();
     for (name, source) in &p.secrets {
+        if name.trim().is_empty() {
+            bail!("secrets: a secret needs a name (the name the plugin asks config-secret for)");
+        }
         let value = match source {
             FileSecret::Value(v) => v.clone(),
             FileSecret::Env { env: var } => env(var)
@@ -358,7 +407,7 @@ impl Config {
         for (i, p) in file.plugins.iter().enumerate() {
             c.plugins.push(PluginSpec {
                 path: base.join(&p.path),
-                limits: limits(&defaults, &p.limits).with_context(|| src(&format!("plugins[{i}]")))?,
+                limits: limits(&defaults, &p.limits()).with_context(|| src(&format!("plugins[{i}]")))?,
                 explicit: true,
                 grants: grants(p, &env).with_context(|| src(&format!("plugins[{i}]")))?,
             });

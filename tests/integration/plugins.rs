@@ -642,11 +642,18 @@ fn plugins_sharing_an_id_in_a_directory_are_all_refused() {
     );
     assert_eq!(err["data"]["field"], json!("params.assertions[0].spec.plugin_id"), "{err}");
     // Not "unknown": the answer says the id was refused, and why.
-    assert!(err["message"].as_str().unwrap().contains("plugin 'twin' was refused at start-up"), "{err}");
+    assert!(
+        err["message"].as_str().unwrap().contains("plugin 'twin' was refused at start-up"),
+        "{err}"
+    );
     assert!(err["data"]["detail"].as_str().unwrap().contains("is claimed by 2 plugins"), "{err}");
     // An id nothing claims lists what loaded and says that files failed.
     let err = expect_error(
-        &engine.request(&evaluate_request(json!(2), refund_trace(), json!([plugin("t", "nobody", json!({}))]))),
+        &engine.request(&evaluate_request(
+            json!(2),
+            refund_trace(),
+            json!([plugin("t", "nobody", json!({}))]),
+        )),
         1002,
     );
     let detail = err["data"]["detail"].as_str().unwrap();
@@ -2132,8 +2139,24 @@ fn invalid_plugin_limits_are_configuration_errors() {
             "timeout must be greater than zero",
         ),
         (format!("[[plugins]]\npath = {pii}\ntimeout = 'soon'\n"), "'soon' is not a duration"),
-        (format!("[[plugins]]\npath = {pii}\nfuell = 5\n"), "fuell"),
+        (
+            format!("[[plugins]]\npath = {pii}\nfuell = 5\n"),
+            "unknown field `fuell`, expected one of `path`, `fuel`, `memory_mib`, `timeout`, `grants`, `secrets`",
+        ),
         ("[plugin_defaults]\nfuel = 0\n".to_owned(), "plugin_defaults"),
+        ("[[plugins]]\npath = ''\n".to_owned(), "path is empty"),
+        (
+            format!("[[plugins]]\npath = {pii}\ngrants = ['config-secret']\n[plugins.secrets]\ntoken = 5\n"),
+            r#"expected a secret's value as a string ("…"), or { env = "VAR" }"#,
+        ),
+        (
+            format!("[[plugins]]\npath = {pii}\ngrants = ['config-secret']\n[plugins.secrets]\ntoken = {{ file = 'x' }}\n"),
+            "unexpected key 'file' in a secret",
+        ),
+        (
+            format!("[[plugins]]\npath = {pii}\ngrants = ['config-secret']\n[plugins.secrets]\n'' = 'x'\n"),
+            "a secret needs a name",
+        ),
     ];
     for (text, needle) in cases {
         let config = write_config(dir.path(), &text);

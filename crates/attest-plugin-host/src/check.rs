@@ -73,7 +73,10 @@ fn unknown_plugin(id: &str, host: &PluginHost) -> SpecError {
     let mut detail = if host.ids().is_empty() {
         "No plugins are loaded. Start the engine with --plugin <file.wasm>, plugin_dir or [[plugins]] in the config file (see docs/plugins.md).".to_owned()
     } else {
-        format!("Available plugins: {}. list_plugins shows each plugin's config schema.", host.ids().join(", "))
+        format!(
+            "Available plugins: {}. list_plugins shows each plugin's config schema.",
+            host.ids().join(", ")
+        )
     };
     match host.failures().len() {
         0 => {}
