@@ -18,13 +18,33 @@ pub enum Lang {
     Js,
 }
 
+impl Lang {
+    fn label(self) -> &'static str {
+        match self {
+            Lang::Rust => "Rust",
+            Lang::Python => "Python",
+            Lang::Js => "JavaScript",
+        }
+    }
+}
+
 /// Why a project was not written.
 #[derive(Debug)]
 pub enum NewError {
     BadName(String),
+    /// A name the language reserves (a keyword, or a module or crate the
+    /// project would shadow or depend on).
+    Reserved {
+        name: String,
+        lang: Lang,
+        why: &'static str,
+    },
     NotEmpty(PathBuf),
     NoSdk(PathBuf),
-    Write { path: PathBuf, why: std::io::Error },
+    Write {
+        path: PathBuf,
+        why: std::io::Error,
+    },
 }
 
 impl std::fmt::Display for NewError {
@@ -34,6 +54,11 @@ impl std::fmt::Display for NewError {
                 f,
                 "'{}' cannot name a plugin project: use lowercase letters, digits and '-', starting with a letter, at most 64 characters (it becomes the plugin id, the crate, module or package name, and the file name)",
                 crate::text::clip(name, 80)
+            ),
+            NewError::Reserved { name, lang, why } => write!(
+                f,
+                "'{name}' cannot name a {} plugin project: {why}; choose another name, such as '{name}-check'",
+                lang.label()
             ),
             NewError::NotEmpty(dir) => write!(
                 f,
@@ -110,6 +135,268 @@ const JS: &[File] = &[
     (".gitignore", "/node_modules/\n*.wasm\n", false),
 ];
 
+/// Python keywords: `from <module> import logic` would not parse.
+const PYTHON_KEYWORDS: &[&str] = &[
+    "and", "as", "assert", "async", "await", "break", "class", "continue", "def", "del", "elif", "else", "except", "finally", "for",
+    "from", "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with",
+    "yield",
+];
+
+/// Modules a Python project's package would shadow: the standard library's
+/// (Python 3.11's `sys.stdlib_module_names`, those a project name can spell),
+/// and those componentize-py generates and the project's tests use.
+const PYTHON_MODULES: &[&str] = &[
+    "abc",
+    "aifc",
+    "antigravity",
+    "argparse",
+    "array",
+    "ast",
+    "asynchat",
+    "asyncio",
+    "asyncore",
+    "atexit",
+    "audioop",
+    "base64",
+    "bdb",
+    "binascii",
+    "bisect",
+    "builtins",
+    "bz2",
+    "calendar",
+    "cgi",
+    "cgitb",
+    "chunk",
+    "cmath",
+    "cmd",
+    "code",
+    "codecs",
+    "codeop",
+    "collections",
+    "colorsys",
+    "compileall",
+    "concurrent",
+    "configparser",
+    "contextlib",
+    "contextvars",
+    "copy",
+    "copyreg",
+    "crypt",
+    "csv",
+    "ctypes",
+    "curses",
+    "dataclasses",
+    "datetime",
+    "dbm",
+    "decimal",
+    "difflib",
+    "dis",
+    "distutils",
+    "doctest",
+    "email",
+    "encodings",
+    "ensurepip",
+    "enum",
+    "errno",
+    "faulthandler",
+    "fcntl",
+    "filecmp",
+    "fileinput",
+    "fnmatch",
+    "fractions",
+    "ftplib",
+    "functools",
+    "gc",
+    "genericpath",
+    "getopt",
+    "getpass",
+    "gettext",
+    "glob",
+    "graphlib",
+    "grp",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "hmac",
+    "html",
+    "http",
+    "idlelib",
+    "imaplib",
+    "imghdr",
+    "imp",
+    "importlib",
+    "inspect",
+    "io",
+    "ipaddress",
+    "itertools",
+    "json",
+    "keyword",
+    "lib2to3",
+    "linecache",
+    "locale",
+    "logging",
+    "lzma",
+    "mailbox",
+    "mailcap",
+    "marshal",
+    "math",
+    "mimetypes",
+    "mmap",
+    "modulefinder",
+    "msilib",
+    "msvcrt",
+    "multiprocessing",
+    "netrc",
+    "nis",
+    "nntplib",
+    "nt",
+    "ntpath",
+    "nturl2path",
+    "numbers",
+    "opcode",
+    "operator",
+    "optparse",
+    "os",
+    "ossaudiodev",
+    "pathlib",
+    "pdb",
+    "pickle",
+    "pickletools",
+    "pipes",
+    "pkgutil",
+    "platform",
+    "plistlib",
+    "poplib",
+    "posix",
+    "posixpath",
+    "pprint",
+    "profile",
+    "pstats",
+    "pty",
+    "pwd",
+    "py_compile",
+    "pyclbr",
+    "pydoc",
+    "pydoc_data",
+    "pyexpat",
+    "queue",
+    "quopri",
+    "random",
+    "re",
+    "readline",
+    "reprlib",
+    "resource",
+    "rlcompleter",
+    "runpy",
+    "sched",
+    "secrets",
+    "select",
+    "selectors",
+    "shelve",
+    "shlex",
+    "shutil",
+    "signal",
+    "site",
+    "smtpd",
+    "smtplib",
+    "sndhdr",
+    "socket",
+    "socketserver",
+    "spwd",
+    "sqlite3",
+    "sre_compile",
+    "sre_constants",
+    "sre_parse",
+    "ssl",
+    "stat",
+    "statistics",
+    "string",
+    "stringprep",
+    "struct",
+    "subprocess",
+    "sunau",
+    "symtable",
+    "sys",
+    "sysconfig",
+    "syslog",
+    "tabnanny",
+    "tarfile",
+    "telnetlib",
+    "tempfile",
+    "termios",
+    "textwrap",
+    "this",
+    "threading",
+    "time",
+    "timeit",
+    "tkinter",
+    "token",
+    "tokenize",
+    "tomllib",
+    "trace",
+    "traceback",
+    "tracemalloc",
+    "tty",
+    "turtle",
+    "turtledemo",
+    "types",
+    "typing",
+    "unicodedata",
+    "unittest",
+    "urllib",
+    "uu",
+    "uuid",
+    "venv",
+    "warnings",
+    "wave",
+    "weakref",
+    "webbrowser",
+    "winreg",
+    "winsound",
+    "wsgiref",
+    "xdrlib",
+    "xml",
+    "xmlrpc",
+    "zipapp",
+    "zipfile",
+    "zipimport",
+    "zlib",
+    "zoneinfo",
+    "componentize_py_async_support",
+    "componentize_py_runtime",
+    "componentize_py_types",
+    "poll_loop",
+    "pytest",
+    "tests",
+    "wit_world",
+];
+
+/// Crates a Rust project may not be named after: the standard ones, and its
+/// own dependencies.
+const RUST_CRATES: &[&str] = &[
+    "alloc",
+    "attest_plugin_sdk",
+    "core",
+    "proc_macro",
+    "serde",
+    "serde_json",
+    "std",
+    "test",
+    "wit_bindgen",
+];
+
+/// Why `module` (the project name in snake case) cannot name a `lang` project.
+fn reserved(module: &str, lang: Lang) -> Option<&'static str> {
+    match lang {
+        Lang::Python if PYTHON_KEYWORDS.contains(&module) => Some("it is a Python keyword, so its package could not be imported"),
+        Lang::Python if PYTHON_MODULES.contains(&module) => {
+            Some("its package would shadow the Python module of that name, which the project or its build imports")
+        }
+        Lang::Rust if RUST_CRATES.contains(&module) => Some("its crate would clash with the Rust crate of that name"),
+        _ => None,
+    }
+}
+
 /// Where the SDK is when the engine runs from a checkout of its repository.
 fn default_sdk() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugin-sdk")
@@ -135,6 +422,13 @@ pub fn create(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Result<
         return Err(NewError::NotEmpty(dir.to_owned()));
     }
     let snake = name.replace('-', "_");
+    if let Some(why) = reserved(&snake, lang) {
+        return Err(NewError::Reserved {
+            name: name.to_owned(),
+            lang,
+            why,
+        });
+    }
     let mut vars: Vec<(&str, String)> = vec![("{{name}}", name.to_owned()), ("{{crate}}", snake.clone()), ("{{module}}", snake)];
     let files = match lang {
         Lang::Rust => {
@@ -268,5 +562,29 @@ mod tests {
         assert!(e.to_string().contains("lowercase letters, digits and '-'"), "{e}");
         let e = create("ok", Lang::Rust, &dir.path().join("ok"), Some(Path::new("/nowhere"))).unwrap_err();
         assert!(e.to_string().contains("pass --sdk"), "{e}");
+    }
+
+    #[test]
+    fn names_a_language_reserves_are_refused_for_that_language_only() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, lang, why) in [
+            ("json", Lang::Python, "would shadow the Python module"),
+            ("types", Lang::Python, "would shadow the Python module"),
+            ("wit-world", Lang::Python, "would shadow the Python module"),
+            ("for", Lang::Python, "Python keyword"),
+            ("class", Lang::Python, "Python keyword"),
+            ("std", Lang::Rust, "clash with the Rust crate"),
+            ("serde-json", Lang::Rust, "clash with the Rust crate"),
+        ] {
+            let e = create(name, lang, &dir.path().join(name), None).unwrap_err();
+            assert!(
+                e.to_string().contains(why) && e.to_string().contains(&format!("'{name}-check'")),
+                "{name}: {e}"
+            );
+            assert!(!dir.path().join(name).exists(), "{name}: nothing written");
+        }
+        // The same names are fine where nothing clashes.
+        create("json", Lang::Js, &dir.path().join("json"), None).unwrap();
+        create("for", Lang::Js, &dir.path().join("for"), None).unwrap();
     }
 }

@@ -174,7 +174,7 @@ pub fn not_granted(plugin_id: &str, capability: Capability, requested: bool) -> 
     let name = capability.name();
     let message = if requested {
         format!(
-            "capability '{name}' is not granted to plugin '{plugin_id}': the operator grants it with grants = [\"{name}\"] in the plugin's [[plugins]] entry of the engine's config file ({GRANTS_KEY})"
+            "capability '{name}' is not granted to plugin '{plugin_id}': the operator grants it with grants = [\"{name}\"] in the plugin's [[plugins]] entry of the engine's config file ({GRANTS_KEY}); `attest-engine plugin test` also takes --grant {name}"
         )
     } else {
         format!(
