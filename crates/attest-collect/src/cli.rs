@@ -151,13 +151,27 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
 
 fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
     let Some(p) = path else { return Ok(PriceTable::default()) };
-    let text = std::fs::read_to_string(p).with_context(|| format!("--prices {}", p.display()))?;
-    serde_norway::from_str(&text).with_context(|| {
+    let text = crate::read_capped(p).with_context(|| format!("--prices {}", p.display()))?;
+    let table: PriceTable = serde_norway::from_str(&text).with_context(|| {
         format!(
             "--prices {}: expected `models: {{NAME: {{input_per_million, output_per_million}}}}`",
             p.display()
         )
-    })
+    })?;
+    for (model, price) in &table.models {
+        for (field, v) in [
+            ("input_per_million", price.input_per_million),
+            ("output_per_million", price.output_per_million),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                bail!(
+                    "--prices {}: models.{model}.{field} is {v}; a price is a number of dollars, zero or more",
+                    p.display()
+                );
+            }
+        }
+    }
+    Ok(table)
 }
 
 fn sinks(results_jsonl: &Option<PathBuf>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<crate::SharedSinks> {

@@ -178,3 +178,21 @@ pub(crate) fn bounded(s: &str, max: usize) -> String {
 }
 
 pub(crate) type SharedSinks = Arc<Vec<Arc<dyn HistorySink>>>;
+
+/// Largest configuration file (rules, prices) read, in bytes.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
+
+/// A configuration file's text, read no further than
+/// [`MAX_CONFIG_FILE_BYTES`] whatever the file is (a pipe or a device
+/// reports no size).
+pub fn read_capped(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(std::io::Error::other(format!("larger than {} MiB", MAX_CONFIG_FILE_BYTES >> 20)));
+    }
+    Ok(text)
+}

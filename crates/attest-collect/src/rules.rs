@@ -227,8 +227,7 @@ const RULE_FIELDS: &str = "name, match, sample_rate, budget, assertions";
 
 impl RuleSet {
     pub fn load(path: &Path, evaluator: &dyn Evaluator) -> Result<RuleSet, RulesFileError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| RulesFileError(format!("rules file {}: cannot be read: {e}", path.display())))?;
+        let text = crate::read_capped(path).map_err(|e| RulesFileError(format!("rules file {}: cannot be read: {e}", path.display())))?;
         let is_json = path.extension().is_some_and(|e| e == "json");
         Self::parse(&text, is_json, evaluator).map_err(|e| RulesFileError(format!("rules file {}: {}", path.display(), e.0)))
     }
@@ -253,8 +252,14 @@ impl RuleSet {
                 .and_then(Value::as_str)
                 .map(|n| format!("rule #{} '{}'", i + 1, crate::bounded(n, 80)))
                 .unwrap_or_else(|| format!("rule #{}", i + 1));
-            let spec: RuleSpec = serde_json::from_value(raw).map_err(|e| {
-                RulesFileError(format!("{label}: {e} (rule fields: {RULE_FIELDS}; match fields: agent_id, root_span, attributes; a matcher is a string or {{equals: ..}} / {{regex: ..}}; budget fields: judge_calls_per_minute, usd_per_day)"))
+            // The path names the field a wrong type or value is in
+            // (`budget.judge_calls_per_minute`), not only what was expected.
+            let spec: RuleSpec = serde_path_to_error::deserialize(raw).map_err(|e| {
+                let at = match e.path().to_string() {
+                    p if p == "." => String::new(),
+                    p => format!("{p}: "),
+                };
+                RulesFileError(format!("{label}: {at}{} (rule fields: {RULE_FIELDS}; match fields: agent_id, root_span, attributes; a matcher is a string or {{equals: ..}} / {{regex: ..}}; budget fields: judge_calls_per_minute, usd_per_day)", e.inner()))
             })?;
             let err = |field: &str, msg: String| RulesFileError(format!("{label}: {field}: {msg}"));
             if spec.name.trim().is_empty() {

@@ -306,7 +306,40 @@ fn rules_files_with_errors_are_refused_at_start_up() {
             "rules:\n- name: refunds\n  match: {agent: x}\n  assertions: [{assertion_id: a, type: trace, spec: {check: required_tools, tools: [x]}}]\n",
             &["unknown field `agent`", "agent_id, root_span, attributes"][..],
         ),
+        (
+            "rules:\n- name: refunds\n  sample_rate: half\n  assertions: [{assertion_id: a, type: trace, spec: {check: required_tools, tools: [x]}}]\n",
+            &["rule #1 'refunds': sample_rate: invalid type: string \"half\""][..],
+        ),
+        (
+            "rules:\n- name: refunds\n  budget: {judge_calls_per_minute: -1}\n  assertions: [{assertion_id: a, type: trace, spec: {check: required_tools, tools: [x]}}]\n",
+            &["rule #1 'refunds': budget.judge_calls_per_minute: invalid value: integer `-1`"][..],
+        ),
     ];
+    // A price below zero is refused too.
+    let prices = dir.path().join("prices.yaml");
+    std::fs::write(&prices, "models:\n  gpt-4o: {input_per_million: -1, output_per_million: 2}\n").unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), RULES).unwrap();
+    let rules = dir.path().join("rules.yaml");
+    let mut p = Proc::spawn(
+        dir.path(),
+        "prices",
+        &[
+            "collect",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--prices",
+            prices.to_str().unwrap(),
+            "--otlp-http",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert_eq!(p.wait_exit(20), 2);
+    assert!(
+        p.stderr_text().contains("models.gpt-4o.input_per_million is -1"),
+        "{}",
+        p.stderr_text()
+    );
     for (i, (yaml, needles)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("rules{i}.yaml"));
         std::fs::write(&path, yaml).unwrap();
