@@ -535,7 +535,6 @@ fn default_cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".attest").join("cache"))
 }
 
-/// Applies a file's limit overrides on top of `base`.
 /// What identifies a plugin file: its canonical path when it can be
 /// resolved (so `w/p.wasm`, `./w/p.wasm` and a directory's listing of it are
 /// one file), else the path as given (a missing file is refused when loaded).
@@ -571,6 +570,7 @@ fn once_per_file(specs: Vec<PluginSpec>, entries: usize) -> std::result::Result<
     Ok(out)
 }
 
+/// Applies a file's limit overrides on top of `base`.
 fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::plugins::PluginLimits> {
     let mut l = base.clone();
     if let Some(fuel) = f.fuel {

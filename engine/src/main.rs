@@ -200,8 +200,13 @@ fn usage_error_code(e: &clap::Error) -> u8 {
     if !e.use_stderr() {
         return 0;
     }
-    let first_word = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    if first_word.as_deref() == Some("ecp") {
+    use clap::CommandFactory;
+    let subcommand = Cli::command()
+        .ignore_errors(true)
+        .try_get_matches_from(std::env::args_os())
+        .ok()
+        .and_then(|m| m.subcommand_name().map(str::to_owned));
+    if subcommand.as_deref() == Some("ecp") {
         1
     } else {
         2

@@ -385,6 +385,14 @@ const RUST_CRATES: &[&str] = &[
     "wit_bindgen",
 ];
 
+/// Rust's keywords, strict and reserved: cargo refuses them as package names.
+const RUST_KEYWORDS: &[&str] = &[
+    "abstract", "as", "async", "await", "become", "box", "break", "const", "continue", "crate", "do", "dyn", "else", "enum", "extern",
+    "false", "final", "fn", "for", "gen", "if", "impl", "in", "let", "loop", "macro", "match", "mod", "move", "mut", "override", "priv",
+    "pub", "ref", "return", "self", "static", "struct", "super", "trait", "true", "try", "type", "typeof", "unsafe", "unsized", "use",
+    "virtual", "where", "while", "yield",
+];
+
 /// Why `module` (the project name in snake case) cannot name a `lang` project.
 fn reserved(module: &str, lang: Lang) -> Option<&'static str> {
     match lang {
@@ -392,6 +400,7 @@ fn reserved(module: &str, lang: Lang) -> Option<&'static str> {
         Lang::Python if PYTHON_MODULES.contains(&module) => {
             Some("its package would shadow the Python module of that name, which the project or its build imports")
         }
+        Lang::Rust if RUST_KEYWORDS.contains(&module) => Some("it is a Rust keyword, which cargo refuses as a package name"),
         Lang::Rust if RUST_CRATES.contains(&module) => Some("its crate would clash with the Rust crate of that name"),
         _ => None,
     }
@@ -575,6 +584,8 @@ mod tests {
             ("class", Lang::Python, "Python keyword"),
             ("std", Lang::Rust, "clash with the Rust crate"),
             ("serde-json", Lang::Rust, "clash with the Rust crate"),
+            ("type", Lang::Rust, "Rust keyword"),
+            ("match", Lang::Rust, "Rust keyword"),
         ] {
             let e = create(name, lang, &dir.path().join(name), None).unwrap_err();
             assert!(

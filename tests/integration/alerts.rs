@@ -133,7 +133,12 @@ fn a_bad_webhook_url_is_a_configuration_error() {
     let cache = tempfile::tempdir().unwrap();
     let path = cache.path().join("attest.toml");
     std::fs::write(&path, "drift_webhook_url = 'ftp://example.com/x'\n").unwrap();
-    let out = command().arg("--config").arg(&path).arg("version").output().unwrap();
+    let out = command()
+        .arg("--config")
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

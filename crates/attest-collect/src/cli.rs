@@ -286,7 +286,9 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         bearer_token,
         max_request_bytes: args.max_request_bytes,
         inflight: Semaphore::new(args.max_inflight_requests),
-        inflight_kib: Semaphore::new((args.max_inflight_bytes / 1024).clamp(1, Semaphore::MAX_PERMITS)),
+        // Rounded up, as each request's reservation is: a budget equal to
+        // --max-request-bytes always admits a full-size request.
+        inflight_kib: Semaphore::new(args.max_inflight_bytes.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS)),
         // Half the request deadline: the answer must still reach the
         // exporter before it gives up and sends everything again.
         queue_wait: Duration::from_secs(args.request_timeout_secs.max(1)) / 2,

@@ -162,7 +162,17 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     let Ok(_permit) = state.inflight.try_acquire() else {
         return overloaded(&state, encoding, label, "too many export requests in flight; retry later");
     };
-    let reserve_kib = (declared.map_or(limit, |n| n as usize).div_ceil(1024)).max(1);
+    // A compressed body may inflate to the limit once decoded: it reserves
+    // that much, not its size on the wire.
+    let compressed = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|e| !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case("identity"));
+    let reserve_bytes = match declared {
+        Some(n) if !compressed => n as usize,
+        _ => limit,
+    };
+    let reserve_kib = reserve_bytes.div_ceil(1024).max(1);
     let Ok(_bytes) = state.inflight_kib.try_acquire_many(u32::try_from(reserve_kib).unwrap_or(u32::MAX)) else {
         return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
     };
@@ -203,12 +213,16 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     let queue_full = state.dispatch_waiting(events).await;
     let (rejected, reason) = match queue_full {
         0 => (decoded.rejected, decoded.reject_reason),
-        n => (
-            decoded.rejected + n,
-            Some(format!(
+        n => {
+            let full = format!(
                 "{n} spans were not evaluated: the evaluation queue (--queue-capacity) stayed full; send them again later or raise --queue-capacity or --concurrency"
-            )),
-        ),
+            );
+            let reason = match decoded.reject_reason {
+                Some(earlier) => format!("{earlier}; {full}"),
+                None => full,
+            };
+            (decoded.rejected + n, Some(reason))
+        }
     };
     state.metrics.request(200, label);
     reply(StatusCode::OK, encoding, otlp::success_body(encoding, rejected, reason), None)

@@ -430,7 +430,15 @@ fn jsonl_backfill_counts_bad_lines_and_rescoring_never_counts_twice() {
         evaluator,
         dir.path(),
         "big",
-        &["collect", "--rules", rules.to_str().unwrap(), "--jsonl", big.to_str().unwrap()],
+        &[
+            "collect",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--jsonl",
+            big.to_str().unwrap(),
+            "--results-jsonl",
+            results.to_str().unwrap(),
+        ],
         &[],
     );
     assert_eq!(p.wait_exit(60), 1, "{}", p.stderr_text());
