@@ -140,8 +140,13 @@ fn the_engine_binary_validates_manifests() {
         assert!(!marker.exists(), "{action} started the agent");
     }
 
-    // Bad arguments are input errors (1); 2 means failed checks.
-    for args in [&["ecp", "run"][..], &["ecp", "run", "--manifest", "m.yaml", "--jobs", "100"]] {
+    // Bad arguments are input errors (1); 2 means failed checks. Options
+    // before the subcommand do not hide it.
+    for args in [
+        &["ecp", "run"][..],
+        &["ecp", "run", "--manifest", "m.yaml", "--jobs", "100"],
+        &["--log-level", "warn", "ecp", "run"],
+    ] {
         let run = Command::new(&engine).args(args).output().unwrap();
         assert_eq!(run.status.code(), Some(1), "{args:?}: {}", String::from_utf8_lossy(&run.stderr));
     }
