@@ -201,7 +201,11 @@ fn usage_error_code(e: &clap::Error) -> u8 {
         return 0;
     }
     use clap::CommandFactory;
+    // Without help and version flags, a `--help` later on the line does not
+    // stop the parse before the subcommand is known.
     let subcommand = Cli::command()
+        .disable_help_flag(true)
+        .disable_version_flag(true)
         .ignore_errors(true)
         .try_get_matches_from(std::env::args_os())
         .ok()

@@ -187,12 +187,32 @@ pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
 /// reports no size).
 pub fn read_capped(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(MAX_CONFIG_FILE_BYTES + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_CONFIG_FILE_BYTES {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.take(MAX_CONFIG_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    // Size first: the cap may cut a character in two.
+    if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
         return Err(std::io::Error::other(format!("larger than {} MiB", MAX_CONFIG_FILE_BYTES >> 20)));
     }
-    Ok(text)
+    String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configuration_files_are_read_up_to_the_cap_and_refused_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("rules.yaml");
+        std::fs::write(&small, "rules: []\n").unwrap();
+        assert_eq!(read_capped(&small).unwrap(), "rules: []\n");
+        // The cap falls inside a two-byte character: the size is what is wrong.
+        let big = dir.path().join("big.yaml");
+        std::fs::write(&big, "x".repeat(MAX_CONFIG_FILE_BYTES as usize) + "é").unwrap();
+        let e = read_capped(&big).unwrap_err();
+        assert!(e.to_string().contains("larger than 16 MiB"), "{e}");
+        // A device reports no size; it is read no further than the cap.
+        let e = read_capped(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("larger than 16 MiB"), "{e}");
+    }
 }

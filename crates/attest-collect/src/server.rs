@@ -162,17 +162,10 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     let Ok(_permit) = state.inflight.try_acquire() else {
         return overloaded(&state, encoding, label, "too many export requests in flight; retry later");
     };
-    // A compressed body may inflate to the limit once decoded: it reserves
-    // that much, not its size on the wire.
-    let compressed = headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|e| !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case("identity"));
-    let reserve_bytes = match declared {
-        Some(n) if !compressed => n as usize,
-        _ => limit,
-    };
-    let reserve_kib = reserve_bytes.div_ceil(1024).max(1);
+    // What a request holds across its waits is its body as sent. A
+    // compressed body is inflated only while it is decoded, which does not
+    // wait (docs/continuous.md).
+    let reserve_kib = (declared.map_or(limit, |n| n as usize).div_ceil(1024)).max(1);
     let Ok(_bytes) = state.inflight_kib.try_acquire_many(u32::try_from(reserve_kib).unwrap_or(u32::MAX)) else {
         return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
     };

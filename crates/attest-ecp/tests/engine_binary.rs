@@ -146,6 +146,7 @@ fn the_engine_binary_validates_manifests() {
         &["ecp", "run"][..],
         &["ecp", "run", "--manifest", "m.yaml", "--jobs", "100"],
         &["--log-level", "warn", "ecp", "run"],
+        &["ecp", "run", "--manifest", "--help"],
     ] {
         let run = Command::new(&engine).args(args).output().unwrap();
         assert_eq!(run.status.code(), Some(1), "{args:?}: {}", String::from_utf8_lossy(&run.stderr));
