@@ -3,7 +3,8 @@
 //! 1. per-call overhead of a trivial plugin (`noop`) on the refund trace:
 //!    fresh sandboxed instance + trace hand-over + call + verdict checks,
 //!    built against `attest:plugin@0.2.0` and against 0.1.0 (the fixture),
-//!    interleaved in one run;
+//!    and `noop-lean` (no panic hook, so no host import), interleaved in one
+//!    run;
 //!    then the same for the Python and JavaScript example plugins (their
 //!    load, compiled and cached, and one assertion per call);
 //! 2. `content.contains` as a plugin (`contains`) against the native check
@@ -25,7 +26,7 @@
 //!
 //! Needs the components: `bash plugins/build.sh` (and `plugins/python/build.sh`
 //! for the Python plugin). `cargo bench --bench plugins`; `BENCH_SKIP_STARTUP=1`
-//! skips part 4; `BENCH_PROFILE=noop`, `=contains` or `=noop-batch` runs only that part, for
+//! skips part 4; `BENCH_PROFILE=noop`, `=noop-lean`, `=contains` or `=noop-batch` runs only that part, for
 //! ten seconds, under a sampling profiler.
 
 /// The allocator the `attest-engine` binary uses, so that the in-process
@@ -68,7 +69,7 @@ fn call() -> PluginCall {
 
 fn main() {
     let cache = tempdir("attest-bench-cache");
-    let host = PluginHost::load(&[spec("noop"), spec("contains")], Some(cache.clone()));
+    let host = PluginHost::load(&[spec("noop"), spec("noop-lean"), spec("contains")], Some(cache.clone()));
     assert!(host.failures().is_empty(), "{:?}", host.failures());
     let trace = refund_trace().to_string();
 
@@ -79,6 +80,7 @@ fn main() {
     assert_eq!(old.api_version, "0.1.0");
     let noop = host.get("noop").expect("noop loaded");
     assert_eq!(noop.api_version, "0.2.0");
+    let lean = host.get("noop-lean").expect("noop-lean loaded");
     let one = vec!["{}".to_owned()];
     let eight: Vec<String> = (0..8).map(|_| "{}".to_owned()).collect();
     if profiling("noop") {
@@ -86,7 +88,12 @@ fn main() {
             noop.evaluate(&trace, &one, &call());
         });
     }
-    let [per_call, per_call_old, per_call8] = rounds([
+    if profiling("noop-lean") {
+        spin_for_profiler(&mut || {
+            lean.evaluate(&trace, &one, &call());
+        });
+    }
+    let [per_call, per_call_old, per_call8, per_call_lean] = rounds([
         &mut || {
             let (out, _) = noop.evaluate(&trace, &one, &call());
             assert!(out[0].passed);
@@ -99,6 +106,10 @@ fn main() {
             let (out, _) = noop.evaluate(&trace, &eight, &call());
             assert_eq!(out.len(), 8);
         },
+        &mut || {
+            let (out, _) = lean.evaluate(&trace, &one, &call());
+            assert!(out[0].passed);
+        },
     ]);
     println!("noop plugin (attest:plugin@0.2.0), one assertion per call: {per_call}");
     println!(
@@ -106,6 +117,10 @@ fn main() {
         median(per_call.rounds.iter().zip(&per_call_old.rounds).map(|(n, o)| n / o).collect())
     );
     println!("noop plugin (attest:plugin@0.2.0), eight assertions per call: {per_call8}");
+    println!(
+        "noop-lean plugin (no host import: one core instance), one assertion per call: {per_call_lean}; noop-lean/noop {:.3} (median of per-round ratios)",
+        median(per_call_lean.rounds.iter().zip(&per_call.rounds).map(|(l, n)| l / n).collect())
+    );
 
     // 1b. The same trace through each guest language: load (compiled, then
     // cached) and one assertion per call.
@@ -409,7 +424,7 @@ fn rounds<const N: usize>(work: [&mut dyn FnMut(); N]) -> [Timing; N] {
 }
 
 /// The parts `BENCH_PROFILE` can name.
-const PROFILED_PARTS: [&str; 3] = ["noop", "contains", "noop-batch"];
+const PROFILED_PARTS: [&str; 4] = ["noop", "noop-lean", "contains", "noop-batch"];
 /// How long a profiled part runs.
 const PROFILE_FOR: Duration = Duration::from_secs(10);
 

@@ -31,7 +31,9 @@ pub struct Export<P>(PhantomData<P>);
 
 impl<P: AssertionPlugin> bindings::Guest for Export<P> {
     fn describe() -> wit::PluginInfo {
-        report_panics();
+        if P::REPORT_PANICS {
+            report_panics();
+        }
         let info = P::info();
         wit::PluginInfo {
             id: info.id,
@@ -51,7 +53,9 @@ impl<P: AssertionPlugin> bindings::Guest for Export<P> {
     }
 
     fn evaluate(trace: String, configs: Vec<String>) -> Vec<Result<wit::Verdict, wit::PluginError>> {
-        report_panics();
+        if P::REPORT_PANICS {
+            report_panics();
+        }
         crate::evaluate_trace::<P>(crate::Trace::from_string(trace), &configs)
             .into_iter()
             .map(|r| r.map(verdict_to_wit).map_err(error_to_wit))
@@ -62,6 +66,8 @@ impl<P: AssertionPlugin> bindings::Guest for Export<P> {
 /// A panic in a component is a trap, and the engine can only say "trapped".
 /// Sending the panic message to the engine's log first tells the plugin's
 /// author what went wrong. Native builds keep the test harness's hook.
+/// Only called when [`AssertionPlugin::REPORT_PANICS`] is set: otherwise no
+/// code refers to the `log` import and the linker leaves it out.
 fn report_panics() {
     #[cfg(target_arch = "wasm32")]
     {

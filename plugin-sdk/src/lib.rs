@@ -118,13 +118,20 @@ pub trait AssertionPlugin: 'static {
     /// missing, as the engine's built-in checks do); return an error only
     /// when no verdict can be reached.
     fn evaluate(trace: &Trace, config: &Self::Config) -> Result<Verdict, PluginError>;
+
+    /// Whether a panic's message is sent to the engine's log before the
+    /// panic traps the call. On by default.
+    ///
+    /// Sending it needs the host's `log` import, and an import that takes a
+    /// string makes the component three core instances instead of one (a
+    /// shim and a fix-up module around the plugin's own), each instantiated
+    /// on every call. A plugin that never calls [`log`] and sets this to
+    /// `false` has no host import at all, which takes about a fifth off a
+    /// trivial call (docs/benchmarks.md). Its panics are then reported only
+    /// as traps.
+    const REPORT_PANICS: bool = true;
 }
 
-/// What the component's `evaluate` export does: reads the trace once (see
-/// [`trace`]: its parts are decoded on first use and shared by every
-/// config), then decodes each config and evaluates it, one result per
-/// config, in order. Exposed so native tests exercise exactly the exported
-/// path.
 /// Resolves a [`Target`] on a [`Trace`], or returns from the enclosing
 /// `evaluate` with [`Verdict::target_missing`]: a target the trace lacks is
 /// a failed assertion, never a plugin error.
@@ -154,6 +161,11 @@ macro_rules! resolve_or_fail {
     }};
 }
 
+/// What the component's `evaluate` export does: reads the trace once (see
+/// [`trace`]: its parts are decoded on first use and shared by every
+/// config), then decodes each config and evaluates it, one result per
+/// config, in order. Exposed so native tests exercise exactly the exported
+/// path.
 pub fn evaluate_batch<P: AssertionPlugin>(trace_json: &str, configs: &[impl AsRef<str>]) -> Vec<Result<Verdict, PluginError>> {
     evaluate_trace::<P>(Trace::from_json(trace_json), configs)
 }

@@ -1603,7 +1603,7 @@ fn hostile_plugins_are_contained_and_builtins_still_pass() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &format!("[plugin_defaults]\nfuel = {HOSTILE_FUEL}\n"));
     let mut args = vec!["--config".to_owned(), config];
-    args.extend(plugin_flags(&["spin", "hog", "trap", "verbose", "snoop"]));
+    args.extend(plugin_flags(&["spin", "hog", "trap", "silent-trap", "verbose", "snoop"]));
     let mut engine = start(cache.path(), &args);
     let assertions = json!([
         builtin("before", "contains", "refund"),
@@ -1611,6 +1611,7 @@ fn hostile_plugins_are_contained_and_builtins_still_pass() {
         plugin("hog", "hog", json!({})),
         plugin("trap_panic", "trap", json!({})),
         plugin("trap_stack", "trap", json!({"how": "stack_overflow"})),
+        plugin("trap_silent", "silent-trap", json!({})),
         plugin("verbose", "verbose", json!({})),
         plugin("verbose_details", "verbose", json!({"field": "details"})),
         plugin("snoop", "snoop", json!({})),
@@ -1640,6 +1641,17 @@ fn hostile_plugins_are_contained_and_builtins_still_pass() {
             engine.stderr_text()
         );
         check_fault(find(&r, "trap_stack"), "trap", "trapped");
+        // Without the panic hook there is no message to log: the trap says why.
+        let silent = find(&r, "trap_silent");
+        check_fault(silent, "silent-trap", "trapped");
+        let why = silent["explanation"].as_str().unwrap();
+        assert!(
+            why.contains("unreachable") && why.contains("no panic message was logged") && why.contains("REPORT_PANICS = false"),
+            "{why}"
+        );
+        assert!(!engine.stderr_shows("silent-trap test plugin panics"), "{}", engine.stderr_text());
+        let loud = find(&r, "trap_panic")["explanation"].as_str().unwrap();
+        assert!(!loud.contains("REPORT_PANICS"), "a plugin with the hook gets no hint: {loud}");
         // A 10 MiB explanation is accepted and clipped; 10 MiB of details are dropped.
         let verbose = find(&r, "verbose");
         check(verbose, "pass", 1.0, &["verbose verbose"]);

@@ -416,6 +416,9 @@ pub struct Prepared {
     /// Whether it imports WASI; such calls run on a thread of their own
     /// (see [`outside_async_runtime`]).
     uses_wasi: bool,
+    /// Whether it imports the host's `log`, which the Rust SDK's panic hook
+    /// needs: without it a panic traps with no message anywhere.
+    imports_log: bool,
 }
 
 /// What `evaluate` answered: one result per config, or a wrong count (the
@@ -572,16 +575,17 @@ impl Sandbox {
                 .get_export_index(None, name)
                 .ok_or_else(|| anyhow::anyhow!("the component exports no `{name}` function"))
         };
-        let uses_wasi = component
-            .component_type()
-            .imports(&self.engine)
-            .any(|(name, _)| name.starts_with("wasi:"));
+        let ty = component.component_type();
+        let imports: Vec<&str> = ty.imports(&self.engine).map(|(name, _)| name).collect();
+        let uses_wasi = imports.iter().any(|name| name.starts_with("wasi:"));
+        let imports_log = imports.iter().any(|name| name.starts_with("attest:plugin/host@"));
         Ok(Prepared {
             api,
             describe: export("describe")?,
             evaluate: export("evaluate")?,
             pre,
             uses_wasi,
+            imports_log,
         })
     }
 
@@ -620,7 +624,7 @@ impl Sandbox {
             let mut store = self.store(plugin_id, limits);
             let result = describe_in(&mut store, plugin);
             finish(&store);
-            result.map_err(|e| classify(e, &store, limits))?
+            result.map_err(|e| classify(e, &store, plugin, limits))?
         })
     }
 
@@ -643,7 +647,7 @@ impl Sandbox {
             store.data_mut().capabilities = capabilities;
             let result = evaluate_in(&mut store, plugin, trace, configs);
             finish(&store);
-            let result = result.map_err(|e| classify(e, &store, limits));
+            let result = result.map_err(|e| classify(e, &store, plugin, limits));
             Ok((result, store.into_data().capabilities))
         });
         answer.unwrap_or_else(|fault| (Err(fault), None))
@@ -957,7 +961,7 @@ fn evaluate_in(store: &mut Store<State>, plugin: &Prepared, trace: &str, configs
 }
 
 /// Names what went wrong in a failed call.
-fn classify(e: wasmtime::Error, store: &Store<State>, limits: &PluginLimits) -> Fault {
+fn classify(e: wasmtime::Error, store: &Store<State>, plugin: &Prepared, limits: &PluginLimits) -> Fault {
     if store.data().limiter.refused {
         return Fault::OutOfMemory {
             limit: limits.memory_bytes,
@@ -971,6 +975,11 @@ fn classify(e: wasmtime::Error, store: &Store<State>, limits: &PluginLimits) -> 
             fuel: limits.fuel.unwrap_or_default(),
         },
         Some(Trap::Interrupt) => Fault::Timeout { after: limits.timeout },
+        // How a Rust panic ends; say why its message is nowhere to be seen.
+        Some(trap @ Trap::UnreachableCodeReached) if !plugin.imports_log => Fault::Trap(format!(
+            "{trap} (how a panic ends; this plugin imports no host `log`, so no panic message was logged: \
+             a Rust plugin logs its panics unless it sets `REPORT_PANICS = false`)"
+        )),
         Some(trap) => Fault::Trap(trap.to_string()),
         None => Fault::Trap(crate::text::clip(&format!("{e:#}"), 300)),
     }
