@@ -16,7 +16,10 @@
 //!
 //! Every call instantiates afresh from a pre-instantiated component on the
 //! pooling allocator, so no state survives from one call to the next and a
-//! trapped instance is simply dropped.
+//! trapped instance is simply dropped. The store around those instances may
+//! serve a few consecutive calls of one plugin on one thread ([`KeptStore`]):
+//! making and dropping a store, and registering the component's modules in
+//! it, is then paid once for several calls.
 
 use super::PluginLimits;
 use std::sync::{Arc, OnceLock};
@@ -374,13 +377,16 @@ fn link_timers(linker: &mut Linker<State>) -> anyhow::Result<()> {
 struct Limiter {
     inner: StoreLimits,
     refused: bool,
+    /// Linear memory the store's instances hold, over all its calls.
+    held_bytes: usize,
 }
 
 impl ResourceLimiter for Limiter {
     fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
         let ok = self.inner.memory_growing(current, desired, maximum);
-        if !matches!(ok, Ok(true)) {
-            self.refused = true;
+        match ok {
+            Ok(true) => self.held_bytes = self.held_bytes.saturating_add(desired.saturating_sub(current)),
+            _ => self.refused = true,
         }
         ok
     }
@@ -409,6 +415,8 @@ pub struct Sandbox {
 
 /// A component linked once, ready to be instantiated for each call.
 pub struct Prepared {
+    /// Unique in the process: what a [`KeptStore`] was made for.
+    id: u64,
     api: ApiVersion,
     pre: wasmtime::component::InstancePre<State>,
     describe: ComponentExportIndex,
@@ -579,7 +587,9 @@ impl Sandbox {
         let imports: Vec<&str> = ty.imports(&self.engine).map(|(name, _)| name).collect();
         let uses_wasi = imports.iter().any(|name| name.starts_with("wasi:"));
         let imports_log = imports.iter().any(|name| name.starts_with("attest:plugin/host@"));
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(Prepared {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             api,
             describe: export("describe")?,
             evaluate: export("evaluate")?,
@@ -589,18 +599,15 @@ impl Sandbox {
         })
     }
 
+    /// A fresh store, armed for one call.
     fn store(&self, plugin_id: &Arc<str>, limits: &PluginLimits) -> Store<State> {
-        let inner = StoreLimitsBuilder::new()
-            .memory_size(limits.memory_bytes)
-            .table_elements(100_000)
-            .instances(64)
-            .tables(64)
-            .memories(16)
-            .trap_on_grow_failure(true)
-            .build();
         let state = State {
             plugin_id: plugin_id.clone(),
-            limiter: Limiter { inner, refused: false },
+            limiter: Limiter {
+                inner: store_limits(limits),
+                refused: false,
+                held_bytes: 0,
+            },
             log: LogBudget::new(),
             wasi: None,
             table: ResourceTable::new(),
@@ -609,12 +616,31 @@ impl Sandbox {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
-        if let Some(fuel) = limits.fuel {
-            store.set_fuel(fuel).expect("plugins with a fuel budget run in the metered sandbox");
-        }
-        let ticks = limits.timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64;
-        store.set_epoch_deadline(ticks);
+        arm(&mut store, limits);
         store
+    }
+
+    /// The store this thread kept for `plugin`, made ready for its next
+    /// call, or a fresh one.
+    fn store_for_call(&self, plugin: &Prepared, plugin_id: &Arc<str>, limits: &PluginLimits) -> (Store<State>, u32) {
+        let kept = KEPT_STORE.with(|k| k.borrow_mut().take());
+        match kept.and_then(|k| k.take_for(plugin.id)) {
+            Some((mut store, calls)) => {
+                // Everything a call may have changed in the store's state.
+                let state = store.data_mut();
+                state.plugin_id = plugin_id.clone();
+                state.limiter.inner = store_limits(limits);
+                state.limiter.refused = false;
+                state.log = LogBudget::new();
+                state.wasi = None;
+                state.table = ResourceTable::new();
+                state.started = std::time::Instant::now();
+                state.capabilities = None;
+                arm(&mut store, limits);
+                (store, calls)
+            }
+            None => (self.store(plugin_id, limits), 0),
+        }
     }
 
     /// `describe()` in a fresh instance. Its strings are read in place and
@@ -643,12 +669,24 @@ impl Sandbox {
         capabilities: Option<Box<CallContext>>,
     ) -> (Result<Answer, Fault>, Option<Box<CallContext>>) {
         let answer = self.on_call_thread(plugin, || {
-            let mut store = self.store(plugin_id, limits);
+            // A WASI plugin's call runs on a thread of its own, which ends
+            // with the call: nothing to keep a store on.
+            let (mut store, calls) = if plugin.uses_wasi {
+                (self.store(plugin_id, limits), 0)
+            } else {
+                self.store_for_call(plugin, plugin_id, limits)
+            };
             store.data_mut().capabilities = capabilities;
             let result = evaluate_in(&mut store, plugin, trace, configs);
             finish(&store);
             let result = result.map_err(|e| classify(e, &store, plugin, limits));
-            Ok((result, store.into_data().capabilities))
+            let capabilities = store.data_mut().capabilities.take();
+            // A store whose call failed is dropped: a trap, a timeout or a
+            // refused host call may leave it mid-way through anything.
+            if result.is_ok() && !plugin.uses_wasi {
+                KeptStore::keep(plugin.id, store, calls + 1);
+            }
+            Ok((result, capabilities))
         });
         answer.unwrap_or_else(|fault| (Err(fault), None))
     }
@@ -661,6 +699,111 @@ impl Sandbox {
         } else {
             call()
         }
+    }
+}
+
+/// The limits of one call's instance.
+fn store_limits(limits: &PluginLimits) -> StoreLimits {
+    // The counts are per store, and a kept store holds the instances of
+    // up to `CALLS_PER_STORE` calls; the pool bounds each component alone.
+    let calls = CALLS_PER_STORE as usize;
+    StoreLimitsBuilder::new()
+        .memory_size(limits.memory_bytes)
+        .table_elements(100_000)
+        .instances(64 * calls)
+        .tables(64 * calls)
+        .memories(16 * calls)
+        .trap_on_grow_failure(true)
+        .build()
+}
+
+/// Sets a call's CPU limits: its fuel, and its deadline from now.
+fn arm(store: &mut Store<State>, limits: &PluginLimits) {
+    if let Some(fuel) = limits.fuel {
+        store.set_fuel(fuel).expect("plugins with a fuel budget run in the metered sandbox");
+    }
+    let ticks = limits.timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64;
+    store.set_epoch_deadline(ticks);
+}
+
+/// Calls one store serves, each in a fresh instance, before it is dropped
+/// (which returns all their slots to the pool at once).
+const CALLS_PER_STORE: u32 = 8;
+/// Linear memory a kept store's instances may hold; a store holding more
+/// is dropped after its call.
+const KEPT_STORE_BYTES: usize = 16 << 20;
+/// Instances and memory that kept stores may hold, over all threads. The
+/// pool's slots must stay free for calls in flight.
+const KEPT_INSTANCES_TOTAL: usize = 64;
+const KEPT_BYTES_TOTAL: usize = 64 << 20;
+
+static KEPT_INSTANCES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static KEPT_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+thread_local! {
+    /// The store the last call on this thread left, for its plugin's next call.
+    static KEPT_STORE: std::cell::RefCell<Option<KeptStore>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A store kept between two calls of one plugin on one thread. Each call
+/// still gets a fresh instance of its own, so no guest state is shared:
+/// what the calls share is the store (its state is reset per call, see
+/// [`Sandbox::store_for_call`]), and the instances of earlier calls stay
+/// alive, unused, until the store is dropped. That is bounded per store by
+/// [`CALLS_PER_STORE`] and [`KEPT_STORE_BYTES`], and over all threads by
+/// [`KEPT_INSTANCES_TOTAL`] and [`KEPT_BYTES_TOTAL`]. While kept, it counts
+/// against those totals.
+struct KeptStore {
+    plugin: u64,
+    store: Option<Store<State>>,
+    calls: u32,
+    bytes: usize,
+}
+
+impl KeptStore {
+    /// Keeps `store` on this thread for `plugin`'s next call when it may
+    /// serve another and the totals allow; otherwise drops it.
+    fn keep(plugin: u64, store: Store<State>, calls: u32) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let bytes = store.data().limiter.held_bytes;
+        if calls >= CALLS_PER_STORE || bytes > KEPT_STORE_BYTES {
+            return;
+        }
+        // Counted first, so that two threads cannot both pass the check.
+        let instances = KEPT_INSTANCES.fetch_add(calls as usize, Relaxed) + calls as usize;
+        let total_bytes = KEPT_BYTES.fetch_add(bytes, Relaxed) + bytes;
+        if instances > KEPT_INSTANCES_TOTAL || total_bytes > KEPT_BYTES_TOTAL {
+            // Over a total: give back what was counted and drop the store.
+            drop(KeptStore {
+                plugin,
+                store: None,
+                calls,
+                bytes,
+            });
+            return;
+        }
+        let kept = KeptStore {
+            plugin,
+            store: Some(store),
+            calls,
+            bytes,
+        };
+        // A store kept for another plugin is replaced (and dropped) here.
+        KEPT_STORE.with(|k| *k.borrow_mut() = Some(kept));
+    }
+
+    /// The store and its call count, if it was kept for `plugin`.
+    fn take_for(mut self, plugin: u64) -> Option<(Store<State>, u32)> {
+        let store = self.store.take().filter(|_| self.plugin == plugin)?;
+        Some((store, self.calls))
+    }
+}
+
+impl Drop for KeptStore {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        KEPT_INSTANCES.fetch_sub(self.calls as usize, Relaxed);
+        KEPT_BYTES.fetch_sub(self.bytes, Relaxed);
     }
 }
 
@@ -1012,5 +1155,59 @@ mod tests {
             })
             .collect();
         assert_eq!(text, SUPPORTED_API_VERSIONS);
+    }
+
+    /// The kept-store tests change process-wide totals; one at a time.
+    static TOTALS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn kept_here() -> Option<(u64, u32)> {
+        KEPT_STORE.with(|k| k.borrow().as_ref().map(|k| (k.plugin, k.calls)))
+    }
+
+    #[test]
+    fn a_kept_store_serves_only_its_plugin_and_only_a_few_calls() {
+        let _one_at_a_time = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
+        use std::sync::atomic::Ordering::Relaxed;
+        let sandbox = Sandbox::get(false).unwrap();
+        let id: Arc<str> = "p".into();
+        let limits = PluginLimits::default();
+
+        KeptStore::keep(7, sandbox.store(&id, &limits), 1);
+        assert_eq!(kept_here(), Some((7, 1)));
+        assert!(KEPT_INSTANCES.load(Relaxed) >= 1, "a kept store counts against the totals");
+        // Another plugin's call takes the store off the thread and drops it.
+        let kept = KEPT_STORE.with(|k| k.borrow_mut().take()).unwrap();
+        assert!(kept.take_for(8).is_none());
+        assert_eq!(kept_here(), None);
+
+        // Its own plugin's call gets it back, with its count of calls.
+        KeptStore::keep(7, sandbox.store(&id, &limits), 3);
+        let kept = KEPT_STORE.with(|k| k.borrow_mut().take()).unwrap();
+        let (store, calls) = kept.take_for(7).unwrap();
+        assert_eq!(calls, 3);
+
+        // A store that has served its calls, or holds too much memory, is
+        // not kept.
+        KeptStore::keep(7, store, CALLS_PER_STORE);
+        assert_eq!(kept_here(), None);
+        let mut big = sandbox.store(&id, &limits);
+        big.data_mut().limiter.held_bytes = KEPT_STORE_BYTES + 1;
+        KeptStore::keep(7, big, 1);
+        assert_eq!(kept_here(), None);
+    }
+
+    #[test]
+    fn kept_stores_stay_within_the_totals() {
+        let _one_at_a_time = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
+        use std::sync::atomic::Ordering::Relaxed;
+        let sandbox = Sandbox::get(false).unwrap();
+        let id: Arc<str> = "p".into();
+        let limits = PluginLimits::default();
+        // As if other threads held every instance the totals allow.
+        KEPT_INSTANCES.fetch_add(KEPT_INSTANCES_TOTAL, Relaxed);
+        KeptStore::keep(9, sandbox.store(&id, &limits), 1);
+        let kept = kept_here();
+        KEPT_INSTANCES.fetch_sub(KEPT_INSTANCES_TOTAL, Relaxed);
+        assert_eq!(kept, None, "over the total, the store is dropped");
     }
 }
