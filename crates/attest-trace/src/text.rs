@@ -1,5 +1,6 @@
 //! Small text helpers for explanations and error messages: bounded quoting
-//! of user-supplied values and compact number formatting. The engine and
+//! of user-supplied values and compact number formatting, and the
+//! case-insensitive containment the content checks use. The engine and
 //! plugins share them, so plugin explanations read like the engine's own
 //! (`'value'` quoting, `…` where something was cut).
 //!
@@ -154,9 +155,60 @@ pub fn num(x: f64) -> String {
     }
 }
 
+/// Longest needle [`contains_ignore_case`] compares in place; longer ones
+/// are lowercased and searched as `str::contains` does, which stays linear.
+const MAX_IN_PLACE_NEEDLE: usize = 32;
+
+/// Whether `hay` contains `needle` with case ignored: exactly
+/// `hay.to_lowercase().contains(&needle.to_lowercase())`, the comparison
+/// the engine's case-insensitive checks make. When both are ASCII (where
+/// lowercasing is byte by byte) and the needle is short, it compares in
+/// place instead of allocating two lowercased copies, which matters most
+/// inside a plugin, where allocation and lowercasing are slow.
+pub fn contains_ignore_case(hay: &str, needle: &str) -> bool {
+    if hay.is_ascii() && needle.is_ascii() && needle.len() <= MAX_IN_PLACE_NEEDLE {
+        let (hay, needle) = (hay.as_bytes(), needle.as_bytes());
+        return needle.is_empty() || hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle));
+    }
+    // Outside ASCII, lowercasing can change lengths and even turn a
+    // non-ASCII character into an ASCII one (KELVIN SIGN into 'k').
+    hay.to_lowercase().contains(&needle.to_lowercase())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contains_ignore_case_is_lowercased_contains() {
+        let cases = [
+            ("Your Refund is processed", "refund"),
+            ("Your Refund is processed", "REFUND IS"),
+            ("Your Refund is processed", "refunds"),
+            ("abc", ""),
+            ("", "a"),
+            ("ab", "abc"),
+            ("\u{212A}elvin", "kelvin"),
+            ("kelvin", "\u{212A}ELVIN"),
+            ("\u{130}stanbul", "i\u{307}stanbul"),
+            ("Straße", "STRASSE"),
+            ("ΣΊΣΥΦΟΣ", "σίσυφος"),
+            ("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaB", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAb"),
+            ("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaB", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAc"),
+        ];
+        for (hay, needle) in cases {
+            assert_eq!(
+                contains_ignore_case(hay, needle),
+                hay.to_lowercase().contains(&needle.to_lowercase()),
+                "{hay:?} / {needle:?}"
+            );
+        }
+        assert!(contains_ignore_case("Your Refund", "rEfUnD"));
+        assert!(
+            contains_ignore_case("\u{212A}elvin", "kelvin"),
+            "a non-ASCII letter that lowercases to ASCII"
+        );
+    }
 
     #[test]
     fn render_shows_values_as_written_and_bounded() {

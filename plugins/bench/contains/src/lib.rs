@@ -19,6 +19,8 @@ pub struct Config {
 
 impl AssertionPlugin for Contains {
     type Config = Config;
+    // It never logs: no host import, one core instance per call.
+    const REPORT_PANICS: bool = false;
 
     fn info() -> PluginInfo {
         PluginInfo::new("contains", env!("CARGO_PKG_VERSION"))
@@ -36,7 +38,7 @@ impl AssertionPlugin for Contains {
         let found = if config.case_sensitive {
             text.contains(config.value.as_str())
         } else {
-            text.to_lowercase().contains(&config.value.to_lowercase())
+            attest_plugin_sdk::text::contains_ignore_case(&text, &config.value)
         };
         let rel = if found { "contains" } else { "does not contain" };
         Ok(Verdict::from_bool(found, format!("{t} {rel} {}.", quote(&config.value))))
