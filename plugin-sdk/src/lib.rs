@@ -126,7 +126,7 @@ pub trait AssertionPlugin: 'static {
     /// string makes the component three core instances instead of one (a
     /// shim and a fix-up module around the plugin's own), each instantiated
     /// on every call. A plugin that never calls [`log`] and sets this to
-    /// `false` has no host import at all, which takes about a fifth off a
+    /// `false` has no host import at all, which takes about 15% off a
     /// trivial call (docs/benchmarks.md). Its panics are then reported only
     /// as traps.
     const REPORT_PANICS: bool = true;

@@ -196,6 +196,9 @@ pub struct State {
     /// What the call may use beyond logging; `None` for plugins that
     /// request no capability (every call of theirs is refused).
     capabilities: Option<Box<CallContext>>,
+    /// What the store's earlier calls left alive, counted against the
+    /// process-wide totals for as long as the store lives.
+    held: Held,
 }
 
 /// What is left of a call's log budget, and what was dropped past it.
@@ -395,6 +398,16 @@ impl ResourceLimiter for Limiter {
         self.inner.table_growing(current, desired, maximum)
     }
 
+    // Forwarded so that `trap_on_grow_failure` also covers growth the
+    // limiter allowed but wasmtime could not make (past a declared maximum).
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.inner.memory_grow_failed(error)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.inner.table_grow_failed(error)
+    }
+
     fn instances(&self) -> usize {
         self.inner.instances()
     }
@@ -427,6 +440,8 @@ pub struct Prepared {
     /// Whether it imports the host's `log`, which the Rust SDK's panic hook
     /// needs: without it a panic traps with no message anywhere.
     imports_log: bool,
+    /// Whether its store may be kept between calls ([`KeptStore`]).
+    keepable: bool,
 }
 
 /// What `evaluate` answered: one result per config, or a wrong count (the
@@ -587,6 +602,15 @@ impl Sandbox {
         let imports: Vec<&str> = ty.imports(&self.engine).map(|(name, _)| name).collect();
         let uses_wasi = imports.iter().any(|name| name.starts_with("wasi:"));
         let imports_log = imports.iter().any(|name| name.starts_with("attest:plugin/host@"));
+        // Idle instances of a kept store hold pool slots. Only components as
+        // small as a Rust plugin's (one memory; the plugin's table and the
+        // shim's) are kept, so the idle ones cannot use up the pool's
+        // memories or tables; WASI components run each call on a thread of
+        // its own and have nothing to keep a store on.
+        let keepable = !uses_wasi
+            && component
+                .resources_required()
+                .is_some_and(|r| r.num_memories <= 1 && r.num_tables <= 2);
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(Prepared {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -596,6 +620,7 @@ impl Sandbox {
             pre,
             uses_wasi,
             imports_log,
+            keepable,
         })
     }
 
@@ -613,6 +638,7 @@ impl Sandbox {
             table: ResourceTable::new(),
             started: std::time::Instant::now(),
             capabilities: None,
+            held: Held::default(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -669,12 +695,10 @@ impl Sandbox {
         capabilities: Option<Box<CallContext>>,
     ) -> (Result<Answer, Fault>, Option<Box<CallContext>>) {
         let answer = self.on_call_thread(plugin, || {
-            // A WASI plugin's call runs on a thread of its own, which ends
-            // with the call: nothing to keep a store on.
-            let (mut store, calls) = if plugin.uses_wasi {
-                (self.store(plugin_id, limits), 0)
-            } else {
+            let (mut store, calls) = if plugin.keepable {
                 self.store_for_call(plugin, plugin_id, limits)
+            } else {
+                (self.store(plugin_id, limits), 0)
             };
             store.data_mut().capabilities = capabilities;
             let result = evaluate_in(&mut store, plugin, trace, configs);
@@ -683,7 +707,7 @@ impl Sandbox {
             let capabilities = store.data_mut().capabilities.take();
             // A store whose call failed is dropped: a trap, a timeout or a
             // refused host call may leave it mid-way through anything.
-            if result.is_ok() && !plugin.uses_wasi {
+            if result.is_ok() && plugin.keepable {
                 KeptStore::keep(plugin.id, store, calls + 1);
             }
             Ok((result, capabilities))
@@ -732,13 +756,50 @@ const CALLS_PER_STORE: u32 = 8;
 /// Linear memory a kept store's instances may hold; a store holding more
 /// is dropped after its call.
 const KEPT_STORE_BYTES: usize = 16 << 20;
-/// Instances and memory that kept stores may hold, over all threads. The
-/// pool's slots must stay free for calls in flight.
-const KEPT_INSTANCES_TOTAL: usize = 64;
-const KEPT_BYTES_TOTAL: usize = 64 << 20;
+/// Instances of earlier calls, and their memory, that stores may hold over
+/// all threads, whether the store is idle or serving its next call. The
+/// pool's slots must stay free for calls in flight: each held instance is
+/// one memory and at most two tables (only such components are kept), and
+/// at most 64 core instances, so 16 of them hold at most half the pool's
+/// 2,048 core instances and a sliver of its memories and tables.
+const HELD_INSTANCES_TOTAL: usize = 16;
+const HELD_BYTES_TOTAL: usize = 64 << 20;
 
-static KEPT_INSTANCES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static KEPT_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static HELD_INSTANCES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static HELD_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The instances and memory a store holds for calls that have finished,
+/// counted in [`HELD_INSTANCES`] and [`HELD_BYTES`] until the store (whose
+/// state this is part of) is dropped.
+#[derive(Default)]
+struct Held {
+    instances: usize,
+    bytes: usize,
+}
+
+impl Held {
+    /// Counts a finished call's instance, and the store's memory now
+    /// `bytes` in all, as held. False when that takes the process past a
+    /// total: the store must then be dropped, which gives it all back.
+    fn hold(&mut self, bytes: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let more = bytes.saturating_sub(self.bytes);
+        // Counted first, so that two threads cannot both pass the check.
+        let instances = HELD_INSTANCES.fetch_add(1, Relaxed) + 1;
+        let total_bytes = HELD_BYTES.fetch_add(more, Relaxed) + more;
+        self.instances += 1;
+        self.bytes += more;
+        instances <= HELD_INSTANCES_TOTAL && total_bytes <= HELD_BYTES_TOTAL
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        HELD_INSTANCES.fetch_sub(self.instances, Relaxed);
+        HELD_BYTES.fetch_sub(self.bytes, Relaxed);
+    }
+}
 
 thread_local! {
     /// The store the last call on this thread left, for its plugin's next call.
@@ -751,59 +812,29 @@ thread_local! {
 /// [`Sandbox::store_for_call`]), and the instances of earlier calls stay
 /// alive, unused, until the store is dropped. That is bounded per store by
 /// [`CALLS_PER_STORE`] and [`KEPT_STORE_BYTES`], and over all threads by
-/// [`KEPT_INSTANCES_TOTAL`] and [`KEPT_BYTES_TOTAL`]. While kept, it counts
-/// against those totals.
+/// [`HELD_INSTANCES_TOTAL`] and [`HELD_BYTES_TOTAL`] ([`Held`]).
 struct KeptStore {
     plugin: u64,
-    store: Option<Store<State>>,
+    store: Store<State>,
     calls: u32,
-    bytes: usize,
 }
 
 impl KeptStore {
     /// Keeps `store` on this thread for `plugin`'s next call when it may
     /// serve another and the totals allow; otherwise drops it.
-    fn keep(plugin: u64, store: Store<State>, calls: u32) {
-        use std::sync::atomic::Ordering::Relaxed;
+    fn keep(plugin: u64, mut store: Store<State>, calls: u32) {
         let bytes = store.data().limiter.held_bytes;
-        if calls >= CALLS_PER_STORE || bytes > KEPT_STORE_BYTES {
+        if calls >= CALLS_PER_STORE || bytes > KEPT_STORE_BYTES || !store.data_mut().held.hold(bytes) {
             return;
         }
-        // Counted first, so that two threads cannot both pass the check.
-        let instances = KEPT_INSTANCES.fetch_add(calls as usize, Relaxed) + calls as usize;
-        let total_bytes = KEPT_BYTES.fetch_add(bytes, Relaxed) + bytes;
-        if instances > KEPT_INSTANCES_TOTAL || total_bytes > KEPT_BYTES_TOTAL {
-            // Over a total: give back what was counted and drop the store.
-            drop(KeptStore {
-                plugin,
-                store: None,
-                calls,
-                bytes,
-            });
-            return;
-        }
-        let kept = KeptStore {
-            plugin,
-            store: Some(store),
-            calls,
-            bytes,
-        };
         // A store kept for another plugin is replaced (and dropped) here.
-        KEPT_STORE.with(|k| *k.borrow_mut() = Some(kept));
+        KEPT_STORE.with(|k| *k.borrow_mut() = Some(KeptStore { plugin, store, calls }));
     }
 
-    /// The store and its call count, if it was kept for `plugin`.
-    fn take_for(mut self, plugin: u64) -> Option<(Store<State>, u32)> {
-        let store = self.store.take().filter(|_| self.plugin == plugin)?;
-        Some((store, self.calls))
-    }
-}
-
-impl Drop for KeptStore {
-    fn drop(&mut self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        KEPT_INSTANCES.fetch_sub(self.calls as usize, Relaxed);
-        KEPT_BYTES.fetch_sub(self.bytes, Relaxed);
+    /// The store and its call count, if it was kept for `plugin`; a store
+    /// kept for another plugin is dropped.
+    fn take_for(self, plugin: u64) -> Option<(Store<State>, u32)> {
+        (self.plugin == plugin).then_some((self.store, self.calls))
     }
 }
 
@@ -1174,17 +1205,21 @@ mod tests {
 
         KeptStore::keep(7, sandbox.store(&id, &limits), 1);
         assert_eq!(kept_here(), Some((7, 1)));
-        assert!(KEPT_INSTANCES.load(Relaxed) >= 1, "a kept store counts against the totals");
+        assert!(HELD_INSTANCES.load(Relaxed) >= 1, "a kept store counts against the totals");
         // Another plugin's call takes the store off the thread and drops it.
         let kept = KEPT_STORE.with(|k| k.borrow_mut().take()).unwrap();
         assert!(kept.take_for(8).is_none());
         assert_eq!(kept_here(), None);
 
-        // Its own plugin's call gets it back, with its count of calls.
+        // Its own plugin's call gets it back, with its count of calls,
+        // and it stays counted while it serves that call.
+        let before = HELD_INSTANCES.load(Relaxed);
         KeptStore::keep(7, sandbox.store(&id, &limits), 3);
         let kept = KEPT_STORE.with(|k| k.borrow_mut().take()).unwrap();
         let (store, calls) = kept.take_for(7).unwrap();
         assert_eq!(calls, 3);
+        assert_eq!(HELD_INSTANCES.load(Relaxed), before + 1);
+        assert_eq!(store.data().held.instances, 1);
 
         // A store that has served its calls, or holds too much memory, is
         // not kept.
@@ -1204,10 +1239,13 @@ mod tests {
         let id: Arc<str> = "p".into();
         let limits = PluginLimits::default();
         // As if other threads held every instance the totals allow.
-        KEPT_INSTANCES.fetch_add(KEPT_INSTANCES_TOTAL, Relaxed);
+        HELD_INSTANCES.fetch_add(HELD_INSTANCES_TOTAL, Relaxed);
+        let before = HELD_INSTANCES.load(Relaxed);
         KeptStore::keep(9, sandbox.store(&id, &limits), 1);
         let kept = kept_here();
-        KEPT_INSTANCES.fetch_sub(KEPT_INSTANCES_TOTAL, Relaxed);
+        let after = HELD_INSTANCES.load(Relaxed);
+        HELD_INSTANCES.fetch_sub(HELD_INSTANCES_TOTAL, Relaxed);
         assert_eq!(kept, None, "over the total, the store is dropped");
+        assert_eq!(after, before, "and what it counted is given back");
     }
 }

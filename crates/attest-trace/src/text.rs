@@ -1,6 +1,6 @@
 //! Small text helpers for explanations and error messages: bounded quoting
-//! of user-supplied values and compact number formatting, and the
-//! case-insensitive containment the content checks use. The engine and
+//! of user-supplied values and compact number formatting, and a fast
+//! form of the case-insensitive containment the content checks make. The engine and
 //! plugins share them, so plugin explanations read like the engine's own
 //! (`'value'` quoting, `…` where something was cut).
 //!
