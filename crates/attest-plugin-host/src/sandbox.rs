@@ -218,6 +218,26 @@ impl LogBudget {
     }
 }
 
+impl State {
+    /// The state of a store for one call.
+    fn new(plugin_id: &Arc<str>, limits: &PluginLimits) -> State {
+        State {
+            plugin_id: plugin_id.clone(),
+            limiter: Limiter {
+                inner: store_limits(limits),
+                refused: false,
+                held_bytes: 0,
+            },
+            log: LogBudget::new(),
+            wasi: None,
+            table: ResourceTable::new(),
+            started: std::time::Instant::now(),
+            capabilities: None,
+            held: Held::default(),
+        }
+    }
+}
+
 impl WasiView for State {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         let ctx = self.wasi.get_or_insert_with(|| {
@@ -626,21 +646,7 @@ impl Sandbox {
 
     /// A fresh store, armed for one call.
     fn store(&self, plugin_id: &Arc<str>, limits: &PluginLimits) -> Store<State> {
-        let state = State {
-            plugin_id: plugin_id.clone(),
-            limiter: Limiter {
-                inner: store_limits(limits),
-                refused: false,
-                held_bytes: 0,
-            },
-            log: LogBudget::new(),
-            wasi: None,
-            table: ResourceTable::new(),
-            started: std::time::Instant::now(),
-            capabilities: None,
-            held: Held::default(),
-        };
-        let mut store = Store::new(&self.engine, state);
+        let mut store = Store::new(&self.engine, State::new(plugin_id, limits));
         store.limiter(|s| &mut s.limiter);
         arm(&mut store, limits);
         store
@@ -648,24 +654,21 @@ impl Sandbox {
 
     /// The store this thread kept for `plugin`, made ready for its next
     /// call, or a fresh one.
-    fn store_for_call(&self, plugin: &Prepared, plugin_id: &Arc<str>, limits: &PluginLimits) -> (Store<State>, u32) {
+    fn store_for_call(&self, plugin: &Prepared, plugin_id: &Arc<str>, limits: &PluginLimits) -> Store<State> {
         let kept = KEPT_STORE.with(|k| k.borrow_mut().take());
         match kept.and_then(|k| k.take_for(plugin.id)) {
-            Some((mut store, calls)) => {
-                // Everything a call may have changed in the store's state.
+            Some(mut store) => {
+                // The call's state is made anew, so nothing a call may have
+                // changed is missed; only what the store holds for its
+                // earlier calls carries over.
                 let state = store.data_mut();
-                state.plugin_id = plugin_id.clone();
-                state.limiter.inner = store_limits(limits);
-                state.limiter.refused = false;
-                state.log = LogBudget::new();
-                state.wasi = None;
-                state.table = ResourceTable::new();
-                state.started = std::time::Instant::now();
-                state.capabilities = None;
+                let earlier = std::mem::replace(state, State::new(plugin_id, limits));
+                state.held = earlier.held;
+                state.limiter.held_bytes = earlier.limiter.held_bytes;
                 arm(&mut store, limits);
-                (store, calls)
+                store
             }
-            None => (self.store(plugin_id, limits), 0),
+            None => self.store(plugin_id, limits),
         }
     }
 
@@ -695,10 +698,10 @@ impl Sandbox {
         capabilities: Option<Box<CallContext>>,
     ) -> (Result<Answer, Fault>, Option<Box<CallContext>>) {
         let answer = self.on_call_thread(plugin, || {
-            let (mut store, calls) = if plugin.keepable {
+            let mut store = if plugin.keepable {
                 self.store_for_call(plugin, plugin_id, limits)
             } else {
-                (self.store(plugin_id, limits), 0)
+                self.store(plugin_id, limits)
             };
             store.data_mut().capabilities = capabilities;
             let result = evaluate_in(&mut store, plugin, trace, configs);
@@ -708,7 +711,7 @@ impl Sandbox {
             // A store whose call failed is dropped: a trap, a timeout or a
             // refused host call may leave it mid-way through anything.
             if result.is_ok() && plugin.keepable {
-                KeptStore::keep(plugin.id, store, calls + 1);
+                KeptStore::keep(plugin.id, store);
             }
             Ok((result, capabilities))
         });
@@ -730,7 +733,7 @@ impl Sandbox {
 fn store_limits(limits: &PluginLimits) -> StoreLimits {
     // The counts are per store, and a kept store holds the instances of
     // up to `CALLS_PER_STORE` calls; the pool bounds each component alone.
-    let calls = CALLS_PER_STORE as usize;
+    let calls = CALLS_PER_STORE;
     StoreLimitsBuilder::new()
         .memory_size(limits.memory_bytes)
         .table_elements(100_000)
@@ -752,7 +755,7 @@ fn arm(store: &mut Store<State>, limits: &PluginLimits) {
 
 /// Calls one store serves, each in a fresh instance, before it is dropped
 /// (which returns all their slots to the pool at once).
-const CALLS_PER_STORE: u32 = 8;
+const CALLS_PER_STORE: usize = 8;
 /// Linear memory a kept store's instances may hold; a store holding more
 /// is dropped after its call.
 const KEPT_STORE_BYTES: usize = 16 << 20;
@@ -816,25 +819,28 @@ thread_local! {
 struct KeptStore {
     plugin: u64,
     store: Store<State>,
-    calls: u32,
 }
 
 impl KeptStore {
-    /// Keeps `store` on this thread for `plugin`'s next call when it may
-    /// serve another and the totals allow; otherwise drops it.
-    fn keep(plugin: u64, mut store: Store<State>, calls: u32) {
-        let bytes = store.data().limiter.held_bytes;
-        if calls >= CALLS_PER_STORE || bytes > KEPT_STORE_BYTES || !store.data_mut().held.hold(bytes) {
+    /// Keeps `store`, whose call has just finished, on this thread for
+    /// `plugin`'s next call when it may serve another and the totals allow;
+    /// otherwise drops it.
+    fn keep(plugin: u64, mut store: Store<State>) {
+        let state = store.data_mut();
+        let bytes = state.limiter.held_bytes;
+        // The calls it has served: those it holds instances for, and this one.
+        let calls = state.held.instances + 1;
+        if calls >= CALLS_PER_STORE || bytes > KEPT_STORE_BYTES || !state.held.hold(bytes) {
             return;
         }
         // A store kept for another plugin is replaced (and dropped) here.
-        KEPT_STORE.with(|k| *k.borrow_mut() = Some(KeptStore { plugin, store, calls }));
+        KEPT_STORE.with(|k| *k.borrow_mut() = Some(KeptStore { plugin, store }));
     }
 
-    /// The store and its call count, if it was kept for `plugin`; a store
-    /// kept for another plugin is dropped.
-    fn take_for(self, plugin: u64) -> Option<(Store<State>, u32)> {
-        (self.plugin == plugin).then_some((self.store, self.calls))
+    /// The store, if it was kept for `plugin`; a store kept for another
+    /// plugin is dropped.
+    fn take_for(self, plugin: u64) -> Option<Store<State>> {
+        (self.plugin == plugin).then_some(self.store)
     }
 }
 
@@ -1191,8 +1197,14 @@ mod tests {
     /// The kept-store tests change process-wide totals; one at a time.
     static TOTALS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    fn kept_here() -> Option<(u64, u32)> {
-        KEPT_STORE.with(|k| k.borrow().as_ref().map(|k| (k.plugin, k.calls)))
+    /// The plugin this thread's kept store is for, and the calls it holds
+    /// instances for.
+    fn kept_here() -> Option<(u64, usize)> {
+        KEPT_STORE.with(|k| k.borrow().as_ref().map(|k| (k.plugin, k.store.data().held.instances)))
+    }
+
+    fn take_kept(plugin: u64) -> Option<Store<State>> {
+        KEPT_STORE.with(|k| k.borrow_mut().take()).unwrap().take_for(plugin)
     }
 
     #[test]
@@ -1203,31 +1215,36 @@ mod tests {
         let id: Arc<str> = "p".into();
         let limits = PluginLimits::default();
 
-        KeptStore::keep(7, sandbox.store(&id, &limits), 1);
+        KeptStore::keep(7, sandbox.store(&id, &limits));
         assert_eq!(kept_here(), Some((7, 1)));
         assert!(HELD_INSTANCES.load(Relaxed) >= 1, "a kept store counts against the totals");
         // Another plugin's call takes the store off the thread and drops it.
-        let kept = KEPT_STORE.with(|k| k.borrow_mut().take()).unwrap();
-        assert!(kept.take_for(8).is_none());
+        assert!(take_kept(8).is_none());
         assert_eq!(kept_here(), None);
 
         // Its own plugin's call gets it back, with its count of calls,
         // and it stays counted while it serves that call.
         let before = HELD_INSTANCES.load(Relaxed);
-        KeptStore::keep(7, sandbox.store(&id, &limits), 3);
-        let kept = KEPT_STORE.with(|k| k.borrow_mut().take()).unwrap();
-        let (store, calls) = kept.take_for(7).unwrap();
-        assert_eq!(calls, 3);
-        assert_eq!(HELD_INSTANCES.load(Relaxed), before + 1);
-        assert_eq!(store.data().held.instances, 1);
+        KeptStore::keep(7, sandbox.store(&id, &limits));
+        let store = take_kept(7).unwrap();
+        KeptStore::keep(7, store);
+        assert_eq!(kept_here(), Some((7, 2)));
+        let mut store = take_kept(7).unwrap();
+        assert_eq!(HELD_INSTANCES.load(Relaxed), before + 2);
+        assert_eq!(store.data().held.instances, 2);
 
         // A store that has served its calls, or holds too much memory, is
         // not kept.
-        KeptStore::keep(7, store, CALLS_PER_STORE);
+        for calls in 3..CALLS_PER_STORE {
+            KeptStore::keep(7, store);
+            assert_eq!(kept_here(), Some((7, calls)));
+            store = take_kept(7).unwrap();
+        }
+        KeptStore::keep(7, store);
         assert_eq!(kept_here(), None);
         let mut big = sandbox.store(&id, &limits);
         big.data_mut().limiter.held_bytes = KEPT_STORE_BYTES + 1;
-        KeptStore::keep(7, big, 1);
+        KeptStore::keep(7, big);
         assert_eq!(kept_here(), None);
     }
 
@@ -1241,7 +1258,7 @@ mod tests {
         // As if other threads held every instance the totals allow.
         HELD_INSTANCES.fetch_add(HELD_INSTANCES_TOTAL, Relaxed);
         let before = HELD_INSTANCES.load(Relaxed);
-        KeptStore::keep(9, sandbox.store(&id, &limits), 1);
+        KeptStore::keep(9, sandbox.store(&id, &limits));
         let kept = kept_here();
         let after = HELD_INSTANCES.load(Relaxed);
         HELD_INSTANCES.fetch_sub(HELD_INSTANCES_TOTAL, Relaxed);
