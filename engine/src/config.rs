@@ -521,8 +521,11 @@ impl Config {
     }
 }
 
+/// Largest config file read, in bytes.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
+
 fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+    let text = crate::eval_cmd::read_text(path, "config file", MAX_CONFIG_FILE_BYTES)?;
     toml::from_str(&text).with_context(|| {
         format!(
             "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, compiled_cache_mib, idempotency_cache_mib, plugin_results_mib, session_log_mib, max_inflight_mib, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, drift_webhook_url, reports, budget_usd, [plugin_defaults], [[plugins]], [embedding], [judge], [providers], [prices])",

@@ -56,20 +56,18 @@ pub const MAX_INPUT_FILE_BYTES: u64 = 256 << 20;
 /// Reads `path` (`what` names it in errors) as UTF-8 text, up to
 /// [`MAX_INPUT_FILE_BYTES`].
 pub fn read_input(path: &Path, what: &str) -> Result<String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).with_context(|| format!("cannot read {what} {}", path.display()))?;
-    let mut text = String::new();
-    file.take(MAX_INPUT_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .with_context(|| format!("cannot read {what} {}", path.display()))?;
-    if text.len() as u64 > MAX_INPUT_FILE_BYTES {
-        bail!(
-            "{what} {} is larger than {} MiB: split it into smaller files",
-            path.display(),
-            MAX_INPUT_FILE_BYTES >> 20
-        );
-    }
-    Ok(text)
+    read_text(path, what, MAX_INPUT_FILE_BYTES)
+}
+
+/// Reads `path` (`what` names it in errors) as UTF-8 text of at most
+/// `limit` bytes; the error says what to do about the file.
+pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String> {
+    use attest_io::ReadError;
+    attest_io::read_capped_text(path, limit).map_err(|e| match e {
+        ReadError::Io(io) => anyhow::anyhow!("cannot read {what} {}: {io}", path.display()),
+        ReadError::TooLarge { .. } => anyhow::anyhow!("{what} {} {e}: split it into smaller files", path.display()),
+        ReadError::NotUtf8 { .. } => anyhow::anyhow!("{what} {} {e}: save it as UTF-8", path.display()),
+    })
 }
 
 /// `attest-engine plugin test`: one plugin assertion with `config`, on each

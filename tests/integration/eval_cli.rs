@@ -214,6 +214,16 @@ fn unreadable_inputs_exit_2_with_a_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("cannot read assertions file"), "{}", stderr(&out));
 
+    let latin1 = dir.path().join("latin1.json");
+    std::fs::write(&latin1, b"{\"trace_id\": \"t\",\n \"output\": {\"message\": \"caf\xe9\"}}").unwrap();
+    let out = eval(&latin1, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is not UTF-8 text (the first bad byte is on line 2): save it as UTF-8"),
+        "{}",
+        stderr(&out)
+    );
+
     let not_json = write(&dir, "broken.json", "{\"assertions\": [");
     let out = eval(&trace, &not_json, &[]);
     assert_eq!(out.status.code(), Some(2));

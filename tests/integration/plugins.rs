@@ -3010,7 +3010,7 @@ fn plugin_test_runs_one_plugin_on_a_trace_and_prints_its_verdict() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(
-        stdout.contains("the component is at least 67108865 bytes; the limit is 67108864 bytes"),
+        stdout.contains("the component is larger than the limit of 67108864 bytes (64 MiB)"),
         "{stdout}"
     );
     let out = run_with(

@@ -31,7 +31,6 @@ use crate::pyfloat::{parse_py_float, py_lstrip, py_strip};
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::fmt;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// Largest labels file [`load_labels`] reads: 256 MiB.
@@ -460,25 +459,19 @@ pub fn detect_format(path: &Path, text: &str) -> LabelsFormat {
 /// Reads and loads a labels file as the SDK's `load_labels` does: UTF-8
 /// text with `\r\n` and lone `\r` read as `\n`, format per [`detect_format`].
 pub fn load_labels(path: &Path) -> Result<Vec<LabeledRecord>, LabelsError> {
-    let read_error = |e: std::io::Error| LabelsError::Read {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    };
-    let file = std::fs::File::open(path).map_err(read_error)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_LABELS_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(read_error)?;
-    if bytes.len() as u64 > MAX_LABELS_FILE_BYTES {
-        return Err(LabelsError::TooLarge {
+    let text = attest_io::read_capped_text(path, MAX_LABELS_FILE_BYTES).map_err(|e| match e {
+        attest_io::ReadError::Io(e) => LabelsError::Read {
             path: path.to_path_buf(),
-            limit_bytes: MAX_LABELS_FILE_BYTES,
-        });
-    }
-    let text = String::from_utf8(bytes).map_err(|e| {
-        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
-        LabelsError::NotUtf8 {
+            message: e.to_string(),
+        },
+        attest_io::ReadError::TooLarge { limit, .. } => LabelsError::TooLarge {
             path: path.to_path_buf(),
-            line: 1 + valid.iter().filter(|&&b| b == b'\n').count(),
-        }
+            limit_bytes: limit,
+        },
+        attest_io::ReadError::NotUtf8 { line } => LabelsError::NotUtf8 {
+            path: path.to_path_buf(),
+            line,
+        },
     })?;
     let text = universal_newlines(text);
     match detect_format(path, &text) {

@@ -151,7 +151,7 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
 
 fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
     let Some(p) = path else { return Ok(PriceTable::default()) };
-    let text = crate::read_capped(p).with_context(|| format!("--prices {}", p.display()))?;
+    let text = crate::read_capped(p).map_err(|e| anyhow::anyhow!("--prices {} {e}", p.display()))?;
     let table: PriceTable = serde_norway::from_str(&text).with_context(|| {
         format!(
             "--prices {}: expected `models: {{NAME: {{input_per_million, output_per_million}}}}`",

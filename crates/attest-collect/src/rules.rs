@@ -227,7 +227,7 @@ const RULE_FIELDS: &str = "name, match, sample_rate, budget, assertions";
 
 impl RuleSet {
     pub fn load(path: &Path, evaluator: &dyn Evaluator) -> Result<RuleSet, RulesFileError> {
-        let text = crate::read_capped(path).map_err(|e| RulesFileError(format!("rules file {}: cannot be read: {e}", path.display())))?;
+        let text = crate::read_capped(path).map_err(|e| RulesFileError(format!("rules file {} {e}", path.display())))?;
         let is_json = path.extension().is_some_and(|e| e == "json");
         Self::parse(&text, is_json, evaluator).map_err(|e| RulesFileError(format!("rules file {}: {}", path.display(), e.0)))
     }

@@ -260,29 +260,10 @@ const STEP_KEYS: &str = "input, constraints, graders";
 const GRADER_KEYS: &str = "type, field, condition, value, pattern, prompt, assertion, tool_name, arguments, scope";
 const GRADER_TYPES: &str = "text_match, llm_judge, tool_usage, attest";
 
+/// A manifest's or a dataset's bytes, up to [`MAX_FILE_BYTES`], or what is
+/// wrong with the file.
 fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(format!(
-            "{} is {} bytes; the limit is {MAX_FILE_BYTES} bytes",
-            path.display(),
-            meta.len()
-        ));
-    }
-    // A pipe or a device reports no size: the read itself stops past the limit.
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(
-        &mut std::io::Read::take(
-            std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?,
-            MAX_FILE_BYTES + 1,
-        ),
-        &mut bytes,
-    )
-    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("{} is larger than the limit of {MAX_FILE_BYTES} bytes", path.display()));
-    }
-    Ok(bytes)
+    attest_io::read_capped(path, MAX_FILE_BYTES).map_err(|e| format!("{} {e}", path.display()))
 }
 
 /// Load, expand and validate a manifest file.
@@ -293,7 +274,7 @@ pub fn load(path: &Path) -> Result<Manifest, ManifestErrors> {
     };
     let bytes = read_bounded(path).map_err(fail)?;
     let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
-    let text = String::from_utf8(bytes).map_err(|_| fail("the file is not UTF-8".into()))?;
+    let text = attest_io::utf8(bytes).map_err(|e| fail(format!("the file {e}")))?;
     let doc: Value = crate::yaml::load(&text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
     let base_dir = path
         .canonicalize()

@@ -391,8 +391,9 @@ pub fn files_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 pub enum LoadError {
     /// The file could not be read.
     Unreadable { path: PathBuf, why: String },
-    /// Larger than [`MAX_COMPONENT_BYTES`].
-    TooLarge { bytes: u64 },
+    /// Larger than [`MAX_COMPONENT_BYTES`]: `bytes` when the file system
+    /// reports a size (a pipe or a device does not).
+    TooLarge { bytes: Option<u64> },
     /// A core WebAssembly module, not a component.
     CoreModule,
     /// Not WebAssembly at all.
@@ -426,10 +427,14 @@ impl std::fmt::Display for LoadError {
         let newest = SUPPORTED_API_VERSIONS[0];
         match self {
             LoadError::Unreadable { path, why } => write!(f, "cannot read {}: {why}", path.display()),
-            LoadError::TooLarge { bytes } => write!(
+            LoadError::TooLarge { bytes: Some(bytes) } => write!(
                 f,
-                "the component is {}{bytes} bytes; the limit is {MAX_COMPONENT_BYTES} bytes ({} MiB)",
-                if *bytes > MAX_COMPONENT_BYTES as u64 + 1 { "" } else { "at least " },
+                "the component is {bytes} bytes; the limit is {MAX_COMPONENT_BYTES} bytes ({} MiB)",
+                MAX_COMPONENT_BYTES >> 20
+            ),
+            LoadError::TooLarge { bytes: None } => write!(
+                f,
+                "the component is larger than the limit of {MAX_COMPONENT_BYTES} bytes ({} MiB)",
                 MAX_COMPONENT_BYTES >> 20
             ),
             LoadError::CoreModule => f.write_str("this is a core WebAssembly module, not a component: build it as a component (see docs/plugins.md) or convert it with `wasm-tools component new`"),
@@ -463,16 +468,20 @@ impl std::fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
-/// A component file's bytes, and at most one byte past
-/// [`MAX_COMPONENT_BYTES`] (so that a larger one is told apart): a pipe or a
-/// device has no size to check first.
-fn read_component(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut wasm = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_COMPONENT_BYTES as u64 + 1)
-        .read_to_end(&mut wasm)?;
-    Ok(wasm)
+/// A component file's bytes, up to [`MAX_COMPONENT_BYTES`].
+fn read_component(path: &Path) -> Result<Vec<u8>, LoadError> {
+    attest_io::read_capped(path, MAX_COMPONENT_BYTES as u64).map_err(|e| match e {
+        attest_io::ReadError::TooLarge { size, .. } => LoadError::TooLarge { bytes: size },
+        attest_io::ReadError::Io(e) => LoadError::Unreadable {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        },
+        // Bytes are not checked as text; kept total for the compiler.
+        other @ attest_io::ReadError::NotUtf8 { .. } => LoadError::Unreadable {
+            path: path.to_path_buf(),
+            why: other.to_string(),
+        },
+    })
 }
 
 /// Loads one plugin, or says exactly why it is refused. A plugin the cache's
@@ -488,7 +497,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
     let meta = std::fs::metadata(path).map_err(unreadable)?;
     let size = meta.len();
     if size > MAX_COMPONENT_BYTES as u64 {
-        return Err(LoadError::TooLarge { bytes: size });
+        return Err(LoadError::TooLarge { bytes: Some(size) });
     }
     if spec.limits.memory_bytes > sandbox::MAX_MEMORY_BYTES {
         return Err(LoadError::MemoryLimit {
@@ -514,10 +523,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
             );
         }
     }
-    let wasm = read_component(path).map_err(unreadable)?;
-    if wasm.len() > MAX_COMPONENT_BYTES {
-        return Err(LoadError::TooLarge { bytes: wasm.len() as u64 });
-    }
+    let wasm = read_component(path)?;
     match wasm.get(..8) {
         Some([0, b'a', b's', b'm', 0x0d, 0, 0x01, 0]) => {}
         Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => return Err(LoadError::CoreModule),
@@ -778,7 +784,7 @@ impl Plugin {
     }
 
     fn load_deferred(&self, deferred: &Deferred) -> Result<Runtime, String> {
-        let wasm = read_component(&self.path).map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
+        let wasm = read_component(&self.path).map_err(|e| e.to_string())?;
         if cache::source_hash(&wasm) != deferred.source {
             deferred.cache.forget(&self.path);
             return Err(format!(

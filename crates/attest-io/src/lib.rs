@@ -1,0 +1,169 @@
+//! Reading the files users hand the engine (traces, assertions, manifests,
+//! label files, rules, plugin components) without ever holding more than a
+//! cap in memory.
+//!
+//! A regular file reports its size, so one that is too large is refused
+//! before a byte is read. A pipe, a FIFO or a device (`/dev/zero`) reports
+//! none, and a file may grow while it is read, so the read itself also stops
+//! one byte past the cap: that byte is how "exactly at the cap" is told from
+//! "over it". Size is judged before text, so a cap that happens to cut a
+//! character in two is reported as the size it is, not as bad UTF-8.
+//!
+//! Callers turn a [`ReadError`] into their own domain's error, with the
+//! file's role ("trace file", "labels file") and what to do about it.
+
+use std::fmt;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+/// Why a capped read gave no contents.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The file could not be opened or read.
+    Io(std::io::Error),
+    /// The file holds more than `limit` bytes. `size` is its size when the
+    /// file system reports one; a pipe or a device reports none.
+    TooLarge { limit: u64, size: Option<u64> },
+    /// The contents are not UTF-8 text; `line` (from 1) holds the first
+    /// byte that is not.
+    NotUtf8 { line: usize },
+}
+
+impl fmt::Display for ReadError {
+    /// Reads on after the file's name: "`<path>` is larger than 16 MiB".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Io(e) => write!(f, "cannot be read: {e}"),
+            ReadError::TooLarge { limit, size: Some(size) } => write!(f, "is {size} bytes; the limit is {}", Size(*limit)),
+            ReadError::TooLarge { limit, size: None } => write!(f, "is larger than {}", Size(*limit)),
+            ReadError::NotUtf8 { line } => write!(f, "is not UTF-8 text (the first bad byte is on line {line})"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReadError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for ReadError {
+    fn from(e: std::io::Error) -> ReadError {
+        ReadError::Io(e)
+    }
+}
+
+/// A byte count as people write limits: whole MiB or KiB when it is one.
+pub struct Size(pub u64);
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            n if n >= 1 << 20 && n % (1 << 20) == 0 => write!(f, "{} MiB", n >> 20),
+            n if n >= 1 << 10 && n % (1 << 10) == 0 => write!(f, "{} KiB", n >> 10),
+            n => write!(f, "{n} bytes"),
+        }
+    }
+}
+
+/// The bytes of `path`, when there are at most `limit` of them.
+pub fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
+    let file = File::open(path)?;
+    let size = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+    if let Some(size) = size.filter(|&size| size > limit) {
+        return Err(ReadError::TooLarge { limit, size: Some(size) });
+    }
+    // The reported size is only a hint: the file may have changed since.
+    let mut bytes = Vec::with_capacity(size.map_or(0, |s| s.min(limit) as usize));
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(ReadError::TooLarge { limit, size: None });
+    }
+    Ok(bytes)
+}
+
+/// The UTF-8 text of `path`, when it is at most `limit` bytes.
+pub fn read_capped_text(path: &Path, limit: u64) -> Result<String, ReadError> {
+    utf8(read_capped(path, limit)?)
+}
+
+/// `bytes` as text, or the line of the first byte that is not UTF-8.
+pub fn utf8(bytes: Vec<u8>) -> Result<String, ReadError> {
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        ReadError::NotUtf8 {
+            line: 1 + valid.iter().filter(|&&b| b == b'\n').count(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_at_the_cap_is_read_and_one_past_it_is_refused_with_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("at");
+        std::fs::write(&at, "x".repeat(64)).unwrap();
+        assert_eq!(read_capped(&at, 64).unwrap().len(), 64);
+        assert_eq!(read_capped_text(&at, 64).unwrap(), "x".repeat(64));
+        let over = dir.path().join("over");
+        std::fs::write(&over, "x".repeat(65)).unwrap();
+        let e = read_capped(&over, 64).unwrap_err();
+        assert!(matches!(e, ReadError::TooLarge { limit: 64, size: Some(65) }), "{e:?}");
+        assert_eq!(e.to_string(), "is 65 bytes; the limit is 64 bytes");
+    }
+
+    #[test]
+    fn a_cap_that_cuts_a_character_is_a_size_error_not_bad_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("cut");
+        std::fs::write(&p, "x".repeat(1023) + "é").unwrap();
+        let e = read_capped_text(&p, 1024).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ReadError::TooLarge {
+                    limit: 1024,
+                    size: Some(1025)
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "is 1025 bytes; the limit is 1 KiB");
+    }
+
+    #[test]
+    fn a_device_is_read_no_further_than_the_cap() {
+        let e = read_capped(Path::new("/dev/zero"), 16 << 20).unwrap_err();
+        assert!(matches!(e, ReadError::TooLarge { size: None, .. }), "{e:?}");
+        assert_eq!(e.to_string(), "is larger than 16 MiB");
+    }
+
+    #[test]
+    fn bad_text_names_the_line_and_a_missing_file_the_os_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("latin1");
+        std::fs::write(&p, b"ok\nstill ok\ncaf\xe9\n").unwrap();
+        let e = read_capped_text(&p, 1 << 20).unwrap_err();
+        assert!(matches!(e, ReadError::NotUtf8 { line: 3 }), "{e:?}");
+        let e = read_capped(&dir.path().join("missing"), 1).unwrap_err();
+        assert!(
+            matches!(&e, ReadError::Io(io) if io.kind() == std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        assert!(e.to_string().starts_with("cannot be read: "), "{e}");
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_limits() {
+        assert_eq!(Size(256 << 20).to_string(), "256 MiB");
+        assert_eq!(Size(64 << 10).to_string(), "64 KiB");
+        assert_eq!(Size(1000).to_string(), "1000 bytes");
+    }
+}
