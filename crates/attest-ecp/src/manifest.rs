@@ -196,7 +196,9 @@ impl Manifest {
         let mut errors: Vec<String> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut more = 0usize;
-        for scenario in &self.scenarios {
+        // A loaded manifest keeps every scenario, in order, so positions are
+        // the manifest's own, as in the loader's messages.
+        for (s, scenario) in self.scenarios.iter().enumerate() {
             for (i, step) in scenario.steps.iter().enumerate() {
                 for (j, grader) in step.graders.iter().enumerate() {
                     let Grader::Attest { assertion, .. } = grader else { continue };
@@ -214,8 +216,9 @@ impl Manifest {
                         continue;
                     }
                     errors.push(format!(
-                        "scenario '{}', step {}, grader {} (attest): field 'assertion': {why}",
+                        "scenario '{}' (#{}), step {}, grader {} (attest): field 'assertion': {why}",
                         scenario.name,
+                        s + 1,
                         i + 1,
                         j + 1
                     ));

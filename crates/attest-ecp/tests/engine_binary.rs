@@ -131,9 +131,9 @@ fn the_engine_binary_validates_manifests() {
         assert_eq!(run.status.code(), Some(1), "{action}: {text}");
         assert!(
             text.contains("2 problem(s)")
-                && text.contains("scenario 'S', step 1, grader 1 (attest): field 'assertion': 1002")
+                && text.contains("scenario 'S' (#1), step 1, grader 1 (attest): field 'assertion': 1002")
                 && text.contains("bogus")
-                && text.contains("scenario 'S', step 1, grader 2 (attest)")
+                && text.contains("scenario 'S' (#1), step 1, grader 2 (attest)")
                 && text.contains("nonsense"),
             "{action}: {text}"
         );
