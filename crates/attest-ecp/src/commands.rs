@@ -307,12 +307,11 @@ struct RunPoint {
     rate: f64,
 }
 
+/// Largest report `trend` reads; larger ones are skipped like unreadable ones.
+const MAX_REPORT_BYTES: u64 = 256 << 20;
+
 fn load_point(path: &Path) -> Option<RunPoint> {
-    let meta = std::fs::metadata(path).ok()?;
-    if meta.len() > 256 * 1024 * 1024 {
-        return None;
-    }
-    let v: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let v: Value = serde_json::from_slice(&attest_io::read_capped(path, MAX_REPORT_BYTES).ok()?).ok()?;
     let num = |k: &str| {
         v.get(k)
             .and_then(|x| x.as_u64().or_else(|| x.as_f64().map(|f| f.max(0.0) as u64)))

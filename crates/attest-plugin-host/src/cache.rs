@@ -108,16 +108,7 @@ const MAX_RECORD_BYTES: u64 = crate::sandbox::MAX_SCHEMA_BYTES as u64 + 16 * 102
 
 /// A JSON record, read no further than [`MAX_RECORD_BYTES`].
 fn read_record<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
-    let mut text = Vec::new();
-    std::io::Read::read_to_end(
-        &mut std::io::Read::take(std::fs::File::open(path).ok()?, MAX_RECORD_BYTES + 1),
-        &mut text,
-    )
-    .ok()?;
-    if text.len() as u64 > MAX_RECORD_BYTES {
-        return None;
-    }
-    serde_json::from_slice(&text).ok()
+    serde_json::from_slice(&attest_io::read_capped(path, MAX_RECORD_BYTES).ok()?).ok()
 }
 
 /// Writes a record under a temporary name and renames it into place.
