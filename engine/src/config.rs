@@ -525,7 +525,12 @@ impl Config {
 pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
 
 fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = crate::eval_cmd::read_text(path, "config file", MAX_CONFIG_FILE_BYTES)?;
+    let text = crate::eval_cmd::read_text(
+        path,
+        "config file",
+        MAX_CONFIG_FILE_BYTES,
+        "check that --config names the engine's TOML config file",
+    )?;
     toml::from_str(&text).with_context(|| {
         format!(
             "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, compiled_cache_mib, idempotency_cache_mib, plugin_results_mib, session_log_mib, max_inflight_mib, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, drift_webhook_url, reports, budget_usd, [plugin_defaults], [[plugins]], [embedding], [judge], [providers], [prices])",

@@ -56,16 +56,16 @@ pub const MAX_INPUT_FILE_BYTES: u64 = 256 << 20;
 /// Reads `path` (`what` names it in errors) as UTF-8 text, up to
 /// [`MAX_INPUT_FILE_BYTES`].
 pub fn read_input(path: &Path, what: &str) -> Result<String> {
-    read_text(path, what, MAX_INPUT_FILE_BYTES)
+    read_text(path, what, MAX_INPUT_FILE_BYTES, "split it into smaller files")
 }
 
 /// Reads `path` (`what` names it in errors) as UTF-8 text of at most
-/// `limit` bytes; the error says what to do about the file.
-pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String> {
+/// `limit` bytes; `too_large` is the advice for a file over it.
+pub fn read_text(path: &Path, what: &str, limit: u64, too_large: &str) -> Result<String> {
     use attest_io::ReadError;
     attest_io::read_capped_text(path, limit).map_err(|e| match e {
         ReadError::Io(io) => anyhow::anyhow!("cannot read {what} {}: {io}", path.display()),
-        ReadError::TooLarge { .. } => anyhow::anyhow!("{what} {} {e}: split it into smaller files", path.display()),
+        ReadError::TooLarge { .. } => anyhow::anyhow!("{what} {} {e}: {too_large}", path.display()),
         ReadError::NotUtf8 { .. } => anyhow::anyhow!("{what} {} {e}: save it as UTF-8", path.display()),
     })
 }

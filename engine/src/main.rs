@@ -505,12 +505,17 @@ fn plugin_test(
     // Both inputs are read before the plugin loads: a mistake in either is
     // reported at once, not after a compile.
     let plugin_config = match (config_file, config_json) {
-        (Some(path), _) => eval_cmd::read_input(path, "plugin config file (--plugin-config)")
-            .map_err(|e| format!("{e:#}"))
-            .and_then(|text| {
-                serde_json::from_str(&text)
-                    .map_err(|e| format!("plugin config file (--plugin-config) {} is not valid JSON: {e}", path.display()))
-            }),
+        (Some(path), _) => eval_cmd::read_text(
+            path,
+            "plugin config file (--plugin-config)",
+            eval_cmd::MAX_INPUT_FILE_BYTES,
+            "check that --plugin-config names one config object as JSON",
+        )
+        .map_err(|e| format!("{e:#}"))
+        .and_then(|text| {
+            serde_json::from_str(&text)
+                .map_err(|e| format!("plugin config file (--plugin-config) {} is not valid JSON: {e}", path.display()))
+        }),
         (None, Some(text)) => serde_json::from_str(text).map_err(|e| format!("--plugin-config-json is not valid JSON: {e}")),
         (None, None) => Ok(serde_json::json!({})),
     };

@@ -469,6 +469,14 @@ fn bad_config_file_exits_2_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot read config file") && err.contains("missing.toml"), "{err}");
+    // A device reports no size; it is read no further than the cap.
+    let out = run(&["--config", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config file /dev/zero is larger than 16 MiB: check that --config names the engine's TOML config file"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -203,8 +203,9 @@ impl fmt::Display for LabelsError {
             LabelsError::Read { path, message } => write!(f, "cannot read labels file {}: {message}", path.display()),
             LabelsError::TooLarge { path, limit_bytes } => write!(
                 f,
-                "labels file {} is larger than {limit_bytes} bytes; split it into smaller files",
-                path.display()
+                "labels file {} is larger than {}; split it into smaller files",
+                path.display(),
+                attest_io::Size(*limit_bytes)
             ),
             LabelsError::NotUtf8 { path, line } => write!(
                 f,

@@ -311,6 +311,9 @@ struct RunPoint {
 const MAX_REPORT_BYTES: u64 = 256 << 20;
 
 fn load_point(path: &Path) -> Option<RunPoint> {
+    // Saved reports are regular files; a FIFO matched by the glob would
+    // wait for a writer that never comes.
+    std::fs::metadata(path).ok().filter(std::fs::Metadata::is_file)?;
     let v: Value = serde_json::from_slice(&attest_io::read_capped(path, MAX_REPORT_BYTES).ok()?).ok()?;
     let num = |k: &str| {
         v.get(k)

@@ -590,7 +590,7 @@ impl Validator {
         let bytes = match read_bounded(&file) {
             Ok(b) => b,
             Err(e) => {
-                self.err(format!("{loc}: dataset file not found or unreadable ({e})"));
+                self.err(format!("{loc}: dataset file {e}"));
                 return Vec::new();
             }
         };

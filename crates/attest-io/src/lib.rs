@@ -4,7 +4,7 @@
 //!
 //! A regular file reports its size, so one that is too large is refused
 //! before a byte is read. A pipe, a FIFO or a device (`/dev/zero`) reports
-//! none, and a file may grow while it is read, so the read itself also stops
+//! none (and opening a FIFO waits for its writer, as any reader of one does), and a file may grow while it is read, so the read itself also stops
 //! one byte past the cap: that byte is how "exactly at the cap" is told from
 //! "over it". Size is judged before text, so a cap that happens to cut a
 //! character in two is reported as the size it is, not as bad UTF-8.
@@ -65,6 +65,7 @@ impl fmt::Display for Size {
         match self.0 {
             n if n >= 1 << 20 && n % (1 << 20) == 0 => write!(f, "{} MiB", n >> 20),
             n if n >= 1 << 10 && n % (1 << 10) == 0 => write!(f, "{} KiB", n >> 10),
+            1 => f.write_str("1 byte"),
             n => write!(f, "{n} bytes"),
         }
     }
@@ -165,5 +166,6 @@ mod tests {
         assert_eq!(Size(256 << 20).to_string(), "256 MiB");
         assert_eq!(Size(64 << 10).to_string(), "64 KiB");
         assert_eq!(Size(1000).to_string(), "1000 bytes");
+        assert_eq!(Size(1).to_string(), "1 byte");
     }
 }

@@ -784,14 +784,19 @@ impl Plugin {
     }
 
     fn load_deferred(&self, deferred: &Deferred) -> Result<Runtime, String> {
-        let wasm = read_component(&self.path).map_err(|e| e.to_string())?;
-        if cache::source_hash(&wasm) != deferred.source {
-            deferred.cache.forget(&self.path);
-            return Err(format!(
-                "{} changed after the engine started; restart the engine to load the new version",
-                self.path.display()
-            ));
-        }
+        let wasm = match read_component(&self.path) {
+            Ok(wasm) if cache::source_hash(&wasm) == deferred.source => wasm,
+            // Start-up listed it from the cache, within the cap: a file now
+            // over the cap has changed too.
+            Ok(_) | Err(LoadError::TooLarge { .. }) => {
+                deferred.cache.forget(&self.path);
+                return Err(format!(
+                    "{} changed after the engine started; restart the engine to load the new version",
+                    self.path.display()
+                ));
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         let sandbox = Sandbox::get(self.limits.fuel.is_some()).map_err(|e| e.to_string())?;
         let loaded = deferred
             .cache
