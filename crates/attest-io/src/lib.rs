@@ -4,9 +4,10 @@
 //!
 //! A regular file reports its size, so one that is too large is refused
 //! before a byte is read. A pipe, a FIFO or a device (`/dev/zero`) reports
-//! none (and opening a FIFO waits for its writer, as any reader of one does), and a file may grow while it is read, so the read itself also stops
-//! one byte past the cap: that byte is how "exactly at the cap" is told from
-//! "over it". Size is judged before text, so a cap that happens to cut a
+//! none (and opening a FIFO waits for its writer, as any reader of one
+//! does), and a file may grow while it is read, so the read itself also
+//! stops one byte past the cap: that byte is how "exactly at the cap" is
+//! told from "over it". Size is judged before text, so a cap that happens to cut a
 //! character in two is reported as the size it is, not as bad UTF-8.
 //!
 //! Callers turn a [`ReadError`] into their own domain's error, with the
