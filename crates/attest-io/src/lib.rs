@@ -7,8 +7,8 @@
 //! none (and opening a FIFO waits for its writer, as any reader of one
 //! does), and a file may grow while it is read, so the read itself also
 //! stops one byte past the cap: that byte is how "exactly at the cap" is
-//! told from "over it". Size is judged before text, so a cap that happens to cut a
-//! character in two is reported as the size it is, not as bad UTF-8.
+//! told from "over it". Size is judged before text, so a cap that happens to
+//! cut a character in two is reported as the size it is, not as bad UTF-8.
 //!
 //! Callers turn a [`ReadError`] into their own domain's error, with the
 //! file's role ("trace file", "labels file") and what to do about it.
