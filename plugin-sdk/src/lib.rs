@@ -67,6 +67,8 @@
 
 pub mod config;
 mod export;
+#[cfg(all(target_arch = "wasm32", feature = "allocator"))]
+pub mod heap;
 pub mod json;
 mod log;
 pub mod models;
