@@ -325,6 +325,20 @@ impl Engine {
         true
     }
 
+    /// Waits until `needle` is on `lines` lines of stderr (or more), up to
+    /// the usual deadline. Stderr is drained by a thread of its own, so a
+    /// line the engine wrote before answering may arrive after the answer.
+    pub fn stderr_shows_lines(&self, needle: &str, lines: usize) -> bool {
+        let deadline = Instant::now() + TIMEOUT;
+        while self.stderr_text().lines().filter(|l| l.contains(needle)).count() < lines {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+
     /// Everything the engine wrote to stderr so far ([`Stderr::Drain`] only).
     pub fn stderr_text(&self) -> String {
         String::from_utf8_lossy(&self.stderr_buf.lock().unwrap()).into_owned()
