@@ -523,21 +523,17 @@ impl Sandbox {
         config.consume_fuel(metered);
         config.epoch_interruption(true);
         config.max_wasm_stack(512 * 1024);
-        // Explicit bounds checks instead of guard pages and signal handlers.
-        // With virtual-memory bounds checks, every call that grows memory
-        // mprotects the new pages, and the next instantiation of the slot
-        // mprotects them back; in a multi-threaded process each mprotect is
-        // a TLB shootdown across cores. That was 30% of a small plugin's call
-        // time; explicit checks cost the guest far less (docs/benchmarks.md).
-        // Trade-off: wasmtime then compiles without Spectre mitigations on
-        // heap and table accesses (it requires them off). Bounds are still
-        // checked on every access; only speculative out-of-bounds reads are
-        // not prevented (docs/plugins.md, "The sandbox").
-        config.signals_based_traps(false);
-        config.memory_guard_size(0);
-        // Each pooled memory slot reserves address space for the largest
-        // memory a plugin may have, not wasmtime's default 4 GiB.
-        config.memory_reservation(MAX_MEMORY_BYTES as u64);
+        // Bounds checks by guard pages and signal handlers, wasmtime's
+        // default, which keeps its Spectre mitigations on heap accesses. Their
+        // price is an mprotect whenever a call grows memory, and another when
+        // the slot is reset; in a multi-threaded process each is a TLB
+        // shootdown across cores. The SDK's allocator (`attest_plugin_sdk::heap`)
+        // starts with a static segment so that most calls never grow memory,
+        // which makes this cheaper per call than explicit bounds checks
+        // (docs/benchmarks.md, "Guard pages").
+        config.signals_based_traps(true);
+        config.memory_guard_size(32 << 20);
+        config.memory_reservation(4 << 30);
         let mut pool = wasmtime::PoolingAllocationConfig::default();
         pool.total_component_instances(256);
         pool.total_core_instances(2048);
