@@ -617,6 +617,46 @@ fn unloadable_files_are_reported_and_the_engine_still_serves() {
 }
 
 #[test]
+fn under_a_virtual_memory_limit_plugins_are_refused_with_the_reason_and_builtins_still_serve() {
+    // The pool reserves terabytes of address space up front; a process
+    // limited to 8 GB of it cannot start the sandbox.
+    let cache = fresh_cache();
+    let inner = engine_command(cache.path(), &plugin_flags(&["pii-leak"]));
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("ulimit -v 8000000 && exec \"$0\" \"$@\"")
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(value) => cmd.env(key, value),
+            None => cmd.env_remove(key),
+        };
+    }
+    let (mut engine, _) = start_command(cmd);
+    let listing = list_plugins(&mut engine);
+    assert!(listed_ids(&listing).is_empty(), "{listing}");
+    let error = failure(&listing, "pii-leak.wasm");
+    assert!(
+        error.contains("cannot start the plugin sandbox") && error.contains("address space") && error.contains("ulimit -v"),
+        "{error}"
+    );
+    let results = evaluate(&mut engine, &refund_trace(), &json!([builtin("b", "contains", "RFD-001")]));
+    check(&results[0], "pass", 1.0, &[]);
+    let err = expect_error(
+        &engine.request(&evaluate_request(
+            json!(2),
+            refund_trace(),
+            json!([plugin("p", "pii-leak", json!({}))]),
+        )),
+        1002,
+    );
+    assert!(err.to_string().contains("pii-leak"), "{err}");
+    expect_result(&engine.request(&shutdown_request(json!("bye"))));
+    assert!(engine.wait_exit().success());
+}
+
+#[test]
 fn plugins_sharing_an_id_in_a_directory_are_all_refused() {
     let cache = fresh_cache();
     let dir = tempfile::tempdir().unwrap();

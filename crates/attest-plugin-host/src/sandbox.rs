@@ -162,6 +162,14 @@ impl Info {
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// Linear memory kept mapped between calls in a pooled slot (docs/benchmarks.md).
 const KEEP_RESIDENT_BYTES: usize = 1 << 20;
+/// Address space each pooled memory slot reserves: a 32-bit guest address
+/// can then never leave the slot, so accesses need no explicit checks.
+const RESERVATION_BYTES: u64 = 4 << 30;
+/// Guard region after each slot's reservation.
+const GUARD_BYTES: u64 = 32 << 20;
+/// Linear memories in the pool (every instance alive at once, kept stores
+/// included). With the above, about 4 TiB of address space per sandbox.
+const POOL_MEMORIES: u32 = 1024;
 /// Largest memory any plugin may be configured for (pooling slots are sized for it).
 pub const MAX_MEMORY_BYTES: usize = 1 << 30;
 
@@ -532,12 +540,12 @@ impl Sandbox {
         // which makes this cheaper per call than explicit bounds checks
         // (docs/benchmarks.md, "Guard pages").
         config.signals_based_traps(true);
-        config.memory_guard_size(32 << 20);
-        config.memory_reservation(4 << 30);
+        config.memory_guard_size(GUARD_BYTES);
+        config.memory_reservation(RESERVATION_BYTES);
         let mut pool = wasmtime::PoolingAllocationConfig::default();
         pool.total_component_instances(256);
         pool.total_core_instances(2048);
-        pool.total_memories(1024);
+        pool.total_memories(POOL_MEMORIES);
         pool.total_tables(2048);
         pool.max_core_instances_per_component(64);
         pool.max_memories_per_component(16);
@@ -560,7 +568,14 @@ impl Sandbox {
         if std::env::var_os("ATTEST_PLUGIN_PERF_MAP").is_some() {
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);
         }
-        let engine = Engine::new(&config)?;
+        let engine = Engine::new(&config).map_err(|e| {
+            // The pool reserves address space, not memory; what refuses it
+            // is almost always a virtual-memory limit on the process.
+            anyhow::anyhow!(
+                "{e:#} (the plugin pool reserves about {} GiB of address space, not memory: lift the process's virtual-memory limit, `ulimit -v`, to load plugins)",
+                (u64::from(POOL_MEMORIES) * (RESERVATION_BYTES + GUARD_BYTES)) >> 30
+            )
+        })?;
         let mut linkers = Vec::new();
         for api in ApiVersion::ALL {
             let mut linker = Linker::new(&engine);
