@@ -170,7 +170,7 @@ const GUARD_BYTES: u64 = 32 << 20;
 /// Linear memories in the pool (every instance alive at once, kept stores
 /// included). With the above, about 4 TiB of address space per sandbox.
 const POOL_MEMORIES: u32 = 1024;
-/// Largest memory any plugin may be configured for (pooling slots are sized for it).
+/// Largest memory any plugin may be configured for (the pool's `max_memory_size`).
 pub const MAX_MEMORY_BYTES: usize = 1 << 30;
 
 /// Longest explanation or error message kept from a verdict, in characters;

@@ -315,22 +315,20 @@ impl Engine {
     /// written by the engine's logger thread, so a line may arrive after the
     /// response that followed the event.
     pub fn stderr_shows(&self, needle: &str) -> bool {
-        let deadline = Instant::now() + TIMEOUT;
-        while !self.stderr_text().contains(needle) {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        true
+        self.stderr_until(|text| text.contains(needle))
     }
 
     /// Waits until `needle` is on `lines` lines of stderr (or more), up to
     /// the usual deadline. Stderr is drained by a thread of its own, so a
     /// line the engine wrote before answering may arrive after the answer.
     pub fn stderr_shows_lines(&self, needle: &str, lines: usize) -> bool {
+        self.stderr_until(|text| text.lines().filter(|l| l.contains(needle)).count() >= lines)
+    }
+
+    /// Polls stderr until `done` holds for it, up to [`TIMEOUT`].
+    fn stderr_until(&self, done: impl Fn(&str) -> bool) -> bool {
         let deadline = Instant::now() + TIMEOUT;
-        while self.stderr_text().lines().filter(|l| l.contains(needle)).count() < lines {
+        while !done(&self.stderr_text()) {
             if Instant::now() >= deadline {
                 return false;
             }
