@@ -11,8 +11,9 @@
 //!   costing the guest 20% or more of its speed, so it is opt-in; such plugins run in a
 //!   second engine that compiles the metering in);
 //! - memory: a cap per instance (growth beyond it traps), bounded tables and
-//!   instances, and a bounded wasm stack. Accesses are bounds-checked in the
-//!   compiled code rather than by guard pages.
+//!   instances, and a bounded wasm stack. Accesses are kept inside the
+//!   instance's memory by guard pages (a 4 GiB reservation per memory, so no
+//!   32-bit address can leave it), not by checks in the compiled code.
 //!
 //! Every call instantiates afresh from a pre-instantiated component on the
 //! pooling allocator, so no state survives from one call to the next and a
