@@ -189,8 +189,9 @@ pub fn contains_ignore_case(hay: &str, needle: &str) -> bool {
 /// The ASCII case of [`contains_ignore_case`]. Only the positions where the
 /// needle's first byte occurs, in either case, are compared: `memchr` finds
 /// them a word at a time (with SIMD where the target has it), where trying
-/// every window costs a call and a comparison per byte of the text, which
-/// inside a plugin was a large share of a simple check's time.
+/// every window costs a comparison per byte of the text (3–5 times slower
+/// for short needles, docs/benchmarks.md). The worst case is unchanged:
+/// at most one needle's length of comparisons per byte.
 fn contains_ascii_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
     let Some((&first, rest)) = needle.split_first() else {
         return true;
