@@ -95,7 +95,7 @@ fn main() {
     // A profiled part runs alone: the parts before it are skipped, so that
     // their calls (the 0.1.0 fixture's memory growth, say) are not in its profile.
     if profiled_part().is_none() {
-        per_call_overhead(&trace, noop, old, lean);
+        per_call_overhead(&trace, &one, noop, old, lean);
     }
 
     // 2. contains: plugin vs native, inside evaluate_batch.
@@ -208,16 +208,15 @@ fn main() {
 
 /// Part 1: a trivial plugin's call, 0.2.0 against 0.1.0 and `noop-lean`,
 /// interleaved; then the other guest languages.
-fn per_call_overhead(trace: &str, noop: &Plugin, old: &Plugin, lean: &Plugin) {
-    let one = vec!["{}".to_owned()];
+fn per_call_overhead(trace: &str, one: &[String], noop: &Plugin, old: &Plugin, lean: &Plugin) {
     let eight: Vec<String> = (0..8).map(|_| "{}".to_owned()).collect();
     let [per_call, per_call_old, per_call8, per_call_lean] = rounds([
         &mut || {
-            let (out, _) = noop.evaluate(trace, &one, &call());
+            let (out, _) = noop.evaluate(trace, one, &call());
             assert!(out[0].passed);
         },
         &mut || {
-            let (out, _) = old.evaluate(trace, &one, &call());
+            let (out, _) = old.evaluate(trace, one, &call());
             assert!(out[0].passed);
         },
         &mut || {
@@ -225,7 +224,7 @@ fn per_call_overhead(trace: &str, noop: &Plugin, old: &Plugin, lean: &Plugin) {
             assert_eq!(out.len(), 8);
         },
         &mut || {
-            let (out, _) = lean.evaluate(trace, &one, &call());
+            let (out, _) = lean.evaluate(trace, one, &call());
             assert!(out[0].passed);
         },
     ]);
