@@ -283,6 +283,9 @@ impl StdioAgent {
         match tokio::time::timeout(Duration::from_millis(500), self.child.wait()).await {
             Ok(Ok(status)) => {
                 self.reaped = true;
+                // What the agent wrote to stderr before it exited may still be
+                // in the pipe: read it now, so that the error can show it.
+                self.drain_stderr(Duration::from_millis(500)).await;
                 format!(" (agent exited: {status})")
             }
             _ => String::new(),
@@ -413,10 +416,18 @@ impl StdioAgent {
     pub async fn stop(&mut self) {
         self.stdin = None;
         self.terminate().await;
-        if let Some(task) = self.stderr_task.take() {
-            // The pipe closes when the group is gone; a descendant that escaped the
-            // group could hold it open, so the wait is bounded.
-            let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+        self.drain_stderr(Duration::from_secs(1)).await;
+    }
+
+    /// Waits for the stderr pipe to close, and so for everything written to
+    /// it to be in the tail. The pipe closes when the group is gone; a
+    /// descendant that escaped the group could hold it open, so the wait is
+    /// bounded.
+    async fn drain_stderr(&mut self, within: Duration) {
+        if let Some(task) = self.stderr_task.as_mut() {
+            if tokio::time::timeout(within, task).await.is_ok() {
+                self.stderr_task = None;
+            }
         }
     }
 
