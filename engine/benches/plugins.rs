@@ -10,6 +10,8 @@
 //! 2. `content.contains` as a plugin (`contains`) against the native check
 //!    (and the same batch of 8 `noop` assertions, to separate the guest's work),
 //!    per assertion, both inside a full `evaluate_batch` of 8 assertions;
+//!    with `BENCH_COMPARE_DIST=<dir>`, also `noop` and `contains` built
+//!    another way (components in `<dir>`), interleaved with these;
 //! 3. one `embed` through a plugin (`embed-once`, capability path) against
 //!    the same text embedded directly by the engine's providers (layer 5's
 //!    path), both answered by the provider cache, so what differs is the
@@ -163,6 +165,11 @@ fn main() {
     );
     println!("evaluate_batch of 8 noop plugin assertions (no guest work): {t_noop}");
 
+    // 2b. Another build of the same plugins, interleaved with these.
+    if let Some(other) = std::env::var_os("BENCH_COMPARE_DIST") {
+        compare_builds(Path::new(&other), &cache, &trace, &one, &engine, [&native_req, &plugin_req]);
+    }
+
     // 3. One embed: through a plugin against the engine's own path.
     match std::env::var_os("ATTEST_TEST_MODEL_DIR") {
         Some(model) => embed_overhead(PathBuf::from(model), &cache),
@@ -242,6 +249,57 @@ fn per_call_overhead(trace: &str, one: &[String], noop: &Plugin, old: &Plugin, l
     // 1b. The same trace through each guest language: load (compiled, then
     // cached) and one assertion per call.
     guest_languages(trace, per_call.median);
+}
+
+/// Part 2b (`BENCH_COMPARE_DIST`): `noop` and `contains` from another
+/// directory of components (the same plugins built another way, say),
+/// interleaved with the ones in `plugins/dist`: a `noop` call, and the
+/// `contains` batch against the native one, for each build.
+fn compare_builds(
+    other: &Path,
+    cache: &Path,
+    trace: &str,
+    one: &[String],
+    engine: &std::sync::Arc<Engine>,
+    [native_req, plugin_req]: [&RawValue; 2],
+) {
+    let host = PluginHost::load(
+        &[at(other.join("noop.wasm")), at(other.join("contains.wasm"))],
+        Some(cache.to_owned()),
+    );
+    assert!(host.failures().is_empty(), "{:?}", host.failures());
+    let other_engine = std::sync::Arc::new(Engine::with_plugins(Config::default(), host));
+    let batch = |engine: &std::sync::Arc<Engine>, req: &RawValue| {
+        let r = futures_util::FutureExt::now_or_never(attest_engine::batch::evaluate(
+            engine,
+            Some(req),
+            Instant::now() + Duration::from_secs(30),
+            usize::MAX,
+            &mut attest_engine::lane::Lane::on_own_thread(),
+        ))
+        .expect("free checks never wait")
+        .expect("batch evaluates");
+        assert!(r.results.iter().all(|a| a.status == attest_engine::layers::Status::Pass));
+    };
+    let (noop, other_noop) = (engine.plugins.get("noop").unwrap(), other_engine.plugins.get("noop").unwrap());
+    let [t_noop, t_other_noop, t_native, t_plugin, t_other_plugin] = rounds([
+        &mut || assert!(noop.evaluate(trace, one, &call()).0[0].passed),
+        &mut || assert!(other_noop.evaluate(trace, one, &call()).0[0].passed),
+        &mut || batch(engine, native_req),
+        &mut || batch(engine, plugin_req),
+        &mut || batch(&other_engine, plugin_req),
+    ]);
+    let ratio = |a: &Timing, b: &Timing| median(a.rounds.iter().zip(&b.rounds).map(|(a, b)| a / b).collect());
+    println!("compared with {}:", other.display());
+    println!(
+        "  noop, one assertion per call: this build {t_noop}, that build {t_other_noop}: {:.3}",
+        ratio(&t_other_noop, &t_noop)
+    );
+    println!(
+        "  contains batch against native {t_native}: this build {t_plugin} ({:.2}x), that build {t_other_plugin} ({:.2}x)",
+        ratio(&t_plugin, &t_native),
+        ratio(&t_other_plugin, &t_native)
+    );
 }
 
 /// Part 5: requests sent one at a time through the `attest-engine` binary,
