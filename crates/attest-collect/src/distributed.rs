@@ -75,7 +75,7 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
         (&names.dead_stream, &names.dead_subject, stream::RetentionPolicy::Limits),
     ];
     for (name, subject, retention) in specs {
-        js.get_or_create_stream(stream::Config {
+        let config = stream::Config {
             name: name.clone(),
             subjects: vec![subject.clone()],
             retention,
@@ -90,12 +90,31 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
                 stream::DiscardPolicy::Old
             },
             ..Default::default()
-        })
-        .await
-        .with_context(|| format!("creating JetStream stream {name}"))?;
+        };
+        // Nodes that start together race to create the stream, and the
+        // loser's create can fail (as a subject overlap) while the winner's
+        // is being applied. A second look then finds the stream; a real
+        // conflict still fails, after the last attempt.
+        let mut attempt = 0;
+        loop {
+            match js.get_or_create_stream(config.clone()).await {
+                Ok(_) => break,
+                Err(_) if attempt < STREAM_CREATE_RETRIES => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                    if js.get_stream(name).await.is_ok() {
+                        break;
+                    }
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating JetStream stream {name}")),
+            }
+        }
     }
     Ok(())
 }
+
+/// Further attempts at creating a stream another node may be creating.
+const STREAM_CREATE_RETRIES: u32 = 4;
 
 async fn publish_with_id(js: &jetstream::Context, subject: &str, id: &str, payload: Vec<u8>) -> anyhow::Result<bool> {
     let mut headers = async_nats::HeaderMap::new();
