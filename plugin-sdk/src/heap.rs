@@ -1,25 +1,36 @@
-//! The plugin's allocator inside a component: dlmalloc, as Rust's standard
-//! allocator for `wasm32-unknown-unknown` is, but with a first segment of
-//! [`STATIC_HEAP_BYTES`] that is part of the plugin's initial memory.
+//! The plugin's allocator inside a component: a bump arena over a static
+//! segment of [`STATIC_HEAP_BYTES`] that is part of the plugin's initial
+//! memory, then dlmalloc (as Rust's standard allocator for
+//! `wasm32-unknown-unknown` is) once the arena is full.
 //!
-//! Why: the engine starts every call in a fresh instance, so the standard
-//! allocator's first allocation of every call is a `memory.grow`. When the
-//! host protects memory with guard pages, each grow is an `mprotect` of the
-//! new pages, and resetting the instance for the next call is another; on a
-//! multi-threaded host both cost far more than the plugin's own work for a
-//! small assertion. With a static first segment, a call that allocates less
-//! than that never grows memory, and a call that needs more still grows as
-//! before.
+//! Why a static segment: the engine starts every call in a fresh instance,
+//! so the standard allocator's first allocation of every call is a
+//! `memory.grow`. When the host protects memory with guard pages, each grow
+//! is an `mprotect` of the new pages, and resetting the instance for the
+//! next call is another; on a multi-threaded host both cost far more than
+//! the plugin's own work for a small assertion. A call that allocates less
+//! than the segment never grows memory.
+//!
+//! Why a bump arena in it: an instance lives for one call, so most of what a
+//! call allocates lives until the call ends. Allocating is then moving a
+//! pointer, freeing the most recent block gives it back, and growing the
+//! most recent block (a `String` being written, a `Vec` being filled) happens
+//! in place. Other frees give nothing back, so at most the segment is spent
+//! on blocks that are no longer used; after that, dlmalloc serves every
+//! allocation from grown memory and reuses what is freed, so a plugin that
+//! allocates and frees in a loop is bounded as it was before.
 //!
 //! Enabled by the `allocator` feature (on by default). A plugin that brings
 //! its own `#[global_allocator]` turns the feature off.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::arch::wasm32;
-use core::cell::{Cell, UnsafeCell};
+use core::cell::UnsafeCell;
 use core::ptr;
 
-/// The first segment's size: a trace of a few hundred kilobytes, its
+use crate::arena::Arena;
+
+/// The static segment's size: a trace of a few hundred kilobytes, its
 /// decoded form and a batch of configs fit, so most calls never grow memory.
 /// It is zero-initialised data, so it adds nothing to the component's size.
 pub const STATIC_HEAP_BYTES: usize = 1 << 20;
@@ -34,18 +45,11 @@ unsafe impl Sync for StaticHeap {}
 
 static STATIC_HEAP: StaticHeap = StaticHeap(UnsafeCell::new([0; STATIC_HEAP_BYTES]));
 
-/// Where dlmalloc takes its segments: the static heap once, then
-/// `memory.grow`.
-struct Segments {
-    static_heap_given: Cell<bool>,
-}
+/// Where dlmalloc takes its segments: `memory.grow`, once the arena is full.
+struct Grown;
 
-unsafe impl dlmalloc::Allocator for Segments {
+unsafe impl dlmalloc::Allocator for Grown {
     fn alloc(&self, size: usize) -> (*mut u8, usize, u32) {
-        if !self.static_heap_given.get() && size <= STATIC_HEAP_BYTES {
-            self.static_heap_given.set(true);
-            return (STATIC_HEAP.0.get().cast::<u8>(), STATIC_HEAP_BYTES, 0);
-        }
         let pages = size.div_ceil(WASM_PAGE);
         let previous = wasm32::memory_grow(0, pages);
         if previous == usize::MAX {
@@ -78,8 +82,7 @@ unsafe impl dlmalloc::Allocator for Segments {
     }
 
     fn allocates_zeros(&self) -> bool {
-        // Both the static heap and grown pages start zeroed in a fresh
-        // instance, and dlmalloc takes each segment only once.
+        // Grown pages start zeroed, and dlmalloc takes each segment only once.
         true
     }
 
@@ -88,30 +91,72 @@ unsafe impl dlmalloc::Allocator for Segments {
     }
 }
 
-struct Heap(UnsafeCell<dlmalloc::Dlmalloc<Segments>>);
+fn base() -> usize {
+    STATIC_HEAP.0.get() as usize
+}
+
+/// The offset of `block` in the static segment, if it is in it.
+fn offset_of(block: *mut u8) -> Option<usize> {
+    (block as usize).checked_sub(base()).filter(|&o| o < STATIC_HEAP_BYTES)
+}
+
+struct Heap {
+    arena: Arena,
+    grown: UnsafeCell<dlmalloc::Dlmalloc<Grown>>,
+}
 
 // Single-threaded, as above.
 unsafe impl Sync for Heap {}
 
 #[global_allocator]
-static HEAP: Heap = Heap(UnsafeCell::new(dlmalloc::Dlmalloc::new_with_allocator(Segments {
-    static_heap_given: Cell::new(false),
-})));
+static HEAP: Heap = Heap {
+    arena: Arena::new(STATIC_HEAP_BYTES),
+    grown: UnsafeCell::new(dlmalloc::Dlmalloc::new_with_allocator(Grown)),
+};
 
 unsafe impl GlobalAlloc for Heap {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        (*self.0.get()).malloc(layout.size(), layout.align())
+        match self.arena.alloc(base(), layout) {
+            Some((offset, _)) => (base() + offset) as *mut u8,
+            None => (*self.grown.get()).malloc(layout.size(), layout.align()),
+        }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        (*self.0.get()).calloc(layout.size(), layout.align())
+        match self.arena.alloc(base(), layout) {
+            Some((offset, dirty)) => {
+                let block = (base() + offset) as *mut u8;
+                if dirty {
+                    ptr::write_bytes(block, 0, layout.size());
+                }
+                block
+            }
+            None => (*self.grown.get()).calloc(layout.size(), layout.align()),
+        }
     }
 
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        (*self.0.get()).free(ptr, layout.size(), layout.align())
+    unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
+        match offset_of(block) {
+            Some(offset) => self.arena.free(offset),
+            None => (*self.grown.get()).free(block, layout.size(), layout.align()),
+        }
     }
 
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        (*self.0.get()).realloc(ptr, layout.size(), layout.align(), new_size)
+    unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        match offset_of(block) {
+            Some(offset) => {
+                if self.arena.resize_in_place(offset, new_size) {
+                    return block;
+                }
+                let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
+                let moved = self.alloc(new_layout);
+                if !moved.is_null() {
+                    ptr::copy_nonoverlapping(block, moved, layout.size().min(new_size));
+                    self.arena.free(offset);
+                }
+                moved
+            }
+            None => (*self.grown.get()).realloc(block, layout.size(), layout.align(), new_size),
+        }
     }
 }

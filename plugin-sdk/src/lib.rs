@@ -65,6 +65,8 @@
 //! Plugins build to `wasm32-unknown-unknown` components (see
 //! `plugins/build.sh`); their logic is tested natively with `cargo test`.
 
+#[cfg(any(test, all(target_arch = "wasm32", feature = "allocator")))]
+mod arena;
 pub mod config;
 mod export;
 #[cfg(all(target_arch = "wasm32", feature = "allocator"))]

@@ -2065,6 +2065,29 @@ fn shutdown_with_a_request_past_its_drain_limit_answers_and_exits_promptly() {
 // ---------------------------------------------------------------- limits from the config file
 
 #[test]
+fn a_plugin_that_allocates_and_frees_in_a_loop_stays_within_its_memory_limit() {
+    // 512 MiB allocated in all, 64 KiB at a time and each freed before the
+    // next, under an 8 MiB limit: the SDK's allocator reuses freed memory
+    // once its arena is spent, rather than growing memory.
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!("[[plugins]]\npath = {}\nmemory_mib = 8\n", toml_str(&wasm("hog"))),
+    );
+    let mut engine = start(cache.path(), &["--config", &config]);
+    let assertions = json!([
+        plugin("churn", "hog", json!({"churn_mib": 512})),
+        builtin("b", "contains", "refund"),
+    ]);
+    for _ in 0..2 {
+        let r = evaluate(&mut engine, &refund_trace(), &assertions);
+        check(&r[0], "pass", 1.0, &["churned 512 MiB"]);
+        check(&r[1], "pass", 1.0, &[]);
+    }
+}
+
+#[test]
 fn per_plugin_limits_from_the_config_file_take_effect() {
     let cache = fresh_cache();
     let dir = tempfile::tempdir().unwrap();
