@@ -125,24 +125,7 @@ fn main() {
     let batch =
         |assertions: &Vec<Value>| RawValue::from_string(json!({"trace": refund_trace(), "assertions": assertions}).to_string()).unwrap();
     let (native_req, plugin_req) = (batch(&native), batch(&plugin));
-    let run = |req: &RawValue| {
-        // Free checks never wait, so the future completes on its first poll.
-        let r = futures_util::FutureExt::now_or_never(attest_engine::batch::evaluate(
-            &engine,
-            Some(req),
-            Instant::now() + Duration::from_secs(30),
-            usize::MAX,
-            // Plugin calls run right here: the benchmark measures the call, not a thread hand-off.
-            &mut attest_engine::lane::Lane::on_own_thread(),
-        ))
-        .expect("free checks never wait")
-        .expect("batch evaluates");
-        assert!(
-            r.results.iter().all(|a| a.status == attest_engine::layers::Status::Pass),
-            "{:?}",
-            r.results
-        );
-    };
+    let run = |req: &RawValue| evaluate_passing(&engine, req);
     if profiling("contains") {
         spin_for_profiler(&mut || run(&plugin_req));
     }
@@ -251,6 +234,26 @@ fn per_call_overhead(trace: &str, one: &[String], noop: &Plugin, old: &Plugin, l
     guest_languages(trace, per_call.median);
 }
 
+/// One `evaluate_batch` of `req` on `engine`, every assertion of which must pass.
+fn evaluate_passing(engine: &std::sync::Arc<Engine>, req: &RawValue) {
+    // Free checks never wait, so the future completes on its first poll.
+    let r = futures_util::FutureExt::now_or_never(attest_engine::batch::evaluate(
+        engine,
+        Some(req),
+        Instant::now() + Duration::from_secs(30),
+        usize::MAX,
+        // Plugin calls run right here: the benchmark measures the call, not a thread hand-off.
+        &mut attest_engine::lane::Lane::on_own_thread(),
+    ))
+    .expect("free checks never wait")
+    .expect("batch evaluates");
+    assert!(
+        r.results.iter().all(|a| a.status == attest_engine::layers::Status::Pass),
+        "{:?}",
+        r.results
+    );
+}
+
 /// Part 2b (`BENCH_COMPARE_DIST`): `noop` and `contains` from another
 /// directory of components (the same plugins built another way, say),
 /// interleaved with the ones in `plugins/dist`: a `noop` call, and the
@@ -269,25 +272,13 @@ fn compare_builds(
     );
     assert!(host.failures().is_empty(), "{:?}", host.failures());
     let other_engine = std::sync::Arc::new(Engine::with_plugins(Config::default(), host));
-    let batch = |engine: &std::sync::Arc<Engine>, req: &RawValue| {
-        let r = futures_util::FutureExt::now_or_never(attest_engine::batch::evaluate(
-            engine,
-            Some(req),
-            Instant::now() + Duration::from_secs(30),
-            usize::MAX,
-            &mut attest_engine::lane::Lane::on_own_thread(),
-        ))
-        .expect("free checks never wait")
-        .expect("batch evaluates");
-        assert!(r.results.iter().all(|a| a.status == attest_engine::layers::Status::Pass));
-    };
     let (noop, other_noop) = (engine.plugins.get("noop").unwrap(), other_engine.plugins.get("noop").unwrap());
     let [t_noop, t_other_noop, t_native, t_plugin, t_other_plugin] = rounds([
         &mut || assert!(noop.evaluate(trace, one, &call()).0[0].passed),
         &mut || assert!(other_noop.evaluate(trace, one, &call()).0[0].passed),
-        &mut || batch(engine, native_req),
-        &mut || batch(engine, plugin_req),
-        &mut || batch(&other_engine, plugin_req),
+        &mut || evaluate_passing(engine, native_req),
+        &mut || evaluate_passing(engine, plugin_req),
+        &mut || evaluate_passing(&other_engine, plugin_req),
     ]);
     let ratio = |a: &Timing, b: &Timing| median(a.rounds.iter().zip(&b.rounds).map(|(a, b)| a / b).collect());
     println!("compared with {}:", other.display());
