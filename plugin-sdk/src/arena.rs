@@ -31,6 +31,8 @@ impl Arena {
     /// segment that starts at address `base`, and whether the block may hold
     /// anything but the segment's initial zeros; `None` once it does not fit.
     pub(crate) fn alloc(&self, base: usize, layout: Layout) -> Option<(usize, bool)> {
+        // Two empty blocks at one offset would make freeing one give back the other.
+        debug_assert!(layout.size() != 0, "GlobalAlloc is never asked for zero bytes");
         let start = base.checked_add(self.next.get())?.checked_next_multiple_of(layout.align())? - base;
         let end = start.checked_add(layout.size()).filter(|&e| e <= self.capacity)?;
         self.next.set(end);
@@ -111,6 +113,17 @@ mod tests {
         assert_eq!(w, z);
         assert!(dirty, "a block that reuses given-back space may hold old bytes");
         assert!(w >= y + 16);
+    }
+
+    #[test]
+    fn a_given_back_block_is_reused_with_a_larger_alignment() {
+        let a = Arena::new(1024);
+        let (x, _) = a.alloc(0, layout(3, 1)).unwrap();
+        let (y, _) = a.alloc(0, layout(5, 1)).unwrap();
+        a.free(y);
+        let (z, dirty) = a.alloc(0, layout(8, 64)).unwrap();
+        assert_eq!((x, y, z), (0, 3, 64));
+        assert!(!dirty, "only bytes 3..8 were handed out before");
     }
 
     #[test]

@@ -41,6 +41,8 @@ const WASM_PAGE: usize = 64 * 1024;
 struct StaticHeap(UnsafeCell<[u8; STATIC_HEAP_BYTES]>);
 
 // A component instance is single-threaded (no `atomics` target feature).
+#[cfg(target_feature = "atomics")]
+compile_error!("the SDK's allocator assumes a single-threaded component: build without `atomics`, or turn off the `allocator` feature");
 unsafe impl Sync for StaticHeap {}
 
 static STATIC_HEAP: StaticHeap = StaticHeap(UnsafeCell::new([0; STATIC_HEAP_BYTES]));
@@ -145,7 +147,10 @@ unsafe impl GlobalAlloc for Heap {
     unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         match offset_of(block) {
             Some(offset) => {
-                if self.arena.resize_in_place(offset, new_size) {
+                // The most recent block resizes in place; any other block
+                // shrinks in place (the arena's frees ignore sizes), so a
+                // shrink never needs memory that may not be there.
+                if self.arena.resize_in_place(offset, new_size) || new_size <= layout.size() {
                     return block;
                 }
                 let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
