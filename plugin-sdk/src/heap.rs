@@ -15,10 +15,11 @@
 //! call allocates lives until the call ends. Allocating is then moving a
 //! pointer, freeing the most recent block gives it back, growing the most
 //! recent block (a `String` being written, a `Vec` being filled) happens in
-//! place, and so does shrinking any block. Other frees give nothing back, so at most the segment is spent
-//! on blocks that are no longer used; after that, dlmalloc serves every
-//! allocation from grown memory and reuses what is freed, so a plugin that
-//! allocates and frees in a loop is bounded as it was before.
+//! place, and so does shrinking any block. Other frees give nothing back, so
+//! at most the segment is spent on blocks that are no longer used; after
+//! that, dlmalloc serves every allocation from grown memory and reuses what
+//! is freed, so a plugin that allocates and frees in a loop is bounded as it
+//! was before.
 //!
 //! Enabled by the `allocator` feature (on by default). A plugin that brings
 //! its own `#[global_allocator]` turns the feature off.

@@ -311,6 +311,16 @@ fn write_config(dir: &Path, text: &str) -> String {
     path.to_str().unwrap().to_owned()
 }
 
+/// An engine serving `plugin` alone, under a memory limit of `mib` MiB set
+/// in a config file written to `dir`.
+fn start_with_memory_limit(cache: &Path, dir: &Path, plugin: &str, mib: u32) -> Engine {
+    let config = write_config(
+        dir,
+        &format!("[[plugins]]\npath = {}\nmemory_mib = {mib}\n", toml_str(&wasm(plugin))),
+    );
+    start(cache, &["--config", &config])
+}
+
 /// A TOML string literal.
 fn toml_str(s: &str) -> String {
     format!("'{s}'")
@@ -2071,11 +2081,7 @@ fn a_plugin_that_allocates_and_frees_in_a_loop_stays_within_its_memory_limit() {
     // once its arena is spent, rather than growing memory.
     let cache = fresh_cache();
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(
-        dir.path(),
-        &format!("[[plugins]]\npath = {}\nmemory_mib = 8\n", toml_str(&wasm("hog"))),
-    );
-    let mut engine = start(cache.path(), &["--config", &config]);
+    let mut engine = start_with_memory_limit(cache.path(), dir.path(), "hog", 8);
     let assertions = json!([
         plugin("churn", "hog", json!({"churn_mib": 512})),
         builtin("b", "contains", "refund"),
@@ -2782,11 +2788,7 @@ fn compile_bombs_are_refused_before_compiling() {
     assert_eq!(cached_artefacts(cache.path()).len(), 1);
 
     // With a memory limit that fits, the big-memory plugin loads and runs.
-    let config = write_config(
-        d,
-        &format!("[[plugins]]\npath = {}\nmemory_mib = 320\n", toml_str(&wasm("big-memory"))),
-    );
-    let mut engine = start(cache.path(), &["--config", &config]);
+    let mut engine = start_with_memory_limit(cache.path(), d, "big-memory", 320);
     let r = evaluate(&mut engine, &refund_trace(), &json!([plugin("m", "big-memory", json!({}))]));
     check(&r[0], "pass", 1.0, &["big-memory read 0"]);
 }
@@ -2795,11 +2797,7 @@ fn compile_bombs_are_refused_before_compiling() {
 fn result_floods_are_counted_before_copying_and_logs_are_budgeted() {
     let cache = fresh_cache();
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(
-        dir.path(),
-        &format!("[[plugins]]\npath = {}\nmemory_mib = 256\n", toml_str(&wasm("flood"))),
-    );
-    let mut engine = start(cache.path(), &["--config", &config]);
+    let mut engine = start_with_memory_limit(cache.path(), dir.path(), "flood", 256);
     let r = evaluate(
         &mut engine,
         &refund_trace(),
