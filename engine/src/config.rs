@@ -696,5 +696,11 @@ mod tests {
         assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
         assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        // Deadlines add these to now: anything past 100 years is refused, not a panic.
+        for huge in ["18446744073709551615s", "9223372036854775807", "1e30", "200y"] {
+            let e = format!("{:#}", parse_duration(huge).unwrap_err());
+            assert!(e.contains("too long") || e.contains("too large"), "{huge}: {e}");
+        }
+        assert!(parse_duration("99y").is_ok());
     }
 }

@@ -5,6 +5,11 @@
 //! one writer thread drains it into stderr. When the queue is full (stderr is
 //! not being read, as with the Python SDK, which never reads it) lines are
 //! dropped and counted, and a summary line is written once stderr moves again.
+//!
+//! Every string a line carries is clipped to [`FIELD_CHARS`] characters, so
+//! the queue holds at most [`QUEUE_LINES`] lines of a few such fields: what a
+//! request echoes into a log line (an id, a plugin's message) cannot make the
+//! queue large while stderr is not read.
 
 use anyhow::{bail, Result};
 use serde_json::{Map, Value};
@@ -21,6 +26,8 @@ use tracing_subscriber::Layer;
 
 /// Log lines buffered while stderr is slow; beyond this they are dropped.
 const QUEUE_LINES: usize = 1024;
+/// Longest message or string field in a log line, in characters.
+const FIELD_CHARS: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -135,11 +142,7 @@ struct FieldMap {
 
 impl Visit for FieldMap {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.msg = Some(value.to_owned());
-        } else {
-            self.map.insert(field.name().to_owned(), Value::from(value));
-        }
+        self.record_text(field, crate::text::clip(value, FIELD_CHARS));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
         self.map.insert(field.name().to_owned(), Value::from(value));
@@ -154,7 +157,14 @@ impl Visit for FieldMap {
         self.map.insert(field.name().to_owned(), Value::from(value));
     }
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let text = format!("{value:?}");
+        let mut text = format!("{value:?}");
+        crate::text::clip_in_place(&mut text, FIELD_CHARS);
+        self.record_text(field, text);
+    }
+}
+
+impl FieldMap {
+    fn record_text(&mut self, field: &Field, text: String) {
         if field.name() == "message" {
             self.msg = Some(text);
         } else {
@@ -222,6 +232,26 @@ mod tests {
         );
         assert!(line.ends_with('\n'));
         assert!(line.starts_with("{\"level\":\"info\",\"ts\":"), "{line}");
+    }
+
+    #[test]
+    fn echoed_strings_are_clipped() {
+        let (tx, rx) = sync_channel::<String>(4);
+        let layer = JsonLines {
+            tx,
+            dropped: DropCounter::default(),
+        };
+        let long = "x".repeat(1_000_000);
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+            tracing::warn!(trace_id = %long, id = long.as_str(), "refused: {long}");
+        });
+        let line = rx.try_recv().unwrap();
+        assert!(line.len() < 4 * (FIELD_CHARS + 64), "{} bytes", line.len());
+        let v: Value = serde_json::from_str(&line).unwrap();
+        for key in ["msg", "trace_id", "id"] {
+            let text = v[key].as_str().unwrap();
+            assert!(text.ends_with('…') && text.chars().count() <= FIELD_CHARS + 1, "{key}");
+        }
     }
 
     #[test]

@@ -341,6 +341,23 @@ fn oversized_line_is_answered_and_memory_stays_bounded() {
     assert_eq!(resp["id"], Value::Null, "{resp}");
     expect_error(&resp, 1001);
 
+    // An id too long to echo (a complete line's would be refused): the
+    // answer has id null and stays one short line.
+    let long_id = "i".repeat(60_000);
+    engine.send_line(&oversized_line(
+        &format!("{{\"jsonrpc\":\"2.0\",\"id\":\"{long_id}\",\"method\":\"evaluate_batch\","),
+        len2,
+    ));
+    let line = engine.recv_line();
+    assert!(
+        line.len() < 2048,
+        "answer to an oversized line with a 60 KB id is {} bytes",
+        line.len()
+    );
+    let resp: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(resp["id"], Value::Null, "{resp}");
+    expect_error(&resp, 1001);
+
     // Another method: -32600 with the id.
     engine.send_line(&oversized_line(
         "{\"jsonrpc\":\"2.0\",\"id\":17,\"method\":\"submit_plugin_result\",",
@@ -447,6 +464,11 @@ fn bad_config_file_exits_2_with_a_clear_message() {
             vec!["eval_timeout", "'soon' is not a duration"],
         ),
         (
+            "forever.toml",
+            "drain_timeout = \"18446744073709551615s\"\n",
+            vec!["drain_timeout", "is too long: durations are at most 100 years"],
+        ),
+        (
             "level.toml",
             "log_level = \"loud\"\n",
             vec!["log_level", "invalid log level 'loud'"],
@@ -463,6 +485,24 @@ fn bad_config_file_exits_2_with_a_clear_message() {
         for needle in needles {
             assert!(err.contains(needle), "{name}: stderr should mention {needle:?}: {err}");
         }
+    }
+    // The same bound on the flag, for every front door.
+    for args in [
+        &["--eval-timeout", "18446744073709551615s"][..],
+        &[
+            "--eval-timeout",
+            "1e30",
+            "eval",
+            "--trace",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/refund_trace.json"),
+            "--assertions",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/refund_assertions.json"),
+        ][..],
+    ] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--eval-timeout") && err.contains("too long"), "{args:?}: {err}");
     }
     let missing = dir.path().join("missing.toml");
     let out = run(&["--config", missing.to_str().unwrap()]);

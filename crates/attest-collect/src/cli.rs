@@ -152,9 +152,9 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
 fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
     let Some(p) = path else { return Ok(PriceTable::default()) };
     let text = crate::read_capped(p).map_err(|e| anyhow::anyhow!("--prices {} {e}", p.display()))?;
-    let table: PriceTable = serde_norway::from_str(&text).with_context(|| {
-        format!(
-            "--prices {}: expected `models: {{NAME: {{input_per_million, output_per_million}}}}`",
+    let table: PriceTable = crate::parse_yaml(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "--prices {}: expected `models: {{NAME: {{input_per_million, output_per_million}}}}`: {e}",
             p.display()
         )
     })?;

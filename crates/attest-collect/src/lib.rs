@@ -188,9 +188,94 @@ pub fn read_capped(path: &std::path::Path) -> Result<String, attest_io::ReadErro
     attest_io::read_capped_text(path, MAX_CONFIG_FILE_BYTES)
 }
 
+/// Deepest flow nesting (`[`, `{`) a configuration file may use; serde
+/// refuses deeper values anyway.
+const MAX_YAML_FLOW_DEPTH: usize = 128;
+
+/// Parses a YAML configuration file (rules, prices).
+///
+/// The YAML parser's time grows with the square of flow nesting, so a
+/// 200 KB file of nested brackets would stall start-up for minutes before
+/// serde's own depth limit answers. The nesting is measured first, in one
+/// pass that skips quoted scalars and comments.
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    if let Some(line) = flow_depth_exceeded(text, MAX_YAML_FLOW_DEPTH) {
+        return Err(format!(
+            "nested more than {MAX_YAML_FLOW_DEPTH} levels deep at line {line}: flatten the value"
+        ));
+    }
+    serde_norway::from_str(text).map_err(|e| e.to_string())
+}
+
+/// The line at which flow collections nest deeper than `max`, if they do.
+fn flow_depth_exceeded(text: &str, max: usize) -> Option<usize> {
+    let (mut depth, mut line) = (0usize, 1usize);
+    let mut chars = text.chars().peekable();
+    let mut prev_blank = true;
+    while let Some(c) = chars.next() {
+        match c {
+            '\n' => line += 1,
+            '[' | '{' => {
+                depth += 1;
+                if depth > max {
+                    return Some(line);
+                }
+            }
+            ']' | '}' => depth = depth.saturating_sub(1),
+            '#' if prev_blank => while chars.next_if(|&c| c != '\n').is_some() {},
+            // A quote opens a quoted scalar only where a scalar starts; inside
+            // a plain one (`don't`, `5" nails`) it is text.
+            '"' if prev_blank => {
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        '\n' => line += 1,
+                        _ => {}
+                    }
+                }
+            }
+            '\'' if prev_blank => {
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\'' if chars.next_if_eq(&'\'').is_none() => break,
+                        '\n' => line += 1,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+        prev_blank = c.is_whitespace() || matches!(c, '[' | '{' | ',' | ':' | '-');
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deep_flow_nesting_is_refused_before_parsing() {
+        let deep = format!("rules: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        let t = std::time::Instant::now();
+        let e = parse_yaml::<serde_json::Value>(&deep).unwrap_err();
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "took {:?}", t.elapsed());
+        assert_eq!(e, "nested more than 128 levels deep at line 1: flatten the value");
+        // Brackets in quoted scalars and comments do not count, nor do
+        // quotes inside words open a quoted scalar.
+        let quoted = format!(
+            "a: \"{0}\"\nb: '{0}'\n# {0}\nc: don't [x]\nf: 5\" [y]\nd: [{{e: 1}}]\n",
+            "[".repeat(500)
+        );
+        let v: serde_json::Value = parse_yaml(&quoted).unwrap();
+        assert_eq!(v["d"][0]["e"], 1);
+        assert_eq!(v["c"], "don't [x]");
+        assert_eq!(flow_depth_exceeded("[[[]]]", 3), None);
+        assert_eq!(flow_depth_exceeded("a: 1\nb: [[[[]]]]", 3), Some(2));
+    }
 
     #[test]
     fn configuration_files_are_read_up_to_the_cap_and_refused_past_it() {

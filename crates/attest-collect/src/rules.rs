@@ -237,7 +237,7 @@ impl RuleSet {
         let value: Value = if is_json {
             serde_json::from_str(text).map_err(|e| RulesFileError(format!("not valid JSON: {e}")))?
         } else {
-            serde_norway::from_str(text).map_err(|e| RulesFileError(format!("not valid YAML: {e}")))?
+            crate::parse_yaml(text).map_err(|e| RulesFileError(format!("not valid YAML: {e}")))?
         };
         let file: FileSpec = serde_json::from_value(value)
             .map_err(|e| RulesFileError(format!("{e}; the top level must be an object with one key, `rules`, a list")))?;

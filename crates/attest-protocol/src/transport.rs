@@ -8,6 +8,7 @@
 //! a bounded channel; when the reader of stdout stalls, the channel fills and
 //! handlers wait, which in turn stops input from being read.
 
+use crate::protocol::MAX_ID_BYTES;
 use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::Deserializer as _;
 use serde_json::value::RawValue;
@@ -91,6 +92,8 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
 
 /// Best effort: the `id` and `method` of a request whose text is cut off.
 /// Members that come before them must be complete in `prefix` to be skipped.
+/// An id longer than [`MAX_ID_BYTES`] is left out, as a complete request's
+/// would be refused: echoing it could make the answer longer than a line.
 pub fn sniff_request(prefix: &[u8]) -> (Option<Box<RawValue>>, Option<String>) {
     type Found = (Option<Box<RawValue>>, Option<String>);
     // The visitor records into `found` as it goes: the overall parse always
@@ -104,7 +107,10 @@ pub fn sniff_request(prefix: &[u8]) -> (Option<Box<RawValue>>, Option<String>) {
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
             while let Some(key) = map.next_key::<String>()? {
                 match key.as_str() {
-                    "id" => self.0 .0 = Some(map.next_value::<Box<RawValue>>()?),
+                    "id" => {
+                        let id = map.next_value::<Box<RawValue>>()?;
+                        self.0 .0 = Some(id).filter(|id| id.get().len() <= MAX_ID_BYTES);
+                    }
                     "method" => self.0 .1 = Some(map.next_value::<String>()?),
                     _ => {
                         map.next_value::<IgnoredAny>()?;
@@ -243,5 +249,10 @@ mod tests {
         let (id, m) = sniff_request(br#"{"jsonrpc":"2.0","params":{"trace":{"x":"#);
         assert!(id.is_none() && m.is_none());
         assert!(sniff_request(b"garbage").0.is_none());
+        // An id too long to echo is dropped; the method still counts.
+        let long = format!(r#"{{"id":"{}","method":"evaluate_batch","params":{{"#, "x".repeat(MAX_ID_BYTES));
+        let (id, m) = sniff_request(long.as_bytes());
+        assert!(id.is_none());
+        assert_eq!(m.as_deref(), Some("evaluate_batch"));
     }
 }

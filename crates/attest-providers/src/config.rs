@@ -315,15 +315,26 @@ fn check_url(url: &str, what: &str) -> Result<String> {
     Ok(url.trim_end_matches('/').to_owned())
 }
 
-/// `30s`, `1500ms`, `2m`, or a bare number of seconds.
+/// The longest duration any setting takes: a deadline is `now` plus a
+/// duration, and sums of durations must not overflow either.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `30s`, `1500ms`, `2m`, or a bare number of seconds; at most
+/// [`MAX_DURATION`] (100 years).
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
     let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
+    let d = match s.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX),
+        _ => humantime::parse_duration(s)
+            .with_context(|| format!("'{s}' is not a duration; use e.g. 30s, 1500ms, 2m or a number of seconds"))?,
+    };
+    if d > MAX_DURATION {
+        anyhow::bail!(
+            "'{s}' is too long: durations are at most 100 years ({}s); use e.g. 30s, 1500ms or 2m",
+            MAX_DURATION.as_secs()
+        );
     }
-    humantime::parse_duration(s).with_context(|| format!("'{s}' is not a duration; use e.g. 30s, 1500ms, 2m or a number of seconds"))
+    Ok(d)
 }
 
 #[cfg(test)]

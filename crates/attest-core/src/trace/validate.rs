@@ -27,6 +27,11 @@ use time::OffsetDateTime;
 pub const CURRENT_SCHEMA_VERSION: i64 = 1;
 pub const OLDEST_SCHEMA_VERSION: i64 = 0;
 
+/// Longest `trace_id`, `parent_trace_id` or `agent_id` accepted, in bytes.
+/// Ids are stored with every history row and written into log lines and
+/// messages, so an unbounded one would make each of those unbounded too.
+pub const MAX_ID_BYTES: usize = 1024;
+
 /// Size and count limits. The defaults are Attest protocol v1 §7's; they are also what
 /// `initialize` advertises.
 #[derive(Debug, Clone)]
@@ -236,7 +241,7 @@ fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, wa
 
     // 3. Required fields.
     match obj.get("trace_id") {
-        Some(Value::String(s)) if !s.trim().is_empty() => {}
+        Some(Value::String(s)) if !s.trim().is_empty() => check_id_len(s, "trace_id", path, sfx)?,
         Some(Value::String(_)) | None | Some(Value::Null) => {
             return Err(invalid(
                 format!("trace missing required field: trace_id{sfx}"),
@@ -315,6 +320,9 @@ fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, wa
 
     // 5. Field types and formats.
     check_optional_string(obj, "agent_id", path, sfx)?;
+    if let Some(Value::String(id)) = obj.get("agent_id") {
+        check_id_len(id, "agent_id", path, sfx)?;
+    }
     match obj.get("steps") {
         None | Some(Value::Null) | Some(Value::Array(_)) => {}
         Some(other) => {
@@ -338,7 +346,7 @@ fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, wa
     }
     match obj.get("parent_trace_id") {
         None | Some(Value::Null) => {}
-        Some(Value::String(s)) if !s.trim().is_empty() => {}
+        Some(Value::String(s)) if !s.trim().is_empty() => check_id_len(s, "parent_trace_id", path, sfx)?,
         Some(other) => {
             return Err(invalid(
                 format!(
@@ -449,6 +457,9 @@ fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, ch
         }
     }
     check_optional_string(s, "agent_id", &field, sfx)?;
+    if let Some(Value::String(id)) = s.get("agent_id") {
+        check_id_len(id, "agent_id", &field, sfx)?;
+    }
     match s.get("sub_trace") {
         None | Some(Value::Null) => {}
         Some(Value::Object(_)) if s.get("type").and_then(Value::as_str) == Some("agent_call") => {}
@@ -500,6 +511,17 @@ fn check_metadata(meta: &Map<String, Value>, path: &str, sfx: &str) -> Result<()
             format!("{path}.metadata.timestamp"),
         )),
     }
+}
+
+fn check_id_len(id: &str, key: &str, path: &str, sfx: &str) -> Result<(), TraceError> {
+    if id.len() <= MAX_ID_BYTES {
+        return Ok(());
+    }
+    Err(invalid(
+        format!("{path}.{key} is {} bytes, more than the {MAX_ID_BYTES} allowed{sfx}", id.len()),
+        format!("Use a short identifier (at most {MAX_ID_BYTES} bytes), such as trc_<uuid> for a trace or the agent's name; put long descriptions in metadata."),
+        format!("{path}.{key}"),
+    ))
 }
 
 fn check_optional_string(obj: &Map<String, Value>, key: &str, path: &str, sfx: &str) -> Result<(), TraceError> {
@@ -612,6 +634,44 @@ mod tests {
         let mut v = base();
         v["output"] = json!({});
         assert!(msg(v).starts_with("trace output must be a non-empty JSON object"));
+    }
+
+    #[test]
+    fn ids_are_bounded_at_every_level() {
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        let exact = "x".repeat(MAX_ID_BYTES);
+        for (at, field) in [
+            ("/trace_id", "trace.trace_id"),
+            ("/agent_id", "trace.agent_id"),
+            ("/parent_trace_id", "trace.parent_trace_id"),
+            ("/steps/0/agent_id", "trace.steps[0].agent_id"),
+            ("/steps/0/sub_trace/trace_id", "trace.steps[0].sub_trace.trace_id"),
+        ] {
+            let with = |id: &str| {
+                let mut v = base();
+                v["steps"] = json!([{"type": "agent_call", "name": "a",
+                    "sub_trace": {"schema_version": 1, "trace_id": "s", "output": {"m": 1}}}]);
+                let (parent, key) = at.rsplit_once('/').unwrap();
+                let parent = if parent.is_empty() {
+                    &mut v
+                } else {
+                    v.pointer_mut(parent).unwrap()
+                };
+                parent[key] = json!(id);
+                v
+            };
+            let e = check(with(&long)).unwrap_err();
+            assert_eq!(e.field, field);
+            assert!(
+                e.message
+                    .contains(&format!("is {} bytes, more than the {MAX_ID_BYTES} allowed", MAX_ID_BYTES + 1)),
+                "{}",
+                e.message
+            );
+            assert!(e.message.len() < 200 && e.detail.contains("short identifier"), "{e:?}");
+            // At the limit it passes (a root with a parent_trace_id is still a root).
+            check(with(&exact)).unwrap();
+        }
     }
 
     #[test]
