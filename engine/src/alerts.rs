@@ -3,6 +3,8 @@
 //!
 //! Webhook posts run in the background with a timeout and a small
 //! concurrency bound, so a slow or dead receiver never delays a response.
+//! Alerts waiting for a slot are bounded too: past [`MAX_POSTS_PENDING`],
+//! new alerts are dropped and logged rather than piling up.
 
 use crate::history::DriftReport;
 use serde::Serialize;
@@ -12,6 +14,10 @@ use tokio::sync::Semaphore;
 
 /// Posts in flight at once; further alerts wait for a slot in the background.
 const MAX_POSTS_IN_FLIGHT: usize = 4;
+/// Alerts posting or waiting to post; beyond this they are dropped. A dead
+/// receiver takes up to [`POST_TIMEOUT`] per post, so this is minutes of
+/// alerts, while each waiting one holds only its report.
+const MAX_POSTS_PENDING: usize = 256;
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The `drift_alert` notification line for one report.
@@ -31,6 +37,7 @@ pub struct Webhook {
     url: reqwest::Url,
     client: reqwest::Client,
     slots: Arc<Semaphore>,
+    pending: Arc<Semaphore>,
 }
 
 impl Webhook {
@@ -48,17 +55,28 @@ impl Webhook {
             url,
             client,
             slots: Arc::new(Semaphore::new(MAX_POSTS_IN_FLIGHT)),
+            pending: Arc::new(Semaphore::new(MAX_POSTS_PENDING)),
         })
     }
 
-    /// Posts `report` in the background; failures are logged.
-    pub fn send(&self, report: DriftReport) {
+    /// Posts `report` in the background; failures are logged. Returns
+    /// whether it was queued (false: no runtime, or too many pending).
+    pub fn send(&self, report: DriftReport) -> bool {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!("drift webhook skipped: no async runtime (eval command)");
-            return;
+            return false;
+        };
+        let Ok(pending) = self.pending.clone().try_acquire_owned() else {
+            tracing::warn!(
+                assertion_id = %report.assertion_id,
+                pending = MAX_POSTS_PENDING,
+                "drift alert dropped: the webhook is not keeping up"
+            );
+            return false;
         };
         let (url, client, slots) = (self.url.clone(), self.client.clone(), self.slots.clone());
         runtime.spawn(async move {
+            let _pending = pending;
             let Ok(_slot) = slots.acquire_owned().await else { return };
             let body = WebhookBody {
                 text: format!(
@@ -73,5 +91,43 @@ impl Webhook {
                 Err(e) => tracing::warn!(error = %e, url = %url, "drift webhook failed"),
             }
         });
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::DriftStatus;
+
+    fn report(i: usize) -> DriftReport {
+        DriftReport {
+            assertion_id: format!("a{i}"),
+            fingerprint: None,
+            mean: 0.9,
+            stddev: 0.01,
+            count: 30,
+            latest_score: 0.2,
+            deviation: 70.0,
+            status: DriftStatus::DriftDetected,
+            window_size: 30,
+        }
+    }
+
+    #[tokio::test]
+    async fn alerts_waiting_for_a_dead_receiver_are_bounded() {
+        // A receiver that accepts connections and never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let hook = Webhook::new(&url).unwrap();
+        let queued = (0..MAX_POSTS_PENDING + 40).filter(|&i| hook.send(report(i))).count();
+        assert_eq!(queued, MAX_POSTS_PENDING);
+        assert_eq!(hook.pending.available_permits(), 0);
     }
 }
