@@ -149,7 +149,7 @@ impl attest_collect::HistorySink for HistoryResults {
             let engine = self.engine.clone();
             tokio::task::spawn_blocking(move || {
                 if let Some(h) = &engine.sinks.history {
-                    h.flush();
+                    h.flush(std::time::Instant::now() + engine.config.drain_timeout);
                 }
             })
             .await?;

@@ -159,7 +159,14 @@ pub fn history_unavailable() -> RpcError {
 }
 
 /// The history could not be read: `3001`.
-pub fn history_failed(e: &dyn std::fmt::Display) -> RpcError {
+pub fn history_failed(e: &anyhow::Error) -> RpcError {
+    if e.is::<crate::history::Unanswered>() {
+        return RpcError::new(
+            ErrorCode::Timeout,
+            format!("query_drift timed out: {e}"),
+            "The history writer runs at low priority and answers after writing the results queued before the query. Retry once the engine is less busy, or raise --eval-timeout.",
+        );
+    }
     RpcError::new(
         ErrorCode::EngineError,
         format!("query_drift failed: {e}"),
@@ -171,6 +178,15 @@ pub fn history_failed(e: &dyn std::fmt::Display) -> RpcError {
 mod tests {
     use super::*;
     use crate::layers::SpecError;
+
+    #[test]
+    fn a_history_past_the_deadline_is_a_timeout() {
+        let slow = history_failed(&anyhow::Error::new(crate::history::Unanswered));
+        assert_eq!(slow.code, ErrorCode::Timeout);
+        assert!(slow.message.starts_with("query_drift timed out"), "{}", slow.message);
+        let broken = history_failed(&anyhow::anyhow!("disk I/O error"));
+        assert_eq!(broken.code, ErrorCode::EngineError);
+    }
 
     #[test]
     fn a_trace_error_is_1001_with_its_field() {

@@ -469,7 +469,7 @@ async fn dispatch(
             let report = lane
                 .block(async move {
                     let history = engine.sinks.history.as_ref().ok_or_else(|| anyhow::anyhow!("result history is closed"))?;
-                    history.drift(subject, window)
+                    history.drift(subject, window, deadline)
                 })
                 .await
                 .map_err(|e| crate::errors::history_failed(&e))?;

@@ -199,7 +199,7 @@ impl Engine {
     /// `eval` run): writes queued history and the configured reports.
     pub fn finish(&self) {
         if let Some(h) = &self.sinks.history {
-            h.flush();
+            h.flush(std::time::Instant::now() + self.config.drain_timeout);
             if h.dropped_rows() > 0 {
                 tracing::warn!(dropped_rows = h.dropped_rows(), "some results were not recorded in history");
             }

@@ -106,6 +106,7 @@ pub trait Backends: Send + Sync {
 
 /// Earlier scores of an assertion, for `threshold: "dynamic"`.
 pub trait ScoreHistory: Send + Sync {
-    /// Up to `limit` most recent scores of `fingerprint`, newest first.
-    fn recent_scores(&self, fingerprint: Fingerprint, limit: u64) -> Result<Vec<f64>, String>;
+    /// Up to `limit` most recent scores of `fingerprint`, newest first; an
+    /// error once `deadline` passes without an answer.
+    fn recent_scores(&self, fingerprint: Fingerprint, limit: u64, deadline: std::time::Instant) -> Result<Vec<f64>, String>;
 }

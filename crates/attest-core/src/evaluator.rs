@@ -347,7 +347,7 @@ fn dynamic(cx: &Context<'_>, fp: Fingerprint, id: &str, score: f64, soft: bool) 
     let window = cx.dynamic_window;
     let min = cx.dynamic_min_samples;
     let scores = cx.history.map(|h| {
-        h.recent_scores(fp, window).unwrap_or_else(|e| {
+        h.recent_scores(fp, window, cx.deadline).unwrap_or_else(|e| {
             tracing::error!(error = %e, "cannot read result history; using the static band");
             Vec::new()
         })
@@ -680,7 +680,7 @@ mod tests {
     struct Past(Vec<f64>);
 
     impl ScoreHistory for Past {
-        fn recent_scores(&self, _fingerprint: Fingerprint, limit: u64) -> Result<Vec<f64>, String> {
+        fn recent_scores(&self, _fingerprint: Fingerprint, limit: u64, _deadline: Instant) -> Result<Vec<f64>, String> {
             Ok(self.0.iter().take(limit as usize).copied().collect())
         }
     }

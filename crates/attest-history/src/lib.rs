@@ -19,9 +19,9 @@ mod store;
 pub use attest_core::drift::{dynamic_status, mean_stddev, DriftReport, DriftStatus, Fingerprint, SpecDigest, BAND_PASS, BAND_SOFT};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, sync_channel, Sender, SyncSender};
+use std::sync::mpsc::{channel, sync_channel, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Rows waiting for the writer before new ones are dropped (and counted):
 /// room for a burst of 100,000 batches of 8 while the low-priority writer
@@ -168,29 +168,36 @@ impl History {
         }
     }
 
-    fn ask<T>(&self, query: impl FnOnce(SyncSender<rusqlite::Result<T>>) -> Query) -> anyhow::Result<T> {
+    /// Asks the writer, which answers after writing every row queued before
+    /// the question; gives up at `deadline` (the writer then answers no one).
+    fn ask<T>(&self, deadline: Instant, query: impl FnOnce(SyncSender<rusqlite::Result<T>>) -> Query) -> anyhow::Result<T> {
         let (reply, answer) = sync_channel(1);
         self.shared.urgent.fetch_add(1, Ordering::AcqRel);
         self.tx
             .send(Msg::Query(query(reply)))
             .map_err(|_| anyhow::anyhow!("history writer has stopped"))?;
         self.writer.unpark();
-        Ok(answer.recv().map_err(|_| anyhow::anyhow!("history writer has stopped"))??)
+        match answer.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(result) => Ok(result?),
+            Err(RecvTimeoutError::Timeout) => Err(anyhow::Error::new(Unanswered)),
+            Err(RecvTimeoutError::Disconnected) => Err(anyhow::anyhow!("history writer has stopped")),
+        }
     }
 
-    /// The latest `limit` scores of `fp`, newest first (blocking).
-    pub fn recent_scores(&self, fp: Fingerprint, limit: u64) -> anyhow::Result<Vec<f64>> {
-        self.ask(|reply| Query::Recent(fp, limit, reply))
+    /// The latest `limit` scores of `fp`, newest first (blocking, until `deadline`).
+    pub fn recent_scores(&self, fp: Fingerprint, limit: u64, deadline: Instant) -> anyhow::Result<Vec<f64>> {
+        self.ask(deadline, |reply| Query::Recent(fp, limit, reply))
     }
 
-    /// Drift statistics over the latest `window` results (blocking).
-    pub fn drift(&self, subject: Subject, window: u64) -> anyhow::Result<DriftReport> {
-        self.ask(|reply| Query::Drift(subject, window, reply))
+    /// Drift statistics over the latest `window` results (blocking, until `deadline`).
+    pub fn drift(&self, subject: Subject, window: u64, deadline: Instant) -> anyhow::Result<DriftReport> {
+        self.ask(deadline, |reply| Query::Drift(subject, window, reply))
     }
 
-    /// Waits until every row queued so far is written (at shutdown).
-    pub fn flush(&self) {
-        if let Err(e) = self.recent_scores(Fingerprint([0; 16]), 0) {
+    /// Waits until every row queued so far is written, or until `deadline`
+    /// (at shutdown).
+    pub fn flush(&self, deadline: Instant) {
+        if let Err(e) = self.recent_scores(Fingerprint([0; 16]), 0, deadline) {
             tracing::error!(error = %e, "cannot flush result history");
         }
     }
@@ -208,13 +215,26 @@ impl Drop for History {
     }
 }
 
+/// The history did not answer before the caller's deadline: the writer was
+/// still writing rows queued before the question.
+#[derive(Debug)]
+pub struct Unanswered;
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the result history did not answer before the deadline (it was still writing queued results)")
+    }
+}
+
+impl std::error::Error for Unanswered {}
+
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Dynamic thresholds read earlier scores through the core's trait.
 impl attest_core::backends::ScoreHistory for History {
-    fn recent_scores(&self, fingerprint: Fingerprint, limit: u64) -> Result<Vec<f64>, String> {
-        History::recent_scores(self, fingerprint, limit).map_err(|e| e.to_string())
+    fn recent_scores(&self, fingerprint: Fingerprint, limit: u64, deadline: Instant) -> Result<Vec<f64>, String> {
+        History::recent_scores(self, fingerprint, limit, deadline).map_err(|e| e.to_string())
     }
 }

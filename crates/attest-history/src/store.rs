@@ -736,6 +736,10 @@ mod tests {
     use super::super::*;
     use super::*;
 
+    fn soon() -> std::time::Instant {
+        std::time::Instant::now() + std::time::Duration::from_secs(30)
+    }
+
     fn config(dir: &Path) -> HistoryConfig {
         HistoryConfig {
             path: dir.join("history.sqlite3"),
@@ -781,19 +785,19 @@ mod tests {
         {
             let h = History::open(&config(dir.path())).unwrap();
             h.record(rows("run1", spec, &[0.9, 0.8]));
-            assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.8, 0.9]);
+            assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.8, 0.9]);
         }
         let h = History::open(&config(dir.path())).unwrap();
         h.record(rows("run2", spec, &[0.1]));
-        let r = h.drift(Subject::AssertionId("run1".into()), 2).unwrap();
+        let r = h.drift(Subject::AssertionId("run1".into()), 2, soon()).unwrap();
         assert_eq!(
             (r.count, r.latest_score),
             (2, 0.1),
             "run1 resolves to the fingerprint's latest window"
         );
-        let r = h.drift(Subject::Fingerprint(fp), 50).unwrap();
+        let r = h.drift(Subject::Fingerprint(fp), 50, soon()).unwrap();
         assert_eq!((r.count, r.assertion_id.as_str()), (3, "run2"));
-        let none = h.drift(Subject::AssertionId("never".into()), 50).unwrap();
+        let none = h.drift(Subject::AssertionId("never".into()), 50, soon()).unwrap();
         assert_eq!(none.status, DriftStatus::NoData);
     }
 
@@ -817,13 +821,13 @@ mod tests {
             }
         });
         let h = History::open(&c).unwrap();
-        assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.6, 0.4, 0.2]);
-        let r = h.drift(Subject::AssertionId("old0".into()), 50).unwrap();
+        assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.6, 0.4, 0.2]);
+        let r = h.drift(Subject::AssertionId("old0".into()), 50, soon()).unwrap();
         assert_eq!((r.count, r.fingerprint.as_deref()), (3, Some(fp.hex().as_str())));
-        assert_eq!(h.drift(Subject::Fingerprint(fp), 50).unwrap().assertion_id, "old2");
+        assert_eq!(h.drift(Subject::Fingerprint(fp), 50, soon()).unwrap().assertion_id, "old2");
         // New rows join the migrated history.
         h.record(batch("t2", vec![row("new", spec, 0.8)]));
-        assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.8, 0.6, 0.4, 0.2]);
+        assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.8, 0.6, 0.4, 0.2]);
     }
 
     #[test]
@@ -833,7 +837,7 @@ mod tests {
         let (a, b) = (SpecDigest::of("content", None), SpecDigest::of("schema", None));
         h.record(rows("same-id", a, &[0.1]));
         h.record(rows("same-id", b, &[0.9]));
-        let r = h.drift(Subject::AssertionId("same-id".into()), 50).unwrap();
+        let r = h.drift(Subject::AssertionId("same-id".into()), 50, soon()).unwrap();
         assert_eq!(r.fingerprint, Some(Fingerprint::new(&b, None).hex()), "the id's latest spec wins");
         assert_eq!((r.count, r.latest_score), (1, 0.9));
         // Many batches in one write cross the multi-row insert boundary.
@@ -841,7 +845,7 @@ mod tests {
         for score in &many {
             h.record(rows("bulk", a, &[*score]));
         }
-        let recent = h.recent_scores(Fingerprint::new(&a, None), 5).unwrap();
+        let recent = h.recent_scores(Fingerprint::new(&a, None), 5, soon()).unwrap();
         assert_eq!(recent, many.iter().rev().take(5).copied().collect::<Vec<_>>());
     }
 
@@ -855,10 +859,10 @@ mod tests {
         {
             let h = History::open(&c).unwrap();
             h.record(rows("a", spec, &[0.1, 0.2, 0.3, 0.4, 0.5]));
-            assert_eq!(h.recent_scores(fp, 10).unwrap().len(), 5);
+            assert_eq!(h.recent_scores(fp, 10, soon()).unwrap().len(), 5);
         }
         let h = History::open(&c).unwrap();
-        assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.5, 0.4, 0.3]);
+        assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.5, 0.4, 0.3]);
     }
 
     fn row(id: &str, spec: SpecDigest, score: f64) -> Row {
@@ -896,17 +900,17 @@ mod tests {
         h.record(batch("t3", vec![row("x", a, 0.3)]));
         h.record(batch("t4", vec![row("x", a, 0.4), row("z", c, 0.9), row("x2", a, 0.5)]));
         h.record(batch("t5", vec![row("y", b, 0.9), row("x", a, 0.6)]));
-        assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.6, 0.5, 0.4, 0.3, 0.2, 0.1]);
-        assert_eq!(h.recent_scores(fp, 3).unwrap(), vec![0.6, 0.5, 0.4]);
-        assert_eq!(h.recent_scores(fp, 0).unwrap(), Vec::<f64>::new());
-        let r = h.drift(Subject::Fingerprint(fp), 50).unwrap();
+        assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.6, 0.5, 0.4, 0.3, 0.2, 0.1]);
+        assert_eq!(h.recent_scores(fp, 3, soon()).unwrap(), vec![0.6, 0.5, 0.4]);
+        assert_eq!(h.recent_scores(fp, 0, soon()).unwrap(), Vec::<f64>::new());
+        let r = h.drift(Subject::Fingerprint(fp), 50, soon()).unwrap();
         assert_eq!((r.count, r.assertion_id.as_str()), (6, "x"));
-        let r = h.drift(Subject::AssertionId("x2".into()), 2).unwrap();
+        let r = h.drift(Subject::AssertionId("x2".into()), 2, soon()).unwrap();
         assert_eq!((r.count, r.latest_score), (2, 0.6));
         // Three distinct member lists were stored, five batches.
         let conn = Connection::open(&config(dir.path()).path).unwrap();
         let count = |table: &str| -> i64 { conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0)).unwrap() };
-        h.flush();
+        h.flush(soon());
         assert_eq!((count("suites"), count("batches")), (3, 5));
     }
 
@@ -925,21 +929,27 @@ mod tests {
             h.record(batch("t1", vec![row("a", a, 0.1), row("b", b, 0.1)]));
             h.record(batch("t2", vec![row("a", a, 0.2), row("b", b, 0.2), row("d", d, 0.2)]));
             h.record(batch("t3", vec![row("a", a, 0.3)]));
-            h.flush();
+            h.flush(soon());
         }
         let h = History::open(&c).unwrap();
         // t3 (1) + t2's newest three; t1 is gone.
-        assert_eq!(h.recent_scores(Fingerprint::new(&a, Some("bot")), 10).unwrap(), vec![0.3, 0.2]);
-        assert_eq!(h.recent_scores(Fingerprint::new(&b, Some("bot")), 10).unwrap(), vec![0.2]);
-        assert_eq!(h.recent_scores(Fingerprint::new(&d, Some("bot")), 10).unwrap(), vec![0.2]);
+        assert_eq!(
+            h.recent_scores(Fingerprint::new(&a, Some("bot")), 10, soon()).unwrap(),
+            vec![0.3, 0.2]
+        );
+        assert_eq!(h.recent_scores(Fingerprint::new(&b, Some("bot")), 10, soon()).unwrap(), vec![0.2]);
+        assert_eq!(h.recent_scores(Fingerprint::new(&d, Some("bot")), 10, soon()).unwrap(), vec![0.2]);
         drop(h);
         c.max_rows = 2;
         let h = History::open(&c).unwrap();
         // t3, and t2 cut to its last member.
-        assert_eq!(h.recent_scores(Fingerprint::new(&a, Some("bot")), 10).unwrap(), vec![0.3]);
-        assert_eq!(h.recent_scores(Fingerprint::new(&b, Some("bot")), 10).unwrap(), Vec::<f64>::new());
-        assert_eq!(h.recent_scores(Fingerprint::new(&d, Some("bot")), 10).unwrap(), vec![0.2]);
-        h.flush();
+        assert_eq!(h.recent_scores(Fingerprint::new(&a, Some("bot")), 10, soon()).unwrap(), vec![0.3]);
+        assert_eq!(
+            h.recent_scores(Fingerprint::new(&b, Some("bot")), 10, soon()).unwrap(),
+            Vec::<f64>::new()
+        );
+        assert_eq!(h.recent_scores(Fingerprint::new(&d, Some("bot")), 10, soon()).unwrap(), vec![0.2]);
+        h.flush(soon());
         let conn = Connection::open(&c.path).unwrap();
         let kept: i64 = conn.query_row("SELECT SUM(size) FROM batches", [], |r| r.get(0)).unwrap();
         assert_eq!(kept, 2);
@@ -981,13 +991,13 @@ mod tests {
             }
         });
         let h = History::open(&c).unwrap();
-        assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.6, 0.4, 0.2]);
-        assert_eq!(h.drift(Subject::Fingerprint(fp), 50).unwrap().assertion_id, "old0");
-        let r = h.drift(Subject::AssertionId("old1".into()), 50).unwrap();
+        assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.6, 0.4, 0.2]);
+        assert_eq!(h.drift(Subject::Fingerprint(fp), 50, soon()).unwrap().assertion_id, "old0");
+        let r = h.drift(Subject::AssertionId("old1".into()), 50, soon()).unwrap();
         assert_eq!((r.count, r.fingerprint.as_deref()), (3, Some(fp.hex().as_str())));
         h.record(batch("t2", vec![row("new", spec, 0.8)]));
-        assert_eq!(h.recent_scores(fp, 10).unwrap(), vec![0.8, 0.6, 0.4, 0.2]);
-        h.flush();
+        assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.8, 0.6, 0.4, 0.2]);
+        h.flush(soon());
         let conn = Connection::open(&c.path).unwrap();
         let (status, kind): (i64, String) = conn
             .query_row(
@@ -1014,7 +1024,7 @@ mod tests {
         // The same assertions as t1: its suite is reused, and `x` points
         // back at `a`'s fingerprint.
         h.record(batch("t3", vec![row("x", a, 0.3)]));
-        let r = h.drift(Subject::AssertionId("x".into()), 50).unwrap();
+        let r = h.drift(Subject::AssertionId("x".into()), 50, soon()).unwrap();
         assert_eq!(r.fingerprint, Some(Fingerprint::new(&a, Some("bot")).hex()));
         assert_eq!((r.count, r.latest_score), (2, 0.3));
     }
