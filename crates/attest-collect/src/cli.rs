@@ -177,7 +177,8 @@ fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
 fn sinks(results_jsonl: &Option<PathBuf>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<crate::SharedSinks> {
     let mut v: Vec<Arc<dyn HistorySink>> = Vec::new();
     if let Some(p) = results_jsonl {
-        v.push(Arc::new(JsonlSink::open(p)?));
+        let sink = JsonlSink::open(p).with_context(|| format!("--results-jsonl {}: cannot be opened for appending", p.display()))?;
+        v.push(Arc::new(sink));
     }
     if let Some(h) = history {
         v.push(h);
@@ -214,6 +215,11 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         ("--concurrency", args.concurrency),
         ("--queue-capacity", args.queue_capacity),
         ("--max-inflight-requests", args.max_inflight_requests),
+        ("--max-trace-bytes", args.max_trace_bytes),
+        ("--max-trace-spans", args.max_trace_spans),
+        ("--max-open-traces", args.max_open_traces),
+        ("--max-open-bytes", args.max_open_bytes),
+        ("--max-request-bytes", args.max_request_bytes),
     ] {
         if v == 0 {
             bail!("{name} must be at least 1");

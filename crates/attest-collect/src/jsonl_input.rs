@@ -34,6 +34,9 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
     let reader: Box<dyn Read + Send> = if input == "-" {
         Box::new(std::io::stdin())
     } else {
+        if std::path::Path::new(input).is_dir() {
+            anyhow::bail!("--jsonl {input}: is a directory; give a file of traces, one JSON object per line, or - for stdin");
+        }
         Box::new(std::fs::File::open(input).with_context(|| format!("--jsonl {input}: cannot be read"))?)
     };
     let (tx, mut rx) = mpsc::channel::<(u64, Line)>(256);
@@ -42,7 +45,7 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
     let mut tasks = JoinSet::new();
     let started = Instant::now();
     let mut last_progress = Instant::now();
-    let (mut lines, mut malformed) = (0u64, 0u64);
+    let (mut lines, mut malformed, mut crashed) = (0u64, 0u64, 0u64);
     while let Some((line_no, line)) = rx.recv().await {
         lines += 1;
         match line {
@@ -70,16 +73,24 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
                 }
             }
         }
-        while tasks.try_join_next().is_some() {}
+        while let Some(joined) = tasks.try_join_next() {
+            crashed += u64::from(joined.is_err());
+        }
         if last_progress.elapsed() >= Duration::from_secs(1) {
             progress(pipeline, lines, malformed, started);
             last_progress = Instant::now();
         }
     }
-    while tasks.join_next().await.is_some() {}
-    reader_task.await??;
+    while let Some(joined) = tasks.join_next().await {
+        crashed += u64::from(joined.is_err());
+    }
+    reader_task.await?.with_context(|| format!("--jsonl {input}: cannot be read"))?;
     let failed = progress(pipeline, lines, malformed, started);
-    Ok(malformed == 0 && failed == 0)
+    if crashed > 0 {
+        // A panic is logged where it happened; the run must not pass.
+        eprintln!("attest-collect: --jsonl: {crashed} traces stopped with an internal error (see the log)");
+    }
+    Ok(malformed == 0 && failed == 0 && crashed == 0)
 }
 
 /// Prints the run's counts so far; returns how many evaluations and

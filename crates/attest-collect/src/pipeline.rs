@@ -14,6 +14,10 @@ use crate::assemble::{ClosedTrace, DropReason};
 use crate::convert::{self, Converted, MatchContext, PriceTable};
 use crate::metrics::Metrics;
 use crate::rules::{sampled, RuleSet};
+
+/// The metrics label for rules this process does not know: their names come
+/// off the stream, and every distinct label would be a series kept forever.
+pub const UNKNOWN_RULE: &str = "(unknown)";
 use crate::{EvalError, ResultKey, ResultRecord, SharedSinks};
 
 /// An Attest trace and the rules that selected it: what collectors hand to
@@ -105,8 +109,10 @@ impl Pipeline {
         let mut records = Vec::new();
         for name in &item.rules {
             let Some(rule) = self.rules.get(name) else {
-                // A collector with a newer rules file than this worker.
-                self.metrics.rule_event(name, "unknown_rule");
+                // A collector with a newer rules file than this worker. The
+                // name comes off the stream, so it is not made a metrics label.
+                tracing::warn!(rule = %name.chars().take(200).collect::<String>(), "a trace names a rule this worker does not have");
+                self.metrics.rule_event(UNKNOWN_RULE, "unknown_rule");
                 continue;
             };
             if let Some(budget) = &rule.budget {
@@ -156,13 +162,20 @@ impl Pipeline {
         Ok(records)
     }
 
-    /// Hands results to every sink; counts them by rule and status.
+    /// Hands results to every sink; counts them by rule and status (rules
+    /// not in this process's rules file under [`UNKNOWN_RULE`]).
     pub async fn store(&self, records: &[ResultRecord]) -> anyhow::Result<()> {
         for sink in self.sinks.iter() {
             sink.record(records).await?;
         }
         for r in records {
-            self.metrics.result(&r.key.rule, r.status);
+            // Results read off the stream (the sink role) may name any rule.
+            let rule = if self.rules.get(&r.key.rule).is_some() {
+                r.key.rule.as_str()
+            } else {
+                UNKNOWN_RULE
+            };
+            self.metrics.result(rule, r.status);
         }
         Ok(())
     }

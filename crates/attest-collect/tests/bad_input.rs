@@ -314,6 +314,11 @@ fn rules_files_with_errors_are_refused_at_start_up() {
             "rules:\n- name: refunds\n  budget: {judge_calls_per_minute: -1}\n  assertions: [{assertion_id: a, type: trace, spec: {check: required_tools, tools: [x]}}]\n",
             &["rule #1 'refunds': budget.judge_calls_per_minute: invalid value: integer `-1`"][..],
         ),
+        // 200 KB of nested brackets: refused at once, not after minutes of parsing.
+        (
+            &*format!("rules: {}{}\n", "[".repeat(100_000), "]".repeat(100_000)).leak(),
+            &["not valid YAML: nested more than 128 levels deep at line 1"][..],
+        ),
     ];
     // A price below zero is refused too.
     let prices = dir.path().join("prices.yaml");
@@ -340,6 +345,20 @@ fn rules_files_with_errors_are_refused_at_start_up() {
         "{}",
         p.stderr_text()
     );
+    // Flags that would refuse every trace, and output paths that are directories.
+    let flag_cases: [(&[&str], &str); 4] = [
+        (&["--max-trace-bytes", "0"], "--max-trace-bytes must be at least 1"),
+        (&["--max-trace-spans", "0"], "--max-trace-spans must be at least 1"),
+        (&["--results-jsonl", "."], "--results-jsonl .: cannot be opened for appending"),
+        (&["--jsonl", "."], "--jsonl .: is a directory"),
+    ];
+    for (i, (flags, needle)) in flag_cases.iter().enumerate() {
+        let mut args = vec!["collect", "--rules", rules.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"];
+        args.extend_from_slice(flags);
+        let mut p = Proc::spawn(dir.path(), &format!("flag{i}"), &args, &[]);
+        assert_ne!(p.wait_exit(20), 0, "{flags:?}");
+        assert!(p.stderr_text().contains(needle), "{needle:?} not in {}", p.stderr_text());
+    }
     for (i, (yaml, needles)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("rules{i}.yaml"));
         std::fs::write(&path, yaml).unwrap();
