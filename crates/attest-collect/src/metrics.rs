@@ -39,6 +39,26 @@ fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K, n: u64) {
     *map.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_insert(0) += n;
 }
 
+/// Most series of a per-rule counter. A sink counts results of whatever
+/// rules the stream carries; past this, new rules count under
+/// [`OTHER_RULES`], so `/metrics` stays bounded whoever publishes.
+const MAX_RULE_SERIES: usize = 4096;
+/// The label of rules past [`MAX_RULE_SERIES`].
+pub const OTHER_RULES: &str = "(other)";
+/// Longest rule label, in characters.
+const MAX_RULE_LABEL_CHARS: usize = 200;
+
+fn bump_rule(map: &Mutex<BTreeMap<(String, &'static str), u64>>, rule: &str, tag: &'static str) {
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    let rule: String = rule.chars().take(MAX_RULE_LABEL_CHARS).collect();
+    let key = if map.len() < MAX_RULE_SERIES || map.contains_key(&(rule.clone(), tag)) {
+        (rule, tag)
+    } else {
+        (OTHER_RULES.to_owned(), tag)
+    };
+    *map.entry(key).or_insert(0) += 1;
+}
+
 impl Metrics {
     pub fn request(&self, status: u16, encoding: &'static str) {
         bump(&self.requests, (status, encoding), 1);
@@ -50,12 +70,12 @@ impl Metrics {
     }
 
     pub fn result(&self, rule: &str, status: crate::Status) {
-        bump(&self.results, (rule.to_string(), status.as_str()), 1);
+        bump_rule(&self.results, rule, status.as_str());
     }
 
     /// Per-rule events that are not verdicts: `budget_exhausted`, `eval_error`, `not_sampled`.
     pub fn rule_event(&self, rule: &str, event: &'static str) {
-        bump(&self.rule_events, (rule.to_string(), event), 1);
+        bump_rule(&self.rule_events, rule, event);
     }
 
     /// How many times `event` happened, over every rule.
@@ -232,4 +252,26 @@ impl Metrics {
 /// Escapes a label value (rule names come from the rules file).
 fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_rule_series_are_bounded() {
+        let m = Metrics::default();
+        for i in 0..MAX_RULE_SERIES + 100 {
+            m.result(&format!("rule-{i}"), crate::Status::Pass);
+        }
+        // A rule already counted keeps its own series.
+        m.result("rule-0", crate::Status::Pass);
+        m.rule_event(&"x".repeat(10_000), "unknown_rule");
+        let results = m.results.lock().unwrap();
+        assert_eq!(results.len(), MAX_RULE_SERIES + 1);
+        assert_eq!(results[&(OTHER_RULES.to_owned(), "pass")], 100);
+        assert_eq!(results[&("rule-0".to_owned(), "pass")], 2);
+        let events = m.rule_events.lock().unwrap();
+        assert!(events.keys().all(|(rule, _)| rule.chars().count() <= MAX_RULE_LABEL_CHARS));
+    }
 }

@@ -162,20 +162,13 @@ impl Pipeline {
         Ok(records)
     }
 
-    /// Hands results to every sink; counts them by rule and status (rules
-    /// not in this process's rules file under [`UNKNOWN_RULE`]).
+    /// Hands results to every sink; counts them by rule and status.
     pub async fn store(&self, records: &[ResultRecord]) -> anyhow::Result<()> {
         for sink in self.sinks.iter() {
             sink.record(records).await?;
         }
         for r in records {
-            // Results read off the stream (the sink role) may name any rule.
-            let rule = if self.rules.get(&r.key.rule).is_some() {
-                r.key.rule.as_str()
-            } else {
-                UNKNOWN_RULE
-            };
-            self.metrics.result(rule, r.status);
+            self.metrics.result(&r.key.rule, r.status);
         }
         Ok(())
     }
