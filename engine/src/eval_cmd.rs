@@ -178,7 +178,7 @@ fn evaluate_files(
         };
         outcomes.push(Outcome { trace: label, body });
     }
-    engine.finish();
+    let reports_written = engine.finish();
     match format {
         Format::Json => {
             serde_json::to_writer_pretty(&mut *out, &outcomes)?;
@@ -190,7 +190,10 @@ fn evaluate_files(
     let hard = outcomes
         .iter()
         .any(|o| matches!(&o.body, Body::Results(r) if r.results.iter().any(|a| a.status == Status::HardFail)));
-    Ok(if errored {
+    if !reports_written {
+        eprintln!("attest-engine: a report could not be written (the log above says why)");
+    }
+    Ok(if errored || !reports_written {
         2
     } else if hard {
         1

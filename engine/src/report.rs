@@ -46,10 +46,15 @@ impl ReportSpec {
         if path.trim().is_empty() {
             bail!("report '{text}' has an empty path: {valid}");
         }
-        Ok(ReportSpec {
-            kind,
-            path: base.join(path.trim()),
-        })
+        let path = base.join(path.trim());
+        if path.is_dir() {
+            bail!(
+                "report '{text}': {} is a directory; give the report file's path, e.g. {}",
+                path.display(),
+                path.join("attest.xml").display()
+            );
+        }
+        Ok(ReportSpec { kind, path })
     }
 }
 
@@ -449,8 +454,10 @@ impl Report {
     }
 }
 
-/// Writes every configured report; problems are logged, never fatal.
-pub fn write_all(specs: &[ReportSpec], report: &Report) {
+/// Writes every configured report; problems are logged, and the result says
+/// whether every report was written.
+pub fn write_all(specs: &[ReportSpec], report: &Report) -> bool {
+    let mut all = true;
     for spec in specs {
         let text = report.render(spec.kind);
         let written = spec
@@ -461,9 +468,13 @@ pub fn write_all(specs: &[ReportSpec], report: &Report) {
             .and_then(|()| std::fs::write(&spec.path, text));
         match written {
             Ok(()) => tracing::info!(path = %spec.path.display(), "report written"),
-            Err(e) => tracing::error!(path = %spec.path.display(), error = %e, "cannot write report"),
+            Err(e) => {
+                all = false;
+                tracing::error!(path = %spec.path.display(), error = %e, "cannot write report");
+            }
         }
     }
+    all
 }
 
 #[cfg(test)]

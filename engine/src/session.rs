@@ -197,7 +197,8 @@ impl Engine {
 
     /// End of the session (shutdown, end of input, signal, or the end of an
     /// `eval` run): writes queued history and the configured reports.
-    pub fn finish(&self) {
+    /// Returns whether every report was written (problems are logged).
+    pub fn finish(&self) -> bool {
         if let Some(h) = &self.sinks.history {
             h.flush(std::time::Instant::now() + self.config.drain_timeout);
             if h.dropped_rows() > 0 {
@@ -217,8 +218,9 @@ impl Engine {
                 now,
             );
             report.omitted_results = self.sinks.session_log.omitted_results();
-            crate::report::write_all(&self.config.reports, &report);
+            return crate::report::write_all(&self.config.reports, &report);
         }
+        true
     }
 
     /// What this engine process supports, as `initialize` reports it.

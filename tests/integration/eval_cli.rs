@@ -83,6 +83,41 @@ fn table_output_for_a_passing_trace_exits_0() {
 }
 
 #[test]
+fn a_report_that_cannot_be_written_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "trace.json", &refund_trace());
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let args = |report: &str| {
+        let mut a: Vec<String> = vec!["--report".into(), report.into(), "eval".into()];
+        a.extend(["--trace", trace.to_str().unwrap(), "--assertions", assertions.to_str().unwrap()].map(String::from));
+        a
+    };
+    let run_args = |a: Vec<String>| run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+
+    // A directory is refused before anything runs.
+    let out = run_args(args(&format!("junit={}", dir.path().display())));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is a directory; give the report file's path"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A path that cannot be created: the results are printed, and the run fails.
+    let blocked = write(&dir, "a-file", "");
+    let out = run_args(args(&format!("junit={}/attest.xml", blocked.display())));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stdout(&out).contains("5 passed"), "{}", stdout(&out));
+    assert!(stderr(&out).contains("a report could not be written"), "{}", stderr(&out));
+
+    // A writable one is written and the run passes.
+    let ok = dir.path().join("out/attest.xml");
+    let out = run_args(args(&format!("junit={}", ok.display())));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&ok).unwrap().contains("<testsuite"));
+}
+
+#[test]
 fn json_output_carries_every_result() {
     let dir = tempfile::tempdir().unwrap();
     let trace = write_json(&dir, "trace.json", &refund_trace());
