@@ -25,8 +25,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Rows waiting for the writer before new ones are dropped (and counted):
 /// room for a burst of 100,000 batches of 8 while the low-priority writer
-/// waits for idle CPU (about 100 bytes a row).
+/// waits for idle CPU. Counted in units of about [`ROW_BYTES`], so that
+/// long ids weigh what they hold (see [`Rows::weight`]): about 80 MB at most.
 const MAX_QUEUED_ROWS: usize = 800_000;
+/// What one queued row holds, in bytes, besides its ids.
+const ROW_BYTES: usize = 100;
 /// Rows waiting that wake the writer before its next look.
 const HIGH_WATERMARK: usize = 200_000;
 /// How often the writer looks at the queue when nothing wakes it sooner.
@@ -63,6 +66,17 @@ pub struct Rows {
     /// than once, and must count once. Test runs legitimately re-run traces,
     /// so their rows are not keyed.
     pub keyed: bool,
+}
+
+impl Rows {
+    /// What these rows count for in the queue: one unit per row, plus one
+    /// per [`ROW_BYTES`] of the ids they carry.
+    fn weight(&self) -> usize {
+        let ids = self.trace_id.len()
+            + self.agent_id.as_ref().map_or(0, String::len)
+            + self.rows.iter().map(|r| r.assertion_id.len()).sum::<usize>();
+        self.rows.len() + ids / ROW_BYTES
+    }
 }
 
 /// What `query_drift` asks about.
@@ -143,19 +157,17 @@ impl History {
     /// Queues rows for writing; never blocks. Past [`MAX_QUEUED_ROWS`]
     /// waiting rows, new ones are dropped (and logged).
     pub fn record(&self, rows: Rows) {
-        let n = rows.rows.len();
-        if n == 0 {
+        if rows.rows.is_empty() {
             return;
         }
+        let n = rows.weight();
         let was = self.shared.queued_rows.fetch_add(n, Ordering::AcqRel);
         if was + n > MAX_QUEUED_ROWS {
             self.shared.queued_rows.fetch_sub(n, Ordering::AcqRel);
-            let before = self.dropped.fetch_add(n as u64, Ordering::Relaxed);
-            if before == 0 || (before + n as u64) / 10_000 > before / 10_000 {
-                tracing::warn!(
-                    dropped_rows = before + n as u64,
-                    "history writer is behind; results were not recorded"
-                );
+            let lost = rows.rows.len() as u64;
+            let before = self.dropped.fetch_add(lost, Ordering::Relaxed);
+            if before == 0 || (before + lost) / 10_000 > before / 10_000 {
+                tracing::warn!(dropped_rows = before + lost, "history writer is behind; results were not recorded");
             }
             return;
         }

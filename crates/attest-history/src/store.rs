@@ -204,6 +204,8 @@ const PRUNE_EVERY_ROWS: u64 = 50_000;
 const MAX_INTERNED: usize = 100_000;
 /// Bytes of suite members the interning map may hold.
 const MAX_INTERNED_SUITE_BYTES: usize = 16 << 20;
+/// Bytes of agent and assertion ids the interning maps may hold as keys.
+const MAX_INTERNED_KEY_BYTES: usize = 16 << 20;
 /// Batches per multi-row INSERT (5 parameters each; SQLite allows 32,766).
 const BATCHES_PER_INSERT: usize = 256;
 
@@ -218,6 +220,8 @@ struct Interned {
     assertions: HashMap<String, i64>,
     suites: HashMap<Vec<u8>, i64>,
     suite_bytes: usize,
+    /// Bytes of the agent ids and assertion ids held as keys.
+    key_bytes: usize,
     last: Option<LastSuite>,
 }
 
@@ -261,6 +265,7 @@ impl Interned {
             || self.assertions.len() > MAX_INTERNED
             || self.suites.len() > MAX_INTERNED
             || self.suite_bytes > MAX_INTERNED_SUITE_BYTES
+            || self.key_bytes > MAX_INTERNED_KEY_BYTES
     }
 }
 
@@ -305,7 +310,7 @@ impl Writer {
             loop {
                 match rx.try_recv() {
                     Ok(Msg::Rows(r)) => {
-                        shared.queued_rows.fetch_sub(r.rows.len(), Ordering::AcqRel);
+                        shared.queued_rows.fetch_sub(r.weight(), Ordering::AcqRel);
                         rows.push(r);
                     }
                     // Queries are answered after the rows queued before them.
@@ -677,6 +682,9 @@ fn intern_fingerprint(tx: &Connection, interned: &mut Interned, row: &Row, agent
         return Ok(*id);
     }
     let id = insert_fingerprint(tx, &Fingerprint::new(&row.spec, agent_id), agent_id, row.assertion_type)?;
+    if !interned.fingerprints.contains_key(agent) {
+        interned.key_bytes += agent.len();
+    }
     interned.fingerprints.entry(agent.to_owned()).or_default().insert(row.spec, id);
     interned.fingerprint_count += 1;
     Ok(id)
@@ -701,6 +709,7 @@ fn intern_assertion(tx: &Connection, interned: &mut Interned, assertion_id: &str
         .prepare_cached("SELECT id FROM assertions WHERE assertion_id = ?1")?
         .query_row(params![assertion_id], |r| r.get(0))?;
     interned.assertions.insert(assertion_id.to_owned(), id);
+    interned.key_bytes += assertion_id.len();
     Ok(id)
 }
 
@@ -738,6 +747,28 @@ mod tests {
 
     fn soon() -> std::time::Instant {
         std::time::Instant::now() + std::time::Duration::from_secs(30)
+    }
+
+    #[test]
+    fn queued_rows_weigh_their_ids() {
+        let row = |id: &str| Row {
+            assertion_id: id.into(),
+            spec: SpecDigest::of("content", None),
+            assertion_type: "content",
+            status: attest_trace::Status::Pass,
+            score: 1.0,
+        };
+        let rows = |trace_id: &str, ids: &[&str]| Rows {
+            trace_id: trace_id.into(),
+            agent_id: None,
+            rows: ids.iter().map(|id| row(id)).collect(),
+            keyed: false,
+        };
+        assert_eq!(rows("t", &["a", "b"]).weight(), 2);
+        // A 1 KiB trace id counts as ten more rows, so the queue's bound
+        // holds in bytes as well as in rows.
+        assert_eq!(rows(&"t".repeat(1024), &["a"]).weight(), 11);
+        assert_eq!(rows("t", &[&"a".repeat(250), &"b".repeat(250)]).weight(), 7);
     }
 
     fn config(dir: &Path) -> HistoryConfig {
