@@ -33,6 +33,10 @@
 //! one that does not match both, or does not parse, is ignored and
 //! rewritten. Failed `describe()` calls are never recorded, so a broken
 //! plugin is described (and reported) on every start.
+//!
+//! Every rebuild of a plugin and every engine upgrade adds an entry, so the
+//! cache keeps at most [`MAX_ENTRIES`] artefacts and [`MAX_BYTES`] of them:
+//! after storing one, the oldest others are removed, with their records.
 
 use std::path::{Path, PathBuf};
 use wasmtime::component::Component;
@@ -43,6 +47,12 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 const CHECKSUM_BYTES: usize = 16;
 /// Names the trailer's layout, so entries of an older layout never verify.
 const TRAILER_DOMAIN: &[u8] = b"attest-engine compiled plugin v3\0";
+
+/// Most compiled artefacts the cache keeps.
+pub const MAX_ENTRIES: usize = 256;
+/// Most bytes of compiled artefacts the cache keeps (a Python or
+/// JavaScript plugin's artefact is tens of MB).
+pub const MAX_BYTES: u64 = 4 << 30;
 
 /// A component's identity in the cache: the hash of its bytes.
 type SourceHash = [u8; 16];
@@ -326,8 +336,9 @@ impl ArtefactCache {
         );
         let compiled = engine.precompile_component(wasm)?;
         if let Some(p) = path.filter(|_| !self.read_only) {
-            if let Err(e) = store(p, &compiled, source) {
-                tracing::warn!(path = %p.display(), error = %e, "cannot cache the compiled plugin");
+            match store(p, &compiled, source) {
+                Ok(()) => prune(p, MAX_ENTRIES, MAX_BYTES),
+                Err(e) => tracing::warn!(path = %p.display(), error = %e, "cannot cache the compiled plugin"),
             }
         }
         // SAFETY: the bytes were produced by this engine just now.
@@ -366,6 +377,44 @@ fn verified<'a>(file: &'a [u8], source: &SourceHash) -> Option<&'a [u8]> {
     (trailer(artefact, source).as_slice() == sum).then_some(artefact)
 }
 
+/// Removes the oldest artefacts (and their records) beside `kept`, the one
+/// just stored, until at most `max_entries` and `max_bytes` of them remain.
+/// Another process may still map a removed file; on Unix it stays readable
+/// until unmapped.
+fn prune(kept: &Path, max_entries: usize, max_bytes: u64) {
+    let Some(dir) = kept.parent() else { return };
+    let Ok(listing) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = listing
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            Some((meta.modified().ok()?, meta.len(), e.path()))
+        })
+        .collect();
+    let (mut count, mut bytes) = (entries.len(), entries.iter().map(|e| e.1).sum::<u64>());
+    if count <= max_entries && bytes <= max_bytes {
+        return;
+    }
+    entries.sort();
+    for (_, len, path) in entries {
+        if count <= max_entries && bytes <= max_bytes {
+            break;
+        }
+        if path == kept {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(path.with_extension("describe.json"));
+                (count, bytes) = (count - 1, bytes - len);
+                tracing::info!(path = %path.display(), "removed an old compiled plugin from the cache");
+            }
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove an old compiled plugin"),
+        }
+    }
+}
+
 fn store(path: &Path, artefact: &[u8], source: &SourceHash) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -381,6 +430,31 @@ fn store(path: &Path, artefact: &[u8], source: &SourceHash) -> std::io::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oldest_entries_go_first_past_either_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = std::time::SystemTime::now();
+        let entry = |i: u64, len: usize| {
+            let path = dir.path().join(format!("{i:032x}.cwasm"));
+            std::fs::write(&path, vec![0u8; len]).unwrap();
+            std::fs::write(path.with_extension("describe.json"), "{}").unwrap();
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_modified(now - std::time::Duration::from_secs(1000 - i)).unwrap();
+            path
+        };
+        let paths: Vec<PathBuf> = (0..6).map(|i| entry(i, 100)).collect();
+        std::fs::write(dir.path().join("other.txt"), "not an entry").unwrap();
+        // By count: the two oldest go, with their records.
+        prune(&paths[5], 4, u64::MAX);
+        let left = |p: &PathBuf| p.exists();
+        assert_eq!(paths.iter().map(left).collect::<Vec<_>>(), [false, false, true, true, true, true]);
+        assert!(!paths[0].with_extension("describe.json").exists());
+        assert!(dir.path().join("other.txt").exists());
+        // By bytes; the entry just stored stays even when it is the oldest.
+        prune(&paths[2], usize::MAX, 250);
+        assert_eq!(paths.iter().map(left).collect::<Vec<_>>(), [false, false, true, false, false, true]);
+    }
 
     #[test]
     fn only_files_with_a_matching_trailer_are_used() {
