@@ -75,6 +75,8 @@ impl DropReason {
 pub struct ClosedTrace {
     pub trace_id: String,
     pub spans: Vec<Span>,
+    /// The spans' size as the assembler counted it (`Span::size_bytes`).
+    pub bytes: usize,
     /// True when the bounds closed it before its settle time passed.
     pub early: bool,
 }
@@ -208,6 +210,7 @@ impl Assembler {
                 events.ready.push(ClosedTrace {
                     trace_id: id,
                     spans: t.spans,
+                    bytes: t.bytes,
                     early: false,
                 });
             }
@@ -230,6 +233,7 @@ impl Assembler {
                     events.ready.push(ClosedTrace {
                         trace_id: id,
                         spans: t.spans,
+                        bytes: t.bytes,
                         early: true,
                     });
                 } else {
@@ -250,6 +254,7 @@ impl Assembler {
                 events.ready.push(ClosedTrace {
                     trace_id: oldest,
                     spans: t.spans,
+                    bytes: t.bytes,
                     early: true,
                 });
             } else {

@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::assemble::{Assembler, ClosedTrace, Limits};
+use crate::assemble::{Assembler, Limits};
 use crate::convert::PriceTable;
 use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, WorkItem};
@@ -66,6 +66,10 @@ pub struct CollectArgs {
     pub max_open_bytes: usize,
     #[arg(long, default_value_t = 16 << 20)]
     pub max_trace_bytes: usize,
+    /// Bytes of closed traces waiting for evaluation or being evaluated;
+    /// past it, traces are refused as with a full queue.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub max_queued_bytes: usize,
     #[arg(long, default_value_t = 10_000)]
     pub max_trace_spans: usize,
     /// Largest export request body, after gzip inflation.
@@ -220,10 +224,18 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         ("--max-open-traces", args.max_open_traces),
         ("--max-open-bytes", args.max_open_bytes),
         ("--max-request-bytes", args.max_request_bytes),
+        ("--max-queued-bytes", args.max_queued_bytes),
     ] {
         if v == 0 {
             bail!("{name} must be at least 1");
         }
+    }
+    if args.max_queued_bytes < args.max_trace_bytes {
+        bail!(
+            "--max-queued-bytes {} is less than --max-trace-bytes {}: a trace of the largest allowed size could never be queued; raise --max-queued-bytes or lower --max-trace-bytes",
+            args.max_queued_bytes,
+            args.max_trace_bytes
+        );
     }
     if args.max_inflight_bytes < args.max_request_bytes {
         bail!(
@@ -266,7 +278,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         None => None,
     };
 
-    let (tx, rx) = mpsc::channel::<(ClosedTrace, Instant)>(args.queue_capacity);
+    let (tx, rx) = mpsc::channel::<server::Ready>(args.queue_capacity);
     let consumer = tokio::spawn(consume(rx, pipeline.clone(), publisher.clone(), args.concurrency));
 
     if let Some(input) = &args.jsonl {
@@ -289,6 +301,9 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         assembler: Mutex::new(Assembler::new(limits)),
         metrics: metrics.clone(),
         ready: tx,
+        queued_kib: Arc::new(Semaphore::new(
+            server::kib(args.max_queued_bytes).min(Semaphore::MAX_PERMITS as u32) as usize,
+        )),
         bearer_token,
         max_request_bytes: args.max_request_bytes,
         inflight: Semaphore::new(args.max_inflight_requests),
@@ -333,7 +348,10 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     }
     for t in events.ready {
         // Draining waits for room instead of dropping.
-        let _ = state.ready.send((t, Instant::now())).await;
+        let Ok(permit) = state.queued_kib.clone().acquire_many_owned(server::kib(t.bytes)).await else {
+            break;
+        };
+        let _ = state.ready.send((t, Instant::now(), permit)).await;
     }
     drop(state);
     consumer.await?;
@@ -351,14 +369,14 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
 /// Takes closed traces off the queue: converts, selects, then evaluates here
 /// or publishes to NATS, at most `concurrency` at a time.
 async fn consume(
-    mut rx: mpsc::Receiver<(ClosedTrace, Instant)>,
+    mut rx: mpsc::Receiver<server::Ready>,
     pipeline: Arc<Pipeline>,
     publisher: Option<Arc<distributed::Publisher>>,
     concurrency: usize,
 ) {
     let sem = Arc::new(Semaphore::new(concurrency));
     let mut tasks = JoinSet::new();
-    while let Some((closed, closed_at)) = rx.recv().await {
+    while let Some((closed, closed_at, queued)) = rx.recv().await {
         pipeline.metrics.queue_depth.store(rx.len() as u64, Ordering::Relaxed);
         let Ok(permit) = sem.clone().acquire_owned().await else { break };
         pipeline
@@ -368,7 +386,7 @@ async fn consume(
         let pipeline = pipeline.clone();
         let publisher = publisher.clone();
         tasks.spawn(async move {
-            let _permit = permit;
+            let _permits = (permit, queued);
             if let Some(item) = pipeline.prepare(closed) {
                 handle_item(&pipeline, publisher.as_deref(), item).await;
             }

@@ -14,19 +14,23 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::assemble::{Assembler, ClosedTrace, Events};
 use crate::metrics::Metrics;
 use crate::otlp::{self, Encoding};
 
-/// Closed traces on their way to evaluation, with the time they closed.
-pub type ReadySender = mpsc::Sender<(ClosedTrace, Instant)>;
+/// A closed trace on its way to evaluation: the time it closed, and its
+/// share of the queue's byte budget, held until its evaluation ends.
+pub type Ready = (ClosedTrace, Instant, OwnedSemaphorePermit);
+pub type ReadySender = mpsc::Sender<Ready>;
 
 pub struct ReceiverState {
     pub assembler: Mutex<Assembler>,
     pub metrics: Arc<Metrics>,
     pub ready: ReadySender,
+    /// KiB of closed traces queued or being evaluated (`--max-queued-bytes`).
+    pub queued_kib: Arc<Semaphore>,
     pub bearer_token: Option<String>,
     pub max_request_bytes: usize,
     /// Export requests handled at once, counted from before their body is
@@ -43,6 +47,11 @@ pub struct ReceiverState {
     pub queue_wait: std::time::Duration,
 }
 
+/// A trace's share of the queue's byte budget, in KiB (at least 1).
+pub fn kib(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX)
+}
+
 impl ReceiverState {
     /// Routes assembler events: ready traces to the queue, drops to the counters.
     pub fn dispatch(&self, events: Events) {
@@ -51,7 +60,11 @@ impl ReceiverState {
         }
         for t in events.ready {
             let spans = t.spans.len() as u64;
-            if self.ready.try_send((t, Instant::now())).is_err() {
+            let room = self.queued_kib.clone().try_acquire_many_owned(kib(t.bytes));
+            let sent = room
+                .map_err(|_| ())
+                .and_then(|permit| self.ready.try_send((t, Instant::now(), permit)).map_err(|_| ()));
+            if sent.is_err() {
                 self.metrics.dropped(crate::assemble::DropReason::QueueFull.as_str(), spans);
             }
         }
@@ -70,7 +83,11 @@ impl ReceiverState {
         let mut rejected = 0;
         for t in events.ready {
             let spans = t.spans.len() as u64;
-            let sent = tokio::time::timeout_at(until, self.ready.send((t, Instant::now()))).await;
+            let sent = tokio::time::timeout_at(until, async {
+                let permit = self.queued_kib.clone().acquire_many_owned(kib(t.bytes)).await.map_err(|_| ())?;
+                self.ready.send((t, Instant::now(), permit)).await.map_err(|_| ())
+            })
+            .await;
             if !matches!(sent, Ok(Ok(()))) {
                 self.metrics.dropped(crate::assemble::DropReason::QueueFull.as_str(), spans);
                 rejected += spans;
@@ -208,7 +225,7 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
         0 => (decoded.rejected, decoded.reject_reason),
         n => {
             let full = format!(
-                "{n} spans were not evaluated: the evaluation queue (--queue-capacity) stayed full; send them again later or raise --queue-capacity or --concurrency"
+                "{n} spans were not evaluated: the evaluation queue (--queue-capacity, --max-queued-bytes) stayed full; send them again later or raise --queue-capacity, --max-queued-bytes or --concurrency"
             );
             let reason = match decoded.reject_reason {
                 Some(earlier) => format!("{earlier}; {full}"),

@@ -639,29 +639,41 @@ async fn read_head(mut s: tokio::net::TcpStream) -> String {
 
 #[tokio::test]
 async fn traces_that_do_not_fit_a_full_queue_are_rejected_in_the_answer_not_dropped_silently() {
-    let dir = tempfile::tempdir().unwrap();
-    let results = dir.path().join("results.jsonl");
     // Five open traces at most: a request with ten complete traces releases
     // the oldest five at once. One is evaluated (slowly), one or two wait
     // (the queue and the consumer's hand), and the rest cannot get in
     // within the wait.
-    let c = Collector::start_with_env(
-        dir.path(),
-        RULES,
-        &[
-            "--max-open-traces",
-            "5",
-            "--queue-capacity",
-            "1",
-            "--concurrency",
-            "1",
-            "--request-timeout-secs",
-            "2",
-            "--results-jsonl",
-            results.to_str().unwrap(),
-        ],
-        &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "1500")],
-    );
+    let rejected = fill_the_queue(&["--queue-capacity", "1"]).await;
+    assert!((1..=3).contains(&rejected), "{rejected}");
+}
+
+#[tokio::test]
+async fn traces_past_the_queue_byte_budget_are_rejected_in_the_answer() {
+    // Room for a few closed traces by bytes, though the queue has room for
+    // a hundred by count.
+    let rejected = fill_the_queue(&["--queue-capacity", "100", "--max-trace-bytes", "2048", "--max-queued-bytes", "2048"]).await;
+    assert!((1..=4).contains(&rejected), "{rejected}");
+}
+
+/// Posts ten complete traces to a collector that holds five open and
+/// evaluates one at a time, slowly, with `bounds` on its queue; checks that
+/// the traces that did not fit are rejected in the answer and counted, and
+/// that every other one is evaluated. Returns how many were rejected.
+async fn fill_the_queue(bounds: &[&str]) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let mut args = vec![
+        "--max-open-traces",
+        "5",
+        "--concurrency",
+        "1",
+        "--request-timeout-secs",
+        "2",
+        "--results-jsonl",
+        results.to_str().unwrap(),
+    ];
+    args.extend_from_slice(bounds);
+    let c = Collector::start_with_env(dir.path(), RULES, &args, &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "1500")]);
     let spans: Vec<_> = (1..=10u8).flat_map(|t| agent_trace(t, 1, "lookup_order")).collect();
     let per_trace = agent_trace(1, 1, "lookup_order").len() as i64;
     let r = post(&c.url, "application/x-protobuf", None, request(spans).encode_to_vec()).await;
@@ -681,11 +693,11 @@ async fn traces_that_do_not_fit_a_full_queue_are_rejected_in_the_answer_not_drop
     let answer = ExportResponse::decode(r.bytes().await.unwrap()).unwrap();
     let partial = answer.partial_success.expect("a partial success");
     let rejected = partial.rejected_spans / per_trace;
+    assert!(rejected >= 1 && partial.rejected_spans % per_trace == 0, "{partial:?}");
     assert!(
-        (1..=3).contains(&rejected) && partial.rejected_spans % per_trace == 0,
+        partial.error_message.contains("--queue-capacity, --max-queued-bytes"),
         "{partial:?}"
     );
-    assert!(partial.error_message.contains("--queue-capacity"), "{partial:?}");
     let m = c.wait_metric("attest_collect_traces_evaluated_total", 1.0, 20).await;
     assert_eq!(
         metric(&m, r#"attest_collect_traces_dropped_total{reason="queue_full"}"#),
@@ -697,4 +709,5 @@ async fn traces_that_do_not_fit_a_full_queue_are_rejected_in_the_answer_not_drop
     let (code, stderr) = c.proc.terminate();
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(read_jsonl(&results).len(), (10 - rejected as usize) * 3);
+    rejected as usize
 }
