@@ -708,7 +708,9 @@ fn plugins_sharing_an_id_in_a_directory_are_all_refused() {
     );
     let detail = err["data"]["detail"].as_str().unwrap();
     assert!(
-        detail.contains("Available plugins: pii-leak") && detail.contains("2 plugin file(s) failed to load"),
+        detail.contains("Available plugins: pii-leak")
+            && detail.contains("2 plugin file(s) failed to load, the first '")
+            && detail.contains("is claimed by 2 plugins"),
         "{err}"
     );
 }

@@ -78,11 +78,15 @@ fn unknown_plugin(id: &str, host: &PluginHost) -> SpecError {
             host.ids().join(", ")
         )
     };
-    match host.failures().len() {
-        0 => {}
-        n => detail.push_str(&format!(
-            " {n} plugin file(s) failed to load; list_plugins shows which and why (`failed`)."
-        )),
+    // The first failure inline: `eval` and `plugin test` have no list_plugins,
+    // and a typo in a path is the usual reason.
+    if let Some(first) = host.failures().first() {
+        let n = host.failures().len();
+        detail.push_str(&format!(
+            " {n} plugin file(s) failed to load, the first {}: {}; list_plugins shows each and why (`failed`).",
+            quote(&first.path.display().to_string()),
+            crate::text::clip(&first.error, 300)
+        ));
     }
     SpecError::new("spec.plugin_id", format!("unknown plugin {}", quote(id)), detail)
 }
