@@ -301,15 +301,13 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         assembler: Mutex::new(Assembler::new(limits)),
         metrics: metrics.clone(),
         ready: tx,
-        queued_kib: Arc::new(Semaphore::new(
-            server::kib(args.max_queued_bytes).min(Semaphore::MAX_PERMITS as u32) as usize,
-        )),
+        queued_kib: Arc::new(server::kib_budget(args.max_queued_bytes)),
         bearer_token,
         max_request_bytes: args.max_request_bytes,
         inflight: Semaphore::new(args.max_inflight_requests),
         // Rounded up, as each request's reservation is: a budget equal to
         // --max-request-bytes always admits a full-size request.
-        inflight_kib: Semaphore::new(args.max_inflight_bytes.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS)),
+        inflight_kib: server::kib_budget(args.max_inflight_bytes),
         // Half the request deadline: the answer must still reach the
         // exporter before it gives up and sends everything again.
         queue_wait: Duration::from_secs(args.request_timeout_secs.max(1)) / 2,

@@ -14,11 +14,11 @@ use crate::assemble::{ClosedTrace, DropReason};
 use crate::convert::{self, Converted, MatchContext, PriceTable};
 use crate::metrics::Metrics;
 use crate::rules::{sampled, RuleSet};
+use crate::{EvalError, ResultKey, ResultRecord, SharedSinks};
 
 /// The metrics label for rules this process does not know: their names come
 /// off the stream, and every distinct label would be a series kept forever.
 pub const UNKNOWN_RULE: &str = "(unknown)";
-use crate::{EvalError, ResultKey, ResultRecord, SharedSinks};
 
 /// An Attest trace and the rules that selected it: what collectors hand to
 /// evaluation (in process, or as a NATS work message).

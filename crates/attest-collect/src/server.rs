@@ -47,9 +47,15 @@ pub struct ReceiverState {
     pub queue_wait: std::time::Duration,
 }
 
-/// A trace's share of the queue's byte budget, in KiB (at least 1).
+/// Bytes as permits of a KiB budget (`inflight_kib`, `queued_kib`),
+/// rounded up and at least 1.
 pub fn kib(bytes: usize) -> u32 {
     u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX)
+}
+
+/// A budget of `bytes`, counted in KiB permits (see [`kib`]).
+pub fn kib_budget(bytes: usize) -> Semaphore {
+    Semaphore::new((kib(bytes) as usize).min(Semaphore::MAX_PERMITS))
 }
 
 impl ReceiverState {
@@ -182,8 +188,7 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     // What a request holds across its waits is its body as sent. A
     // compressed body is inflated only while it is decoded, which does not
     // wait (docs/continuous.md).
-    let reserve_kib = (declared.map_or(limit, |n| n as usize).div_ceil(1024)).max(1);
-    let Ok(_bytes) = state.inflight_kib.try_acquire_many(u32::try_from(reserve_kib).unwrap_or(u32::MAX)) else {
+    let Ok(_bytes) = state.inflight_kib.try_acquire_many(kib(declared.map_or(limit, |n| n as usize))) else {
         return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
     };
     if state.ready.capacity() == 0 {

@@ -319,10 +319,7 @@ fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, wa
     }
 
     // 5. Field types and formats.
-    check_optional_string(obj, "agent_id", path, sfx)?;
-    if let Some(Value::String(id)) = obj.get("agent_id") {
-        check_id_len(id, "agent_id", path, sfx)?;
-    }
+    check_optional_id(obj, "agent_id", path, sfx)?;
     match obj.get("steps") {
         None | Some(Value::Null) | Some(Value::Array(_)) => {}
         Some(other) => {
@@ -456,10 +453,7 @@ fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, ch
             }
         }
     }
-    check_optional_string(s, "agent_id", &field, sfx)?;
-    if let Some(Value::String(id)) = s.get("agent_id") {
-        check_id_len(id, "agent_id", &field, sfx)?;
-    }
+    check_optional_id(s, "agent_id", &field, sfx)?;
     match s.get("sub_trace") {
         None | Some(Value::Null) => {}
         Some(Value::Object(_)) if s.get("type").and_then(Value::as_str) == Some("agent_call") => {}
@@ -522,6 +516,15 @@ fn check_id_len(id: &str, key: &str, path: &str, sfx: &str) -> Result<(), TraceE
         format!("Use a short identifier (at most {MAX_ID_BYTES} bytes), such as trc_<uuid> for a trace or the agent's name; put long descriptions in metadata."),
         format!("{path}.{key}"),
     ))
+}
+
+/// An optional string that is an id: bounded like the required ones.
+fn check_optional_id(obj: &Map<String, Value>, key: &str, path: &str, sfx: &str) -> Result<(), TraceError> {
+    check_optional_string(obj, key, path, sfx)?;
+    match obj.get(key) {
+        Some(Value::String(id)) => check_id_len(id, key, path, sfx),
+        _ => Ok(()),
+    }
 }
 
 fn check_optional_string(obj: &Map<String, Value>, key: &str, path: &str, sfx: &str) -> Result<(), TraceError> {
