@@ -19,7 +19,7 @@ use crate::pipeline::{Pipeline, WorkItem};
 use crate::rules::RuleSet;
 use crate::server::{self, ReceiverState};
 use crate::sink::JsonlSink;
-use crate::{distributed, jsonl_input, Evaluator, HistorySink};
+use crate::{distributed, jsonl_input, listen, Evaluator, HistorySink};
 
 /// `collect`: receive traces, assemble them, evaluate (or publish to NATS).
 #[derive(Debug, Clone, clap::Args)]
@@ -81,6 +81,10 @@ pub struct CollectArgs {
     /// Export requests handled at once, uploads included; more get 429.
     #[arg(long, default_value_t = 64)]
     pub max_inflight_requests: usize,
+    /// Client connections open at once; more wait to be accepted. Each must
+    /// send a request's headers within --request-timeout-secs.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
     /// Request body bytes being received or decoded at once (each request
     /// reserves its Content-Length, or --max-request-bytes without one); more get 429.
     #[arg(long, default_value_t = 256 << 20)]
@@ -219,6 +223,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         ("--concurrency", args.concurrency),
         ("--queue-capacity", args.queue_capacity),
         ("--max-inflight-requests", args.max_inflight_requests),
+        ("--max-connections", args.max_connections),
         ("--max-trace-bytes", args.max_trace_bytes),
         ("--max-trace-spans", args.max_trace_spans),
         ("--max-open-traces", args.max_open_traces),
@@ -332,12 +337,12 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             }
         })
     };
-    axum::serve(
-        listener,
-        server::router(state.clone(), Duration::from_secs(args.request_timeout_secs.max(1))),
-    )
-    .with_graceful_shutdown(shutdown_signal())
-    .await?;
+    let request_timeout = Duration::from_secs(args.request_timeout_secs.max(1));
+    let limits = listen::Limits {
+        max_connections: args.max_connections,
+        header_timeout: request_timeout,
+    };
+    listen::serve(listener, server::router(state.clone(), request_timeout), limits, shutdown_signal()).await;
     poller.abort();
     eprintln!("attest-collect: draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();
@@ -435,7 +440,7 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
             .await
             .with_context(|| format!("--metrics-addr {addr}"))?;
         let router = server::metrics_router(metrics.clone());
-        tokio::spawn(async move { axum::serve(listener, router).await });
+        tokio::spawn(listen::serve(listener, router, listen::METRICS_ONLY, std::future::pending()));
     }
     let rules = match (&args.rules, args.role) {
         (Some(p), _) => Arc::new(RuleSet::load(p, evaluator.as_ref())?),

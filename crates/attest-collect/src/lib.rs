@@ -17,6 +17,7 @@ pub mod cli;
 pub mod convert;
 pub mod distributed;
 pub mod jsonl_input;
+pub mod listen;
 pub mod metrics;
 pub mod otlp;
 pub mod pipeline;

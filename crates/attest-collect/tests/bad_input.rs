@@ -346,8 +346,9 @@ fn rules_files_with_errors_are_refused_at_start_up() {
         p.stderr_text()
     );
     // Flags that would refuse every trace, and output paths that are directories.
-    let flag_cases: [(&[&str], &str); 4] = [
+    let flag_cases: [(&[&str], &str); 5] = [
         (&["--max-trace-bytes", "0"], "--max-trace-bytes must be at least 1"),
+        (&["--max-connections", "0"], "--max-connections must be at least 1"),
         (&["--max-trace-spans", "0"], "--max-trace-spans must be at least 1"),
         (&["--results-jsonl", "."], "--results-jsonl .: cannot be opened for appending"),
         (&["--jsonl", "."], "--jsonl .: is a directory"),
@@ -525,6 +526,34 @@ async fn a_body_sent_too_slowly_gets_408() {
     );
     let (code, _) = c.proc.terminate();
     assert_eq!(code, 0);
+}
+
+#[tokio::test]
+async fn headers_never_finished_close_the_connection_and_others_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collector::start(dir.path(), RULES, &["--request-timeout-secs", "1", "--max-connections", "3"]);
+    let addr = c.url.trim_start_matches("http://").to_string();
+    // Three clients that stop mid-header hold every place.
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        stalled.push(s);
+    }
+    for s in &mut stalled {
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf))
+            .await
+            .expect("the collector closed a stalled connection")
+            .unwrap_or(0);
+        let answer = String::from_utf8_lossy(&buf[..n]);
+        assert!(n == 0 || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+    let m = c.metrics().await;
+    assert!(m.contains("attest_collect_traces_received_total"), "{m}");
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
 }
 
 /// Sends a request head and part of its body, and keeps the upload open.
