@@ -5,8 +5,9 @@
 //!   layers build them with [`key`].
 //! - WAL mode and a busy timeout let concurrent requests and several engine
 //!   processes share the file.
-//! - Size is bounded per table (`cache_max_entries`): past the bound, the
-//!   least recently used tenth is evicted.
+//! - Size is bounded per table, in rows (`cache_max_entries`) and in stored
+//!   bytes (`cache_max_mib`): past either bound, the least recently used rows
+//!   are evicted, down to nine tenths of it.
 //! - Calls run on the blocking pool, so a locked file never stalls the
 //!   async workers.
 
@@ -53,6 +54,22 @@ impl Table {
             Table::Verdicts => "verdicts",
         }
     }
+
+    /// A row's stored bytes, as SQL: its values plus the key and about as
+    /// much again of SQLite's own bookkeeping.
+    fn row_bytes(self) -> &'static str {
+        match self {
+            Table::Embeddings => "(length(vector) + length(model) + 64)",
+            Table::Verdicts => "(length(explanation) + coalesce(length(samples), 0) + 72)",
+        }
+    }
+}
+
+/// How large each table may grow.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub max_entries: u64,
+    pub max_bytes: u64,
 }
 
 #[derive(Default)]
@@ -64,7 +81,7 @@ struct Counters {
 pub struct ProviderCache {
     path: PathBuf,
     conn: Arc<Mutex<Connection>>,
-    max_entries: u64,
+    bounds: Bounds,
     embeddings: Counters,
     verdicts: Counters,
     writes: AtomicU64,
@@ -74,6 +91,7 @@ pub struct ProviderCache {
 #[derive(Debug, Serialize)]
 pub struct TableStats {
     pub entries: u64,
+    pub bytes: u64,
     pub hits: u64,
     pub misses: u64,
 }
@@ -82,6 +100,7 @@ pub struct TableStats {
 pub struct CacheStats {
     pub path: String,
     pub max_entries_per_table: u64,
+    pub max_bytes_per_table: u64,
     pub evicted: u64,
     pub embeddings: TableStats,
     pub verdicts: TableStats,
@@ -94,7 +113,7 @@ const MAX_CALIBRATIONS: i64 = 1000;
 const EVICT_EVERY: u64 = 64;
 
 impl ProviderCache {
-    pub fn open(path: &Path, max_entries: u64) -> anyhow::Result<ProviderCache> {
+    pub fn open(path: &Path, bounds: Bounds) -> anyhow::Result<ProviderCache> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -124,7 +143,10 @@ impl ProviderCache {
         Ok(ProviderCache {
             path: path.to_owned(),
             conn: Arc::new(Mutex::new(conn)),
-            max_entries: max_entries.max(1),
+            bounds: Bounds {
+                max_entries: bounds.max_entries.max(1),
+                max_bytes: bounds.max_bytes.max(1),
+            },
             embeddings: Counters::default(),
             verdicts: Counters::default(),
             writes: AtomicU64::new(0),
@@ -290,26 +312,41 @@ impl ProviderCache {
         self.after_write(Table::Verdicts).await;
     }
 
-    /// Every [`EVICT_EVERY`] writes, trims each table back under its bound,
-    /// removing the least recently used rows (a tenth of the bound at least,
-    /// so trimming is rare).
+    /// Every [`EVICT_EVERY`] writes, trims the table back under its bounds,
+    /// removing the least recently used rows down to nine tenths of the
+    /// bound passed, so that trimming is rare.
     async fn after_write(&self, table: Table) {
         if self.writes.fetch_add(1, Ordering::Relaxed) % EVICT_EVERY != EVICT_EVERY - 1 {
             return;
         }
-        let max = self.max_entries;
+        let Bounds { max_entries, max_bytes } = self.bounds;
         let evicted = self.evicted.clone();
-        let name = table.name();
+        let (name, size) = (table.name(), table.row_bytes());
         self.with("evict", move |c| {
-            let n: u64 = c.query_row(&format!("SELECT COUNT(*) FROM {name}"), [], |r| r.get(0))?;
-            if n > max {
-                let drop = (n - max).max(max / 10);
-                let gone = c.execute(
+            let (n, bytes): (u64, u64) = c.query_row(&format!("SELECT COUNT(*), COALESCE(SUM({size}), 0) FROM {name}"), [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?;
+            let mut gone = 0;
+            if n > max_entries {
+                let drop = (n - max_entries).max(max_entries / 10);
+                gone += c.execute(
                     &format!("DELETE FROM {name} WHERE key IN (SELECT key FROM {name} ORDER BY used_ms ASC LIMIT ?1)"),
                     [drop],
                 )?;
-                evicted.fetch_add(gone as u64, Ordering::Relaxed);
             }
+            if bytes > max_bytes {
+                // The oldest rows whose sizes, added up in order, reach what
+                // must go; rows the count bound removed above just no longer match.
+                let free = bytes - (max_bytes - max_bytes / 10);
+                gone += c.execute(
+                    &format!(
+                        "DELETE FROM {name} WHERE key IN (SELECT key FROM (SELECT key, {size} AS size, \
+                         SUM({size}) OVER (ORDER BY used_ms ASC, key ASC) AS upto FROM {name}) WHERE upto - size < ?1)"
+                    ),
+                    [free],
+                )?;
+            }
+            evicted.fetch_add(gone as u64, Ordering::Relaxed);
             Ok(())
         })
         .await;
@@ -318,19 +355,26 @@ impl ProviderCache {
     pub async fn stats(&self) -> CacheStats {
         let counts = self
             .with("count entries", |c| {
-                let n = |t: &str| c.query_row(&format!("SELECT COUNT(*) FROM {t}"), [], |r| r.get::<_, u64>(0));
-                Ok((n("embeddings")?, n("verdicts")?))
+                let n = |t: Table| {
+                    let (name, size) = (t.name(), t.row_bytes());
+                    c.query_row(&format!("SELECT COUNT(*), COALESCE(SUM({size}), 0) FROM {name}"), [], |r| {
+                        Ok((r.get::<_, u64>(0)?, r.get::<_, u64>(1)?))
+                    })
+                };
+                Ok((n(Table::Embeddings)?, n(Table::Verdicts)?))
             })
             .await
-            .unwrap_or((0, 0));
-        let table = |c: &Counters, entries| TableStats {
+            .unwrap_or(((0, 0), (0, 0)));
+        let table = |c: &Counters, (entries, bytes)| TableStats {
             entries,
+            bytes,
             hits: c.hits.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
         };
         CacheStats {
             path: self.path.display().to_string(),
-            max_entries_per_table: self.max_entries,
+            max_entries_per_table: self.bounds.max_entries,
+            max_bytes_per_table: self.bounds.max_bytes,
             evicted: self.evicted.load(Ordering::Relaxed),
             embeddings: table(&self.embeddings, counts.0),
             verdicts: table(&self.verdicts, counts.1),
@@ -357,7 +401,11 @@ mod tests {
     #[tokio::test]
     async fn round_trips_and_evicts_least_recently_used() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = ProviderCache::open(&dir.path().join("p.sqlite3"), 10).unwrap();
+        let bounds = Bounds {
+            max_entries: 10,
+            max_bytes: 1 << 20,
+        };
+        let cache = ProviderCache::open(&dir.path().join("p.sqlite3"), bounds).unwrap();
         assert_eq!(cache.embedding(key(&["x"])).await, None);
         cache.put_embedding(key(&["x"]), "m".into(), &[0.5, -1.0]).await;
         assert_eq!(cache.embedding(key(&["x"])).await, Some(vec![0.5, -1.0]));
@@ -376,7 +424,31 @@ mod tests {
         assert!(s.evicted > 0);
         assert_eq!((s.embeddings.hits, s.embeddings.misses), (1, 1));
         // A second handle on the same file (another process) sees the rows.
-        let other = ProviderCache::open(&dir.path().join("p.sqlite3"), 10).unwrap();
+        let other = ProviderCache::open(&dir.path().join("p.sqlite3"), bounds).unwrap();
         assert!(other.verdict(key(&["v"])).await.is_some());
+    }
+
+    #[tokio::test]
+    async fn stored_bytes_are_bounded_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        // Room for about 20 vectors of 1,024 floats (4 KiB each).
+        let bounds = Bounds {
+            max_entries: 100_000,
+            max_bytes: 20 * 4160,
+        };
+        let cache = ProviderCache::open(&dir.path().join("p.sqlite3"), bounds).unwrap();
+        let vector = vec![0.25f32; 1024];
+        for i in 0..EVICT_EVERY * 2 {
+            cache.put_embedding(key(&[&i.to_string()]), "m".into(), &vector).await;
+            // Distinct use times, so "least recently used" has one answer.
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        let s = cache.stats().await;
+        assert!(s.embeddings.bytes <= bounds.max_bytes, "{s:?}");
+        assert!(s.embeddings.entries >= 15, "trimmed far below the bound: {s:?}");
+        assert_eq!(s.max_bytes_per_table, bounds.max_bytes);
+        // The newest survive; the oldest went first.
+        assert!(cache.embedding(key(&[&(EVICT_EVERY * 2 - 1).to_string()])).await.is_some());
+        assert!(cache.embedding(key(&["0"])).await.is_none());
     }
 }

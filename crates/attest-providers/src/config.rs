@@ -46,6 +46,7 @@ pub struct FileProviders {
     pub short_circuit: Option<bool>,
     pub cache: Option<bool>,
     pub cache_max_entries: Option<u64>,
+    pub cache_max_mib: Option<u64>,
 }
 
 /// Where embeddings come from.
@@ -90,6 +91,8 @@ pub struct ProvidersConfig {
     /// The persistent cache (`None`: off).
     pub cache_path: Option<PathBuf>,
     pub cache_max_entries: u64,
+    /// Stored bytes per cache table (vectors, verdict texts, keys).
+    pub cache_max_bytes: u64,
     /// USD per million tokens, by model name.
     pub prices: HashMap<String, Price>,
 }
@@ -110,10 +113,16 @@ impl Default for ProvidersConfig {
             short_circuit: true,
             cache_path: None,
             cache_max_entries: 100_000,
+            cache_max_bytes: DEFAULT_CACHE_MIB << 20,
             prices: HashMap::new(),
         }
     }
 }
+
+/// Default bytes per provider cache table, in MiB.
+pub const DEFAULT_CACHE_MIB: u64 = 512;
+/// Largest `cache_max_mib` accepted (1 TiB).
+const MAX_CACHE_MIB: u64 = 1 << 20;
 
 /// The largest `samples` a judge assertion may ask for.
 pub const MAX_SAMPLES: u32 = 10;
@@ -273,6 +282,12 @@ impl ProvidersConfig {
         if cache_max_entries == 0 {
             bail!("providers.cache_max_entries must be greater than zero (set providers.cache = false to switch the cache off)");
         }
+        let cache_max_mib = fp.cache_max_mib.unwrap_or(DEFAULT_CACHE_MIB);
+        if !(1..=MAX_CACHE_MIB).contains(&cache_max_mib) {
+            bail!(
+                "providers.cache_max_mib must be between 1 and {MAX_CACHE_MIB}, got {cache_max_mib} (set providers.cache = false to switch the cache off)"
+            );
+        }
         let mut prices: HashMap<String, Price> = DEFAULT_PRICES
             .iter()
             .map(|(m, i, o)| {
@@ -302,6 +317,7 @@ impl ProvidersConfig {
             short_circuit: fp.short_circuit.unwrap_or(true),
             cache_path: cache_dir.filter(|_| fp.cache.unwrap_or(true)).map(|d| d.join("providers.sqlite3")),
             cache_max_entries,
+            cache_max_bytes: cache_max_mib << 20,
             prices,
         })
     }
@@ -400,5 +416,47 @@ mod tests {
         assert!(load(&[("ATTEST_JUDGE_BASE_URL", "ftp://x")]).is_err());
         assert!(load(&[("ATTEST_JUDGE_SAMPLES", "0")]).is_err());
         assert!(load(&[("ATTEST_JUDGE_SAMPLES", "11")]).is_err());
+    }
+
+    #[test]
+    fn cache_bounds_of_zero_are_refused_by_name() {
+        let load_providers = |p: FileProviders| {
+            let sections = FileSections {
+                embedding: None,
+                judge: None,
+                providers: Some(&p),
+                prices: None,
+                base: Path::new(""),
+            };
+            ProvidersConfig::load(sections, None, &|_| None)
+        };
+        let ok = load_providers(FileProviders::default()).unwrap();
+        assert_eq!((ok.cache_max_entries, ok.cache_max_bytes), (100_000, 512 << 20));
+        for (p, key) in [
+            (
+                FileProviders {
+                    cache_max_mib: Some(0),
+                    ..Default::default()
+                },
+                "providers.cache_max_mib must be between 1 and",
+            ),
+            (
+                FileProviders {
+                    cache_max_mib: Some(u64::MAX),
+                    ..Default::default()
+                },
+                "providers.cache_max_mib must be between 1 and",
+            ),
+            (
+                FileProviders {
+                    cache_max_entries: Some(0),
+                    ..Default::default()
+                },
+                "providers.cache_max_entries must be greater than zero",
+            ),
+        ] {
+            let e = load_providers(p).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("providers.cache = false"), "{e}");
+        }
     }
 }
