@@ -356,18 +356,39 @@ impl Config {
             c.max_concurrent_requests = v;
         }
         c.strict_step_types = file.strict_step_types.unwrap_or(c.strict_step_types);
-        c.idempotency_cache_entries = file.idempotency_cache_entries.unwrap_or(c.idempotency_cache_entries);
-        c.compiled_cache_entries = file.compiled_cache_entries.unwrap_or(c.compiled_cache_entries);
-        const MIB: usize = 1024 * 1024;
-        c.compiled_cache_bytes = file.compiled_cache_mib.map_or(c.compiled_cache_bytes, |m| m.max(1) * MIB as u64);
-        c.idempotency_cache_bytes = file
-            .idempotency_cache_mib
-            .map_or(c.idempotency_cache_bytes, |m| m.max(1) * MIB as u64);
-        c.plugin_results_bytes = file.plugin_results_mib.map_or(c.plugin_results_bytes, |m| m.max(1) * MIB);
-        c.session_log_bytes = file.session_log_mib.map_or(c.session_log_bytes, |m| m.max(1) * MIB);
-        c.max_inflight_bytes = file.max_inflight_mib.map_or(c.max_inflight_bytes, |m| m.max(16) * MIB);
+        let at_least_one = |key: &str, v: Option<usize>, default: usize| match v {
+            Some(0) => Err(anyhow::anyhow!(
+                "{} must be at least 1, got 0; leave it out for the default, {default}",
+                src(key)
+            )),
+            v => Ok(v.unwrap_or(default)),
+        };
+        c.idempotency_cache_entries = at_least_one(
+            "idempotency_cache_entries",
+            file.idempotency_cache_entries,
+            c.idempotency_cache_entries,
+        )?;
+        c.compiled_cache_entries = at_least_one("compiled_cache_entries", file.compiled_cache_entries, c.compiled_cache_entries)?;
+        c.max_plugin_results = at_least_one("max_plugin_results", file.max_plugin_results, c.max_plugin_results)?;
+        let mib = |key: &str, v: Option<u64>, min: u64, default: u64| -> Result<u64> {
+            match v {
+                None => Ok(default),
+                Some(m) if (min..=MAX_MIB).contains(&m) => Ok(m << 20),
+                Some(m) => bail!(
+                    "{} must be between {min} and {MAX_MIB} (MiB), got {m}; leave it out for the default, {}",
+                    src(key),
+                    default >> 20
+                ),
+            }
+        };
+        let mib_usize =
+            |key: &str, v: Option<usize>, min: u64, default: usize| mib(key, v.map(|m| m as u64), min, default as u64).map(|b| b as usize);
+        c.compiled_cache_bytes = mib("compiled_cache_mib", file.compiled_cache_mib, 1, c.compiled_cache_bytes)?;
+        c.idempotency_cache_bytes = mib("idempotency_cache_mib", file.idempotency_cache_mib, 1, c.idempotency_cache_bytes)?;
+        c.plugin_results_bytes = mib_usize("plugin_results_mib", file.plugin_results_mib, 1, c.plugin_results_bytes)?;
+        c.session_log_bytes = mib_usize("session_log_mib", file.session_log_mib, 1, c.session_log_bytes)?;
+        c.max_inflight_bytes = mib_usize("max_inflight_mib", file.max_inflight_mib, 16, c.max_inflight_bytes)?;
         c.max_explanation_chars = file.max_explanation_chars.unwrap_or(c.max_explanation_chars);
-        c.max_plugin_results = file.max_plugin_results.unwrap_or(c.max_plugin_results);
 
         if let Some(v) = env("ATTEST_LOG_LEVEL") {
             c.log_level = Level::parse(&v).context("ATTEST_LOG_LEVEL")?;
@@ -514,12 +535,18 @@ impl Config {
         if c.eval_timeout.is_zero() {
             bail!("eval_timeout must be greater than zero");
         }
+        if c.drain_timeout.is_zero() {
+            bail!("drain_timeout must be greater than zero: it is how long shutdown waits for answers and the history to be written");
+        }
         if c.max_explanation_chars < 64 {
             bail!("max_explanation_chars must be at least 64, got {}", c.max_explanation_chars);
         }
         Ok(c)
     }
 }
+
+/// Largest value of a `*_mib` key (1 TiB): larger ones are refused, not wrapped.
+const MAX_MIB: u64 = 1 << 20;
 
 /// Largest config file read, in bytes.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
@@ -650,6 +677,46 @@ mod tests {
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_EVAL_TIMEOUT", "soon")])).is_err());
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_MAX_CONCURRENT_REQUESTS", "0")])).is_err());
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_LOG_LEVEL", "loud")])).is_err());
+    }
+
+    #[test]
+    fn sizes_of_zero_or_past_a_tebibyte_are_refused_by_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("attest.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            let o = Overrides {
+                config_path: Some(path.clone()),
+                ..Overrides::default()
+            };
+            Config::load(&o, env(&[])).map_err(|e| format!("{e:#}"))
+        };
+        for (text, needle) in [
+            ("idempotency_cache_entries = 0", "idempotency_cache_entries in"),
+            ("compiled_cache_entries = 0", "compiled_cache_entries in"),
+            ("max_plugin_results = 0", "max_plugin_results in"),
+            ("compiled_cache_mib = 0", "compiled_cache_mib in"),
+            ("compiled_cache_mib = 9223372036854775807", "compiled_cache_mib in"),
+            ("idempotency_cache_mib = 2000000", "idempotency_cache_mib in"),
+            ("plugin_results_mib = 0", "plugin_results_mib in"),
+            ("session_log_mib = 0", "session_log_mib in"),
+            ("max_inflight_mib = 8", "max_inflight_mib in"),
+            ("drain_timeout = \"0s\"", "drain_timeout must be greater than zero"),
+        ] {
+            let e = load(text).unwrap_err();
+            assert!(e.contains(needle), "{text}: {e}");
+            assert!(e.contains("must be"), "{text}: {e}");
+        }
+        let e = load("max_inflight_mib = 8").unwrap_err();
+        assert!(
+            e.contains("between 16 and 1048576 (MiB), got 8; leave it out for the default, 384"),
+            "{e}"
+        );
+        let c = load("compiled_cache_mib = 2\nmax_inflight_mib = 16\nidempotency_cache_entries = 5").unwrap();
+        assert_eq!(
+            (c.compiled_cache_bytes, c.max_inflight_bytes, c.idempotency_cache_entries),
+            (2 << 20, 16 << 20, 5)
+        );
     }
 
     #[test]
