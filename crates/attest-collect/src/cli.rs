@@ -249,6 +249,11 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             args.max_request_bytes
         );
     }
+    // A backfill's results leave only through a sink or NATS: the metrics
+    // endpoint is not served while --jsonl runs.
+    if args.jsonl.is_some() && args.results_jsonl.is_none() && args.nats.is_none() && history.is_none() {
+        bail!("--jsonl with history off has nowhere to put its results: pass --results-jsonl FILE, --nats URL, or turn history back on");
+    }
     let bearer_token = match &args.bearer_token_env {
         None => None,
         Some(var) => Some(

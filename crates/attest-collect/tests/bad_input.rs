@@ -346,12 +346,14 @@ fn rules_files_with_errors_are_refused_at_start_up() {
         p.stderr_text()
     );
     // Flags that would refuse every trace, and output paths that are directories.
-    let flag_cases: [(&[&str], &str); 5] = [
+    let flag_cases: [(&[&str], &str); 6] = [
         (&["--max-trace-bytes", "0"], "--max-trace-bytes must be at least 1"),
         (&["--max-connections", "0"], "--max-connections must be at least 1"),
         (&["--max-trace-spans", "0"], "--max-trace-spans must be at least 1"),
         (&["--results-jsonl", "."], "--results-jsonl .: cannot be opened for appending"),
-        (&["--jsonl", "."], "--jsonl .: is a directory"),
+        (&["--jsonl", ".", "--results-jsonl", "/dev/null"], "--jsonl .: is a directory"),
+        // The test harness keeps no history.
+        (&["--jsonl", "/dev/null"], "--jsonl with history off has nowhere to put its results"),
     ];
     for (i, (flags, needle)) in flag_cases.iter().enumerate() {
         let mut args = vec!["collect", "--rules", rules.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"];
