@@ -533,6 +533,21 @@ fn plugin_test(
         eprintln!("attest-engine plugin test: refused: {}: {why}", file.display());
         return ExitCode::from(2);
     };
+    if let Some(p) = host.get(&id) {
+        let requested = p.capability_listing().requested;
+        for c in grants.iter().filter(|c| !requested.contains(c)) {
+            eprintln!(
+                "attest-engine plugin test: --grant {}: {} does not request it (it requests {}), so the grant changes nothing",
+                c.name(),
+                p.id,
+                if requested.is_empty() {
+                    "no capabilities".to_owned()
+                } else {
+                    requested.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+                }
+            );
+        }
+    }
     // A trial run: nothing goes to the result history.
     config.history = None;
     config.plugins.clear();

@@ -40,6 +40,8 @@ pub enum NewError {
         why: &'static str,
     },
     NotEmpty(PathBuf),
+    /// `--sdk` given for a language whose projects do not use the Rust SDK.
+    SdkForOtherLang(Lang),
     NoSdk(PathBuf),
     Write {
         path: PathBuf,
@@ -69,6 +71,11 @@ impl std::fmt::Display for NewError {
                 f,
                 "the Rust plugin SDK is not at {}: pass --sdk <path of attest-engine's plugin-sdk directory>",
                 tried.display()
+            ),
+            NewError::SdkForOtherLang(lang) => write!(
+                f,
+                "--sdk names the Rust plugin SDK and applies to --lang rust only; a {} project builds against the WIT it carries, so leave --sdk out",
+                lang.label()
             ),
             NewError::Write { path, why } => write!(f, "cannot write {}: {why}", path.display()),
         }
@@ -427,6 +434,9 @@ pub fn create(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Result<
     if !is_project_name(name) {
         return Err(NewError::BadName(name.to_owned()));
     }
+    if sdk.is_some() && lang != Lang::Rust {
+        return Err(NewError::SdkForOtherLang(lang));
+    }
     if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
         return Err(NewError::NotEmpty(dir.to_owned()));
     }
@@ -571,6 +581,12 @@ mod tests {
         assert!(e.to_string().contains("lowercase letters, digits and '-'"), "{e}");
         let e = create("ok", Lang::Rust, &dir.path().join("ok"), Some(Path::new("/nowhere"))).unwrap_err();
         assert!(e.to_string().contains("pass --sdk"), "{e}");
+        for lang in [Lang::Python, Lang::Js] {
+            let target = dir.path().join(format!("{lang:?}"));
+            let e = create("ok", lang, &target, Some(Path::new("plugin-sdk"))).unwrap_err();
+            assert!(e.to_string().contains("applies to --lang rust only"), "{e}");
+            assert!(!target.exists(), "nothing written");
+        }
     }
 
     #[test]

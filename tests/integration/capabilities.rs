@@ -379,7 +379,7 @@ fn plugin_test_prints_capability_calls_and_grants_from_the_command_line() {
     let trace = dir.path().join("t.json");
     std::fs::write(&trace, answer("x").to_string()).unwrap();
     let file = wasm("embed-flood");
-    let run = |extra: &[&str]| {
+    let run_both = |extra: &[&str]| {
         let mut args = vec!["plugin", "test", file.as_str(), "--trace", trace.to_str().unwrap()];
         args.extend_from_slice(&["--plugin-config-json", r#"{"mode": "many"}"#]);
         args.extend_from_slice(extra);
@@ -388,16 +388,26 @@ fn plugin_test_prints_capability_calls_and_grants_from_the_command_line() {
             .args(&args)
             .output()
             .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
+    let run = |extra: &[&str]| run_both(extra).0;
     let denied = run(&[]);
     assert!(denied.contains("capabilities: requested embed; granted none"), "{denied}");
     assert!(
         denied.contains("embed (100000 texts)") && denied.contains("not-granted"),
         "{denied}"
     );
-    let granted = run(&["--grant", "embed"]);
+    let (granted, said) = run_both(&["--grant", "embed", "--grant", "judge"]);
     assert!(granted.contains("granted embed"), "{granted}");
+    // A grant the plugin never asked for is pointed out, not silently dropped.
+    assert!(
+        said.contains("--grant judge: embed-flood does not request it (it requests embed), so the grant changes nothing"),
+        "{said}"
+    );
+    assert!(!said.contains("--grant embed"), "{said}");
     assert!(
         granted.contains("embed (100000 texts)") && granted.contains("over-limit"),
         "{granted}"
