@@ -31,6 +31,27 @@ fn write_file(path: &Path, contents: &str, what: &str) -> anyhow::Result<()> {
     std::fs::write(path, contents).map_err(|e| anyhow::anyhow!("cannot write the {what} to {}: {e}", path.display()))
 }
 
+/// Whether `path` can take a report, checked before the run: a run can last
+/// minutes, and a mistyped output path should not cost its results. An
+/// existing file is opened without truncating it; a new one is created and
+/// removed again.
+fn check_writable(path: &Path, flag: &str) -> Result<(), String> {
+    let fail = |why: String| Err(format!("{flag} {}: {why}", path.display()));
+    if path.is_dir() {
+        return fail("is a directory; name a file inside it".into());
+    }
+    let existed = path.exists();
+    match std::fs::OpenOptions::new().append(true).create(true).open(path) {
+        Ok(_) => {
+            if !existed {
+                let _ = std::fs::remove_file(path);
+            }
+            Ok(())
+        }
+        Err(e) => fail(format!("cannot be written ({e}); check that its directory exists and is writable")),
+    }
+}
+
 pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i32> {
     let rpc_timeout = match positive_seconds(args.timeout, "ECP_RPC_TIMEOUT", "--timeout", Some(30.0)) {
         Ok(t) => t.expect("a default is given"),
@@ -46,6 +67,18 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
             return Ok(1);
         }
     };
+    let outputs = [
+        (&args.report, "--report"),
+        (&args.json_out, "--json-out"),
+        (&args.audit_out, "--audit-out"),
+        (&args.junit, "--junit"),
+    ];
+    for (path, flag) in outputs {
+        if let Some(Err(e)) = path.as_deref().map(|p| check_writable(p, flag)) {
+            eprintln!("error: {e}");
+            return Ok(1);
+        }
+    }
     let manifest = match manifest::load(&args.manifest).and_then(|m| m.check_attest_graders(host.as_ref()).map(|()| m)) {
         Ok(m) => m,
         Err(e) => {
@@ -367,7 +400,26 @@ pub fn trend(args: &TrendArgs) -> i32 {
     }
     let window = args.window as usize;
     let recent = &matched[matched.len().saturating_sub(window)..];
-    let runs: Vec<RunPoint> = recent.iter().filter_map(|p| load_point(p)).collect();
+    let mut runs: Vec<RunPoint> = Vec::with_capacity(recent.len());
+    let mut skipped: Vec<&Path> = Vec::new();
+    for p in recent {
+        match load_point(p) {
+            Some(r) => runs.push(r),
+            None => skipped.push(p),
+        }
+    }
+    // Skipped as `ecp-runtime` skips them, but said: a glob that also
+    // matches other files would otherwise shrink the window unnoticed.
+    if !skipped.is_empty() {
+        let named: Vec<String> = skipped.iter().take(3).map(|p| p.display().to_string()).collect();
+        eprintln!(
+            "note: {} of the last {} matched file(s) are not readable JSON reports and were skipped: {}{}",
+            skipped.len(),
+            recent.len(),
+            named.join(", "),
+            if skipped.len() > named.len() { ", …" } else { "" }
+        );
+    }
     let s = if runs.len() < 2 {
         0.0
     } else {

@@ -453,6 +453,41 @@ fn init_writes_a_project_that_passes_on_first_run() {
 }
 
 #[test]
+fn output_paths_are_checked_before_the_agent_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    // The agent would take a minute; a bad output path must not wait for it.
+    let m = manifest(
+        dir.path(),
+        "python3 -c \"import time; time.sleep(60)\"",
+        "scenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - {type: text_match, condition: contains, value: x}\n",
+    );
+    let existing = dir.path().join("old.json");
+    std::fs::write(&existing, "kept").unwrap();
+    let missing_dir = dir.path().join("no-such-dir/report.xml");
+    for (flag, path, why) in [
+        ("--json-out", dir.path().to_str().unwrap(), "is a directory"),
+        ("--junit", missing_dir.to_str().unwrap(), "check that its directory exists"),
+    ] {
+        let t0 = Instant::now();
+        let out = run_bin(
+            &["run", "--manifest", &m, "--audit-out", existing.to_str().unwrap(), flag, path],
+            &[],
+            None,
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        assert!(said.contains(&format!("error: {flag} {path}: ")) && said.contains(why), "{said}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "the agent ran first");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&existing).unwrap(),
+        "kept",
+        "an existing report is not truncated by the check"
+    );
+    assert!(!missing_dir.parent().unwrap().exists());
+}
+
+#[test]
 fn trend_flags_a_degrading_pass_rate() {
     let dir = tempfile::tempdir().unwrap();
     for (i, passed) in [10, 9, 6].iter().enumerate() {
@@ -468,6 +503,11 @@ fn trend_flags_a_degrading_pass_rate() {
     assert_eq!(out.status.code(), Some(2));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("DEGRADING") && text.contains("-0.200000"), "{text}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("1 of the last 4 matched file(s) are not readable JSON reports and were skipped") && said.contains("run-9.json"),
+        "{said}"
+    );
     let out = run_bin(&["trend", &pattern, "--window", "1", "--json"], &[], None);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["direction"], "stable");
