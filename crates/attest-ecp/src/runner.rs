@@ -5,7 +5,7 @@
 //! scenario starts from a fresh agent.
 
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,13 @@ use crate::host::{CheckResult, GradingHost};
 use crate::manifest::{Manifest, Scenario};
 use crate::transport::{Agent, AgentEnv, CallError, ExitReason};
 use crate::util::{clip, round3, utc_now, uuid4};
+
+/// Agent step results a run keeps, in estimated bytes: each is held for the
+/// report and, until its scenario ends, for the trace graders. A step whose
+/// result would pass it fails with `error`, and the rest of its scenario is
+/// skipped, so that an agent answering 16 MiB per step over a long manifest
+/// cannot exhaust memory.
+pub const MAX_KEPT_OUTPUT_BYTES: usize = 256 << 20;
 
 /// The protocol version this runtime speaks.
 pub const PROTOCOL_VERSION: (u64, u64) = (1, 0);
@@ -228,6 +235,32 @@ struct Shared<'a> {
     abort: Mutex<Option<String>>,
     undeclared_warned: AtomicBool,
     progress: Progress,
+    kept: OutputBudget,
+}
+
+/// Estimated bytes of step results a run holds, against its limit.
+struct OutputBudget {
+    kept: AtomicUsize,
+    limit: usize,
+}
+
+impl OutputBudget {
+    fn new(limit: usize) -> OutputBudget {
+        OutputBudget {
+            kept: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Counts `bytes` in, or returns what is held already when they would pass the limit.
+    fn take(&self, bytes: usize) -> Result<(), usize> {
+        let before = self.kept.fetch_add(bytes, Ordering::Relaxed);
+        if before.saturating_add(bytes) <= self.limit {
+            return Ok(());
+        }
+        self.kept.fetch_sub(bytes, Ordering::Relaxed);
+        Err(before)
+    }
 }
 
 /// Why a scenario could not start, and whether the whole run must stop.
@@ -253,6 +286,7 @@ pub async fn run(manifest: &Manifest, host: &dyn GradingHost, opts: &RunOptions)
         abort: Mutex::new(None),
         undeclared_warned: AtomicBool::new(false),
         progress: Progress::new(opts.progress),
+        kept: OutputBudget::new(MAX_KEPT_OUTPUT_BYTES),
     };
     // Over HTTP every scenario talks to the same server, so they run one at a time.
     let jobs = if crate::transport::is_http_target(&manifest.target) {
@@ -353,6 +387,20 @@ impl Shared<'_> {
             "run exceeded --max-duration of {:.1}s",
             self.opts.max_duration.map(|d| d.as_secs_f64()).unwrap_or(0.0)
         )
+    }
+
+    /// Counts a step result against [`MAX_KEPT_OUTPUT_BYTES`], or says why it cannot be kept.
+    fn keep(&self, result: &Value, where_: &str) -> Result<(), CallError> {
+        self.kept.take(estimated_bytes(result)).map_err(|held| {
+            CallError::new(
+                ExitReason::Error,
+                format!(
+                    "agent/step result at {where_} not kept: this run already holds {} MiB of agent output and the limit is {} MiB; split the manifest or make the agent answer less",
+                    held >> 20,
+                    self.kept.limit >> 20
+                ),
+            )
+        })
     }
 
     fn out_of_budget(&self) -> bool {
@@ -585,8 +633,10 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
         let where_ = format!("scenario='{}', step={}", scenario.name, si + 1);
         let t0 = Instant::now();
         let outcome = match sh.rpc(&mut agent, "agent/step", json!({"input": step.input}), &where_).await {
-            Ok(result) => StepResult::from_wire(&result)
-                .map_err(|e| CallError::new(ExitReason::ProtocolError, format!("invalid agent/step result at {where_}: {e}"))),
+            Ok(result) => sh.keep(&result, &where_).and_then(|()| {
+                StepResult::from_wire(&result)
+                    .map_err(|e| CallError::new(ExitReason::ProtocolError, format!("invalid agent/step result at {where_}: {e}")))
+            }),
             Err(e) => Err(e),
         };
         let duration_ms = t0.elapsed().as_secs_f64() * 1000.0;
@@ -685,6 +735,17 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
 }
 
 /// Round a duration for the report.
+/// A JSON value's size as kept in memory, roughly: its text plus a node's overhead per element.
+fn estimated_bytes(v: &Value) -> usize {
+    const NODE: usize = 32;
+    match v {
+        Value::String(s) => NODE + s.len(),
+        Value::Array(a) => NODE + a.iter().map(estimated_bytes).sum::<usize>(),
+        Value::Object(o) => NODE + o.iter().map(|(k, v)| k.len() + estimated_bytes(v)).sum::<usize>(),
+        _ => NODE,
+    }
+}
+
 pub fn ms(x: f64) -> f64 {
     round3(x)
 }
@@ -692,6 +753,18 @@ pub fn ms(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_output_stops_at_its_limit_and_a_refused_result_is_not_counted() {
+        let budget = OutputBudget::new(1000);
+        assert_eq!(budget.take(600), Ok(()));
+        assert_eq!(budget.take(500), Err(600), "past the limit: refused, naming what is held");
+        assert_eq!(budget.take(400), Ok(()), "the refused result took nothing");
+        assert_eq!(budget.take(1), Err(1000));
+        let big = json!({"public_output": "x".repeat(10_000), "tool_calls": [{"name": "t", "arguments": {"q": "y".repeat(5_000)}}]});
+        let n = estimated_bytes(&big);
+        assert!((15_000..16_000).contains(&n), "{n}");
+    }
 
     #[test]
     fn a_terminal_gets_a_status_line_below_the_progress_lines_and_a_pipe_gets_lines_only() {
