@@ -110,6 +110,7 @@ impl Default for Config {
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub log_level: Option<String>,
+    #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub eval_timeout: Option<String>,
     pub max_concurrent_requests: Option<usize>,
     pub strict_step_types: Option<bool>,
@@ -121,6 +122,7 @@ pub struct FileConfig {
     pub session_log_mib: Option<usize>,
     pub max_inflight_mib: Option<usize>,
     pub max_explanation_chars: Option<usize>,
+    #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub drain_timeout: Option<String>,
     pub max_plugin_results: Option<usize>,
     /// Every `.wasm` file in this directory is loaded as a plugin.
@@ -137,6 +139,7 @@ pub struct FileConfig {
     /// History database file (default `<cache_dir>/history.sqlite3`).
     pub history_path: Option<PathBuf>,
     pub history_max_rows: Option<u64>,
+    #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub history_max_age: Option<String>,
     pub dynamic_min_samples: Option<usize>,
     pub dynamic_window: Option<usize>,
@@ -161,6 +164,7 @@ pub struct FileConfig {
 pub struct FileLimits {
     pub fuel: Option<u64>,
     pub memory_mib: Option<usize>,
+    #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub timeout: Option<String>,
 }
 
@@ -172,6 +176,7 @@ pub struct FilePlugin {
     // `flatten`, an unknown key's error could not list the valid ones.
     pub fuel: Option<u64>,
     pub memory_mib: Option<usize>,
+    #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub timeout: Option<String>,
     /// Capabilities granted to this plugin (`embed`, `judge`,
     /// `config-secret`); none by default.
@@ -558,12 +563,26 @@ fn read_file(path: &Path) -> Result<FileConfig> {
         MAX_CONFIG_FILE_BYTES,
         "check that --config names the engine's TOML config file",
     )?;
-    toml::from_str(&text).with_context(|| {
-        format!(
-            "invalid config file {} (valid keys: log_level, eval_timeout, max_concurrent_requests, strict_step_types, idempotency_cache_entries, compiled_cache_entries, compiled_cache_mib, idempotency_cache_mib, plugin_results_mib, session_log_mib, max_inflight_mib, max_explanation_chars, drain_timeout, max_plugin_results, plugin_dir, cache_dir, history, history_path, history_max_rows, history_max_age, dynamic_min_samples, dynamic_window, drift_alerts, drift_webhook_url, reports, budget_usd, [plugin_defaults], [[plugins]], [embedding], [judge], [providers], [prices])",
-            path.display()
-        )
-    })
+    // The parser's own message names the line, the column and, for an
+    // unknown key, the keys that table takes.
+    toml::from_str(&text).map_err(|e| anyhow::anyhow!("invalid config file {}: {}", path.display(), plain_type_names(&e.to_string())))
+}
+
+/// A deserializer's message with Rust's number type names said in words.
+fn plain_type_names(message: &str) -> String {
+    const WORDS: [(&str, &str); 10] = [
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected u32", "expected a whole number, 0 or more"),
+        ("expected u16", "expected a whole number, 0 or more"),
+        ("expected u8", "expected a whole number, 0 or more"),
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected i64", "expected a whole number"),
+        ("expected i32", "expected a whole number"),
+        ("expected isize", "expected a whole number"),
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+    ];
+    WORDS.iter().fold(message.to_owned(), |m, (rust, words)| m.replace(rust, words))
 }
 
 fn default_cache_dir() -> Option<PathBuf> {
@@ -677,6 +696,39 @@ mod tests {
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_EVAL_TIMEOUT", "soon")])).is_err());
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_MAX_CONCURRENT_REQUESTS", "0")])).is_err());
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_LOG_LEVEL", "loud")])).is_err());
+        std::fs::write(&o.config_path.clone().unwrap(), "compiled_cache_mib = -1\n").unwrap();
+        let e = format!("{:#}", Config::load(&o, env(&[])).unwrap_err());
+        assert!(
+            e.contains("compiled_cache_mib = -1") && e.contains("expected a whole number, 0 or more"),
+            "{e}"
+        );
+        assert!(!e.contains("u64"), "{e}");
+    }
+
+    #[test]
+    fn durations_may_be_bare_numbers_of_seconds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("attest.toml");
+        std::fs::write(
+            &path,
+            "eval_timeout = 5\ndrain_timeout = 0.5\nhistory_max_age = \"2d\"\n[plugin_defaults]\ntimeout = 3\n[providers]\nattempt_timeout = 7\n",
+        )
+        .unwrap();
+        let o = Overrides {
+            config_path: Some(path.clone()),
+            ..Overrides::default()
+        };
+        let c = Config::load(&o, env(&[])).unwrap();
+        assert_eq!(c.eval_timeout, Duration::from_secs(5));
+        assert_eq!(c.drain_timeout, Duration::from_millis(500));
+        assert_eq!(c.plugin_defaults.timeout, Duration::from_secs(3));
+        assert_eq!(c.providers.attempt_timeout, Duration::from_secs(7));
+        std::fs::write(&path, "eval_timeout = true\n").unwrap();
+        let e = format!("{:#}", Config::load(&o, env(&[])).unwrap_err());
+        assert!(
+            e.contains("a duration such as \"30s\"") && e.contains("or a number of seconds"),
+            "{e}"
+        );
     }
 
     #[test]

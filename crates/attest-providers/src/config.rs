@@ -42,6 +42,7 @@ pub struct FileJudge {
 pub struct FileProviders {
     pub max_concurrency: Option<usize>,
     pub requests_per_second: Option<f64>,
+    #[serde(default, deserialize_with = "duration_text")]
     pub attempt_timeout: Option<String>,
     pub short_circuit: Option<bool>,
     pub cache: Option<bool>,
@@ -351,6 +352,32 @@ pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
         );
     }
     Ok(d)
+}
+
+/// A duration as a config file may write it: text (`"30s"`) or a bare
+/// number of seconds (`30`, `0.5`), kept as text for [`parse_duration`].
+/// For `#[serde(default, deserialize_with = "duration_text")]` fields.
+pub fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<String>, D::Error> {
+    struct Visitor;
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a duration such as \"30s\", \"1500ms\", \"2m\", or a number of seconds")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
+            Ok(Some(v.to_owned()))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+    }
+    d.deserialize_any(Visitor)
 }
 
 #[cfg(test)]
