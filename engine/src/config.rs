@@ -696,7 +696,7 @@ mod tests {
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_EVAL_TIMEOUT", "soon")])).is_err());
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_MAX_CONCURRENT_REQUESTS", "0")])).is_err());
         assert!(Config::load(&Overrides::default(), env(&[("ATTEST_LOG_LEVEL", "loud")])).is_err());
-        std::fs::write(&o.config_path.clone().unwrap(), "compiled_cache_mib = -1\n").unwrap();
+        std::fs::write(o.config_path.clone().unwrap(), "compiled_cache_mib = -1\n").unwrap();
         let e = format!("{:#}", Config::load(&o, env(&[])).unwrap_err());
         assert!(
             e.contains("compiled_cache_mib = -1") && e.contains("expected a whole number, 0 or more"),
