@@ -24,7 +24,15 @@ use std::sync::Arc;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "attest-engine", version, about = "Attest evaluation engine: JSON-RPC 2.0 over stdio", after_help = env_help())]
+// A negative number is a value to refuse by name (`--max-trace-bytes -1`),
+// not an unknown flag.
+#[command(
+    name = "attest-engine",
+    version,
+    about = "Attest evaluation engine: JSON-RPC 2.0 over stdio",
+    after_help = env_help(),
+    allow_negative_numbers = true
+)]
 struct Cli {
     /// debug, info, warn or error (structured JSON lines on stderr).
     #[arg(long, global = true, value_name = "LEVEL")]
@@ -76,6 +84,7 @@ enum Command {
     },
     /// Run the LLM judge over human-labelled records and report agreement
     /// (see docs/calibration.md).
+    #[command(allow_negative_numbers = true)]
     Calibrate {
         /// Labels: .csv or .jsonl records with input and human_label.
         #[arg(long, value_name = "FILE")]
@@ -100,8 +109,10 @@ enum Command {
     Version,
     /// Score production traces: OTLP/HTTP ingest (or JSONL), trace assembly,
     /// sampling rules, results to the history, JSONL and metrics.
+    #[command(allow_negative_numbers = true)]
     Collect(attest_collect::CollectArgs),
     /// Evaluate assembled traces from NATS JetStream (scale-out of `collect`).
+    #[command(allow_negative_numbers = true)]
     Worker(attest_collect::WorkerArgs),
     /// Drive agents over the Evaluation Context Protocol from YAML manifests.
     Ecp(attest_ecp::EcpCommand),

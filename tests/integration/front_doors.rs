@@ -162,6 +162,23 @@ fn every_front_door_parses_its_options() {
     let out = run(&["collect", "--rules", "missing.yaml", "--otlp-http", "localhost:0"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("rules file missing.yaml"), "the address was accepted: {stderr}");
+    // A negative number is a bad value of its option, not an unknown flag.
+    for (cmd, flag) in [
+        (
+            &["collect", "--rules", "r.yaml", "--max-trace-bytes", "-1"][..],
+            "--max-trace-bytes",
+        ),
+        (&["worker", "--nats", "nats://x", "--concurrency", "-2"], "--concurrency"),
+        (&["--max-concurrent-requests", "-3"], "--max-concurrent-requests"),
+        (&["ecp", "trend", "r-*.json", "--window", "-1"], "--window"),
+    ] {
+        let out = run(cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Usage errors exit 2, or 1 under `ecp` as its reference runtime does.
+        let usage = if cmd[0] == "ecp" { 1 } else { 2 };
+        assert_eq!(out.status.code(), Some(usage), "{cmd:?}: {stderr}");
+        assert!(stderr.contains("invalid value '-") && stderr.contains(flag), "{cmd:?}: {stderr}");
+    }
 }
 
 #[test]

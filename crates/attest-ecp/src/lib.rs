@@ -33,6 +33,7 @@ pub struct EcpCommand {
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum EcpAction {
     /// Run the scenarios of a manifest against its agent and grade them.
+    #[command(allow_negative_numbers = true)]
     Run(RunArgs),
     /// Check a manifest without running the agent.
     Validate {
@@ -40,6 +41,7 @@ pub enum EcpAction {
         manifest: PathBuf,
     },
     /// Check that an agent honours the protocol contract (initialize, step, reset).
+    #[command(allow_negative_numbers = true)]
     Conformance(ConformanceArgs),
     /// Write a starter agent (Python, ecp-sdk) and a manifest that passes on first run.
     Init {
@@ -51,6 +53,7 @@ pub enum EcpAction {
         force: bool,
     },
     /// Pass-rate trend across saved JSON reports.
+    #[command(allow_negative_numbers = true)]
     Trend(TrendArgs),
 }
 
