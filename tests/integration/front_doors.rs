@@ -182,6 +182,26 @@ fn every_front_door_parses_its_options() {
 }
 
 #[test]
+fn an_unreachable_nats_server_is_named_once_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    // Port 1 on loopback: nothing listens there, so the connection is refused at once.
+    let out = run(&[
+        "--no-history",
+        "worker",
+        "--nats",
+        "nats://127.0.0.1:1",
+        "--rules",
+        rules.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("--nats nats://127.0.0.1:1: cannot connect"), "{stderr}");
+    assert_eq!(stderr.matches("Connection refused").count(), 1, "the reason is said once: {stderr}");
+}
+
+#[test]
 fn commands_that_read_no_engine_configuration_run_whatever_it_holds() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("tone-check");

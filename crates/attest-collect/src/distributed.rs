@@ -59,11 +59,17 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// Deadline for a publish to be acknowledged by the server.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// An async-nats error as one message. Its `Display` already ends with its
+/// source's text, so chaining the source as well would print it twice.
+fn nats(what: impl std::fmt::Display, e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {e}")
+}
+
 async fn connect(url: &str) -> anyhow::Result<jetstream::Context> {
     let client = tokio::time::timeout(Duration::from_secs(10), async_nats::connect(url))
         .await
         .with_context(|| format!("--nats {url}: no answer within 10 s"))?
-        .with_context(|| format!("--nats {url}: cannot connect"))?;
+        .map_err(|e| nats(format_args!("--nats {url}: cannot connect"), e))?;
     Ok(jetstream::new(client))
 }
 
@@ -106,7 +112,7 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
                         break;
                     }
                 }
-                Err(e) => return Err(e).with_context(|| format!("creating JetStream stream {name}")),
+                Err(e) => return Err(nats(format_args!("creating JetStream stream {name}"), e)),
             }
         }
     }
@@ -124,7 +130,7 @@ async fn publish_with_id(js: &jetstream::Context, subject: &str, id: &str, paylo
     })
     .await
     .context("publish not acknowledged within 10 s")?
-    .map_err(|e| anyhow::anyhow!("publish to {subject}: {e}"))?;
+    .map_err(|e| nats(format_args!("publish to {subject}"), e))?;
     Ok(ack.duplicate)
 }
 
@@ -174,13 +180,13 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
             },
         )
         .await
-        .context("creating the workers' durable consumer")?;
+        .map_err(|e| nats("creating the workers' durable consumer", e))?;
     let mut messages = consumer
         .stream()
         .max_messages_per_batch(args.concurrency)
         .messages()
         .await
-        .context("pulling from the work stream")?;
+        .map_err(|e| nats("pulling from the work stream", e))?;
     eprintln!(
         "attest-collect worker: evaluating from {} (consumer {})",
         names.traces_stream, names.workers_consumer
@@ -334,8 +340,13 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
             },
         )
         .await
-        .context("creating the results sink consumer")?;
-    let mut messages = consumer.stream().max_messages_per_batch(256).messages().await?;
+        .map_err(|e| nats("creating the results sink consumer", e))?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(256)
+        .messages()
+        .await
+        .map_err(|e| nats("pulling from the results stream", e))?;
     eprintln!("attest-collect worker: writing results from {}", names.results_stream);
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);
