@@ -79,7 +79,7 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
             return Ok(1);
         }
     }
-    let manifest = match manifest::load(&args.manifest).and_then(|m| m.check_attest_graders(host.as_ref()).map(|()| m)) {
+    let manifest = match manifest::load_checked(&args.manifest, host.as_ref()) {
         Ok(m) => m,
         Err(e) => {
             eprint!("error: {e}");
@@ -120,7 +120,7 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
 }
 
 pub fn validate(path: &Path, host: &dyn GradingHost) -> i32 {
-    match manifest::load(path).and_then(|m| m.check_attest_graders(host).map(|()| m)) {
+    match manifest::load_checked(path, host) {
         Ok(m) => {
             println!("Manifest valid: {}", path.display());
             println!("Name: {}", m.name);

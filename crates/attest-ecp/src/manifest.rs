@@ -187,56 +187,6 @@ impl Manifest {
     pub fn grader_count(&self) -> usize {
         self.scenarios.iter().flat_map(|s| &s.steps).map(|s| s.graders.len()).sum()
     }
-
-    /// Checks every `attest` grader's assertion with `host`'s evaluator. A
-    /// dataset repeats its steps' graders, so a problem is listed once, at
-    /// its first place.
-    pub fn check_attest_graders(&self, host: &dyn crate::host::GradingHost) -> Result<(), ManifestErrors> {
-        const MAX_LISTED: usize = 20;
-        let mut errors: Vec<String> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        let mut more = 0usize;
-        // A loaded manifest keeps every scenario, in order, so positions are
-        // the manifest's own, as in the loader's messages.
-        for (s, scenario) in self.scenarios.iter().enumerate() {
-            for (i, step) in scenario.steps.iter().enumerate() {
-                for (j, grader) in step.graders.iter().enumerate() {
-                    let Grader::Attest { assertion, .. } = grader else { continue };
-                    // The runner names the assertion when the manifest does not.
-                    let mut assertion = assertion.clone();
-                    if let Some(obj) = assertion.as_object_mut() {
-                        obj.entry("assertion_id").or_insert_with(|| Value::from("ecp_check"));
-                    }
-                    let Err(why) = host.check_attest(&assertion) else { continue };
-                    if !seen.insert(why.clone()) {
-                        continue;
-                    }
-                    if errors.len() == MAX_LISTED {
-                        more += 1;
-                        continue;
-                    }
-                    errors.push(format!(
-                        "scenario '{}' (#{}), step {}, grader {} (attest): field 'assertion': {why}",
-                        scenario.name,
-                        s + 1,
-                        i + 1,
-                        j + 1
-                    ));
-                }
-            }
-        }
-        if more > 0 {
-            errors.push(format!("… and {more} more assertion problem(s)"));
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(ManifestErrors {
-                path: self.path.clone(),
-                errors,
-            })
-        }
-    }
 }
 
 /// Every problem found in a manifest, each with its location.
@@ -271,6 +221,18 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
 
 /// Load, expand and validate a manifest file.
 pub fn load(path: &Path) -> Result<Manifest, ManifestErrors> {
+    validate(path, None)
+}
+
+/// [`load`], with every `attest` grader's assertion also checked by
+/// `host`'s evaluator, in the same pass, so that one run lists every problem
+/// at its place. A dataset repeats its steps' graders, so an assertion
+/// problem is listed once, at its first place.
+pub fn load_checked(path: &Path, host: &dyn crate::host::GradingHost) -> Result<Manifest, ManifestErrors> {
+    validate(path, Some(host))
+}
+
+fn validate(path: &Path, host: Option<&dyn crate::host::GradingHost>) -> Result<Manifest, ManifestErrors> {
     let fail = |e: String| ManifestErrors {
         path: path.to_path_buf(),
         errors: vec![e],
@@ -284,7 +246,11 @@ pub fn load(path: &Path) -> Result<Manifest, ManifestErrors> {
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_else(|| PathBuf::from("."));
-    let mut v = Validator { errors: Vec::new() };
+    let mut v = Validator {
+        errors: Vec::new(),
+        host,
+        assertion_problems: std::collections::HashSet::new(),
+    };
     let manifest = v.manifest(&doc, path, &base_dir, digest);
     match manifest {
         Some(m) if v.errors.is_empty() => Ok(m),
@@ -392,11 +358,15 @@ fn type_of(v: &Value) -> &'static str {
     }
 }
 
-struct Validator {
+struct Validator<'h> {
     errors: Vec<String>,
+    /// Checks `attest` graders' assertions when given.
+    host: Option<&'h dyn crate::host::GradingHost>,
+    /// Assertion problems already listed.
+    assertion_problems: std::collections::HashSet<String>,
 }
 
-impl Validator {
+impl Validator<'_> {
     fn err(&mut self, msg: String) {
         // Bounded: a pathological manifest does not produce unbounded output.
         if self.errors.len() < 200 {
@@ -853,10 +823,21 @@ impl Validator {
                     self.err(format!("{loc}: assertion needs a 'spec' mapping"));
                     return None;
                 }
+                let assertion = assertion.clone();
+                if let Some(host) = self.host {
+                    // The runner names the assertion when the manifest does not.
+                    let mut named = assertion.clone();
+                    named.entry("assertion_id").or_insert_with(|| Value::from("ecp_check"));
+                    if let Err(why) = host.check_attest(&Value::Object(named)) {
+                        if self.assertion_problems.insert(why.clone()) {
+                            self.err(format!("{loc}: field 'assertion': {why}"));
+                        }
+                    }
+                }
                 Some(Grader::Attest {
                     field: field?,
                     scope,
-                    assertion: Value::Object(assertion.clone()),
+                    assertion: Value::Object(assertion),
                 })
             }
             other => {

@@ -139,6 +139,19 @@ fn the_engine_binary_validates_manifests() {
         );
         assert!(!marker.exists(), "{action} started the agent");
     }
+    // A structural problem does not hide an assertion problem: one pass lists both.
+    let m = write(
+        dir.path(),
+        "both.yaml",
+        "manifest_version: v1\nname: both\ntarget: python3 agent.py\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - {type: text_match, condition: startswith, value: x}\n          - {type: attest, assertion: {type: trace, spec: {check: bogus}}}\n",
+    );
+    let run = Command::new(&engine).args(["ecp", "validate"]).arg(&m).output().unwrap();
+    let text = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("2 problem(s)") && text.contains("startswith") && text.contains("grader 2 (attest): field 'assertion': 1002"),
+        "{text}"
+    );
 
     // Bad arguments are input errors (1); 2 means failed checks. Options
     // before the subcommand do not hide it.
