@@ -477,6 +477,9 @@ impl Config {
             Some(v) => parse_duration(v).with_context(|| src("history_max_age"))?,
             None => Duration::from_secs(90 * 24 * 3600),
         };
+        if max_age.is_zero() {
+            bail!("history_max_age must be greater than zero (set history = false to switch history off)");
+        }
         c.history = history_path.filter(|_| history_on).map(|path| crate::history::HistoryConfig {
             path,
             max_rows: file.history_max_rows.unwrap_or(1_000_000),
@@ -754,6 +757,7 @@ mod tests {
             ("session_log_mib = 0", "session_log_mib in"),
             ("max_inflight_mib = 8", "max_inflight_mib in"),
             ("drain_timeout = \"0s\"", "drain_timeout must be greater than zero"),
+            ("history_max_age = 0", "history_max_age must be greater than zero"),
         ] {
             let e = load(text).unwrap_err();
             assert!(e.contains(needle), "{text}: {e}");
