@@ -74,6 +74,12 @@ const KEPT_CACHES: usize = 2;
 /// such texts: they run on the blocking pool, where waiting is harmless, and
 /// without this bound as many of them as requests in flight would search at
 /// once. With one per core, no throughput is lost.
+///
+/// The wait for a slot is bounded without a clock: a search costing more
+/// than `watchdog::GUARDED_SCAN_COST` runs guarded on the regex threads, never
+/// here, so each holder frees its slot well within a second, and the
+/// waiters are at most the requests in flight. Sending these searches to the
+/// guarded threads instead would queue them behind abandoned slow scans.
 const LARGE_TEXT_BYTES: usize = 256 * 1024;
 
 /// A slot among the large searches running at once (see [`LARGE_TEXT_BYTES`]).
