@@ -194,7 +194,10 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
         .or(totals.last_output.clone());
 
     let mut metadata = Map::new();
-    metadata.insert("total_tokens".into(), json!(totals.input_tokens + totals.output_tokens));
+    metadata.insert(
+        "total_tokens".into(),
+        json!(totals.input_tokens.saturating_add(totals.output_tokens)),
+    );
     metadata.insert("input_tokens".into(), json!(totals.input_tokens));
     metadata.insert("output_tokens".into(), json!(totals.output_tokens));
     if totals.priced {
@@ -216,7 +219,7 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
         "trace_id": trace_id,
         "input": input.map(|m| json!({"user_message": m})).unwrap_or_else(|| json!({})),
         "steps": steps,
-        "output": {"message": output.unwrap_or_default()},
+        "output": {"message": clip_output(output.unwrap_or_default())},
         "metadata": metadata,
         "parent_trace_id": null,
     });
@@ -269,49 +272,61 @@ impl<'a> Tree<'a> {
     /// Steps under `idx` in start order; `own_agent` is walked through rather than made a step.
     fn steps(&self, idx: usize, own_agent: Option<usize>, totals: &mut Totals, trace_id: &str) -> Vec<Value> {
         let mut out = Vec::new();
-        self.walk(idx, own_agent, totals, trace_id, &mut out, 0);
+        let level = Level { trace_id, agents: 0 };
+        self.walk(idx, own_agent, totals, &level, &mut out, 0);
         out
     }
 
-    fn walk(&self, idx: usize, own_agent: Option<usize>, totals: &mut Totals, trace_id: &str, out: &mut Vec<Value>, depth: usize) {
+    fn walk(&self, idx: usize, own_agent: Option<usize>, totals: &mut Totals, level: &Level<'_>, out: &mut Vec<Value>, depth: usize) {
         // Span trees come from the network: parent links may form cycles or be very deep.
         if depth > 256 || std::mem::replace(&mut self.visited.borrow_mut()[idx], true) {
             return;
         }
         let span = &self.spans[idx];
         let (role, _) = classify(span);
-        match role {
-            SpanRole::Llm => out.push(self.llm_step(span, totals)),
-            SpanRole::Tool => out.push(tool_step(span)),
-            SpanRole::Retrieval => out.push(retrieval_step(span)),
-            SpanRole::Agent if Some(idx) != own_agent => out.push(self.agent_step(idx, totals, trace_id, depth)),
+        let step = match role {
+            SpanRole::Llm => self.llm_step(span, totals),
+            SpanRole::Tool => tool_step(span),
+            SpanRole::Retrieval => retrieval_step(span),
+            // Agents nested deeper than sub-traces may go have their steps
+            // taken into the deepest sub-trace allowed instead.
+            SpanRole::Agent if Some(idx) != own_agent && level.agents < MAX_SUB_TRACE_DEPTH => self.agent_step(idx, totals, level, depth),
             _ => {
                 for &k in self.kids(idx) {
-                    self.walk(k, own_agent, totals, trace_id, out, depth + 1);
+                    self.walk(k, own_agent, totals, level, out, depth + 1);
                 }
+                return;
             }
-        }
+        };
+        out.push(fit_result(step));
     }
 
-    fn agent_step(&self, idx: usize, parent_totals: &mut Totals, trace_id: &str, depth: usize) -> Value {
+    fn agent_step(&self, idx: usize, parent_totals: &mut Totals, level: &Level<'_>, depth: usize) -> Value {
         let span = &self.spans[idx];
         let name = agent_name(span).unwrap_or_else(|| span.name.clone());
         let mut totals = Totals::default();
         let mut steps = Vec::new();
+        // The sub-trace's id extends its parent's, so that each sub-trace
+        // names the trace it sits in as its parent, at every depth.
+        let sub_id = format!("{}:{}", level.trace_id, span.span_id);
+        let inner = Level {
+            trace_id: &sub_id,
+            agents: level.agents + 1,
+        };
         for &k in self.kids(idx) {
-            self.walk(k, Some(idx), &mut totals, trace_id, &mut steps, depth + 1);
+            self.walk(k, Some(idx), &mut totals, &inner, &mut steps, depth + 1);
         }
         let input = span_input(span).or(totals.first_input.clone());
         let output = span_output(span).or(totals.last_output.clone()).unwrap_or_default();
-        parent_totals.input_tokens += totals.input_tokens;
-        parent_totals.output_tokens += totals.output_tokens;
+        parent_totals.input_tokens = parent_totals.input_tokens.saturating_add(totals.input_tokens);
+        parent_totals.output_tokens = parent_totals.output_tokens.saturating_add(totals.output_tokens);
         parent_totals.cost_usd += totals.cost_usd;
         parent_totals.priced |= totals.priced;
         if parent_totals.model.is_none() {
             parent_totals.model = totals.model.clone();
         }
         let mut metadata = json!({
-            "total_tokens": totals.input_tokens + totals.output_tokens,
+            "total_tokens": totals.input_tokens.saturating_add(totals.output_tokens),
             "latency_ms": span.duration_ms(),
         });
         if totals.priced {
@@ -324,12 +339,12 @@ impl<'a> Tree<'a> {
             "result": {"output": output},
             "sub_trace": {
                 "schema_version": 1,
-                "trace_id": format!("{trace_id}:{}", span.span_id),
+                "trace_id": sub_id,
                 "agent_id": name,
-                "parent_trace_id": trace_id,
+                "parent_trace_id": level.trace_id,
                 "input": input.map(|m| json!({"user_message": m})).unwrap_or_else(|| json!({})),
                 "steps": steps,
-                "output": {"message": output},
+                "output": {"message": clip_output(output.clone())},
                 "metadata": metadata,
             },
             "metadata": step_metadata(span),
@@ -362,8 +377,8 @@ impl<'a> Tree<'a> {
         }
         let in_t = input_tokens.unwrap_or(0);
         let out_t = output_tokens.unwrap_or(0);
-        totals.input_tokens += in_t;
-        totals.output_tokens += out_t;
+        totals.input_tokens = totals.input_tokens.saturating_add(in_t);
+        totals.output_tokens = totals.output_tokens.saturating_add(out_t);
         let mut metadata = step_metadata(span);
         if let Some(m) = &model {
             if totals.model.is_none() {
@@ -398,7 +413,7 @@ impl<'a> Tree<'a> {
             "result": {
                 "completion": completion,
                 "tool_calls": tool_calls,
-                "tokens": in_t + out_t,
+                "tokens": in_t.saturating_add(out_t),
                 "finish_reason": finish,
             },
             "metadata": metadata,
@@ -458,15 +473,79 @@ fn retrieval_step(span: &Span) -> Value {
 }
 
 /// Parses a JSON-encoded attribute; an object stays as it is, anything else is wrapped.
+/// Text nested deeper than [`MAX_PARSED_DEPTH`] stays text: placed in the
+/// trace, it could pass the nesting the engine's parser accepts.
 fn as_object(v: Value, key: &str) -> Value {
     let parsed = match &v {
-        Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(v),
+        Value::String(s) => serde_json::from_str::<Value>(s)
+            .ok()
+            .filter(|p| nesting(p, MAX_PARSED_DEPTH + 1) <= MAX_PARSED_DEPTH)
+            .unwrap_or(v),
         _ => v,
     };
     match parsed {
         Value::Object(_) => parsed,
         other => json!({ key: other }),
     }
+}
+
+/// Sub-traces nest at most this deep below the root (Attest protocol v1
+/// §7, which the engine's trace validation applies).
+const MAX_SUB_TRACE_DEPTH: usize = 5;
+/// Longest `output.message`, in characters (§7).
+const MAX_OUTPUT_CHARS: usize = 500_000;
+/// Largest step `result`, compact JSON bytes (§7).
+const MAX_STEP_RESULT_BYTES: usize = 1 << 20;
+/// Deepest JSON taken from a text attribute.
+const MAX_PARSED_DEPTH: usize = 32;
+
+/// Where a walk is: the (sub-)trace whose steps it collects, and how many
+/// sub-traces deep that is.
+struct Level<'a> {
+    trace_id: &'a str,
+    agents: usize,
+}
+
+/// `v`'s nesting depth, counted no further than `cap`.
+fn nesting(v: &Value, cap: usize) -> usize {
+    if cap == 0 {
+        return 0;
+    }
+    match v {
+        Value::Array(a) => 1 + a.iter().map(|x| nesting(x, cap - 1)).max().unwrap_or(0),
+        Value::Object(o) => 1 + o.values().map(|x| nesting(x, cap - 1)).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// An output longer than the engine accepts, cut with a note: the trace is
+/// still evaluated, on what an evaluator could be given.
+fn clip_output(text: String) -> String {
+    match text.char_indices().nth(MAX_OUTPUT_CHARS - 64) {
+        Some((end, _)) if text.chars().count() > MAX_OUTPUT_CHARS => {
+            format!("{}… [clipped by attest-collect: {} bytes more]", &text[..end], text.len() - end)
+        }
+        _ => text,
+    }
+}
+
+/// A step whose `result` is larger than the engine accepts keeps its start,
+/// as text, with a note.
+fn fit_result(mut step: Value) -> Value {
+    let Some(result) = step.get("result") else { return step };
+    let text = result.to_string();
+    if text.len() <= MAX_STEP_RESULT_BYTES {
+        return step;
+    }
+    let mut end = MAX_STEP_RESULT_BYTES / 2;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    step["result"] = json!({
+        "clipped": format!("{}…", &text[..end]),
+        "clipped_bytes": text.len() - end,
+    });
+    step
 }
 
 fn first_str(span: &Span, keys: &[&str]) -> Option<String> {
@@ -670,6 +749,109 @@ mod tests {
             )]
             .into(),
         }
+    }
+
+    /// A chain of `n` agents, each the parent of the next, the last calling a tool.
+    fn agent_chain(n: usize, tool_attrs: Value) -> Vec<Span> {
+        let mut spans: Vec<Span> = (0..n)
+            .map(|i| {
+                let parent = (i > 0).then(|| format!("a{}", i - 1));
+                span(
+                    &format!("a{i}"),
+                    parent.as_deref(),
+                    &format!("invoke_agent agent{i}"),
+                    i as u64,
+                    json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": format!("agent{i}")}),
+                )
+            })
+            .collect();
+        spans.push(span("tool", Some(&format!("a{}", n - 1)), "execute_tool t", n as u64, tool_attrs));
+        spans
+    }
+
+    /// Each sub-trace and its depth below the root, depth first.
+    fn sub_traces(trace: &Value, depth: usize, out: &mut Vec<(usize, Value)>) {
+        for step in trace["steps"].as_array().into_iter().flatten() {
+            if let Some(sub) = step.get("sub_trace") {
+                assert_eq!(sub["parent_trace_id"], trace["trace_id"], "a sub-trace names the trace it sits in");
+                out.push((depth + 1, sub.clone()));
+                sub_traces(sub, depth + 1, out);
+            }
+        }
+    }
+
+    #[test]
+    fn nested_agents_name_their_own_parent_and_nest_no_deeper_than_the_engine_accepts() {
+        for n in [3, 6, 9] {
+            let spans = agent_chain(n, json!({"gen_ai.tool.name": "t", "gen_ai.tool.call.result": "ok"}));
+            let Converted::Trace { trace, .. } = convert("t", &spans, &prices()) else {
+                panic!("not converted")
+            };
+            let mut subs = Vec::new();
+            sub_traces(&trace, 0, &mut subs);
+            let deepest = subs.iter().map(|(d, _)| *d).max().unwrap();
+            assert_eq!(deepest, (n - 1).min(MAX_SUB_TRACE_DEPTH), "{n} agents");
+            assert_eq!(subs[0].1["trace_id"], "t:a1");
+            assert_eq!(subs[1].1["trace_id"], "t:a1:a2");
+            // The tool call is kept however deep the chain: in the deepest sub-trace.
+            let last = &subs.last().unwrap().1;
+            assert_eq!(last["steps"].as_array().unwrap().last().unwrap()["name"], "t", "{n} agents: {last}");
+        }
+    }
+
+    #[test]
+    fn values_past_the_engines_limits_are_clipped_not_left_to_fail_the_trace() {
+        let big_result = "r".repeat(MAX_STEP_RESULT_BYTES + 10);
+        let deep_args = format!("{}1{}", "[".repeat(120), "]".repeat(120));
+        let mut spans = agent_chain(
+            1,
+            json!({"gen_ai.tool.name": "t", "gen_ai.tool.call.result": big_result, "gen_ai.tool.call.arguments": deep_args}),
+        );
+        spans[0]
+            .attributes
+            .insert("output.value".into(), json!("o".repeat(MAX_OUTPUT_CHARS + 1)));
+        spans[0].attributes.insert("gen_ai.usage.input_tokens".into(), json!(u64::MAX));
+        let Converted::Trace { trace, .. } = convert("t", &spans, &prices()) else {
+            panic!("not converted")
+        };
+        let message = trace["output"]["message"].as_str().unwrap();
+        assert!(
+            message.chars().count() <= MAX_OUTPUT_CHARS && message.ends_with("bytes more]"),
+            "{}",
+            message.len()
+        );
+        let tool = &trace["steps"][0];
+        assert!(tool["result"].to_string().len() <= MAX_STEP_RESULT_BYTES);
+        assert!(
+            tool["result"]["clipped"].as_str().unwrap().starts_with("{\"output\":\"rrr"),
+            "the start is kept"
+        );
+        assert!(tool["result"]["clipped_bytes"].as_u64().unwrap() > (MAX_STEP_RESULT_BYTES / 2) as u64);
+        assert!(tool["args"]["input"].is_string(), "JSON nested 120 deep stays text");
+    }
+
+    #[test]
+    fn token_counts_saturate_instead_of_wrapping() {
+        let spans = vec![
+            span(
+                "r",
+                None,
+                "invoke_agent a",
+                0,
+                json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}),
+            ),
+            span(
+                "l",
+                Some("r"),
+                "chat m",
+                1,
+                json!({"gen_ai.operation.name": "chat", "gen_ai.request.model": "m", "gen_ai.usage.input_tokens": u64::MAX, "gen_ai.usage.output_tokens": 1}),
+            ),
+        ];
+        let Converted::Trace { trace, .. } = convert("t", &spans, &prices()) else {
+            panic!("not converted")
+        };
+        assert_eq!(trace["metadata"]["total_tokens"], u64::MAX);
     }
 
     #[test]
