@@ -86,6 +86,21 @@ pub struct Dropped {
     pub trace_id: String,
     pub reason: DropReason,
     pub spans: u64,
+    /// Whether this drop is the trace's own: false for spans that arrive
+    /// after their trace was already dropped for its size, which count as
+    /// dropped spans of a trace counted once.
+    pub counts_trace: bool,
+}
+
+impl Dropped {
+    /// Adds this drop to the collector's counters.
+    pub fn count(&self, metrics: &crate::metrics::Metrics) {
+        if self.counts_trace {
+            metrics.dropped(self.reason.as_str(), self.spans);
+        } else {
+            metrics.dropped_spans(self.reason.as_str(), self.spans);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -143,11 +158,10 @@ impl Assembler {
             if let Some(reason) = self.closed.get(&span.trace_id) {
                 // Spans of a trace dropped for its size keep that reason; spans of
                 // an evaluated trace are late.
-                let reason = match reason {
-                    DropReason::TraceTooLarge | DropReason::TooManySpans => *reason,
-                    _ => DropReason::LateSpan,
-                };
-                push_drop(&mut events, &span.trace_id, reason, 1);
+                match reason {
+                    DropReason::TraceTooLarge | DropReason::TooManySpans => push_spans_drop(&mut events, &span.trace_id, *reason, 1),
+                    _ => push_drop(&mut events, &span.trace_id, DropReason::LateSpan, 1),
+                }
                 continue;
             }
             let trace_id = span.trace_id.clone();
@@ -188,23 +202,27 @@ impl Assembler {
         events
     }
 
-    /// Closes settled traces (at most `max_ready`, oldest first: the rest stay
-    /// open until the evaluation queue has room) and drops orphans whose root never came.
-    pub fn poll(&mut self, now: Instant, max_ready: usize) -> Events {
+    /// Closes settled traces, oldest first, each once `admit` grants it a
+    /// place in the evaluation queue (given the trace's bytes); the first it
+    /// refuses and all later ones stay open until there is room. Also drops
+    /// orphans whose root never came. Returns the events and, in the order
+    /// of `events.ready`, the places granted.
+    pub fn poll<T>(&mut self, now: Instant, mut admit: impl FnMut(usize) -> Option<T>) -> (Events, Vec<T>) {
         let mut events = Events::default();
+        let mut granted = Vec::new();
         let mut settled = Vec::new();
         let mut orphans = Vec::new();
         for (id, t) in &self.open {
             let idle = now.saturating_duration_since(t.last_arrival);
             if t.has_root && idle >= self.limits.settle {
-                settled.push((t.seq, id.clone()));
+                settled.push((t.seq, t.bytes, id.clone()));
             } else if !t.has_root && idle >= self.limits.orphan_timeout {
                 orphans.push(id.clone());
             }
         }
         settled.sort();
-        settled.truncate(max_ready);
-        for (_, id) in settled {
+        for (_, bytes, id) in settled {
+            let Some(place) = admit(bytes) else { break };
             if let Some(t) = self.remove(&id) {
                 self.remember_closed(id.clone(), DropReason::LateSpan);
                 events.ready.push(ClosedTrace {
@@ -213,6 +231,7 @@ impl Assembler {
                     bytes: t.bytes,
                     early: false,
                 });
+                granted.push(place);
             }
         }
         for id in orphans {
@@ -220,7 +239,7 @@ impl Assembler {
                 push_drop(&mut events, &id, DropReason::NoRoot, t.spans.len() as u64);
             }
         }
-        events
+        (events, granted)
     }
 
     /// Closes everything (shutdown): traces with a root are evaluated, the rest dropped.
@@ -283,8 +302,17 @@ impl Assembler {
 }
 
 fn push_drop(events: &mut Events, trace_id: &str, reason: DropReason, spans: u64) {
+    push(events, trace_id, reason, spans, true);
+}
+
+/// Spans of a trace whose own drop was counted already.
+fn push_spans_drop(events: &mut Events, trace_id: &str, reason: DropReason, spans: u64) {
+    push(events, trace_id, reason, spans, false);
+}
+
+fn push(events: &mut Events, trace_id: &str, reason: DropReason, spans: u64, counts_trace: bool) {
     if let Some(last) = events.dropped.last_mut() {
-        if last.trace_id == trace_id && last.reason == reason {
+        if last.trace_id == trace_id && last.reason == reason && last.counts_trace == counts_trace {
             last.spans += spans;
             return;
         }
@@ -293,6 +321,7 @@ fn push_drop(events: &mut Events, trace_id: &str, reason: DropReason, spans: u64
         trace_id: trace_id.to_string(),
         reason,
         spans,
+        counts_trace,
     });
 }
 
@@ -334,14 +363,16 @@ mod tests {
         let mut a = Assembler::new(limits());
         let t0 = Instant::now();
         a.add(vec![span("t1", "b", Some("a"))], t0);
-        assert!(a.poll(t0 + Duration::from_secs(2), 10).ready.is_empty(), "no root yet");
+        let any = |_: usize| Some(());
+        assert!(a.poll(t0 + Duration::from_secs(2), any).0.ready.is_empty(), "no root yet");
         a.add(vec![span("t1", "a", None)], t0 + Duration::from_secs(2));
-        assert!(a.poll(t0 + Duration::from_millis(2500), 10).ready.is_empty(), "not settled");
+        assert!(a.poll(t0 + Duration::from_millis(2500), any).0.ready.is_empty(), "not settled");
         assert!(
-            a.poll(t0 + Duration::from_secs(3), 0).ready.is_empty(),
+            a.poll(t0 + Duration::from_secs(3), |_| None::<()>).0.ready.is_empty(),
             "no room in the queue: stays open"
         );
-        let ev = a.poll(t0 + Duration::from_secs(3), 10);
+        let (ev, places) = a.poll(t0 + Duration::from_secs(3), any);
+        assert_eq!(places.len(), ev.ready.len());
         assert_eq!(ev.ready.len(), 1);
         assert_eq!(ev.ready[0].spans.len(), 2);
         let late = a.add(vec![span("t1", "c", Some("a"))], t0 + Duration::from_secs(4));
@@ -350,7 +381,8 @@ mod tests {
             vec![Dropped {
                 trace_id: "t1".into(),
                 reason: DropReason::LateSpan,
-                spans: 1
+                spans: 1,
+                counts_trace: true,
             }]
         );
         assert_eq!(a.open_traces(), 0);
@@ -390,11 +422,16 @@ mod tests {
             vec![Dropped {
                 trace_id: "t1".into(),
                 reason: DropReason::TooManySpans,
-                spans: 4
+                spans: 4,
+                counts_trace: true,
             }]
         );
+        // Later spans of it are dropped spans, not another dropped trace.
         let ev = a.add(vec![span("t1", "e", Some("a"))], t0);
-        assert_eq!(ev.dropped[0].reason, DropReason::TooManySpans);
+        assert_eq!(
+            (ev.dropped[0].reason, ev.dropped[0].counts_trace),
+            (DropReason::TooManySpans, false)
+        );
         let mut big = span("t2", "a", None);
         big.size_bytes = 5_000;
         assert_eq!(a.add(vec![big], t0).dropped[0].reason, DropReason::TraceTooLarge);
@@ -406,7 +443,10 @@ mod tests {
         let mut a = Assembler::new(limits());
         let t0 = Instant::now();
         a.add(vec![span("t1", "b", Some("a"))], t0);
-        assert_eq!(a.poll(t0 + Duration::from_secs(6), 10).dropped[0].reason, DropReason::NoRoot);
+        assert_eq!(
+            a.poll(t0 + Duration::from_secs(6), |_| Some(())).0.dropped[0].reason,
+            DropReason::NoRoot
+        );
         a.add(vec![span("t2", "a", None)], t0);
         a.add(vec![span("t3", "b", Some("a"))], t0);
         let ev = a.drain();

@@ -321,6 +321,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         // Half the request deadline: the answer must still reach the
         // exporter before it gives up and sends everything again.
         queue_wait: Duration::from_secs(args.request_timeout_secs.max(1)) / 2,
+        decoding: Arc::new(Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get()))),
     });
     let listener = tokio::net::TcpListener::bind(args.otlp_http)
         .await
@@ -336,9 +337,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             let mut interval = tokio::time::interval(tick);
             loop {
                 interval.tick().await;
-                let room = state.ready.capacity();
-                let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).poll(Instant::now(), room);
-                state.dispatch(events);
+                state.close_settled(Instant::now());
             }
         })
     };
@@ -352,7 +351,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     eprintln!("attest-collect: draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();
     for d in events.dropped {
-        metrics.dropped(d.reason.as_str(), d.spans);
+        d.count(&metrics);
     }
     for t in events.ready {
         // Draining waits for room instead of dropping.

@@ -16,6 +16,7 @@ pub mod assemble;
 pub mod cli;
 pub mod convert;
 pub mod distributed;
+pub mod elements;
 pub mod jsonl_input;
 pub mod listen;
 pub mod metrics;

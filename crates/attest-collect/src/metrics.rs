@@ -69,6 +69,12 @@ impl Metrics {
         bump(&self.dropped_spans, reason, spans);
     }
 
+    /// Spans dropped outside any trace's own drop: spans refused for their
+    /// ids, spans of a trace already dropped for its size.
+    pub fn dropped_spans(&self, reason: &'static str, spans: u64) {
+        bump(&self.dropped_spans, reason, spans);
+    }
+
     pub fn result(&self, rule: &str, status: crate::Status) {
         bump_rule(&self.results, rule, status.as_str());
     }

@@ -92,6 +92,11 @@ pub struct Decoded {
     pub reject_reason: Option<String>,
 }
 
+/// Wire bytes per element a request may average, at least: what bounds
+/// the memory its decoding takes (about 100 bytes per element) to some six
+/// times `--max-request-bytes`.
+pub const ELEMENT_BYTES: usize = 16;
+
 /// Undoes `Content-Encoding: gzip`, refusing bodies that inflate past `max_bytes`.
 pub fn decompress(body: &[u8], content_encoding: Option<&str>, max_bytes: usize) -> Result<Vec<u8>, BadPayload> {
     match content_encoding.map(|e| e.trim().to_ascii_lowercase()) {
@@ -118,7 +123,18 @@ pub fn decompress(body: &[u8], content_encoding: Option<&str>, max_bytes: usize)
 }
 
 /// Decodes an `ExportTraceServiceRequest` body.
-pub fn decode(body: &[u8], encoding: Encoding) -> Result<Decoded, BadPayload> {
+/// Decodes a request holding at most `max_elements` spans, events, links,
+/// attributes and values (see [`crate::elements`]).
+pub fn decode(body: &[u8], encoding: Encoding, max_elements: u64) -> Result<Decoded, BadPayload> {
+    let counted = match encoding {
+        Encoding::Protobuf => crate::elements::protobuf(body, max_elements),
+        Encoding::Json => crate::elements::json(body, max_elements),
+    };
+    if counted.is_err() {
+        return Err(BadPayload(format!(
+            "the request holds more than {max_elements} spans, events, links, attributes and values, more than a request of this size may decode to (--max-request-bytes / {ELEMENT_BYTES}); send smaller batches"
+        )));
+    }
     let request = match encoding {
         Encoding::Protobuf => ExportTraceServiceRequest::decode(body)
             .map_err(|e| BadPayload(format!("body is not an OTLP ExportTraceServiceRequest protobuf: {e}")))?,
@@ -212,6 +228,10 @@ fn flatten(request: ExportTraceServiceRequest) -> Decoded {
                 .map(|r| attributes_to_json(r.attributes))
                 .unwrap_or_default(),
         );
+        // Spans share their resource; each trace that holds one of them
+        // counts its size once.
+        let resource_bytes = json_size(&resource);
+        let mut traces_counted: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
         for scope_spans in resource_spans.scope_spans {
             for span in scope_spans.spans {
                 if span.trace_id.len() != 16 || span.trace_id.iter().all(|b| *b == 0) {
@@ -243,10 +263,19 @@ fn flatten(request: ExportTraceServiceRequest) -> Decoded {
                         attributes: attributes_to_json(e.attributes),
                     })
                     .collect();
+                let resource_share = if traces_counted.insert(span.trace_id.clone()) {
+                    resource_bytes
+                } else {
+                    0
+                };
                 let size_bytes = 256
                     + span.name.len()
                     + json_size(&attributes)
-                    + events.iter().map(|e| e.name.len() + json_size(&e.attributes)).sum::<usize>();
+                    + events
+                        .iter()
+                        .map(|e| EVENT_BYTES + e.name.len() + json_size(&e.attributes))
+                        .sum::<usize>()
+                    + resource_share;
                 let is_error = span.status.as_ref().map(|s| s.code == 2).unwrap_or(false);
                 out.spans.push(Span {
                     trace_id: hex(&span.trace_id),
@@ -267,16 +296,25 @@ fn flatten(request: ExportTraceServiceRequest) -> Decoded {
     out
 }
 
+/// Memory a span event holds besides its name and attributes.
+const EVENT_BYTES: usize = 64;
+/// Memory an attribute holds besides its key's and value's text: the map
+/// entry, the key's and value's headers, allocator rounding.
+const ENTRY_BYTES: usize = 96;
+/// Memory a value holds besides its text.
+const VALUE_BYTES: usize = 32;
+
+/// Estimated memory of decoded attributes, for the assembler's byte limits.
 fn json_size(map: &Map<String, Value>) -> usize {
-    map.iter().map(|(k, v)| k.len() + value_size(v) + 16).sum()
+    map.iter().map(|(k, v)| k.len() + value_size(v) + ENTRY_BYTES).sum()
 }
 
 fn value_size(v: &Value) -> usize {
     match v {
-        Value::String(s) => s.len() + 24,
-        Value::Array(a) => a.iter().map(value_size).sum::<usize>() + 24,
-        Value::Object(o) => json_size(o) + 24,
-        _ => 16,
+        Value::String(s) => s.len() + VALUE_BYTES,
+        Value::Array(a) => a.iter().map(value_size).sum::<usize>() + VALUE_BYTES,
+        Value::Object(o) => json_size(o) + VALUE_BYTES,
+        _ => VALUE_BYTES,
     }
 }
 

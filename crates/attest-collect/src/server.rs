@@ -41,6 +41,10 @@ pub struct ReceiverState {
     /// sends none) before its body is read, so slow uploads cannot hold
     /// unbounded memory.
     pub inflight_kib: Semaphore,
+    /// Requests being inflated and decoded at once: one per core, on the
+    /// blocking pool, so that decoding a large request never stalls the
+    /// async workers that answer other requests and `/metrics`.
+    pub decoding: Arc<Semaphore>,
     /// How long an export waits for room in a full evaluation queue before
     /// the traces that did not fit are rejected (reported as a partial
     /// success).
@@ -59,20 +63,25 @@ pub fn kib_budget(bytes: usize) -> Semaphore {
 }
 
 impl ReceiverState {
-    /// Routes assembler events: ready traces to the queue, drops to the counters.
-    pub fn dispatch(&self, events: Events) {
+    /// Closes the settled traces the evaluation queue has room for, and
+    /// counts orphans dropped. A trace's place in the queue (a slot and its
+    /// bytes) is taken before the trace leaves the assembler, so a settled
+    /// trace is never dropped for a queue that export requests filled in
+    /// the meantime: it stays open until a later poll finds room.
+    pub fn close_settled(&self, now: Instant) {
+        let (events, places) = {
+            let mut a = self.assembler.lock().unwrap_or_else(|e| e.into_inner());
+            a.poll(now, |bytes| {
+                let slot = self.ready.try_reserve().ok()?;
+                let share = self.queued_kib.clone().try_acquire_many_owned(kib(bytes)).ok()?;
+                Some((slot, share))
+            })
+        };
         for d in events.dropped {
-            self.metrics.dropped(d.reason.as_str(), d.spans);
+            d.count(&self.metrics);
         }
-        for t in events.ready {
-            let spans = t.spans.len() as u64;
-            let room = self.queued_kib.clone().try_acquire_many_owned(kib(t.bytes));
-            let sent = room
-                .map_err(|_| ())
-                .and_then(|permit| self.ready.try_send((t, Instant::now(), permit)).map_err(|_| ()));
-            if sent.is_err() {
-                self.metrics.dropped(crate::assemble::DropReason::QueueFull.as_str(), spans);
-            }
+        for (t, (slot, share)) in events.ready.into_iter().zip(places) {
+            slot.send((t, Instant::now(), share));
         }
         self.update_gauges();
     }
@@ -83,7 +92,7 @@ impl ReceiverState {
     /// answer reports as rejected.
     pub async fn dispatch_waiting(&self, events: Events) -> u64 {
         for d in events.dropped {
-            self.metrics.dropped(d.reason.as_str(), d.spans);
+            d.count(&self.metrics);
         }
         let until = tokio::time::Instant::now() + self.queue_wait;
         let mut rejected = 0;
@@ -114,14 +123,25 @@ impl ReceiverState {
 }
 
 pub fn router(state: Arc<ReceiverState>, request_timeout: std::time::Duration) -> Router {
+    let metrics = state.metrics.clone();
     Router::new()
         .route("/v1/traces", post(export))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics_page))
         // A client that sends its body too slowly gets 408 instead of holding the request open.
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             request_timeout,
         ))
+        // The timeout answers without the handler, which counts every other answer.
+        .layer(axum::middleware::map_response(move |r: Response| {
+            let metrics = metrics.clone();
+            async move {
+                if r.status() == StatusCode::REQUEST_TIMEOUT {
+                    metrics.request(408, "unknown");
+                }
+                r
+            }
+        }))
         .with_state(state)
 }
 
@@ -133,7 +153,7 @@ fn render(metrics: &Metrics) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render()).into_response()
 }
 
-async fn metrics(State(state): State<Arc<ReceiverState>>) -> Response {
+async fn metrics_page(State(state): State<Arc<ReceiverState>>) -> Response {
     state.update_gauges();
     render(&state.metrics)
 }
@@ -209,8 +229,20 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
             return reply(StatusCode::BAD_REQUEST, encoding, otlp::error_body(encoding, 3, &msg), None);
         }
     };
-    let content_encoding = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok());
-    let decoded = otlp::decompress(&body, content_encoding, state.max_request_bytes).and_then(|raw| otlp::decode(&raw, encoding));
+    let content_encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let Ok(_decoding) = state.decoding.clone().acquire_owned().await else {
+        return overloaded(&state, encoding, label, "the receiver is shutting down; retry later");
+    };
+    let max_bytes = state.max_request_bytes;
+    let max_elements = (max_bytes / otlp::ELEMENT_BYTES).max(1) as u64;
+    let decoded = tokio::task::spawn_blocking(move || {
+        otlp::decompress(&body, content_encoding.as_deref(), max_bytes).and_then(|raw| otlp::decode(&raw, encoding, max_elements))
+    })
+    .await
+    .unwrap_or_else(|e| Err(otlp::BadPayload(format!("decoding the request failed: {e}"))));
     let decoded = match decoded {
         Ok(d) => d,
         Err(e) => {
@@ -219,6 +251,9 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
             return reply(StatusCode::BAD_REQUEST, encoding, otlp::error_body(encoding, 3, &e.0), None);
         }
     };
+    if decoded.rejected > 0 {
+        state.metrics.dropped_spans("invalid_id", decoded.rejected);
+    }
     let accepted = decoded.spans.len() as u64;
     state.metrics.spans_received.fetch_add(accepted, Ordering::Relaxed);
     let events = {

@@ -119,6 +119,45 @@ async fn malformed_payloads_get_otlp_answers_and_good_ones_still_work() {
     }
 }
 
+#[tokio::test]
+async fn requests_that_would_decode_to_far_more_than_their_size_are_refused_and_counted() {
+    use opentelemetry_proto::tonic::trace::v1::span::Event;
+    let dir = tempfile::tempdir().unwrap();
+    // A 1 MB request may decode at most 62,500 elements.
+    let c = Collector::start(dir.path(), RULES, &["--max-request-bytes", "1000000"]);
+    // 100,000 empty events: 200 KB of protobuf, 2 KB gzipped.
+    let mut bomb = span(1, 0, None, "invoke_agent a", vec![]);
+    bomb.events = vec![Event::default(); 100_000];
+    let body = request(vec![bomb]).encode_to_vec();
+    assert!(body.len() < 300_000);
+    let r = post(&c.url, "application/x-protobuf", Some("gzip"), gzip(&body)).await;
+    assert_eq!(r.status(), 400);
+    let status = opentelemetry_proto_status(&r.bytes().await.unwrap());
+    assert!(
+        status.contains("more than 62500 spans, events, links, attributes and values"),
+        "{status}"
+    );
+    // The same in JSON: an empty object per event.
+    let events = vec!["{}"; 100_000].join(",");
+    let json = format!(
+        r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"01010101010101010101010101010101","spanId":"0000000000000001","name":"s","events":[{events}]}}]}}]}}]}}"#
+    );
+    let r = post(&c.url, "application/json", None, json.into_bytes()).await;
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(body["message"].as_str().unwrap().contains("more than 62500"), "{body}");
+    // Spans refused for their ids are counted as dropped spans.
+    let mut bad = span(2, 0, None, "invoke_agent a", vec![]);
+    bad.span_id = vec![0; 8];
+    let r = post(&c.url, "application/x-protobuf", None, request(vec![bad]).encode_to_vec()).await;
+    assert_eq!(r.status(), 200);
+    let m = c.metrics().await;
+    assert_eq!(metric(&m, "attest_collect_spans_dropped_total{reason=\"invalid_id\"}"), 1.0, "{m}");
+    assert_eq!(metric(&m, "attest_collect_traces_dropped_total{reason=\"malformed\"}"), 2.0, "{m}");
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+}
+
 fn opentelemetry_proto_status(body: &[u8]) -> String {
     #[derive(Clone, PartialEq, prost::Message)]
     struct Status {
@@ -525,6 +564,12 @@ async fn a_body_sent_too_slowly_gets_408() {
         String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 408"),
         "{}",
         String::from_utf8_lossy(&answer[..n])
+    );
+    let m = c.metrics().await;
+    assert_eq!(
+        metric(&m, "attest_collect_requests_total{code=\"408\",encoding=\"unknown\"}"),
+        1.0,
+        "{m}"
     );
     let (code, _) = c.proc.terminate();
     assert_eq!(code, 0);

@@ -1,0 +1,220 @@
+//! Counting the elements of an export request before it is decoded.
+//!
+//! Decoding turns each element (a span, an event, a link, an attribute, an
+//! attribute value) into a struct of some 50–150 bytes, whatever its size on
+//! the wire. An empty span event is two bytes of protobuf, and three of
+//! JSON: a 32 MiB body of them would decode into more than a gigabyte. The
+//! request size limit alone cannot bound that, so the receiver counts the
+//! elements first, with this walk over the encoding, and refuses a request
+//! holding more than it may decode.
+//!
+//! The protobuf walk follows the message fields of `ExportTraceServiceRequest`
+//! that hold elements, and skips everything else. It never decodes: a
+//! malformed body simply stops the count, and the decoder reports the error.
+
+/// Messages of the OTLP trace request that hold elements.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Request,
+    ResourceSpans,
+    Resource,
+    ScopeSpans,
+    Scope,
+    Span,
+    Event,
+    Link,
+    KeyValue,
+    AnyValue,
+    ArrayValue,
+    KeyValueList,
+}
+
+impl Kind {
+    /// The message kind of field `field` of this message, when it is one the walk follows.
+    fn child(self, field: u32) -> Option<Kind> {
+        use Kind::*;
+        Some(match (self, field) {
+            (Request, 1) => ResourceSpans,
+            (ResourceSpans, 1) => Resource,
+            (ResourceSpans, 2) => ScopeSpans,
+            (Resource, 1) | (Scope, 3) | (Span, 9) | (Event, 3) | (Link, 4) | (KeyValueList, 1) => KeyValue,
+            (ScopeSpans, 1) => Scope,
+            (ScopeSpans, 2) => Span,
+            (Span, 11) => Event,
+            (Span, 13) => Link,
+            (KeyValue, 2) | (ArrayValue, 1) => AnyValue,
+            (AnyValue, 5) => ArrayValue,
+            (AnyValue, 6) => KeyValueList,
+            _ => return None,
+        })
+    }
+}
+
+/// Deeper nesting is refused by the decoder (its recursion limit is 100),
+/// so the walk need not follow it.
+const MAX_DEPTH: usize = 100;
+
+/// More than `max` elements: the walk stopped counting there.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TooMany;
+
+/// Counts the messages in a protobuf `ExportTraceServiceRequest`, up to `max`.
+pub fn protobuf(body: &[u8], max: u64) -> Result<u64, TooMany> {
+    let mut count = 0;
+    walk(body, Kind::Request, 0, &mut count, max)?;
+    Ok(count)
+}
+
+fn walk(mut buf: &[u8], kind: Kind, depth: usize, count: &mut u64, max: u64) -> Result<(), TooMany> {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    while !buf.is_empty() {
+        let Ok((field, wire)) = decode_key(&mut buf) else { return Ok(()) };
+        let skip = match wire {
+            WireType::Varint => {
+                if decode_varint(&mut buf).is_err() {
+                    return Ok(());
+                }
+                0
+            }
+            WireType::SixtyFourBit => 8,
+            WireType::ThirtyTwoBit => 4,
+            WireType::LengthDelimited => {
+                let Ok(len) = decode_varint(&mut buf) else { return Ok(()) };
+                let Some(len) = usize::try_from(len).ok().filter(|&l| l <= buf.len()) else {
+                    return Ok(());
+                };
+                let (inner, rest) = buf.split_at(len);
+                buf = rest;
+                if let Some(child) = kind.child(field).filter(|_| depth < MAX_DEPTH) {
+                    *count += 1;
+                    if *count > max {
+                        return Err(TooMany);
+                    }
+                    walk(inner, child, depth + 1, count, max)?;
+                }
+                0
+            }
+            // Groups: not in the OTLP schema; the decoder refuses them.
+            WireType::StartGroup | WireType::EndGroup => return Ok(()),
+        };
+        if skip > buf.len() {
+            return Ok(());
+        }
+        buf = &buf[skip..];
+    }
+    Ok(())
+}
+
+/// Counts the objects and arrays in a JSON body (each span, event, link,
+/// attribute and value is one), up to `max`. Brackets inside strings are
+/// text, not elements.
+pub fn json(body: &[u8], max: u64) -> Result<u64, TooMany> {
+    let mut count = 0;
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                count += 1;
+                if count > max {
+                    return Err(TooMany);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, ArrayValue, KeyValue};
+    use opentelemetry_proto::tonic::trace::v1::{span::Event, ResourceSpans, ScopeSpans, Span};
+    use prost::Message;
+
+    fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    fn attribute(key: &str, value: any_value::Value) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: Some(AnyValue { value: Some(value) }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn protobuf_counts_spans_events_attributes_and_values() {
+        let span = Span {
+            trace_id: vec![1; 16],
+            span_id: vec![2; 8],
+            name: "s".into(),
+            attributes: vec![
+                attribute("a", any_value::Value::StringValue("x".into())),
+                attribute(
+                    "list",
+                    any_value::Value::ArrayValue(ArrayValue {
+                        values: vec![AnyValue {
+                            value: Some(any_value::Value::IntValue(1)),
+                        }],
+                    }),
+                ),
+            ],
+            events: vec![Event::default(), Event::default()],
+            ..Default::default()
+        };
+        let body = request(vec![span]).encode_to_vec();
+        // resource_spans, scope_spans, span, 2 × (key-value, value), the
+        // array, its one value, 2 events.
+        assert_eq!(protobuf(&body, 100), Ok(11));
+        assert_eq!(protobuf(&body, 10), Err(TooMany));
+    }
+
+    #[test]
+    fn empty_events_count_however_small_they_are() {
+        let span = Span {
+            trace_id: vec![1; 16],
+            span_id: vec![2; 8],
+            events: vec![Event::default(); 10_000],
+            ..Default::default()
+        };
+        let body = request(vec![span]).encode_to_vec();
+        assert!(body.len() < 25_000, "{}", body.len());
+        assert_eq!(protobuf(&body, 5_000), Err(TooMany));
+        assert_eq!(protobuf(&body, 20_000), Ok(10_003));
+    }
+
+    #[test]
+    fn malformed_protobuf_stops_the_count_without_failing() {
+        assert_eq!(protobuf(&[0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f], 10), Ok(0));
+        assert_eq!(protobuf(&[0xff], 10), Ok(0));
+        assert_eq!(protobuf(b"", 10), Ok(0));
+    }
+
+    #[test]
+    fn json_counts_objects_and_arrays_outside_strings() {
+        let body = br#"{"resourceSpans": [{"name": "{[not these]}", "escaped": "\"{", "events": [{}, {}]}]}"#;
+        assert_eq!(json(body, 100), Ok(6));
+        assert_eq!(json(body, 5), Err(TooMany));
+    }
+}
