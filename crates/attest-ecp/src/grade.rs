@@ -301,9 +301,70 @@ pub struct TraceContext<'a> {
     pub scenario_index: usize,
 }
 
-/// Grade one step. `turns` holds every graded turn of the scenario so far,
-/// the current one last.
-pub async fn grade_step(host: &dyn GradingHost, step: &Step, turns: &[Turn], ctx: &TraceContext<'_>) -> Vec<CheckResult> {
+/// Texts up to this size are matched on the grading thread: even a pattern
+/// whose lookarounds make matching quadratic finishes in milliseconds.
+const INLINE_REGEX_TEXT: usize = 4 * 1024;
+/// Regex matches running on their own threads at once, abandoned ones
+/// included; past it a regex check fails at once rather than pile up more.
+const MAX_REGEX_THREADS: usize = 4;
+static REGEX_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A `regex` text_match within `deadline`. Lookarounds and backreferences
+/// (Python `re` syntax) need a backtracking matcher, whose time on a long
+/// agent answer can grow with the square of its length and cannot be
+/// interrupted: past a few KiB the match runs on a thread of its own, and
+/// at the deadline the check fails and the thread is left to finish (it
+/// ends with the process).
+async fn regex_within(written: &str, re: &fancy_regex::Regex, text: &str, deadline: std::time::Instant) -> (bool, String) {
+    use std::sync::atomic::Ordering;
+    let verdict = |found: Result<bool, fancy_regex::Error>, written: &str| match found {
+        Ok(true) => (true, format!("matches /{written}/")),
+        Ok(false) => (false, format!("no match for /{written}/")),
+        Err(e) => (false, format!("regex /{written}/ could not be evaluated: {e}")),
+    };
+    if text.len() <= INLINE_REGEX_TEXT {
+        return verdict(re.is_match(text), written);
+    }
+    if REGEX_THREADS.fetch_add(1, Ordering::AcqRel) >= MAX_REGEX_THREADS {
+        REGEX_THREADS.fetch_sub(1, Ordering::AcqRel);
+        return (
+            false,
+            format!("regex /{written}/ not evaluated: {MAX_REGEX_THREADS} earlier matches ran past their deadline and are still running"),
+        );
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let len = text.len();
+    let (re, text) = (re.clone(), text.to_owned());
+    let spawned = std::thread::Builder::new().name("ecp-regex".into()).spawn(move || {
+        let _ = tx.send(re.is_match(&text));
+        REGEX_THREADS.fetch_sub(1, Ordering::AcqRel);
+    });
+    if let Err(e) = spawned {
+        REGEX_THREADS.fetch_sub(1, Ordering::AcqRel);
+        return (false, format!("regex /{written}/ not evaluated: no thread for it ({e})"));
+    }
+    match tokio::time::timeout_at(deadline.into(), rx).await {
+        Ok(Ok(found)) => verdict(found, written),
+        Ok(Err(_)) => (false, format!("regex /{written}/ could not be evaluated: its matcher stopped")),
+        Err(_) => (
+            false,
+            format!(
+                "regex /{written}/ did not finish matching {} bytes before the grading deadline (--timeout, or what --max-duration leaves); simplify the pattern (lookarounds over long text are slow) or shorten the answer",
+                len
+            ),
+        ),
+    }
+}
+
+/// Grade one step, regex checks within `deadline`. `turns` holds every
+/// graded turn of the scenario so far, the current one last.
+pub async fn grade_step(
+    host: &dyn GradingHost,
+    step: &Step,
+    turns: &[Turn],
+    ctx: &TraceContext<'_>,
+    deadline: std::time::Instant,
+) -> Vec<CheckResult> {
     let Some(current) = turns.last() else { return Vec::new() };
     let result = &current.result;
     let mut checks = Vec::with_capacity(step.graders.len());
@@ -325,7 +386,11 @@ pub async fn grade_step(host: &dyn GradingHost, step: &Step, turns: &[Turn], ctx
                 value,
                 pattern,
             } => {
-                let (ok, why) = check_text_match(*condition, value.as_deref(), pattern.as_ref(), result.text(*field));
+                let text = result.text(*field);
+                let (ok, why) = match (condition, pattern) {
+                    (TextCondition::Regex, Some((written, re))) if !text.is_empty() => regex_within(written, re, text, deadline).await,
+                    _ => check_text_match(*condition, value.as_deref(), pattern.as_ref(), text),
+                };
                 check(ok, why)
             }
             Grader::ToolUsage { tool_name, arguments } => {
@@ -399,6 +464,25 @@ mod tests {
             "lookbehind as in Python re"
         );
         assert!(!check_text_match(Regex, None, Some(&re(r"^42")), "a 42").0);
+    }
+
+    #[tokio::test]
+    async fn a_slow_regex_fails_its_check_at_the_deadline() {
+        use std::time::{Duration, Instant};
+        // Lookaheads over a long text: quadratic, seconds of matching.
+        let slow = re(r"(?=.*refund)(?=.*approved)");
+        let text = "a".repeat(64 * 1024);
+        let t0 = Instant::now();
+        let (ok, why) = regex_within(&slow.0, &slow.1, &text, t0 + Duration::from_millis(100)).await;
+        assert!(
+            !ok && why.contains("did not finish matching 65536 bytes before the grading deadline"),
+            "{why}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "waited {:?}", t0.elapsed());
+        // A fast pattern over the same text still answers.
+        let fast = re(r"a{3}$");
+        let (ok, why) = regex_within(&fast.0, &fast.1, &text, Instant::now() + Duration::from_secs(10)).await;
+        assert!(ok, "{why}");
     }
 
     #[test]

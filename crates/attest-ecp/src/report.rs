@@ -63,7 +63,8 @@ fn merge_usage<'a>(records: impl Iterator<Item = Option<&'a Map<String, Value>>>
     for r in records.flatten() {
         for f in USAGE_FIELDS {
             if let Some(n) = r.get(f).and_then(Value::as_u64) {
-                *totals.entry(f).or_default() += n;
+                let t = totals.entry(f).or_default();
+                *t = t.saturating_add(n);
             }
         }
     }
@@ -72,7 +73,7 @@ fn merge_usage<'a>(records: impl Iterator<Item = Option<&'a Map<String, Value>>>
     }
     if !totals.contains_key("total_tokens") {
         if let (Some(i), Some(o)) = (totals.get("input_tokens"), totals.get("output_tokens")) {
-            let t = i + o;
+            let t = i.saturating_add(*o);
             totals.insert("total_tokens", t);
         }
     }
@@ -183,7 +184,7 @@ pub fn json_report(outcome: &RunOutcome, manifest: &Manifest) -> Value {
 }
 
 fn pre(text: &str) -> String {
-    format!("<pre>{}</pre>", esc(&clip(text, MAX_SHOWN)))
+    format!("<pre>{}</pre>", esc(&crate::util::printable(&clip(text, MAX_SHOWN))))
 }
 
 /// A self-contained HTML page: inline CSS, no scripts, no network.
@@ -375,9 +376,19 @@ fn cdata_safe(s: &str) -> String {
 /// Text XML 1.0 can carry: control characters other than tab, newline and
 /// carriage return (an agent's ANSI colours, say) are not allowed anywhere in
 /// a document, even escaped, and become U+FFFD. The writer escapes markup.
+/// `s` with every character XML 1.0 cannot hold replaced by U+FFFD: control
+/// characters but tab, newline and carriage return, and the noncharacters
+/// U+FFFE and U+FFFF.
 fn xml_text(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_control() && !"\n\r\t".contains(c) { '\u{FFFD}' } else { c })
+        .map(|c| {
+            let allowed = matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..);
+            if allowed && (!c.is_control() || matches!(c, '\t' | '\n' | '\r')) {
+                c
+            } else {
+                '\u{FFFD}'
+            }
+        })
         .collect()
 }
 
@@ -385,6 +396,21 @@ fn xml_text(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::transport::ExitReason;
+
+    #[test]
+    fn xml_text_drops_what_xml_cannot_hold() {
+        assert_eq!(
+            xml_text("a\u{FFFE}b\u{FFFF}c\u{1}d\te\u{1F600}"),
+            "a\u{FFFD}b\u{FFFD}c\u{FFFD}d\te\u{1F600}"
+        );
+        let usage = merge_usage(
+            [json!({"input_tokens": u64::MAX}), json!({"input_tokens": 5, "output_tokens": 1})]
+                .iter()
+                .map(|v| v.as_object()),
+        );
+        assert_eq!(usage["input_tokens"], u64::MAX);
+        assert_eq!(usage["total_tokens"], u64::MAX);
+    }
 
     #[test]
     fn latency_uses_nearest_rank() {

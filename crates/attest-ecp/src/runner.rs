@@ -23,7 +23,10 @@ use crate::util::{clip, round3, utc_now, uuid4};
 /// result would pass it fails with `error`, and the rest of its scenario is
 /// skipped, so that an agent answering 16 MiB per step over a long manifest
 /// cannot exhaust memory.
-pub const MAX_KEPT_OUTPUT_BYTES: usize = 256 << 20;
+pub const MAX_KEPT_OUTPUT_BYTES: usize = 512 << 20;
+/// What a step costs beyond its result: its record, its checks, its turn,
+/// and its share of the reports built at the end.
+const STEP_BYTES: usize = 8 << 10;
 
 /// The protocol version this runtime speaks.
 pub const PROTOCOL_VERSION: (u64, u64) = (1, 0);
@@ -164,7 +167,10 @@ impl Progress {
 
     pub fn line(&self, text: &str) {
         if self.enabled {
-            let _ = std::io::stderr().lock().write_all(self.render(text).as_bytes());
+            // Lines quote the agent (its answers, its stderr): escapes it
+            // sends must not drive the terminal.
+            let text = crate::util::printable(text);
+            let _ = std::io::stderr().lock().write_all(self.render(&text).as_bytes());
         }
     }
 
@@ -391,7 +397,9 @@ impl Shared<'_> {
 
     /// Counts a step result against [`MAX_KEPT_OUTPUT_BYTES`], or says why it cannot be kept.
     fn keep(&self, result: &Value, where_: &str) -> Result<(), CallError> {
-        self.kept.take(estimated_bytes(result)).map_err(|held| {
+        // A result is held twice: in the scenario's turns and in the step's record.
+        let bytes = STEP_BYTES.saturating_add(estimated_bytes(result).saturating_mul(2));
+        self.kept.take(bytes).map_err(|held| {
             CallError::new(
                 ExitReason::Error,
                 format!(
@@ -647,7 +655,11 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                     result: result.clone(),
                     duration_ms,
                 });
-                let checks = grade::grade_step(sh.host, step, &turns, &ctx).await;
+                // Grading counts against the run's budget, and never takes
+                // longer than an agent call may.
+                let grading = Instant::now() + sh.opts.rpc_timeout;
+                let deadline = sh.deadline.map_or(grading, |d| d.min(grading));
+                let checks = grade::grade_step(sh.host, step, &turns, &ctx, deadline).await;
                 let passed = checks.iter().filter(|c| c.passed).count();
                 sh.progress.line(&format!(
                     "{label}: step {}/{} {} {passed}/{} check(s){} ({:.1} ms)",
@@ -735,14 +747,20 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
 }
 
 /// Round a duration for the report.
-/// A JSON value's size as kept in memory, roughly: its text plus a node's overhead per element.
+/// A JSON value's size in memory, estimated: a value is 32 bytes, plus its
+/// text; an object's entries live in B-tree nodes of 11 slots (a key's
+/// 24-byte header and a value each) of which even a one-entry object has one.
 fn estimated_bytes(v: &Value) -> usize {
-    const NODE: usize = 32;
+    const VALUE: usize = 32;
+    const NODE: usize = 11 * (24 + VALUE) + 16;
     match v {
-        Value::String(s) => NODE + s.len(),
-        Value::Array(a) => NODE + a.iter().map(estimated_bytes).sum::<usize>(),
-        Value::Object(o) => NODE + o.iter().map(|(k, v)| k.len() + estimated_bytes(v)).sum::<usize>(),
-        _ => NODE,
+        Value::String(s) => VALUE + s.len(),
+        Value::Array(a) => VALUE + a.iter().map(estimated_bytes).sum::<usize>(),
+        Value::Object(o) => {
+            let nodes = o.len().div_ceil(11).max(1);
+            VALUE + nodes * NODE + o.iter().map(|(k, v)| k.len() + estimated_bytes(v) - VALUE).sum::<usize>()
+        }
+        _ => VALUE,
     }
 }
 
@@ -763,7 +781,10 @@ mod tests {
         assert_eq!(budget.take(1), Err(1000));
         let big = json!({"public_output": "x".repeat(10_000), "tool_calls": [{"name": "t", "arguments": {"q": "y".repeat(5_000)}}]});
         let n = estimated_bytes(&big);
-        assert!((15_000..16_000).contains(&n), "{n}");
+        assert!((16_500..17_500).contains(&n), "{n}");
+        // A tool call of one short field is mostly the map that holds it.
+        let tiny = estimated_bytes(&json!({"name": "a"}));
+        assert!((600..700).contains(&tiny), "{tiny}");
     }
 
     #[test]

@@ -282,6 +282,10 @@ impl StdioAgent {
     async fn exit_note(&mut self) -> String {
         match tokio::time::timeout(Duration::from_millis(500), self.child.wait()).await {
             Ok(Ok(status)) => {
+                // The agent is gone; helpers it started in its group go too.
+                // This is at once after the wait, so the group id is still
+                // the agent's (an id is not reused while its group lives).
+                self.kill_group(libc::SIGKILL);
                 self.reaped = true;
                 // What the agent wrote to stderr before it exited may still be
                 // in the pipe: read it now, so that the error can show it.
@@ -329,15 +333,21 @@ impl StdioAgent {
                     if trimmed.is_empty() {
                         continue;
                     }
-                    let parsed: Value = match serde_json::from_str(trimmed) {
+                    let parsed: Value = match agent_json(trimmed) {
                         Ok(v) => v,
-                        Err(_) => {
+                        Err(e) if e.is_syntax() || e.is_eof() => {
                             return Err(CallError::new(
                                 ExitReason::ProtocolError,
                                 format!(
-                                    "protocol violation: the agent wrote a line on stdout that is not JSON-RPC: {:?} (stdout carries protocol messages only; log to stderr)",
+                                    "protocol violation: the agent wrote a line on stdout that is not JSON-RPC ({e}): {:?} (stdout carries protocol messages only; log to stderr)",
                                     clip(trimmed, 300)
                                 ),
+                            ))
+                        }
+                        Err(e) => {
+                            return Err(CallError::new(
+                                ExitReason::ProtocolError,
+                                format!("the agent's JSON-RPC line cannot be read: {e}: {:?}", clip(trimmed, 300)),
                             ))
                         }
                     };
@@ -451,6 +461,58 @@ impl StdioAgent {
     }
 }
 
+/// An agent's JSON text as a value. Python's `json` module, which agents
+/// built on `ecp-sdk` write with, escapes a lone UTF-16 surrogate (`\ud800`)
+/// where text holds one; such escapes are read as U+FFFD instead of refusing
+/// the whole answer. Nesting deeper than 128 levels is refused, with a
+/// message that says so.
+pub fn agent_json(text: &str) -> serde_json::Result<Value> {
+    match serde_json::from_str(text) {
+        Err(e) if e.is_syntax() => match replace_lone_surrogates(text) {
+            Some(fixed) => serde_json::from_str(&fixed),
+            None => Err(e),
+        },
+        other => other,
+    }
+}
+
+/// `text` with each `\uXXXX` escape of a lone surrogate replaced by
+/// `\ufffd`; `None` when it has none.
+fn replace_lone_surrogates(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let unit = |i: usize| -> Option<u16> {
+        (b.get(i) == Some(&b'\\') && b.get(i + 1) == Some(&b'u'))
+            .then(|| text.get(i + 2..i + 6).and_then(|h| u16::from_str_radix(h, 16).ok()))
+            .flatten()
+    };
+    let mut out = String::with_capacity(text.len());
+    let (mut i, mut copied) = (0, 0);
+    while i < b.len() {
+        if b[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        match unit(i) {
+            Some(0xD800..=0xDBFF) if matches!(unit(i + 6), Some(0xDC00..=0xDFFF)) => i += 12,
+            Some(0xD800..=0xDFFF) => {
+                out.push_str(&text[copied..i]);
+                out.push_str("\\ufffd");
+                i += 6;
+                copied = i;
+            }
+            Some(_) => i += 6,
+            // Any other escape is two characters: `\\` must not make the
+            // next backslash look like the start of an escape.
+            None => i += 2,
+        }
+    }
+    if copied == 0 {
+        return None;
+    }
+    out.push_str(&text[copied..]);
+    Some(out)
+}
+
 fn clip_json(v: Option<&Value>) -> String {
     v.map(|v| clip(&v.to_string(), 100)).unwrap_or_else(|| "no id".into())
 }
@@ -550,7 +612,7 @@ impl HttpAgent {
                     format!("empty HTTP response to {method} (status {status})"),
                 ));
             }
-            let v: Value = serde_json::from_str(&text).map_err(|e| {
+            let v: Value = agent_json(&text).map_err(|e| {
                 CallError::new(
                     ExitReason::ProtocolError,
                     format!("HTTP response is not valid JSON ({e}): {}", clip(&text, 300)),
@@ -717,6 +779,19 @@ mod guard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lone_surrogates_read_as_replacement_characters_and_pairs_stay() {
+        let v = agent_json(r#"{"a": "x\ud800y", "b": "\ud83d\ude00", "c": "\\ud800", "d": "\udc00"}"#).unwrap();
+        assert_eq!(v["a"], "x\u{FFFD}y");
+        assert_eq!(v["b"], "\u{1F600}");
+        assert_eq!(v["c"], "\\ud800", "an escaped backslash is text");
+        assert_eq!(v["d"], "\u{FFFD}");
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let e = agent_json(&deep).unwrap_err();
+        assert!(e.to_string().contains("recursion limit"), "{e}");
+        assert!(agent_json("{\"a\": \"\\u12").is_err());
+    }
 
     #[test]
     fn http_targets_are_urls_with_a_host() {

@@ -267,6 +267,40 @@ fn crashing_agent_fails_its_step_with_stderr_and_the_next_scenario_starts_fresh(
 }
 
 #[test]
+fn helpers_of_an_agent_that_exits_mid_step_do_not_outlive_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    // Plain python3: starts a helper in its own process group, then dies
+    // in the middle of agent/step without answering.
+    let agent = write(
+        dir.path(),
+        "leaver.py",
+        &format!(
+            r#"import json, os, subprocess, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["method"] == "agent/initialize":
+        print(json.dumps({{"jsonrpc": "2.0", "id": msg["id"], "result": {{"name": "Leaver", "protocol_version": "1.0", "capabilities": {{}}}}}}), flush=True)
+    else:
+        helper = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        open({pids:?}, "w").write(str(helper.pid) + "\n")
+        os._exit(1)
+"#,
+            pids = pid_file.display().to_string()
+        ),
+    );
+    let m = manifest(
+        dir.path(),
+        &format!("python3 {}", agent.display()),
+        "scenarios:\n  - name: S\n    steps:\n      - input: hi\n",
+    );
+    let (code, report, stderr) = run_json(dir.path(), &m, &[], &[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(report["scenarios"][0]["steps"][0]["exit_reason"], "transport_error", "{report:#}");
+    assert_no_survivors(&pid_file);
+}
+
+#[test]
 fn stray_stdout_text_is_a_protocol_violation_naming_the_line() {
     let Some(venv) = venv() else { return };
     let dir = tempfile::tempdir().unwrap();
