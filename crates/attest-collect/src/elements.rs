@@ -106,33 +106,9 @@ fn walk(mut buf: &[u8], kind: Kind, depth: usize, count: &mut u64, max: u64) -> 
 }
 
 /// Counts the objects and arrays in a JSON body (each span, event, link,
-/// attribute and value is one), up to `max`. Brackets inside strings are
-/// text, not elements.
+/// attribute and value is one), up to `max`.
 pub fn json(body: &[u8], max: u64) -> Result<u64, TooMany> {
-    let mut count = 0;
-    let (mut in_string, mut escaped) = (false, false);
-    for &b in body {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => {
-                count += 1;
-                if count > max {
-                    return Err(TooMany);
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(count)
+    attest_io::json_containers(body, max).map_err(|_| TooMany)
 }
 
 #[cfg(test)]

@@ -335,7 +335,7 @@ impl StdioAgent {
                     }
                     let parsed: Value = match agent_json(trimmed) {
                         Ok(v) => v,
-                        Err(e) if e.is_syntax() || e.is_eof() => {
+                        Err(AgentJsonError::Json(e)) if e.is_syntax() || e.is_eof() => {
                             return Err(CallError::new(
                                 ExitReason::ProtocolError,
                                 format!(
@@ -466,7 +466,41 @@ impl StdioAgent {
 /// where text holds one; such escapes are read as U+FFFD instead of refusing
 /// the whole answer. Nesting deeper than 128 levels is refused, with a
 /// message that says so.
-pub fn agent_json(text: &str) -> serde_json::Result<Value> {
+pub fn agent_json(text: &str) -> Result<Value, AgentJsonError> {
+    // An answer may parse into some 50 times its size when it is all tiny
+    // objects (1.3 million tool calls in a 16 MiB line, say): count them first.
+    let max = (text.len() / MIN_BYTES_PER_CONTAINER).max(MIN_CONTAINERS) as u64;
+    if attest_io::json_containers(text.as_bytes(), max).is_err() {
+        return Err(AgentJsonError::TooManyContainers(max));
+    }
+    parse_agent_json(text).map_err(AgentJsonError::Json)
+}
+
+/// Why an agent's JSON text was not read.
+#[derive(Debug)]
+pub enum AgentJsonError {
+    Json(serde_json::Error),
+    TooManyContainers(u64),
+}
+
+impl std::fmt::Display for AgentJsonError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentJsonError::Json(e) => write!(f, "{e}"),
+            AgentJsonError::TooManyContainers(max) => write!(
+                f,
+                "it holds more than {max} JSON objects and arrays (one per {MIN_BYTES_PER_CONTAINER} bytes of text at most); answer with fewer, larger items"
+            ),
+        }
+    }
+}
+
+/// Answers average at least this many bytes of text per object or array.
+const MIN_BYTES_PER_CONTAINER: usize = 16;
+/// However short an answer, this many objects and arrays are allowed.
+const MIN_CONTAINERS: usize = 4096;
+
+fn parse_agent_json(text: &str) -> serde_json::Result<Value> {
     match serde_json::from_str(text) {
         Err(e) if e.is_syntax() => match replace_lone_surrogates(text) {
             Some(fixed) => serde_json::from_str(&fixed),
@@ -791,6 +825,10 @@ mod tests {
         let e = agent_json(&deep).unwrap_err();
         assert!(e.to_string().contains("recursion limit"), "{e}");
         assert!(agent_json("{\"a\": \"\\u12").is_err());
+        // A line of tiny objects, far more than its size allows.
+        let many = format!("[{}]", vec!["{}"; 100_000].join(","));
+        let e = agent_json(&many).unwrap_err().to_string();
+        assert!(e.contains("more than 18750 JSON objects and arrays"), "{e}");
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //!
 //! Callers turn a [`ReadError`] into their own domain's error, with the
 //! file's role ("trace file", "labels file") and what to do about it.
+//!
+//! Text that is small enough may still parse into far more memory than its
+//! size: [`json_containers`] counts a JSON text's objects and arrays first.
 
 use std::fmt;
 use std::fs::File;
@@ -103,9 +106,53 @@ pub fn utf8(bytes: Vec<u8>) -> Result<String, ReadError> {
     })
 }
 
+/// More than the allowed number of JSON objects and arrays.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TooManyContainers;
+
+/// Counts the objects and arrays in a JSON text, up to `max`, without
+/// parsing it. Each parses to a map or a vector of tens to hundreds of bytes
+/// (an empty object, two bytes of text, becomes a map node of some 600), so
+/// the count bounds what parsing the text would hold. Brackets inside
+/// strings are text, not containers; malformed text is counted as far as
+/// it goes, and left to the parser to refuse.
+pub fn json_containers(text: &[u8], max: u64) -> Result<u64, TooManyContainers> {
+    let mut count = 0;
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                count += 1;
+                if count > max {
+                    return Err(TooManyContainers);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(count)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_containers_counts_objects_and_arrays_outside_strings() {
+        let text = br#"{"a": [{"b": "{[not these]}"}, "\"{"], "c": {}}"#;
+        assert_eq!(json_containers(text, 10), Ok(4));
+        assert_eq!(json_containers(text, 3), Err(TooManyContainers));
+    }
 
     #[test]
     fn a_file_at_the_cap_is_read_and_one_past_it_is_refused_with_its_size() {
