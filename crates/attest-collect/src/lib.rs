@@ -1,7 +1,8 @@
 //! Continuous evaluation of production agent traces.
 //!
 //! This crate owns everything between an agent's telemetry and a stored
-//! verdict: OTLP/HTTP ingest ([`server`], [`otlp`]), grouping spans into
+//! verdict: OTLP/HTTP ingest ([`server`], [`otlp`], with the listener's
+//! bounds in [`listen`] and decoding's in [`elements`]), grouping spans into
 //! traces ([`assemble`]), mapping the OpenTelemetry GenAI and OpenInference
 //! span conventions onto Attest traces ([`convert`]), the rules file that
 //! says which traces get which assertions ([`rules`]), result sinks
