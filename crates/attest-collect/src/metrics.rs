@@ -43,7 +43,7 @@ fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K, n: u64) {
 /// rules the stream carries; past this, new rules count under
 /// [`OTHER_RULES`], so `/metrics` stays bounded whoever publishes.
 const MAX_RULE_SERIES: usize = 4096;
-/// The label of rules past [`MAX_RULE_SERIES`].
+/// The label of rules past the 4,096 series a counter keeps per rule.
 pub const OTHER_RULES: &str = "(other)";
 /// Longest rule label, in characters.
 const MAX_RULE_LABEL_CHARS: usize = 200;
