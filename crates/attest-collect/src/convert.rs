@@ -303,7 +303,7 @@ impl<'a> Tree<'a> {
 
     fn agent_step(&self, idx: usize, parent_totals: &mut Totals, level: &Level<'_>, depth: usize) -> Value {
         let span = &self.spans[idx];
-        let name = agent_name(span).unwrap_or_else(|| span.name.clone());
+        let name = agent_name(span).unwrap_or_else(|| step_name(&span.name, "agent"));
         let mut totals = Totals::default();
         let mut steps = Vec::new();
         // The sub-trace's id extends its parent's, so that each sub-trace
@@ -403,7 +403,7 @@ impl<'a> Tree<'a> {
             .or_else(|| span.attr_str("llm.finish_reason").map(str::to_string));
         json!({
             "type": "llm_call",
-            "name": span.name,
+            "name": step_name(&span.name, "llm_call"),
             "args": {
                 "model": model,
                 "provider": provider,
@@ -429,15 +429,39 @@ fn step_metadata(span: &Span) -> Value {
     m
 }
 
+/// An agent's name, also its `agent_id`, which the engine takes up to 1,024 bytes long.
 fn agent_name(span: &Span) -> Option<String> {
-    first_str(span, &["gen_ai.agent.name", "agent.name", "gen_ai.agent.id"]).or_else(|| {
-        // `invoke_agent {name}` is the GenAI span name when the attribute is missing.
-        span.name.strip_prefix("invoke_agent ").map(str::to_string)
-    })
+    first_str(span, &["gen_ai.agent.name", "agent.name", "gen_ai.agent.id"])
+        .or_else(|| {
+            // `invoke_agent {name}` is the GenAI span name when the attribute is missing.
+            span.name.strip_prefix("invoke_agent ").map(str::to_string)
+        })
+        .map(|n| clip_to(n, MAX_ID_BYTES))
+}
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn clip_to(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// A step's name: the engine requires one, and spans may have none.
+fn step_name(name: &str, fallback: &str) -> String {
+    if name.is_empty() {
+        fallback.to_owned()
+    } else {
+        name.to_owned()
+    }
 }
 
 fn tool_step(span: &Span) -> Value {
-    let name = first_str(span, &["gen_ai.tool.name", "tool.name"]).unwrap_or_else(|| span.name.clone());
+    let name = first_str(span, &["gen_ai.tool.name", "tool.name"]).unwrap_or_else(|| step_name(&span.name, "tool"));
     let args = first_value(span, &["gen_ai.tool.call.arguments", "input.value", "tool.parameters"])
         .map(|v| as_object(v, "input"))
         .unwrap_or_else(|| json!({}));
@@ -465,7 +489,7 @@ fn retrieval_step(span: &Span) -> Value {
     }
     json!({
         "type": "retrieval",
-        "name": span.name,
+        "name": step_name(&span.name, "retrieval"),
         "args": {"query": query},
         "result": {"documents": documents},
         "metadata": step_metadata(span),
@@ -494,6 +518,8 @@ fn as_object(v: Value, key: &str) -> Value {
 const MAX_SUB_TRACE_DEPTH: usize = 5;
 /// Longest `output.message`, in characters (§7).
 const MAX_OUTPUT_CHARS: usize = 500_000;
+/// Longest agent id (the engine's limit on ids).
+const MAX_ID_BYTES: usize = 1024;
 /// Largest step `result`, compact JSON bytes (§7).
 const MAX_STEP_RESULT_BYTES: usize = 1 << 20;
 /// Deepest JSON taken from a text attribute.
@@ -537,7 +563,8 @@ fn fit_result(mut step: Value) -> Value {
         return step;
     }
     let text = result.to_string();
-    let mut end = MAX_STEP_RESULT_BYTES / 2;
+    // Kept as a string, the start is escaped once more, which can double it.
+    let mut end = MAX_STEP_RESULT_BYTES / 4;
     while !text.is_char_boundary(end) {
         end -= 1;
     }
@@ -846,6 +873,20 @@ mod tests {
         );
         assert!(tool["result"]["clipped_bytes"].as_u64().unwrap() > (MAX_STEP_RESULT_BYTES / 2) as u64);
         assert!(tool["args"]["input"].is_string(), "JSON nested 120 deep stays text");
+        // A result of quotes doubles when escaped again; the clip leaves room.
+        let mut quotes = agent_chain(
+            1,
+            json!({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.result": "\"".repeat(2 * MAX_STEP_RESULT_BYTES)}),
+        );
+        quotes[1].name = String::new();
+        quotes[0].attributes.insert("gen_ai.agent.name".into(), json!("n".repeat(5000)));
+        let Converted::Trace { trace, .. } = convert("t", &quotes, &prices()) else {
+            panic!("not converted")
+        };
+        let tool = &trace["steps"][0];
+        assert!(tool["result"].to_string().len() <= MAX_STEP_RESULT_BYTES);
+        assert_eq!(tool["name"], "tool", "a step is never nameless: {}", tool["type"]);
+        assert_eq!(trace["agent_id"].as_str().unwrap().len(), MAX_ID_BYTES);
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! Counting the elements of an export request before it is decoded.
 //!
 //! Decoding turns each element (a span, an event, a link, an attribute, an
-//! attribute value) into a struct of some 50–150 bytes, whatever its size on
+//! attribute value) into structs of some 50–300 bytes, whatever its size on
 //! the wire. An empty span event is two bytes of protobuf, and three of
 //! JSON: a 32 MiB body of them would decode into more than a gigabyte. The
-//! request size limit alone cannot bound that, so the receiver counts the
-//! elements first, with this walk over the encoding, and refuses a request
-//! holding more than it may decode.
+//! request size limit alone cannot bound that, so the receiver estimates
+//! what a request decodes to first, with this walk over the encoding, and
+//! refuses one that would decode to more than it may hold.
 //!
 //! The protobuf walk follows the message fields of `ExportTraceServiceRequest`
 //! that hold elements, and skips everything else. It never decodes: a
@@ -30,6 +30,17 @@ enum Kind {
 }
 
 impl Kind {
+    /// Roughly what one message of this kind holds once decoded and
+    /// flattened into spans, beyond the text it carries.
+    fn decoded_bytes(self) -> u64 {
+        match self {
+            Kind::Span => 320,
+            Kind::Event | Kind::Link | Kind::KeyValue => 128,
+            Kind::AnyValue => 64,
+            _ => 96,
+        }
+    }
+
     /// The message kind of field `field` of this message, when it is one the walk follows.
     fn child(self, field: u32) -> Option<Kind> {
         use Kind::*;
@@ -54,11 +65,13 @@ impl Kind {
 /// so the walk need not follow it.
 const MAX_DEPTH: usize = 100;
 
-/// More than `max` elements: the walk stopped counting there.
+/// Past the limit: the walk stopped there.
 #[derive(Debug, PartialEq, Eq)]
 pub struct TooMany;
 
-/// Counts the messages in a protobuf `ExportTraceServiceRequest`, up to `max`.
+/// Estimates what a protobuf `ExportTraceServiceRequest` decodes to beyond
+/// its text, in bytes, up to `max`: each message it holds counts what a
+/// message of its kind holds once decoded.
 pub fn protobuf(body: &[u8], max: u64) -> Result<u64, TooMany> {
     let mut count = 0;
     walk(body, Kind::Request, 0, &mut count, max)?;
@@ -86,7 +99,7 @@ fn walk(mut buf: &[u8], kind: Kind, depth: usize, count: &mut u64, max: u64) -> 
                 let (inner, rest) = buf.split_at(len);
                 buf = rest;
                 if let Some(child) = kind.child(field).filter(|_| depth < MAX_DEPTH) {
-                    *count += 1;
+                    *count += child.decoded_bytes();
                     if *count > max {
                         return Err(TooMany);
                     }
@@ -160,10 +173,10 @@ mod tests {
             ..Default::default()
         };
         let body = request(vec![span]).encode_to_vec();
-        // resource_spans, scope_spans, span, 2 × (key-value, value), the
-        // array, its one value, 2 events.
-        assert_eq!(protobuf(&body, 100), Ok(11));
-        assert_eq!(protobuf(&body, 10), Err(TooMany));
+        // resource_spans, scope_spans (96 each), the span (320), 2 × (key-value
+        // 128, value 64), the array (96), its one value (64), 2 events (128 each).
+        assert_eq!(protobuf(&body, 10_000), Ok(96 + 96 + 320 + 2 * (128 + 64) + 96 + 64 + 2 * 128));
+        assert_eq!(protobuf(&body, 1_000), Err(TooMany));
     }
 
     #[test]
@@ -176,8 +189,8 @@ mod tests {
         };
         let body = request(vec![span]).encode_to_vec();
         assert!(body.len() < 25_000, "{}", body.len());
-        assert_eq!(protobuf(&body, 5_000), Err(TooMany));
-        assert_eq!(protobuf(&body, 20_000), Ok(10_003));
+        assert_eq!(protobuf(&body, 1_000_000), Err(TooMany));
+        assert_eq!(protobuf(&body, 2_000_000), Ok(96 + 96 + 320 + 10_000 * 128));
     }
 
     #[test]

@@ -92,10 +92,10 @@ pub struct Decoded {
     pub reject_reason: Option<String>,
 }
 
-/// Wire bytes per element a request may average, at least: what bounds
-/// the memory its decoding takes (about 100 bytes per element) to some six
-/// times `--max-request-bytes`.
-pub const ELEMENT_BYTES: usize = 16;
+/// What a request may decode to, per byte of `--max-request-bytes`: ordinary
+/// spans decode to 1–4 times their wire size, float arrays (embeddings) to
+/// about 6; an empty span event, two bytes of protobuf, to some 60.
+pub const DECODED_PER_REQUEST_BYTE: u64 = 8;
 
 /// Undoes `Content-Encoding: gzip`, refusing bodies that inflate past `max_bytes`.
 pub fn decompress(body: &[u8], content_encoding: Option<&str>, max_bytes: usize) -> Result<Vec<u8>, BadPayload> {
@@ -123,16 +123,20 @@ pub fn decompress(body: &[u8], content_encoding: Option<&str>, max_bytes: usize)
 }
 
 /// Decodes an `ExportTraceServiceRequest` body.
-/// Decodes a request holding at most `max_elements` spans, events, links,
-/// attributes and values (see [`crate::elements`]).
-pub fn decode(body: &[u8], encoding: Encoding, max_elements: u64) -> Result<Decoded, BadPayload> {
-    let counted = match encoding {
-        Encoding::Protobuf => crate::elements::protobuf(body, max_elements),
-        Encoding::Json => crate::elements::json(body, max_elements),
+/// Decodes a request of a receiver whose `--max-request-bytes` is
+/// `max_request_bytes`, refusing one that would decode to more memory than
+/// [`DECODED_PER_REQUEST_BYTE`] times that (see [`crate::elements`]).
+pub fn decode(body: &[u8], encoding: Encoding, max_request_bytes: usize) -> Result<Decoded, BadPayload> {
+    let budget = (max_request_bytes as u64).saturating_mul(DECODED_PER_REQUEST_BYTE);
+    let fits = match encoding {
+        Encoding::Protobuf => crate::elements::protobuf(body, budget).is_ok(),
+        // A JSON object or array decodes to one message, some 100 bytes.
+        Encoding::Json => crate::elements::json(body, budget / 128).is_ok(),
     };
-    if counted.is_err() {
+    if !fits {
         return Err(BadPayload(format!(
-            "the request holds more than {max_elements} spans, events, links, attributes and values, more than a request of this size may decode to (--max-request-bytes / {ELEMENT_BYTES}); send smaller batches"
+            "the request's spans, events, links, attributes and values would decode to more than {} MiB ({DECODED_PER_REQUEST_BYTE} × --max-request-bytes): they are too many for its size; send smaller batches",
+            budget >> 20
         )));
     }
     let request = match encoding {
@@ -298,23 +302,24 @@ fn flatten(request: ExportTraceServiceRequest) -> Decoded {
 
 /// Memory a span event holds besides its name and attributes.
 const EVENT_BYTES: usize = 64;
-/// Memory an attribute holds besides its key's and value's text: the map
-/// entry, the key's and value's headers, allocator rounding.
-const ENTRY_BYTES: usize = 96;
-/// Memory a value holds besides its text.
-const VALUE_BYTES: usize = 32;
+/// Memory an attribute holds besides its key's and value's text: its slot
+/// in the map's nodes (the key's header and the value), allocator rounding.
+const ENTRY_BYTES: usize = 64;
+/// Memory an array element holds besides its text.
+const ELEMENT_BYTES: usize = 32;
 
 /// Estimated memory of decoded attributes, for the assembler's byte limits.
 fn json_size(map: &Map<String, Value>) -> usize {
     map.iter().map(|(k, v)| k.len() + value_size(v) + ENTRY_BYTES).sum()
 }
 
+/// What a value holds outside the slot that holds it.
 fn value_size(v: &Value) -> usize {
     match v {
-        Value::String(s) => s.len() + VALUE_BYTES,
-        Value::Array(a) => a.iter().map(value_size).sum::<usize>() + VALUE_BYTES,
-        Value::Object(o) => json_size(o) + VALUE_BYTES,
-        _ => VALUE_BYTES,
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(|e| value_size(e) + ELEMENT_BYTES).sum::<usize>(),
+        Value::Object(o) => json_size(o),
+        _ => 0,
     }
 }
 

@@ -237,9 +237,8 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
         return overloaded(&state, encoding, label, "the receiver is shutting down; retry later");
     };
     let max_bytes = state.max_request_bytes;
-    let max_elements = (max_bytes / otlp::ELEMENT_BYTES).max(1) as u64;
     let decoded = tokio::task::spawn_blocking(move || {
-        otlp::decompress(&body, content_encoding.as_deref(), max_bytes).and_then(|raw| otlp::decode(&raw, encoding, max_elements))
+        otlp::decompress(&body, content_encoding.as_deref(), max_bytes).and_then(|raw| otlp::decode(&raw, encoding, max_bytes))
     })
     .await
     .unwrap_or_else(|e| Err(otlp::BadPayload(format!("decoding the request failed: {e}"))));

@@ -123,7 +123,7 @@ async fn malformed_payloads_get_otlp_answers_and_good_ones_still_work() {
 async fn requests_that_would_decode_to_far_more_than_their_size_are_refused_and_counted() {
     use opentelemetry_proto::tonic::trace::v1::span::Event;
     let dir = tempfile::tempdir().unwrap();
-    // A 1 MB request may decode at most 62,500 elements.
+    // A 1 MB request may decode to at most 8 MB.
     let c = Collector::start(dir.path(), RULES, &["--max-request-bytes", "1000000"]);
     // 100,000 empty events: 200 KB of protobuf, 2 KB gzipped.
     let mut bomb = span(1, 0, None, "invoke_agent a", vec![]);
@@ -134,7 +134,7 @@ async fn requests_that_would_decode_to_far_more_than_their_size_are_refused_and_
     assert_eq!(r.status(), 400);
     let status = opentelemetry_proto_status(&r.bytes().await.unwrap());
     assert!(
-        status.contains("more than 62500 spans, events, links, attributes and values"),
+        status.contains("would decode to more than 7 MiB (8 × --max-request-bytes)"),
         "{status}"
     );
     // The same in JSON: an empty object per event.
@@ -145,7 +145,10 @@ async fn requests_that_would_decode_to_far_more_than_their_size_are_refused_and_
     let r = post(&c.url, "application/json", None, json.into_bytes()).await;
     assert_eq!(r.status(), 400);
     let body: serde_json::Value = r.json().await.unwrap();
-    assert!(body["message"].as_str().unwrap().contains("more than 62500"), "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("would decode to more than 7 MiB"),
+        "{body}"
+    );
     // Spans refused for their ids are counted as dropped spans.
     let mut bad = span(2, 0, None, "invoke_agent a", vec![]);
     bad.span_id = vec![0; 8];
