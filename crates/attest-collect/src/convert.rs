@@ -559,7 +559,7 @@ fn clip_output(text: String) -> String {
 /// as text, with a note.
 fn fit_result(mut step: Value) -> Value {
     let Some(result) = step.get("result") else { return step };
-    if compact_len(result) <= MAX_STEP_RESULT_BYTES {
+    if attest_trace::text::compact_len(result) <= MAX_STEP_RESULT_BYTES {
         return step;
     }
     let text = result.to_string();
@@ -573,24 +573,6 @@ fn fit_result(mut step: Value) -> Value {
         "clipped_bytes": text.len() - end,
     });
     step
-}
-
-/// The length of `v`'s compact JSON text, counted without building it.
-fn compact_len(v: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0 += b.len();
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut n = Count(0);
-    // Writing to a counter cannot fail.
-    let _ = serde_json::to_writer(&mut n, v);
-    n.0
 }
 
 fn first_str(span: &Span, keys: &[&str]) -> Option<String> {

@@ -109,6 +109,25 @@ pub fn quote_list<S: AsRef<str>>(items: &[S]) -> String {
     format!("[{}]", out.join(", "))
 }
 
+/// The length of `v`'s compact JSON text, counted without building it:
+/// size limits on values are judged on this.
+pub fn compact_len(v: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Writing to a counter cannot fail, and a `Value` always serialises.
+    let _ = serde_json::to_writer(&mut n, v);
+    n.0
+}
+
 /// The JSON type of a value, for explanations: `a string`, `an object`, ….
 pub fn kind_name(v: &serde_json::Value) -> &'static str {
     use serde_json::Value;

@@ -420,7 +420,7 @@ fn check_step(i: usize, step: &Value, path: &str, sfx: &str, limits: &Limits, ch
     }
     if check_payload {
         if let Some(result) = s.get("result") {
-            let bytes = serialized_len(result);
+            let bytes = attest_trace::text::compact_len(result);
             if bytes > limits.max_step_result_bytes {
                 return Err(invalid(
                     format!(
@@ -552,23 +552,6 @@ fn tree_depth(obj: &Map<String, Value>) -> usize {
         })
         .max()
         .unwrap_or(0)
-}
-
-/// Compact-serialised size, without allocating the text.
-fn serialized_len(v: &Value) -> usize {
-    struct Counter(usize);
-    impl std::io::Write for Counter {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Counter(0);
-    serde_json::to_writer(&mut c, v).expect("counting never fails");
-    c.0
 }
 
 use crate::text::{describe, kind_name as kind_of};
