@@ -194,11 +194,7 @@ pub fn check_text_match(
             let Some((written, re)) = pattern else {
                 return (false, "no pattern given".into());
             };
-            match re.is_match(text) {
-                Ok(true) => (true, format!("matches /{written}/")),
-                Ok(false) => (false, format!("no match for /{written}/")),
-                Err(e) => (false, format!("regex /{written}/ could not be evaluated: {e}")),
-            }
+            regex_verdict(re.is_match(text), written)
         }
     }
 }
@@ -301,6 +297,15 @@ pub struct TraceContext<'a> {
     pub scenario_index: usize,
 }
 
+/// A `regex` text_match's outcome and its reason.
+fn regex_verdict(found: Result<bool, fancy_regex::Error>, written: &str) -> (bool, String) {
+    match found {
+        Ok(true) => (true, format!("matches /{written}/")),
+        Ok(false) => (false, format!("no match for /{written}/")),
+        Err(e) => (false, format!("regex /{written}/ could not be evaluated: {e}")),
+    }
+}
+
 /// Texts up to this size are matched on the grading thread: even a pattern
 /// whose lookarounds make matching quadratic finishes in milliseconds.
 const INLINE_REGEX_TEXT: usize = 4 * 1024;
@@ -317,13 +322,8 @@ static REGEX_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::Atomic
 /// ends with the process).
 async fn regex_within(written: &str, re: &fancy_regex::Regex, text: &str, deadline: std::time::Instant) -> (bool, String) {
     use std::sync::atomic::Ordering;
-    let verdict = |found: Result<bool, fancy_regex::Error>, written: &str| match found {
-        Ok(true) => (true, format!("matches /{written}/")),
-        Ok(false) => (false, format!("no match for /{written}/")),
-        Err(e) => (false, format!("regex /{written}/ could not be evaluated: {e}")),
-    };
     if text.len() <= INLINE_REGEX_TEXT {
-        return verdict(re.is_match(text), written);
+        return regex_verdict(re.is_match(text), written);
     }
     if REGEX_THREADS.fetch_add(1, Ordering::AcqRel) >= MAX_REGEX_THREADS {
         REGEX_THREADS.fetch_sub(1, Ordering::AcqRel);
@@ -344,7 +344,7 @@ async fn regex_within(written: &str, re: &fancy_regex::Regex, text: &str, deadli
         return (false, format!("regex /{written}/ not evaluated: no thread for it ({e})"));
     }
     match tokio::time::timeout_at(deadline.into(), rx).await {
-        Ok(Ok(found)) => verdict(found, written),
+        Ok(Ok(found)) => regex_verdict(found, written),
         Ok(Err(_)) => (false, format!("regex /{written}/ could not be evaluated: its matcher stopped")),
         Err(_) => (
             false,

@@ -374,16 +374,14 @@ fn cdata_safe(s: &str) -> String {
 }
 
 /// Text XML 1.0 can carry: control characters other than tab, newline and
-/// carriage return (an agent's ANSI colours, say) are not allowed anywhere in
-/// a document, even escaped, and become U+FFFD. The writer escapes markup.
-/// `s` with every character XML 1.0 cannot hold replaced by U+FFFD: control
-/// characters but tab, newline and carriage return, and the noncharacters
-/// U+FFFE and U+FFFF.
+/// carriage return (an agent's ANSI colours, say) and the noncharacters
+/// U+FFFE and U+FFFF are not allowed anywhere in a document, even escaped,
+/// and become U+FFFD. The writer escapes markup.
 fn xml_text(s: &str) -> String {
     s.chars()
         .map(|c| {
-            let allowed = matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..);
-            if allowed && (!c.is_control() || matches!(c, '\t' | '\n' | '\r')) {
+            let allowed = matches!(c, '\t' | '\n' | '\r') || !(c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}'));
+            if allowed {
                 c
             } else {
                 '\u{FFFD}'

@@ -746,7 +746,6 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
     }
 }
 
-/// Round a duration for the report.
 /// A JSON value's size in memory, estimated: a value is 32 bytes, plus its
 /// text; an object's entries live in B-tree nodes of 11 slots (a key's
 /// 24-byte header and a value each) of which even a one-entry object has one.
@@ -764,6 +763,7 @@ fn estimated_bytes(v: &Value) -> usize {
     }
 }
 
+/// Round a duration for the report.
 pub fn ms(x: f64) -> f64 {
     round3(x)
 }

@@ -16,13 +16,14 @@ pub fn clip(s: &str, max: usize) -> String {
 /// `\u{1b}`-style escapes: agent text shown on a terminal or in a report
 /// must not move the cursor, clear the screen or retitle the window.
 pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+    let escaped = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !s.chars().any(escaped) {
         return std::borrow::Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 16);
     for c in s.chars() {
-        if c.is_control() && c != '\n' && c != '\t' {
-            out.push_str(&c.escape_unicode().to_string());
+        if escaped(c) {
+            out.extend(c.escape_unicode());
         } else {
             out.push(c);
         }
