@@ -63,6 +63,14 @@ impl Table {
             Table::Verdicts => "(length(explanation) + coalesce(length(samples), 0) + 72)",
         }
     }
+
+    /// The table's rows and stored bytes.
+    fn size(self, c: &Connection) -> rusqlite::Result<(u64, u64)> {
+        let (name, size) = (self.name(), self.row_bytes());
+        c.query_row(&format!("SELECT COUNT(*), COALESCE(SUM({size}), 0) FROM {name}"), [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+    }
 }
 
 /// How large each table may grow.
@@ -323,9 +331,7 @@ impl ProviderCache {
         let evicted = self.evicted.clone();
         let (name, size) = (table.name(), table.row_bytes());
         self.with("evict", move |c| {
-            let (n, bytes): (u64, u64) = c.query_row(&format!("SELECT COUNT(*), COALESCE(SUM({size}), 0) FROM {name}"), [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?;
+            let (n, bytes) = table.size(c)?;
             let mut gone = 0;
             if n > max_entries {
                 let drop = (n - max_entries).max(max_entries / 10);
@@ -354,15 +360,7 @@ impl ProviderCache {
 
     pub async fn stats(&self) -> CacheStats {
         let counts = self
-            .with("count entries", |c| {
-                let n = |t: Table| {
-                    let (name, size) = (t.name(), t.row_bytes());
-                    c.query_row(&format!("SELECT COUNT(*), COALESCE(SUM({size}), 0) FROM {name}"), [], |r| {
-                        Ok((r.get::<_, u64>(0)?, r.get::<_, u64>(1)?))
-                    })
-                };
-                Ok((n(Table::Embeddings)?, n(Table::Verdicts)?))
-            })
+            .with("count entries", |c| Ok((Table::Embeddings.size(c)?, Table::Verdicts.size(c)?)))
             .await
             .unwrap_or(((0, 0), (0, 0)));
         let table = |c: &Counters, (entries, bytes)| TableStats {

@@ -91,9 +91,8 @@ pub struct ProvidersConfig {
     pub short_circuit: bool,
     /// The persistent cache (`None`: off).
     pub cache_path: Option<PathBuf>,
-    pub cache_max_entries: u64,
-    /// Stored bytes per cache table (vectors, verdict texts, keys).
-    pub cache_max_bytes: u64,
+    /// Rows and stored bytes (vectors, verdict texts, keys) per cache table.
+    pub cache_bounds: crate::cache::Bounds,
     /// USD per million tokens, by model name.
     pub prices: HashMap<String, Price>,
 }
@@ -113,8 +112,10 @@ impl Default for ProvidersConfig {
             attempt_timeout: Duration::from_secs(20),
             short_circuit: true,
             cache_path: None,
-            cache_max_entries: 100_000,
-            cache_max_bytes: DEFAULT_CACHE_MIB << 20,
+            cache_bounds: crate::cache::Bounds {
+                max_entries: 100_000,
+                max_bytes: DEFAULT_CACHE_MIB << 20,
+            },
             prices: HashMap::new(),
         }
     }
@@ -317,8 +318,10 @@ impl ProvidersConfig {
             attempt_timeout,
             short_circuit: fp.short_circuit.unwrap_or(true),
             cache_path: cache_dir.filter(|_| fp.cache.unwrap_or(true)).map(|d| d.join("providers.sqlite3")),
-            cache_max_entries,
-            cache_max_bytes: cache_max_mib << 20,
+            cache_bounds: crate::cache::Bounds {
+                max_entries: cache_max_entries,
+                max_bytes: cache_max_mib << 20,
+            },
             prices,
         })
     }
@@ -458,7 +461,7 @@ mod tests {
             ProvidersConfig::load(sections, None, &|_| None)
         };
         let ok = load_providers(FileProviders::default()).unwrap();
-        assert_eq!((ok.cache_max_entries, ok.cache_max_bytes), (100_000, 512 << 20));
+        assert_eq!((ok.cache_bounds.max_entries, ok.cache_bounds.max_bytes), (100_000, 512 << 20));
         for (p, key) in [
             (
                 FileProviders {

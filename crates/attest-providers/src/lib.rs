@@ -148,19 +148,17 @@ impl Providers {
         };
         // Without any provider there is nothing to cache: no file is opened.
         let any_provider = embedder.is_ok() || c.judge.is_some();
-        let cache = c.cache_path.as_ref().filter(|_| any_provider).and_then(|p| {
-            let bounds = cache::Bounds {
-                max_entries: c.cache_max_entries,
-                max_bytes: c.cache_max_bytes,
-            };
-            match ProviderCache::open(p, bounds) {
+        let cache = c
+            .cache_path
+            .as_ref()
+            .filter(|_| any_provider)
+            .and_then(|p| match ProviderCache::open(p, c.cache_bounds) {
                 Ok(cache) => Some(cache),
                 Err(e) => {
                     tracing::error!(path = %p.display(), error = %e, "cannot open the provider cache; provider answers will not be cached");
                     None
                 }
-            }
-        });
+            });
         Providers {
             http: HttpClient::new(c.max_concurrency, c.requests_per_second, c.attempt_timeout),
             embedder,
