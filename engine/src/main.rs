@@ -551,11 +551,7 @@ fn plugin_test(
                 "attest-engine plugin test: --grant {}: {} does not request it (it requests {}), so the grant changes nothing",
                 c.name(),
                 p.id,
-                if requested.is_empty() {
-                    "no capabilities".to_owned()
-                } else {
-                    requested.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
-                }
+                capability_names(&requested)
             );
         }
     }
@@ -569,6 +565,15 @@ fn plugin_test(
             eprintln!("attest-engine plugin test: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Capabilities as `plugin check` and `plugin test` list them: `none`, or their names.
+fn capability_names(cs: &[Capability]) -> String {
+    if cs.is_empty() {
+        "none".to_owned()
+    } else {
+        cs.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -595,24 +600,17 @@ fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) 
                 p.limits.timeout.as_millis()
             );
             println!("loaded from:  {:?} in {:.1} ms", p.source, p.load_ms);
-            let names = |cs: &[Capability]| {
-                if cs.is_empty() {
-                    "none".to_owned()
-                } else {
-                    cs.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
-                }
-            };
             let listing = p.capability_listing();
             println!(
                 "capabilities: requested {}; granted {}",
-                names(&listing.requested),
-                names(&listing.granted)
+                capability_names(&listing.requested),
+                capability_names(&listing.granted)
             );
             let ungranted: Vec<Capability> = listing.requested.iter().copied().filter(|c| !listing.granted.contains(c)).collect();
             if !ungranted.is_empty() {
                 println!(
                     "              not granted: {} (calls answer not-granted; grant with grants = [...] in the plugin's [[plugins]] entry)",
-                    names(&ungranted)
+                    capability_names(&ungranted)
                 );
             }
             if !listing.secrets.is_empty() {

@@ -441,14 +441,18 @@ fn agent_name(span: &Span) -> Option<String> {
 
 /// `s` cut to at most `max` bytes, on a character boundary.
 fn clip_to(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
+    let keep = prefix(&s, max).len();
+    s.truncate(keep);
     s
+}
+
+/// The longest start of `s` of at most `max` bytes that ends on a character boundary.
+fn prefix(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// A step's name: the engine requires one, and spans may have none.
@@ -547,6 +551,10 @@ fn nesting(v: &Value, cap: usize) -> usize {
 /// An output longer than the engine accepts, cut with a note: the trace is
 /// still evaluated, on what an evaluator could be given.
 fn clip_output(text: String) -> String {
+    // No more bytes than the limit in characters: nothing to count.
+    if text.len() <= MAX_OUTPUT_CHARS {
+        return text;
+    }
     match text.char_indices().nth(MAX_OUTPUT_CHARS - 64) {
         Some((end, _)) if text.chars().count() > MAX_OUTPUT_CHARS => {
             format!("{}… [clipped by attest-collect: {} bytes more]", &text[..end], text.len() - end)
@@ -564,13 +572,10 @@ fn fit_result(mut step: Value) -> Value {
     }
     let text = result.to_string();
     // Kept as a string, the start is escaped once more, which can double it.
-    let mut end = MAX_STEP_RESULT_BYTES / 4;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
+    let start = prefix(&text, MAX_STEP_RESULT_BYTES / 4);
     step["result"] = json!({
-        "clipped": format!("{}…", &text[..end]),
-        "clipped_bytes": text.len() - end,
+        "clipped": format!("{start}…"),
+        "clipped_bytes": text.len() - start.len(),
     });
     step
 }

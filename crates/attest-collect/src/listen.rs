@@ -45,6 +45,8 @@ pub const METRICS_ONLY: Limits = Limits {
 pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdown: impl Future<Output = ()>) {
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -67,8 +69,6 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdo
                 }
             },
         };
-        let mut http = hyper::server::conn::http1::Builder::new();
-        http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
         let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

@@ -66,7 +66,7 @@ impl Metrics {
 
     pub fn dropped(&self, reason: &'static str, spans: u64) {
         bump(&self.dropped, reason, 1);
-        bump(&self.dropped_spans, reason, spans);
+        self.dropped_spans(reason, spans);
     }
 
     /// Spans dropped outside any trace's own drop: spans refused for their
