@@ -2,7 +2,9 @@
 //! span has arrived and no span of it arrived for the settle time. Open traces
 //! are bounded by count and by bytes; when a bound is hit the oldest trace is
 //! closed early (if its root is there) or dropped, and every drop is counted
-//! with its reason.
+//! with its reason. A trace that an earlier export opened is only closed once
+//! it has its place in the evaluation queue: an export that would push it out
+//! of a full queue has its own spans refused instead.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -103,10 +105,31 @@ impl Dropped {
     }
 }
 
-#[derive(Debug, Default)]
-pub struct Events {
+/// What adding spans or polling did. `P` is a place in the evaluation queue,
+/// granted by the caller's `admit` (see [`Assembler::add`] and
+/// [`Assembler::poll`]).
+#[derive(Debug)]
+pub struct Events<P = ()> {
+    /// Closed traces still to be queued: the export's own, closed early by
+    /// the bounds, or everything at [`Assembler::drain`].
     pub ready: Vec<ClosedTrace>,
+    /// Closed traces that hold their place in the queue already.
+    pub placed: Vec<(ClosedTrace, P)>,
     pub dropped: Vec<Dropped>,
+    /// The export's spans refused because making room for them would have
+    /// closed an earlier export's trace while the queue had no place for it.
+    pub refused: Vec<Span>,
+}
+
+impl<P> Default for Events<P> {
+    fn default() -> Self {
+        Events {
+            ready: Vec::new(),
+            placed: Vec::new(),
+            dropped: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
 }
 
 struct OpenTrace {
@@ -152,8 +175,16 @@ impl Assembler {
         self.bytes
     }
 
-    pub fn add(&mut self, spans: Vec<Span>, now: Instant) -> Events {
+    /// Adds one export's spans. When the bounds close a trace that an earlier
+    /// export opened, `admit` (given the trace's bytes) must grant its place
+    /// in the evaluation queue first; when it cannot, the span that needed
+    /// the room is refused (`Events::refused`) and that trace stays open. The
+    /// export's own traces closed early come back in `Events::ready`, for the
+    /// export to queue or reject in its answer.
+    pub fn add<P>(&mut self, spans: Vec<Span>, now: Instant, mut admit: impl FnMut(usize) -> Option<P>) -> Events<P> {
         let mut events = Events::default();
+        // Traces numbered from here on were opened by this export.
+        let first_own = self.next_seq;
         for span in spans {
             if let Some(reason) = self.closed.get(&span.trace_id) {
                 // Spans of a trace dropped for its size keep that reason; spans of
@@ -192,24 +223,45 @@ impl Assembler {
                 self.remember_closed(trace_id, reason);
                 continue;
             }
+            let had_root = entry.has_root;
             entry.spans.push(span);
             entry.bytes += size;
             entry.has_root |= is_root;
             entry.last_arrival = now;
             self.bytes += size;
-            self.enforce_bounds(&mut events);
+            if !self.enforce_bounds(&mut events, first_own, &mut admit) {
+                events.refused.extend(self.take_back(&trace_id, had_root));
+            }
         }
         events
     }
 
+    /// Undoes the last span added to `trace_id`, whose room could not be
+    /// made. The bounds held before it came, so they hold again.
+    fn take_back(&mut self, trace_id: &str, had_root: bool) -> Option<Span> {
+        let t = self.open.get_mut(trace_id)?;
+        let span = t.spans.pop()?;
+        t.bytes -= span.size_bytes;
+        t.has_root = had_root;
+        self.bytes -= span.size_bytes;
+        if t.spans.is_empty() {
+            self.remove(trace_id);
+        }
+        Some(span)
+    }
+
+    /// The bytes of the oldest open trace: the one the bounds close next.
+    pub fn oldest_bytes(&self) -> Option<usize> {
+        let (_, id) = self.order.first_key_value()?;
+        self.open.get(id).map(|t| t.bytes)
+    }
+
     /// Closes settled traces, oldest first, each once `admit` grants it a
-    /// place in the evaluation queue (given the trace's bytes); the first it
-    /// refuses and all later ones stay open until there is room. Also drops
-    /// orphans whose root never came. Returns the events and, in the order
-    /// of `events.ready`, the places granted.
-    pub fn poll<T>(&mut self, now: Instant, mut admit: impl FnMut(usize) -> Option<T>) -> (Events, Vec<T>) {
+    /// place in the evaluation queue (given the trace's bytes) into
+    /// `Events::placed`; the first it refuses and all later ones stay open
+    /// until there is room. Also drops orphans whose root never came.
+    pub fn poll<P>(&mut self, now: Instant, mut admit: impl FnMut(usize) -> Option<P>) -> Events<P> {
         let mut events = Events::default();
-        let mut granted = Vec::new();
         let mut settled = Vec::new();
         let mut orphans = Vec::new();
         for (id, t) in &self.open {
@@ -223,15 +275,8 @@ impl Assembler {
         settled.sort();
         for (_, bytes, id) in settled {
             let Some(place) = admit(bytes) else { break };
-            if let Some(t) = self.remove(&id) {
-                self.remember_closed(id.clone(), DropReason::LateSpan);
-                events.ready.push(ClosedTrace {
-                    trace_id: id,
-                    spans: t.spans,
-                    bytes: t.bytes,
-                    early: false,
-                });
-                granted.push(place);
+            if let Some(t) = self.close(id, false) {
+                events.placed.push((t, place));
             }
         }
         for id in orphans {
@@ -239,7 +284,7 @@ impl Assembler {
                 push_drop(&mut events, &id, DropReason::NoRoot, t.spans.len() as u64);
             }
         }
-        (events, granted)
+        events
     }
 
     /// Closes everything (shutdown): traces with a root are evaluated, the rest dropped.
@@ -263,23 +308,46 @@ impl Assembler {
         events
     }
 
-    fn enforce_bounds(&mut self, events: &mut Events) {
+    /// Closes or drops the oldest open traces until the bounds hold. Returns
+    /// false, leaving the rest open, when the oldest is an earlier export's
+    /// trace with its root and `admit` has no place for it: that export was
+    /// told its spans were accepted, so they are not dropped on another's
+    /// behalf.
+    fn enforce_bounds<P>(&mut self, events: &mut Events<P>, first_own: u64, admit: &mut impl FnMut(usize) -> Option<P>) -> bool {
         while self.open.len() > self.limits.max_open_traces || self.bytes > self.limits.max_open_bytes {
-            let Some((_, oldest)) = self.order.pop_first() else { break };
-            let Some(t) = self.open.remove(&oldest) else { continue };
-            self.bytes -= t.bytes;
-            if t.has_root {
-                self.remember_closed(oldest.clone(), DropReason::LateSpan);
-                events.ready.push(ClosedTrace {
-                    trace_id: oldest,
-                    spans: t.spans,
-                    bytes: t.bytes,
-                    early: true,
-                });
-            } else {
-                push_drop(events, &oldest, DropReason::EvictedWithoutRoot, t.spans.len() as u64);
+            let Some((&seq, oldest)) = self.order.first_key_value() else {
+                break;
+            };
+            let oldest = oldest.clone();
+            let Some(t) = self.open.get(&oldest) else {
+                self.order.remove(&seq);
+                continue;
+            };
+            if !t.has_root {
+                let spans = self.remove(&oldest).map_or(0, |t| t.spans.len() as u64);
+                push_drop(events, &oldest, DropReason::EvictedWithoutRoot, spans);
+            } else if seq < first_own {
+                let Some(place) = admit(t.bytes) else { return false };
+                if let Some(t) = self.close(oldest, true) {
+                    events.placed.push((t, place));
+                }
+            } else if let Some(t) = self.close(oldest, true) {
+                events.ready.push(t);
             }
         }
+        true
+    }
+
+    /// Takes a trace out for evaluation; its later spans count as late.
+    fn close(&mut self, id: String, early: bool) -> Option<ClosedTrace> {
+        let t = self.remove(&id)?;
+        self.remember_closed(id.clone(), DropReason::LateSpan);
+        Some(ClosedTrace {
+            trace_id: id,
+            spans: t.spans,
+            bytes: t.bytes,
+            early,
+        })
     }
 
     fn remove(&mut self, id: &str) -> Option<OpenTrace> {
@@ -301,16 +369,16 @@ impl Assembler {
     }
 }
 
-fn push_drop(events: &mut Events, trace_id: &str, reason: DropReason, spans: u64) {
+fn push_drop<P>(events: &mut Events<P>, trace_id: &str, reason: DropReason, spans: u64) {
     push(events, trace_id, reason, spans, true);
 }
 
 /// Spans of a trace whose own drop was counted already.
-fn push_spans_drop(events: &mut Events, trace_id: &str, reason: DropReason, spans: u64) {
+fn push_spans_drop<P>(events: &mut Events<P>, trace_id: &str, reason: DropReason, spans: u64) {
     push(events, trace_id, reason, spans, false);
 }
 
-fn push(events: &mut Events, trace_id: &str, reason: DropReason, spans: u64, counts_trace: bool) {
+fn push<P>(events: &mut Events<P>, trace_id: &str, reason: DropReason, spans: u64, counts_trace: bool) {
     if let Some(last) = events.dropped.last_mut() {
         if last.trace_id == trace_id && last.reason == reason && last.counts_trace == counts_trace {
             last.spans += spans;
@@ -347,6 +415,11 @@ mod tests {
         }
     }
 
+    /// Adds spans with room in the queue for every trace closed.
+    fn add(a: &mut Assembler, spans: Vec<Span>, now: Instant) -> Events {
+        a.add(spans, now, |_| Some(()))
+    }
+
     fn limits() -> Limits {
         Limits {
             settle: Duration::from_secs(1),
@@ -362,20 +435,20 @@ mod tests {
     fn closes_after_settle_only_with_root() {
         let mut a = Assembler::new(limits());
         let t0 = Instant::now();
-        a.add(vec![span("t1", "b", Some("a"))], t0);
+        add(&mut a, vec![span("t1", "b", Some("a"))], t0);
         let any = |_: usize| Some(());
-        assert!(a.poll(t0 + Duration::from_secs(2), any).0.ready.is_empty(), "no root yet");
-        a.add(vec![span("t1", "a", None)], t0 + Duration::from_secs(2));
-        assert!(a.poll(t0 + Duration::from_millis(2500), any).0.ready.is_empty(), "not settled");
+        assert!(a.poll(t0 + Duration::from_secs(2), any).placed.is_empty(), "no root yet");
+        add(&mut a, vec![span("t1", "a", None)], t0 + Duration::from_secs(2));
+        assert!(a.poll(t0 + Duration::from_millis(2500), any).placed.is_empty(), "not settled");
         assert!(
-            a.poll(t0 + Duration::from_secs(3), |_| None::<()>).0.ready.is_empty(),
+            a.poll(t0 + Duration::from_secs(3), |_| None::<()>).placed.is_empty(),
             "no room in the queue: stays open"
         );
-        let (ev, places) = a.poll(t0 + Duration::from_secs(3), any);
-        assert_eq!(places.len(), ev.ready.len());
-        assert_eq!(ev.ready.len(), 1);
-        assert_eq!(ev.ready[0].spans.len(), 2);
-        let late = a.add(vec![span("t1", "c", Some("a"))], t0 + Duration::from_secs(4));
+        let ev = a.poll(t0 + Duration::from_secs(3), any);
+        assert!(ev.ready.is_empty());
+        assert_eq!(ev.placed.len(), 1);
+        assert_eq!(ev.placed[0].0.spans.len(), 2);
+        let late = add(&mut a, vec![span("t1", "c", Some("a"))], t0 + Duration::from_secs(4));
         assert_eq!(
             late.dropped,
             vec![Dropped {
@@ -393,22 +466,63 @@ mod tests {
     fn oldest_is_evaluated_or_dropped_when_count_bound_hit() {
         let mut a = Assembler::new(limits());
         let t0 = Instant::now();
-        a.add(vec![span("t1", "a", None)], t0);
-        a.add(vec![span("t2", "a", Some("x"))], t0);
-        let ev = a.add(vec![span("t3", "a", None)], t0);
-        assert_eq!(ev.ready.len(), 1);
-        assert_eq!(ev.ready[0].trace_id, "t1");
-        assert!(ev.ready[0].early);
-        let ev = a.add(vec![span("t4", "a", None)], t0);
+        add(&mut a, vec![span("t1", "a", None)], t0);
+        add(&mut a, vec![span("t2", "a", Some("x"))], t0);
+        let ev = add(&mut a, vec![span("t3", "a", None)], t0);
+        // An earlier export's trace leaves with its place in the queue.
+        assert!(ev.ready.is_empty());
+        assert_eq!(ev.placed.len(), 1);
+        assert_eq!(ev.placed[0].0.trace_id, "t1");
+        assert!(ev.placed[0].0.early);
+        let ev = add(&mut a, vec![span("t4", "a", None)], t0);
         assert_eq!(ev.dropped[0].reason, DropReason::EvictedWithoutRoot);
         assert_eq!(a.open_traces(), 2);
+        // An export's own traces closed early come back for it to queue.
+        let ev = add(
+            &mut a,
+            vec![span("t5", "a", None), span("t6", "a", None), span("t7", "a", None)],
+            t0,
+        );
+        let ids: Vec<_> = ev.ready.iter().map(|t| t.trace_id.as_str()).collect();
+        assert_eq!((ev.placed.len(), ids), (2, vec!["t5"]), "t3 and t4 placed, t5 the export's own");
+    }
+
+    #[test]
+    fn an_earlier_exports_trace_is_not_closed_without_a_place_in_the_queue() {
+        let mut a = Assembler::new(limits());
+        let t0 = Instant::now();
+        add(&mut a, vec![span("t1", "a", None)], t0);
+        add(&mut a, vec![span("t2", "a", None)], t0);
+        // The queue is full: the new export's spans are refused, and the
+        // traces the earlier exports were told were accepted stay open.
+        let ev = a.add(vec![span("t3", "a", None), span("t1", "b", Some("a"))], t0, |_| None::<()>);
+        let refused: Vec<_> = ev.refused.iter().map(|s| s.trace_id.as_str()).collect();
+        assert_eq!(refused, ["t3"], "t3 needed room; t1's span did not");
+        assert!(ev.placed.is_empty() && ev.ready.is_empty() && ev.dropped.is_empty());
+        assert_eq!((a.open_traces(), a.open_bytes()), (2, 300));
+        // By bytes too, and a refused span that joined an open trace leaves
+        // it as it was.
+        let mut big = span("t2", "b", Some("a"));
+        big.size_bytes = 900;
+        let mut tight = limits();
+        tight.max_open_bytes = 1_000;
+        let mut b = Assembler::new(tight);
+        add(&mut b, vec![span("t1", "a", None)], t0);
+        add(&mut b, vec![span("t2", "x", Some("a"))], t0);
+        let ev = b.add(vec![big], t0, |_| None::<()>);
+        // t1 cannot leave, so the span is taken back from t2.
+        assert_eq!(ev.refused.len(), 1);
+        assert_eq!((b.open_traces(), b.open_bytes(), b.oldest_bytes()), (2, 200, Some(100)));
+        let ev = b.poll(t0 + Duration::from_secs(2), |_| Some(()));
+        assert_eq!(ev.placed.len(), 1, "t1 settles and leaves once the queue has room");
     }
 
     #[test]
     fn oversized_traces_are_dropped_with_their_later_spans() {
         let mut a = Assembler::new(limits());
         let t0 = Instant::now();
-        let ev = a.add(
+        let ev = add(
+            &mut a,
             vec![
                 span("t1", "a", None),
                 span("t1", "b", Some("a")),
@@ -427,14 +541,14 @@ mod tests {
             }]
         );
         // Later spans of it are dropped spans, not another dropped trace.
-        let ev = a.add(vec![span("t1", "e", Some("a"))], t0);
+        let ev = add(&mut a, vec![span("t1", "e", Some("a"))], t0);
         assert_eq!(
             (ev.dropped[0].reason, ev.dropped[0].counts_trace),
             (DropReason::TooManySpans, false)
         );
         let mut big = span("t2", "a", None);
         big.size_bytes = 5_000;
-        assert_eq!(a.add(vec![big], t0).dropped[0].reason, DropReason::TraceTooLarge);
+        assert_eq!(add(&mut a, vec![big], t0).dropped[0].reason, DropReason::TraceTooLarge);
         assert_eq!(a.open_bytes(), 0);
     }
 
@@ -442,13 +556,13 @@ mod tests {
     fn orphans_time_out_and_drain_closes_everything() {
         let mut a = Assembler::new(limits());
         let t0 = Instant::now();
-        a.add(vec![span("t1", "b", Some("a"))], t0);
+        add(&mut a, vec![span("t1", "b", Some("a"))], t0);
         assert_eq!(
-            a.poll(t0 + Duration::from_secs(6), |_| Some(())).0.dropped[0].reason,
+            a.poll(t0 + Duration::from_secs(6), |_| Some(())).dropped[0].reason,
             DropReason::NoRoot
         );
-        a.add(vec![span("t2", "a", None)], t0);
-        a.add(vec![span("t3", "b", Some("a"))], t0);
+        add(&mut a, vec![span("t2", "a", None)], t0);
+        add(&mut a, vec![span("t3", "b", Some("a"))], t0);
         let ev = a.drain();
         assert_eq!(ev.ready.len(), 1);
         assert_eq!(ev.dropped.len(), 1);

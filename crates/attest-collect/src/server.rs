@@ -25,6 +25,10 @@ use crate::otlp::{self, Encoding};
 pub type Ready = (ClosedTrace, Instant, OwnedSemaphorePermit);
 pub type ReadySender = mpsc::Sender<Ready>;
 
+/// A place in the evaluation queue: a slot, and the trace's share of the
+/// byte budget.
+pub type Place<'a> = (mpsc::Permit<'a, Ready>, OwnedSemaphorePermit);
+
 pub struct ReceiverState {
     pub assembler: Mutex<Assembler>,
     pub metrics: Arc<Metrics>,
@@ -46,7 +50,7 @@ pub struct ReceiverState {
     /// async workers that answer other requests and `/metrics`.
     pub decoding: Arc<Semaphore>,
     /// How long an export waits for room in a full evaluation queue before
-    /// the traces that did not fit are rejected (reported as a partial
+    /// its spans that did not fit are rejected (reported as a partial
     /// success).
     pub queue_wait: std::time::Duration,
 }
@@ -69,32 +73,82 @@ impl ReceiverState {
     /// trace is never dropped for a queue that export requests filled in
     /// the meantime: it stays open until a later poll finds room.
     pub fn close_settled(&self, now: Instant) {
-        let (events, places) = {
+        let events = {
             let mut a = self.assembler.lock().unwrap_or_else(|e| e.into_inner());
-            a.poll(now, |bytes| {
-                let slot = self.ready.try_reserve().ok()?;
-                let share = self.queued_kib.clone().try_acquire_many_owned(kib(bytes)).ok()?;
-                Some((slot, share))
-            })
+            a.poll(now, |bytes| self.place(bytes))
         };
-        for d in events.dropped {
-            d.count(&self.metrics);
-        }
-        for (t, (slot, share)) in events.ready.into_iter().zip(places) {
-            slot.send((t, Instant::now(), share));
-        }
+        self.send_placed(events.dropped, events.placed);
         self.update_gauges();
     }
 
-    /// Routes an export's events, waiting up to [`ReceiverState::queue_wait`]
-    /// for room in the evaluation queue. Returns the spans of the traces that
-    /// still did not fit (counted as `queue_full` drops), which the export's
-    /// answer reports as rejected.
-    pub async fn dispatch_waiting(&self, events: Events) -> u64 {
-        for d in events.dropped {
+    /// A place in the evaluation queue for a trace of `bytes`, if there is
+    /// one now.
+    pub fn place(&self, bytes: usize) -> Option<Place<'_>> {
+        let slot = self.ready.try_reserve().ok()?;
+        let share = self.queued_kib.clone().try_acquire_many_owned(kib(bytes)).ok()?;
+        Some((slot, share))
+    }
+
+    fn send_placed(&self, dropped: Vec<crate::assemble::Dropped>, placed: Vec<(ClosedTrace, Place<'_>)>) {
+        for d in dropped {
             d.count(&self.metrics);
         }
-        let until = tokio::time::Instant::now() + self.queue_wait;
+        for (t, (slot, share)) in placed {
+            slot.send((t, Instant::now(), share));
+        }
+    }
+
+    /// A place for a trace of `bytes`, waiting for one to free up.
+    async fn place_waiting(&self, bytes: usize) -> Option<Place<'_>> {
+        let share = self.queued_kib.clone().acquire_many_owned(kib(bytes)).await.ok()?;
+        let slot = self.ready.reserve().await.ok()?;
+        Some((slot, share))
+    }
+
+    /// Adds an export's spans to the open traces and queues what that
+    /// closes, waiting until `until` for room in the evaluation queue: for
+    /// the export's own traces closed early, and for the earlier traces its
+    /// spans would push out. Returns the export's spans that got no room in
+    /// time (counted as `queue_full`), which its answer reports as rejected.
+    pub async fn accept(&self, spans: Vec<crate::otlp::Span>, until: tokio::time::Instant) -> u64 {
+        let mut pending = spans;
+        // A place taken ahead for the trace that blocked the last attempt.
+        let mut spare: Option<Place<'_>> = None;
+        let mut rejected = 0;
+        loop {
+            let mut events = {
+                let mut a = self.assembler.lock().unwrap_or_else(|e| e.into_inner());
+                a.add(std::mem::take(&mut pending), Instant::now(), |bytes| match spare.take() {
+                    Some(p) if p.1.num_permits() >= kib(bytes) as usize => Some(p),
+                    _ => self.place(bytes),
+                })
+            };
+            drop(spare.take());
+            pending = std::mem::take(&mut events.refused);
+            rejected += self.dispatch(events, until).await;
+            if pending.is_empty() {
+                break;
+            }
+            let blocking = self.assembler.lock().unwrap_or_else(|e| e.into_inner()).oldest_bytes();
+            let Some(bytes) = blocking else { continue };
+            match tokio::time::timeout_at(until, self.place_waiting(bytes)).await {
+                Ok(Some(place)) if tokio::time::Instant::now() < until => spare = Some(place),
+                _ => {
+                    let n = pending.len() as u64;
+                    self.metrics.dropped_spans(crate::assemble::DropReason::QueueFull.as_str(), n);
+                    rejected += n;
+                    break;
+                }
+            }
+        }
+        self.update_gauges();
+        rejected
+    }
+
+    /// Queues closed traces: placed ones at once, the export's own waiting
+    /// until `until`. Returns the spans of those that did not fit in time.
+    async fn dispatch(&self, events: Events<Place<'_>>, until: tokio::time::Instant) -> u64 {
+        self.send_placed(events.dropped, events.placed);
         let mut rejected = 0;
         for t in events.ready {
             let spans = t.spans.len() as u64;
@@ -108,7 +162,6 @@ impl ReceiverState {
                 rejected += spans;
             }
         }
-        self.update_gauges();
         rejected
     }
 
@@ -211,7 +264,7 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     let Ok(_bytes) = state.inflight_kib.try_acquire_many(kib(declared.map_or(limit, |n| n as usize))) else {
         return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
     };
-    if state.ready.capacity() == 0 {
+    if state.ready.capacity() == 0 || state.queued_kib.available_permits() == 0 {
         state.metrics.request(503, label);
         let body = otlp::error_body(encoding, 14, "evaluation queue is full; retry later");
         return reply(StatusCode::SERVICE_UNAVAILABLE, encoding, body, Some(2));
@@ -255,11 +308,7 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     }
     let accepted = decoded.spans.len() as u64;
     state.metrics.spans_received.fetch_add(accepted, Ordering::Relaxed);
-    let events = {
-        let mut a = state.assembler.lock().unwrap_or_else(|e| e.into_inner());
-        a.add(decoded.spans, Instant::now())
-    };
-    let queue_full = state.dispatch_waiting(events).await;
+    let queue_full = state.accept(decoded.spans, tokio::time::Instant::now() + state.queue_wait).await;
     let (rejected, reason) = match queue_full {
         0 => (decoded.rejected, decoded.reject_reason),
         n => {

@@ -252,21 +252,30 @@ async fn trace_limits_are_counted_outcomes() {
 
 #[tokio::test]
 async fn a_full_evaluation_queue_answers_503_with_retry_after_and_sigterm_drains_it() {
+    refused_once_full(&["--queue-capacity", "1"]).await;
+}
+
+#[tokio::test]
+async fn a_spent_queue_byte_budget_answers_503_too() {
+    // Room for a hundred traces by count, one or two by bytes.
+    refused_once_full(&["--queue-capacity", "100", "--max-trace-bytes", "2048", "--max-queued-bytes", "2048"]).await;
+}
+
+/// Sends one complete trace at a time to a collector that evaluates one at
+/// a time, slowly, with `bounds` on its queue, until it answers 503; checks
+/// the `Retry-After` and that SIGTERM evaluates every accepted trace.
+async fn refused_once_full(bounds: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results.jsonl");
     let c = Collector::start_with_env(
         dir.path(),
         RULES,
         &[
-            "--settle-ms",
-            "50",
-            "--queue-capacity",
-            "1",
-            "--concurrency",
-            "1",
-            "--results-jsonl",
-            results.to_str().unwrap(),
-        ],
+            ["--settle-ms", "50", "--concurrency", "1", "--results-jsonl"].as_slice(),
+            &[results.to_str().unwrap()],
+            bounds,
+        ]
+        .concat(),
         &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "1500")],
     );
     let mut accepted = 0;
@@ -734,6 +743,90 @@ async fn traces_past_the_queue_byte_budget_are_rejected_in_the_answer() {
     assert!((1..=4).contains(&rejected), "{rejected}");
 }
 
+#[tokio::test]
+async fn an_export_that_needs_room_never_pushes_out_traces_already_acknowledged() {
+    // Three traces held open (they would settle only after a minute), one
+    // evaluated at a time, slowly, and one queue slot. B's trace pushes A's
+    // first out to be evaluated. C's three new traces need A's other two and
+    // B's trace out of the way, and there is room for at most two of them
+    // (the queue and the consumer's hand): C's spans that found no room are
+    // refused in C's answer, and every trace A and B were told was accepted
+    // is evaluated.
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let args = [
+        "--max-open-traces",
+        "3",
+        "--settle-ms",
+        "60000",
+        "--queue-capacity",
+        "1",
+        "--concurrency",
+        "1",
+        "--request-timeout-secs",
+        "1",
+        "--results-jsonl",
+        results.to_str().unwrap(),
+    ];
+    let c = Collector::start_with_env(dir.path(), RULES, &args, &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "1500")]);
+    let send = |traces: Vec<u8>| {
+        let url = c.url.clone();
+        async move {
+            let spans = traces.into_iter().flat_map(|t| agent_trace(t, 1, "lookup_order")).collect();
+            let r = post(&url, "application/x-protobuf", None, request(spans).encode_to_vec()).await;
+            assert_eq!(r.status(), 200);
+            ExportResponse::decode(r.bytes().await.unwrap()).unwrap()
+        }
+    };
+    let per_trace = agent_trace(1, 1, "lookup_order").len() as i64;
+    assert_eq!(send(vec![1, 2, 3]).await.partial_success, None, "A");
+    assert_eq!(send(vec![4]).await.partial_success, None, "B");
+    let partial = send(vec![5, 6, 7]).await.partial_success.expect("C is told what did not fit");
+    let rejected = partial.rejected_spans / per_trace;
+    assert!(
+        (1..=2).contains(&rejected) && partial.rejected_spans % per_trace == 0,
+        "{partial:?}"
+    );
+    assert!(
+        partial.error_message.contains("--queue-capacity, --max-queued-bytes"),
+        "{partial:?}"
+    );
+    let m = c.metrics().await;
+    assert_eq!(
+        metric(&m, r#"attest_collect_spans_dropped_total{reason="queue_full"}"#),
+        partial.rejected_spans as f64,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"attest_collect_traces_dropped_total{reason="queue_full"}"#),
+        0.0,
+        "{m}"
+    );
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    let results = read_jsonl(&results);
+    let evaluated: std::collections::BTreeSet<String> = results.iter().map(|r| r["trace_id"].as_str().unwrap().to_string()).collect();
+    for t in 1..=4u8 {
+        let id: String = [t; 16].iter().map(|b| format!("{b:02x}")).collect();
+        assert!(evaluated.contains(&id), "trace {t} of A or B was not evaluated: {evaluated:?}");
+    }
+    assert_eq!(results.len(), (7 - rejected as usize) * 3);
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PartialSuccess {
+    #[prost(int64, tag = "1")]
+    rejected_spans: i64,
+    #[prost(string, tag = "2")]
+    error_message: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ExportResponse {
+    #[prost(message, optional, tag = "1")]
+    partial_success: Option<PartialSuccess>,
+}
+
 /// Posts ten complete traces to a collector that holds five open and
 /// evaluates one at a time, slowly, with `bounds` on its queue; checks that
 /// the traces that did not fit are rejected in the answer and counted, and
@@ -757,18 +850,6 @@ async fn fill_the_queue(bounds: &[&str]) -> usize {
     let per_trace = agent_trace(1, 1, "lookup_order").len() as i64;
     let r = post(&c.url, "application/x-protobuf", None, request(spans).encode_to_vec()).await;
     assert_eq!(r.status(), 200);
-    #[derive(Clone, PartialEq, prost::Message)]
-    struct PartialSuccess {
-        #[prost(int64, tag = "1")]
-        rejected_spans: i64,
-        #[prost(string, tag = "2")]
-        error_message: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    struct ExportResponse {
-        #[prost(message, optional, tag = "1")]
-        partial_success: Option<PartialSuccess>,
-    }
     let answer = ExportResponse::decode(r.bytes().await.unwrap()).unwrap();
     let partial = answer.partial_success.expect("a partial success");
     let rejected = partial.rejected_spans / per_trace;
