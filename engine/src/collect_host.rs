@@ -51,6 +51,10 @@ impl attest_collect::Evaluator for CollectEvaluator {
             kinds,
         }))
     }
+
+    fn max_trace_bytes(&self) -> Option<usize> {
+        Some(self.engine.limits.max_trace_bytes)
+    }
 }
 
 /// A spec problem, named as a path inside the rule (`assertions[2].spec.check`).

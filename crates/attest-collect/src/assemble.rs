@@ -39,7 +39,8 @@ impl Default for Limits {
 /// Why spans were dropped instead of evaluated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DropReason {
-    /// The trace grew past `max_trace_bytes`.
+    /// The trace grew past `max_trace_bytes`, or converted to more JSON
+    /// than the evaluator takes.
     TraceTooLarge,
     /// The trace grew past `max_trace_spans`.
     TooManySpans,

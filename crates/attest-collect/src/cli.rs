@@ -282,6 +282,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         sinks: sinks(&args.results_jsonl, history)?,
         prices,
         trace_archive,
+        max_trace_bytes: evaluator.max_trace_bytes(),
     });
     let publisher = match &args.nats {
         Some(url) => Some(Arc::new(distributed::Publisher::connect(url, &args.nats_opts).await?)),
@@ -460,6 +461,7 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
         sinks: sinks(&args.results_jsonl, history)?,
         prices: Arc::new(PriceTable::default()),
         trace_archive: None,
+        max_trace_bytes: evaluator.max_trace_bytes(),
     });
     match args.role {
         WorkerRole::Evaluate => distributed::run_evaluate(&args, pipeline).await?,

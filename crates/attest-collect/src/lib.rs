@@ -103,6 +103,13 @@ impl std::error::Error for EvalError {}
 /// rule at start-up so that a bad rules file is refused before any traffic.
 pub trait Evaluator: Send + Sync + 'static {
     fn compile(&self, rule: &str, assertions: &[serde_json::Value]) -> Result<Arc<dyn Suite>, RuleError>;
+
+    /// The largest trace, as compact JSON, that its suites evaluate; larger
+    /// converted traces are dropped as `trace_too_large` before any rule
+    /// runs. `None`: no limit of its own.
+    fn max_trace_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A compiled rule: evaluates Attest traces (the shape of Attest protocol v1 §3).

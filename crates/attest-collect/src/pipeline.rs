@@ -16,6 +16,24 @@ use crate::metrics::Metrics;
 use crate::rules::{sampled, RuleSet};
 use crate::{EvalError, ResultKey, ResultRecord, SharedSinks};
 
+/// Whether `trace`, written as compact JSON, takes at most `limit` bytes.
+/// Stops writing at the limit.
+fn fits(trace: &Value, limit: usize) -> bool {
+    struct Counter {
+        left: usize,
+    }
+    impl Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.left = self.left.checked_sub(buf.len()).ok_or(std::io::ErrorKind::FileTooLarge)?;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    serde_json::to_writer(Counter { left: limit }, trace).is_ok()
+}
+
 /// The metrics label for rules this process does not know: their names come
 /// off the stream, and every distinct label would be a series kept forever.
 pub const UNKNOWN_RULE: &str = "(unknown)";
@@ -41,6 +59,8 @@ pub struct Pipeline {
     pub prices: Arc<PriceTable>,
     /// `--traces-out`: every assembled Attest trace, one per line (the format `--jsonl` reads back).
     pub trace_archive: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
+    /// The evaluator's trace size limit ([`crate::Evaluator::max_trace_bytes`]).
+    pub max_trace_bytes: Option<usize>,
 }
 
 impl Pipeline {
@@ -52,6 +72,17 @@ impl Pipeline {
             Converted::Trace { trace, context } => {
                 self.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
                 self.archive(&trace);
+                // Within the collector's byte limits, a trace can still
+                // convert to more JSON than the evaluator takes (large tool
+                // results, say); every rule would fail on it.
+                if let Some(limit) = self.max_trace_bytes.filter(|&limit| !fits(&trace, limit)) {
+                    self.metrics.dropped(DropReason::TraceTooLarge.as_str(), closed.spans.len() as u64);
+                    tracing::warn!(
+                        trace_id = %crate::bounded(&closed.trace_id, 64),
+                        "the converted trace is over the engine's {limit}-byte trace limit and was not evaluated"
+                    );
+                    return None;
+                }
                 self.select(trace, &context)
             }
             Converted::NoRoot => {
@@ -221,6 +252,7 @@ mod tests {
             sinks: Arc::new(vec![]),
             prices: Arc::new(PriceTable::default()),
             trace_archive: None,
+            max_trace_bytes: None,
         }
     }
 
@@ -250,5 +282,45 @@ mod tests {
             evaluated += p.evaluate(&item(i), 1).await.unwrap().len();
         }
         assert_eq!(evaluated, 3, "$0.40 each: the third crosses $1, the fourth is refused");
+    }
+
+    #[test]
+    fn a_trace_that_converts_past_the_evaluators_limit_is_dropped_as_too_large() {
+        let root = |output: &str| crate::otlp::Span {
+            trace_id: "t".into(),
+            span_id: "a".into(),
+            parent_span_id: None,
+            name: "invoke_agent refund-agent".into(),
+            start_unix_nanos: 0,
+            end_unix_nanos: 1,
+            attributes: serde_json::json!({
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": "refund-agent",
+                "gen_ai.output.messages": format!(r#"[{{"role":"assistant","parts":[{{"type":"text","content":"{output}"}}]}}]"#),
+            })
+            .as_object()
+            .unwrap()
+            .clone(),
+            events: vec![],
+            resource: Arc::new(serde_json::Map::new()),
+            is_error: false,
+            size_bytes: 1,
+        };
+        let closed = |output: &str| ClosedTrace {
+            trace_id: "t".into(),
+            spans: vec![root(output)],
+            bytes: 1,
+            early: false,
+        };
+        let mut p = pipeline("{usd_per_day: 1.0}");
+        p.max_trace_bytes = Some(2_000);
+        assert!(p.prepare(closed("short")).is_some());
+        assert!(p.prepare(closed(&"x".repeat(3_000))).is_none());
+        let m = p.metrics.render();
+        assert!(
+            m.contains(r#"attest_collect_traces_dropped_total{reason="trace_too_large"} 1"#),
+            "{m}"
+        );
+        assert!(fits(&serde_json::json!("abc"), 5) && !fits(&serde_json::json!("abcd"), 5));
     }
 }
