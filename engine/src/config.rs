@@ -568,7 +568,16 @@ fn read_file(path: &Path) -> Result<FileConfig> {
     )?;
     // The parser's own message names the line, the column and, for an
     // unknown key, the keys that table takes.
-    toml::from_str(&text).map_err(|e| anyhow::anyhow!("invalid config file {}: {}", path.display(), plain_type_names(&e.to_string())))
+    toml::from_str(&text).map_err(|e| {
+        // A JSON object here is most often a plugin's own config given to
+        // the engine's --config.
+        let hint = if text.trim_start().starts_with('{') {
+            " (this looks like JSON: --config takes the engine's TOML config file; a plugin's config goes in `plugin test --plugin-config` or an assertion's `config`)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("invalid config file {}: {}{hint}", path.display(), plain_type_names(&e.to_string()))
+    })
 }
 
 /// A deserializer's message with Rust's number type names said in words.

@@ -503,6 +503,17 @@ fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Pat
     PluginHost::load_with(std::slice::from_ref(&spec), &cache)
 }
 
+/// The parser's message, with what a `\u` escape error usually means: the
+/// parser reports a lone surrogate as a bad or unfinished escape.
+fn json_problem(e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    if message.contains("escape") {
+        format!("{message} (a \\u escape must be a Unicode character; a lone surrogate such as \\ud800 is not one)")
+    } else {
+        message
+    }
+}
+
 /// `attest-engine plugin test <file> --trace <t> [--plugin-config <c> | --plugin-config-json <json>]`.
 fn plugin_test(
     mut config: attest_engine::config::Config,
@@ -524,10 +535,17 @@ fn plugin_test(
         )
         .map_err(|e| format!("{e:#}"))
         .and_then(|text| {
-            serde_json::from_str(&text)
-                .map_err(|e| format!("plugin config file (--plugin-config) {} is not valid JSON: {e}", path.display()))
+            serde_json::from_str(&text).map_err(|e| {
+                format!(
+                    "plugin config file (--plugin-config) {} is not valid JSON: {}",
+                    path.display(),
+                    json_problem(&e)
+                )
+            })
         }),
-        (None, Some(text)) => serde_json::from_str(text).map_err(|e| format!("--plugin-config-json is not valid JSON: {e}")),
+        (None, Some(text)) => {
+            serde_json::from_str(text).map_err(|e| format!("--plugin-config-json is not valid JSON: {}", json_problem(&e)))
+        }
         (None, None) => Ok(serde_json::json!({})),
     };
     let inputs = plugin_config.and_then(|c| eval_cmd::read_traces(trace).map(|t| (c, t)).map_err(|e| format!("{e:#}")));

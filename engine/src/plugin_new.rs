@@ -64,7 +64,7 @@ impl std::fmt::Display for NewError {
             ),
             NewError::NotEmpty(dir) => write!(
                 f,
-                "{} exists and is not empty: choose another name, or --dir for an empty or new directory",
+                "{} exists and is not an empty directory: choose another name, or --dir for an empty or new directory",
                 dir.display()
             ),
             NewError::NoSdk(tried) => write!(
@@ -437,7 +437,14 @@ pub fn create(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Result<
     if sdk.is_some() && lang != Lang::Rust {
         return Err(NewError::SdkForOtherLang(lang));
     }
-    if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
+    // Anything there but a directory (a file, say) is as taken as a
+    // directory with files in it.
+    let taken = match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()),
+        Ok(_) => true,
+        Err(_) => false,
+    };
+    if taken {
         return Err(NewError::NotEmpty(dir.to_owned()));
     }
     let snake = name.replace('-', "_");
@@ -571,6 +578,11 @@ mod tests {
             let script = std::fs::metadata(root.join("build.sh")).unwrap();
             assert!(std::os::unix::fs::PermissionsExt::mode(&script.permissions()) & 0o111 != 0);
             assert!(matches!(create("brand-tone", lang, &root, None), Err(NewError::NotEmpty(_))));
+            let file = root.join("Cargo.toml");
+            assert!(
+                matches!(create("brand-tone", lang, &file, None), Err(NewError::NotEmpty(_))),
+                "a file is no project directory"
+            );
         }
     }
 

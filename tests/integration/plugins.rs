@@ -2038,6 +2038,46 @@ fn plugin_calls_spelled_with_escapes_or_inside_json_rpc_batches_still_leave_the_
 }
 
 #[test]
+fn a_plugin_call_ends_at_the_requests_deadline_not_only_at_its_own_timeout() {
+    // The plugin may run 20 s, the request only 1 s: the request is answered
+    // at its deadline, and the engine serves the next one.
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[[plugins]]\npath = {}\ntimeout = '20s'\n\n[[plugins]]\npath = {}\n",
+            toml_str(&wasm("spin")),
+            toml_str(&wasm("hog"))
+        ),
+    );
+    let mut engine = start(cache.path(), &["--config", &config, "--eval-timeout", "1s"]);
+    let sent = Instant::now();
+    engine.send(&evaluate_request(
+        json!("spin"),
+        refund_trace(),
+        json!([builtin("b", "contains", "refund"), plugin("p", "spin", json!({}))]),
+    ));
+    let answer: Value = serde_json::from_slice(&engine.recv_bytes_within(Duration::from_secs(15))).unwrap();
+    let took = sent.elapsed();
+    assert!(took < Duration::from_secs(6), "answered after {took:?}: {answer}");
+    assert_eq!(answer["id"], "spin", "{answer}");
+    assert_eq!(answer["error"]["code"], 3002, "{answer}");
+    // The configs of a call that faults are retried one by one (each `hog`
+    // call fills its memory limit); past the deadline the rest are not
+    // started.
+    let many: Vec<Value> = (0..300).map(|i| plugin(&format!("p{i}"), "hog", json!({}))).collect();
+    let sent = Instant::now();
+    engine.send(&evaluate_request(json!("many"), refund_trace(), json!(many)));
+    let answer: Value = serde_json::from_slice(&engine.recv_bytes_within(Duration::from_secs(15))).unwrap();
+    let took = sent.elapsed();
+    assert!(took < Duration::from_secs(6), "answered after {took:?}: {answer}");
+    assert_eq!(answer["error"]["code"], 3002, "{answer}");
+    let results = evaluate(&mut engine, &refund_trace(), &json!([builtin("after", "contains", "refund")]));
+    check(find(&results, "after"), "pass", 1.0, &[]);
+}
+
+#[test]
 fn shutdown_with_a_request_past_its_drain_limit_answers_and_exits_promptly() {
     // The spin call may run 60 s; the drain limit is 1 s. shutdown answers
     // after the drain limit and the process exits soon after, without the

@@ -75,9 +75,31 @@ impl fmt::Display for Size {
     }
 }
 
+/// Opens `path` for reading without waiting: opening a named pipe blocks
+/// until something opens it for writing, which may be never. Once open, the
+/// file reads as usual (a pipe with no writer reads as empty).
+fn open(path: &Path) -> std::io::Result<File> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::io::AsRawFd;
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+        // SAFETY: `file` owns the descriptor for the duration of both calls.
+        unsafe {
+            let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+            if flags >= 0 {
+                libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            }
+        }
+        Ok(file)
+    }
+    #[cfg(not(unix))]
+    File::open(path)
+}
+
 /// The bytes of `path`, when there are at most `limit` of them.
 pub fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
-    let file = File::open(path)?;
+    let file = open(path)?;
     let size = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
     if let Some(size) = size.filter(|&size| size > limit) {
         return Err(ReadError::TooLarge { limit, size: Some(size) });
@@ -215,5 +237,16 @@ mod tests {
         assert_eq!(Size(64 << 10).to_string(), "64 KiB");
         assert_eq!(Size(1000).to_string(), "1000 bytes");
         assert_eq!(Size(1).to_string(), "1 byte");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_named_pipe_nobody_writes_to_reads_as_empty_instead_of_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(read_capped(&fifo, 10).unwrap(), b"");
     }
 }

@@ -330,12 +330,14 @@ impl ArtefactCache {
             }
         }
         // Say so before the wait: a large component compiles for tens of seconds.
+        let kept = path.filter(|_| !self.read_only);
         tracing::info!(
             bytes = wasm.len(),
-            "compiling a plugin (first load: well under a second for a small Rust plugin, tens of seconds for a Python or JavaScript one); the result is cached"
+            "compiling a plugin (first load: well under a second for a small Rust plugin, tens of seconds for a Python or JavaScript one){}",
+            if kept.is_some() { "; the result is cached" } else { "" }
         );
         let compiled = engine.precompile_component(wasm)?;
-        if let Some(p) = path.filter(|_| !self.read_only) {
+        if let Some(p) = kept {
             match store(p, &compiled, source) {
                 Ok(()) => prune(p, MAX_ENTRIES, MAX_BYTES),
                 Err(e) => tracing::warn!(path = %p.display(), error = %e, "cannot cache the compiled plugin"),

@@ -896,6 +896,8 @@ impl Plugin {
                 .iter()
                 .flat_map(|c| {
                     let one = PluginCall { budget_left, ..*call };
+                    // Past the request's deadline, the rest are not started
+                    // (the sandbox refuses a call with no time left).
                     let (answers, u) = self.evaluate_once(trace, std::slice::from_ref(c), &one);
                     budget_left = budget_left.map(|b| b - u.cost);
                     used.merge(u);
@@ -915,9 +917,12 @@ impl Plugin {
                 return (configs.iter().map(|_| self.fault_outcome(&why)).collect(), CapabilityUse::default());
             }
         };
+        // The call runs within the plugin's timeout and the request's
+        // deadline, whichever comes first.
+        let time = sandbox::CallTime::within(self.limits.timeout, call.deadline);
         let (answer, cx) = rt
             .sandbox
-            .evaluate(&rt.prepared, &self.id, &self.limits, trace, configs, self.call_context(call));
+            .evaluate(&rt.prepared, &self.id, &self.limits, time, trace, configs, self.call_context(call));
         let (used, refusal) = match cx {
             Some(cx) => {
                 let cx = *cx;

@@ -488,6 +488,9 @@ pub enum Fault {
     },
     Timeout {
         after: Duration,
+        /// Stopped by the request's deadline, which came before the
+        /// plugin's own timeout.
+        by_request: bool,
     },
     OutOfMemory {
         limit: usize,
@@ -503,7 +506,16 @@ impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Fault::OutOfFuel { fuel } => write!(f, "exceeded its CPU budget ({fuel} fuel per call)"),
-            Fault::Timeout { after } => write!(f, "timed out after {} ms", after.as_millis()),
+            Fault::Timeout { after, by_request: false } => write!(f, "timed out after {} ms", after.as_millis()),
+            Fault::Timeout { after, by_request: true } if after.is_zero() => write!(
+                f,
+                "was not run: the request's deadline (the engine's evaluation timeout, --eval-timeout) had passed"
+            ),
+            Fault::Timeout { after, by_request: true } => write!(
+                f,
+                "was stopped after {} ms, at the request's deadline (the engine's evaluation timeout, --eval-timeout), before its own timeout",
+                after.as_millis()
+            ),
             Fault::OutOfMemory { limit } => write!(f, "exceeded its memory limit ({} MiB)", limit / (1024 * 1024)),
             Fault::Refused(what) => write!(f, "was stopped: it {what}"),
             Fault::TooLarge(what) => write!(f, "{what}"),
@@ -657,16 +669,16 @@ impl Sandbox {
     }
 
     /// A fresh store, armed for one call.
-    fn store(&self, plugin_id: &Arc<str>, limits: &PluginLimits) -> Store<State> {
+    fn store(&self, plugin_id: &Arc<str>, limits: &PluginLimits, time: CallTime) -> Store<State> {
         let mut store = Store::new(&self.engine, State::new(plugin_id, limits));
         store.limiter(|s| &mut s.limiter);
-        arm(&mut store, limits);
+        arm(&mut store, limits, time);
         store
     }
 
     /// The store this thread kept for `plugin`, made ready for its next
     /// call, or a fresh one.
-    fn store_for_call(&self, plugin: &Prepared, plugin_id: &Arc<str>, limits: &PluginLimits) -> Store<State> {
+    fn store_for_call(&self, plugin: &Prepared, plugin_id: &Arc<str>, limits: &PluginLimits, time: CallTime) -> Store<State> {
         let kept = KEPT_STORE.with(|k| k.borrow_mut().take());
         match kept.and_then(|k| k.take_for(plugin.id)) {
             Some(mut store) => {
@@ -677,21 +689,22 @@ impl Sandbox {
                 let earlier = std::mem::replace(state, State::new(plugin_id, limits));
                 state.held = earlier.held;
                 state.limiter.held_bytes = earlier.limiter.held_bytes;
-                arm(&mut store, limits);
+                arm(&mut store, limits, time);
                 store
             }
-            None => self.store(plugin_id, limits),
+            None => self.store(plugin_id, limits, time),
         }
     }
 
     /// `describe()` in a fresh instance. Its strings are read in place and
     /// only copied once they are known to be small enough.
     pub fn describe(&self, plugin: &Prepared, plugin_id: &Arc<str>, limits: &PluginLimits) -> Result<Info, Fault> {
+        let time = CallTime::own(limits.timeout);
         self.on_call_thread(plugin, || {
-            let mut store = self.store(plugin_id, limits);
+            let mut store = self.store(plugin_id, limits, time);
             let result = describe_in(&mut store, plugin);
             finish(&store);
-            result.map_err(|e| classify(e, &store, plugin, limits))?
+            result.map_err(|e| classify(e, &store, plugin, limits, time))?
         })
     }
 
@@ -699,26 +712,32 @@ impl Sandbox {
     /// anything is copied out of the plugin's memory, and each string is
     /// clipped (details over their limit replaced) as it is copied.
     /// `capabilities` is what the call may use beyond logging; it comes back
-    /// with what the call used.
+    /// with what the call used. The call runs for at most `time`.
+    #[allow(clippy::too_many_arguments)]
     pub fn evaluate(
         &self,
         plugin: &Prepared,
         plugin_id: &Arc<str>,
         limits: &PluginLimits,
+        time: CallTime,
         trace: &str,
         configs: &[String],
         capabilities: Option<Box<CallContext>>,
     ) -> (Result<Answer, Fault>, Option<Box<CallContext>>) {
+        if time.limit.is_zero() {
+            // Nothing is left of the request's deadline: not started at all.
+            return (Err(time.fault()), capabilities);
+        }
         let answer = self.on_call_thread(plugin, || {
             let mut store = if plugin.keepable {
-                self.store_for_call(plugin, plugin_id, limits)
+                self.store_for_call(plugin, plugin_id, limits, time)
             } else {
-                self.store(plugin_id, limits)
+                self.store(plugin_id, limits, time)
             };
             store.data_mut().capabilities = capabilities;
             let result = evaluate_in(&mut store, plugin, trace, configs);
             finish(&store);
-            let result = result.map_err(|e| classify(e, &store, plugin, limits));
+            let result = result.map_err(|e| classify(e, &store, plugin, limits, time));
             let capabilities = store.data_mut().capabilities.take();
             // A store whose call failed is dropped: a trap, a timeout or a
             // refused host call may leave it mid-way through anything.
@@ -741,6 +760,40 @@ impl Sandbox {
     }
 }
 
+/// How long one call may run: the plugin's own timeout, or what is left
+/// of the request's deadline when that comes first.
+#[derive(Debug, Clone, Copy)]
+pub struct CallTime {
+    limit: Duration,
+    by_request: bool,
+}
+
+impl CallTime {
+    /// The plugin's own timeout alone (loading, `describe`).
+    pub fn own(timeout: Duration) -> CallTime {
+        CallTime {
+            limit: timeout,
+            by_request: false,
+        }
+    }
+
+    /// The plugin's timeout, cut to the request's `deadline`.
+    pub fn within(timeout: Duration, deadline: std::time::Instant) -> CallTime {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        CallTime {
+            limit: timeout.min(left),
+            by_request: left < timeout,
+        }
+    }
+
+    fn fault(self) -> Fault {
+        Fault::Timeout {
+            after: self.limit,
+            by_request: self.by_request,
+        }
+    }
+}
+
 /// The limits of one call's instance.
 fn store_limits(limits: &PluginLimits) -> StoreLimits {
     // The counts are per store, and a kept store holds the instances of
@@ -757,11 +810,11 @@ fn store_limits(limits: &PluginLimits) -> StoreLimits {
 }
 
 /// Sets a call's CPU limits: its fuel, and its deadline from now.
-fn arm(store: &mut Store<State>, limits: &PluginLimits) {
+fn arm(store: &mut Store<State>, limits: &PluginLimits, time: CallTime) {
     if let Some(fuel) = limits.fuel {
         store.set_fuel(fuel).expect("plugins with a fuel budget run in the metered sandbox");
     }
-    let ticks = limits.timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64;
+    let ticks = time.limit.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64;
     store.set_epoch_deadline(ticks);
 }
 
@@ -1153,7 +1206,7 @@ fn evaluate_in(store: &mut Store<State>, plugin: &Prepared, trace: &str, configs
 }
 
 /// Names what went wrong in a failed call.
-fn classify(e: wasmtime::Error, store: &Store<State>, plugin: &Prepared, limits: &PluginLimits) -> Fault {
+fn classify(e: wasmtime::Error, store: &Store<State>, plugin: &Prepared, limits: &PluginLimits, time: CallTime) -> Fault {
     if store.data().limiter.refused {
         return Fault::OutOfMemory {
             limit: limits.memory_bytes,
@@ -1166,7 +1219,7 @@ fn classify(e: wasmtime::Error, store: &Store<State>, plugin: &Prepared, limits:
         Some(Trap::OutOfFuel) => Fault::OutOfFuel {
             fuel: limits.fuel.unwrap_or_default(),
         },
-        Some(Trap::Interrupt) => Fault::Timeout { after: limits.timeout },
+        Some(Trap::Interrupt) => time.fault(),
         // How a Rust panic ends; say why its message is nowhere to be seen.
         Some(trap @ Trap::UnreachableCodeReached) if !plugin.imports_log => Fault::Trap(format!(
             "{trap} (how a panic ends; this plugin imports no host `log`, so no panic message was logged: \
@@ -1227,7 +1280,7 @@ mod tests {
         let id: Arc<str> = "p".into();
         let limits = PluginLimits::default();
 
-        KeptStore::keep(7, sandbox.store(&id, &limits));
+        KeptStore::keep(7, sandbox.store(&id, &limits, CallTime::own(limits.timeout)));
         assert_eq!(kept_here(), Some((7, 1)));
         assert!(HELD_INSTANCES.load(Relaxed) >= 1, "a kept store counts against the totals");
         // Another plugin's call takes the store off the thread and drops it.
@@ -1237,7 +1290,7 @@ mod tests {
         // Its own plugin's call gets it back, with its count of calls,
         // and it stays counted while it serves that call.
         let before = HELD_INSTANCES.load(Relaxed);
-        KeptStore::keep(7, sandbox.store(&id, &limits));
+        KeptStore::keep(7, sandbox.store(&id, &limits, CallTime::own(limits.timeout)));
         let store = take_kept(7).unwrap();
         KeptStore::keep(7, store);
         assert_eq!(kept_here(), Some((7, 2)));
@@ -1254,7 +1307,7 @@ mod tests {
         }
         KeptStore::keep(7, store);
         assert_eq!(kept_here(), None);
-        let mut big = sandbox.store(&id, &limits);
+        let mut big = sandbox.store(&id, &limits, CallTime::own(limits.timeout));
         big.data_mut().limiter.held_bytes = KEPT_STORE_BYTES + 1;
         KeptStore::keep(7, big);
         assert_eq!(kept_here(), None);
@@ -1270,7 +1323,7 @@ mod tests {
         // As if other threads held every instance the totals allow.
         HELD_INSTANCES.fetch_add(HELD_INSTANCES_TOTAL, Relaxed);
         let before = HELD_INSTANCES.load(Relaxed);
-        KeptStore::keep(9, sandbox.store(&id, &limits));
+        KeptStore::keep(9, sandbox.store(&id, &limits, CallTime::own(limits.timeout)));
         let kept = kept_here();
         let after = HELD_INSTANCES.load(Relaxed);
         HELD_INSTANCES.fetch_sub(HELD_INSTANCES_TOTAL, Relaxed);
