@@ -85,7 +85,17 @@ pub(super) fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     if version == SCHEMA_VERSION {
         return Ok(conn);
     }
-    let tx = conn.transaction()?;
+    // Engines started together may all find a new file. The write lock is
+    // taken up front, waiting on the busy timeout: a deferred transaction
+    // that read first fails at once ("database is locked") when it tries to
+    // write after another engine did. Whoever comes second finds the layout
+    // made.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version == SCHEMA_VERSION {
+        tx.commit()?;
+        return Ok(conn);
+    }
     let has_column = |column: &str| -> rusqlite::Result<bool> {
         tx.query_row(
             "SELECT COUNT(*) > 0 FROM pragma_table_info('results') WHERE name = ?1",
@@ -456,6 +466,18 @@ impl Writer {
                 deleted += tx.execute("DELETE FROM batches WHERE recorded_at_ms < ?1", params![cutoff])?;
             }
             tx.execute("DELETE FROM result_keys WHERE recorded_at_ms < ?1", params![cutoff])?;
+            // The keys of keyed results are bounded like the results: the
+            // newest `max_rows` at most. A key shares its time with the rest
+            // of its write, so the cut may take a few more than needed.
+            let keys: i64 = tx.query_row("SELECT COUNT(*) FROM result_keys", [], |r| r.get(0))?;
+            if keys > max_rows {
+                let cut_at: i64 = tx.query_row(
+                    "SELECT recorded_at_ms FROM result_keys ORDER BY recorded_at_ms DESC LIMIT 1 OFFSET ?1",
+                    params![max_rows],
+                    |r| r.get(0),
+                )?;
+                tx.execute("DELETE FROM result_keys WHERE recorded_at_ms <= ?1", params![cut_at])?;
+            }
             let total = match known_total {
                 Some(total) if deleted == 0 => total,
                 _ => tx.query_row("SELECT COALESCE(SUM(size), 0) FROM batches", [], |r| r.get(0))?,
@@ -771,6 +793,24 @@ mod tests {
         assert_eq!(rows("t", &[&"a".repeat(250), &"b".repeat(250)]).weight(), 7);
     }
 
+    #[test]
+    fn engines_opening_a_new_file_together_all_get_the_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.sqlite3");
+        for _ in 0..5 {
+            let _ = std::fs::remove_file(&path);
+            let opened: Vec<_> = (0..16)
+                .map(|_| {
+                    let path = path.clone();
+                    std::thread::spawn(move || open_connection(&path).map(drop))
+                })
+                .collect();
+            for o in opened {
+                o.join().unwrap().expect("every opener waits its turn");
+            }
+        }
+    }
+
     fn config(dir: &Path) -> HistoryConfig {
         HistoryConfig {
             path: dir.join("history.sqlite3"),
@@ -894,6 +934,35 @@ mod tests {
         }
         let h = History::open(&c).unwrap();
         assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.5, 0.4, 0.3]);
+    }
+
+    #[test]
+    fn retention_bounds_the_keys_of_keyed_results_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path());
+        c.max_rows = 3;
+        let spec = SpecDigest::of("content", None);
+        {
+            let h = History::open(&c).unwrap();
+            for t in 0..6 {
+                let mut keyed = batch(&format!("t{t}"), vec![row("x", spec, 0.5)]);
+                keyed.keyed = true;
+                h.record(keyed);
+                // Each its own write, so each key its own time.
+                h.flush(soon());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        drop(History::open(&c).unwrap());
+        let conn = Connection::open(&c.path).unwrap();
+        let keys: Vec<String> = conn
+            .prepare("SELECT trace_id FROM result_keys ORDER BY trace_id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(keys, ["t3", "t4", "t5"], "the newest keys, as many as the results kept");
     }
 
     fn row(id: &str, spec: SpecDigest, score: f64) -> Row {
