@@ -493,7 +493,7 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &Plan<'_
         .await
         .map_err(|e| {
             // What the providers that did answer cost is spent all the same.
-            if let EvalError::Provider { cost, .. } = &e {
+            if let EvalError::Provider { cost, .. } | EvalError::PaidTimeout { cost, .. } = &e {
                 engine.sinks.add_cost(*cost);
             }
             eval_error(e, |i| (&assertions[i].id, assertions[i].kind), engine.config.eval_timeout)

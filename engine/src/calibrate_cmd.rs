@@ -89,7 +89,7 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
     let providers = &engine.providers;
     let judge = providers.judge().map_err(|e| match e {
         crate::providers::ProviderError::Unavailable { message, detail } => anyhow::anyhow!("{message}. {detail}"),
-        other => anyhow::anyhow!("{other:?}"),
+        other => anyhow::anyhow!("{other}"),
     })?;
     if persist && providers.cache.is_none() {
         bail!(
@@ -120,7 +120,18 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
         };
         let judged = runtime
             .block_on(check.judge_material(providers, judge, &shown, deadline))
-            .map_err(|e| anyhow::anyhow!("record {} ({}): judge call failed: {e:?}", i + 1, clip(&record.input, 60)))?;
+            .map_err(|e| {
+                let hint = match e {
+                    crate::providers::ProviderError::Timeout => "; raise --eval-timeout, or check that the judge provider answers",
+                    _ => "; check the judge provider's settings ([judge] in the config, ATTEST_JUDGE_* variables)",
+                };
+                anyhow::anyhow!(
+                    "record {} ({}): judge call failed: {}{hint}",
+                    i + 1,
+                    attest_io::printable(&clip(&record.input, 60)),
+                    attest_io::printable(&e.to_string())
+                )
+            })?;
         cost += judged.cost;
         model = judged.metadata.model.clone();
         pairs.push(LabelPair {

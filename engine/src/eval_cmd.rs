@@ -92,7 +92,9 @@ pub fn run_plugin(
     let labels: Vec<String> = traces.iter().map(|(label, _)| label.clone()).collect();
     let code = evaluate_files(engine, &[assertion], traces, format, true, out)?;
     if let (Some(p), Format::Table) = (plugin, format) {
-        write_capability_use(&labels, &p.capability_listing(), &p.take_capability_use(), out)?;
+        let mut listing = Vec::new();
+        write_capability_use(&labels, &p.capability_listing(), &p.take_capability_use(), &mut listing)?;
+        out.write_all(attest_io::printable(&String::from_utf8_lossy(&listing)).as_bytes())?;
     }
     Ok(code)
 }
@@ -184,7 +186,13 @@ fn evaluate_files(
             serde_json::to_writer_pretty(&mut *out, &outcomes)?;
             writeln!(out)?;
         }
-        Format::Table => write_table(&outcomes, verbose, out)?,
+        Format::Table => {
+            // Explanations, ids and provider errors come from input: shown
+            // on a terminal, their control characters are escaped.
+            let mut table = Vec::new();
+            write_table(&outcomes, verbose, &mut table)?;
+            out.write_all(attest_io::printable(&String::from_utf8_lossy(&table)).as_bytes())?;
+        }
     }
     let errored = outcomes.iter().any(|o| matches!(o.body, Body::Error { .. }));
     let hard = outcomes

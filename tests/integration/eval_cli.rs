@@ -83,6 +83,23 @@ fn table_output_for_a_passing_trace_exits_0() {
 }
 
 #[test]
+fn control_characters_from_input_are_escaped_in_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "trace.json", &refund_trace());
+    let assertions = write_json(
+        &dir,
+        "assertions.json",
+        &json!([{"assertion_id": "c\u{1b}]0;TITLE\u{7}", "type": "content",
+                 "spec": {"target": "output.message", "check": "contains", "value": "\u{1b}[2Jrefund"}}]),
+    );
+    let out = eval(&trace, &assertions, &[]);
+    let text = stdout(&out);
+    assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "{text:?}");
+    assert!(text.contains("c\\u{1b}]0;TITLE\\u{7}"), "{text}");
+    assert!(text.contains("\\u{1b}[2Jrefund"), "{text}");
+}
+
+#[test]
 fn a_report_that_cannot_be_written_fails_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let trace = write_json(&dir, "trace.json", &refund_trace());

@@ -219,6 +219,27 @@ fn rate_limits_are_retried_honouring_retry_after() {
 }
 
 #[test]
+fn a_retry_after_of_any_size_is_a_2001_not_a_crash() {
+    let fake = Fake::start();
+    fake.mount(
+        Mock::given(path("/v1/chat/completions")).respond_with(
+            ResponseTemplate::new(429)
+                .insert_header("retry-after", "18446744073709551615")
+                .set_body_json(json!({"error": {"message": "rate limit exceeded"}})),
+        ),
+    );
+    let mut e = engine_for(&fake, &[]);
+    let resp = e.request(&evaluate_request(json!(1), trace_with_output("GOOD"), json!([judge("j", "tone")])));
+    assert_eq!(resp["error"]["code"], 2001, "{resp}");
+    assert!(
+        resp["error"]["message"].as_str().unwrap().contains("past the evaluation deadline"),
+        "{resp}"
+    );
+    let resp = e.request(&evaluate_request(json!(2), trace_with_output("GOOD"), json!([])));
+    assert!(resp["result"].is_object(), "the engine still serves: {resp}");
+}
+
+#[test]
 fn a_server_error_then_success_passes() {
     let fake = Fake::start();
     let calls = Arc::new(AtomicUsize::new(0));

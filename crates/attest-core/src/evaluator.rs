@@ -92,8 +92,9 @@ pub enum EvalError {
     Timeout { done: usize, total: usize },
     /// Regex work on the regex threads did not finish before the deadline.
     RegexTimeout,
-    /// `pending` paid assertions were still waiting for their provider.
-    PaidTimeout { pending: usize },
+    /// `pending` paid assertions were still waiting for their provider;
+    /// `cost` is what the ones that did answer cost, which is still spent.
+    PaidTimeout { pending: usize, cost: f64 },
     /// The budget is spent; `index` is the first paid assertion refused.
     BudgetSpent { index: usize, budget: f64, spent: f64 },
     /// A provider failed for the assertion at `index`; `cost` is what the
@@ -106,7 +107,7 @@ impl std::fmt::Display for EvalError {
         match self {
             EvalError::Timeout { done, total } => write!(f, "the deadline passed with {done} of {total} assertions evaluated"),
             EvalError::RegexTimeout => write!(f, "regex checks did not finish before the deadline"),
-            EvalError::PaidTimeout { pending } => {
+            EvalError::PaidTimeout { pending, .. } => {
                 write!(f, "{pending} paid assertions were still waiting for their provider at the deadline")
             }
             EvalError::BudgetSpent { index, budget, spent } => {
@@ -535,14 +536,26 @@ async fn run_paid(
         }
     }
     let deadline = tokio::time::Instant::from_std(cx.deadline);
+    // What answered calls cost, kept as they answer: at the deadline the
+    // answers still out are dropped, and what the others cost is spent all
+    // the same.
+    let answered_cost = std::sync::Mutex::new(0.0_f64);
+    let answered_cost = &answered_cost;
     let calls = pending.iter().map(|&i| async move {
         let t0 = Instant::now();
         let r = suite[i].compiled.evaluate_paid(trace, deadline).await;
+        if let Ok((_, cost)) = &r {
+            *answered_cost.lock().unwrap_or_else(|e| e.into_inner()) += cost;
+        }
         (i, r, t0.elapsed().as_millis() as u64)
     });
+    let spent_so_far = || *answered_cost.lock().unwrap_or_else(|e| e.into_inner());
     let answers = tokio::time::timeout_at(deadline, futures_util::future::join_all(calls))
         .await
-        .map_err(|_| EvalError::PaidTimeout { pending: pending.len() })?;
+        .map_err(|_| EvalError::PaidTimeout {
+            pending: pending.len(),
+            cost: spent_so_far(),
+        })?;
     let mut first_error = None;
     let mut cost_spent = 0.0;
     for (i, answer, ms) in answers {
@@ -566,7 +579,10 @@ async fn run_paid(
     }
     match first_error {
         None => Ok(()),
-        Some((_, ProviderError::Timeout)) => Err(EvalError::PaidTimeout { pending: pending.len() }),
+        Some((_, ProviderError::Timeout)) => Err(EvalError::PaidTimeout {
+            pending: pending.len(),
+            cost: cost_spent,
+        }),
         Some((index, error)) => Err(EvalError::Provider {
             index,
             error,
@@ -641,7 +657,9 @@ mod tests {
         }
     }
 
-    /// A paid check that costs a cent and scores what it was told.
+    /// A paid check that costs a cent and scores what it was told; told a
+    /// negative score its provider fails, told a score over 1 it never
+    /// answers.
     #[derive(Debug)]
     struct Fixed(f64);
 
@@ -655,6 +673,9 @@ mod tests {
             Box::pin(async move {
                 if score < 0.0 {
                     return Err(ProviderError::failed("provider down", 3));
+                }
+                if score > 1.0 {
+                    std::future::pending::<()>().await;
                 }
                 Ok((Verdict::from_bool(score >= 0.5, format!("scored {score}")), 0.01))
             })
@@ -793,6 +814,21 @@ mod tests {
                 assert_eq!(index, 1);
                 assert_eq!(error, ProviderError::failed("provider down", 3));
                 assert!((cost - 0.01).abs() < 1e-12, "the judge that answered still cost");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn what_answered_before_the_deadline_is_spent_though_others_time_out() {
+        let f = fakes();
+        let s = suite(&f, &[("llm_judge", json!({"score": 0.9})), ("llm_judge", json!({"score": 2.0}))]);
+        let mut cx = context(None);
+        cx.deadline = Instant::now() + Duration::from_millis(200);
+        match run(&s, &[], &cx).await.unwrap_err() {
+            EvalError::PaidTimeout { pending, cost } => {
+                assert_eq!(pending, 2);
+                assert!((cost - 0.01).abs() < 1e-12, "the judge that answered still cost: {cost}");
             }
             other => panic!("{other:?}"),
         }

@@ -12,24 +12,7 @@ pub fn clip(s: &str, max: usize) -> String {
     format!("{}… ({} more bytes)", &s[..end], s.len() - end)
 }
 
-/// `s` with control characters other than newline and tab written as
-/// `\u{1b}`-style escapes: agent text shown on a terminal or in a report
-/// must not move the cursor, clear the screen or retitle the window.
-pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    let escaped = |c: char| c.is_control() && c != '\n' && c != '\t';
-    if !s.chars().any(escaped) {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 16);
-    for c in s.chars() {
-        if escaped(c) {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
+pub use attest_io::printable;
 
 /// Current UTC time as ISO-8601 with milliseconds and a trailing Z.
 pub fn utc_now() -> String {
@@ -62,7 +45,5 @@ mod tests {
         assert!(clip("ééé", 3).starts_with("é…"));
         assert_eq!(uuid4().len(), 36);
         assert!(utc_now().ends_with('Z'));
-        assert_eq!(printable("a\u{1b}[2J\nb\u{7}"), "a\\u{1b}[2J\nb\\u{7}");
-        assert!(matches!(printable("plain\ttext"), std::borrow::Cow::Borrowed(_)));
     }
 }

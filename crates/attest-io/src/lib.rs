@@ -4,14 +4,17 @@
 //!
 //! A regular file reports its size, so one that is too large is refused
 //! before a byte is read. A pipe, a FIFO or a device (`/dev/zero`) reports
-//! none (and opening a FIFO waits for its writer, as any reader of one
-//! does), and a file may grow while it is read, so the read itself also
+//! none (a FIFO is opened without waiting for a writer, and reads as empty
+//! when there is none), and a file may grow while it is read, so the read itself also
 //! stops one byte past the cap: that byte is how "exactly at the cap" is
 //! told from "over it". Size is judged before text, so a cap that happens to
 //! cut a character in two is reported as the size it is, not as bad UTF-8.
 //!
 //! Callers turn a [`ReadError`] into their own domain's error, with the
 //! file's role ("trace file", "labels file") and what to do about it.
+//!
+//! What comes back out of those files onto a terminal goes through
+//! [`printable`].
 //!
 //! Text that is small enough may still parse into far more memory than its
 //! size: [`json_containers`] counts a JSON text's objects and arrays first.
@@ -73,6 +76,26 @@ impl fmt::Display for Size {
             n => write!(f, "{n} bytes"),
         }
     }
+}
+
+/// `s` with control characters other than newline and tab written as
+/// `\u{1b}`-style escapes: text from input (an agent's, a provider's, a trace's) shown on a
+/// terminal or in a report must not move the cursor, clear the screen or
+/// retitle the window.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !s.chars().any(escaped) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if escaped(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Opens `path` for reading without waiting: opening a named pipe blocks
@@ -248,5 +271,12 @@ mod tests {
         // SAFETY: `c` is a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert_eq!(read_capped(&fifo, 10).unwrap(), b"");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_for_the_terminal() {
+        assert_eq!(printable("a\u{1b}[2J\nb\u{7}"), "a\\u{1b}[2J\nb\\u{7}");
+        assert_eq!(printable("\u{9b}31m"), "\\u{9b}31m", "C1 controls too");
+        assert!(matches!(printable("plain\ttext"), std::borrow::Cow::Borrowed(_)));
     }
 }

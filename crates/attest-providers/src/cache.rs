@@ -117,6 +117,9 @@ pub struct CacheStats {
 /// Most persisted judge calibrations kept (newest first).
 const MAX_CALIBRATIONS: i64 = 1000;
 
+/// How long a cache statement waits for another process's lock.
+const CACHE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Evictions are checked once per this many writes.
 const EVICT_EVERY: u64 = 64;
 
@@ -125,7 +128,10 @@ impl ProviderCache {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let conn = attest_store::open_shared(path)?;
+        // A cache is worth a short wait at most: a lookup that waits on
+        // another process's lock for longer is a miss (and a write is
+        // skipped), never a request held toward its deadline.
+        let conn = attest_store::open_shared_waiting(path, CACHE_LOCK_WAIT)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS embeddings (
                 key BLOB PRIMARY KEY, model TEXT NOT NULL, vector BLOB NOT NULL,

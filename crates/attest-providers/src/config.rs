@@ -14,6 +14,10 @@ pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 pub const DEFAULT_EMBEDDING_MODEL: &str = "text-embedding-3-small";
 pub const DEFAULT_OPENAI_JUDGE_MODEL: &str = "gpt-4.1";
 pub const DEFAULT_ANTHROPIC_JUDGE_MODEL: &str = "claude-sonnet-4-5";
+/// The slowest pacing `[providers] requests_per_second` may ask for.
+pub const MIN_REQUESTS_PER_SECOND: f64 = 0.001;
+/// The fastest: beyond it pacing is no pacing.
+pub const MAX_REQUESTS_PER_SECOND: f64 = 1_000_000.0;
 
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -269,8 +273,10 @@ impl ProvidersConfig {
             bail!("providers.max_concurrency must be between 1 and 1024, got {max_concurrency}");
         }
         if let Some(r) = fp.requests_per_second {
-            if !(r.is_finite() && r > 0.0) {
-                bail!("providers.requests_per_second must be a positive number, got {r}");
+            // Below one request per 1,000 s a request could not be paced
+            // within any deadline.
+            if !(r.is_finite() && (MIN_REQUESTS_PER_SECOND..=MAX_REQUESTS_PER_SECOND).contains(&r)) {
+                bail!("providers.requests_per_second must be between {MIN_REQUESTS_PER_SECOND} and {MAX_REQUESTS_PER_SECOND}, got {r}");
             }
         }
         let attempt_timeout = match &fp.attempt_timeout {
@@ -397,6 +403,25 @@ mod tests {
             base: Path::new(""),
         };
         ProvidersConfig::load(sections, None, &move |k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn pacing_is_refused_outside_its_range() {
+        for rate in [1e-300, 1e-19, 0.0, -1.0, f64::NAN, 1e7] {
+            let providers = FileProviders {
+                requests_per_second: Some(rate),
+                ..FileProviders::default()
+            };
+            let sections = FileSections {
+                embedding: None,
+                judge: None,
+                providers: Some(&providers),
+                prices: None,
+                base: Path::new(""),
+            };
+            let e = ProvidersConfig::load(sections, None, &|_| None).unwrap_err().to_string();
+            assert!(e.contains("requests_per_second must be between 0.001 and 1000000"), "{rate}: {e}");
+        }
     }
 
     #[test]

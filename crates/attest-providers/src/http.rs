@@ -30,6 +30,7 @@ pub struct HttpClient {
     /// Calls in flight at once (separate from request admission, so that
     /// slow providers never hold the threads that evaluate layers 1–4).
     permits: Arc<Semaphore>,
+    max_concurrency: usize,
     pacer: Option<Arc<Pacer>>,
     attempt_timeout: Duration,
 }
@@ -65,13 +66,33 @@ impl HttpClient {
         HttpClient {
             inner,
             permits: Arc::new(Semaphore::new(max_concurrency.max(1))),
-            pacer: requests_per_second.filter(|r| *r > 0.0).map(|r| {
+            max_concurrency: max_concurrency.max(1),
+            pacer: requests_per_second
+                .and_then(|r| Duration::try_from_secs_f64(1.0 / r).ok())
+                .map(|interval| {
+                    Arc::new(Pacer {
+                        interval,
+                        next: Mutex::new(Instant::now()),
+                    })
+                }),
+            attempt_timeout,
+        }
+    }
+
+    /// The same client (connections, settings) with concurrency slots and
+    /// pacing of its own, for another provider.
+    pub fn with_own_limits(&self) -> HttpClient {
+        HttpClient {
+            inner: self.inner.clone(),
+            permits: Arc::new(Semaphore::new(self.max_concurrency)),
+            max_concurrency: self.max_concurrency,
+            pacer: self.pacer.as_ref().map(|p| {
                 Arc::new(Pacer {
-                    interval: Duration::from_secs_f64(1.0 / r),
+                    interval: p.interval,
                     next: Mutex::new(Instant::now()),
                 })
             }),
-            attempt_timeout,
+            attempt_timeout: self.attempt_timeout,
         }
     }
 
@@ -99,7 +120,9 @@ impl HttpClient {
                 return Err(err(failure.message));
             }
             let wait = failure.retry_after.unwrap_or_else(|| backoff(attempt));
-            if Instant::now() + wait >= deadline {
+            // A Retry-After of any size is a wait past the deadline, never an
+            // overflow.
+            if Instant::now().checked_add(wait).is_none_or(|resume| resume >= deadline) {
                 return Err(match failure.retry_after {
                     Some(after) => err(format!(
                         "{} (Retry-After {}s is past the evaluation deadline)",

@@ -117,7 +117,11 @@ pub struct Judge {
 const EMBEDDING_SETUP: &str = "Either point the engine at an OpenAI-compatible embeddings API (ATTEST_EMBEDDING_BASE_URL and/or ATTEST_EMBEDDING_API_KEY, or [embedding] in the config file), or install a local sentence-transformers model (config.json, tokenizer.json, model.safetensors of all-MiniLM-L6-v2) in ~/.attest/models/all-MiniLM-L6-v2 or the directory named by ATTEST_EMBEDDING_MODEL_DIR. See README, Layers 5 and 6.";
 
 pub struct Providers {
-    http: HttpClient,
+    /// Calls to the embedding provider and to the judge, each with its own
+    /// concurrency and pacing: a provider that hangs holds only its own
+    /// slots, never the other's.
+    embedding_http: HttpClient,
+    judge_http: HttpClient,
     embedder: Result<Embedder, String>,
     judge: Option<Judge>,
     pub cache: Option<ProviderCache>,
@@ -159,8 +163,10 @@ impl Providers {
                     None
                 }
             });
+        let http = HttpClient::new(c.max_concurrency, c.requests_per_second, c.attempt_timeout);
         Providers {
-            http: HttpClient::new(c.max_concurrency, c.requests_per_second, c.attempt_timeout),
+            judge_http: http.with_own_limits(),
+            embedding_http: http,
             embedder,
             judge: c.judge.as_ref().map(|j| Judge {
                 kind: j.kind,
@@ -248,7 +254,7 @@ impl Providers {
             let batch: Vec<&str> = todo.iter().map(|i| texts[*i]).collect();
             let fresh = match embedder {
                 Embedder::Remote { endpoint, .. } => {
-                    let (v, usage) = openai::embed(&self.http, endpoint, &model_name, &batch, deadline).await?;
+                    let (v, usage) = openai::embed(&self.embedding_http, endpoint, &model_name, &batch, deadline).await?;
                     cost = self.cost(&model_name, usage);
                     v
                 }
@@ -272,8 +278,8 @@ impl Providers {
     /// One chat completion from the judge provider; returns it and its cost.
     pub async fn complete(&self, judge: &Judge, chat: &Chat<'_>, deadline: Instant) -> Result<(Completion, f64), ProviderError> {
         let c = match judge.kind {
-            JudgeKind::OpenAi => openai::chat(&self.http, &judge.endpoint, chat, deadline).await?,
-            JudgeKind::Anthropic => anthropic::chat(&self.http, &judge.endpoint, chat, deadline).await?,
+            JudgeKind::OpenAi => openai::chat(&self.judge_http, &judge.endpoint, chat, deadline).await?,
+            JudgeKind::Anthropic => anthropic::chat(&self.judge_http, &judge.endpoint, chat, deadline).await?,
         };
         let cost = self.cost(chat.model, c.usage);
         Ok((c, cost))
