@@ -83,8 +83,15 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
         // Calibration judges records, not assertions: no bias probes.
         .map(JudgeCheck::without_bias_probes)
         .map_err(|e| {
-            let option = if e.field.ends_with("criteria") { "--criteria" } else { "--rubric" };
-            anyhow::anyhow!("{option}: {} ({})", e.message, e.detail)
+            let (option, field) = if e.field.ends_with("criteria") {
+                ("--criteria", "spec.criteria")
+            } else {
+                ("--rubric", "spec.rubric")
+            };
+            // The spec's field names are what an assertion writer sees; here
+            // the value came from the option.
+            let said = |text: &str| text.replace(field, option);
+            anyhow::anyhow!("{option}: {} ({})", said(&e.message), said(&e.detail))
         })?;
     let providers = &engine.providers;
     let judge = providers.judge().map_err(|e| match e {
