@@ -394,6 +394,11 @@ impl Suite {
         self.evaluate_with(engine, trace_text, deadline, Effects::All).await
     }
 
+    /// Whether evaluating may hold its thread (plugin calls, history reads).
+    pub fn may_block(&self) -> bool {
+        self.plan.suite.may_block()
+    }
+
     /// [`Suite::evaluate`], choosing which effects it has.
     pub async fn evaluate_with(
         &self,

@@ -76,14 +76,21 @@ impl attest_collect::Suite for RuleSuite {
         Box::pin(async move {
             let text = trace.to_string();
             let deadline = Instant::now() + self.engine.config.eval_timeout;
-            let result = self
-                .suite
-                .evaluate_with(&self.engine, &text, deadline, Effects::ResultsOnly)
-                .await
-                .map_err(|e| EvalError {
-                    message: format!("{} ({}): {}", e.code.code(), e.code.error_type(), e.message),
-                    retryable: matches!(e.code, ErrorCode::ProviderError | ErrorCode::Timeout),
-                })?;
+            let run = self.suite.evaluate_with(&self.engine, &text, deadline, Effects::ResultsOnly);
+            // A rule whose evaluation may hold its thread (a plugin spinning
+            // to its deadline) runs where the runtime hands this worker's
+            // role to another thread meanwhile: the receiver, `/metrics` and
+            // a worker's NATS acks keep being served.
+            let runtime = tokio::runtime::Handle::current();
+            let result = if self.suite.may_block() && runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+                tokio::task::block_in_place(|| runtime.block_on(run))
+            } else {
+                run.await
+            };
+            let result = result.map_err(|e| EvalError {
+                message: format!("{} ({}): {}", e.code.code(), e.code.error_type(), e.message),
+                retryable: matches!(e.code, ErrorCode::ProviderError | ErrorCode::Timeout),
+            })?;
             Ok(result
                 .results
                 .into_iter()

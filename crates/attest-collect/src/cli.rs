@@ -101,17 +101,56 @@ pub struct CollectArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct NatsOptions {
     /// Subject prefix; streams are `<PREFIX>_TRACES`, `<PREFIX>_RESULTS`, `<PREFIX>_DEAD` (upper-cased).
-    #[arg(long, default_value = "attest")]
+    /// ASCII letters, digits, `_` and `-`, in dot-separated tokens (at most 64 bytes).
+    #[arg(long, default_value = "attest", value_parser = nats_prefix)]
     pub nats_prefix: String,
     /// Stream replicas (3 on a production cluster).
     #[arg(long, default_value_t = 1)]
     pub nats_replicas: usize,
-    /// Deliveries of a work message before it goes to the dead-letter subject.
-    #[arg(long, default_value_t = 5)]
+    /// Deliveries of a work message before it goes to the dead-letter subject (1 to 10000).
+    #[arg(long, default_value_t = 5, value_parser = at_least_one::<MAX_MAX_DELIVER, i64>)]
     pub max_deliver: i64,
-    /// Seconds a worker has to acknowledge (progress acks extend it while evaluating).
-    #[arg(long, default_value_t = 30)]
+    /// Seconds a worker has to acknowledge (progress acks extend it while evaluating; 1 to 86400).
+    #[arg(long, default_value_t = 30, value_parser = at_least_one::<MAX_ACK_WAIT_SECS, u64>)]
     pub ack_wait_secs: u64,
+}
+
+/// Largest `--max-deliver`: the consumer is created with one delivery more.
+const MAX_MAX_DELIVER: i64 = 10_000;
+/// Largest `--ack-wait-secs` (a day): JetStream keeps durations as i64 nanoseconds.
+const MAX_ACK_WAIT_SECS: i64 = 86_400;
+
+/// A whole number from 1 to `MAX`. Zero or a negative count is refused
+/// rather than quietly raised to 1: the operator asked for something else.
+fn at_least_one<const MAX: i64, T: TryFrom<i64>>(s: &str) -> Result<T, String> {
+    let v: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a whole number; give 1 to {MAX}"))?;
+    if !(1..=MAX).contains(&v) {
+        return Err(format!("{v} is out of range; give 1 to {MAX}"));
+    }
+    T::try_from(v).map_err(|_| format!("{v} is out of range; give 1 to {MAX}"))
+}
+
+/// Longest `--nats-prefix`, in bytes.
+const MAX_NATS_PREFIX_BYTES: usize = 64;
+
+/// `--nats-prefix`: it becomes subjects (`<PREFIX>.traces`) and, upper-cased
+/// with `.` and `-` turned into `_`, stream and consumer names, so only
+/// characters valid in all of them are accepted.
+fn nats_prefix(s: &str) -> Result<String, String> {
+    const RULE: &str = "use 1 to 64 ASCII letters, digits, '_' or '-', optionally in dot-separated tokens (attest, team_a.attest); wildcards ('*', '>'), spaces and empty tokens are not allowed";
+    if s.is_empty() || s.len() > MAX_NATS_PREFIX_BYTES {
+        return Err(format!("the prefix is {} bytes; {RULE}", s.len()));
+    }
+    if let Some(c) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))) {
+        return Err(format!("{c:?} is not allowed; {RULE}"));
+    }
+    if s.split('.').any(str::is_empty) {
+        return Err(format!("'{s}' has an empty token (a leading, trailing or doubled '.'); {RULE}"));
+    }
+    Ok(s.to_string())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -416,7 +455,7 @@ pub(crate) async fn handle_item(pipeline: &Pipeline, publisher: Option<&distribu
             }
             Err(e) => {
                 pipeline.metrics.dropped("publish_failed", 0);
-                tracing::warn!(trace_id = %item.trace_id(), error = %e, "publishing to NATS failed");
+                tracing::warn!(trace_id = %crate::shown_id(item.trace_id()), error = %e, "publishing to NATS failed");
             }
         }
         return;
@@ -424,12 +463,15 @@ pub(crate) async fn handle_item(pipeline: &Pipeline, publisher: Option<&distribu
     match pipeline.evaluate(&item, 1).await {
         Ok(records) => {
             if let Err(e) = pipeline.store(&records).await {
-                eprintln!("attest-collect: storing results of {} failed: {e:#}", item.trace_id());
+                eprintln!(
+                    "attest-collect: storing results of {} failed: {e:#}",
+                    crate::shown_id(item.trace_id())
+                );
             }
         }
         Err(e) => {
             pipeline.metrics.dropped("evaluation_failed", 0);
-            eprintln!("attest-collect: evaluation of {} failed: {e}", item.trace_id());
+            eprintln!("attest-collect: evaluation of {} failed: {e}", crate::shown_id(item.trace_id()));
         }
     }
 }
@@ -468,4 +510,64 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
         WorkerRole::Sink => distributed::run_sink(&args, pipeline).await?,
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cmd {
+        #[command(flatten)]
+        nats: NatsOptions,
+    }
+
+    fn parse(args: &[&str]) -> Result<NatsOptions, String> {
+        Cmd::try_parse_from([&["x"][..], args].concat())
+            .map(|c| c.nats)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn zero_or_negative_deliveries_and_ack_waits_are_refused_naming_the_flag() {
+        let o = parse(&[]).unwrap();
+        assert_eq!((o.max_deliver, o.ack_wait_secs, o.nats_prefix.as_str()), (5, 30, "attest"));
+        for (args, flag, want) in [
+            (&["--max-deliver", "0"][..], "--max-deliver", "0 is out of range; give 1 to 10000"),
+            (&["--max-deliver=-3"][..], "--max-deliver", "-3 is out of range; give 1 to 10000"),
+            (
+                &["--ack-wait-secs", "0"][..],
+                "--ack-wait-secs",
+                "0 is out of range; give 1 to 86400",
+            ),
+            (&["--ack-wait-secs", "x"][..], "--ack-wait-secs", "'x' is not a whole number"),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.contains(flag) && e.contains(want), "{args:?}: {e}");
+        }
+        assert_eq!(parse(&["--max-deliver", "1", "--ack-wait-secs", "1"]).unwrap().max_deliver, 1);
+    }
+
+    #[test]
+    fn nats_prefixes_are_checked_up_front() {
+        for ok in ["attest", "team_a.attest", "a-b_c.D9"] {
+            assert_eq!(parse(&["--nats-prefix", ok]).unwrap().nats_prefix, ok);
+        }
+        for (bad, why) in [
+            ("", "the prefix is 0 bytes"),
+            ("x.*", "'*' is not allowed"),
+            ("a b", "' ' is not allowed"),
+            (">", "'>' is not allowed"),
+            ("a..b", "empty token"),
+            (".a", "empty token"),
+        ] {
+            let e = parse(&["--nats-prefix", bad]).unwrap_err();
+            assert!(
+                e.contains("--nats-prefix") && e.contains(why) && e.contains("ASCII letters, digits, '_' or '-'"),
+                "{bad:?}: {e}"
+            );
+        }
+        assert!(parse(&["--nats-prefix", &"a".repeat(65)]).is_err());
+    }
 }

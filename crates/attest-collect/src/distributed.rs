@@ -18,6 +18,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer, stream, AckKind};
 use futures::StreamExt;
+use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -122,16 +123,107 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
 /// Further attempts at creating a stream another node may be creating.
 const STREAM_CREATE_RETRIES: u32 = 4;
 
-async fn publish_with_id(js: &jetstream::Context, subject: &str, id: &str, payload: Vec<u8>) -> anyhow::Result<bool> {
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Msg-Id", id);
-    let ack = tokio::time::timeout(PUBLISH_TIMEOUT, async {
-        js.publish_with_headers(subject.to_string(), headers, payload.into()).await?.await
+/// Longest escaped id put in a header as it is; a longer one is replaced by
+/// `%h` and its SHA-256 (hex), which no escaped id can equal (an escaped `%`
+/// is always followed by two upper-case hex digits).
+const MAX_HEADER_ID_BYTES: usize = 256;
+
+/// A trace id as a NATS header value (`Nats-Msg-Id`, `Attest-Trace-Id`).
+/// Raw ids cannot go there: async-nats panics on a value with CR or LF, and
+/// other control characters would garble the header block. The encoding is
+/// injective ([`crate::escape_id`]), so distinct traces keep distinct message
+/// ids, and ordinary ids (hex, `trc_…`) are unchanged.
+pub fn header_id(id: &str) -> String {
+    let escaped = crate::escape_id(id);
+    if escaped.len() <= MAX_HEADER_ID_BYTES {
+        return escaped;
+    }
+    format!("%h{}", hex(&Sha256::digest(id.as_bytes())))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Free text (a dead-letter reason) as a header value: control characters
+/// escaped (`\n`, `\u{7}`), at most 200 bytes.
+fn header_text(s: &str) -> String {
+    let escaped: String = s
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect();
+    crate::bounded(&escaped, 200)
+}
+
+/// `Nats-Msg-Id` of a results message: covers everything the message holds,
+/// the trace and each (rule, assertion) key, so only a message with the same
+/// results (a redelivery's) is dropped as a duplicate. An id of the trace
+/// alone let any earlier message for that trace (a stray publish, results of
+/// other rules) suppress the real results for the whole duplicate window.
+pub fn results_msg_id(trace_id: &str, records: &[ResultRecord]) -> String {
+    let mut keys: Vec<(&str, &str)> = records.iter().map(|r| (r.key.rule.as_str(), r.key.assertion_id.as_str())).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut h = Sha256::new();
+    // Length-prefixed, so no two different key lists hash the same bytes.
+    let mut field = |s: &str| {
+        h.update((s.len() as u64).to_be_bytes());
+        h.update(s.as_bytes());
+    };
+    field(trace_id);
+    for (rule, assertion) in keys {
+        field(rule);
+        field(assertion);
+    }
+    format!("results-{}", hex(&h.finalize()))
+}
+
+/// Why a publish failed; `too_large` when the message (headers included)
+/// is over the server's `max_payload`, which no retry can fix.
+#[derive(Debug)]
+struct PublishFailure {
+    too_large: bool,
+    error: anyhow::Error,
+}
+
+impl std::fmt::Display for PublishFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.error)
+    }
+}
+
+/// Publishes and waits for the stream's ack; `Ok(true)` when the server
+/// dropped the message as a duplicate of its `Nats-Msg-Id`.
+async fn publish(
+    js: &jetstream::Context,
+    subject: &str,
+    headers: async_nats::HeaderMap,
+    payload: bytes::Bytes,
+) -> Result<bool, PublishFailure> {
+    let sent = tokio::time::timeout(PUBLISH_TIMEOUT, async {
+        match js.publish_with_headers(subject.to_string(), headers, payload).await {
+            Ok(ack) => ack.await.map_err(|e| (false, nats(format_args!("publish to {subject}"), e))),
+            Err(e) => Err((
+                e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded,
+                nats(format_args!("publish to {subject}"), e),
+            )),
+        }
     })
-    .await
-    .context("publish not acknowledged within 10 s")?
-    .map_err(|e| nats(format_args!("publish to {subject}"), e))?;
-    Ok(ack.duplicate)
+    .await;
+    match sent {
+        Ok(Ok(ack)) => Ok(ack.duplicate),
+        Ok(Err((too_large, error))) => Err(PublishFailure { too_large, error }),
+        Err(_) => Err(PublishFailure {
+            too_large: false,
+            error: anyhow::anyhow!("publish to {subject} not acknowledged within 10 s"),
+        }),
+    }
 }
 
 /// A collector's handle for publishing selected traces.
@@ -151,7 +243,13 @@ impl Publisher {
     /// Publishes a selected trace; returns true when the server already had it (duplicate).
     pub async fn publish(&self, item: &WorkItem) -> anyhow::Result<bool> {
         let payload = serde_json::to_vec(item)?;
-        publish_with_id(&self.js, &self.names.traces_subject, item.trace_id(), payload).await
+        let mut headers = async_nats::HeaderMap::new();
+        // One work message per trace: the same trace published again within
+        // the duplicate window (a second collector, a re-run) is dropped.
+        headers.insert("Nats-Msg-Id", header_id(item.trace_id()).as_str());
+        publish(&self.js, &self.names.traces_subject, headers, payload.into())
+            .await
+            .map_err(|f| f.error)
     }
 }
 
@@ -159,34 +257,69 @@ impl Publisher {
 /// acknowledging the work message (proves results are not counted twice).
 const FAULT_ENV: &str = "ATTEST_COLLECT_FAULT_EXIT_AFTER_PUBLISH";
 
+/// How long one pull request waits for work before the worker asks again.
+const PULL_EXPIRES: Duration = Duration::from_secs(2);
+
+/// The durable consumer `name` with `config`'s delivery settings. A consumer
+/// created earlier (by a worker started with other flags) keeps its own
+/// settings, and this worker's would be quietly ignored: it is updated to
+/// this worker's `max_deliver` and `ack_wait` (JetStream allows editing
+/// both), or, if the server refuses, start-up fails naming both values.
+async fn durable_consumer(
+    stream: &jetstream::stream::Stream,
+    config: consumer::pull::Config,
+    what: &str,
+) -> anyhow::Result<consumer::PullConsumer> {
+    let name = config.durable_name.clone().unwrap_or_default();
+    let consumer: consumer::PullConsumer = stream
+        .get_or_create_consumer(&name, config.clone())
+        .await
+        .map_err(|e| nats(format_args!("creating {what} (durable consumer {name})"), e))?;
+    let have = consumer.cached_info().config.clone();
+    // The server reports "no limit" as -1 whatever was sent (0 or -1).
+    let limit = |n: i64| if n <= 0 { -1 } else { n };
+    if limit(have.max_deliver) == limit(config.max_deliver) && have.ack_wait == config.ack_wait {
+        return Ok(consumer);
+    }
+    let describe = |max_deliver: i64, ack_wait: Duration| format!("max_deliver {max_deliver}, ack_wait {} s", ack_wait.as_secs());
+    let had = describe(have.max_deliver, have.ack_wait);
+    let wants = describe(config.max_deliver, config.ack_wait);
+    match stream.update_consumer(config).await {
+        Ok(c) => {
+            eprintln!(
+                "attest-collect worker: durable consumer {name} had {had}; updated to this worker's {wants} (--max-deliver / --ack-wait-secs)"
+            );
+            Ok(c)
+        }
+        Err(e) => anyhow::bail!(
+            "durable consumer {name} on the server has {had} but this worker asks for {wants} (--max-deliver / --ack-wait-secs), and the server refused the update: {e}. Start every worker with the same flags, or delete the consumer (nats consumer rm {} {name}) and start again",
+            stream.cached_info().config.name
+        ),
+    }
+}
+
 /// Evaluation worker loop; returns on SIGTERM after in-flight messages finish.
 pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Result<()> {
     let js = connect(&args.nats).await?;
     let names = Names::new(&args.nats_opts.nats_prefix);
     ensure_streams(&js, &names, &args.nats_opts).await?;
-    let ack_wait = Duration::from_secs(args.nats_opts.ack_wait_secs.max(1));
-    let max_deliver = args.nats_opts.max_deliver.max(1);
+    // Both are at least 1: the flags are refused otherwise (cli.rs).
+    let ack_wait = Duration::from_secs(args.nats_opts.ack_wait_secs);
+    let max_deliver = args.nats_opts.max_deliver;
     let stream = js.get_stream(&names.traces_stream).await?;
-    let consumer: consumer::PullConsumer = stream
-        .get_or_create_consumer(
-            &names.workers_consumer,
-            consumer::pull::Config {
-                durable_name: Some(names.workers_consumer.clone()),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait,
-                // One delivery more than allowed attempts: that last one only moves the message to the dead-letter subject.
-                max_deliver: max_deliver + 1,
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| nats("creating the workers' durable consumer", e))?;
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(args.concurrency)
-        .messages()
-        .await
-        .map_err(|e| nats("pulling from the work stream", e))?;
+    let consumer = durable_consumer(
+        &stream,
+        consumer::pull::Config {
+            durable_name: Some(names.workers_consumer.clone()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait,
+            // One delivery more than allowed attempts: that last one only moves the message to the dead-letter subject.
+            max_deliver: max_deliver + 1,
+            ..Default::default()
+        },
+        "the workers' consumer",
+    )
+    .await?;
     eprintln!(
         "attest-collect worker: evaluating from {} (consumer {})",
         names.traces_stream, names.workers_consumer
@@ -197,41 +330,90 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     let mut tasks = JoinSet::new();
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
+    'pull: loop {
+        // Ask the server for exactly as many messages as there are free
+        // evaluation slots. A message delivered to this worker is handled
+        // (and progress-acked) at once; none waits in a client-side buffer
+        // for a slot, where its ack wait would run out and the server would
+        // redeliver it, or dead-letter a healthy trace, while nothing failed.
+        let first = tokio::select! {
             _ = &mut shutdown => break,
             p = sem.clone().acquire_owned() => p?,
         };
-        let msg = tokio::select! {
+        let mut permits = vec![first];
+        while let Ok(p) = sem.clone().try_acquire_owned() {
+            permits.push(p);
+        }
+        let batch = tokio::select! {
             _ = &mut shutdown => break,
-            m = messages.next() => m,
+            b = consumer.batch().max_messages(permits.len()).expires(PULL_EXPIRES).messages() => b,
         };
-        let Some(msg) = msg else { break };
-        let msg = match msg {
-            Ok(m) => m,
+        let mut batch = match batch {
+            Ok(b) => b,
             Err(e) => {
                 eprintln!("attest-collect worker: pull error: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
         };
-        let ctx = WorkerCtx {
-            js: js.clone(),
-            names: names.clone(),
-            pipeline: pipeline.clone(),
-            ack_wait,
-            max_deliver,
-            fault_after,
-            published: published.clone(),
-        };
-        tasks.spawn(async move {
-            let _permit = permit;
-            if let Err(e) = ctx.handle(msg).await {
-                eprintln!("attest-collect worker: {e:#}");
-            }
-        });
+        loop {
+            let msg = tokio::select! {
+                _ = &mut shutdown => break 'pull,
+                m = batch.next() => m,
+            };
+            let Some(msg) = msg else { break };
+            let msg = match msg {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("attest-collect worker: pull error: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    break;
+                }
+            };
+            // The server sends at most `permits.len()` messages per request.
+            let permit = match permits.pop() {
+                Some(p) => p,
+                None => sem.clone().acquire_owned().await?,
+            };
+            let ctx = WorkerCtx {
+                js: js.clone(),
+                names: names.clone(),
+                pipeline: pipeline.clone(),
+                max_deliver,
+                fault_after,
+                published: published.clone(),
+            };
+            tasks.spawn(async move {
+                let _permit = permit;
+                // Progress acks from the moment the message is ours until it
+                // is acked, dead-lettered or NAKed. They come from a task of
+                // their own: an evaluation that holds its thread (a plugin
+                // call, say) must not starve them, so long as the runtime
+                // has another thread.
+                let ticker = {
+                    let msg = msg.clone();
+                    tokio::spawn(async move {
+                        let mut progress = tokio::time::interval(ack_wait / 3);
+                        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        progress.tick().await;
+                        loop {
+                            progress.tick().await;
+                            let _ = msg.ack_with(AckKind::Progress).await;
+                        }
+                    })
+                };
+                let result = ctx.handle(&msg).await;
+                ticker.abort();
+                if let Err(e) = result {
+                    eprintln!("attest-collect worker: {e:#}");
+                }
+            });
+        }
+        drop(permits);
         while tasks.try_join_next().is_some() {}
     }
+    // Finished tasks are joined first, so the count is of evaluations still running.
+    while tasks.try_join_next().is_some() {}
     eprintln!("attest-collect worker: draining {} in-flight evaluations", tasks.len());
     while tasks.join_next().await.is_some() {}
     Ok(())
@@ -241,14 +423,16 @@ struct WorkerCtx {
     js: jetstream::Context,
     names: Names,
     pipeline: Arc<Pipeline>,
-    ack_wait: Duration,
     max_deliver: i64,
     fault_after: Option<u64>,
     published: Arc<AtomicU64>,
 }
 
+/// Header room kept free when a too-large message is cut to dead-letter it.
+const DEAD_LETTER_HEADER_ROOM: usize = 4096;
+
 impl WorkerCtx {
-    async fn handle(&self, msg: jetstream::Message) -> anyhow::Result<()> {
+    async fn handle(&self, msg: &jetstream::Message) -> anyhow::Result<()> {
         let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         let metrics = &self.pipeline.metrics;
         if delivered > 1 {
@@ -256,71 +440,168 @@ impl WorkerCtx {
         }
         let item: WorkItem = match serde_json::from_slice(&msg.payload) {
             Ok(i) => i,
-            Err(e) => return self.dead_letter(&msg, "", delivered, &format!("not a work item: {e}")).await,
+            Err(e) => return self.dead_letter(msg, "", delivered, &format!("not a work item: {e}")).await,
         };
         let trace_id = item.trace_id().to_string();
+        let shown = crate::shown_id(&trace_id);
         if delivered > 1 {
-            eprintln!("attest-collect worker: redelivery {delivered} of trace {trace_id}");
+            eprintln!("attest-collect worker: redelivery {delivered} of trace {shown}");
         }
         if delivered > self.max_deliver {
-            return self.dead_letter(&msg, &trace_id, delivered, "maximum deliveries reached").await;
+            return self.dead_letter(msg, &trace_id, delivered, "maximum deliveries reached").await;
         }
-        // Keep the message ours while the evaluation runs.
-        let evaluation = self.pipeline.evaluate(&item, delivered as u64);
-        tokio::pin!(evaluation);
-        let mut progress = tokio::time::interval(self.ack_wait / 3);
-        progress.tick().await;
-        let outcome = loop {
-            tokio::select! {
-                r = &mut evaluation => break r,
-                _ = progress.tick() => { let _ = msg.ack_with(AckKind::Progress).await; }
+        // The evaluation runs on a blocking-pool thread of its own. An
+        // evaluator may hold its thread for the whole evaluation (a plugin
+        // spinning to its deadline): on the runtime's worker threads, a few
+        // of those would starve the progress acks and the NATS connection,
+        // and the server would redeliver messages that are being evaluated.
+        let pipeline = self.pipeline.clone();
+        let runtime = tokio::runtime::Handle::current();
+        let evaluated = tokio::task::spawn_blocking(move || runtime.block_on(pipeline.evaluate(&item, delivered as u64))).await;
+        let outcome = match evaluated {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                anyhow::bail!("trace {shown}: the evaluation stopped with an internal error (will be redelivered): {e}");
             }
         };
         let records = match outcome {
             Ok(r) => r,
             Err(e) if e.retryable => {
                 let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
-                anyhow::bail!("trace {trace_id}: retryable evaluation failure (will be redelivered): {e}");
+                anyhow::bail!("trace {shown}: retryable evaluation failure (will be redelivered): {e}");
             }
-            Err(e) => return self.dead_letter(&msg, &trace_id, delivered, &e.message).await,
+            Err(e) => return self.dead_letter(msg, &trace_id, delivered, &e.message).await,
         };
+        if records.is_empty() {
+            // No rule produced a result (unknown rules, budgets, failures —
+            // each counted): there is nothing to store.
+            msg.double_ack().await.map_err(|e| anyhow::anyhow!("ack of {shown}: {e}"))?;
+            return Ok(());
+        }
         let payload = serde_json::to_vec(&records)?;
-        // One results message per trace; the same id on a redelivery is dropped by the server.
-        publish_with_id(&self.js, &self.names.results_subject, &trace_id, payload).await?;
+        let size = payload.len();
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", results_msg_id(&trace_id, &records).as_str());
+        headers.insert("Attest-Trace-Id", header_id(&trace_id).as_str());
+        match publish(&self.js, &self.names.results_subject, headers, payload.into()).await {
+            Ok(false) => {}
+            Ok(true) => {
+                // The same results (same trace and keys) were published within
+                // the duplicate window: a redelivery after a crash before the ack.
+                metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "attest-collect worker: results of trace {shown} were already in {} (same message id within the duplicate window); not stored twice",
+                    self.names.results_stream
+                );
+            }
+            Err(f) if f.too_large => {
+                let max = self.js.client().max_payload();
+                eprintln!("attest-collect worker: results of trace {shown} are {size} bytes, over the server's max_payload of {max} bytes; they cannot be published");
+                let why = format!("results are {size} bytes, over the server's max_payload of {max} bytes");
+                return self.dead_letter(msg, &trace_id, delivered, &why).await;
+            }
+            Err(f) => anyhow::bail!("trace {shown}: publishing results failed (will be redelivered): {f}"),
+        }
         let n = self.published.fetch_add(1, Ordering::SeqCst) + 1;
         if self.fault_after == Some(n) {
-            eprintln!("attest-collect worker: {FAULT_ENV}={n}: exiting after publishing results of {trace_id}, before acking");
+            eprintln!("attest-collect worker: {FAULT_ENV}={n}: exiting after publishing results of {shown}, before acking");
             std::process::exit(70);
         }
-        msg.double_ack().await.map_err(|e| anyhow::anyhow!("ack of {trace_id}: {e}"))?;
+        msg.double_ack().await.map_err(|e| anyhow::anyhow!("ack of {shown}: {e}"))?;
         Ok(())
     }
 
+    /// Moves a work message to the dead-letter subject. A message too large
+    /// to be republished with the dead-letter headers is cut to fit (the
+    /// `Attest-Truncated` header says how much was kept). If it still cannot
+    /// be dead-lettered, it is nak'ed for a later attempt, unless this is the
+    /// consumer's last delivery or the failure is its size: then it is
+    /// dropped and counted as `traces_dropped_total{reason="dead_letter_failed"}`,
+    /// since the server would never deliver it again.
     async fn dead_letter(&self, msg: &jetstream::Message, trace_id: &str, delivered: i64, why: &str) -> anyhow::Result<()> {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Attest-Dead-Reason", crate::bounded(why, 200).as_str());
-        headers.insert("Attest-Deliveries", delivered.to_string().as_str());
-        headers.insert("Attest-Trace-Id", trace_id);
-        let ack = tokio::time::timeout(PUBLISH_TIMEOUT, async {
-            self.js
-                .publish_with_headers(self.names.dead_subject.clone(), headers, msg.payload.clone())
-                .await?
-                .await
-        })
-        .await;
-        match ack {
-            Ok(Ok(_)) => {
+        let shown = crate::shown_id(trace_id);
+        let headers = |truncated: Option<usize>| {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Attest-Dead-Reason", header_text(why).as_str());
+            headers.insert("Attest-Deliveries", delivered.to_string().as_str());
+            if !trace_id.is_empty() {
+                headers.insert("Attest-Trace-Id", header_id(trace_id).as_str());
+            }
+            if let Some(kept) = truncated {
+                headers.insert(
+                    "Attest-Truncated",
+                    format!("kept the first {kept} of {} payload bytes", msg.payload.len()).as_str(),
+                );
+            }
+            headers
+        };
+        let mut sent = publish(&self.js, &self.names.dead_subject, headers(None), msg.payload.clone()).await;
+        if matches!(&sent, Err(f) if f.too_large) {
+            let max = self.js.client().max_payload();
+            let kept = max.saturating_sub(DEAD_LETTER_HEADER_ROOM).min(msg.payload.len());
+            sent = publish(&self.js, &self.names.dead_subject, headers(Some(kept)), msg.payload.slice(..kept)).await;
+        }
+        match sent {
+            Ok(_) => {
                 self.pipeline.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 msg.double_ack_with(AckKind::Term).await.map_err(|e| anyhow::anyhow!("term: {e}"))?;
                 eprintln!(
-                    "attest-collect worker: trace {trace_id} moved to {} ({why})",
-                    self.names.dead_subject
+                    "attest-collect worker: trace {shown} moved to {} ({})",
+                    self.names.dead_subject,
+                    header_text(why)
                 );
                 Ok(())
             }
-            _ => anyhow::bail!("trace {trace_id}: could not dead-letter; it will be redelivered"),
+            Err(f) if f.too_large || delivered > self.max_deliver => {
+                self.pipeline.metrics.dropped("dead_letter_failed", 0);
+                let _ = msg.double_ack_with(AckKind::Term).await;
+                anyhow::bail!(
+                    "trace {shown} ({}): could not be moved to {}: {f}; delivery {delivered} was the last, so it is dropped (counted as attest_collect_traces_dropped_total{{reason=\"dead_letter_failed\"}})",
+                    header_text(why),
+                    self.names.dead_subject
+                )
+            }
+            Err(f) => {
+                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                anyhow::bail!(
+                    "trace {shown} ({}): could not be moved to {}: {f}; delivery {delivered} of at most {}, it will be delivered again",
+                    header_text(why),
+                    self.names.dead_subject,
+                    self.max_deliver + 1
+                )
+            }
         }
     }
+}
+
+/// Longest trace or agent id a sink stores, in bytes: the engine's
+/// `attest_core::trace::validate::MAX_ID_BYTES`.
+pub const MAX_STORED_ID_BYTES: usize = 1024;
+
+/// Why a result record off the results stream is not stored, if it is not:
+/// ids longer than the engine accepts would put unqueryable rows (and
+/// 300 KB keys) into the history and the JSONL file.
+pub fn record_problem(r: &ResultRecord) -> Option<String> {
+    use crate::rules::{MAX_RESULT_NAME_BYTES, MAX_RULE_NAME_BYTES};
+    let k = &r.key;
+    let agent = r.agent_id.as_deref().unwrap_or("");
+    for (field, len, max) in [
+        ("trace_id", k.trace_id.len(), MAX_STORED_ID_BYTES),
+        ("agent_id", agent.len(), MAX_STORED_ID_BYTES),
+        ("rule", k.rule.len(), MAX_RULE_NAME_BYTES),
+        ("assertion_id", k.assertion_id.len(), MAX_RESULT_NAME_BYTES),
+        (
+            "<rule>/<assertion_id>",
+            k.rule.len() + 1 + k.assertion_id.len(),
+            MAX_RESULT_NAME_BYTES,
+        ),
+    ] {
+        if len > max {
+            return Some(format!("{field} is {len} bytes, more than the {max} allowed"));
+        }
+    }
+    None
 }
 
 /// Results sink loop: results stream → sinks, ack after they are stored.
@@ -329,18 +610,17 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
     let names = Names::new(&args.nats_opts.nats_prefix);
     ensure_streams(&js, &names, &args.nats_opts).await?;
     let stream = js.get_stream(&names.results_stream).await?;
-    let consumer: consumer::PullConsumer = stream
-        .get_or_create_consumer(
-            &names.sink_consumer,
-            consumer::pull::Config {
-                durable_name: Some(names.sink_consumer.clone()),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(args.nats_opts.ack_wait_secs.max(1)),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| nats("creating the results sink consumer", e))?;
+    let consumer = durable_consumer(
+        &stream,
+        consumer::pull::Config {
+            durable_name: Some(names.sink_consumer.clone()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(args.nats_opts.ack_wait_secs),
+            ..Default::default()
+        },
+        "the results sink consumer",
+    )
+    .await?;
     let mut messages = consumer
         .stream()
         .max_messages_per_batch(256)
@@ -357,22 +637,128 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
         };
         let Some(msg) = msg else { break };
         let Ok(msg) = msg else { continue };
-        match serde_json::from_slice::<Vec<ResultRecord>>(&msg.payload) {
-            Ok(records) => {
-                if let Err(e) = pipeline.store(&records).await {
-                    eprintln!("attest-collect sink: storing failed, will retry: {e:#}");
-                    let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
-                    continue;
-                }
-                pipeline.metrics.traces_evaluated.fetch_add(1, Ordering::Relaxed);
-                let _ = msg.double_ack().await;
-            }
+        let records = match serde_json::from_slice::<Vec<ResultRecord>>(&msg.payload) {
+            Ok(r) => r,
             Err(e) => {
-                eprintln!("attest-collect sink: results message is not a result list: {e}");
+                // Not something a worker publishes: counted, and terminated so
+                // that it is not delivered again.
+                pipeline.metrics.dropped("malformed_results", 0);
+                eprintln!(
+                    "attest-collect sink: a results message ({} bytes) is not a result list, dropped: {}",
+                    msg.payload.len(),
+                    crate::bounded(&e.to_string(), 300)
+                );
                 let _ = msg.ack_with(AckKind::Term).await;
+                continue;
             }
+        };
+        let total = records.len();
+        let mut refused = 0u64;
+        let mut first_problem = None;
+        let records: Vec<ResultRecord> = records
+            .into_iter()
+            .filter(|r| match record_problem(r) {
+                None => true,
+                Some(p) => {
+                    refused += 1;
+                    first_problem.get_or_insert((p, crate::shown_id(&r.key.trace_id)));
+                    false
+                }
+            })
+            .collect();
+        if let Some((p, trace)) = first_problem {
+            pipeline.metrics.results_dropped("id_too_long", refused);
+            eprintln!("attest-collect sink: {refused} of {total} results in a message not stored ({p}; trace {trace})");
         }
+        if !records.is_empty() {
+            if let Err(e) = pipeline.store(&records).await {
+                eprintln!("attest-collect sink: storing failed, will retry: {e:#}");
+                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                continue;
+            }
+            // An empty list (or one whose every record was refused) is not
+            // an evaluation.
+            pipeline.metrics.traces_evaluated.fetch_add(1, Ordering::Relaxed);
+        }
+        let _ = msg.double_ack().await;
     }
     pipeline.flush().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ResultKey, Status};
+
+    fn rec(trace: &str, rule: &str, assertion: &str) -> ResultRecord {
+        ResultRecord {
+            key: ResultKey {
+                trace_id: trace.into(),
+                rule: rule.into(),
+                assertion_id: assertion.into(),
+            },
+            assertion_type: "trace".into(),
+            status: Status::Pass,
+            score: 1.0,
+            explanation: "ok".into(),
+            cost_usd: 0.0,
+            duration_ms: 0,
+            agent_id: Some("agent".into()),
+            evaluated_at: "2026-01-01T00:00:00.000Z".into(),
+            delivery: 1,
+        }
+    }
+
+    #[test]
+    fn trace_ids_with_line_breaks_become_header_values_without_panicking() {
+        for id in ["trc_crlf\r\nX-Evil: 1", "a\nb", "\r", "tab\there", "é", "", "plain-0af3"] {
+            let mut headers = async_nats::HeaderMap::new();
+            // Panicked inside async-nats for '\r' / '\n' before ids were encoded.
+            headers.insert("Nats-Msg-Id", header_id(id).as_str());
+            headers.insert("Attest-Dead-Reason", header_text(&format!("bad {id}")).as_str());
+            let v = header_id(id);
+            assert!(v.bytes().all(|b| (0x21..=0x7e).contains(&b)), "{v:?}");
+        }
+        assert_eq!(header_id("plain-0af3"), "plain-0af3");
+        assert_eq!(header_id("trc_crlf\r\nX-Evil: 1"), "trc_crlf%0D%0AX-Evil:%201");
+        assert_ne!(header_id("a\r"), header_id("a%0D"));
+        // Long ids are replaced by a digest that no short id encodes to.
+        let long = header_id(&"x".repeat(300));
+        assert!(long.starts_with("%h") && long.len() == 66, "{long}");
+        assert_ne!(long, header_id(&"x".repeat(301)));
+        assert_eq!(header_id(&"x".repeat(256)), "x".repeat(256));
+    }
+
+    #[test]
+    fn a_results_message_id_covers_its_keys_not_only_the_trace() {
+        let a = [rec("t1", "r", "a"), rec("t1", "r", "b")];
+        let b = [rec("t1", "r", "b"), rec("t1", "r", "a")];
+        assert_eq!(results_msg_id("t1", &a), results_msg_id("t1", &b), "order does not matter");
+        assert_ne!(results_msg_id("t1", &a), results_msg_id("t1", &a[..1]));
+        assert_ne!(results_msg_id("t1", &a), results_msg_id("t2", &a));
+        assert_ne!(results_msg_id("t1", &[]), "t1", "never the bare trace id");
+        // Length prefixes: moving bytes between fields changes the id.
+        assert_ne!(
+            results_msg_id("t", &[rec("t", "ab", "c")]),
+            results_msg_id("t", &[rec("t", "a", "bc")])
+        );
+    }
+
+    #[test]
+    fn records_with_ids_longer_than_the_engine_takes_are_refused() {
+        assert_eq!(record_problem(&rec("t", "r", "a")), None);
+        let mut r = rec(&"t".repeat(1025), "r", "a");
+        assert_eq!(record_problem(&r).unwrap(), "trace_id is 1025 bytes, more than the 1024 allowed");
+        r.key.trace_id = "t".repeat(1024);
+        assert_eq!(record_problem(&r), None);
+        r.agent_id = Some("a".repeat(300_000));
+        assert!(record_problem(&r).unwrap().starts_with("agent_id is 300000 bytes"));
+        let r = rec("t", &"r".repeat(129), "a");
+        assert!(record_problem(&r).unwrap().starts_with("rule is 129 bytes"));
+        let r = rec("t", "r", &"a".repeat(257));
+        assert!(record_problem(&r).unwrap().starts_with("assertion_id is 257 bytes"));
+        let r = rec("t", &"r".repeat(100), &"a".repeat(200));
+        assert!(record_problem(&r).unwrap().starts_with("<rule>/<assertion_id> is 301 bytes"));
+    }
 }

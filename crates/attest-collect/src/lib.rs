@@ -187,6 +187,31 @@ pub(crate) fn bounded(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
+/// `id` with `%`, space, every control character and every non-ASCII byte
+/// percent-encoded (`%0D`, `%0A`, `%25`, `%C3%A9`). Injective: percent-decoding
+/// gives the id back, so two ids never share an encoding.
+///
+/// Ids come off the wire (OTLP trace ids, `--jsonl` lines, NATS messages):
+/// NATS header values must not hold CR/LF (async-nats panics on them), and a
+/// raw CR/LF echoed to stderr would forge log lines.
+pub fn escape_id(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for &b in id.as_bytes() {
+        if b == b'%' || !(0x21..=0x7e).contains(&b) {
+            out.push_str(&format!("%{b:02X}"));
+        } else {
+            out.push(b as char);
+        }
+    }
+    out
+}
+
+/// An id as it is written to stderr and logs: escaped ([`escape_id`]) and
+/// cut to 128 bytes.
+pub fn shown_id(id: &str) -> String {
+    bounded(&escape_id(id), 128)
+}
+
 pub(crate) type SharedSinks = Arc<Vec<Arc<dyn HistorySink>>>;
 
 /// Largest configuration file (rules, prices) read, in bytes.
@@ -285,6 +310,19 @@ mod tests {
         assert_eq!(v["c"], "don't [x]");
         assert_eq!(flow_depth_exceeded("[[[]]]", 3), None);
         assert_eq!(flow_depth_exceeded("a: 1\nb: [[[[]]]]", 3), Some(2));
+    }
+
+    #[test]
+    fn ids_are_escaped_injectively_without_line_breaks() {
+        assert_eq!(escape_id("trc_0af3-9"), "trc_0af3-9");
+        assert_eq!(escape_id("a\r\nX-Evil: 1"), "a%0D%0AX-Evil:%201");
+        assert_eq!(escape_id("50%"), "50%25");
+        assert_eq!(escape_id("é\u{7f}"), "%C3%A9%7F");
+        // `%` is encoded too, so an id that looks like an encoding stays distinct.
+        assert_ne!(escape_id("a%0D"), escape_id("a\r"));
+        let hostile = "x\r\n".repeat(1000);
+        let shown = shown_id(&hostile);
+        assert!(shown.len() <= 128 + '…'.len_utf8() && !shown.contains(['\r', '\n']), "{shown}");
     }
 
     #[test]

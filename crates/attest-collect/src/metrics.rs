@@ -30,6 +30,7 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(u16, &'static str), u64>>,
     dropped: Mutex<BTreeMap<&'static str, u64>>,
     dropped_spans: Mutex<BTreeMap<&'static str, u64>>,
+    results_dropped: Mutex<BTreeMap<&'static str, u64>>,
     results: Mutex<BTreeMap<(String, &'static str), u64>>,
     rule_events: Mutex<BTreeMap<(String, &'static str), u64>>,
     latency: Mutex<([u64; LATENCY_BUCKETS.len()], u64, f64)>,
@@ -73,6 +74,20 @@ impl Metrics {
     /// ids, spans of a trace already dropped for its size.
     pub fn dropped_spans(&self, reason: &'static str, spans: u64) {
         bump(&self.dropped_spans, reason, spans);
+    }
+
+    /// Result records a sink refused (one count per record), by reason.
+    pub fn results_dropped(&self, reason: &'static str, n: u64) {
+        bump(&self.results_dropped, reason, n);
+    }
+
+    pub fn results_dropped_count(&self, reason: &str) -> u64 {
+        self.results_dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(reason)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn result(&self, rule: &str, status: crate::Status) {
@@ -164,7 +179,7 @@ impl Metrics {
         counter(
             &mut out,
             "attest_collect_publish_duplicates_total",
-            "Publishes dropped by the server as duplicates of a trace already in the stream.",
+            "Publishes (work or results messages) the server dropped as duplicates of a message id already in the stream.",
             ld(&self.publish_duplicates),
         );
         counter(
@@ -217,6 +232,13 @@ impl Metrics {
         );
         for (reason, v) in self.dropped_spans.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "attest_collect_spans_dropped_total{{reason=\"{reason}\"}} {v}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP attest_collect_results_dropped_total Result records a sink refused, by reason.\n# TYPE attest_collect_results_dropped_total counter"
+        );
+        for (reason, v) in self.results_dropped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "attest_collect_results_dropped_total{{reason=\"{reason}\"}} {v}");
         }
         let _ = writeln!(
             out,

@@ -138,14 +138,8 @@ impl Pipeline {
         let trace_id = item.trace_id().to_string();
         let agent_id = item.trace["agent_id"].as_str().map(str::to_string);
         let mut records = Vec::new();
-        for name in &item.rules {
-            let Some(rule) = self.rules.get(name) else {
-                // A collector with a newer rules file than this worker. The
-                // name comes off the stream, so it is not made a metrics label.
-                tracing::warn!(rule = %name.chars().take(200).collect::<String>(), "a trace names a rule this worker does not have");
-                self.metrics.rule_event(UNKNOWN_RULE, "unknown_rule");
-                continue;
-            };
+        for rule in self.selected_rules(item) {
+            let name = &rule.name;
             if let Some(budget) = &rule.budget {
                 if !budget.try_reserve(rule.suite.paid_calls()) {
                     self.metrics.rule_event(name, "budget_exhausted");
@@ -161,7 +155,7 @@ impl Pipeline {
                 }
                 Err(e) => {
                     self.metrics.rule_event(name, "eval_error");
-                    tracing::warn!(rule = %name, trace_id = %trace_id, error = %e, "evaluation failed");
+                    tracing::warn!(rule = %name, trace_id = %crate::shown_id(&trace_id), error = %e, "evaluation failed");
                     continue;
                 }
             };
@@ -191,6 +185,37 @@ impl Pipeline {
             }
         }
         Ok(records)
+    }
+
+    /// The rules of this process an item names, each once, in the item's
+    /// order. A work message off the stream may name one rule thousands of
+    /// times, or thousands of rules this worker does not have (a collector
+    /// with a newer rules file, or a hostile publisher): each known rule runs
+    /// once, so the work is bounded by the rules file, not by the message,
+    /// and the unknown names are counted once per item as `unknown_rule`.
+    fn selected_rules(&self, item: &WorkItem) -> Vec<&crate::rules::Rule> {
+        let mut seen = std::collections::HashSet::new();
+        let mut selected = Vec::new();
+        let mut unknown: Option<&str> = None;
+        for name in &item.rules {
+            if !seen.insert(name.as_str()) {
+                continue;
+            }
+            match self.rules.get(name) {
+                Some(rule) => selected.push(rule),
+                None => unknown = unknown.or(Some(name)),
+            }
+        }
+        if let Some(name) = unknown {
+            // The name comes off the stream, so it is not made a metrics label.
+            tracing::warn!(
+                rule = %crate::shown_id(name),
+                trace_id = %crate::shown_id(item.trace_id()),
+                "a trace names a rule this worker does not have"
+            );
+            self.metrics.rule_event(UNKNOWN_RULE, "unknown_rule");
+        }
+        selected
     }
 
     /// Hands results to every sink; counts them by rule and status.
@@ -282,6 +307,22 @@ mod tests {
             evaluated += p.evaluate(&item(i), 1).await.unwrap().len();
         }
         assert_eq!(evaluated, 3, "$0.40 each: the third crosses $1, the fourth is refused");
+    }
+
+    #[tokio::test]
+    async fn a_rule_named_many_times_runs_once_and_unknown_names_count_once() {
+        let p = pipeline("{usd_per_day: 100.0}");
+        let mut rules = vec!["judged".to_string(); 50_000];
+        rules.extend((0..1000).map(|i| format!("nope-{i}")));
+        rules.push("judged".into());
+        let item = WorkItem {
+            trace: serde_json::json!({"trace_id": "t", "output": {}}),
+            rules,
+        };
+        let records = p.evaluate(&item, 1).await.unwrap();
+        assert_eq!(records.len(), 1, "one rule, one assertion: evaluated once");
+        assert_eq!(p.metrics.traces_evaluated.load(Ordering::Relaxed), 1);
+        assert_eq!(p.metrics.rule_event_count("unknown_rule"), 1, "counted once per item");
     }
 
     #[test]

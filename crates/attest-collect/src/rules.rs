@@ -223,6 +223,17 @@ impl std::fmt::Display for RulesFileError {
 
 impl std::error::Error for RulesFileError {}
 
+/// Longest rule name, in bytes. The engine stores a rule's results in its
+/// history under `<rule>/<assertion_id>`, and `query_drift` takes names of
+/// at most [`MAX_RESULT_NAME_BYTES`]: a longer name would store results no
+/// query can reach. 128 leaves the other half for assertion ids.
+pub const MAX_RULE_NAME_BYTES: usize = 128;
+
+/// Longest `<rule>/<assertion_id>`, in bytes: the engine's assertion id limit
+/// (`attest_core::suite::MAX_ASSERTION_ID_BYTES`), which `query_drift`
+/// applies to the names it looks up.
+pub const MAX_RESULT_NAME_BYTES: usize = 256;
+
 const RULE_FIELDS: &str = "name, match, sample_rate, budget, assertions";
 
 impl RuleSet {
@@ -264,6 +275,29 @@ impl RuleSet {
             let err = |field: &str, msg: String| RulesFileError(format!("{label}: {field}: {msg}"));
             if spec.name.trim().is_empty() {
                 return Err(err("name", "must not be empty".into()));
+            }
+            if spec.name.len() > MAX_RULE_NAME_BYTES {
+                return Err(err(
+                    "name",
+                    format!(
+                        "is {} bytes, more than the {MAX_RULE_NAME_BYTES} allowed: results are stored as `<rule>/<assertion_id>`, which query_drift looks up only up to {MAX_RESULT_NAME_BYTES} bytes; shorten the name",
+                        spec.name.len()
+                    ),
+                ));
+            }
+            for (j, a) in spec.assertions.iter().enumerate() {
+                let Some(id) = a.get("assertion_id").and_then(Value::as_str) else {
+                    continue;
+                };
+                let len = spec.name.len() + 1 + id.len();
+                if len > MAX_RESULT_NAME_BYTES {
+                    return Err(err(
+                        &format!("assertions[{j}].assertion_id"),
+                        format!(
+                            "`<rule>/<assertion_id>` is {len} bytes, more than the {MAX_RESULT_NAME_BYTES} query_drift accepts: shorten the assertion id or the rule name"
+                        ),
+                    ));
+                }
             }
             if !seen.insert(spec.name.clone()) {
                 return Err(err(
@@ -405,6 +439,32 @@ mod tests {
         assert!(e.contains("unique"), "{e}");
         let e = parse("rulez: []").unwrap_err();
         assert!(e.contains("rulez"), "{e}");
+    }
+
+    #[test]
+    fn rule_names_stay_short_enough_for_query_drift() {
+        let ok = "r".repeat(MAX_RULE_NAME_BYTES);
+        parse(&format!("rules:\n- name: {ok}\n  assertions: [{{type: trace}}]\n")).unwrap();
+        let long = "r".repeat(MAX_RULE_NAME_BYTES + 1);
+        let e = parse(&format!("rules:\n- name: {long}\n  assertions: [{{type: trace}}]\n")).unwrap_err();
+        assert!(
+            e.contains(": name: is 129 bytes, more than the 128 allowed") && e.contains("query_drift"),
+            "{e}"
+        );
+        // `<rule>/<assertion_id>` must fit in 256 bytes as a whole.
+        let id = "a".repeat(MAX_RESULT_NAME_BYTES - MAX_RULE_NAME_BYTES - 1);
+        parse(&format!(
+            "rules:\n- name: {ok}\n  assertions: [{{type: trace, assertion_id: {id}}}]\n"
+        ))
+        .unwrap();
+        let e = parse(&format!(
+            "rules:\n- name: {ok}\n  assertions: [{{type: trace, assertion_id: {id}x}}]\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("assertions[0].assertion_id: `<rule>/<assertion_id>` is 257 bytes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -50,6 +50,89 @@ fn engine_bin() -> Option<PathBuf> {
     std::env::var_os("ATTEST_ENGINE_BIN").map(PathBuf::from).filter(|p| p.exists())
 }
 
+/// nats-server for the distributed-mode tests (Debian package `nats-server`,
+/// or a binary named by NATS_SERVER_BIN); `None` (test skipped, with a note) without one.
+pub fn nats_server_bin() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin", "/usr/bin"])
+    {
+        let p = Path::new(dir).join("nats-server");
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    eprintln!("SKIPPED: nats-server not found (apt-get install nats-server, or set NATS_SERVER_BIN)");
+    None
+}
+
+pub struct NatsServer {
+    child: Child,
+    pub url: String,
+}
+
+impl NatsServer {
+    pub fn start(bin: &Path, dir: &Path) -> NatsServer {
+        Self::start_with(bin, dir, &[])
+    }
+
+    /// With extra server arguments (`-c FILE`, say).
+    pub fn start_with(bin: &Path, dir: &Path, extra: &[&str]) -> NatsServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = dir.join("nats.log");
+        let child = Command::new(bin)
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-sd",
+                dir.join("js").to_str().unwrap(),
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start nats-server");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("Server is ready") {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server not ready: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        NatsServer {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn wait_lines(path: &Path, n: usize, secs: u64) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let have = std::fs::read_to_string(path).map(|t| t.lines().count()).unwrap_or(0);
+        if have >= n || Instant::now() > deadline {
+            return have;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A built plugin component from the repository's `plugins/dist`.
 pub fn plugin_wasm(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,0 +1,432 @@
+//! Distributed mode against hostile or unlucky messages, on a real
+//! nats-server (see `support::nats_server_bin`): trace ids with CR/LF, work
+//! messages at the server's max payload, results too large to publish,
+//! malformed results, stray results for a trace, work waiting for a free
+//! evaluation slot, and a durable consumer created with other flags. Each
+//! must end counted and accounted for: evaluated, dead-lettered or dropped
+//! with a reason, never a panic or a message stuck in the stream.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use support::{metric, nats_server_bin, read_jsonl, wait_lines, NatsServer, Proc, RULES};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn trace(id: &str) -> serde_json::Value {
+    serde_json::json!({
+        "schema_version": 1, "trace_id": id, "agent_id": "refund-agent",
+        "steps": [{"type": "tool_call", "name": "lookup_order", "args": {}, "result": {}}],
+        "output": {"message": "refund sent"}
+    })
+}
+
+fn work(id: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"trace": trace(id), "rules": ["refund-tools"]})).unwrap()
+}
+
+fn rules_file(dir: &Path, text: &str) -> String {
+    let p = dir.join("rules.yaml");
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+/// A worker (`role` evaluate or sink) with `/metrics` on a free port.
+fn worker(dir: &Path, name: &str, nats: &str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut p = Proc::spawn(
+        dir,
+        name,
+        &[&["worker", "--nats", nats, "--metrics-addr", &addr][..], args].concat(),
+        env,
+    );
+    p.wait_for(
+        if args.contains(&"sink") {
+            "writing results from"
+        } else {
+            "evaluating from"
+        },
+        20,
+    );
+    (p, addr)
+}
+
+async fn metrics(addr: &str) -> String {
+    reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap()
+}
+
+async fn wait_metric(addr: &str, series: &str, want: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = metrics(addr).await;
+        if metric(&m, series) >= want {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "{series} did not reach {want}:\n{m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn js(url: &str) -> async_nats::jetstream::Context {
+    async_nats::jetstream::new(async_nats::connect(url).await.unwrap())
+}
+
+async fn publish(js: &async_nats::jetstream::Context, subject: &str, headers: &[(&str, &str)], payload: Vec<u8>) {
+    let mut h = async_nats::HeaderMap::new();
+    for (k, v) in headers {
+        h.insert(*k, *v);
+    }
+    js.publish_with_headers(subject.to_string(), h, payload.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+/// Messages of the dead-letter stream: (headers, payload length).
+async fn dead_letters(js: &async_nats::jetstream::Context) -> Vec<(async_nats::HeaderMap, usize)> {
+    let mut stream = js.get_stream("ATTEST_DEAD").await.unwrap();
+    let n = stream.info().await.unwrap().state.messages;
+    let mut out = Vec::new();
+    for seq in 1..=n {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        out.push((m.headers, m.payload.len()));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trace_ids_with_line_breaks_are_published_evaluated_and_dead_lettered() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = rules_file(dir.path(), RULES);
+    let results = dir.path().join("results.jsonl");
+    let common = ["--ack-wait-secs", "3", "--max-deliver", "1"];
+    let (sink, _) = worker(
+        dir.path(),
+        "sink",
+        &nats.url,
+        &[&["--role", "sink", "--results-jsonl", results.to_str().unwrap()][..], &common[..]].concat(),
+        &[],
+    );
+    let failing = "trc_fail\r\nX-Evil: 1";
+    let (mut w, waddr) = worker(
+        dir.path(),
+        "worker",
+        &nats.url,
+        &[&["--rules", &rules][..], &common[..]].concat(),
+        &[("ATTEST_COLLECT_TEST_FAIL_TRACE", failing)],
+    );
+
+    // The collector publishes a --jsonl trace whose id holds CR/LF (its
+    // Nats-Msg-Id used to panic inside async-nats).
+    let input = dir.path().join("traces.jsonl");
+    let lines = [trace("trc_ok\r\nX-Evil: 1"), trace(failing), trace("trc_plain")];
+    std::fs::write(&input, lines.map(|t| t.to_string()).join("\n")).unwrap();
+    let mut collector = Proc::spawn(
+        dir.path(),
+        "collector",
+        &[
+            &[
+                "collect",
+                "--rules",
+                &rules,
+                "--jsonl",
+                input.to_str().unwrap(),
+                "--nats",
+                &nats.url,
+            ][..],
+            &common[..],
+        ]
+        .concat(),
+        &[],
+    );
+    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    assert!(
+        collector.stderr_text().contains("3 published (0 already in the stream)"),
+        "{}",
+        collector.stderr_text()
+    );
+
+    assert_eq!(wait_lines(&results, 6, 30), 6);
+    let ids: std::collections::HashSet<String> = read_jsonl(&results)
+        .iter()
+        .map(|r| r["trace_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(ids.contains("trc_ok\r\nX-Evil: 1") && ids.contains("trc_plain"), "{ids:?}");
+
+    // The failing one is dead-lettered (not stuck), its id escaped in the
+    // header and in the log.
+    let log = w.wait_for("moved to attest.dead", 30);
+    assert!(
+        log.contains("trace trc_fail%0D%0AX-Evil:%201 moved to attest.dead (maximum deliveries reached)"),
+        "{log}"
+    );
+    assert!(!log.contains("X-Evil: 1"), "a raw id reached the log:\n{log}");
+    wait_metric(&waddr, "attest_collect_dead_lettered_total", 1.0).await;
+    let dead = dead_letters(&js(&nats.url).await).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].0.get("Attest-Trace-Id").unwrap().as_str(), "trc_fail%0D%0AX-Evil:%201");
+
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    assert_eq!(sink.terminate().0, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn work_waiting_for_a_free_slot_is_not_redelivered_or_dead_lettered() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = rules_file(dir.path(), RULES);
+    let results = dir.path().join("results.jsonl");
+    // Each evaluation takes 1.5 s, longer than the 1 s ack wait, and two run
+    // at a time: the others wait their turn. With --max-deliver 1 a single
+    // redelivery would dead-letter a healthy trace.
+    let common = ["--ack-wait-secs", "1", "--max-deliver", "1"];
+    let (sink, _) = worker(
+        dir.path(),
+        "sink",
+        &nats.url,
+        &[&["--role", "sink", "--results-jsonl", results.to_str().unwrap()][..], &common[..]].concat(),
+        &[],
+    );
+    let js = js(&nats.url).await;
+    for i in 0..8 {
+        publish(&js, "attest.traces", &[], work(&format!("trc_{i}"))).await;
+    }
+    let (w, waddr) = worker(
+        dir.path(),
+        "worker",
+        &nats.url,
+        &[&["--rules", &rules, "--concurrency", "2"][..], &common[..]].concat(),
+        &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "1500")],
+    );
+    assert_eq!(wait_lines(&results, 24, 60), 24);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let m = metrics(&waddr).await;
+    assert_eq!(metric(&m, "attest_collect_redeliveries_total"), 0.0, "{m}");
+    assert_eq!(metric(&m, "attest_collect_dead_lettered_total"), 0.0, "{m}");
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
+    assert!(!log.contains("redelivery") && !log.contains("moved to"), "{log}");
+    assert!(read_jsonl(&results).iter().all(|r| r["delivery"] == 1));
+    assert_eq!(sink.terminate().0, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_message_at_the_max_payload_is_dead_lettered_cut_to_fit() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = rules_file(dir.path(), RULES);
+    let (w, waddr) = worker(
+        dir.path(),
+        "worker",
+        &nats.url,
+        &["--rules", &rules, "--ack-wait-secs", "3", "--max-deliver", "2"],
+        &[],
+    );
+    let client = async_nats::connect(&nats.url).await.unwrap();
+    let max = client.server_info().max_payload;
+    let js = async_nats::jetstream::new(client);
+    // Fits alone; with the dead-letter headers it is over the limit.
+    publish(&js, "attest.traces", &[], vec![b'x'; max - 64]).await;
+    wait_metric(&waddr, "attest_collect_dead_lettered_total", 1.0).await;
+    let dead = dead_letters(&js).await;
+    assert_eq!(dead.len(), 1);
+    let (headers, len) = &dead[0];
+    assert_eq!(*len, max - 4096);
+    assert_eq!(
+        headers.get("Attest-Truncated").unwrap().as_str(),
+        format!("kept the first {} of {} payload bytes", max - 4096, max - 64)
+    );
+    assert!(headers.get("Attest-Dead-Reason").unwrap().as_str().starts_with("not a work item"));
+    let m = metrics(&waddr).await;
+    assert_eq!(
+        metric(&m, "attest_collect_traces_dropped_total{reason=\"dead_letter_failed\"}"),
+        0.0
+    );
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
+    assert!(!log.contains("will be redelivered"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn results_over_the_max_payload_are_dead_lettered_with_the_reason() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(&conf, "max_payload: 2048\n").unwrap();
+    let nats = NatsServer::start_with(&bin, dir.path(), &["-c", conf.to_str().unwrap()]);
+    // Twenty assertions: a results message of about 5 KB for a work message of 200 bytes.
+    let assertions: String = (0..20)
+        .map(|i| format!("      - {{assertion_id: says-refund-{i}, type: content, spec: {{target: output.message, check: contains, value: refund}}}}\n"))
+        .collect();
+    let rules = rules_file(
+        dir.path(),
+        &format!("rules:\n  - name: refund-tools\n    assertions:\n{assertions}"),
+    );
+    let (w, waddr) = worker(
+        dir.path(),
+        "worker",
+        &nats.url,
+        &["--rules", &rules, "--ack-wait-secs", "3", "--max-deliver", "2"],
+        &[],
+    );
+    let js = js(&nats.url).await;
+    publish(&js, "attest.traces", &[], work("trc_big")).await;
+    wait_metric(&waddr, "attest_collect_dead_lettered_total", 1.0).await;
+    let dead = dead_letters(&js).await;
+    let reason = dead[0].0.get("Attest-Dead-Reason").unwrap().as_str().to_string();
+    assert!(reason.contains("over the server's max_payload of 2048 bytes"), "{reason}");
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
+    assert!(
+        log.contains("results of trace trc_big are") && log.contains("over the server's max_payload of 2048 bytes"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_results_are_counted_and_over_long_ids_are_not_stored() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let results = dir.path().join("results.jsonl");
+    let (sink, saddr) = worker(
+        dir.path(),
+        "sink",
+        &nats.url,
+        &["--role", "sink", "--results-jsonl", results.to_str().unwrap()],
+        &[],
+    );
+    let record = |trace_id: &str, status: &str| {
+        serde_json::json!({
+            "trace_id": trace_id, "rule": "r", "assertion_id": "a", "type": "trace",
+            "status": status, "score": 1.0, "explanation": "", "cost_usd": 0.0, "duration_ms": 0,
+            "agent_id": null, "evaluated_at": "2026-01-01T00:00:00.000Z", "delivery": 1
+        })
+    };
+    let js = js(&nats.url).await;
+    let long = "t".repeat(300_000);
+    for payload in [
+        b"hello".to_vec(),
+        b"{\"a\":1}".to_vec(),
+        serde_json::to_vec(&[record("t1", "bogus")]).unwrap(),
+        b"[]".to_vec(),
+        serde_json::to_vec(&[record(&long, "pass"), record("t2", "pass")]).unwrap(),
+    ] {
+        publish(&js, "attest.results", &[], payload).await;
+    }
+    let m = wait_metric(&saddr, "attest_collect_results_dropped_total{reason=\"id_too_long\"}", 1.0).await;
+    assert_eq!(
+        metric(&m, "attest_collect_traces_dropped_total{reason=\"malformed_results\"}"),
+        3.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "attest_collect_traces_evaluated_total"),
+        1.0,
+        "`[]` is no evaluation: {m}"
+    );
+    let (code, log) = sink.terminate();
+    assert_eq!(code, 0, "{log}");
+    let stored = read_jsonl(&results);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0]["trace_id"], "t2");
+    assert!(
+        log.contains("1 of 2 results in a message not stored (trace_id is 300000 bytes"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stray_results_message_does_not_suppress_the_real_results() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = rules_file(dir.path(), RULES);
+    let results = dir.path().join("results.jsonl");
+    let (sink, _) = worker(
+        dir.path(),
+        "sink",
+        &nats.url,
+        &["--role", "sink", "--results-jsonl", results.to_str().unwrap()],
+        &[],
+    );
+    let (w, _) = worker(dir.path(), "worker", &nats.url, &["--rules", &rules], &[]);
+    let js = js(&nats.url).await;
+    // Earlier results for the same trace, with the trace id as message id
+    // (what workers used to send): within the duplicate window they made
+    // the server drop the real results.
+    publish(&js, "attest.results", &[("Nats-Msg-Id", "trc_x")], b"[]".to_vec()).await;
+    publish(&js, "attest.traces", &[], work("trc_x")).await;
+    assert_eq!(wait_lines(&results, 3, 30), 3);
+    assert_eq!(w.terminate().0, 0);
+    assert_eq!(sink.terminate().0, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consumer_created_with_other_flags_is_updated_to_this_workers() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = rules_file(dir.path(), RULES);
+    let (first, _) = worker(
+        dir.path(),
+        "first",
+        &nats.url,
+        &["--rules", &rules, "--max-deliver", "1", "--ack-wait-secs", "7"],
+        &[],
+    );
+    assert_eq!(first.terminate().0, 0);
+    let (second, _) = worker(dir.path(), "second", &nats.url, &["--rules", &rules], &[]);
+    let js = js(&nats.url).await;
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .get_stream("ATTEST_TRACES")
+        .await
+        .unwrap()
+        .get_consumer("attest-workers")
+        .await
+        .unwrap();
+    let config = consumer.info().await.unwrap().config.clone();
+    assert_eq!((config.max_deliver, config.ack_wait), (6, Duration::from_secs(30)));
+    let (code, log) = second.terminate();
+    assert_eq!(code, 0, "{log}");
+    assert!(
+        log.contains(
+            "durable consumer attest-workers had max_deliver 2, ack_wait 7 s; updated to this worker's max_deliver 6, ack_wait 30 s"
+        ),
+        "{log}"
+    );
+}
+
+#[test]
+fn zero_deliveries_and_ack_waits_are_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value) in [("--max-deliver", "0"), ("--max-deliver", "-3"), ("--ack-wait-secs", "0")] {
+        let mut p = Proc::spawn(
+            dir.path(),
+            "worker",
+            &[
+                "worker",
+                "--nats",
+                "nats://127.0.0.1:1",
+                "--rules",
+                "r.yaml",
+                &format!("{flag}={value}"),
+            ],
+            &[],
+        );
+        assert_eq!(p.wait_exit(20), 2);
+        let err = p.stderr_text();
+        assert!(err.contains(flag) && err.contains("out of range; give 1 to"), "{err}");
+    }
+}
