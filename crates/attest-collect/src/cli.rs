@@ -92,8 +92,8 @@ pub struct CollectArgs {
     /// Closed traces waiting for evaluation; when full, export requests get 503.
     #[arg(long, default_value_t = 1024)]
     pub queue_capacity: usize,
-    /// Traces evaluated at once.
-    #[arg(long, default_value_t = 4)]
+    /// Traces evaluated at once (1 to 1024).
+    #[arg(long, default_value_t = 4, value_parser = at_least_one::<MAX_CONCURRENCY, usize>)]
     pub concurrency: usize,
 }
 
@@ -104,8 +104,8 @@ pub struct NatsOptions {
     /// ASCII letters, digits, `_` and `-`, in dot-separated tokens (at most 64 bytes).
     #[arg(long, default_value = "attest", value_parser = nats_prefix)]
     pub nats_prefix: String,
-    /// Stream replicas (3 on a production cluster).
-    #[arg(long, default_value_t = 1)]
+    /// Stream replicas (3 on a production cluster; JetStream allows 1 to 5).
+    #[arg(long, default_value_t = 1, value_parser = at_least_one::<5, usize>)]
     pub nats_replicas: usize,
     /// Deliveries of a work message before it goes to the dead-letter subject (1 to 10000).
     #[arg(long, default_value_t = 5, value_parser = at_least_one::<MAX_MAX_DELIVER, i64>)]
@@ -117,6 +117,9 @@ pub struct NatsOptions {
 
 /// Largest `--max-deliver`: the consumer is created with one delivery more.
 const MAX_MAX_DELIVER: i64 = 10_000;
+/// Most traces one process evaluates at once (`--concurrency`): each holds
+/// its trace and a request's worth of evaluation state.
+const MAX_CONCURRENCY: i64 = 1024;
 /// Largest `--ack-wait-secs` (a day): JetStream keeps durations as i64 nanoseconds.
 const MAX_ACK_WAIT_SECS: i64 = 86_400;
 
@@ -176,8 +179,8 @@ pub struct WorkerArgs {
     pub results_jsonl: Option<PathBuf>,
     #[command(flatten)]
     pub nats_opts: NatsOptions,
-    /// Traces evaluated at once by this worker.
-    #[arg(long, default_value_t = 4)]
+    /// Traces evaluated at once by this worker (1 to 1024).
+    #[arg(long, default_value_t = 4, value_parser = at_least_one::<MAX_CONCURRENCY, usize>)]
     pub concurrency: usize,
     /// Serve `/metrics` on this address (IP:PORT, or a host name such as localhost:9464).
     #[arg(long, value_parser = listen_addr)]
@@ -259,7 +262,6 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         );
     }
     for (name, v) in [
-        ("--concurrency", args.concurrency),
         ("--queue-capacity", args.queue_capacity),
         ("--max-inflight-requests", args.max_inflight_requests),
         ("--max-connections", args.max_connections),
@@ -478,9 +480,6 @@ pub(crate) async fn handle_item(pipeline: &Pipeline, publisher: Option<&distribu
 
 /// Runs a NATS worker until SIGTERM; returns the exit code.
 pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
-    if args.concurrency == 0 {
-        bail!("--concurrency must be at least 1");
-    }
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = args.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -542,6 +541,8 @@ mod tests {
                 "0 is out of range; give 1 to 86400",
             ),
             (&["--ack-wait-secs", "x"][..], "--ack-wait-secs", "'x' is not a whole number"),
+            (&["--nats-replicas", "0"][..], "--nats-replicas", "0 is out of range; give 1 to 5"),
+            (&["--nats-replicas", "7"][..], "--nats-replicas", "7 is out of range; give 1 to 5"),
         ] {
             let e = parse(args).unwrap_err();
             assert!(e.contains(flag) && e.contains(want), "{args:?}: {e}");
