@@ -164,7 +164,7 @@ fn header_text(s: &str) -> String {
 /// `Nats-Msg-Id` of a results message: covers everything the message holds,
 /// the trace and each (rule, assertion) key, so only a message with the same
 /// results (a redelivery's) is dropped as a duplicate. An id of the trace
-/// alone let any earlier message for that trace (a stray publish, results of
+/// alone would let any earlier message for that trace (a stray publish, results of
 /// other rules) suppress the real results for the whole duplicate window.
 pub fn results_msg_id(trace_id: &str, records: &[ResultRecord]) -> String {
     let mut keys: Vec<(&str, &str)> = records.iter().map(|r| (r.key.rule.as_str(), r.key.assertion_id.as_str())).collect();
@@ -714,7 +714,7 @@ mod tests {
     fn trace_ids_with_line_breaks_become_header_values_without_panicking() {
         for id in ["trc_crlf\r\nX-Evil: 1", "a\nb", "\r", "tab\there", "é", "", "plain-0af3"] {
             let mut headers = async_nats::HeaderMap::new();
-            // Panicked inside async-nats for '\r' / '\n' before ids were encoded.
+            // async-nats panics on a raw '\r' or '\n' in a header value.
             headers.insert("Nats-Msg-Id", header_id(id).as_str());
             headers.insert("Attest-Dead-Reason", header_text(&format!("bad {id}")).as_str());
             let v = header_id(id);

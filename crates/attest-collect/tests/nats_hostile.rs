@@ -123,8 +123,8 @@ async fn trace_ids_with_line_breaks_are_published_evaluated_and_dead_lettered() 
         &[("ATTEST_COLLECT_TEST_FAIL_TRACE", failing)],
     );
 
-    // The collector publishes a --jsonl trace whose id holds CR/LF (its
-    // Nats-Msg-Id used to panic inside async-nats).
+    // The collector publishes a --jsonl trace whose id holds CR/LF (raw in
+    // a Nats-Msg-Id, it would panic inside async-nats).
     let input = dir.path().join("traces.jsonl");
     let lines = [trace("trc_ok\r\nX-Evil: 1"), trace(failing), trace("trc_plain")];
     std::fs::write(&input, lines.map(|t| t.to_string()).join("\n")).unwrap();
@@ -363,9 +363,9 @@ async fn a_stray_results_message_does_not_suppress_the_real_results() {
     );
     let (w, _) = worker(dir.path(), "worker", &nats.url, &["--rules", &rules], &[]);
     let js = js(&nats.url).await;
-    // Earlier results for the same trace, with the trace id as message id
-    // (what workers used to send): within the duplicate window they made
-    // the server drop the real results.
+    // Earlier results for the same trace, with the bare trace id as message
+    // id: were the real results' id the same, the server would drop them
+    // within the duplicate window.
     publish(&js, "attest.results", &[("Nats-Msg-Id", "trc_x")], b"[]".to_vec()).await;
     publish(&js, "attest.traces", &[], work("trc_x")).await;
     assert_eq!(wait_lines(&results, 3, 30), 3);
