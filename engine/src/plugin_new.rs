@@ -578,7 +578,7 @@ mod tests {
             let script = std::fs::metadata(root.join("build.sh")).unwrap();
             assert!(std::os::unix::fs::PermissionsExt::mode(&script.permissions()) & 0o111 != 0);
             assert!(matches!(create("brand-tone", lang, &root, None), Err(NewError::NotEmpty(_))));
-            let file = root.join("Cargo.toml");
+            let file = root.join("build.sh");
             assert!(
                 matches!(create("brand-tone", lang, &file, None), Err(NewError::NotEmpty(_))),
                 "a file is no project directory"
