@@ -80,6 +80,24 @@ const TABLES: &str = "
 
 /// Opens the file, creating or migrating its tables.
 pub(super) fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
+    // Engines started together race to create the file. SQLite answers some
+    // of those races (switching a new file to WAL, say) with "database is
+    // locked" at once, without waiting on the busy timeout: they are tried
+    // again for as long as that timeout would have waited.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match open_connection_once(path) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < until =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn open_connection_once(path: &Path) -> rusqlite::Result<Connection> {
     let mut conn = attest_store::open_shared(path)?;
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if version == SCHEMA_VERSION {
