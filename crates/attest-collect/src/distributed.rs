@@ -450,14 +450,13 @@ impl WorkerCtx {
         if delivered > self.max_deliver {
             return self.dead_letter(msg, &trace_id, delivered, "maximum deliveries reached").await;
         }
-        // The evaluation runs on a blocking-pool thread of its own. An
-        // evaluator may hold its thread for the whole evaluation (a plugin
-        // spinning to its deadline): on the runtime's worker threads, a few
-        // of those would starve the progress acks and the NATS connection,
-        // and the server would redeliver messages that are being evaluated.
+        // The evaluation runs as a task of its own, so that a panic in it is
+        // a redelivery rather than a lost message. A suite that may hold its
+        // thread (a plugin spinning to its deadline) hands its worker role
+        // to another thread while it runs (see the engine's rule suites):
+        // progress acks and the NATS connection keep being served.
         let pipeline = self.pipeline.clone();
-        let runtime = tokio::runtime::Handle::current();
-        let evaluated = tokio::task::spawn_blocking(move || runtime.block_on(pipeline.evaluate(&item, delivered as u64))).await;
+        let evaluated = tokio::spawn(async move { pipeline.evaluate(&item, delivered as u64).await }).await;
         let outcome = match evaluated {
             Ok(outcome) => outcome,
             Err(e) => {
@@ -689,25 +688,9 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ResultKey, Status};
 
     fn rec(trace: &str, rule: &str, assertion: &str) -> ResultRecord {
-        ResultRecord {
-            key: ResultKey {
-                trace_id: trace.into(),
-                rule: rule.into(),
-                assertion_id: assertion.into(),
-            },
-            assertion_type: "trace".into(),
-            status: Status::Pass,
-            score: 1.0,
-            explanation: "ok".into(),
-            cost_usd: 0.0,
-            duration_ms: 0,
-            agent_id: Some("agent".into()),
-            evaluated_at: "2026-01-01T00:00:00.000Z".into(),
-            delivery: 1,
-        }
+        ResultRecord::passing(trace, rule, assertion)
     }
 
     #[test]

@@ -152,6 +152,30 @@ pub struct ResultRecord {
     pub delivery: u64,
 }
 
+#[cfg(test)]
+impl ResultRecord {
+    /// A passing result for `(trace, rule, assertion)`, as the unit tests of
+    /// the sinks and the distributed path store it.
+    pub(crate) fn passing(trace: &str, rule: &str, assertion: &str) -> Self {
+        ResultRecord {
+            key: ResultKey {
+                trace_id: trace.into(),
+                rule: rule.into(),
+                assertion_id: assertion.into(),
+            },
+            assertion_type: "trace".into(),
+            status: Status::Pass,
+            score: 1.0,
+            explanation: "ok".into(),
+            cost_usd: 0.0,
+            duration_ms: 0,
+            agent_id: Some("agent".into()),
+            evaluated_at: "2026-01-01T00:00:00.000Z".into(),
+            delivery: 1,
+        }
+    }
+}
+
 /// Where results go. Implementations must be idempotent on [`ResultRecord::key`]:
 /// a trace can be evaluated again (redelivery, re-scoring), and a key already
 /// stored must not be counted twice.

@@ -117,25 +117,9 @@ impl HistorySink for JsonlSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Status;
 
     fn rec(trace: &str, a: &str) -> ResultRecord {
-        ResultRecord {
-            key: ResultKey {
-                trace_id: trace.into(),
-                rule: "r".into(),
-                assertion_id: a.into(),
-            },
-            assertion_type: "trace".into(),
-            status: Status::Pass,
-            score: 1.0,
-            explanation: "ok".into(),
-            cost_usd: 0.0,
-            duration_ms: 0,
-            agent_id: None,
-            evaluated_at: "2026-01-01T00:00:00.000Z".into(),
-            delivery: 1,
-        }
+        ResultRecord::passing(trace, "r", a)
     }
 
     #[test]

@@ -35,6 +35,26 @@ fn rules_file(dir: &Path, text: &str) -> String {
     p.display().to_string()
 }
 
+/// A nats-server in a temporary directory, with the standard rules file
+/// beside it; `None` when no nats-server is installed.
+/// Tests bind `dir` before `nats`, so that the server stops before its
+/// directory is removed.
+struct Setup {
+    dir: tempfile::TempDir,
+    nats: NatsServer,
+    rules: String,
+}
+
+impl Setup {
+    fn start() -> Option<Setup> {
+        let bin = nats_server_bin()?;
+        let dir = tempfile::tempdir().unwrap();
+        let nats = NatsServer::start(&bin, dir.path());
+        let rules = rules_file(dir.path(), RULES);
+        Some(Setup { nats, dir, rules })
+    }
+}
+
 /// A worker (`role` evaluate or sink) with `/metrics` on a free port.
 fn worker(dir: &Path, name: &str, nats: &str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
     let addr = format!("127.0.0.1:{}", free_port());
@@ -101,10 +121,7 @@ async fn dead_letters(js: &async_nats::jetstream::Context) -> Vec<(async_nats::H
 
 #[tokio::test(flavor = "multi_thread")]
 async fn trace_ids_with_line_breaks_are_published_evaluated_and_dead_lettered() {
-    let Some(bin) = nats_server_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&bin, dir.path());
-    let rules = rules_file(dir.path(), RULES);
+    let Some(Setup { dir, nats, rules }) = Setup::start() else { return };
     let results = dir.path().join("results.jsonl");
     let common = ["--ack-wait-secs", "3", "--max-deliver", "1"];
     let (sink, _) = worker(
@@ -181,10 +198,7 @@ async fn trace_ids_with_line_breaks_are_published_evaluated_and_dead_lettered() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn work_waiting_for_a_free_slot_is_not_redelivered_or_dead_lettered() {
-    let Some(bin) = nats_server_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&bin, dir.path());
-    let rules = rules_file(dir.path(), RULES);
+    let Some(Setup { dir, nats, rules }) = Setup::start() else { return };
     let results = dir.path().join("results.jsonl");
     // Each evaluation takes 1.5 s, longer than the 1 s ack wait, and two run
     // at a time: the others wait their turn. With --max-deliver 1 a single
@@ -222,10 +236,7 @@ async fn work_waiting_for_a_free_slot_is_not_redelivered_or_dead_lettered() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_malformed_message_at_the_max_payload_is_dead_lettered_cut_to_fit() {
-    let Some(bin) = nats_server_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&bin, dir.path());
-    let rules = rules_file(dir.path(), RULES);
+    let Some(Setup { dir, nats, rules }) = Setup::start() else { return };
     let (w, waddr) = worker(
         dir.path(),
         "worker",
@@ -296,9 +307,7 @@ async fn results_over_the_max_payload_are_dead_lettered_with_the_reason() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn malformed_results_are_counted_and_over_long_ids_are_not_stored() {
-    let Some(bin) = nats_server_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&bin, dir.path());
+    let Some(Setup { dir, nats, .. }) = Setup::start() else { return };
     let results = dir.path().join("results.jsonl");
     let (sink, saddr) = worker(
         dir.path(),
@@ -349,10 +358,7 @@ async fn malformed_results_are_counted_and_over_long_ids_are_not_stored() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stray_results_message_does_not_suppress_the_real_results() {
-    let Some(bin) = nats_server_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&bin, dir.path());
-    let rules = rules_file(dir.path(), RULES);
+    let Some(Setup { dir, nats, rules }) = Setup::start() else { return };
     let results = dir.path().join("results.jsonl");
     let (sink, _) = worker(
         dir.path(),
@@ -375,10 +381,7 @@ async fn a_stray_results_message_does_not_suppress_the_real_results() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_consumer_created_with_other_flags_is_updated_to_this_workers() {
-    let Some(bin) = nats_server_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&bin, dir.path());
-    let rules = rules_file(dir.path(), RULES);
+    let Some(Setup { dir, nats, rules }) = Setup::start() else { return };
     let (first, _) = worker(
         dir.path(),
         "first",
