@@ -119,9 +119,15 @@ impl Engine {
 
     /// Like [`Engine::spawn_with`], with extra environment variables.
     pub fn spawn_env(args: &[&str], stderr: Stderr, env: &[(&str, &str)]) -> Engine {
-        let mut child = command()
-            .args(args)
-            .envs(env.iter().copied())
+        let mut cmd = command();
+        cmd.args(args).envs(env.iter().copied());
+        Self::start(cmd, stderr)
+    }
+
+    /// Spawns `cmd` with its stdio piped: stdout read line by line on a
+    /// thread of its own, stderr drained or left to fill.
+    fn start(mut cmd: Command, stderr: Stderr) -> Engine {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -655,51 +661,7 @@ impl Engine {
     /// Like [`Engine::spawn_with`], for a prepared [`command`] (extra
     /// arguments, environment variables set or removed for the child only).
     /// Stdio is piped here; stderr is drained.
-    pub fn spawn_command(mut cmd: Command) -> Engine {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning attest-engine");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        let stdout_thread = std::thread::spawn(move || {
-            let mut reader = BufReader::with_capacity(1 << 20, stdout);
-            loop {
-                let mut line = Vec::new();
-                match reader.read_until(b'\n', &mut line) {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {
-                        if line.last() == Some(&b'\n') {
-                            line.pop();
-                        }
-                        if tx.send(line).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        let stderr_buf = Arc::new(Mutex::new(Vec::new()));
-        let buf = stderr_buf.clone();
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        std::thread::spawn(move || {
-            let mut chunk = [0u8; 8192];
-            loop {
-                match pipe.read(&mut chunk) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.lock().unwrap().extend_from_slice(&chunk[..n]),
-                }
-            }
-        });
-        Engine {
-            stdin: child.stdin.take(),
-            child,
-            lines,
-            stdout_thread: Some(stdout_thread),
-            stderr_buf,
-            _stalled_stderr: None,
-        }
+    pub fn spawn_command(cmd: Command) -> Engine {
+        Self::start(cmd, Stderr::Drain)
     }
 }
