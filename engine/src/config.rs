@@ -518,11 +518,11 @@ impl Config {
                 providers: file.providers.as_ref(),
                 prices: file.prices.as_ref(),
                 base: &base,
+                file: path.as_deref(),
             },
             c.cache_dir.as_deref(),
             &env,
-        )
-        .with_context(|| src("[embedding]/[judge]/[providers]/[prices]"))?;
+        )?;
         if c.dynamic_min_samples < 2 || c.dynamic_window < c.dynamic_min_samples {
             bail!(
                 "dynamic_min_samples must be at least 2 and at most dynamic_window; got {} and {}",

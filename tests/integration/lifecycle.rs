@@ -439,6 +439,22 @@ fn bad_log_level_exits_2_with_a_clear_message() {
 }
 
 #[test]
+fn a_bad_provider_setting_from_the_environment_names_the_variable() {
+    let out = command()
+        .env("ATTEST_EMBEDDING_PROVIDER", "onnx")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "nothing on stdout");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ATTEST_EMBEDDING_PROVIDER: unknown embedding provider 'onnx'; use auto, openai, local or off"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bad_config_file_exits_2_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
@@ -472,6 +488,14 @@ fn bad_config_file_exits_2_with_a_clear_message() {
             "level.toml",
             "log_level = \"loud\"\n",
             vec!["log_level", "invalid log level 'loud'"],
+        ),
+        (
+            "judge.toml",
+            "[judge]\nprovider = \"gemini\"\n",
+            vec![
+                "[judge] provider in ",
+                "judge.toml: unknown judge provider 'gemini'; use openai, anthropic or off",
+            ],
         ),
     ];
     for (name, text, needles) in cases {

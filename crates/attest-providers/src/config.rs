@@ -3,6 +3,7 @@
 //! Environment wins over the file.
 
 use super::{JudgeKind, Price};
+use crate::text::clip;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -160,6 +161,28 @@ pub struct FileSections<'a> {
     pub prices: Option<&'a HashMap<String, Price>>,
     /// The config file's directory, for relative paths.
     pub base: &'a Path,
+    /// The config file, named in errors about its values.
+    pub file: Option<&'a Path>,
+}
+
+impl FileSections<'_> {
+    /// How an error names a setting read from the file: `[judge] samples in
+    /// /etc/attest.toml`.
+    fn key(&self, key: &str) -> String {
+        match self.file {
+            Some(p) => format!("{key} in {}", p.display()),
+            None => key.to_owned(),
+        }
+    }
+
+    /// A setting taken from the environment variable `var` when it is set,
+    /// else from the file: the value and how an error names it.
+    fn pick(&self, var: &str, from_env: Option<String>, key: &str, from_file: Option<String>) -> (Option<String>, String) {
+        match from_env {
+            Some(v) => (Some(v), var.to_owned()),
+            None => (from_file, self.key(key)),
+        }
+    }
 }
 
 impl ProvidersConfig {
@@ -171,8 +194,19 @@ impl ProvidersConfig {
         let openai_key = e("ATTEST_OPENAI_API_KEY");
 
         // Embedding.
-        let provider = e("ATTEST_EMBEDDING_PROVIDER").or(fe.provider).unwrap_or_else(|| "auto".into());
-        let base_url = e("ATTEST_EMBEDDING_BASE_URL").or(fe.base_url);
+        let (provider, provider_origin) = file.pick(
+            "ATTEST_EMBEDDING_PROVIDER",
+            e("ATTEST_EMBEDDING_PROVIDER"),
+            "[embedding] provider",
+            fe.provider,
+        );
+        let provider = provider.unwrap_or_else(|| "auto".into());
+        let (base_url, base_url_origin) = file.pick(
+            "ATTEST_EMBEDDING_BASE_URL",
+            e("ATTEST_EMBEDDING_BASE_URL"),
+            "[embedding] base_url",
+            fe.base_url,
+        );
         let api_key = e("ATTEST_EMBEDDING_API_KEY").or(fe.api_key).or_else(|| openai_key.clone());
         let model = e("ATTEST_EMBEDDING_MODEL").or(fe.model);
         let dir = e("ATTEST_EMBEDDING_MODEL_DIR")
@@ -181,7 +215,7 @@ impl ProvidersConfig {
             .or_else(default_model_dir);
         let remote = |base_url: Option<String>| -> Result<EmbeddingSource> {
             Ok(EmbeddingSource::Remote {
-                base_url: check_url(base_url.as_deref().unwrap_or(OPENAI_BASE_URL), "embedding base_url")?,
+                base_url: check_url(base_url.as_deref().unwrap_or(OPENAI_BASE_URL), &base_url_origin)?,
                 api_key: api_key.clone(),
                 model: model.clone().unwrap_or_else(|| DEFAULT_EMBEDDING_MODEL.into()),
             })
@@ -209,19 +243,25 @@ impl ProvidersConfig {
             "off" => EmbeddingSource::Off {
                 why: "embeddings are switched off (embedding provider = \"off\")".into(),
             },
-            other => bail!("unknown embedding provider '{other}'; use auto, openai, local or off"),
+            other => bail!(
+                "{provider_origin}: unknown embedding provider '{}'; use auto, openai, local or off",
+                clip(other, 60)
+            ),
         };
 
         // Judge.
-        let provider = e("ATTEST_JUDGE_PROVIDER").or(fj.provider);
-        let base_url = e("ATTEST_JUDGE_BASE_URL").or(fj.base_url);
+        let (provider, provider_origin) = file.pick("ATTEST_JUDGE_PROVIDER", e("ATTEST_JUDGE_PROVIDER"), "[judge] provider", fj.provider);
+        let (base_url, base_url_origin) = file.pick("ATTEST_JUDGE_BASE_URL", e("ATTEST_JUDGE_BASE_URL"), "[judge] base_url", fj.base_url);
         let api_key = e("ATTEST_JUDGE_API_KEY").or(fj.api_key);
         let anthropic_key = e("ATTEST_ANTHROPIC_API_KEY");
         let kind = match provider.as_deref().map(|p| p.trim().to_ascii_lowercase()) {
             Some(p) if p == "openai" => Some(JudgeKind::OpenAi),
             Some(p) if p == "anthropic" => Some(JudgeKind::Anthropic),
             Some(p) if p == "off" => None,
-            Some(other) => bail!("unknown judge provider '{other}'; use openai, anthropic or off"),
+            Some(other) => bail!(
+                "{provider_origin}: unknown judge provider '{}'; use openai, anthropic or off",
+                clip(&other, 60)
+            ),
             None if base_url.is_some() || api_key.is_some() || openai_key.is_some() => Some(JudgeKind::OpenAi),
             None if anthropic_key.is_some() => Some(JudgeKind::Anthropic),
             None => None,
@@ -234,33 +274,41 @@ impl ProvidersConfig {
                 };
                 Some(JudgeConfig {
                     kind,
-                    base_url: check_url(base_url.as_deref().unwrap_or(default_url), "judge base_url")?,
+                    base_url: check_url(base_url.as_deref().unwrap_or(default_url), &base_url_origin)?,
                     api_key: api_key.or(fallback_key),
                     model: e("ATTEST_JUDGE_MODEL").or(fj.model).unwrap_or_else(|| default_model.into()),
                 })
             }
             None => None,
         };
-        let judge_samples = match e("ATTEST_JUDGE_SAMPLES") {
-            Some(v) => v
-                .trim()
-                .parse()
-                .with_context(|| format!("ATTEST_JUDGE_SAMPLES: '{v}' is not a whole number"))?,
-            None => fj.samples.unwrap_or(1),
+        let (judge_samples, samples_origin) = match e("ATTEST_JUDGE_SAMPLES") {
+            Some(v) => (
+                v.trim().parse().with_context(|| {
+                    format!(
+                        "ATTEST_JUDGE_SAMPLES: '{}' is not a whole number; give 1 to {MAX_SAMPLES}",
+                        clip(&v, 60)
+                    )
+                })?,
+                "ATTEST_JUDGE_SAMPLES".to_owned(),
+            ),
+            None => (fj.samples.unwrap_or(1), file.key("[judge] samples")),
         };
         if !(1..=MAX_SAMPLES).contains(&judge_samples) {
-            bail!("judge samples must be between 1 and {MAX_SAMPLES}, got {judge_samples}");
+            bail!("{samples_origin}: judge samples must be between 1 and {MAX_SAMPLES}, got {judge_samples}");
         }
-        let probe_names: Vec<String> = match e("ATTEST_JUDGE_BIAS_PROBES") {
-            Some(v) => v.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect(),
-            None => fj.bias_probes.unwrap_or_default(),
+        let (probe_names, probes_origin): (Vec<String>, String) = match e("ATTEST_JUDGE_BIAS_PROBES") {
+            Some(v) => (
+                v.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect(),
+                "ATTEST_JUDGE_BIAS_PROBES".to_owned(),
+            ),
+            None => (fj.bias_probes.unwrap_or_default(), file.key("[judge] bias_probes")),
         };
         let mut judge_bias_probes = Vec::new();
         for name in &probe_names {
             let Some(p) = attest_core::layers::Probe::parse(name) else {
                 bail!(
-                    "unknown judge bias probe '{}' (ATTEST_JUDGE_BIAS_PROBES or [judge] bias_probes); use any of verbosity, position, self_preference",
-                    crate::text::clip(name, 60)
+                    "{probes_origin}: unknown judge bias probe '{}'; use any of verbosity, position, self_preference",
+                    clip(name, 60)
                 );
             };
             if !judge_bias_probes.contains(&p) {
@@ -270,30 +318,40 @@ impl ProvidersConfig {
 
         let max_concurrency = fp.max_concurrency.unwrap_or(16);
         if !(1..=1024).contains(&max_concurrency) {
-            bail!("providers.max_concurrency must be between 1 and 1024, got {max_concurrency}");
+            bail!(
+                "{}: must be between 1 and 1024, got {max_concurrency}",
+                file.key("[providers] max_concurrency")
+            );
         }
         if let Some(r) = fp.requests_per_second {
             // Below one request per 1,000 s a request could not be paced
             // within any deadline.
             if !(r.is_finite() && (MIN_REQUESTS_PER_SECOND..=MAX_REQUESTS_PER_SECOND).contains(&r)) {
-                bail!("providers.requests_per_second must be between {MIN_REQUESTS_PER_SECOND} and {MAX_REQUESTS_PER_SECOND}, got {r}");
+                bail!(
+                    "{}: must be between {MIN_REQUESTS_PER_SECOND} and {MAX_REQUESTS_PER_SECOND}, got {r}",
+                    file.key("[providers] requests_per_second")
+                );
             }
         }
         let attempt_timeout = match &fp.attempt_timeout {
-            Some(t) => parse_duration(t).context("providers.attempt_timeout")?,
+            Some(t) => parse_duration(t).with_context(|| file.key("[providers] attempt_timeout"))?,
             None => Duration::from_secs(20),
         };
         if attempt_timeout.is_zero() {
-            bail!("providers.attempt_timeout must be greater than zero");
+            bail!("{}: must be greater than zero", file.key("[providers] attempt_timeout"));
         }
         let cache_max_entries = fp.cache_max_entries.unwrap_or(100_000);
         if cache_max_entries == 0 {
-            bail!("providers.cache_max_entries must be greater than zero (set providers.cache = false to switch the cache off)");
+            bail!(
+                "{}: must be greater than zero (set cache = false in [providers] to switch the cache off)",
+                file.key("[providers] cache_max_entries")
+            );
         }
         let cache_max_mib = fp.cache_max_mib.unwrap_or(DEFAULT_CACHE_MIB);
         if !(1..=MAX_CACHE_MIB).contains(&cache_max_mib) {
             bail!(
-                "providers.cache_max_mib must be between 1 and {MAX_CACHE_MIB}, got {cache_max_mib} (set providers.cache = false to switch the cache off)"
+                "{}: must be between 1 and {MAX_CACHE_MIB}, got {cache_max_mib} (set cache = false in [providers] to switch the cache off)",
+                file.key("[providers] cache_max_mib")
             );
         }
         let mut prices: HashMap<String, Price> = DEFAULT_PRICES
@@ -310,7 +368,10 @@ impl ProvidersConfig {
             .collect();
         for (model, p) in file.prices.into_iter().flatten() {
             if !(p.input_per_mtok.is_finite() && p.input_per_mtok >= 0.0 && p.output_per_mtok.is_finite() && p.output_per_mtok >= 0.0) {
-                bail!("prices.\"{model}\": prices must be non-negative numbers");
+                bail!(
+                    "{}: prices must be non-negative numbers",
+                    file.key(&format!("[prices] \"{}\"", clip(model, 60)))
+                );
             }
             prices.insert(model.clone(), *p);
         }
@@ -334,9 +395,10 @@ impl ProvidersConfig {
 }
 
 fn check_url(url: &str, what: &str) -> Result<String> {
-    let parsed = reqwest::Url::parse(url).with_context(|| format!("{what} '{url}' is not a URL"))?;
+    let shown = clip(url, 200);
+    let parsed = reqwest::Url::parse(url).with_context(|| format!("{what}: '{shown}' is not a URL"))?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        bail!("{what} '{url}' must be an http or https URL");
+        bail!("{what}: '{shown}' must be an http or https URL");
     }
     Ok(url.trim_end_matches('/').to_owned())
 }
@@ -401,6 +463,7 @@ mod tests {
             providers: None,
             prices: None,
             base: Path::new(""),
+            file: None,
         };
         ProvidersConfig::load(sections, None, &move |k| m.get(k).cloned())
     }
@@ -418,9 +481,13 @@ mod tests {
                 providers: Some(&providers),
                 prices: None,
                 base: Path::new(""),
+                file: None,
             };
             let e = ProvidersConfig::load(sections, None, &|_| None).unwrap_err().to_string();
-            assert!(e.contains("requests_per_second must be between 0.001 and 1000000"), "{rate}: {e}");
+            assert!(
+                e.contains("[providers] requests_per_second: must be between 0.001 and 1000000"),
+                "{rate}: {e}"
+            );
         }
     }
 
@@ -465,12 +532,46 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_are_errors() {
-        assert!(load(&[("ATTEST_JUDGE_PROVIDER", "gemini")]).is_err());
-        assert!(load(&[("ATTEST_EMBEDDING_PROVIDER", "onnx")]).is_err());
-        assert!(load(&[("ATTEST_JUDGE_BASE_URL", "ftp://x")]).is_err());
-        assert!(load(&[("ATTEST_JUDGE_SAMPLES", "0")]).is_err());
-        assert!(load(&[("ATTEST_JUDGE_SAMPLES", "11")]).is_err());
+    fn bad_values_are_errors_naming_where_the_value_came_from() {
+        for (var, value, want) in [
+            (
+                "ATTEST_JUDGE_PROVIDER",
+                "gemini",
+                "unknown judge provider 'gemini'; use openai, anthropic or off",
+            ),
+            (
+                "ATTEST_EMBEDDING_PROVIDER",
+                "onnx",
+                "unknown embedding provider 'onnx'; use auto, openai, local or off",
+            ),
+            ("ATTEST_JUDGE_BASE_URL", "ftp://x", "'ftp://x' must be an http or https URL"),
+            ("ATTEST_EMBEDDING_BASE_URL", "not a url", "'not a url' is not a URL"),
+            ("ATTEST_JUDGE_SAMPLES", "0", "judge samples must be between 1 and 10, got 0"),
+            ("ATTEST_JUDGE_SAMPLES", "11", "judge samples must be between 1 and 10, got 11"),
+            ("ATTEST_JUDGE_SAMPLES", "many", "'many' is not a whole number; give 1 to 10"),
+            ("ATTEST_JUDGE_BIAS_PROBES", "position,tone", "unknown judge bias probe 'tone'"),
+        ] {
+            let e = format!("{:#}", load(&[(var, value)]).unwrap_err());
+            assert!(e.starts_with(&format!("{var}: ")) && e.contains(want), "{var}={value}: {e}");
+        }
+        // The same settings from the file name the file's key and the file.
+        let judge = FileJudge {
+            provider: Some("gemini".into()),
+            ..FileJudge::default()
+        };
+        let sections = FileSections {
+            embedding: None,
+            judge: Some(&judge),
+            providers: None,
+            prices: None,
+            base: Path::new("/etc"),
+            file: Some(Path::new("/etc/attest.toml")),
+        };
+        let e = ProvidersConfig::load(sections, None, &|_| None).unwrap_err().to_string();
+        assert!(
+            e.starts_with("[judge] provider in /etc/attest.toml: unknown judge provider 'gemini'"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -482,6 +583,7 @@ mod tests {
                 providers: Some(&p),
                 prices: None,
                 base: Path::new(""),
+                file: None,
             };
             ProvidersConfig::load(sections, None, &|_| None)
         };
@@ -493,25 +595,25 @@ mod tests {
                     cache_max_mib: Some(0),
                     ..Default::default()
                 },
-                "providers.cache_max_mib must be between 1 and",
+                "[providers] cache_max_mib: must be between 1 and",
             ),
             (
                 FileProviders {
                     cache_max_mib: Some(u64::MAX),
                     ..Default::default()
                 },
-                "providers.cache_max_mib must be between 1 and",
+                "[providers] cache_max_mib: must be between 1 and",
             ),
             (
                 FileProviders {
                     cache_max_entries: Some(0),
                     ..Default::default()
                 },
-                "providers.cache_max_entries must be greater than zero",
+                "[providers] cache_max_entries: must be greater than zero",
             ),
         ] {
             let e = load_providers(p).unwrap_err().to_string();
-            assert!(e.contains(key) && e.contains("providers.cache = false"), "{e}");
+            assert!(e.contains(key) && e.contains("set cache = false in [providers]"), "{e}");
         }
     }
 }
