@@ -9,7 +9,11 @@
 //!   bytes (`cache_max_mib`): past either bound, the least recently used rows
 //!   are evicted, down to nine tenths of it.
 //! - Calls run on the blocking pool, so a locked file never stalls the
-//!   async workers.
+//!   async workers. A statement that finds the file locked by another
+//!   process for longer than [`CACHE_LOCK_WAIT`] opens a back-off window
+//!   ([`LOCKED_BACKOFF`]) in which every call is a miss or a skipped write
+//!   without touching the file: a burst of lookups behind a lock costs one
+//!   wait, not one each.
 
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
@@ -17,6 +21,7 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 pub type Key = [u8; 32];
 
@@ -94,6 +99,62 @@ pub struct ProviderCache {
     verdicts: Counters,
     writes: AtomicU64,
     evicted: Arc<AtomicU64>,
+    locked: Arc<LockedWindow>,
+}
+
+/// When the file was last found locked by another process, and how many
+/// calls were skipped because of it.
+struct LockedWindow {
+    opened: Instant,
+    /// Milliseconds after `opened` until which calls skip the file; 0 when
+    /// it was never found locked.
+    until_ms: AtomicU64,
+    skipped: AtomicU64,
+}
+
+impl LockedWindow {
+    fn now_ms(&self) -> u64 {
+        self.opened.elapsed().as_millis() as u64
+    }
+
+    /// True (and the call counted as skipped) while the back-off runs.
+    fn skip(&self) -> bool {
+        let skip = self.now_ms() < self.until_ms.load(Ordering::Relaxed);
+        if skip {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        skip
+    }
+
+    /// Opens the back-off window if `e` says the file is locked; true if it did.
+    fn note(&self, e: &rusqlite::Error) -> bool {
+        let locked = is_locked(e);
+        if locked {
+            let until = self.now_ms() + LOCKED_BACKOFF.as_millis() as u64;
+            self.until_ms.fetch_max(until, Ordering::Relaxed);
+        }
+        locked
+    }
+}
+
+/// Whether `e` says another connection holds the file locked.
+fn is_locked(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Marks the row `key` of `table` as just used, for eviction order. A
+/// lookup that found its row stays a hit when the file is locked for
+/// writing: the mark is best-effort.
+fn touch(c: &Connection, locked: &LockedWindow, table: &str, key: &Key) {
+    let sql = format!("UPDATE {table} SET used_ms = ?2 WHERE key = ?1");
+    if let Err(e) = c.execute(&sql, params![&key[..], now_ms()]) {
+        if !locked.note(&e) {
+            tracing::warn!(error = %e, table, "provider cache: could not mark a row as used");
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -110,6 +171,9 @@ pub struct CacheStats {
     pub max_entries_per_table: u64,
     pub max_bytes_per_table: u64,
     pub evicted: u64,
+    /// Calls that skipped the file because another process held it locked
+    /// (each a miss or a skipped write).
+    pub skipped_while_locked: u64,
     pub embeddings: TableStats,
     pub verdicts: TableStats,
 }
@@ -118,7 +182,10 @@ pub struct CacheStats {
 const MAX_CALIBRATIONS: i64 = 1000;
 
 /// How long a cache statement waits for another process's lock.
-const CACHE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+const CACHE_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// How long the cache is skipped after a statement found the file locked.
+const LOCKED_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Evictions are checked once per this many writes.
 const EVICT_EVERY: u64 = 64;
@@ -165,25 +232,51 @@ impl ProviderCache {
             verdicts: Counters::default(),
             writes: AtomicU64::new(0),
             evicted: Arc::new(AtomicU64::new(0)),
+            locked: Arc::new(LockedWindow {
+                opened: Instant::now(),
+                until_ms: AtomicU64::new(0),
+                skipped: AtomicU64::new(0),
+            }),
         })
     }
 
     /// Runs `f` on the connection, off the async workers. Cache faults are
     /// logged and treated as misses: a cache never fails an evaluation.
+    /// While the file is known to be locked, `f` is not run at all.
     async fn with<T: Send + 'static>(
         &self,
         what: &'static str,
         f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Option<T> {
-        let conn = self.conn.clone();
+        if self.locked.skip() {
+            return None;
+        }
+        let (conn, locked) = (self.conn.clone(), self.locked.clone());
         let run = tokio::task::spawn_blocking(move || {
             let guard = conn.lock().unwrap_or_else(|p| p.into_inner());
-            f(&guard)
+            // Calls queued behind the one that found the lock see its window.
+            if locked.skip() {
+                return None;
+            }
+            Some(f(&guard).inspect_err(|e| {
+                if locked.note(e) {
+                    tracing::warn!(
+                        error = %e,
+                        operation = what,
+                        "provider cache: the file is locked by another process; skipping the cache for {} s",
+                        LOCKED_BACKOFF.as_secs()
+                    );
+                }
+            }))
         });
         match run.await {
-            Ok(Ok(v)) => Some(v),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, operation = what, "provider cache unavailable for this call");
+            Ok(None) => None,
+            Ok(Some(Ok(v))) => Some(v),
+            Ok(Some(Err(e))) => {
+                // A locked file was logged once, when its window opened.
+                if !is_locked(&e) {
+                    tracing::warn!(error = %e, operation = what, "provider cache unavailable for this call");
+                }
                 None
             }
             Err(e) => {
@@ -206,13 +299,14 @@ impl ProviderCache {
     }
 
     pub async fn embedding(&self, key: Key) -> Option<Vec<f32>> {
+        let locked = self.locked.clone();
         let found = self
             .with("read embedding", move |c| {
                 let v: Option<Vec<u8>> = c
                     .query_row("SELECT vector FROM embeddings WHERE key = ?1", [&key[..]], |r| r.get(0))
                     .optional()?;
                 if v.is_some() {
-                    c.execute("UPDATE embeddings SET used_ms = ?2 WHERE key = ?1", params![&key[..], now_ms()])?;
+                    touch(c, &locked, "embeddings", &key);
                 }
                 Ok(v)
             })
@@ -242,6 +336,7 @@ impl ProviderCache {
     }
 
     pub async fn verdict(&self, key: Key) -> Option<CachedVerdict> {
+        let locked = self.locked.clone();
         let found = self
             .with("read verdict", move |c| {
                 let v = c
@@ -259,7 +354,7 @@ impl ProviderCache {
                     })
                     .optional()?;
                 if v.is_some() {
-                    c.execute("UPDATE verdicts SET used_ms = ?2 WHERE key = ?1", params![&key[..], now_ms()])?;
+                    touch(c, &locked, "verdicts", &key);
                 }
                 Ok(v)
             })
@@ -380,6 +475,7 @@ impl ProviderCache {
             max_entries_per_table: self.bounds.max_entries,
             max_bytes_per_table: self.bounds.max_bytes,
             evicted: self.evicted.load(Ordering::Relaxed),
+            skipped_while_locked: self.locked.skipped.load(Ordering::Relaxed),
             embeddings: table(&self.embeddings, counts.0),
             verdicts: table(&self.verdicts, counts.1),
         }
@@ -400,6 +496,50 @@ mod tests {
     fn keys_do_not_collide_by_concatenation() {
         assert_ne!(key(&["ab", "c"]), key(&["a", "bc"]));
         assert_eq!(key(&["a", "b"]), key(&["a", "b"]));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_file_locked_by_another_process_costs_one_wait_then_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.sqlite3");
+        let bounds = Bounds {
+            max_entries: 100,
+            max_bytes: 1 << 20,
+        };
+        let cache = ProviderCache::open(&path, bounds).unwrap();
+        cache.put_embedding(key(&["x"]), "m".into(), &[0.5]).await;
+        // Another process takes the write lock and keeps it.
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        // The first write waits out the lock and opens the window; a hit
+        // stays a hit (reads are not blocked, the used mark is best-effort).
+        cache.put_embedding(key(&["y"]), "m".into(), &[1.0]).await;
+        let skipped = cache.locked.skipped.load(Ordering::Relaxed);
+        assert_eq!(skipped, 0, "the first call waits, it is not skipped");
+        for _ in 0..20 {
+            cache.put_embedding(key(&["z"]), "m".into(), &[1.0]).await;
+        }
+        assert_eq!(
+            cache.locked.skipped.load(Ordering::Relaxed),
+            20,
+            "calls in the window skip the file"
+        );
+        assert_eq!(cache.embedding(key(&["y"])).await, None, "skipped lookups are misses");
+        assert_eq!(
+            cache.stats().await.skipped_while_locked,
+            22,
+            "the lookup and the stats' count skipped too"
+        );
+        // Once the lock is gone and the window has passed, the cache is used again.
+        other.execute_batch("COMMIT").unwrap();
+        cache.locked.until_ms.store(0, Ordering::Relaxed);
+        assert_eq!(cache.embedding(key(&["x"])).await, Some(vec![0.5]));
+        cache.put_embedding(key(&["y"]), "m".into(), &[1.0]).await;
+        assert_eq!(cache.embedding(key(&["y"])).await, Some(vec![1.0]));
+        // A hit while another process holds the write lock is still a hit.
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        assert_eq!(cache.embedding(key(&["x"])).await, Some(vec![0.5]));
+        other.execute_batch("COMMIT").unwrap();
     }
 
     #[tokio::test]
