@@ -129,7 +129,7 @@ enum PluginCommand {
     /// unit tests, a build script and a README, ready to build.
     New {
         /// The plugin's id, also its project, crate or package name
-        /// (lowercase letters, digits and '-').
+        /// (lowercase letters and digits, joined by single '-').
         name: String,
         #[arg(long, value_enum)]
         lang: Lang,

@@ -54,7 +54,7 @@ impl std::fmt::Display for NewError {
         match self {
             NewError::BadName(name) => write!(
                 f,
-                "'{}' cannot name a plugin project: use lowercase letters, digits and '-', starting with a letter, at most 64 characters (it becomes the plugin id, the crate, module or package name, and the file name)",
+                "'{}' cannot name a plugin project: use lowercase letters and digits, joined by single '-', starting with a letter, at most 64 characters (it becomes the plugin id, the crate, module or package name, and the file name)",
                 crate::text::clip(name, 80)
             ),
             NewError::Reserved { name, lang, why } => write!(
@@ -150,9 +150,18 @@ const PYTHON_KEYWORDS: &[&str] = &[
 ];
 
 /// Modules a Python project's package would shadow: the standard library's
-/// (Python 3.11's `sys.stdlib_module_names`, those a project name can spell),
-/// and those componentize-py generates and the project's tests use.
+/// (`sys.stdlib_module_names` of Python 3.11, which runs the tests, and the
+/// names Python 3.14 added, since componentize-py embeds 3.14; those a project
+/// name can spell), those componentize-py generates, and pytest and the
+/// packages it imports (the build runs it from the project's directory).
 const PYTHON_MODULES: &[&str] = &[
+    "annotationlib",
+    "compression",
+    "iniconfig",
+    "packaging",
+    "pluggy",
+    "py",
+    "pygments",
     "abc",
     "aifc",
     "antigravity",
@@ -383,6 +392,9 @@ const PYTHON_MODULES: &[&str] = &[
 const RUST_CRATES: &[&str] = &[
     "alloc",
     "attest_plugin_sdk",
+    // A path dependency of the SDK: cargo cannot tell two local packages of
+    // one name and version apart.
+    "attest_trace",
     "core",
     "proc_macro",
     "serde",
@@ -425,6 +437,8 @@ pub fn is_project_name(name: &str) -> bool {
         && bytes.next().is_some_and(|b| b.is_ascii_lowercase())
         && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.ends_with('-')
+        // `a--b` would be the crate `a__b`, which rustc warns is not snake case.
+        && !name.contains("--")
 }
 
 /// Writes a `lang` project for plugin `name` into `dir`; returns the files
@@ -437,12 +451,12 @@ pub fn create(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Result<
     if sdk.is_some() && lang != Lang::Rust {
         return Err(NewError::SdkForOtherLang(lang));
     }
-    // Anything there but a directory (a file, say) is as taken as a
-    // directory with files in it.
+    // Anything there but a directory (a file, or a link to nothing, say)
+    // is as taken as a directory with files in it.
     let taken = match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()),
         Ok(_) => true,
-        Err(_) => false,
+        Err(_) => std::fs::symlink_metadata(dir).is_ok(),
     };
     if taken {
         return Err(NewError::NotEmpty(dir.to_owned()));
@@ -464,21 +478,58 @@ pub fn create(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Result<
                 .ok()
                 .filter(|p| p.join("Cargo.toml").is_file())
                 .ok_or(NewError::NoSdk(sdk))?;
-            vars.push(("{{sdk}}", sdk.display().to_string()));
+            vars.push(("{{sdk}}", toml_string(&sdk.display().to_string())));
             RUST
         }
         Lang::Python => PYTHON,
         Lang::Js => JS,
     };
     let fill = |text: &str| vars.iter().fold(text.to_owned(), |t, (k, v)| t.replace(k, v));
+    let created = !dir.exists();
     let mut written = Vec::new();
     let all = files.iter().copied().chain(std::iter::once(("trace.json", TRACE, false)));
     for (path, text, script) in all {
         let path = dir.join(fill(path));
-        write(&path, &fill(text), script).map_err(|why| NewError::Write { path: path.clone(), why })?;
+        if let Err(why) = write(&path, &fill(text), script) {
+            // Half a project would only be in the way of the next try.
+            if created {
+                let _ = std::fs::remove_dir_all(dir);
+            } else {
+                for f in written.iter().chain([&path]) {
+                    let _ = std::fs::remove_file(f);
+                }
+            }
+            return Err(NewError::Write { path, why });
+        }
         written.push(path);
     }
     Ok(written)
+}
+
+/// `s` as the inside of a TOML basic string (the template supplies the quotes).
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `path` as a shell word: quoted when it holds anything a shell would
+/// split or expand.
+fn shell_word(path: &Path) -> String {
+    let s = path.display().to_string();
+    let plain = !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+,:@%".contains(&b));
+    if plain {
+        s
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 fn write(path: &Path, text: &str, script: bool) -> std::io::Result<()> {
@@ -511,8 +562,9 @@ pub fn next_steps(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Str
         Lang::Python | Lang::Js => String::new(),
     };
     format!(
-        "created {dir}\n{sdk}\nnext:\n  cd {dir}\n  {test}\n  attest-engine plugin test {name}.wasm --trace trace.json --plugin-config-json '{{\"phrase\": \"refund\"}}'\n  attest-engine --plugin {name}.wasm     # serve it to an SDK\n",
-        dir = dir.display()
+        "created {dir}\n{sdk}\nnext:\n  cd {cd}\n  {test}\n  attest-engine plugin test {name}.wasm --trace trace.json --plugin-config-json '{{\"phrase\": \"refund\"}}'\n  attest-engine --plugin {name}.wasm     # serve it to an SDK\n",
+        dir = dir.display(),
+        cd = shell_word(dir)
     )
 }
 
@@ -525,7 +577,7 @@ mod tests {
         for ok in ["tone", "brand-tone", "check2"] {
             assert!(is_project_name(ok), "{ok}");
         }
-        for bad in ["", "Tone", "2fast", "-x", "x-", "a_b", "a.b", "ü", &"x".repeat(65)] {
+        for bad in ["", "Tone", "2fast", "-x", "x-", "a--b", "a_b", "a.b", "ü", &"x".repeat(65)] {
             assert!(!is_project_name(bad), "{bad}");
         }
     }
@@ -590,7 +642,7 @@ mod tests {
     fn bad_names_and_a_missing_sdk_are_refused_with_what_to_do() {
         let dir = tempfile::tempdir().unwrap();
         let e = create("Bad Name", Lang::Js, dir.path(), None).unwrap_err();
-        assert!(e.to_string().contains("lowercase letters, digits and '-'"), "{e}");
+        assert!(e.to_string().contains("lowercase letters and digits, joined by single '-'"), "{e}");
         let e = create("ok", Lang::Rust, &dir.path().join("ok"), Some(Path::new("/nowhere"))).unwrap_err();
         assert!(e.to_string().contains("pass --sdk"), "{e}");
         for lang in [Lang::Python, Lang::Js] {
@@ -599,6 +651,53 @@ mod tests {
             assert!(e.to_string().contains("applies to --lang rust only"), "{e}");
             assert!(!target.exists(), "nothing written");
         }
+    }
+
+    #[test]
+    fn an_sdk_path_with_quotes_or_backslashes_stays_one_toml_string() {
+        let dir = tempfile::tempdir().unwrap();
+        let sdk = dir.path().join("sdk \"q\" \\ x");
+        std::fs::create_dir_all(&sdk).unwrap();
+        std::fs::write(sdk.join("Cargo.toml"), "").unwrap();
+        let root = dir.path().join("p");
+        create("p", Lang::Rust, &root, Some(&sdk)).unwrap();
+        let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml")).unwrap().parse().unwrap();
+        let path = manifest["dependencies"]["attest-plugin-sdk"]["path"].as_str().unwrap();
+        assert_eq!(Path::new(path), sdk.canonicalize().unwrap());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_nothing_behind_and_a_dangling_link_is_taken() {
+        let tmp = tempfile::tempdir().unwrap();
+        // A directory whose path is so long that `src/plugin.js` fits under
+        // PATH_MAX (4,096 bytes with the NUL) and `test/plugin.test.js`,
+        // written next, does not.
+        let mut dir = tmp.path().to_path_buf();
+        while dir.as_os_str().len() < 4078 - 201 {
+            dir.push("d".repeat(200));
+        }
+        let last = 4078 - dir.as_os_str().len() - 1;
+        dir.push("e".repeat(last));
+        assert_eq!(dir.as_os_str().len(), 4078);
+        let e = create("p", Lang::Js, &dir, None).unwrap_err();
+        assert!(
+            matches!(&e, NewError::Write { path, .. } if path.ends_with("test/plugin.test.js")),
+            "{e}"
+        );
+        assert!(!dir.exists(), "the half-written project is removed");
+
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink("/nonexistent/target", &link).unwrap();
+        let e = create("p", Lang::Js, &link, None).unwrap_err();
+        assert!(matches!(e, NewError::NotEmpty(_)), "{e}");
+    }
+
+    #[test]
+    fn next_steps_quote_a_directory_the_shell_would_split() {
+        let steps = next_steps("p", Lang::Js, Path::new("with space/it's"), None);
+        assert!(steps.contains("  cd 'with space/it'\\''s'\n"), "{steps}");
+        let steps = next_steps("p", Lang::Js, Path::new("plain/dir-1"), None);
+        assert!(steps.contains("  cd plain/dir-1\n"), "{steps}");
     }
 
     #[test]
@@ -613,6 +712,9 @@ mod tests {
             ("std", Lang::Rust, "clash with the Rust crate"),
             ("serde-json", Lang::Rust, "clash with the Rust crate"),
             ("type", Lang::Rust, "Rust keyword"),
+            ("attest-trace", Lang::Rust, "clash with the Rust crate"),
+            ("pluggy", Lang::Python, "would shadow the Python module"),
+            ("annotationlib", Lang::Python, "would shadow the Python module"),
             ("match", Lang::Rust, "Rust keyword"),
         ] {
             let e = create(name, lang, &dir.path().join(name), None).unwrap_err();

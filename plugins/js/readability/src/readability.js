@@ -51,7 +51,9 @@ export function resolve(root, path) {
   for (const part of path.match(/[^.[\]]+|\[\d+\]/g) || []) {
     if (cur === null || typeof cur !== 'object') return undefined;
     const key = part.startsWith('[') ? Number(part.slice(1, -1)) : part;
-    if (!(key in cur)) return undefined;
+    // Own members only: `in` would also find what every object inherits
+    // (constructor, toString, __proto__).
+    if (!Object.hasOwn(cur, key)) return undefined;
     cur = cur[key];
   }
   return cur;
@@ -132,7 +134,8 @@ export function evaluate(traceText, configs) {
     try {
       return evaluateOne(trace, c);
     } catch (e) {
-      return { tag: 'err', val: { tag: 'internal', val: String((e && e.stack) || e) } };
+      // Inside the component a stack trace lacks the message: name it.
+      return { tag: 'err', val: { tag: 'internal', val: e instanceof Error ? `${e.name}: ${e.message}` : String(e) } };
     }
   });
 }

@@ -29,6 +29,10 @@ test('resolve reads dotted paths with indices', () => {
   assert.equal(resolve(t, 'output.message'), 'hi');
   assert.equal(resolve(t, 'steps[0].result.text'), 'Go.');
   assert.equal(resolve(t, 'steps[1].result'), undefined);
+  // Members every object inherits are not in the trace.
+  for (const path of ['output.constructor', 'output.toString', 'output.__proto__', 'steps.map']) {
+    assert.equal(resolve(t, path), undefined, path);
+  }
 });
 
 test('evaluate passes plain text, fails dense text, and fails a missing target', () => {

@@ -21,6 +21,20 @@ test('passes when the phrase is there and fails when it is not', () => {
   assert.match(missing.val.explanation, /could not be checked/);
 });
 
+test('members every object inherits are not in the trace', () => {
+  for (const target of ['output.constructor', 'output.toString', 'output.__proto__']) {
+    const [r] = evaluate(trace, [JSON.stringify({ phrase: 'x', target })]);
+    assert.equal(r.tag, 'ok', target);
+    assert.match(r.val.explanation, /could not be checked/, target);
+  }
+});
+
+test('an error inside the check is reported with its message', () => {
+  const [r] = evaluate(trace, [JSON.stringify({ target: 'output.message' })]);
+  assert.equal(r.val.tag, 'internal');
+  assert.match(r.val.val, /^TypeError: /);
+});
+
 test('a trace that is not JSON is unsupported', () => {
   assert.equal(evaluate('nope', ['{}'])[0].val.tag, 'unsupported-trace');
 });
