@@ -262,6 +262,12 @@ fn main() -> ExitCode {
             return ExitCode::from(usage_error_code(&e));
         }
     };
+    if matches!(
+        cli.command,
+        Some(Command::Eval { .. } | Command::Calibrate { .. } | Command::Version | Command::Plugin { .. })
+    ) {
+        attest_io::end_on_closed_output();
+    }
     // Commands that read no engine configuration run before it is loaded:
     // a broken config file or environment must not stop them.
     if let Some(code) = cli.command.as_ref().and_then(without_config) {
@@ -530,8 +536,10 @@ fn plugin_test(
         (Some(path), _) => eval_cmd::read_text(
             path,
             "plugin config file (--plugin-config)",
-            eval_cmd::MAX_INPUT_FILE_BYTES,
-            "check that --plugin-config names one config object as JSON",
+            // What a request line leaves beside its trace: no config sent
+            // over the protocol can be larger.
+            attest_engine::server::LINE_HEADROOM_BYTES as u64,
+            "check that --plugin-config names one config object as JSON; over the protocol a request holds at most this much beside its trace",
         )
         .map_err(|e| format!("{e:#}"))
         .and_then(|text| {

@@ -389,3 +389,32 @@ fn request_ids_in_the_assertions_file_do_not_leak_between_traces() {
     assert_eq!(statuses(&v[1]), ["pass", "hard_fail", "pass", "hard_fail", "soft_fail"], "{}", v[1]);
     assert_eq!(code, Some(1));
 }
+
+#[test]
+fn output_closed_early_ends_the_run_quietly_by_sigpipe() {
+    use std::os::unix::process::ExitStatusExt;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (trace, assertions) = (
+        root.join("examples/refund_trace.json"),
+        root.join("examples/refund_assertions.json"),
+    );
+    // Both streams go to one pipe that is closed before anything is written,
+    // as `2>&1 | head -0` does: no write error is reported, nothing panics.
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut child = command()
+        .args([
+            "eval",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--assertions",
+            assertions.to_str().unwrap(),
+        ])
+        .stdout(writer.try_clone().unwrap())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    drop(reader);
+    let status = child.wait().unwrap();
+    const SIGPIPE: i32 = 13;
+    assert_eq!(status.signal(), Some(SIGPIPE), "{status:?}");
+}

@@ -3133,7 +3133,7 @@ fn plugin_test_runs_one_plugin_on_a_trace_and_prints_its_verdict() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("plugin config file (--plugin-config) /dev/zero is larger than 256 MiB"),
+        stderr.contains("plugin config file (--plugin-config) /dev/zero is larger than 1 MiB"),
         "{stderr}"
     );
 }

@@ -98,6 +98,21 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Lets a closed standard output end the process the way it ends other Unix
+/// tools: quietly, by SIGPIPE. Rust ignores SIGPIPE, so writing to a closed
+/// pipe is an error, and `println!`, or reporting that error on a stderr that
+/// went to the same pipe, panics. For one-shot commands whose output may be
+/// cut short (`| head`); servers keep the default, since what they write to
+/// is a peer that may come and go.
+pub fn end_on_closed_output() {
+    #[cfg(unix)]
+    // SAFETY: restoring a signal's default disposition, before any thread
+    // that could be writing starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Opens `path` for reading without waiting: opening a named pipe blocks
 /// until something opens it for writing, which may be never. Once open, the
 /// file reads as usual (a pipe with no writer reads as empty).
@@ -127,13 +142,35 @@ pub fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
     if let Some(size) = size.filter(|&size| size > limit) {
         return Err(ReadError::TooLarge { limit, size: Some(size) });
     }
-    // The reported size is only a hint: the file may have changed since.
-    let mut bytes = Vec::with_capacity(size.map_or(0, |s| s.min(limit) as usize));
-    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    let bytes = read_bounded(file, size, limit)?;
     if bytes.len() as u64 > limit {
         return Err(ReadError::TooLarge { limit, size: None });
     }
     Ok(bytes)
+}
+
+/// Up to `limit + 1` bytes of `source`, whose size, when known, is `size`.
+/// `read_to_end` doubles its buffer, so a source without a size (a pipe,
+/// `/dev/zero`) could take twice the cap; growth here stops at the cap.
+fn read_bounded(source: impl Read, size: Option<u64>, limit: u64) -> std::io::Result<Vec<u8>> {
+    // The reported size is only a hint: the file may have changed since.
+    let mut bytes = Vec::with_capacity(size.map_or(0, |s| s.min(limit) as usize));
+    let cap = usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX);
+    let mut source = source.take(cap as u64);
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        let n = match source.read(&mut chunk) {
+            Ok(0) => return Ok(bytes),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if bytes.capacity() - bytes.len() < n {
+            let grown = bytes.capacity().saturating_mul(2).max(bytes.len() + n).min(cap);
+            bytes.reserve_exact(grown - bytes.len());
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+    }
 }
 
 /// The UTF-8 text of `path`, when it is at most `limit` bytes.
@@ -191,6 +228,21 @@ pub fn json_containers(text: &[u8], max: u64) -> Result<u64, TooManyContainers> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_without_a_size_never_takes_more_than_the_cap() {
+        let limit = 3 << 20;
+        // Endless, like /dev/zero: one byte past the cap is read, no more.
+        let bytes = read_bounded(std::io::repeat(0), None, limit).unwrap();
+        assert_eq!(bytes.len() as u64, limit + 1);
+        assert!(bytes.capacity() as u64 <= limit + 1, "{} bytes reserved", bytes.capacity());
+        // Exactly at the cap, in odd-sized reads.
+        let bytes = read_bounded(std::io::repeat(7).take(limit), None, limit).unwrap();
+        assert_eq!(bytes.len() as u64, limit);
+        assert!(bytes.capacity() as u64 <= limit + 1);
+        assert!(bytes.iter().all(|&b| b == 7));
+        assert_eq!(read_bounded(std::io::empty(), None, limit).unwrap(), b"");
+    }
 
     #[test]
     fn json_containers_counts_objects_and_arrays_outside_strings() {
