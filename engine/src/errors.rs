@@ -39,7 +39,7 @@ pub fn request_id_reused(e: RequestIdReused) -> RpcError {
         "A request_id is an idempotency key: resend it only with the same type, spec and trace. Use a fresh request_id for a new evaluation.",
     )
     .with_assertion(&e.assertion_id)
-    .with_field("request_id")
+    .with_field(format!("params.assertions[{}].request_id", e.position))
 }
 
 /// An evaluation that stopped: timeouts are `3002`, a spent budget `1002`
@@ -140,11 +140,13 @@ pub fn simulation_failed(e: ProviderError) -> RpcError {
             format!("generate_user_message failed: {message}"),
             "Check LLM provider availability and retry.",
         ),
+        // Configuration, not a fault: retrying cannot help.
         ProviderError::Unavailable { message, detail } => RpcError::new(
             ErrorCode::ProviderError,
             format!("generate_user_message needs an LLM: {message}"),
             detail,
-        ),
+        )
+        .not_retryable(),
     }
 }
 

@@ -236,6 +236,9 @@ impl Engine {
         }
         if judge {
             caps.push("llm_judge");
+            // `generate_user_message` (simulated users, with injected
+            // faults) is written by the judge provider.
+            caps.push("simulation");
         }
         if embedding && judge {
             caps.push("layers_5_6");

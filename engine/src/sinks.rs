@@ -24,7 +24,8 @@ use crate::report::{LoggedBatch, ReportedResult, SessionLog};
 use crate::text::quote;
 use crate::trace::Trace;
 use quick_cache::sync::Cache;
-use std::collections::hash_map::DefaultHasher;
+use std::collections::hash_map::{DefaultHasher, Entry};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -70,17 +71,24 @@ impl Fresh {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestIdReused {
     pub assertion_id: String,
+    /// Its position in the batch.
+    pub position: usize,
     pub request_id: String,
+    /// Where it was used before: an earlier assertion of the same batch
+    /// (its position), or an earlier request.
+    pub earlier_in_batch: Option<usize>,
 }
 
 impl std::fmt::Display for RequestIdReused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "assertion {}: request_id {} was already used for a different request",
-            quote(&self.assertion_id),
-            quote(&self.request_id)
-        )
+        let (id, rid) = (quote(&self.assertion_id), quote(&self.request_id));
+        match self.earlier_in_batch {
+            Some(i) => write!(
+                f,
+                "assertion {id}: request_id {rid} is also the request_id of assertions[{i}] in this batch, which is a different assertion"
+            ),
+            None => write!(f, "assertion {id}: request_id {rid} was already used for a different request"),
+        }
     }
 }
 
@@ -155,16 +163,32 @@ impl Sinks {
         assertions: impl Iterator<Item = (&'a str, Option<&'a str>, AssertionType, &'a str)>,
         trace_digest: Option<u64>,
     ) -> Result<Vec<Option<AssertionResult>>, RequestIdReused> {
+        // A key stands for one assertion within a batch too: otherwise the
+        // same batch, retried, would be refused against itself.
+        let mut in_batch: HashMap<&str, (usize, u64)> = HashMap::new();
         assertions
-            .map(|(id, request_id, kind, spec_text)| {
-                let Some(hit) = request_id.and_then(|rid| self.by_request_id.get(rid)) else {
+            .enumerate()
+            .map(|(i, (id, request_id, kind, spec_text))| {
+                let Some(rid) = request_id else { return Ok(None) };
+                let print = fingerprint(kind, spec_text, trace_digest);
+                let reused = |earlier_in_batch| RequestIdReused {
+                    assertion_id: id.to_owned(),
+                    position: i,
+                    request_id: rid.to_owned(),
+                    earlier_in_batch,
+                };
+                match in_batch.entry(rid) {
+                    Entry::Occupied(e) if e.get().1 != print => return Err(reused(Some(e.get().0))),
+                    Entry::Occupied(_) => {}
+                    Entry::Vacant(e) => {
+                        e.insert((i, print));
+                    }
+                }
+                let Some(hit) = self.by_request_id.get(rid) else {
                     return Ok(None);
                 };
-                if hit.fingerprint != fingerprint(kind, spec_text, trace_digest) {
-                    return Err(RequestIdReused {
-                        assertion_id: id.to_owned(),
-                        request_id: request_id.unwrap_or_default().to_owned(),
-                    });
+                if hit.fingerprint != print {
+                    return Err(reused(None));
                 }
                 Ok(Some(AssertionResult {
                     assertion_id: id.to_owned(),

@@ -865,11 +865,41 @@ fn request_id_reused_for_a_different_spec_is_an_assertion_error() {
         json!("assertion 'second': request_id 'rid-x' was already used for a different request")
     );
     assert_eq!(err["data"]["assertion_id"], json!("second"));
+    assert_eq!(err["data"]["field"], json!("params.assertions[1].request_id"));
     // Reusing it for another type is refused too.
     let mut c = json!({"assertion_id": "third", "type": "trace", "spec": {"check": "no_duplicates"}});
     c["request_id"] = json!("rid-x");
     let err = batch_error(&mut engine, json!([c]));
     assert_eq!(err["data"]["assertion_id"], json!("third"));
+    assert_still_serving(&mut engine, true);
+}
+
+#[test]
+fn one_request_id_for_two_different_assertions_of_a_batch_is_refused_up_front() {
+    let mut engine = Engine::spawn();
+    engine.initialize();
+    let mut a = content("first", "contains", "refund");
+    a["request_id"] = json!("rid-twice");
+    let mut b = content("second", "contains", "business days");
+    b["request_id"] = json!("rid-twice");
+    // Refused the first time, so that a retry of the same batch is answered
+    // the same way rather than refused against itself.
+    for id in [1, 2] {
+        let err = expect_error(
+            &engine.request(&evaluate_request(json!(id), refund_trace(), json!([a.clone(), b.clone()]))),
+            1002,
+        );
+        assert_eq!(
+            err["message"],
+            json!("assertion 'second': request_id 'rid-twice' is also the request_id of assertions[0] in this batch, which is a different assertion")
+        );
+        assert_eq!(err["data"]["field"], json!("params.assertions[1].request_id"));
+    }
+    // The same assertion twice under one key is the same request: both answered.
+    let mut c = a.clone();
+    c["assertion_id"] = json!("first-again");
+    let ok = expect_result(&engine.request(&evaluate_request(json!(3), refund_trace(), json!([a, c]))));
+    assert_eq!(ok["results"].as_array().unwrap().len(), 2, "{ok}");
     assert_still_serving(&mut engine, true);
 }
 

@@ -648,7 +648,8 @@ fn anthropic_is_a_second_judge_provider() {
         ],
     );
     let init = e.initialize();
-    assert!(init["capabilities"].as_array().unwrap().contains(&json!("llm_judge")), "{init}");
+    let caps = init["capabilities"].as_array().unwrap();
+    assert!(caps.contains(&json!("llm_judge")) && caps.contains(&json!("simulation")), "{init}");
     let resp = e.request(&evaluate_request(
         json!(1),
         trace_with_output("GOOD"),
@@ -863,12 +864,14 @@ fn generate_user_message_plays_the_persona_through_the_judge_provider() {
 
     // Without a provider it says how to configure one.
     let mut bare = Engine::spawn();
-    bare.initialize();
+    let init = bare.initialize();
+    assert!(!init["capabilities"].as_array().unwrap().contains(&json!("simulation")), "{init}");
     let resp = bare.request(&rpc(
         json!(4),
         "generate_user_message",
         json!({"persona": {"name": "x", "system_prompt": "p"}}),
     ));
     assert_eq!(resp["error"]["code"], 2001, "{resp}");
+    assert_eq!(resp["error"]["data"]["retryable"], false, "configuration, not a fault: {resp}");
     assert!(resp["error"]["data"]["detail"].as_str().unwrap().contains("ATTEST_JUDGE_BASE_URL"));
 }

@@ -330,9 +330,16 @@ impl PluginHost {
             failed: &self.failures[..self.failures.len().min(LISTED_FAILURES)],
             failed_not_listed: self.failures.len().saturating_sub(LISTED_FAILURES),
         };
-        // Room for the envelope, the failures and the `plugins_not_listed` member.
-        let fixed = serde_json::to_string(&listing).map_or(budget, |s| s.len()) + 64;
-        let mut left = budget.saturating_sub(fixed);
+        // Room for the envelope, the failures and the `plugins_not_listed`
+        // member. A small budget (a member of a JSON-RPC batch has a share
+        // of the line) lists fewer failures, newest last to go, and counts
+        // the rest.
+        let fixed = |listing: &Listing<'_>| serde_json::to_string(listing).map_or(budget, |s| s.len()) + 64;
+        while fixed(&listing) > budget && !listing.failed.is_empty() {
+            listing.failed = &listing.failed[..listing.failed.len() - 1];
+            listing.failed_not_listed += 1;
+        }
+        let mut left = budget.saturating_sub(fixed(&listing));
         for id in &self.order {
             let p = &self.plugins[id];
             let entry = PluginEntry {
@@ -1119,6 +1126,21 @@ mod tests {
             .unwrap()
             .get("failed_not_listed")
             .is_none());
+    }
+
+    #[test]
+    fn a_small_budget_lists_fewer_failures_and_still_fits() {
+        let mut host = PluginHost::default();
+        for i in 0..40 {
+            host.fail(Path::new(&format!("bad-{i}.wasm")), "not a WebAssembly component".into());
+        }
+        // A member's share of the line in a JSON-RPC batch of 128.
+        let budget = 64 * 1024 / 128;
+        let listing = host.listing(budget);
+        let text = serde_json::to_string(&listing).unwrap();
+        assert!(text.len() <= budget, "{} bytes: {text}", text.len());
+        assert!(listing.failed.len() < LISTED_FAILURES);
+        assert_eq!(listing.failed.len() + listing.failed_not_listed, 40);
     }
 
     #[test]
