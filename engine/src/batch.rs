@@ -618,6 +618,15 @@ fn read_params(params: Option<&RawValue>, max_depth: usize) -> Result<SplitParam
 /// (1002) or elsewhere (-32602).
 fn unusable_params(text: &str, e: &serde_json::Error, max_depth: usize) -> RpcError {
     let Some(u) = crate::json_errors::unrepresentable(text, e, "params") else {
+        // Which of two `trace`s (or `assertions`) was meant cannot be told.
+        let message = e.to_string();
+        if let Some(name) = message.strip_prefix("duplicate field `").and_then(|m| m.split('`').next()) {
+            return RpcError::invalid_params(
+                format!("evaluate_batch params hold the member {name} more than once"),
+                "Send each member once: {\"trace\": {...}, \"assertions\": [...]}.",
+            )
+            .with_field(format!("params.{name}"));
+        }
         return RpcError::invalid_params("evaluate_batch params must be an object with trace and assertions", PARAMS_SHAPE)
             .with_field("params");
     };

@@ -734,6 +734,16 @@ fn evaluate_batch_params_that_are_not_an_object_are_invalid_params() {
         );
         assert_eq!(err["data"]["field"], json!("params.trace"), "{resp}");
     }
+    // A member sent twice: which one was meant cannot be told.
+    let line = r#"{"jsonrpc":"2.0","id":6,"method":"evaluate_batch","params":{"assertions":[],"trace":{"schema_version":1,"trace_id":"t","output":{"message":"x"}},"assertions":[]}}"#;
+    engine.send_line(line);
+    let resp: Value = serde_json::from_slice(&engine.recv_bytes_within(std::time::Duration::from_secs(10))).unwrap();
+    let err = expect_error(&resp, -32602);
+    assert_eq!(
+        err["message"],
+        json!("evaluate_batch params hold the member assertions more than once")
+    );
+    assert_eq!(err["data"]["field"], json!("params.assertions"), "{resp}");
     assert_still_serving(&mut engine, true);
 }
 
