@@ -150,24 +150,37 @@ pub fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
 }
 
 /// Up to `limit + 1` bytes of `source`, whose size, when known, is `size`.
+///
 /// `read_to_end` doubles its buffer, so a source without a size (a pipe,
-/// `/dev/zero`) could take twice the cap; growth here stops at the cap.
+/// `/dev/zero`) could take twice the cap, and every smaller buffer it left
+/// behind stays with the allocator. Here a source without a size gets the
+/// whole cap reserved at once: address space only, since pages are only
+/// taken as bytes arrive, so memory follows what was read.
 fn read_bounded(source: impl Read, size: Option<u64>, limit: u64) -> std::io::Result<Vec<u8>> {
-    // The reported size is only a hint: the file may have changed since.
-    let mut bytes = Vec::with_capacity(size.map_or(0, |s| s.min(limit) as usize));
     let cap = usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX);
+    // The reported size is only a hint: the file may have changed since.
+    let mut bytes = Vec::new();
+    // Where address space is scarce (strict overcommit), grow as bytes come.
+    let _ = bytes.try_reserve_exact(size.map_or(cap, |s| s.min(limit) as usize));
+    let out_of_memory = |e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, e);
     let mut source = source.take(cap as u64);
     let mut chunk = vec![0u8; 64 << 10];
     loop {
         let n = match source.read(&mut chunk) {
-            Ok(0) => return Ok(bytes),
+            Ok(0) => {
+                // A small input read from a pipe gives back the reservation.
+                if bytes.len() < bytes.capacity() / 2 {
+                    bytes.shrink_to_fit();
+                }
+                return Ok(bytes);
+            }
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
         if bytes.capacity() - bytes.len() < n {
             let grown = bytes.capacity().saturating_mul(2).max(bytes.len() + n).min(cap);
-            bytes.reserve_exact(grown - bytes.len());
+            bytes.try_reserve_exact(grown - bytes.len()).map_err(out_of_memory)?;
         }
         bytes.extend_from_slice(&chunk[..n]);
     }
@@ -241,6 +254,9 @@ mod tests {
         assert_eq!(bytes.len() as u64, limit);
         assert!(bytes.capacity() as u64 <= limit + 1);
         assert!(bytes.iter().all(|&b| b == 7));
+        // A small input keeps no more than it needs.
+        let bytes = read_bounded(&b"{}"[..], None, limit).unwrap();
+        assert_eq!((bytes.as_slice(), bytes.capacity()), (&b"{}"[..], 2));
         assert_eq!(read_bounded(std::io::empty(), None, limit).unwrap(), b"");
     }
 
