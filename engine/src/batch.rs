@@ -614,18 +614,22 @@ fn read_params(params: Option<&RawValue>, max_depth: usize) -> Result<SplitParam
 }
 
 /// Why params that are a syntactically valid object still cannot be read:
-/// a value nothing can represent, inside the trace (1001), the assertions
-/// (1002) or elsewhere (-32602).
+/// a member sent twice or a value nothing can represent, inside the trace
+/// (1001) or anywhere else (1002), the method's codes for its members.
 fn unusable_params(text: &str, e: &serde_json::Error, max_depth: usize) -> RpcError {
     let Some(u) = crate::json_errors::unrepresentable(text, e, "params") else {
         // Which of two `trace`s (or `assertions`) was meant cannot be told.
         let message = e.to_string();
         if let Some(name) = message.strip_prefix("duplicate field `").and_then(|m| m.split('`').next()) {
-            return RpcError::invalid_params(
+            let (message, detail) = (
                 format!("evaluate_batch params hold the member {name} more than once"),
                 "Send each member once: {\"trace\": {...}, \"assertions\": [...]}.",
-            )
-            .with_field(format!("params.{name}"));
+            );
+            let field = format!("params.{name}");
+            return match name {
+                "trace" => RpcError::new(ErrorCode::InvalidTrace, message, detail).with_field(field),
+                _ => assertion_error(message, detail, field),
+            };
         }
         return RpcError::invalid_params("evaluate_batch params must be an object with trace and assertions", PARAMS_SHAPE)
             .with_field("params");
@@ -638,10 +642,8 @@ fn unusable_params(text: &str, e: &serde_json::Error, max_depth: usize) -> RpcEr
             field: in_trace.to_owned(),
         };
         trace_error(crate::trace::validate::unrepresentable_trace(text, u, max_depth))
-    } else if u.field.starts_with("params.assertions") {
-        assertion_error(u.message, plain, u.field)
     } else {
-        RpcError::invalid_params(u.message, plain).with_field(u.field)
+        assertion_error(u.message, plain, u.field)
     }
 }
 

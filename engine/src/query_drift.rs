@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 pub const MAX_WINDOW: u64 = 10_000;
 const DEFAULT_WINDOW: u64 = 50;
 const QUERY_SHAPE: &str =
-    "Send {\"assertion_id\": str} or {\"fingerprint\": str (32 hex digits, from an earlier report)}, with an optional \"window_size\": 1-10000 (default 50).";
+    "Send {\"assertion_id\": str} or {\"fingerprint\": str (32 hex digits, from an earlier report)}, with an optional \"window_size\": 1-10000 (default 50, also sent as 0).";
 
 /// Reads `query_drift` params into what to look up and the window size.
 pub fn parse_query(params: Option<&RawValue>) -> Result<(Subject, u64), RpcError> {
@@ -29,7 +29,7 @@ pub fn parse_query(params: Option<&RawValue>) -> Result<(Subject, u64), RpcError
                 return Err(p.error(
                     "window_size",
                     format!(
-                        "query_drift window_size must be a whole number from 1 to {MAX_WINDOW}, got {}",
+                        "query_drift window_size must be a whole number from 1 to {MAX_WINDOW} (or 0 for the default, {DEFAULT_WINDOW}), got {}",
                         type_name(v)
                     ),
                 ))

@@ -738,12 +738,26 @@ fn evaluate_batch_params_that_are_not_an_object_are_invalid_params() {
     let line = r#"{"jsonrpc":"2.0","id":6,"method":"evaluate_batch","params":{"assertions":[],"trace":{"schema_version":1,"trace_id":"t","output":{"message":"x"}},"assertions":[]}}"#;
     engine.send_line(line);
     let resp: Value = serde_json::from_slice(&engine.recv_bytes_within(std::time::Duration::from_secs(10))).unwrap();
-    let err = expect_error(&resp, -32602);
+    let err = expect_error(&resp, 1002);
     assert_eq!(
         err["message"],
         json!("evaluate_batch params hold the member assertions more than once")
     );
     assert_eq!(err["data"]["field"], json!("params.assertions"), "{resp}");
+    engine.send_line(
+        &line
+            .replacen(r#""assertions":[],"#, r#""trace":{},"#, 1)
+            .replace(r#""id":6"#, r#""id":7"#),
+    );
+    let resp: Value = serde_json::from_slice(&engine.recv_bytes_within(std::time::Duration::from_secs(10))).unwrap();
+    let err = expect_error(&resp, 1001);
+    assert_eq!(err["data"]["field"], json!("params.trace"), "{resp}");
+    // A member the method does not read, named with a lone surrogate: 1002
+    // like every other unusable member of evaluate_batch.
+    engine.send_line(r#"{"jsonrpc":"2.0","id":8,"method":"evaluate_batch","params":{"trace":{"schema_version":1,"trace_id":"t","output":{"message":"x"}},"assertions":[],"\ud800":1}}"#);
+    let resp: Value = serde_json::from_slice(&engine.recv_bytes_within(std::time::Duration::from_secs(10))).unwrap();
+    let err = expect_error(&resp, 1002);
+    assert!(err["message"].as_str().unwrap().contains("invalid escape"), "{resp}");
     assert_still_serving(&mut engine, true);
 }
 
