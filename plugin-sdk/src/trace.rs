@@ -90,7 +90,12 @@ impl Trace {
     /// [`Trace::from_json`], keeping the given text instead of copying it.
     pub fn from_string(text: String) -> Result<Trace, PluginError> {
         let text = text.into_boxed_str();
-        let scan: Scan<'_> = serde_json::from_str(&text).map_err(undecodable)?;
+        let scan: Scan<'_> = match serde_json::from_str(&text) {
+            Ok(scan) => scan,
+            // Once more without them: that text has no repeats left.
+            Err(e) if is_duplicate(&e) => return Trace::from_string(without_duplicates(&text).ok_or_else(|| undecodable(e))?),
+            Err(e) => return Err(undecodable(e)),
+        };
         let span = |raw: Option<&RawValue>| {
             raw.map(|r| {
                 let start = r.get().as_ptr() as usize - text.as_ptr() as usize;
@@ -202,8 +207,12 @@ impl<T: serde::de::DeserializeOwned> Lazy<T> {
         if let Some(v) = self.value.get() {
             return Ok(Some(v));
         }
-        let decoded = serde_json::from_str(&text[span.clone()])
-            .map_err(|e| PluginError::UnsupportedTrace(format!("the trace's {field} could not be decoded: {e}")))?;
+        let part = &text[span.clone()];
+        let decoded = match serde_json::from_str(part) {
+            Err(e) if is_duplicate(&e) => without_duplicates(part).map_or(Err(e), |t| serde_json::from_str(&t)),
+            decoded => decoded,
+        }
+        .map_err(|e| PluginError::UnsupportedTrace(format!("the trace's {field} could not be decoded: {e}")))?;
         Ok(Some(self.value.get_or_init(|| decoded)))
     }
 
@@ -217,6 +226,19 @@ impl<T: serde::de::DeserializeOwned> Lazy<T> {
             Err(e) => panic!("attest-plugin-sdk: {e}"),
         }
     }
+}
+
+/// Whether `e` is a member repeated in one object, which JSON allows and
+/// typed decoding refuses.
+fn is_duplicate(e: &serde_json::Error) -> bool {
+    e.to_string().starts_with("duplicate field")
+}
+
+/// `text` with every repeated member reduced to its last value, which is
+/// what the engine's own checks read; `None` if it is not JSON at all.
+/// Only taken when a typed decode found a repeat, so other traces pay nothing.
+fn without_duplicates(text: &str) -> Option<String> {
+    serde_json::from_str::<Value>(text).ok().map(|v| v.to_string())
 }
 
 fn undecodable(e: serde_json::Error) -> PluginError {
@@ -267,6 +289,19 @@ impl attest_trace::TraceView for Trace {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn repeated_members_read_as_their_last_value_as_in_the_engine() {
+        let t = Trace::from_json(
+            r#"{"schema_version":1,"trace_id":"old","trace_id":"t","output":{"message":"a","message":"b"},
+                "steps":[{"type":"tool_call","name":"x","name":"lookup","args":{"id":1},"args":{"id":2}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(t.trace_id(), "t");
+        assert_eq!(t.output()["message"], json!("b"));
+        assert_eq!(t.steps()[0].name, "lookup");
+        assert_eq!(t.steps()[0].args, Some(json!({"id": 2})));
+    }
 
     #[test]
     fn decodes_every_field() {
