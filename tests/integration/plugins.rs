@@ -3205,3 +3205,27 @@ fn configs_with_schema_defaults_filled_in_evaluate_as_documented() {
     let r = evaluate(&mut engine, &refund_trace(), &json!([plugin("q", "pii-leak", json!({}))]));
     assert_eq!(r[0]["details"]["kinds"], json!(["email", "phone", "card"]), "{}", r[0]);
 }
+
+#[test]
+fn a_trace_that_repeats_a_member_reads_alike_in_plugins_and_builtin_checks() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["contains", "tool-args"]));
+    // JSON allows a repeated member; every check reads its last value.
+    let trace = r#"{"schema_version":1,"trace_id":"dup","trace_id":"trc_dup","output":{"message":"no","message":"Your refund is processed."},"steps":[{"type":"tool_call","name":"other","name":"process_refund","args":{"order_id":"X"},"args":{"order_id":"ORD-1"},"result":{}}]}"#;
+    let assertions = json!([
+        builtin("b", "contains", "refund"),
+        plugin("p", "contains", json!({"target": "output.message", "value": "refund"})),
+        plugin(
+            "t",
+            "tool-args",
+            json!({"tool": "process_refund", "expect": {"order_id": {"equals": "ORD-1"}}})
+        ),
+    ]);
+    let line =
+        format!(r#"{{"jsonrpc":"2.0","id":"dup","method":"evaluate_batch","params":{{"trace":{trace},"assertions":{assertions}}}}}"#);
+    engine.send_line(&line);
+    let results = check_batch_line(&engine.recv_bytes(), &assertions);
+    for r in &results {
+        assert_eq!(r["status"], "pass", "{r}");
+    }
+}
