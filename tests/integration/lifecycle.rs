@@ -425,29 +425,25 @@ fn bad_log_level_exits_2_with_a_clear_message() {
     assert!(err.contains("--log-level") && err.contains("invalid log level 'loud'"), "{err}");
     assert!(err.contains("debug, info, warn or error"), "{err}");
 
-    let out = command()
-        .env("ATTEST_LOG_LEVEL", "chatty")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_with_env("ATTEST_LOG_LEVEL", "chatty");
     assert!(
         err.contains("ATTEST_LOG_LEVEL") && err.contains("invalid log level 'chatty'"),
         "{err}"
     );
 }
 
-#[test]
-fn a_bad_provider_setting_from_the_environment_names_the_variable() {
-    let out = command()
-        .env("ATTEST_EMBEDDING_PROVIDER", "onnx")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+/// The engine started with `key=value` in its environment, which must make
+/// it refuse to start (exit 2, nothing on stdout); returns its stderr.
+fn refused_with_env(key: &str, value: &str) -> String {
+    let out = command().env(key, value).stdin(std::process::Stdio::null()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty(), "nothing on stdout");
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_bad_provider_setting_from_the_environment_names_the_variable() {
+    let err = refused_with_env("ATTEST_EMBEDDING_PROVIDER", "onnx");
     assert!(
         err.contains("ATTEST_EMBEDDING_PROVIDER: unknown embedding provider 'onnx'; use auto, openai, local or off"),
         "{err}"

@@ -874,15 +874,19 @@ fn request_id_makes_evaluation_idempotent() {
     );
 }
 
+/// `assertion` with the idempotency key `request_id`.
+fn keyed(mut assertion: Value, request_id: &str) -> Value {
+    assertion["request_id"] = json!(request_id);
+    assertion
+}
+
 #[test]
 fn request_id_reused_for_a_different_spec_is_an_assertion_error() {
     let mut engine = Engine::spawn();
     engine.initialize();
-    let mut a = content("first", "contains", "refund");
-    a["request_id"] = json!("rid-x");
+    let a = keyed(content("first", "contains", "refund"), "rid-x");
     expect_result(&engine.request(&evaluate_request(json!(1), refund_trace(), json!([a]))));
-    let mut b = content("second", "contains", "business days");
-    b["request_id"] = json!("rid-x");
+    let b = keyed(content("second", "contains", "business days"), "rid-x");
     let err = batch_error(&mut engine, json!([content("fresh", "contains", "RFD"), b]));
     assert_eq!(
         err["message"],
@@ -891,8 +895,10 @@ fn request_id_reused_for_a_different_spec_is_an_assertion_error() {
     assert_eq!(err["data"]["assertion_id"], json!("second"));
     assert_eq!(err["data"]["field"], json!("params.assertions[1].request_id"));
     // Reusing it for another type is refused too.
-    let mut c = json!({"assertion_id": "third", "type": "trace", "spec": {"check": "no_duplicates"}});
-    c["request_id"] = json!("rid-x");
+    let c = keyed(
+        json!({"assertion_id": "third", "type": "trace", "spec": {"check": "no_duplicates"}}),
+        "rid-x",
+    );
     let err = batch_error(&mut engine, json!([c]));
     assert_eq!(err["data"]["assertion_id"], json!("third"));
     assert_still_serving(&mut engine, true);
@@ -902,10 +908,8 @@ fn request_id_reused_for_a_different_spec_is_an_assertion_error() {
 fn one_request_id_for_two_different_assertions_of_a_batch_is_refused_up_front() {
     let mut engine = Engine::spawn();
     engine.initialize();
-    let mut a = content("first", "contains", "refund");
-    a["request_id"] = json!("rid-twice");
-    let mut b = content("second", "contains", "business days");
-    b["request_id"] = json!("rid-twice");
+    let a = keyed(content("first", "contains", "refund"), "rid-twice");
+    let b = keyed(content("second", "contains", "business days"), "rid-twice");
     // Refused the first time, so that a retry of the same batch is answered
     // the same way rather than refused against itself.
     for id in [1, 2] {
