@@ -155,15 +155,9 @@ const PYTHON_KEYWORDS: &[&str] = &[
 /// name can spell), those componentize-py generates, and pytest and the
 /// packages it imports (the build runs it from the project's directory).
 const PYTHON_MODULES: &[&str] = &[
-    "annotationlib",
-    "compression",
-    "iniconfig",
-    "packaging",
-    "pluggy",
-    "py",
-    "pygments",
     "abc",
     "aifc",
+    "annotationlib",
     "antigravity",
     "argparse",
     "array",
@@ -191,6 +185,7 @@ const PYTHON_MODULES: &[&str] = &[
     "collections",
     "colorsys",
     "compileall",
+    "compression",
     "concurrent",
     "configparser",
     "contextlib",
@@ -382,9 +377,15 @@ const PYTHON_MODULES: &[&str] = &[
     "componentize_py_runtime",
     "componentize_py_types",
     "poll_loop",
-    "pytest",
     "tests",
     "wit_world",
+    // pytest and the packages it imports.
+    "iniconfig",
+    "packaging",
+    "pluggy",
+    "py",
+    "pygments",
+    "pytest",
 ];
 
 /// Crates a Rust project may not be named after: the standard ones, and its
@@ -478,7 +479,8 @@ pub fn create(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Result<
                 .ok()
                 .filter(|p| p.join("Cargo.toml").is_file())
                 .ok_or(NewError::NoSdk(sdk))?;
-            vars.push(("{{sdk}}", toml_string(&sdk.display().to_string())));
+            // A TOML string, quoted and escaped, whatever the path holds.
+            vars.push(("{{sdk}}", toml::Value::String(sdk.display().to_string()).to_string()));
             RUST
         }
         Lang::Python => PYTHON,
@@ -504,20 +506,6 @@ pub fn create(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Result<
         written.push(path);
     }
     Ok(written)
-}
-
-/// `s` as the inside of a TOML basic string (the template supplies the quotes).
-fn toml_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// `path` as a shell word: quoted when it holds anything a shell would
