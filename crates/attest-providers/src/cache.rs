@@ -145,14 +145,14 @@ fn is_locked(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// Marks the row `key` of `table` as just used, for eviction order. A
-/// lookup that found its row stays a hit when the file is locked for
-/// writing: the mark is best-effort.
-fn touch(c: &Connection, locked: &LockedWindow, table: &str, key: &Key) {
-    let sql = format!("UPDATE {table} SET used_ms = ?2 WHERE key = ?1");
-    if let Err(e) = c.execute(&sql, params![&key[..], now_ms()]) {
+/// Marks the row `key` as just used, for eviction order, with `update`
+/// (`UPDATE <table> SET used_ms = ?2 WHERE key = ?1`). A lookup that found
+/// its row stays a hit when the file is locked for writing: the mark is
+/// best-effort.
+fn touch(c: &Connection, locked: &LockedWindow, update: &str, key: &Key) {
+    if let Err(e) = c.execute(update, params![&key[..], now_ms()]) {
         if !locked.note(&e) {
-            tracing::warn!(error = %e, table, "provider cache: could not mark a row as used");
+            tracing::warn!(error = %e, update, "provider cache: could not mark a row as used");
         }
     }
 }
@@ -306,7 +306,7 @@ impl ProviderCache {
                     .query_row("SELECT vector FROM embeddings WHERE key = ?1", [&key[..]], |r| r.get(0))
                     .optional()?;
                 if v.is_some() {
-                    touch(c, &locked, "embeddings", &key);
+                    touch(c, &locked, "UPDATE embeddings SET used_ms = ?2 WHERE key = ?1", &key);
                 }
                 Ok(v)
             })
@@ -354,7 +354,7 @@ impl ProviderCache {
                     })
                     .optional()?;
                 if v.is_some() {
-                    touch(c, &locked, "verdicts", &key);
+                    touch(c, &locked, "UPDATE verdicts SET used_ms = ?2 WHERE key = ?1", &key);
                 }
                 Ok(v)
             })

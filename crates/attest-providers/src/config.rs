@@ -175,10 +175,10 @@ impl FileSections<'_> {
         }
     }
 
-    /// A setting taken from the environment variable `var` when it is set,
-    /// else from the file: the value and how an error names it.
-    fn pick(&self, var: &str, from_env: Option<String>, key: &str, from_file: Option<String>) -> (Option<String>, String) {
-        match from_env {
+    /// A setting taken from the environment variable `var` when `env` has
+    /// it, else from the file: the value and how an error names it.
+    fn pick(&self, env: impl Fn(&str) -> Option<String>, var: &str, key: &str, from_file: Option<String>) -> (Option<String>, String) {
+        match env(var) {
             Some(v) => (Some(v), var.to_owned()),
             None => (from_file, self.key(key)),
         }
@@ -194,19 +194,9 @@ impl ProvidersConfig {
         let openai_key = e("ATTEST_OPENAI_API_KEY");
 
         // Embedding.
-        let (provider, provider_origin) = file.pick(
-            "ATTEST_EMBEDDING_PROVIDER",
-            e("ATTEST_EMBEDDING_PROVIDER"),
-            "[embedding] provider",
-            fe.provider,
-        );
+        let (provider, provider_origin) = file.pick(e, "ATTEST_EMBEDDING_PROVIDER", "[embedding] provider", fe.provider);
         let provider = provider.unwrap_or_else(|| "auto".into());
-        let (base_url, base_url_origin) = file.pick(
-            "ATTEST_EMBEDDING_BASE_URL",
-            e("ATTEST_EMBEDDING_BASE_URL"),
-            "[embedding] base_url",
-            fe.base_url,
-        );
+        let (base_url, base_url_origin) = file.pick(e, "ATTEST_EMBEDDING_BASE_URL", "[embedding] base_url", fe.base_url);
         let api_key = e("ATTEST_EMBEDDING_API_KEY").or(fe.api_key).or_else(|| openai_key.clone());
         let model = e("ATTEST_EMBEDDING_MODEL").or(fe.model);
         let dir = e("ATTEST_EMBEDDING_MODEL_DIR")
@@ -250,8 +240,8 @@ impl ProvidersConfig {
         };
 
         // Judge.
-        let (provider, provider_origin) = file.pick("ATTEST_JUDGE_PROVIDER", e("ATTEST_JUDGE_PROVIDER"), "[judge] provider", fj.provider);
-        let (base_url, base_url_origin) = file.pick("ATTEST_JUDGE_BASE_URL", e("ATTEST_JUDGE_BASE_URL"), "[judge] base_url", fj.base_url);
+        let (provider, provider_origin) = file.pick(e, "ATTEST_JUDGE_PROVIDER", "[judge] provider", fj.provider);
+        let (base_url, base_url_origin) = file.pick(e, "ATTEST_JUDGE_BASE_URL", "[judge] base_url", fj.base_url);
         let api_key = e("ATTEST_JUDGE_API_KEY").or(fj.api_key);
         let anthropic_key = e("ATTEST_ANTHROPIC_API_KEY");
         let kind = match provider.as_deref().map(|p| p.trim().to_ascii_lowercase()) {
