@@ -15,10 +15,10 @@ use support::{read_jsonl, Collector, Evaluator, RULES};
 fn venv_python() -> Option<PathBuf> {
     match std::env::var("COLLECT_TEST_VENV") {
         Ok(v) if !v.is_empty() => Some(PathBuf::from(v).join("bin/python")),
-        _ => {
-            eprintln!("SKIPPED: COLLECT_TEST_VENV is not set; the OpenTelemetry pipeline tests need the venv made by scripts/test");
-            None
-        }
+        _ => attest_test_support::missing(
+            "COLLECT_TEST_VENV is not set, so the OpenTelemetry pipeline tests did not run",
+            "scripts/test makes the venv (target/collect-venv) and sets it",
+        ),
     }
 }
 

@@ -12,13 +12,10 @@ use std::process::Command;
 fn engine_bin() -> Option<PathBuf> {
     match std::env::var_os("ATTEST_ENGINE_BIN").map(PathBuf::from) {
         Some(p) if p.exists() => Some(p),
-        _ => {
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                b"\n*** SKIPPED: ATTEST_ENGINE_BIN is not set to a built attest-engine, so the engine-binary ECP tests did not run.\n",
-            );
-            None
-        }
+        _ => attest_test_support::missing(
+            "ATTEST_ENGINE_BIN is not set to a built attest-engine, so the engine-binary ECP tests did not run",
+            "build it (cargo build -p attest-engine) and set ATTEST_ENGINE_BIN=target/debug/attest-engine",
+        ),
     }
 }
 

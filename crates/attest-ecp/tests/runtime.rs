@@ -648,11 +648,10 @@ fn chromium() -> Option<String> {
         return Some(path);
     }
     assert!(configured.is_none(), "CHROMIUM={path} does not exist");
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        b"\n*** SKIPPED: no Chromium (apt-get install chromium poppler-utils), so the HTML report was not rendered.\n",
-    );
-    None
+    attest_test_support::missing(
+        "Chromium is not installed, so the HTML report was not rendered",
+        "apt-get install chromium poppler-utils",
+    )
 }
 
 /// Runs headless Chromium on `url` with `args`, with the flags a closed

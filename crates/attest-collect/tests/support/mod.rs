@@ -26,9 +26,9 @@ impl Evaluator {
         if engine_bin().is_some() {
             Evaluator::Engine
         } else {
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                b"\n*** ATTEST_ENGINE_BIN is not set: this test runs on the test harness instead of attest-engine.\n",
+            attest_test_support::missing::<()>(
+                "ATTEST_ENGINE_BIN is not set, so this test runs on the test harness instead of attest-engine",
+                "set ATTEST_ENGINE_BIN=target/debug/attest-engine (scripts/test does)",
             );
             Evaluator::TestHarness
         }
@@ -66,8 +66,10 @@ pub fn nats_server_bin() -> Option<PathBuf> {
             return Some(p);
         }
     }
-    eprintln!("SKIPPED: nats-server not found (apt-get install nats-server, or set NATS_SERVER_BIN)");
-    None
+    attest_test_support::missing(
+        "nats-server is not installed",
+        "apt-get install nats-server, or set NATS_SERVER_BIN",
+    )
 }
 
 pub struct NatsServer {

@@ -14,12 +14,11 @@ use serde_json::{json, Value};
 /// None (with a loud message) when it is not set up.
 pub fn venv() -> Option<PathBuf> {
     let Some(dir) = std::env::var_os("ECP_TEST_VENV").map(PathBuf::from) else {
-        // Written past the test harness's output capture, so it shows even when the test "passes".
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr(),
-            b"\n*** SKIPPED: ECP_TEST_VENV is not set, so the tests that need Python agents did not run.\n***   scripts/test builds it (target/ecp-venv: ecp-runtime 0.10.0 with its judge extra, ecp-sdk 0.10.0)\n***   and runs: ECP_TEST_VENV=target/ecp-venv cargo test -p attest-ecp\n",
+        return attest_test_support::missing(
+            "ECP_TEST_VENV is not set, so the tests that need Python agents did not run",
+            "scripts/test builds it (target/ecp-venv: ecp-runtime 0.10.0 with its judge extra, ecp-sdk 0.10.0) \
+             and runs: ECP_TEST_VENV=target/ecp-venv cargo test -p attest-ecp",
         );
-        return None;
     };
     if !dir.join("bin/python").exists() {
         panic!("ECP_TEST_VENV={} has no bin/python", dir.display());
