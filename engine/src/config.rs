@@ -308,7 +308,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("ATTEST_PLUGIN_DIR", "directory whose .wasm files are loaded as plugins"),
     (
         "ATTEST_CACHE_DIR",
-        "cache directory (compiled plugins, result history); default ~/.attest/cache",
+        "cache directory (compiled plugins, result history, provider cache and calibrations); default ~/.attest/cache",
     ),
     ("ATTEST_HISTORY", "false to switch the result history off"),
     ("ATTEST_DRIFT_ALERTS", "true to send drift_alert notifications on stdout"),

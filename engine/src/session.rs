@@ -247,6 +247,11 @@ impl Engine {
     }
 
     pub fn initialize(&self, params: Option<&RawValue>) -> Result<InitializeResult, RpcError> {
+        // A second initialize is a session error whatever its params hold:
+        // the SDK's problem is the call, not what came with it.
+        if self.state() != State::Uninitialized {
+            return Err(already_initialized());
+        }
         let p = InitializeParams::parse(params)?;
         if p.protocol_version > PROTOCOL_VERSION || p.protocol_version < OLDEST_PROTOCOL_VERSION {
             let newer = p.protocol_version > PROTOCOL_VERSION;
@@ -269,10 +274,8 @@ impl Engine {
             .compare_exchange(State::Uninitialized as u8, State::Ready as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return Err(RpcError::session(
-                "initialize called on already-initialized session",
-                "Send initialize once per engine process. To start a new session, shut this engine down and spawn a new one.",
-            ));
+            // Another initialize won the race since the check above.
+            return Err(already_initialized());
         }
         self.sessions.fetch_add(1, Ordering::Relaxed);
         // Echoed back: each name and the list are bounded, with a marker
@@ -353,6 +356,13 @@ impl Engine {
         }
         true
     }
+}
+
+fn already_initialized() -> RpcError {
+    RpcError::session(
+        "initialize called on already-initialized session",
+        "Send initialize once per engine process. To start a new session, shut this engine down and spawn a new one.",
+    )
 }
 
 /// One admitted input line (see [`Engine::admit`]).

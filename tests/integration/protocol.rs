@@ -346,10 +346,17 @@ fn methods_before_initialize_are_session_errors() {
 fn initialize_twice_is_a_session_error() {
     let mut engine = Engine::spawn();
     engine.initialize();
-    let resp = engine.request(&initialize_request(json!(2), init_params()));
-    assert_eq!(resp["id"], json!(2));
-    let err = expect_error(&resp, 3003);
-    assert_eq!(err["message"], json!("initialize called on already-initialized session"));
+    // Whatever the second call's params hold: its fault is being a second call.
+    for (id, params) in [
+        (json!(2), init_params()),
+        (json!(3), json!({})),
+        (json!(4), json!({"protocol_version": 99, "required_capabilities": "layers_1_4"})),
+    ] {
+        let resp = engine.request(&initialize_request(id.clone(), params));
+        assert_eq!(resp["id"], id);
+        let err = expect_error(&resp, 3003);
+        assert_eq!(err["message"], json!("initialize called on already-initialized session"));
+    }
     assert_still_serving(&mut engine, true);
 }
 
