@@ -22,6 +22,18 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The engine configuration an `ecp` subcommand runs with. Only `run`
+/// records results, so only `run` opens the result history: `init`,
+/// `validate`, `conformance` and `trend` leave `<cache_dir>` as it was, and
+/// create nothing there when it (or `$HOME`) does not exist. `main` builds
+/// the engine for `attest-engine ecp` from this.
+pub fn config_for(cmd: &attest_ecp::EcpCommand, mut config: crate::config::Config) -> crate::config::Config {
+    if !matches!(cmd.action, attest_ecp::EcpAction::Run(_)) {
+        config.history = None;
+    }
+    config
+}
+
 pub struct EngineGradingHost {
     engine: Arc<Engine>,
     fallback_judge: Option<attest_ecp::OpenAiJudgeHost>,
@@ -185,5 +197,40 @@ fn describe(e: crate::providers::ProviderError) -> String {
         ProviderError::Timeout => "the judge did not answer before the deadline (--eval-timeout)".into(),
         ProviderError::Failed { message, attempts } => format!("{message} (after {attempts} attempts)"),
         ProviderError::Unavailable { message, detail } => format!("{message}. {detail}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        ecp: attest_ecp::EcpCommand,
+    }
+
+    #[test]
+    fn only_run_opens_the_result_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("no/such/cache");
+        let env = |k: &str| (k == "ATTEST_CACHE_DIR").then(|| cache.display().to_string());
+        let load = || crate::config::Config::load(&crate::config::Overrides::default(), env).unwrap();
+        assert!(load().history.is_some(), "the history is on by default");
+        for args in [
+            &["x", "init", "starter"][..],
+            &["x", "validate", "m.yaml"],
+            &["x", "conformance", "python3 agent.py"],
+            &["x", "trend", "r-*.json"],
+        ] {
+            let cmd = Cli::parse_from(args).ecp;
+            let config = config_for(&cmd, load());
+            assert!(config.history.is_none(), "{args:?}");
+            drop(Engine::new(config));
+            assert!(!cache.exists(), "{args:?} created {}", cache.display());
+        }
+        let run = Cli::parse_from(["x", "run", "--manifest", "m.yaml"]).ecp;
+        assert!(config_for(&run, load()).history.is_some());
     }
 }

@@ -367,6 +367,7 @@ fn main() -> ExitCode {
         }
         Command::Ecp(cmd) => {
             logging::init(config.log_level);
+            let config = attest_engine::ecp_host::config_for(&cmd, config);
             run_front_door(config, |engine| async move {
                 let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine));
                 attest_ecp::run_command(cmd, host).await

@@ -164,6 +164,12 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
             return Ok(1);
         }
     };
+    for name in &args.pass_env {
+        if let Err(why) = crate::transport::check_env_name(name) {
+            eprintln!("error: --pass-env {name:?}: {why}");
+            return Ok(1);
+        }
+    }
     let mut checks = Vec::new();
     let env = AgentEnv {
         pass: args.pass_env.clone(),

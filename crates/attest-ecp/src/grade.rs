@@ -445,7 +445,10 @@ mod tests {
     use serde_json::json;
 
     fn re(p: &str) -> (String, fancy_regex::Regex) {
-        (p.to_string(), fancy_regex::Regex::new(&crate::manifest::python_regex(p)).unwrap())
+        (
+            p.to_string(),
+            fancy_regex::Regex::new(&crate::manifest::python_regex(p).unwrap()).unwrap(),
+        )
     }
 
     #[test]

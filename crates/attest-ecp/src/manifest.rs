@@ -261,11 +261,14 @@ fn validate(path: &Path, host: Option<&dyn crate::host::GradingHost>) -> Result<
     }
 }
 
-/// Rewrite the few pieces of Python `re` syntax whose meaning differs in
-/// Rust regex syntax, so a pattern matches what it matches in the reference
+/// Rewrite the pieces of Python `re` syntax whose meaning differs in Rust
+/// regex syntax, so a pattern matches what it matches in the reference
 /// runtime: `$` (without the multiline flag) also matches before a final
-/// newline, `\Z` is the very end, `(?P=name)` is a named back-reference.
-pub fn python_regex(pattern: &str) -> String {
+/// newline, `\Z` is the very end, `(?P=name)` is a named back-reference,
+/// `\101` and `\0` are octal character escapes, and the ASCII flag (`(?a)`,
+/// or scoped `(?a:...)`) makes `\d`, `\w`, `\s`, `\b` and their negations
+/// ASCII-only. Python syntax with no Rust equivalent is refused, naming it.
+pub fn python_regex(pattern: &str) -> Result<String, String> {
     // Inline flags such as `(?m)`, `(?im)` or `(?m:...)` turn multiline on.
     let multiline = pattern.match_indices("(?").any(|(i, _)| {
         let flags: String = pattern[i + 2..].chars().take_while(char::is_ascii_alphabetic).collect();
@@ -274,16 +277,59 @@ pub fn python_regex(pattern: &str) -> String {
     let mut out = String::with_capacity(pattern.len() + 8);
     let mut chars = pattern.chars().peekable();
     let mut in_class = false;
+    // Whether the ASCII flag is on here, and what it was outside each open group.
+    let mut ascii = false;
+    let mut groups: Vec<bool> = Vec::new();
     while let Some(c) = chars.next() {
         match c {
-            '\\' => match chars.next() {
-                Some('Z') if !in_class => out.push_str("\\z"),
-                Some(n) => {
-                    out.push('\\');
-                    out.push(n);
+            '\\' => {
+                match chars.next() {
+                    Some('Z') if !in_class => out.push_str("\\z"),
+                    Some('N') if chars.peek() == Some(&'{') => return Err(
+                        "the named character escape \\N{...} is not supported: write the character itself, or \\x{...} with its code point"
+                            .into(),
+                    ),
+                    Some(d @ '0'..='9') => {
+                        let octal = |c: Option<&char>| c.is_some_and(|c| ('0'..='7').contains(c));
+                        let mut digits = String::from(d);
+                        // Python's rules: `\0` takes up to two more octal digits;
+                        // outside a class, any other digit is a group reference
+                        // unless three octal digits make a character; inside one,
+                        // `\1`-`\7` take up to two more octal digits.
+                        let is_octal = if d == '0' || in_class {
+                            if d == '8' || d == '9' {
+                                return Err(format!("bad escape \\{d} inside a character class"));
+                            }
+                            while digits.len() < 3 && octal(chars.peek()) {
+                                digits.extend(chars.next());
+                            }
+                            true
+                        } else {
+                            let mut ahead = chars.clone();
+                            d <= '7' && octal(ahead.next().as_ref()) && octal(ahead.next().as_ref())
+                        };
+                        if is_octal {
+                            while digits.len() < 3 && octal(chars.peek()) {
+                                digits.extend(chars.next());
+                            }
+                            let code = u32::from_str_radix(&digits, 8).unwrap_or(u32::MAX);
+                            if code > 0o377 {
+                                return Err(format!("octal escape \\{digits} is outside the range 0-0o377"));
+                            }
+                            out.push_str(&format!("\\x{{{code:02X}}}"));
+                        } else {
+                            out.push('\\');
+                            out.push(d);
+                        }
+                    }
+                    Some(k @ ('d' | 'D' | 'w' | 'W' | 's' | 'S' | 'b' | 'B')) if ascii => out.push_str(ascii_escape(k, in_class)),
+                    Some(n) => {
+                        out.push('\\');
+                        out.push(n);
+                    }
+                    None => out.push('\\'),
                 }
-                None => out.push('\\'),
-            },
+            }
             '[' if !in_class => {
                 in_class = true;
                 out.push(c);
@@ -314,18 +360,77 @@ pub fn python_regex(pattern: &str) -> String {
             '$' if !in_class && !multiline => out.push_str("(?=\\n?\\z)"),
             '(' if !in_class && chars.peek() == Some(&'?') => {
                 let rest: String = chars.clone().take(3).collect();
+                let ahead: String = chars.clone().skip(1).take_while(|c| c.is_ascii_alphabetic() || *c == '-').collect();
+                let closer = chars.clone().nth(1 + ahead.chars().count());
                 if rest == "?P=" {
                     chars.nth(2);
                     let name: String = chars.by_ref().take_while(|c| *c != ')').collect();
                     out.push_str(&format!("\\k<{name}>"));
+                } else if !ahead.is_empty() && matches!(closer, Some(')' | ':')) {
+                    // Inline flags. Rust has no `a` (ASCII) flag: it is
+                    // applied here, to the escapes it changes.
+                    chars.nth(ahead.chars().count());
+                    let (on, off) = ahead.split_once('-').unwrap_or((&ahead, ""));
+                    if off.contains('a') {
+                        return Err("bad inline flags: the ASCII flag (a) cannot be turned off".into());
+                    }
+                    let rust_flags: String = ahead.chars().filter(|c| *c != 'a').collect();
+                    let sets_ascii = on.contains('a');
+                    if closer == Some(')') {
+                        // A global flag: Python allows it only at the start,
+                        // so it holds for the whole pattern.
+                        ascii |= sets_ascii;
+                        if !rust_flags.is_empty() && rust_flags != "-" {
+                            out.push_str(&format!("(?{rust_flags})"));
+                        }
+                    } else {
+                        groups.push(ascii);
+                        ascii |= sets_ascii;
+                        let rust_flags = if rust_flags == "-" { String::new() } else { rust_flags };
+                        out.push_str(&format!("(?{rust_flags}:"));
+                    }
+                    chars.next();
                 } else {
+                    groups.push(ascii);
                     out.push(c);
                 }
+            }
+            '(' if !in_class => {
+                groups.push(ascii);
+                out.push(c);
+            }
+            ')' if !in_class => {
+                if let Some(outer) = groups.pop() {
+                    ascii = outer;
+                }
+                out.push(c);
             }
             _ => out.push(c),
         }
     }
-    out
+    Ok(out)
+}
+
+/// What `\d`, `\w`, `\s`, `\b` and their negations mean under Python's ASCII
+/// flag, written in Rust syntax; inside a character class (where `\b` is a
+/// backspace in both syntaxes) the negations are nested classes.
+fn ascii_escape(kind: char, in_class: bool) -> &'static str {
+    match (kind, in_class) {
+        ('d', false) => "[0-9]",
+        ('d', true) => "0-9",
+        ('D', _) => "[^0-9]",
+        ('w', false) => "[0-9A-Za-z_]",
+        ('w', true) => "0-9A-Za-z_",
+        ('W', _) => "[^0-9A-Za-z_]",
+        ('s', false) => "[ \\t\\n\\r\\x0B\\x0C]",
+        ('s', true) => " \\t\\n\\r\\x0B\\x0C",
+        ('S', _) => "[^ \\t\\n\\r\\x0B\\x0C]",
+        // fancy-regex has no ASCII word boundary (`(?-u:\b)`): look around.
+        ('b', false) => "(?:(?<=[0-9A-Za-z_])(?![0-9A-Za-z_])|(?<![0-9A-Za-z_])(?=[0-9A-Za-z_]))",
+        ('B', false) => "(?:(?<=[0-9A-Za-z_])(?=[0-9A-Za-z_])|(?<![0-9A-Za-z_])(?![0-9A-Za-z_]))",
+        ('b', true) => "\\x08",
+        _ => "\\B",
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -356,6 +461,16 @@ fn type_of(v: &Value) -> &'static str {
         Value::Object(m) if m.len() == 1 && m.contains_key("yaml:float") => "an infinite or NaN float (quote it to use it as text)",
         Value::Object(_) => "a mapping",
     }
+}
+
+/// A scenario's `dataset` mapping, checked.
+struct DatasetSpec {
+    /// CSV (`type: csv`) rather than JSON Lines (`type: jsonl`).
+    csv: bool,
+    /// The file, relative to the manifest's directory.
+    source: String,
+    input_col: String,
+    output_col: String,
 }
 
 struct Validator<'h> {
@@ -436,18 +551,30 @@ impl Validator<'_> {
             None | Some(Value::Null) => {}
             Some(Value::Object(m)) => {
                 for (k, v) in m {
-                    match v {
-                        Value::String(s) => {
-                            env.insert(k.clone(), s.clone());
-                        }
-                        Value::Number(n) => {
-                            env.insert(k.clone(), n.to_string());
-                        }
-                        Value::Bool(b) => {
-                            env.insert(k.clone(), b.to_string());
-                        }
-                        other => self.err(format!("manifest: env '{k}' must be a string, got {}", type_of(other))),
+                    // Refused here, before any agent starts: a bad name would
+                    // otherwise reach the agent as another variable (`A=B`
+                    // sets `A`), and a NUL byte would fail every scenario at
+                    // its start without naming the entry.
+                    if let Err(why) = crate::transport::check_env_name(k) {
+                        self.err(format!("manifest: env.{k}: {why}"));
+                        continue;
                     }
+                    let value = match v {
+                        Value::String(s) => s.clone(),
+                        Value::Number(n) => n.to_string(),
+                        Value::Bool(b) => b.to_string(),
+                        other => {
+                            self.err(format!("manifest: env '{k}' must be a string, got {}", type_of(other)));
+                            continue;
+                        }
+                    };
+                    if value.contains('\0') {
+                        self.err(format!(
+                            "manifest: env.{k}: the value holds a NUL byte, which an environment variable cannot carry"
+                        ));
+                        continue;
+                    }
+                    env.insert(k.clone(), value);
                 }
             }
             Some(other) => self.err(format!(
@@ -459,9 +586,12 @@ impl Validator<'_> {
         match root.get("pass_env") {
             None | Some(Value::Null) => {}
             Some(Value::Array(a)) => {
-                for v in a {
+                for (i, v) in a.iter().enumerate() {
                     match v.as_str() {
-                        Some(s) => pass_env.push(s.to_string()),
+                        Some(s) => match crate::transport::check_env_name(s) {
+                            Ok(()) => pass_env.push(s.to_string()),
+                            Err(why) => self.err(format!("manifest: pass_env[{i}] ({s:?}): {why}")),
+                        },
                         None => self.err(format!("manifest: pass_env entries must be variable names, got {v}")),
                     }
                 }
@@ -529,34 +659,57 @@ impl Validator<'_> {
                 }
             }
             Some(d) => {
-                let loaded = self.dataset(d, &loc, base_dir);
-                // Explicit steps win over a dataset, as in the reference runtime.
-                if !has_steps {
-                    steps = loaded;
+                let loc = format!("{loc}, dataset");
+                // The dataset's fields are checked either way, as the
+                // reference's schema checks them; its file is read only when
+                // there are no explicit steps, since explicit steps win over a
+                // dataset there and a dataset that is not used is never opened.
+                if let Some(spec) = self.dataset_spec(d, &loc) {
+                    if !has_steps {
+                        steps = self.dataset(&spec, &loc, base_dir);
+                    }
                 }
             }
         }
         Some(Scenario { name: name?, steps })
     }
 
-    fn dataset(&mut self, v: &Value, loc: &str, base_dir: &Path) -> Vec<Step> {
-        let loc = format!("{loc}, dataset");
+    /// A scenario's `dataset` mapping, checked without reading its file.
+    fn dataset_spec(&mut self, v: &Value, loc: &str) -> Option<DatasetSpec> {
         let Some(obj) = v.as_object() else {
             self.err(format!("{loc}: must be a mapping with 'type' and 'source', got {}", type_of(v)));
-            return Vec::new();
+            return None;
         };
-        let kind = self.string(obj, "type", &loc, true);
-        let source = self.string(obj, "source", &loc, true);
-        let input_col = self.string(obj, "input_column", &loc, false).unwrap_or_else(|| "input".into());
-        let output_col = self.string(obj, "output_column", &loc, false).unwrap_or_else(|| "output".into());
-        let (Some(kind), Some(source)) = (kind, source) else {
-            return Vec::new();
+        let kind = self.string(obj, "type", loc, true);
+        let source = self.string(obj, "source", loc, true);
+        let input_col = self.string(obj, "input_column", loc, false).unwrap_or_else(|| "input".into());
+        let output_col = self.string(obj, "output_column", loc, false).unwrap_or_else(|| "output".into());
+        let (kind, source) = (kind?, source?);
+        let csv = match kind.as_str() {
+            "csv" => true,
+            "jsonl" => false,
+            _ => {
+                self.err(format!("{loc}: field 'type' is '{kind}'; valid choices: csv, jsonl"));
+                return None;
+            }
         };
-        if kind != "csv" && kind != "jsonl" {
-            self.err(format!("{loc}: field 'type' is '{kind}'; valid choices: csv, jsonl"));
-            return Vec::new();
-        }
-        let file = base_dir.join(&source);
+        Some(DatasetSpec {
+            csv,
+            source,
+            input_col,
+            output_col,
+        })
+    }
+
+    /// The steps a dataset file expands to.
+    fn dataset(&mut self, spec: &DatasetSpec, loc: &str, base_dir: &Path) -> Vec<Step> {
+        let DatasetSpec {
+            csv: is_csv,
+            source,
+            input_col,
+            output_col,
+        } = spec;
+        let file = base_dir.join(source);
         let bytes = match read_bounded(&file) {
             Ok(b) => b,
             Err(e) => {
@@ -564,7 +717,7 @@ impl Validator<'_> {
                 return Vec::new();
             }
         };
-        let rows: Vec<(String, String)> = if kind == "csv" {
+        let rows: Vec<(String, String)> = if *is_csv {
             let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(bytes.as_slice());
             let headers = match reader.headers() {
                 Ok(h) => h.clone(),
@@ -573,8 +726,14 @@ impl Validator<'_> {
                     return Vec::new();
                 }
             };
-            let col = |name: &str| headers.iter().position(|h| h == name);
-            let (ic, oc) = (col(&input_col), col(&output_col));
+            // Of two columns with the same name, the last one's cell is the
+            // value, as in Python's csv.DictReader (each later column
+            // overwrites the row dict's entry). A UTF-8 BOM before the first
+            // header is dropped by the csv reader (deliberately: the reference
+            // keeps it in the first column's name, so that column is never
+            // found; see docs/ecp.md).
+            let col = |name: &str| (0..headers.len()).rev().find(|&i| headers.get(i) == Some(name));
+            let (ic, oc) = (col(input_col), col(output_col));
             let mut rows = Vec::new();
             for (n, rec) in reader.records().enumerate() {
                 match rec {
@@ -620,7 +779,7 @@ impl Validator<'_> {
                         None
                     }
                 };
-                if let (Some(i), Some(o)) = (cell(&input_col, false), cell(&output_col, true)) {
+                if let (Some(i), Some(o)) = (cell(input_col, false), cell(output_col, true)) {
                     rows.push((i, o));
                 }
             }
@@ -753,7 +912,7 @@ impl Validator<'_> {
                             self.err(format!("{loc}: condition 'regex' requires a non-empty field 'pattern'"));
                             return None;
                         }
-                        Some(p) => match fancy_regex::Regex::new(&python_regex(p)) {
+                        Some(p) => match python_regex(p).and_then(|rx| fancy_regex::Regex::new(&rx).map_err(|e| e.to_string())) {
                             Ok(re) => compiled = Some((p.to_string(), re)),
                             Err(e) => {
                                 self.err(format!("{loc}: field 'pattern' is not a valid regular expression: {e}"));
@@ -922,7 +1081,7 @@ mod tests {
 
     #[test]
     fn python_regex_semantics() {
-        let m = |p: &str, t: &str| fancy_regex::Regex::new(&python_regex(p)).unwrap().is_match(t).unwrap();
+        let m = |p: &str, t: &str| fancy_regex::Regex::new(&python_regex(p).unwrap()).unwrap().is_match(t).unwrap();
         assert!(m("line$", "a line\n"), "$ before a final newline");
         assert!(!m("line$", "a line\n\n"));
         assert!(!m("line\\Z", "a line\n"));
@@ -938,6 +1097,97 @@ mod tests {
         assert!(m("[a-z&&[^e]]1", "&]1"));
         assert!(m("^[~~]$", "~"));
         assert!(m("^[+--]$", ","), "a range ending in -");
+    }
+
+    #[test]
+    fn python_ascii_flag_octal_escapes_and_unsupported_constructs() {
+        let m = |p: &str, t: &str| fancy_regex::Regex::new(&python_regex(p).unwrap()).unwrap().is_match(t).unwrap();
+        // `(?a)`: \d, \w, \s and \b are ASCII-only, as in Python.
+        assert!(m("(?a)\\d+", "AB 12"));
+        assert!(!m("(?a)\\d", "٣"), "an Arabic-Indic digit is not an ASCII digit");
+        assert!(m("\\d", "٣"));
+        assert!(!m("(?a)^\\w+$", "café"));
+        assert!(m("(?a)^\\W$", "é"));
+        assert!(m("(?a)^[\\w-]+$", "a-b_1"));
+        assert!(!m("(?a)^[\\w-]+$", "é"));
+        assert!(m("(?a)^[\\D]+$", "é"));
+        assert!(m("(?ai)^K$", "k"));
+        assert!(m("(?a)\\bb", "éb"), "é is not a word character under (?a)");
+        assert!(!m("\\bb", "éb"));
+        // Scoped: ASCII inside the group only.
+        assert!(m("(?a:\\d)\\d", "1٣"));
+        assert!(!m("(?a:\\d)\\d", "٣1"));
+        // Octal escapes; a lone digit is still a group reference.
+        assert!(m("\\101", "AB"));
+        assert!(m("^\\0$", "\0"));
+        assert!(m("[\\101-\\103]", "B"));
+        assert!(m("(a)\\1", "aa"));
+        assert!(python_regex("\\477").unwrap_err().contains("octal escape \\477"));
+        let e = python_regex("echo\\N{SPACE}A").unwrap_err();
+        assert!(e.contains("\\N{...}") && e.contains("not supported"), "{e}");
+        // The manifest names the construct at the grader.
+        let err = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - {type: text_match, condition: regex, pattern: '(?a)\\d+'}\n          - {type: text_match, condition: regex, pattern: '\\N{SPACE}'}\n",
+        )
+        .unwrap_err();
+        assert_eq!(err.errors.len(), 1, "{err}");
+        assert!(err.errors[0].contains("grader 2") && err.errors[0].contains("\\N{...}"), "{err}");
+    }
+
+    #[test]
+    fn a_dataset_is_not_read_when_explicit_steps_are_given() {
+        let m = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: S\n    steps: [{input: hi}]\n    dataset: {type: csv, source: not_there.csv}\n",
+        )
+        .unwrap();
+        assert_eq!(m.scenarios[0].steps.len(), 1);
+        // Its fields are still checked, as the reference's schema checks them.
+        let err = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: S\n    steps: [{input: hi}]\n    dataset: {type: xml, source: not_there.xml}\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("dataset: field 'type' is 'xml'"), "{err}");
+        // Without steps, a missing file is a problem.
+        let err = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: S\n    steps: []\n    dataset: {type: csv, source: not_there.csv}\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("dataset file"), "{err}");
+    }
+
+    #[test]
+    fn csv_duplicate_columns_read_the_last_and_a_bom_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("d.csv"), "\u{feff}input,output,input\nfirst,Echo,last\n").unwrap();
+        let p = dir.path().join("m.yaml");
+        std::fs::write(
+            &p,
+            "manifest_version: v1\nname: n\ntarget: t\nscenarios:\n  - name: C\n    dataset: {type: csv, source: d.csv}\n",
+        )
+        .unwrap();
+        let m = load(&p).unwrap();
+        assert_eq!(
+            m.scenarios[0].steps[0].input, "last",
+            "csv.DictReader keeps the last column of a name"
+        );
+        std::fs::write(dir.path().join("d.csv"), "\u{feff}input,output\nhi,Echo\n").unwrap();
+        assert_eq!(load(&p).unwrap().scenarios[0].steps[0].input, "hi");
+    }
+
+    #[test]
+    fn env_and_pass_env_names_are_checked_at_load() {
+        let err = load_str(
+            "manifest_version: v1\nname: n\ntarget: t\nenv: {\"A=B\": x, \"\": y, GOOD: \"a\\0b\", FINE: ok}\npass_env: [\"B=C\", \"\", HOME]\nscenarios:\n  - name: S\n    steps: [{input: hi}]\n",
+        )
+        .unwrap_err();
+        let all = err.errors.join("\n");
+        assert_eq!(err.errors.len(), 5, "{all}");
+        assert!(all.contains("env.A=B: not a valid environment variable name"), "{all}");
+        assert!(all.contains("env.: not a valid environment variable name"), "{all}");
+        assert!(all.contains("env.GOOD: the value holds a NUL byte"), "{all}");
+        assert!(all.contains("pass_env[0] (\"B=C\"): not a valid"), "{all}");
+        assert!(all.contains("pass_env[1] (\"\"): not a valid"), "{all}");
+        assert!(all.contains("must not be empty and must not hold '='"), "{all}");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! protocol only: a line that is not JSON fails the call at once as a protocol
 //! violation naming the line. Stderr is kept, bounded, for the report.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +36,21 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 pub const ENV_ALLOWLIST: &[&str] = &[
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM",
 ];
+
+/// Whether `name` can name an environment variable: the environment is a
+/// list of `NAME=value` C strings, so a name that is empty or holds `=` or a
+/// NUL byte cannot be set (or would set another variable than the one
+/// written). The message says what a valid name is.
+pub fn check_env_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains(['=', '\0']) {
+        Err(
+            "not a valid environment variable name: a name must not be empty and must not hold '=' or a NUL byte (e.g. OPENAI_API_KEY)"
+                .into(),
+        )
+    } else {
+        Ok(())
+    }
+}
 
 /// Why a run, scenario or step ended; the audit record's `exit_reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +176,8 @@ pub struct StdioAgent {
     stderr: Arc<Mutex<StderrTail>>,
     stderr_task: Option<tokio::task::JoinHandle<()>>,
     next_id: i64,
+    /// Ids of calls that failed before their answer was read.
+    abandoned: BTreeSet<i64>,
     reaped: bool,
 }
 
@@ -252,6 +269,7 @@ impl StdioAgent {
             stderr,
             stderr_task: Some(stderr_task),
             next_id: 0,
+            abandoned: BTreeSet::new(),
             reaped: false,
         })
     }
@@ -299,6 +317,16 @@ impl StdioAgent {
     pub async fn call(&mut self, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
         self.next_id += 1;
         let id = self.next_id;
+        let answer = self.exchange(id, method, params, timeout).await;
+        if answer.is_err() {
+            // Its answer, if it ever comes, must not be taken for a later call's.
+            self.abandoned.insert(id);
+        }
+        answer
+    }
+
+    /// Sends request `id` and reads lines up to its answer.
+    async fn exchange(&mut self, id: i64, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
         let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let mut line = serde_json::to_vec(&request).map_err(|e| CallError::new(ExitReason::Error, e.to_string()))?;
         line.push(b'\n');
@@ -352,17 +380,29 @@ impl StdioAgent {
                         }
                     };
                     let Some(obj) = parsed.as_object() else {
-                        return Err(CallError::new(
-                            ExitReason::ProtocolError,
-                            format!(
-                                "protocol violation: the agent wrote JSON that is not a JSON-RPC object on stdout: {}",
-                                clip(trimmed, 300)
-                            ),
-                        ));
+                        // JSON that cannot be a JSON-RPC message (`42`,
+                        // `[1, 2]`) is passed over, as the reference runtime
+                        // passes it over: such a line is not an answer, and the
+                        // answer may still follow. The call's deadline bounds
+                        // how long lines are read.
+                        continue;
                     };
                     if obj.contains_key("method") && !obj.contains_key("id") {
-                        // A notification from the agent: nothing in ECP needs an answer.
+                        // A notification from the agent: nothing in ECP needs
+                        // an answer. (The reference runtime fails the call with
+                        // an id mismatch here; see docs/ecp.md.)
                         continue;
+                    }
+                    if let Some(earlier) = obj.get("id").and_then(Value::as_i64) {
+                        // The late answer to a call that already failed (the
+                        // agent answered after a timeout, or after a stray line
+                        // that ended the call): not this call's answer, which
+                        // may still follow. `conformance` goes on to its reset
+                        // check after a failed step, and would otherwise read
+                        // the step's answer there.
+                        if earlier != id && self.abandoned.remove(&earlier) {
+                            continue;
+                        }
                     }
                     if obj.get("id") != Some(&json!(id)) {
                         return Err(CallError::new(
@@ -547,6 +587,24 @@ fn replace_lone_surrogates(text: &str) -> Option<String> {
     Some(out)
 }
 
+/// An error with the errors that caused it, outermost first: an HTTP
+/// client error alone says "error sending request for url (...)", and only
+/// its causes say the connection was refused or the name did not resolve.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let part = c.to_string();
+        // Some errors repeat their cause in their own message.
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 fn clip_json(v: Option<&Value>) -> String {
     v.map(|v| clip(&v.to_string(), 100)).unwrap_or_else(|| "no id".into())
 }
@@ -565,7 +623,12 @@ pub struct HttpAgent {
 
 impl HttpAgent {
     pub fn new(endpoint: &str) -> Result<HttpAgent, CallError> {
+        // Redirects are not followed: the reference runtime reports a 3xx as a
+        // transport error, and following one would re-send the agent's
+        // requests (a 307 re-POSTs) to another endpoint than the manifest
+        // names.
         let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| CallError::new(ExitReason::TransportError, format!("HTTP client setup failed: {e}")))?;
         Ok(HttpAgent {
@@ -598,10 +661,30 @@ impl HttpAgent {
                     if e.is_timeout() {
                         timed_out()
                     } else {
-                        CallError::new(ExitReason::TransportError, format!("HTTP request to {} failed: {e}", self.endpoint))
+                        CallError::new(
+                            ExitReason::TransportError,
+                            format!("HTTP request to {} failed: {}", self.endpoint, error_chain(&e)),
+                        )
                     }
                 })?;
             let status = resp.status();
+            if status.is_redirection() {
+                let location = resp
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+                return Err(CallError::new(
+                    ExitReason::TransportError,
+                    format!(
+                        "HTTP {status} from {}: {}; redirects are not followed, so give the agent's own endpoint as the target",
+                        self.endpoint,
+                        match location {
+                            Some(l) => format!("it redirects to {:?}", clip(&l, 500)),
+                            None => "a redirect without a Location".into(),
+                        }
+                    ),
+                ));
+            }
             let content_type = resp
                 .headers()
                 .get(reqwest::header::CONTENT_TYPE)
@@ -609,11 +692,12 @@ impl HttpAgent {
                 .unwrap_or("")
                 .to_ascii_lowercase();
             let mut raw = Vec::new();
-            while let Some(chunk) = resp
-                .chunk()
-                .await
-                .map_err(|e| CallError::new(ExitReason::TransportError, format!("reading the HTTP response failed: {e}")))?
-            {
+            while let Some(chunk) = resp.chunk().await.map_err(|e| {
+                CallError::new(
+                    ExitReason::TransportError,
+                    format!("reading the HTTP response failed: {}", error_chain(&e)),
+                )
+            })? {
                 if raw.len() + chunk.len() > MAX_HTTP_BODY {
                     return Err(CallError::new(
                         ExitReason::ProtocolError,
@@ -844,6 +928,89 @@ mod tests {
         let raw = "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"note\"}\r\n\r\ndata: {\"jsonrpc\":\"2.0\",\r\ndata: \"id\":1,\"result\":true}\r\n\r\n";
         assert_eq!(parse_sse(raw, true).unwrap()["result"], true);
         assert!(parse_sse("data: {\"id\":1,\"result\":1}", false).is_none());
+    }
+
+    /// A stdio agent (Python's standard library only) that answers every
+    /// call with its id, after writing the stray stdout `params.mode` asks for.
+    fn scripted_agent(dir: &std::path::Path) -> StdioAgent {
+        let script = dir.join("agent.py");
+        std::fs::write(
+            &script,
+            r#"import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    mode = req["params"].get("mode")
+    if mode == "json_not_object":
+        print("42"); print("[1, 2]"); print("null")
+    if mode == "text":
+        print("starting up...")
+    print(json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": {"answered": req["id"]}}), flush=True)
+"#,
+        )
+        .unwrap();
+        StdioAgent::spawn(&format!("python3 {}", script.display()), &AgentEnv::default()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn stdout_json_that_is_not_an_object_is_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = scripted_agent(dir.path());
+        let t = Duration::from_secs(20);
+        let answer = agent.call("agent/step", json!({"mode": "json_not_object"}), t).await.unwrap();
+        assert_eq!(answer["result"]["answered"], 1, "{answer}");
+        agent.stop().await;
+    }
+
+    #[tokio::test]
+    async fn the_late_answer_of_a_failed_call_is_not_taken_for_the_next_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = scripted_agent(dir.path());
+        let t = Duration::from_secs(20);
+        // A stray text line fails the call; the agent's answer to it follows.
+        let e = agent.call("agent/step", json!({"mode": "text"}), t).await.unwrap_err();
+        assert_eq!(e.reason, ExitReason::ProtocolError, "{e}");
+        let answer = agent.call("agent/reset", json!({}), t).await.unwrap();
+        assert_eq!(answer["result"]["answered"], 2, "{answer}");
+        agent.stop().await;
+    }
+
+    #[tokio::test]
+    async fn http_redirects_are_transport_errors_naming_the_location() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/ecp"))
+            .respond_with(ResponseTemplate::new(307).insert_header("Location", "/elsewhere"))
+            .mount(&server)
+            .await;
+        // Were the redirect followed, the call would pass here.
+        Mock::given(method("POST"))
+            .and(path("/elsewhere"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"jsonrpc": "2.0", "id": 1, "result": true})))
+            .mount(&server)
+            .await;
+        let mut agent = HttpAgent::new(&format!("{}/ecp", server.uri())).unwrap();
+        let e = agent.call("agent/reset", json!({}), Duration::from_secs(10)).await.unwrap_err();
+        assert_eq!(e.reason, ExitReason::TransportError, "{e}");
+        assert!(e.message.contains("307") && e.message.contains("\"/elsewhere\""), "{e}");
+    }
+
+    #[tokio::test]
+    async fn http_connection_errors_name_their_cause() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut agent = HttpAgent::new(&format!("http://127.0.0.1:{port}/ecp")).unwrap();
+        let e = agent.call("agent/reset", json!({}), Duration::from_secs(10)).await.unwrap_err();
+        assert_eq!(e.reason, ExitReason::TransportError, "{e}");
+        assert!(e.message.to_lowercase().contains("connection refused"), "{e}");
+    }
+
+    #[test]
+    fn environment_variable_names_are_checked() {
+        assert!(check_env_name("OPENAI_API_KEY").is_ok());
+        for bad in ["", "A=B", "A\0B"] {
+            assert!(check_env_name(bad).unwrap_err().contains("must not be empty"), "{bad:?}");
+        }
     }
 
     #[test]

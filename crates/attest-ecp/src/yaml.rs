@@ -34,7 +34,9 @@ pub const MAX_NODES: usize = 1_000_000;
 /// expanded (manifest files themselves are at most 32 MiB).
 pub const MAX_TEXT_BYTES: usize = 64 * 1024 * 1024;
 
-/// Parses the first document of `text` into a JSON value.
+/// Parses the one document of `text` into a JSON value. A stream of more
+/// than one document is refused, as PyYAML's `safe_load` refuses it: a
+/// second document would otherwise be silently ignored.
 pub fn load(text: &str) -> Result<Value, String> {
     match parse(text) {
         // JSON writers escape characters outside the BMP as surrogate pairs
@@ -46,7 +48,7 @@ pub fn load(text: &str) -> Result<Value, String> {
 
 fn parse(text: &str) -> Result<Value, String> {
     let mut builder = Builder::default();
-    Parser::new_from_str(text).load(&mut builder, false).map_err(|e| e.to_string())?;
+    Parser::new_from_str(text).load(&mut builder, true).map_err(|e| e.to_string())?;
     if let Some(e) = builder.error {
         return Err(e);
     }
@@ -109,6 +111,11 @@ struct Builder {
     root: Option<Value>,
     /// Everything the document has expanded to so far.
     total: Size,
+    /// Whether an alias has been copied: only then can the document hold
+    /// more than its text shows.
+    aliased: bool,
+    /// Documents begun in the stream.
+    documents: usize,
     error: Option<String>,
 }
 
@@ -124,13 +131,14 @@ impl Builder {
     fn count(&mut self, fresh: Size, mark: Marker) -> bool {
         self.total.add(fresh);
         if self.total.nodes > MAX_NODES || self.total.bytes > MAX_TEXT_BYTES {
-            self.fail(
-                mark,
-                format!(
-                    "the document expands to more than {MAX_NODES} values or {} MiB of text (aliases are copied)",
-                    MAX_TEXT_BYTES >> 20
-                ),
-            );
+            let mib = MAX_TEXT_BYTES >> 20;
+            // Only a document with aliases can hold more than its text shows.
+            let message = if self.aliased {
+                format!("the document expands to more than {MAX_NODES} values or {mib} MiB of text (aliases are copied: each use of one counts all it holds)")
+            } else {
+                format!("the document holds more than {MAX_NODES} values or {mib} MiB of text")
+            };
+            self.fail(mark, message);
             return false;
         }
         true
@@ -200,7 +208,17 @@ fn key_text(value: &Value) -> Option<String> {
 
 impl MarkedEventReceiver for Builder {
     fn on_event(&mut self, ev: Event, mark: Marker) {
-        if self.error.is_some() || (self.root.is_some() && self.stack.is_empty()) {
+        if self.error.is_some() {
+            return;
+        }
+        if matches!(ev, Event::DocumentStart) {
+            self.documents += 1;
+            if self.documents > 1 {
+                self.fail(
+                    mark,
+                    "expected a single document in the stream, but found another document (a manifest is one YAML document: remove the second '---')",
+                );
+            }
             return;
         }
         match ev {
@@ -228,6 +246,7 @@ impl MarkedEventReceiver for Builder {
             Event::Alias(id) => match self.anchors.get(&id).map(|(_, size)| *size) {
                 // Counted before it is copied.
                 Some(size) => {
+                    self.aliased = true;
                     if self.count(size, mark) {
                         let value = self.anchors[&id].0.clone();
                         self.push(value, size, 0, mark);
@@ -306,8 +325,10 @@ fn patterns() -> &'static [Regex; 5] {
             Regex::new(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*)$").expect("valid"),
             Regex::new(r"^[-+]?\.(?:inf|Inf|INF)$").expect("valid"),
             Regex::new(r"^\.(?:nan|NaN|NAN)$").expect("valid"),
-            // Timestamps: a date, or a date and time with an optional zone.
-            Regex::new(r"^[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]*)?(?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?)?$").expect("valid"),
+            // Timestamps, as PyYAML's resolver reads them: a date alone has a
+            // two-digit month and day (`2024-5-1` is a string); with a time,
+            // month, day and hour may have one digit, and a zone may follow.
+            Regex::new(r"^(?:[0-9]{4}-[0-9]{2}-[0-9]{2}|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]*)?(?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?)$").expect("valid"),
         ]
     })
 }
@@ -451,6 +472,33 @@ mod tests {
             load("k: 2835686391007820528861455061931401762:59\n").is_ok(),
             "base 60 past 128 bits"
         );
+    }
+
+    #[test]
+    fn a_second_document_is_refused() {
+        let e = load("a: 1\n---\nb: 2\n").unwrap_err();
+        assert!(e.contains("expected a single document in the stream"), "{e}");
+        assert!(load("a: 1\n---\n").unwrap_err().contains("single document"));
+        assert!(load("a: 1\n...\n---\nb: 1\n").unwrap_err().contains("single document"));
+        assert_eq!(load("---\na: 1\n...\n").unwrap(), json!({"a": 1}));
+        assert_eq!(load("# only a comment\n").unwrap(), Value::Null);
+    }
+
+    #[test]
+    fn timestamps_are_what_pyyaml_resolves() {
+        let v = load("a: 2024-5-1\nb: 2024-05-01\nc: 2024-5-1 10:00:00\nd: 2024-5-1T1:00:00Z\ne: 2024-05-1\n").unwrap();
+        assert_eq!(v["a"], "2024-5-1", "a date alone needs a two-digit month and day");
+        assert_eq!(v["e"], "2024-05-1");
+        for k in ["b", "c", "d"] {
+            assert!(v[k].get("yaml:timestamp").is_some(), "{k}: {}", v[k]);
+        }
+    }
+
+    #[test]
+    fn only_aliases_are_blamed_for_a_document_too_large() {
+        let doc: String = (0..MAX_NODES).map(|i| format!("- {i}\n")).collect();
+        let e = load(&doc).unwrap_err();
+        assert!(e.contains("holds more than") && !e.contains("alias"), "{e}");
     }
 
     #[test]

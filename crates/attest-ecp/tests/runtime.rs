@@ -326,6 +326,21 @@ fn stray_stdout_text_is_a_protocol_violation_naming_the_line() {
 }
 
 #[test]
+fn conformance_refuses_a_pass_env_that_is_no_variable_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let target = format!("touch {}", started.display());
+    let out = run_bin(&["conformance", &target, "--pass-env", "A=B"], &[], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--pass-env \"A=B\": not a valid environment variable name"),
+        "{stderr}"
+    );
+    assert!(!started.exists(), "the agent started");
+}
+
+#[test]
 fn agent_that_never_initializes_is_reported_and_stopped() {
     let Some(venv) = venv() else { return };
     let dir = tempfile::tempdir().unwrap();
