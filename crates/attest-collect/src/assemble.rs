@@ -5,8 +5,12 @@
 //! with its reason. A trace that an earlier export opened is only closed once
 //! it has its place in the evaluation queue: an export that would push it out
 //! of a full queue has its own spans refused instead.
+//!
+//! OTLP delivery is at least once: an exporter whose request timed out sends
+//! it again. A span whose (trace id, span id) the open trace holds already is
+//! a duplicate; the first copy is kept and the others only counted.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::otlp::Span;
@@ -48,7 +52,8 @@ pub enum DropReason {
     NoRoot,
     /// Evicted by the open-trace bounds before its root arrived.
     EvictedWithoutRoot,
-    /// Arrived after its trace was already closed.
+    /// Arrived after its trace was already closed. Counted as dropped
+    /// spans only: the trace itself was evaluated (or dropped) already.
     LateSpan,
     /// Spans map to no known convention (neither GenAI nor OpenInference).
     UnknownConvention,
@@ -120,6 +125,9 @@ pub struct Events<P = ()> {
     /// The export's spans refused because making room for them would have
     /// closed an earlier export's trace while the queue had no place for it.
     pub refused: Vec<Span>,
+    /// Spans not added because their trace holds a span with the same id
+    /// already (an exporter's retry).
+    pub duplicates: u64,
 }
 
 impl<P> Default for Events<P> {
@@ -129,6 +137,7 @@ impl<P> Default for Events<P> {
             placed: Vec::new(),
             dropped: Vec::new(),
             refused: Vec::new(),
+            duplicates: 0,
         }
     }
 }
@@ -136,10 +145,17 @@ impl<P> Default for Events<P> {
 struct OpenTrace {
     seq: u64,
     spans: Vec<Span>,
+    /// Ids of `spans`, to recognise a span sent again.
+    span_ids: HashSet<String>,
     bytes: usize,
     has_root: bool,
     last_arrival: Instant,
 }
+
+/// Memory an open trace holds besides its spans: its entries in the
+/// assembler's maps (by id, by age), its id twice as text, its span id set.
+/// Measured with the spans' estimate (see `otlp::SPAN_BYTES`).
+pub const TRACE_BYTES: usize = 512;
 
 /// How many closed trace ids are remembered to recognise late spans.
 const CLOSED_MEMORY: usize = 100_000;
@@ -189,20 +205,29 @@ impl Assembler {
         for span in spans {
             if let Some(reason) = self.closed.get(&span.trace_id) {
                 // Spans of a trace dropped for its size keep that reason; spans of
-                // an evaluated trace are late.
-                match reason {
-                    DropReason::TraceTooLarge | DropReason::TooManySpans => push_spans_drop(&mut events, &span.trace_id, *reason, 1),
-                    _ => push_drop(&mut events, &span.trace_id, DropReason::LateSpan, 1),
-                }
+                // an evaluated trace are late. Neither is another dropped
+                // trace: the trace was counted when it closed.
+                let reason = match reason {
+                    DropReason::TraceTooLarge | DropReason::TooManySpans => *reason,
+                    _ => DropReason::LateSpan,
+                };
+                push_spans_drop(&mut events, &span.trace_id, reason, 1);
+                continue;
+            }
+            if self.open.get(&span.trace_id).is_some_and(|t| t.span_ids.contains(&span.span_id)) {
+                events.duplicates += 1;
                 continue;
             }
             let trace_id = span.trace_id.clone();
-            let size = span.size_bytes;
-            let is_root = span.parent_span_id.is_none();
+            // The first span of a trace also pays for the trace's own
+            // bookkeeping; it stays in the trace's bytes until it closes.
+            let size = span.size_bytes + if self.open.contains_key(&trace_id) { 0 } else { TRACE_BYTES };
+            let is_root = span.is_local_root();
             let seq = self.next_seq;
             let entry = self.open.entry(trace_id.clone()).or_insert_with(|| OpenTrace {
                 seq,
                 spans: Vec::new(),
+                span_ids: HashSet::new(),
                 bytes: 0,
                 has_root: false,
                 last_arrival: now,
@@ -225,6 +250,7 @@ impl Assembler {
                 continue;
             }
             let had_root = entry.has_root;
+            entry.span_ids.insert(span.span_id.clone());
             entry.spans.push(span);
             entry.bytes += size;
             entry.has_root |= is_root;
@@ -242,6 +268,7 @@ impl Assembler {
     fn take_back(&mut self, trace_id: &str, had_root: bool) -> Option<Span> {
         let t = self.open.get_mut(trace_id)?;
         let span = t.spans.pop()?;
+        t.span_ids.remove(&span.span_id);
         t.bytes -= span.size_bytes;
         t.has_root = had_root;
         self.bytes -= span.size_bytes;
@@ -405,6 +432,7 @@ mod tests {
             trace_id: trace.into(),
             span_id: id.into(),
             parent_span_id: parent.map(Into::into),
+            parent_is_remote: false,
             name: "s".into(),
             start_unix_nanos: 0,
             end_unix_nanos: 0,
@@ -450,13 +478,15 @@ mod tests {
         assert_eq!(ev.placed.len(), 1);
         assert_eq!(ev.placed[0].0.spans.len(), 2);
         let late = add(&mut a, vec![span("t1", "c", Some("a"))], t0 + Duration::from_secs(4));
+        // A late span is a dropped span, not another dropped trace: the
+        // trace was evaluated.
         assert_eq!(
             late.dropped,
             vec![Dropped {
                 trace_id: "t1".into(),
                 reason: DropReason::LateSpan,
                 spans: 1,
-                counts_trace: true,
+                counts_trace: false,
             }]
         );
         assert_eq!(a.open_traces(), 0);
@@ -500,20 +530,24 @@ mod tests {
         let refused: Vec<_> = ev.refused.iter().map(|s| s.trace_id.as_str()).collect();
         assert_eq!(refused, ["t3"], "t3 needed room; t1's span did not");
         assert!(ev.placed.is_empty() && ev.ready.is_empty() && ev.dropped.is_empty());
-        assert_eq!((a.open_traces(), a.open_bytes()), (2, 300));
+        assert_eq!((a.open_traces(), a.open_bytes()), (2, 300 + 2 * TRACE_BYTES));
         // By bytes too, and a refused span that joined an open trace leaves
         // it as it was.
         let mut big = span("t2", "b", Some("a"));
         big.size_bytes = 900;
         let mut tight = limits();
-        tight.max_open_bytes = 1_000;
+        tight.max_open_bytes = 1_000 + 2 * TRACE_BYTES;
+        tight.max_trace_bytes = 10_000;
         let mut b = Assembler::new(tight);
         add(&mut b, vec![span("t1", "a", None)], t0);
         add(&mut b, vec![span("t2", "x", Some("a"))], t0);
         let ev = b.add(vec![big], t0, |_| None::<()>);
         // t1 cannot leave, so the span is taken back from t2.
         assert_eq!(ev.refused.len(), 1);
-        assert_eq!((b.open_traces(), b.open_bytes(), b.oldest_bytes()), (2, 200, Some(100)));
+        assert_eq!(
+            (b.open_traces(), b.open_bytes(), b.oldest_bytes()),
+            (2, 200 + 2 * TRACE_BYTES, Some(100 + TRACE_BYTES))
+        );
         let ev = b.poll(t0 + Duration::from_secs(2), |_| Some(()));
         assert_eq!(ev.placed.len(), 1, "t1 settles and leaves once the queue has room");
     }
@@ -568,5 +602,43 @@ mod tests {
         assert_eq!(ev.ready.len(), 1);
         assert_eq!(ev.dropped.len(), 1);
         assert_eq!(a.open_traces(), 0);
+    }
+
+    #[test]
+    fn a_span_sent_again_is_kept_once_and_counted() {
+        let mut a = Assembler::new(limits());
+        let t0 = Instant::now();
+        // An exporter's retry: the same request twice, one copy inside it too.
+        let request = vec![span("t1", "a", None), span("t1", "b", Some("a"))];
+        assert_eq!(add(&mut a, request.clone(), t0).duplicates, 0);
+        let ev = add(&mut a, [request, vec![span("t1", "b", Some("a"))]].concat(), t0);
+        assert_eq!(ev.duplicates, 3);
+        assert_eq!(a.open_bytes(), 200 + TRACE_BYTES, "duplicates hold no memory");
+        let ev = a.poll(t0 + Duration::from_secs(2), |_| Some(()));
+        let ids: Vec<_> = ev.placed[0].0.spans.iter().map(|s| s.span_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
+        // A span refused for room is forgotten too, so its retry is taken.
+        let mut tight = limits();
+        tight.max_open_traces = 1;
+        let mut b = Assembler::new(tight);
+        add(&mut b, vec![span("t1", "a", None)], t0);
+        let ev = b.add(vec![span("t2", "a", None)], t0, |_| None::<()>);
+        assert_eq!(ev.refused.len(), 1);
+        let ev = add(&mut b, vec![span("t2", "a", None)], t0);
+        assert_eq!((ev.duplicates, ev.placed.len()), (0, 1));
+    }
+
+    #[test]
+    fn a_span_whose_parent_is_remote_is_a_root() {
+        let mut a = Assembler::new(limits());
+        let t0 = Instant::now();
+        let mut local_root = span("t1", "a", Some("caller"));
+        local_root.parent_is_remote = true;
+        add(&mut a, vec![local_root, span("t1", "b", Some("a"))], t0);
+        let ev = a.poll(t0 + Duration::from_secs(2), |_| Some(()));
+        assert_eq!(ev.placed.len(), 1, "settled and closed, not held as an orphan");
+        // Without the remote flag the same spans wait for their root.
+        add(&mut a, vec![span("t2", "a", Some("caller"))], t0);
+        assert!(a.poll(t0 + Duration::from_secs(2), |_| Some(())).placed.is_empty());
     }
 }

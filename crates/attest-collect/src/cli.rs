@@ -60,16 +60,22 @@ pub struct CollectArgs {
     /// A trace whose root span never arrives is dropped this long after its last span.
     #[arg(long, default_value_t = 30_000)]
     pub orphan_timeout_ms: u64,
+    /// Traces being assembled at once; past it the oldest is closed early
+    /// (evaluated if its root is there, else dropped).
     #[arg(long, default_value_t = 10_000)]
     pub max_open_traces: usize,
+    /// Estimated memory of the traces being assembled (see docs/continuous.md
+    /// for the estimate); past it the oldest is closed early.
     #[arg(long, default_value_t = 256 << 20)]
     pub max_open_bytes: usize,
+    /// Estimated memory of one trace; a larger trace is dropped as trace_too_large.
     #[arg(long, default_value_t = 16 << 20)]
     pub max_trace_bytes: usize,
     /// Bytes of closed traces waiting for evaluation or being evaluated;
     /// past it, traces are refused as with a full queue.
     #[arg(long, default_value_t = 256 << 20)]
     pub max_queued_bytes: usize,
+    /// Spans of one trace; a trace with more is dropped as too_many_spans.
     #[arg(long, default_value_t = 10_000)]
     pub max_trace_spans: usize,
     /// Largest export request body, after gzip inflation.
@@ -167,8 +173,10 @@ pub enum WorkerRole {
 /// `worker`: evaluate traces from NATS JetStream, or (`--role sink`) store results.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
+    /// NATS server with JetStream to take work (or, with `--role sink`, results) from (nats://HOST:PORT).
     #[arg(long)]
     pub nats: String,
+    /// What this worker does.
     #[arg(long, value_enum, default_value_t = WorkerRole::Evaluate)]
     pub role: WorkerRole,
     /// Rules file; the same file as the collectors'.
@@ -249,6 +257,41 @@ pub(crate) async fn shutdown_signal() {
     tokio::select! {
         _ = term => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// SIGTERM and SIGINT (Ctrl-C), counted from the moment it is installed:
+/// the first starts the drain, a second cuts its waits short.
+struct Signals(tokio::sync::watch::Receiver<u32>);
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let (tx, rx) = tokio::sync::watch::channel(0u32);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                tx.send_modify(|n| *n += 1);
+            }
+        });
+        Ok(Signals(rx))
+    }
+
+    /// Resolves once `n` signals have arrived.
+    fn nth(&self, n: u32) -> impl std::future::Future<Output = ()> + 'static {
+        let mut rx = self.0.clone();
+        async move {
+            // The sender lives as long as the runtime: an error cannot
+            // happen before shutdown, and then waiting on is right.
+            if rx.wait_for(|&seen| seen >= n).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 }
 
@@ -341,6 +384,10 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         return Ok(if complete { 0 } else { 1 });
     }
 
+    // Installed before anything is served, so that no signal finds the
+    // default handler (which would end the process undrained). Not for
+    // `--jsonl`, which SIGTERM ends as any command.
+    let signals = Signals::install()?;
     let limits = Limits {
         settle: Duration::from_millis(args.settle_ms),
         orphan_timeout: Duration::from_millis(args.orphan_timeout_ms),
@@ -387,27 +434,51 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     let limits = listen::Limits {
         max_connections: args.max_connections,
         header_timeout: request_timeout,
+        drain_timeout: listen::DRAIN_TIMEOUT,
     };
-    listen::serve(listener, server::router(state.clone(), request_timeout), limits, shutdown_signal()).await;
+    let router = server::router(state.clone(), request_timeout);
+    listen::serve(listener, router, limits, signals.nth(1), signals.nth(2)).await;
     poller.abort();
     eprintln!("attest-collect: draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();
     for d in events.dropped {
         d.count(&metrics);
     }
-    for t in events.ready {
-        // Draining waits for room instead of dropping.
-        let Ok(permit) = state.queued_kib.clone().acquire_many_owned(server::kib(t.bytes)).await else {
-            break;
-        };
-        let _ = state.ready.send((t, Instant::now(), permit)).await;
+    let consumer_abort = consumer.abort_handle();
+    let evaluate_all = async {
+        for t in events.ready {
+            // Draining waits for room instead of dropping.
+            let Ok(permit) = state.queued_kib.clone().acquire_many_owned(server::kib(t.bytes)).await else {
+                break;
+            };
+            let _ = state.ready.send((t, Instant::now(), permit)).await;
+        }
+        // The last sender: the consumer ends once the queue is empty.
+        drop(state);
+        consumer.await
+    };
+    // Accepted traces are evaluated before exit, however long that takes,
+    // unless a second signal asks to stop: then what is still running gets
+    // one drain deadline more, and the results stored so far are flushed.
+    let hurried = async {
+        signals.nth(2).await;
+        tokio::time::sleep(listen::DRAIN_TIMEOUT).await;
+    };
+    tokio::select! {
+        done = evaluate_all => done?,
+        _ = hurried => {
+            consumer_abort.abort();
+            eprintln!(
+                "attest-collect: second signal: traces still queued or being evaluated {:?} after it were abandoned",
+                listen::DRAIN_TIMEOUT
+            );
+        }
     }
-    drop(state);
-    consumer.await?;
     pipeline.flush().await?;
     eprintln!(
-        "attest-collect: drained; {} traces evaluated, {} evaluations failed, {} published, {} publishes failed",
+        "attest-collect: drained; {} traces evaluated ({} rule evaluations), {} evaluations failed, {} published, {} publishes failed",
         metrics.traces_evaluated.load(Ordering::Relaxed),
+        metrics.rule_evaluations.load(Ordering::Relaxed),
         metrics.rule_event_count("eval_error") + metrics.dropped_count("evaluation_failed"),
         metrics.traces_published.load(Ordering::Relaxed),
         metrics.dropped_count("publish_failed"),
@@ -486,7 +557,13 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
             .await
             .with_context(|| format!("--metrics-addr {addr}"))?;
         let router = server::metrics_router(metrics.clone());
-        tokio::spawn(listen::serve(listener, router, listen::METRICS_ONLY, std::future::pending()));
+        tokio::spawn(listen::serve(
+            listener,
+            router,
+            listen::METRICS_ONLY,
+            std::future::pending(),
+            std::future::pending(),
+        ));
     }
     let rules = match (&args.rules, args.role) {
         (Some(p), _) => Arc::new(RuleSet::load(p, evaluator.as_ref())?),
@@ -570,5 +647,37 @@ mod tests {
             );
         }
         assert!(parse(&["--nats-prefix", &"a".repeat(65)]).is_err());
+    }
+
+    #[test]
+    fn every_flag_of_collect_and_worker_says_what_it_is_for() {
+        use clap::{CommandFactory, Subcommand};
+        #[derive(Parser, Debug)]
+        struct Host {
+            #[command(subcommand)]
+            command: Sub,
+        }
+        #[derive(Subcommand, Debug)]
+        enum Sub {
+            Collect(CollectArgs),
+            Worker(WorkerArgs),
+        }
+        let mut cmd = Host::command();
+        cmd.build();
+        for sub in cmd.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" {
+                    continue;
+                }
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                assert!(!help.trim().is_empty(), "{} --{id} has no help text", sub.get_name());
+            }
+        }
+        // The flags the audit found without one.
+        let collect = cmd.find_subcommand("collect").unwrap();
+        for flag in ["max_open_traces", "max_open_bytes", "max_trace_bytes", "max_trace_spans"] {
+            assert!(collect.get_arguments().any(|a| a.get_id() == flag), "{flag}");
+        }
     }
 }

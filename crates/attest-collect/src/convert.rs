@@ -113,7 +113,13 @@ pub struct MatchContext {
 /// Result of converting one closed trace.
 #[derive(Debug)]
 pub enum Converted {
-    Trace { trace: Value, context: MatchContext },
+    Trace {
+        trace: Value,
+        context: MatchContext,
+        /// Spans no chain of parents joins to the root (a missing
+        /// intermediate span, a second local root): left out of `trace`.
+        unreachable: usize,
+    },
     NoRoot,
     UnknownConvention,
 }
@@ -156,8 +162,18 @@ struct Totals {
     last_output: Option<String>,
 }
 
+/// The trace's root: a span without parent, else a span whose parent the
+/// exporter flagged as remote (a service called by another process with a
+/// W3C `traceparent`, whose caller's spans do not come here); among several,
+/// the one that started first.
+fn root_index(spans: &[Span]) -> Option<usize> {
+    let earliest = |candidates: &mut dyn Iterator<Item = usize>| candidates.min_by_key(|&i| (spans[i].start_unix_nanos, i));
+    earliest(&mut (0..spans.len()).filter(|&i| spans[i].parent_span_id.is_none()))
+        .or_else(|| earliest(&mut (0..spans.len()).filter(|&i| spans[i].parent_is_remote)))
+}
+
 pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted {
-    let Some(root_idx) = spans.iter().position(|s| s.parent_span_id.is_none()) else {
+    let Some(root_idx) = root_index(spans) else {
         return Converted::NoRoot;
     };
     let mut children: HashMap<&str, Vec<usize>> = HashMap::new();
@@ -179,6 +195,7 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
         visited: std::cell::RefCell::new(vec![false; spans.len()]),
     };
     let root = &spans[root_idx];
+    let unreachable = spans.len() - tree.reachable(root_idx);
     // The outermost agent span is the trace's own agent; deeper agents become agent_call steps.
     let outer_agent = tree.first_agent(root_idx);
     let agent_span = outer_agent.map(|i| &spans[i]);
@@ -236,7 +253,11 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
         root_span_name: Some(root.name.clone()),
         attributes,
     };
-    Converted::Trace { trace, context }
+    Converted::Trace {
+        trace,
+        context,
+        unreachable,
+    }
 }
 
 fn scalar_string(v: &Value) -> String {
@@ -252,6 +273,22 @@ impl<'a> Tree<'a> {
             .get(self.spans[idx].span_id.as_str())
             .map(Vec::as_slice)
             .unwrap_or(&[])
+    }
+
+    /// How many spans the root and its descendants are (each span once,
+    /// whatever cycles or repeated ids the links hold).
+    fn reachable(&self, root: usize) -> usize {
+        let mut seen = vec![false; self.spans.len()];
+        let mut stack = vec![root];
+        let mut count = 0;
+        while let Some(i) = stack.pop() {
+            if std::mem::replace(&mut seen[i], true) {
+                continue;
+            }
+            count += 1;
+            stack.extend(self.kids(i).iter().copied());
+        }
+        count
     }
 
     fn first_agent(&self, root: usize) -> Option<usize> {
@@ -435,6 +472,12 @@ fn agent_name(span: &Span) -> Option<String> {
         .or_else(|| {
             // `invoke_agent {name}` is the GenAI span name when the attribute is missing.
             span.name.strip_prefix("invoke_agent ").map(str::to_string)
+        })
+        .or_else(|| {
+            // OpenInference sets no name attribute of its own on AGENT spans
+            // (its tracer's `@agent(name=...)` names the span): the span
+            // name is the agent's name.
+            (classify(span) == (SpanRole::Agent, Some(Convention::OpenInference)) && !span.name.is_empty()).then(|| span.name.clone())
         })
         .map(|n| clip_to(n, MAX_ID_BYTES))
 }
@@ -759,6 +802,7 @@ mod tests {
             trace_id: "t".into(),
             span_id: id.into(),
             parent_span_id: parent.map(Into::into),
+            parent_is_remote: false,
             name: name.into(),
             start_unix_nanos: start * 1_000_000,
             end_unix_nanos: (start + 10) * 1_000_000,
@@ -937,7 +981,7 @@ mod tests {
                 json!({"gen_ai.tool.name": "book", "gen_ai.tool.call.arguments": "{\"city\":\"Oslo\"}", "gen_ai.tool.call.result": "done"}),
             ),
         ];
-        let Converted::Trace { trace, context } = convert("t", &spans, &prices()) else {
+        let Converted::Trace { trace, context, .. } = convert("t", &spans, &prices()) else {
             panic!("not converted")
         };
         assert_eq!(trace["agent_id"], "planner");
@@ -1026,5 +1070,81 @@ mod tests {
         assert!(matches!(convert("t", &orphan, &PriceTable::default()), Converted::NoRoot));
         let http = vec![span("a", None, "GET /", 0, json!({"http.method": "GET"}))];
         assert!(matches!(convert("t", &http, &PriceTable::default()), Converted::UnknownConvention));
+    }
+
+    #[test]
+    fn a_span_with_a_remote_parent_is_the_root_when_no_span_lacks_a_parent() {
+        let agent = json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "refund-agent"});
+        let mut server = span("s", Some("gateway"), "POST /chat", 0, json!({"http.method": "POST"}));
+        server.parent_is_remote = true;
+        let spans = vec![
+            server.clone(),
+            span("a", Some("s"), "invoke_agent refund-agent", 1, agent.clone()),
+            span("t", Some("a"), "execute_tool", 2, json!({"gen_ai.tool.name": "lookup_order"})),
+        ];
+        let Converted::Trace { trace, unreachable, .. } = convert("t", &spans, &prices()) else {
+            panic!("not converted")
+        };
+        assert_eq!((trace["agent_id"].as_str(), unreachable), (Some("refund-agent"), 0));
+        assert_eq!(trace["metadata"]["root_span"], "POST /chat");
+        assert_eq!(trace["steps"][0]["name"], "lookup_order");
+        // When the caller's spans come here too, the caller's root is the root.
+        let mut with_caller = spans.clone();
+        with_caller.push(span("gateway", None, "GET /gateway", 0, json!({})));
+        let Converted::Trace { trace, .. } = convert("t", &with_caller, &prices()) else {
+            panic!("not converted")
+        };
+        assert_eq!(trace["metadata"]["root_span"], "GET /gateway");
+        // A missing parent without the remote flag is no root.
+        server.parent_is_remote = false;
+        assert!(matches!(convert("t", &[server], &prices()), Converted::NoRoot));
+    }
+
+    #[test]
+    fn spans_cut_off_from_the_root_are_counted() {
+        let spans = vec![
+            span("r", None, "invoke_agent a", 0, json!({"gen_ai.operation.name": "invoke_agent"})),
+            span("t1", Some("r"), "execute_tool", 1, json!({"gen_ai.tool.name": "kept"})),
+            // Their parent "m" never arrived.
+            span("t2", Some("m"), "execute_tool", 2, json!({"gen_ai.tool.name": "lost"})),
+            span("t3", Some("t2"), "execute_tool", 3, json!({"gen_ai.tool.name": "lost too"})),
+        ];
+        let Converted::Trace { trace, unreachable, .. } = convert("t", &spans, &prices()) else {
+            panic!("not converted")
+        };
+        assert_eq!(unreachable, 2);
+        assert_eq!(trace["steps"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_openinference_agent_without_a_name_attribute_is_named_by_its_span() {
+        let spans = vec![
+            span(
+                "r",
+                None,
+                "refund-agent",
+                0,
+                json!({"openinference.span.kind": "AGENT", "input.value": "q"}),
+            ),
+            span(
+                "t",
+                Some("r"),
+                "lookup",
+                1,
+                json!({"openinference.span.kind": "TOOL", "tool.name": "lookup_order"}),
+            ),
+        ];
+        let Converted::Trace { trace, context, .. } = convert("t", &spans, &prices()) else {
+            panic!("not converted")
+        };
+        assert_eq!(trace["agent_id"], "refund-agent");
+        assert_eq!(context.agent_id.as_deref(), Some("refund-agent"));
+        // An `agent.name` attribute still wins.
+        let mut named = spans.clone();
+        named[0].attributes.insert("agent.name".into(), json!("named"));
+        let Converted::Trace { trace, .. } = convert("t", &named, &prices()) else {
+            panic!("not converted")
+        };
+        assert_eq!(trace["agent_id"], "named");
     }
 }

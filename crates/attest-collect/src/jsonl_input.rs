@@ -97,7 +97,7 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
 /// publishes failed.
 fn progress(pipeline: &Pipeline, lines: u64, malformed: u64, started: Instant) -> u64 {
     let m = &pipeline.metrics;
-    let evaluated = m.traces_evaluated.load(Ordering::Relaxed);
+    let evaluated = m.rule_evaluations.load(Ordering::Relaxed);
     let published = m.traces_published.load(Ordering::Relaxed);
     let duplicates = m.publish_duplicates.load(Ordering::Relaxed);
     let eval_failed = m.rule_event_count("eval_error") + m.dropped_count("evaluation_failed");

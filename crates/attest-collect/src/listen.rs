@@ -12,8 +12,11 @@
 //! - at most `max_connections` are open at once; further clients wait in the
 //!   kernel's accept backlog until one closes;
 //! - on shutdown the listener stops accepting, asks every connection to
-//!   finish its current request, and waits for them at most one header
-//!   deadline more.
+//!   finish its current request, and waits for them at most the drain
+//!   deadline ([`DRAIN_TIMEOUT`], 5 s), or until `force` completes (a second
+//!   SIGTERM or Ctrl-C); connections still open then are closed, so that a
+//!   client stalled mid-upload cannot hold the process past an
+//!   orchestrator's grace period (30 s on Kubernetes).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,6 +28,12 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+/// How long shutdown waits for requests in progress (uploads, answers)
+/// before closing their connections. Short: exporters retry a request whose
+/// connection closed, and the drain after it must fit a 30 s grace period.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How the listener bounds its clients.
 #[derive(Debug, Clone, Copy)]
@@ -33,17 +42,30 @@ pub struct Limits {
     pub max_connections: usize,
     /// Deadline for a request's headers, and for an idle connection.
     pub header_timeout: Duration,
+    /// How long shutdown waits for requests in progress.
+    pub drain_timeout: Duration,
 }
 
 /// The worker's metrics endpoint: a scraper or two, never many.
 pub const METRICS_ONLY: Limits = Limits {
     max_connections: 64,
     header_timeout: Duration::from_secs(10),
+    drain_timeout: DRAIN_TIMEOUT,
 };
 
-/// Serves `router` on `listener` until `shutdown` completes, then drains.
-pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdown: impl Future<Output = ()>) {
+/// Serves `router` on `listener` until `shutdown` completes, then drains:
+/// requests in progress get `limits.drain_timeout` to finish, or until
+/// `force` completes, whichever is first. Every connection is closed when
+/// this returns, so nothing holds on to the router's state.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+    force: impl Future<Output = ()>,
+) {
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut connections = JoinSet::new();
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
@@ -71,17 +93,29 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdo
         };
         let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
         let conn = graceful.watch(conn);
-        tokio::spawn(async move {
+        connections.spawn(async move {
             // A header deadline or a client hanging up ends the connection;
             // neither concerns anyone else.
             let _ = conn.await;
             drop(permit);
         });
+        // Finished connections are reaped as others arrive.
+        while connections.try_join_next().is_some() {}
     }
     drop(listener);
-    if tokio::time::timeout(limits.header_timeout, graceful.shutdown()).await.is_err() {
-        tracing::warn!("connections still open after the drain deadline; closing them");
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(limits.drain_timeout) => {
+            tracing::warn!("connections still open after the {:?} drain deadline; closing them", limits.drain_timeout);
+        }
+        _ = force => {
+            tracing::warn!("second signal: closing the connections still open without waiting");
+        }
     }
+    // Dropping a connection drops the request it was serving, and with it
+    // the handler's hold on the receiver's state (and the evaluation
+    // queue's sender, whose closing ends the drain).
+    connections.shutdown().await;
 }
 
 #[cfg(test)]
@@ -95,9 +129,15 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = Router::new().route("/", get(|| async { "ok" }));
-        let task = tokio::spawn(serve(listener, router, limits, async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            async {
+                let _ = stopped.await;
+            },
+            std::future::pending(),
+        ));
         (addr, stop, task)
     }
 
@@ -119,6 +159,7 @@ mod tests {
         let limits = Limits {
             max_connections: 8,
             header_timeout: Duration::from_millis(200),
+            drain_timeout: DRAIN_TIMEOUT,
         };
         let (addr, stop, task) = started(limits).await;
         let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -140,6 +181,7 @@ mod tests {
         let limits = Limits {
             max_connections: 2,
             header_timeout: Duration::from_millis(500),
+            drain_timeout: DRAIN_TIMEOUT,
         };
         let (addr, stop, task) = started(limits).await;
         // Two clients that never send anything hold both places.
@@ -162,6 +204,7 @@ mod tests {
         let limits = Limits {
             max_connections: 8,
             header_timeout: Duration::from_millis(300),
+            drain_timeout: Duration::from_millis(300),
         };
         let (addr, stop, task) = started(limits).await;
         let _idle = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -171,5 +214,82 @@ mod tests {
             .await
             .expect("the listener stopped")
             .unwrap();
+    }
+
+    /// A listener whose one route reads the request body, and a client
+    /// that starts an upload and never finishes it.
+    async fn stalled_upload(
+        limits: Limits,
+        force: impl Future<Output = ()> + Send + 'static,
+    ) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>, tokio::net::TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let router = Router::new().route(
+            "/",
+            axum::routing::post(|body: axum::body::Bytes| async move { body.len().to_string() }),
+        );
+        let task = tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            async {
+                let _ = stopped.await;
+            },
+            force,
+        ));
+        let mut upload = tokio::net::TcpStream::connect(addr).await.unwrap();
+        upload
+            .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nstart")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (task, stop, upload)
+    }
+
+    #[tokio::test]
+    async fn a_stalled_upload_holds_shutdown_no_longer_than_the_drain_deadline() {
+        let limits = Limits {
+            max_connections: 8,
+            // The request deadline is long; shutdown must not wait for it.
+            header_timeout: Duration::from_secs(60),
+            drain_timeout: Duration::from_millis(500),
+        };
+        let (task, stop, mut upload) = stalled_upload(limits, std::future::pending()).await;
+        let t0 = std::time::Instant::now();
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the listener stopped at the drain deadline")
+            .unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(400), "{:?}", t0.elapsed());
+        // Its connection was closed.
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), upload.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+
+    #[tokio::test]
+    async fn a_second_signal_ends_the_drain_at_once() {
+        let limits = Limits {
+            max_connections: 8,
+            header_timeout: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(60),
+        };
+        let (forced, force) = tokio::sync::oneshot::channel::<()>();
+        let (task, stop, _upload) = stalled_upload(limits, async {
+            let _ = force.await;
+        })
+        .await;
+        stop.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!task.is_finished(), "waiting for the upload");
+        let t0 = std::time::Instant::now();
+        forced.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task).await.expect("stopped").unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     }
 }

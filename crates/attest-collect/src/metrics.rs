@@ -16,7 +16,16 @@ pub struct Metrics {
     pub traces_received: AtomicU64,
     pub traces_assembled: AtomicU64,
     pub traces_sampled: AtomicU64,
+    /// Traces at least one rule evaluated (one per trace, however many rules).
     pub traces_evaluated: AtomicU64,
+    /// Rule evaluations completed (one per trace and rule).
+    pub rule_evaluations: AtomicU64,
+    /// Spans not added to their trace because it held a span with the same
+    /// id already (exporter retries: OTLP delivery is at least once).
+    pub spans_duplicate: AtomicU64,
+    /// Spans of evaluated traces that are not under the root (their parent
+    /// never arrived), left out of the Attest trace.
+    pub spans_unreachable: AtomicU64,
     pub traces_published: AtomicU64,
     /// Publishes the server dropped as duplicates (same trace id within the duplicate window).
     pub publish_duplicates: AtomicU64,
@@ -167,8 +176,26 @@ impl Metrics {
         counter(
             &mut out,
             "attest_collect_traces_evaluated_total",
-            "Trace evaluations completed (one per trace and rule).",
+            "Traces evaluated by at least one rule.",
             ld(&self.traces_evaluated),
+        );
+        counter(
+            &mut out,
+            "attest_collect_rule_evaluations_total",
+            "Rule evaluations completed (one per trace and rule).",
+            ld(&self.rule_evaluations),
+        );
+        counter(
+            &mut out,
+            "attest_collect_spans_duplicate_total",
+            "Spans ignored because their trace already held a span with the same id (exporter retries).",
+            ld(&self.spans_duplicate),
+        );
+        counter(
+            &mut out,
+            "attest_collect_spans_unreachable_total",
+            "Spans of evaluated traces left out because no chain of parents joins them to the root.",
+            ld(&self.spans_unreachable),
         );
         counter(
             &mut out,

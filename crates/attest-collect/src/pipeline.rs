@@ -69,8 +69,23 @@ impl Pipeline {
     pub fn prepare(&self, closed: ClosedTrace) -> Option<WorkItem> {
         self.metrics.traces_received.fetch_add(1, Ordering::Relaxed);
         match convert::convert(&closed.trace_id, &closed.spans, &self.prices) {
-            Converted::Trace { trace, context } => {
+            Converted::Trace {
+                trace,
+                context,
+                unreachable,
+            } => {
                 self.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
+                if unreachable > 0 {
+                    // Spans whose parent never came (an exporter that lost
+                    // it, a service not instrumented) are not in the steps;
+                    // the trace is evaluated without them, and that is said.
+                    self.metrics.spans_unreachable.fetch_add(unreachable as u64, Ordering::Relaxed);
+                    tracing::info!(
+                        trace_id = %crate::shown_id(&closed.trace_id),
+                        spans = unreachable,
+                        "spans left out of the evaluated trace: no chain of parents joins them to its root"
+                    );
+                }
                 self.archive(&trace);
                 // Within the collector's byte limits, a trace can still
                 // convert to more JSON than the evaluator takes (large tool
@@ -138,6 +153,7 @@ impl Pipeline {
         let trace_id = item.trace_id().to_string();
         let agent_id = item.trace["agent_id"].as_str().map(str::to_string);
         let mut records = Vec::new();
+        let mut evaluated = false;
         for rule in self.selected_rules(item) {
             let name = &rule.name;
             if let Some(budget) = &rule.budget {
@@ -160,7 +176,8 @@ impl Pipeline {
                 }
             };
             self.metrics.observe_latency(started.elapsed());
-            self.metrics.traces_evaluated.fetch_add(1, Ordering::Relaxed);
+            self.metrics.rule_evaluations.fetch_add(1, Ordering::Relaxed);
+            evaluated = true;
             if let Some(budget) = &rule.budget {
                 budget.spend(outcomes.iter().map(|o| o.cost_usd).sum());
             }
@@ -183,6 +200,11 @@ impl Pipeline {
                     delivery,
                 });
             }
+        }
+        // Counted once the item is through: a retryable failure of a later
+        // rule returns above, and the retry will count the trace then.
+        if evaluated {
+            self.metrics.traces_evaluated.fetch_add(1, Ordering::Relaxed);
         }
         Ok(records)
     }
@@ -322,6 +344,7 @@ mod tests {
         let records = p.evaluate(&item, 1).await.unwrap();
         assert_eq!(records.len(), 1, "one rule, one assertion: evaluated once");
         assert_eq!(p.metrics.traces_evaluated.load(Ordering::Relaxed), 1);
+        assert_eq!(p.metrics.rule_evaluations.load(Ordering::Relaxed), 1);
         assert_eq!(p.metrics.rule_event_count("unknown_rule"), 1, "counted once per item");
     }
 
@@ -331,6 +354,7 @@ mod tests {
             trace_id: "t".into(),
             span_id: "a".into(),
             parent_span_id: None,
+            parent_is_remote: false,
             name: "invoke_agent refund-agent".into(),
             start_unix_nanos: 0,
             end_unix_nanos: 1,
@@ -363,5 +387,54 @@ mod tests {
             "{m}"
         );
         assert!(fits(&serde_json::json!("abc"), 5) && !fits(&serde_json::json!("abcd"), 5));
+    }
+
+    #[tokio::test]
+    async fn traces_are_counted_once_however_many_rules_evaluate_them() {
+        let yaml = "rules:\n- {name: one, assertions: [{type: llm_judge}]}\n- {name: two, assertions: [{type: llm_judge}]}\n";
+        let mut p = pipeline("{usd_per_day: 100.0}");
+        p.rules = Arc::new(RuleSet::parse(yaml, false, &PaidEvaluator).unwrap());
+        for i in 0..3 {
+            let item = WorkItem {
+                trace: serde_json::json!({"trace_id": format!("t{i}"), "output": {}}),
+                rules: vec!["one".into(), "two".into()],
+            };
+            assert_eq!(p.evaluate(&item, 1).await.unwrap().len(), 2);
+        }
+        assert_eq!(p.metrics.traces_evaluated.load(Ordering::Relaxed), 3);
+        assert_eq!(p.metrics.rule_evaluations.load(Ordering::Relaxed), 6);
+        let m = p.metrics.render();
+        assert!(m.contains("attest_collect_traces_evaluated_total 3\n"), "{m}");
+        assert!(m.contains("attest_collect_rule_evaluations_total 6\n"), "{m}");
+    }
+
+    #[test]
+    fn spans_left_out_of_the_evaluated_trace_are_counted() {
+        let tool = |id: &str, parent: &str| crate::otlp::Span {
+            trace_id: "t".into(),
+            span_id: id.into(),
+            parent_span_id: Some(parent.into()),
+            parent_is_remote: false,
+            name: "execute_tool".into(),
+            start_unix_nanos: 0,
+            end_unix_nanos: 1,
+            attributes: serde_json::json!({"gen_ai.tool.name": "x"}).as_object().unwrap().clone(),
+            events: vec![],
+            resource: Arc::new(serde_json::Map::new()),
+            is_error: false,
+            size_bytes: 1,
+        };
+        let mut root = tool("r", "");
+        root.parent_span_id = None;
+        let p = pipeline("{usd_per_day: 1.0}");
+        let closed = ClosedTrace {
+            trace_id: "t".into(),
+            spans: vec![root, tool("a", "r"), tool("b", "missing"), tool("c", "b")],
+            bytes: 4,
+            early: false,
+        };
+        p.prepare(closed);
+        assert_eq!(p.metrics.spans_unreachable.load(Ordering::Relaxed), 2);
+        assert!(p.metrics.render().contains("attest_collect_spans_unreachable_total 2\n"));
     }
 }

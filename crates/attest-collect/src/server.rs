@@ -124,6 +124,7 @@ impl ReceiverState {
                 })
             };
             drop(spare.take());
+            self.metrics.spans_duplicate.fetch_add(events.duplicates, Ordering::Relaxed);
             pending = std::mem::take(&mut events.refused);
             rejected += self.dispatch(events, until).await;
             if pending.is_empty() {
@@ -195,7 +196,49 @@ pub fn router(state: Arc<ReceiverState>, request_timeout: std::time::Duration) -
                 r
             }
         }))
+        .layer(axum::middleware::from_fn(status_bodies))
         .with_state(state)
+}
+
+/// Gives the answers the handler does not write — 404 (no such path), 405
+/// (wrong method) and the request deadline's 408 — the `google.rpc.Status`
+/// body OTLP/HTTP prescribes for every error, in the request's encoding
+/// (JSON when its `Content-Type` is not an OTLP one).
+async fn status_bodies(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let encoding = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(Encoding::from_content_type)
+        .unwrap_or(Encoding::Json);
+    let response = next.run(request).await;
+    // gRPC codes: NOT_FOUND, UNIMPLEMENTED, DEADLINE_EXCEEDED.
+    let (code, message) = match response.status() {
+        StatusCode::NOT_FOUND => (
+            5,
+            "no such path: OTLP/HTTP traces are POSTed to /v1/traces, metrics are at GET /metrics",
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => (12, "method not allowed: POST OTLP/HTTP traces to /v1/traces; GET /metrics"),
+        StatusCode::REQUEST_TIMEOUT => (
+            4,
+            "the request was not read and answered within --request-timeout-secs; send smaller batches or retry",
+        ),
+        _ => return response,
+    };
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(encoding.content_type()));
+    Response::from_parts(parts, Body::from(otlp::error_body(encoding, code, message)))
+}
+
+/// The token of an `Authorization: Bearer <token>` header. The scheme is
+/// case-insensitive (RFC 9110 §11.1: `bearer`, `BEARER`) and may be
+/// followed by several spaces.
+fn bearer_token(header: &str) -> Option<&str> {
+    let (scheme, token) = header.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim_start_matches(' '))
 }
 
 pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
@@ -234,12 +277,19 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
             "Content-Type '{}' is not an OTLP encoding; valid choices: application/x-protobuf, application/json",
             crate::bounded(content_type, 64)
         );
-        return (StatusCode::UNSUPPORTED_MEDIA_TYPE, msg).into_response();
+        // OTLP/HTTP: every error body is a Status; for a content type it does
+        // not know, the receiver picks the encoding, here JSON.
+        return reply(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Encoding::Json,
+            otlp::error_body(Encoding::Json, 3, &msg),
+            None,
+        );
     };
     let label = enc_label(encoding);
     if let Some(token) = &state.bearer_token {
         let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
-        if given.strip_prefix("Bearer ") != Some(token.as_str()) {
+        if bearer_token(given) != Some(token.as_str()) {
             state.metrics.request(401, label);
             let body = otlp::error_body(encoding, 16, "missing or wrong bearer token in the Authorization header");
             return reply(StatusCode::UNAUTHORIZED, encoding, body, None);
@@ -338,4 +388,25 @@ fn too_large(state: &ReceiverState, encoding: Encoding, label: &'static str) -> 
 fn overloaded(state: &ReceiverState, encoding: Encoding, label: &'static str, why: &str) -> Response {
     state.metrics.request(429, label);
     reply(StatusCode::TOO_MANY_REQUESTS, encoding, otlp::error_body(encoding, 8, why), Some(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for header in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR   s3cret",
+            " Bearer s3cret ",
+        ] {
+            assert_eq!(bearer_token(header), Some("s3cret"), "{header:?}");
+        }
+        for header in ["", "Bearer", "Basic s3cret", "Bearers3cret", "Token s3cret"] {
+            assert_ne!(bearer_token(header), Some("s3cret"), "{header:?}");
+        }
+    }
 }

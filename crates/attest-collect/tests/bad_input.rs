@@ -186,8 +186,10 @@ async fn trace_limits_are_counted_outcomes() {
             "300",
             "--orphan-timeout-ms",
             "600",
+            // Room for the 10,000-span trace below (some 1.5 KB each, as
+            // docs/continuous.md estimates), not for the 17 MB attribute.
             "--max-trace-bytes",
-            "8000000",
+            "16000000",
             "--results-jsonl",
             results.to_str().unwrap(),
         ],
@@ -205,7 +207,7 @@ async fn trace_limits_are_counted_outcomes() {
     send(agent_trace(2, 10_000, "lookup_order")).await;
     // Over the byte limit.
     let mut big = agent_trace(3, 1, "lookup_order");
-    big[1].attributes.push(kv("gen_ai.tool.call.result", &"x".repeat(9_000_000)));
+    big[1].attributes.push(kv("gen_ai.tool.call.result", &"x".repeat(17_000_000)));
     send(big).await;
     // No root span ever arrives.
     send(agent_trace(4, 2, "lookup_order").split_off(1)).await;
@@ -257,8 +259,18 @@ async fn a_full_evaluation_queue_answers_503_with_retry_after_and_sigterm_drains
 
 #[tokio::test]
 async fn a_spent_queue_byte_budget_answers_503_too() {
-    // Room for a hundred traces by count, one or two by bytes.
-    refused_once_full(&["--queue-capacity", "100", "--max-trace-bytes", "2048", "--max-queued-bytes", "2048"]).await;
+    // Room for a hundred traces by count, one by bytes.
+    let one = one_trace_kib().to_string();
+    refused_once_full(&["--queue-capacity", "100", "--max-trace-bytes", &one, "--max-queued-bytes", &one]).await;
+}
+
+/// What one test trace counts toward the byte bounds, rounded up to the
+/// KiB the queue's budget counts in: the collector's own estimate.
+fn one_trace_kib() -> usize {
+    let body = request(agent_trace(1, 1, "lookup_order")).encode_to_vec();
+    let decoded = attest_collect::otlp::decode(&body, attest_collect::otlp::Encoding::Protobuf, 1 << 20).unwrap();
+    let bytes = decoded.spans.iter().map(|s| s.size_bytes).sum::<usize>() + attest_collect::assemble::TRACE_BYTES;
+    bytes.div_ceil(1024) * 1024
 }
 
 /// Sends one complete trace at a time to a collector that evaluates one at
@@ -739,7 +751,8 @@ async fn traces_that_do_not_fit_a_full_queue_are_rejected_in_the_answer_not_drop
 async fn traces_past_the_queue_byte_budget_are_rejected_in_the_answer() {
     // Room for a few closed traces by bytes, though the queue has room for
     // a hundred by count.
-    let rejected = fill_the_queue(&["--queue-capacity", "100", "--max-trace-bytes", "2048", "--max-queued-bytes", "2048"]).await;
+    let (one, two) = (one_trace_kib().to_string(), (2 * one_trace_kib()).to_string());
+    let rejected = fill_the_queue(&["--queue-capacity", "100", "--max-trace-bytes", &one, "--max-queued-bytes", &two]).await;
     assert!((1..=4).contains(&rejected), "{rejected}");
 }
 

@@ -1,0 +1,178 @@
+//! How the receiver behaves toward real exporters: retries of the same
+//! request, error bodies for every failure, the Authorization scheme,
+//! and shutdown with a client stalled mid-upload.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use support::otlp::{agent_trace, request};
+use support::{metric, read_jsonl, Collector, RULES};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Status {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+async fn post(url: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> reqwest::Response {
+    let mut req = reqwest::Client::new().post(format!("{url}{path}")).body(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn an_export_sent_twice_is_assembled_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let traces = dir.path().join("traces.jsonl");
+    let c = Collector::start(dir.path(), RULES, &["--settle-ms", "300", "--traces-out", traces.to_str().unwrap()]);
+    // OTLP delivery is at least once: an exporter whose first attempt timed
+    // out sends the same request again.
+    let body = request(agent_trace(3, 2, "lookup_order")).encode_to_vec();
+    for _ in 0..2 {
+        let r = post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body.clone()).await;
+        assert_eq!(r.status(), 200);
+    }
+    let m = c.wait_metric("attest_collect_traces_evaluated_total", 1.0, 20).await;
+    assert_eq!(metric(&m, "attest_collect_spans_duplicate_total"), 3.0, "{m}");
+    assert_eq!(metric(&m, "attest_collect_spans_received_total"), 6.0, "{m}");
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    let traces = read_jsonl(&traces);
+    assert_eq!(traces.len(), 1);
+    assert_eq!(traces[0]["steps"].as_array().unwrap().len(), 2, "each tool once: {}", traces[0]);
+    assert_eq!(traces[0]["metadata"]["span_count"], 3);
+}
+
+#[tokio::test]
+async fn every_error_answer_is_a_google_rpc_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collector::start_with_env(
+        dir.path(),
+        RULES,
+        &["--bearer-token-env", "COLLECT_TOKEN", "--request-timeout-secs", "1"],
+        &[("COLLECT_TOKEN", "s3cret")],
+    );
+    let proto = [("content-type", "application/x-protobuf"), ("authorization", "bearer s3cret")];
+    let json = [("content-type", "application/json"), ("authorization", "bearer s3cret")];
+    let body = request(agent_trace(4, 1, "lookup_order")).encode_to_vec();
+
+    // Unknown path, in the request's encoding.
+    let r = post(&c.url, "/v1/logs", &proto, vec![]).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.headers()["content-type"], "application/x-protobuf");
+    let s = Status::decode(r.bytes().await.unwrap()).unwrap();
+    assert_eq!(s.code, 5, "NOT_FOUND: {s:?}");
+    let r = post(&c.url, "/v1/logs", &json, vec![]).await;
+    let s: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(s["code"], 5, "{s}");
+
+    // Wrong method; the Allow header stays.
+    let r = reqwest::get(format!("{}/v1/traces", c.url)).await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert!(r.headers().contains_key("allow"));
+    assert_eq!(r.headers()["content-type"], "application/json");
+    let s: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(s["code"], 12, "{s}");
+
+    // An unknown content type gets a JSON Status.
+    let r = post(
+        &c.url,
+        "/v1/traces",
+        &[("content-type", "text/plain"), ("authorization", "Bearer s3cret")],
+        body.clone(),
+    )
+    .await;
+    assert_eq!(r.status(), 415);
+    let s: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        s["message"].as_str().unwrap().contains("application/x-protobuf, application/json"),
+        "{s}"
+    );
+
+    // The request deadline's 408.
+    let addr = c.url.trim_start_matches("http://").to_string();
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-protobuf\r\nAuthorization: Bearer s3cret\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n"
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), slow.read_to_end(&mut answer))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("content-type: application/x-protobuf"),
+        "{answer}"
+    );
+    assert!(answer.contains("--request-timeout-secs"), "{answer}");
+
+    // The Authorization scheme is case-insensitive (RFC 9110 §11.1).
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let auth = format!("{scheme} s3cret");
+        let r = post(
+            &c.url,
+            "/v1/traces",
+            &[("content-type", "application/x-protobuf"), ("authorization", &auth)],
+            body.clone(),
+        )
+        .await;
+        assert_eq!(r.status(), 200, "{scheme}");
+    }
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+}
+
+/// Starts an upload that never finishes.
+async fn stalled_upload(url: &str) -> tokio::net::TcpStream {
+    let addr = url.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head =
+        format!("POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-protobuf\r\nContent-Length: 100000\r\n\r\n\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s
+}
+
+#[tokio::test]
+async fn a_stalled_upload_does_not_hold_shutdown_and_a_second_signal_cuts_it_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let args = ["--settle-ms", "60000", "--results-jsonl", results.to_str().unwrap()];
+    // One SIGTERM: the upload gets the drain deadline (5 s), not the
+    // request deadline (30 s); the trace accepted before is evaluated.
+    let c = Collector::start(dir.path(), RULES, &args);
+    let body = request(agent_trace(5, 1, "lookup_order")).encode_to_vec();
+    let r = post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+    assert_eq!(r.status(), 200);
+    let _upload = stalled_upload(&c.url).await;
+    let t0 = Instant::now();
+    let mut proc = c.proc;
+    proc.signal("TERM");
+    assert_eq!(proc.wait_exit(20), 0, "{}", proc.stderr_text());
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(took >= Duration::from_secs(4), "did not wait for the upload: {took:?}");
+    assert_eq!(read_jsonl(&results).len(), 3, "the accepted trace was evaluated");
+
+    // A second signal ends the wait at once.
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collector::start(dir.path(), RULES, &["--settle-ms", "60000"]);
+    let _upload = stalled_upload(&c.url).await;
+    let mut proc = c.proc;
+    proc.signal("INT");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    proc.signal("INT");
+    assert_eq!(proc.wait_exit(20), 0, "{}", proc.stderr_text());
+    assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
+}
