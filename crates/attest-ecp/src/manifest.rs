@@ -269,10 +269,15 @@ fn validate(path: &Path, host: Option<&dyn crate::host::GradingHost>) -> Result<
 /// or scoped `(?a:...)`) makes `\d`, `\w`, `\s`, `\b` and their negations
 /// ASCII-only. Python syntax with no Rust equivalent is refused, naming it.
 pub fn python_regex(pattern: &str) -> Result<String, String> {
-    // Inline flags such as `(?m)`, `(?im)` or `(?m:...)` turn multiline on.
+    // Inline flags such as `(?m)`, `(?im)`, `(?m:...)` or `(?m-i:...)` turn
+    // multiline on (`(?-m:...)` turns it off, so only what precedes `-` counts).
     let multiline = pattern.match_indices("(?").any(|(i, _)| {
-        let flags: String = pattern[i + 2..].chars().take_while(char::is_ascii_alphabetic).collect();
-        flags.contains('m') && matches!(pattern[i + 2 + flags.len()..].chars().next(), Some(')' | ':'))
+        let flags: String = pattern[i + 2..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphabetic() || *c == '-')
+            .collect();
+        let on = flags.split('-').next().unwrap_or("");
+        on.contains('m') && matches!(pattern[i + 2 + flags.len()..].chars().next(), Some(')' | ':'))
     });
     let mut out = String::with_capacity(pattern.len() + 8);
     let mut chars = pattern.chars().peekable();
@@ -280,7 +285,13 @@ pub fn python_regex(pattern: &str) -> Result<String, String> {
     // Whether the ASCII flag is on here, and what it was outside each open group.
     let mut ascii = false;
     let mut groups: Vec<bool> = Vec::new();
+    // Python takes global flags (`(?i)`) only before anything else: whether
+    // only such flags (and, once `x` is on, whitespace) have come so far.
+    let mut at_start = true;
+    let mut verbose = false;
     while let Some(c) = chars.next() {
+        let flags_only = at_start;
+        at_start = false;
         match c {
             '\\' => {
                 match chars.next() {
@@ -322,7 +333,17 @@ pub fn python_regex(pattern: &str) -> Result<String, String> {
                             out.push(d);
                         }
                     }
-                    Some(k @ ('d' | 'D' | 'w' | 'W' | 's' | 'S' | 'b' | 'B')) if ascii => out.push_str(ascii_escape(k, in_class)),
+                    Some(k @ ('d' | 'D' | 'w' | 'W' | 's' | 'S' | 'b' | 'B')) if ascii => {
+                        // In a class these become several characters, which a
+                        // `-` beside them would join into a range; Python
+                        // refuses a range with a class escape as an end.
+                        let dash_before = out.ends_with('-') && !["\\-", "[-", "[^-"].iter().any(|e| out.ends_with(e));
+                        let dash_after = chars.peek() == Some(&'-') && chars.clone().nth(1) != Some(']');
+                        if in_class && k != 'b' && (dash_before || dash_after) {
+                            return Err(format!("bad character range: \\{k} cannot be an end of a range"));
+                        }
+                        out.push_str(ascii_escape(k, in_class))
+                    }
                     Some(n) => {
                         out.push('\\');
                         out.push(n);
@@ -379,6 +400,16 @@ pub fn python_regex(pattern: &str) -> Result<String, String> {
                     if closer == Some(')') {
                         // A global flag: Python allows it only at the start,
                         // so it holds for the whole pattern.
+                        if !flags_only {
+                            return Err(
+                                "global flags not at the start of the expression: put (?flags) first, or scope them as (?flags:...)".into(),
+                            );
+                        }
+                        if !off.is_empty() || ahead.contains('-') {
+                            return Err("bad inline flags: flags can be turned off (-) only in a scoped group (?flags-flags:...)".into());
+                        }
+                        at_start = true;
+                        verbose |= on.contains('x');
                         ascii |= sets_ascii;
                         if !rust_flags.is_empty() && rust_flags != "-" {
                             out.push_str(&format!("(?{rust_flags})"));
@@ -405,7 +436,11 @@ pub fn python_regex(pattern: &str) -> Result<String, String> {
                 }
                 out.push(c);
             }
-            _ => out.push(c),
+            _ => {
+                // Whitespace between global flags is ignored in verbose mode.
+                at_start = flags_only && verbose && c.is_whitespace();
+                out.push(c);
+            }
         }
     }
     Ok(out)
@@ -540,11 +575,13 @@ impl Validator<'_> {
         }
         let require_capabilities = match root.get("require_capabilities") {
             None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
-                self.err(format!("manifest: field 'require_capabilities' must be true or false, got {other}"));
+            Some(v) => lax_bool(v).unwrap_or_else(|| {
+                self.err(format!(
+                    "manifest: field 'require_capabilities' must be true or false (or 1/0, \"yes\"/\"no\", \"on\"/\"off\"), got {}",
+                    crate::util::clip(&v.to_string(), 100)
+                ));
                 false
-            }
+            }),
         };
         let mut env = BTreeMap::new();
         match root.get("env") {
@@ -1007,6 +1044,27 @@ impl Validator<'_> {
     }
 }
 
+/// A boolean as the reference runtime's manifest model (pydantic, lax mode)
+/// reads one: besides `true`/`false`, the numbers 1 and 0 and the strings
+/// `1`/`0`, `true`/`false`, `t`/`f`, `yes`/`no`, `y`/`n`, `on`/`off` in any
+/// case. A manifest written for it may say `require_capabilities: "true"`.
+fn lax_bool(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(b) => Some(*b),
+        Value::Number(n) => match n.as_f64() {
+            Some(1.0) => Some(true),
+            Some(0.0) => Some(false),
+            _ => None,
+        },
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "1" | "true" | "t" | "yes" | "y" | "on" => Some(true),
+            "0" | "false" | "f" | "no" | "n" | "off" => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1123,6 +1181,22 @@ mod tests {
         assert!(m("[\\101-\\103]", "B"));
         assert!(m("(a)\\1", "aa"));
         assert!(python_regex("\\477").unwrap_err().contains("octal escape \\477"));
+        // What Python refuses is refused, not read as something else: a range
+        // with a class escape as an end, global flags after the start, a
+        // global flag turned off.
+        for bad in ["(?a)[\\s-x]", "(?a)[\\w-z]", "(?a)[%-\\d]", "(?a)[\\W-z]"] {
+            assert!(python_regex(bad).unwrap_err().contains("bad character range"), "{bad}");
+        }
+        for bad in ["x(?a)\\d", "((?a)\\d)\\d", "(?a:(?i)x)", "x|(?i)y"] {
+            assert!(python_regex(bad).unwrap_err().contains("global flags not at the start"), "{bad}");
+        }
+        assert!(python_regex("(?m-i)x").unwrap_err().contains("only in a scoped group"));
+        // Several global flags may open a pattern, with whitespace between
+        // them once verbose mode is on.
+        assert!(m("(?i)(?a)^\\w$", "K"));
+        assert!(m("(?x) (?i) a b", "AB"));
+        // `(?m-i:...)` turns multiline on, so `$` ends a line there.
+        assert!(m("(?m-i:a$)", "a\nb"));
         let e = python_regex("echo\\N{SPACE}A").unwrap_err();
         assert!(e.contains("\\N{...}") && e.contains("not supported"), "{e}");
         // The manifest names the construct at the grader.
@@ -1132,6 +1206,30 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.errors.len(), 1, "{err}");
         assert!(err.errors[0].contains("grader 2") && err.errors[0].contains("\\N{...}"), "{err}");
+    }
+
+    #[test]
+    fn require_capabilities_reads_what_the_reference_model_reads() {
+        let load = |v: &str| {
+            load_str(&format!(
+                "manifest_version: v1\nname: n\ntarget: t\nrequire_capabilities: {v}\nscenarios:\n  - name: S\n    steps: [{{input: hi}}]\n"
+            ))
+        };
+        for (v, want) in [
+            ("true", true),
+            ("'true'", true),
+            ("'Yes'", true),
+            ("1", true),
+            ("'off'", false),
+            ("0", false),
+            ("null", false),
+        ] {
+            assert_eq!(load(v).unwrap().require_capabilities, want, "{v}");
+        }
+        for bad in ["2", "'maybe'", "[true]"] {
+            let e = load(bad).unwrap_err();
+            assert!(e.to_string().contains("'require_capabilities' must be true or false"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -52,6 +52,10 @@ pub fn check_env_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// How many calls left unanswered a stdio agent remembers, to pass over
+/// their late answers.
+const MAX_ABANDONED: usize = 64;
+
 /// Why a run, scenario or step ended; the audit record's `exit_reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitReason {
@@ -317,16 +321,24 @@ impl StdioAgent {
     pub async fn call(&mut self, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
         self.next_id += 1;
         let id = self.next_id;
-        let answer = self.exchange(id, method, params, timeout).await;
-        if answer.is_err() {
-            // Its answer, if it ever comes, must not be taken for a later call's.
+        let mut answered = false;
+        let answer = self.exchange(id, method, params, timeout, &mut answered).await;
+        if answer.is_err() && !answered {
+            // Its answer, if it ever comes, must not be taken for a later
+            // call's. Only the newest few are remembered: an agent that
+            // leaves many calls unanswered fails them all on timeouts anyway.
             self.abandoned.insert(id);
+            while self.abandoned.len() > MAX_ABANDONED {
+                self.abandoned.pop_first();
+            }
         }
         answer
     }
 
-    /// Sends request `id` and reads lines up to its answer.
-    async fn exchange(&mut self, id: i64, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
+    /// Sends request `id` and reads lines up to its answer. `answered` is
+    /// set once a response (an object with an id) was read for the call,
+    /// whether or not it was the right one: after that no late answer is due.
+    async fn exchange(&mut self, id: i64, method: &str, params: Value, timeout: Duration, answered: &mut bool) -> Result<Value, CallError> {
         let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let mut line = serde_json::to_vec(&request).map_err(|e| CallError::new(ExitReason::Error, e.to_string()))?;
         line.push(b'\n');
@@ -404,6 +416,7 @@ impl StdioAgent {
                             continue;
                         }
                     }
+                    *answered = true;
                     if obj.get("id") != Some(&json!(id)) {
                         return Err(CallError::new(
                             ExitReason::ProtocolError,
@@ -944,7 +957,8 @@ for line in sys.stdin:
         print("42"); print("[1, 2]"); print("null")
     if mode == "text":
         print("starting up...")
-    print(json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": {"answered": req["id"]}}), flush=True)
+    answer_id = req["id"] - 1 if mode == "lag" else req["id"]
+    print(json.dumps({"jsonrpc": "2.0", "id": answer_id, "result": {"answered": req["id"]}}), flush=True)
 "#,
         )
         .unwrap();
@@ -971,6 +985,21 @@ for line in sys.stdin:
         assert_eq!(e.reason, ExitReason::ProtocolError, "{e}");
         let answer = agent.call("agent/reset", json!({}), t).await.unwrap();
         assert_eq!(answer["result"]["answered"], 2, "{answer}");
+        agent.stop().await;
+    }
+
+    #[tokio::test]
+    async fn an_agent_answering_with_the_wrong_id_fails_each_call_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = scripted_agent(dir.path());
+        // Each call's answer carries the previous call's id. The first is a
+        // mismatch; so is the second, at once, instead of being passed over
+        // as a late answer and waiting out its deadline.
+        let t = Duration::from_secs(20);
+        for (want, got) in [(1, 0), (2, 1)] {
+            let e = agent.call("agent/step", json!({"mode": "lag"}), t).await.unwrap_err();
+            assert!(e.message.contains(&format!("expected {want}, got {got}")), "{e}");
+        }
         agent.stop().await;
     }
 
