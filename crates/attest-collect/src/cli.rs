@@ -319,6 +319,19 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             bail!("{name} must be at least 1");
         }
     }
+    // The estimate gives every trace its bookkeeping and every span its
+    // record: a bound below one span's trace would refuse every trace.
+    let smallest_trace = crate::assemble::TRACE_BYTES + crate::otlp::SPAN_BYTES;
+    for (name, v) in [
+        ("--max-trace-bytes", args.max_trace_bytes),
+        ("--max-open-bytes", args.max_open_bytes),
+    ] {
+        if v < smallest_trace {
+            bail!(
+                "{name} {v} is less than {smallest_trace} bytes, what a trace of one unnamed span without attributes is estimated at: every trace would be dropped; raise it (the estimate is described in docs/continuous.md)"
+            );
+        }
+    }
     if args.max_queued_bytes < args.max_trace_bytes {
         bail!(
             "--max-queued-bytes {} is less than --max-trace-bytes {}: a trace of the largest allowed size could never be queued; raise --max-queued-bytes or lower --max-trace-bytes",
@@ -374,7 +387,8 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     };
 
     let (tx, rx) = mpsc::channel::<server::Ready>(args.queue_capacity);
-    let consumer = tokio::spawn(consume(rx, pipeline.clone(), publisher.clone(), args.concurrency));
+    let (abandon, abandoned) = tokio::sync::watch::channel(false);
+    let consumer = tokio::spawn(consume(rx, pipeline.clone(), publisher.clone(), args.concurrency, abandoned));
 
     if let Some(input) = &args.jsonl {
         let complete = jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
@@ -444,8 +458,8 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     for d in events.dropped {
         d.count(&metrics);
     }
-    let consumer_abort = consumer.abort_handle();
-    let evaluate_all = async {
+    let mut consumer = consumer;
+    let feed = async {
         for t in events.ready {
             // Draining waits for room instead of dropping.
             let Ok(permit) = state.queued_kib.clone().acquire_many_owned(server::kib(t.bytes)).await else {
@@ -455,7 +469,6 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         }
         // The last sender: the consumer ends once the queue is empty.
         drop(state);
-        consumer.await
     };
     // Accepted traces are evaluated before exit, however long that takes,
     // unless a second signal asks to stop: then what is still running gets
@@ -464,12 +477,23 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         signals.nth(2).await;
         tokio::time::sleep(listen::DRAIN_TIMEOUT).await;
     };
-    tokio::select! {
-        done = evaluate_all => done?,
-        _ = hurried => {
-            consumer_abort.abort();
+    let finished = tokio::select! {
+        done = async {
+            feed.await;
+            (&mut consumer).await
+        } => Some(done),
+        _ = hurried => None,
+    };
+    match finished {
+        Some(done) => done?,
+        None => {
+            // The consumer stops its evaluations and waits for them to end,
+            // so none stores a result after the flush below.
+            let _ = abandon.send(true);
+            consumer.await?;
             eprintln!(
-                "attest-collect: second signal: traces still queued or being evaluated {:?} after it were abandoned",
+                "attest-collect: second signal: {} traces still queued or being evaluated {:?} after it were abandoned (traces_dropped_total{{reason=\"shutdown\"}})",
+                metrics.dropped_count("shutdown"),
                 listen::DRAIN_TIMEOUT
             );
         }
@@ -493,10 +517,30 @@ async fn consume(
     pipeline: Arc<Pipeline>,
     publisher: Option<Arc<distributed::Publisher>>,
     concurrency: usize,
+    mut abandon: tokio::sync::watch::Receiver<bool>,
 ) {
     let sem = Arc::new(Semaphore::new(concurrency));
     let mut tasks = JoinSet::new();
-    while let Some((closed, closed_at, queued)) = rx.recv().await {
+    loop {
+        let next = tokio::select! {
+            next = rx.recv() => next,
+            // Without a sender (the `--jsonl` path) this never fires.
+            true = async { abandon.wait_for(|a| *a).await.is_ok() } => {
+                // Shutdown gave up waiting: what is queued or running is
+                // dropped, counted, and no evaluation outlives this call.
+                rx.close();
+                let mut left = tasks.len() as u64;
+                while rx.recv().await.is_some() {
+                    left += 1;
+                }
+                tasks.shutdown().await;
+                for _ in 0..left {
+                    pipeline.metrics.dropped("shutdown", 0);
+                }
+                return;
+            }
+        };
+        let Some((closed, closed_at, queued)) = next else { break };
         pipeline.metrics.queue_depth.store(rx.len() as u64, Ordering::Relaxed);
         let Ok(permit) = sem.clone().acquire_owned().await else { break };
         pipeline
@@ -674,7 +718,7 @@ mod tests {
                 assert!(!help.trim().is_empty(), "{} --{id} has no help text", sub.get_name());
             }
         }
-        // The flags the audit found without one.
+        // The trace bounds are among them (their help once showed only defaults).
         let collect = cmd.find_subcommand("collect").unwrap();
         for flag in ["max_open_traces", "max_open_bytes", "max_trace_bytes", "max_trace_spans"] {
             assert!(collect.get_arguments().any(|a| a.get_id() == flag), "{flag}");

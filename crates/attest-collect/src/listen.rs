@@ -243,7 +243,9 @@ mod tests {
             .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nstart")
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Time for the listener to accept the connection and read the
+        // headers, which the client cannot observe, also on a loaded machine.
+        tokio::time::sleep(Duration::from_secs(1)).await;
         (task, stop, upload)
     }
 

@@ -183,18 +183,79 @@ fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, BadPayload> {
         ));
     }
     let typed_error = match serde_json::from_slice::<ExportTraceServiceRequest>(body) {
-        Ok(request) => return Ok(request),
-        Err(e) => e,
+        // The typed decoding passes over fields it does not know, so a
+        // request written with the proto field names (`resource_spans`)
+        // decodes to nothing: read again, lest its spans vanish unanswered.
+        Ok(request) if !request.resource_spans.is_empty() || !contains(body, b"\"resource_spans\"") => return Ok(request),
+        Ok(_) => None,
+        Err(e) => Some(e),
+    };
+    let refused = |e: Option<serde_json::Error>| match e {
+        Some(e) => not_otlp(e),
+        None => BadPayload("body is not OTLP/JSON ExportTraceServiceRequest: it holds no resourceSpans".into()),
     };
     let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
-        return Err(not_otlp(typed_error));
+        return Err(refused(typed_error));
     };
     let normalised = normalise_proto3_json(&mut value);
     let blanked = blank_bad_ids(&mut value);
     if !normalised && !blanked {
-        return Err(not_otlp(typed_error));
+        return Err(refused(typed_error));
     }
     serde_json::from_value(value).map_err(not_otlp)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `span_id` as the proto3 JSON mapping's lowerCamelCase name, `spanId`.
+fn lower_camel_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        match c {
+            '_' => upper = true,
+            c if upper => {
+                out.extend(c.to_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Gives every key-value pair of a list that left its `key` out (the
+/// default, empty) an empty one. Returns whether any was missing.
+fn fill_empty_keys(list: Option<&mut Value>) -> bool {
+    let mut filled = false;
+    for kv in list.and_then(Value::as_array_mut).into_iter().flatten() {
+        if let Some(kv) = kv.as_object_mut().filter(|kv| !kv.contains_key("key")) {
+            kv.insert("key".into(), Value::String(String::new()));
+            filled = true;
+        }
+    }
+    filled
+}
+
+/// The number of an enum value the proto3 JSON mapping may give by name.
+fn enum_number(field: &str, name: &str) -> Option<i64> {
+    const SPAN_KINDS: [&str; 6] = [
+        "SPAN_KIND_UNSPECIFIED",
+        "SPAN_KIND_INTERNAL",
+        "SPAN_KIND_SERVER",
+        "SPAN_KIND_CLIENT",
+        "SPAN_KIND_PRODUCER",
+        "SPAN_KIND_CONSUMER",
+    ];
+    const STATUS_CODES: [&str; 3] = ["STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR"];
+    let names: &[&str] = match field {
+        "kind" => &SPAN_KINDS,
+        "code" => &STATUS_CODES,
+        _ => return None,
+    };
+    names.iter().position(|n| *n == name).map(|i| i as i64)
 }
 
 /// Rewrites what the proto3 JSON mapping allows and the typed decoding does
@@ -208,6 +269,11 @@ fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, BadPayload> {
 ///   non-finite `"NaN"`, `"Infinity"` and `"-Infinity"`, which JSON numbers
 ///   (and so Attest traces) cannot hold, become a `stringValue` with that
 ///   text, as the protobuf path does ([`any_to_json`]).
+/// - Field names may be the proto's own (`trace_id`): they become the
+///   lowerCamelCase ones (`traceId`).
+/// - Enums may be given by name (`"kind": "SPAN_KIND_SERVER"`,
+///   `"code": "STATUS_CODE_ERROR"`): they become their numbers.
+/// - An attribute whose key is empty may leave `key` out, as a default.
 ///
 /// Object keys in OTLP/JSON are always field names (attribute keys are the
 /// `key` field's values), so the rewrite applies at every level. The value
@@ -225,6 +291,22 @@ fn normalise_proto3_json(v: &mut Value) -> bool {
             let before = fields.len();
             fields.retain(|_, value| !value.is_null());
             changed |= fields.len() != before;
+            if fields.keys().any(|k| k.contains('_')) {
+                let renamed: serde_json::Map<String, Value> = std::mem::take(fields)
+                    .into_iter()
+                    .map(|(k, v)| if k.contains('_') { (lower_camel_case(&k), v) } else { (k, v) })
+                    .collect();
+                *fields = renamed;
+                changed = true;
+            }
+            for field in ["kind", "code"] {
+                if let Some(number) = fields.get(field).and_then(Value::as_str).and_then(|n| enum_number(field, n)) {
+                    fields.insert(field.into(), Value::from(number));
+                    changed = true;
+                }
+            }
+            changed |= fill_empty_keys(fields.get_mut("attributes"));
+            changed |= fill_empty_keys(fields.get_mut("kvlistValue").and_then(|l| l.get_mut("values")));
             for list in ["arrayValue", "kvlistValue"] {
                 if let Some(Value::Object(inner)) = fields.get_mut(list) {
                     if !inner.contains_key("values") {
@@ -234,10 +316,17 @@ fn normalise_proto3_json(v: &mut Value) -> bool {
                 }
             }
             if let Some(Value::String(text)) = fields.get("doubleValue") {
-                let replacement = match text.trim().parse::<f64>() {
-                    Ok(d) if d.is_finite() => serde_json::Number::from_f64(d).map(|n| ("doubleValue", Value::Number(n))),
-                    Ok(d) => Some(("stringValue", Value::String(non_finite_text(d).into()))),
-                    Err(_) => None,
+                // The proto3 JSON mapping's spellings only: the three special
+                // values, or a JSON number in a string. Rust's float parser
+                // would also take `inf`, `+1.5`, padding, and an overflow
+                // such as `1e400` (as infinity).
+                let replacement = match text.as_str() {
+                    "NaN" | "Infinity" | "-Infinity" => Some(("stringValue", Value::String(text.clone()))),
+                    _ if text.trim() != text => None,
+                    _ => serde_json::from_str::<serde_json::Number>(text)
+                        .ok()
+                        .filter(|n| n.as_f64().is_some_and(f64::is_finite))
+                        .map(|n| ("doubleValue", Value::Number(n))),
                 };
                 if let Some((key, value)) = replacement {
                     fields.remove("doubleValue");
@@ -574,8 +663,30 @@ mod tests {
         let decoded = decode(&request(vec![s]).encode_to_vec(), Encoding::Protobuf, 1 << 20).unwrap();
         assert_eq!(decoded.spans[0].attributes["nan"], "NaN");
         // What is not OTLP is still refused.
-        let bad = br#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","attributes":[{"key":"d","value":{"doubleValue":"many"}}]}]}]}]}"#;
-        assert!(decode(bad, Encoding::Json, 1 << 20).is_err());
+        // The proto field names, enum names, and a key left out as empty.
+        let body = br#"{"resource_spans":[{"scope_spans":[{"spans":[
+            {"trace_id":"5b8efff798038103d269b633813fc60c","span_id":"eee19b7ec3c1b174","name":"s",
+             "kind":"SPAN_KIND_SERVER","status":{"code":"STATUS_CODE_ERROR"},"start_time_unix_nano":"5",
+             "attributes":[{"key":"a","value":{"int_value":"7"}},{"value":{"string_value":"no key"}},
+                           {"key":"m","value":{"kvlist_value":{"values":[{"value":{"bool_value":true}}]}}}]}]}]}]}"#;
+        let decoded = decode(body, Encoding::Json, 1 << 20).unwrap();
+        assert_eq!((decoded.spans.len(), decoded.rejected), (1, 0));
+        let span = &decoded.spans[0];
+        assert_eq!(span.start_unix_nanos, 5);
+        assert_eq!(span.attributes["a"], 7);
+        assert_eq!(span.attributes[""], "no key");
+        assert_eq!(span.attributes["m"], serde_json::json!({"": true}));
+        // A request with no spans in either spelling is still a success.
+        assert_eq!(decode(b"{}", Encoding::Json, 1 << 20).unwrap().spans.len(), 0);
+        assert!(decode(br#"{"resource_spans":"x"}"#, Encoding::Json, 1 << 20).is_err());
+        // So are spellings the proto3 mapping does not have, which a float
+        // parser would take (an overflow as infinity).
+        for spelling in ["many", "inf", "nan", "+1.5", " 1.5 ", "1e400", ""] {
+            let bad = format!(
+                r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","attributes":[{{"key":"d","value":{{"doubleValue":"{spelling}"}}}}]}}]}}]}}]}}"#
+            );
+            assert!(decode(bad.as_bytes(), Encoding::Json, 1 << 20).is_err(), "{spelling:?}");
+        }
     }
 
     #[test]

@@ -153,7 +153,7 @@ impl Pipeline {
         let trace_id = item.trace_id().to_string();
         let agent_id = item.trace["agent_id"].as_str().map(str::to_string);
         let mut records = Vec::new();
-        let mut evaluated = false;
+        let mut rules_evaluated = 0u64;
         for rule in self.selected_rules(item) {
             let name = &rule.name;
             if let Some(budget) = &rule.budget {
@@ -176,8 +176,7 @@ impl Pipeline {
                 }
             };
             self.metrics.observe_latency(started.elapsed());
-            self.metrics.rule_evaluations.fetch_add(1, Ordering::Relaxed);
-            evaluated = true;
+            rules_evaluated += 1;
             if let Some(budget) = &rule.budget {
                 budget.spend(outcomes.iter().map(|o| o.cost_usd).sum());
             }
@@ -202,9 +201,10 @@ impl Pipeline {
             }
         }
         // Counted once the item is through: a retryable failure of a later
-        // rule returns above, and the retry will count the trace then.
-        if evaluated {
+        // rule returns above, and the retry counts the trace and its rules then.
+        if rules_evaluated > 0 {
             self.metrics.traces_evaluated.fetch_add(1, Ordering::Relaxed);
+            self.metrics.rule_evaluations.fetch_add(rules_evaluated, Ordering::Relaxed);
         }
         Ok(records)
     }
