@@ -38,6 +38,9 @@ pub const MAX_TEXT_BYTES: usize = 64 * 1024 * 1024;
 /// than one document is refused, as PyYAML's `safe_load` refuses it: a
 /// second document would otherwise be silently ignored.
 pub fn load(text: &str) -> Result<Value, String> {
+    // A byte order mark opens the stream, not the first key: editors on
+    // Windows write one, and PyYAML's reader drops it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     match parse(text) {
         // JSON writers escape characters outside the BMP as surrogate pairs
         // (`"\ud83d\ude00"`), which YAML does not define but PyYAML reads.
@@ -482,6 +485,13 @@ mod tests {
         assert!(load("a: 1\n...\n---\nb: 1\n").unwrap_err().contains("single document"));
         assert_eq!(load("---\na: 1\n...\n").unwrap(), json!({"a": 1}));
         assert_eq!(load("# only a comment\n").unwrap(), Value::Null);
+    }
+
+    #[test]
+    fn a_byte_order_mark_opens_the_stream() {
+        assert_eq!(load("\u{feff}manifest_version: v1\n").unwrap(), json!({"manifest_version": "v1"}));
+        // Only at the start: elsewhere it is text.
+        assert_eq!(load("a: \"\u{feff}x\"\n").unwrap(), json!({"a": "\u{feff}x"}));
     }
 
     #[test]
