@@ -124,21 +124,23 @@ mod tests {
     use axum::routing::get;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    async fn started(limits: Limits) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    type Serving = (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>);
+
+    /// `router` served on a loopback port until the sender is used (or
+    /// dropped), with `force` as the second signal.
+    async fn serving(router: Router, limits: Limits, force: impl Future<Output = ()> + Send + 'static) -> Serving {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let router = Router::new().route("/", get(|| async { "ok" }));
-        let task = tokio::spawn(serve(
-            listener,
-            router,
-            limits,
-            async {
-                let _ = stopped.await;
-            },
-            std::future::pending(),
-        ));
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        let task = tokio::spawn(serve(listener, router, limits, shutdown, force));
         (addr, stop, task)
+    }
+
+    async fn started(limits: Limits) -> Serving {
+        serving(Router::new().route("/", get(|| async { "ok" })), limits, std::future::pending()).await
     }
 
     async fn get_ok(addr: std::net::SocketAddr) -> String {
@@ -222,22 +224,11 @@ mod tests {
         limits: Limits,
         force: impl Future<Output = ()> + Send + 'static,
     ) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>, tokio::net::TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = Router::new().route(
             "/",
             axum::routing::post(|body: axum::body::Bytes| async move { body.len().to_string() }),
         );
-        let task = tokio::spawn(serve(
-            listener,
-            router,
-            limits,
-            async {
-                let _ = stopped.await;
-            },
-            force,
-        ));
+        let (addr, stop, task) = serving(router, limits, force).await;
         let mut upload = tokio::net::TcpStream::connect(addr).await.unwrap();
         upload
             .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nstart")

@@ -11,14 +11,9 @@ use support::otlp::{agent_trace, kv, request, span};
 use support::{metric, read_jsonl, Collector, Proc, RULES};
 
 async fn post(url: &str, content_type: &str, encoding: Option<&str>, body: Vec<u8>) -> reqwest::Response {
-    let mut req = reqwest::Client::new()
-        .post(format!("{url}/v1/traces"))
-        .header("content-type", content_type)
-        .body(body);
-    if let Some(e) = encoding {
-        req = req.header("content-encoding", e);
-    }
-    req.send().await.unwrap()
+    let mut headers = vec![("content-type", content_type)];
+    headers.extend(encoding.map(|e| ("content-encoding", e)));
+    support::post(url, "/v1/traces", &headers, body).await
 }
 
 fn gzip(data: &[u8]) -> Vec<u8> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use support::otlp::{agent_trace, request};
-use support::{metric, read_jsonl, Collector, RULES};
+use support::{metric, post, read_jsonl, Collector, RULES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -17,14 +17,6 @@ struct Status {
     code: i32,
     #[prost(string, tag = "2")]
     message: String,
-}
-
-async fn post(url: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> reqwest::Response {
-    let mut req = reqwest::Client::new().post(format!("{url}{path}")).body(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    req.send().await.unwrap()
 }
 
 #[tokio::test]

@@ -299,6 +299,15 @@ impl Collector {
 }
 
 /// Value of the series `prefix` (a name, with labels if it has any) in metrics text; 0 if absent.
+/// POSTs `body` to `path` of the collector at `url` with `headers`.
+pub async fn post(url: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> reqwest::Response {
+    let mut req = reqwest::Client::new().post(format!("{url}{path}")).body(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
 pub fn metric(text: &str, prefix: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(prefix) && l.as_bytes().get(prefix.len()) == Some(&b' '))
