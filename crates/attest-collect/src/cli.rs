@@ -388,7 +388,13 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
 
     let (tx, rx) = mpsc::channel::<server::Ready>(args.queue_capacity);
     let (abandon, abandoned) = tokio::sync::watch::channel(false);
-    let consumer = tokio::spawn(consume(rx, pipeline.clone(), publisher.clone(), args.concurrency, abandoned));
+    let consumer = tokio::spawn(consume(
+        rx,
+        pipeline.clone(),
+        publisher.clone(),
+        args.concurrency,
+        Hurry(Some(abandoned)),
+    ));
 
     if let Some(input) = &args.jsonl {
         let complete = jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
@@ -459,13 +465,18 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         d.count(&metrics);
     }
     let mut consumer = consumer;
+    let mut unfed = events.ready.into_iter();
+    // The spans of the trace being handed to the queue, if one is.
+    let mut in_hand = None;
     let feed = async {
-        for t in events.ready {
+        for t in unfed.by_ref() {
+            in_hand = Some(t.spans.len() as u64);
             // Draining waits for room instead of dropping.
             let Ok(permit) = state.queued_kib.clone().acquire_many_owned(server::kib(t.bytes)).await else {
                 break;
             };
             let _ = state.ready.send((t, Instant::now(), permit)).await;
+            in_hand = None;
         }
         // The last sender: the consumer ends once the queue is empty.
         drop(state);
@@ -487,8 +498,12 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     match finished {
         Some(done) => done?,
         None => {
-            // The consumer stops its evaluations and waits for them to end,
-            // so none stores a result after the flush below.
+            // What never reached the queue, then what the consumer had: it
+            // stops its evaluations and waits for them to end, so none stores
+            // a result after the flush below.
+            for spans in unfed.map(|t| t.spans.len() as u64).chain(in_hand) {
+                metrics.dropped("shutdown", spans);
+            }
             let _ = abandon.send(true);
             consumer.await?;
             eprintln!(
@@ -510,60 +525,113 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     Ok(0)
 }
 
+/// A second signal's request to stop waiting for evaluations, which each
+/// evaluation watches. `Hurry(None)` where nothing can ask (`--jsonl`).
+#[derive(Clone)]
+pub(crate) struct Hurry(pub(crate) Option<tokio::sync::watch::Receiver<bool>>);
+
+impl Hurry {
+    /// Resolves once stopping was asked for; never, if it cannot be.
+    async fn asked(&mut self) {
+        if let Some(rx) = &mut self.0 {
+            if rx.wait_for(|asked| *asked).await.is_ok() {
+                return;
+            }
+        }
+        std::future::pending().await
+    }
+}
+
+/// How [`handle_item`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handled {
+    /// Evaluated and stored, published, or counted as failed.
+    Done,
+    /// Given up when stopping was asked for, before its results existed.
+    Abandoned,
+}
+
 /// Takes closed traces off the queue: converts, selects, then evaluates here
-/// or publishes to NATS, at most `concurrency` at a time.
+/// or publishes to NATS, at most `concurrency` at a time. When `hurry` asks
+/// to stop, what is queued or being evaluated is dropped and counted
+/// (`shutdown`), and no evaluation outlives this call.
 async fn consume(
     mut rx: mpsc::Receiver<server::Ready>,
     pipeline: Arc<Pipeline>,
     publisher: Option<Arc<distributed::Publisher>>,
     concurrency: usize,
-    mut abandon: tokio::sync::watch::Receiver<bool>,
+    hurry: Hurry,
 ) {
     let sem = Arc::new(Semaphore::new(concurrency));
     let mut tasks = JoinSet::new();
-    loop {
-        let next = tokio::select! {
-            next = rx.recv() => next,
-            // Without a sender (the `--jsonl` path) this never fires.
-            true = async { abandon.wait_for(|a| *a).await.is_ok() } => {
-                // Shutdown gave up waiting: what is queued or running is
-                // dropped, counted, and no evaluation outlives this call.
-                rx.close();
-                let mut left = tasks.len() as u64;
-                while rx.recv().await.is_some() {
-                    left += 1;
-                }
-                tasks.shutdown().await;
-                for _ in 0..left {
-                    pipeline.metrics.dropped("shutdown", 0);
-                }
-                return;
-            }
-        };
-        let Some((closed, closed_at, queued)) = next else { break };
-        pipeline.metrics.queue_depth.store(rx.len() as u64, Ordering::Relaxed);
-        let Ok(permit) = sem.clone().acquire_owned().await else { break };
-        pipeline
-            .metrics
-            .queue_lag_ms
-            .store(closed_at.elapsed().as_millis() as u64, Ordering::Relaxed);
-        let pipeline = pipeline.clone();
-        let publisher = publisher.clone();
-        tasks.spawn(async move {
-            let _permits = (permit, queued);
-            if let Some(item) = pipeline.prepare(closed) {
-                handle_item(&pipeline, publisher.as_deref(), item).await;
-            }
-        });
-        while tasks.try_join_next().is_some() {}
+    // The spans of the trace taken off the queue and not yet started.
+    let mut in_hand = None;
+    let run = async {
+        while let Some((closed, closed_at, queued)) = rx.recv().await {
+            in_hand = Some(closed.spans.len() as u64);
+            pipeline.metrics.queue_depth.store(rx.len() as u64, Ordering::Relaxed);
+            let Ok(permit) = sem.clone().acquire_owned().await else { break };
+            pipeline
+                .metrics
+                .queue_lag_ms
+                .store(closed_at.elapsed().as_millis() as u64, Ordering::Relaxed);
+            let pipeline = pipeline.clone();
+            let publisher = publisher.clone();
+            let mut hurry = hurry.clone();
+            tasks.spawn(async move {
+                let _permits = (permit, queued);
+                let spans = closed.spans.len() as u64;
+                let handled = match pipeline.prepare(closed) {
+                    Some(item) => handle_item(&pipeline, publisher.as_deref(), item, &mut hurry).await,
+                    None => Handled::Done,
+                };
+                (handled, spans)
+            });
+            in_hand = None;
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+    };
+    // Biased: once stopping is asked for, no further trace is started. An
+    // evaluation ends as `Abandoned` only after the request, which this
+    // select sees first, so none of those is joined (and lost) in `run`.
+    let mut asked = hurry.clone();
+    tokio::select! {
+        biased;
+        () = asked.asked() => {}
+        () = run => return,
     }
-    while tasks.join_next().await.is_some() {}
+    rx.close();
+    let mut dropped: Vec<u64> = in_hand.into_iter().collect();
+    while let Some((closed, _, _)) = rx.recv().await {
+        dropped.push(closed.spans.len() as u64);
+    }
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok((Handled::Abandoned, spans)) = joined {
+            dropped.push(spans);
+        }
+    }
+    for spans in dropped {
+        pipeline.metrics.dropped("shutdown", spans);
+    }
 }
 
 /// Evaluates and stores one selected trace, or publishes it for the workers.
-pub(crate) async fn handle_item(pipeline: &Pipeline, publisher: Option<&distributed::Publisher>, item: WorkItem) {
+/// The evaluation (or the publishing) is given up when `hurry` asks; storing
+/// results that exist is never cut short, so no trace is stored in part.
+pub(crate) async fn handle_item(
+    pipeline: &Pipeline,
+    publisher: Option<&distributed::Publisher>,
+    item: WorkItem,
+    hurry: &mut Hurry,
+) -> Handled {
     if let Some(p) = publisher {
-        match p.publish(&item).await {
+        let published = tokio::select! {
+            biased;
+            () = hurry.asked() => return Handled::Abandoned,
+            published = p.publish(&item) => published,
+        };
+        match published {
             Ok(duplicate) => {
                 pipeline.metrics.traces_published.fetch_add(1, Ordering::Relaxed);
                 if duplicate {
@@ -575,9 +643,14 @@ pub(crate) async fn handle_item(pipeline: &Pipeline, publisher: Option<&distribu
                 tracing::warn!(trace_id = %crate::shown_id(item.trace_id()), error = %e, "publishing to NATS failed");
             }
         }
-        return;
+        return Handled::Done;
     }
-    match pipeline.evaluate(&item, 1).await {
+    let evaluated = tokio::select! {
+        biased;
+        () = hurry.asked() => return Handled::Abandoned,
+        evaluated = pipeline.evaluate(&item, 1) => evaluated,
+    };
+    match evaluated {
         Ok(records) => {
             if let Err(e) = pipeline.store(&records).await {
                 eprintln!(
@@ -591,6 +664,7 @@ pub(crate) async fn handle_item(pipeline: &Pipeline, publisher: Option<&distribu
             eprintln!("attest-collect: evaluation of {} failed: {e}", crate::shown_id(item.trace_id()));
         }
     }
+    Handled::Done
 }
 
 /// Runs a NATS worker until SIGTERM; returns the exit code.

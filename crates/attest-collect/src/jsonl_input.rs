@@ -68,7 +68,7 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
                     let publisher = publisher.clone();
                     tasks.spawn(async move {
                         let _permit = permit;
-                        crate::cli::handle_item(&pipeline, publisher.as_deref(), item).await;
+                        crate::cli::handle_item(&pipeline, publisher.as_deref(), item, &mut crate::cli::Hurry(None)).await;
                     });
                 }
             }

@@ -182,31 +182,57 @@ fn decode_json(body: &[u8]) -> Result<ExportTraceServiceRequest, BadPayload> {
             "body is not OTLP/JSON ExportTraceServiceRequest: it must be a JSON object ({\"resourceSpans\": [...]})".into(),
         ));
     }
-    let typed_error = match serde_json::from_slice::<ExportTraceServiceRequest>(body) {
-        // The typed decoding passes over fields it does not know, so a
-        // request written with the proto field names (`resource_spans`)
-        // decodes to nothing: read again, lest its spans vanish unanswered.
-        Ok(request) if !request.resource_spans.is_empty() || !contains(body, b"\"resource_spans\"") => return Ok(request),
-        Ok(_) => None,
-        Err(e) => Some(e),
-    };
-    let refused = |e: Option<serde_json::Error>| match e {
-        Some(e) => not_otlp(e),
-        None => BadPayload("body is not OTLP/JSON ExportTraceServiceRequest: it holds no resourceSpans".into()),
-    };
+    let typed = serde_json::from_slice::<ExportTraceServiceRequest>(body);
+    // The typed decoding passes over fields it does not know, so fields
+    // under their proto names (`resource_spans`, `parent_span_id`) would be
+    // lost without a word: such a request is read again, as are those it
+    // refuses.
+    if typed.is_ok() && !has_proto_name_key(body) {
+        return typed.map_err(not_otlp);
+    }
     let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
-        return Err(refused(typed_error));
+        return typed.map_err(not_otlp);
     };
-    let normalised = normalise_proto3_json(&mut value);
+    let normalised =
+        normalise_proto3_json(&mut value).map_err(|e| BadPayload(format!("body is not OTLP/JSON ExportTraceServiceRequest: {e}")))?;
     let blanked = blank_bad_ids(&mut value);
     if !normalised && !blanked {
-        return Err(refused(typed_error));
+        return typed.map_err(not_otlp);
     }
     serde_json::from_value(value).map_err(not_otlp)
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+/// Whether a JSON text has an object key in lower snake case (`"trace_id":`),
+/// which OTLP/JSON's lowerCamelCase names never are: one pass over the bytes,
+/// string by string, without parsing.
+fn has_proto_name_key(json: &[u8]) -> bool {
+    let mut i = 0;
+    while let Some(open) = json[i..].iter().position(|b| *b == b'"') {
+        let mut j = i + open + 1;
+        let (mut snake, mut plain) = (false, true);
+        while let Some(&b) = json.get(j) {
+            match b {
+                b'"' => break,
+                b'\\' => {
+                    plain = false;
+                    j += 1;
+                }
+                b'_' => snake = true,
+                b'a'..=b'z' | b'0'..=b'9' => {}
+                _ => plain = false,
+            }
+            j += 1;
+        }
+        let after = json.get(j + 1..).unwrap_or_default();
+        if snake && plain && after.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b':') {
+            return true;
+        }
+        i = j + 1;
+        if i >= json.len() {
+            break;
+        }
+    }
+    false
 }
 
 /// `span_id` as the proto3 JSON mapping's lowerCamelCase name, `spanId`.
@@ -279,12 +305,12 @@ fn enum_number(field: &str, name: &str) -> Option<i64> {
 /// `key` field's values), so the rewrite applies at every level. The value
 /// came from `serde_json`, which stops nesting at 128 levels, so the
 /// recursion is bounded.
-fn normalise_proto3_json(v: &mut Value) -> bool {
+fn normalise_proto3_json(v: &mut Value) -> Result<bool, String> {
     let mut changed = false;
     match v {
         Value::Array(items) => {
             for item in items {
-                changed |= normalise_proto3_json(item);
+                changed |= normalise_proto3_json(item)?;
             }
         }
         Value::Object(fields) => {
@@ -292,10 +318,16 @@ fn normalise_proto3_json(v: &mut Value) -> bool {
             fields.retain(|_, value| !value.is_null());
             changed |= fields.len() != before;
             if fields.keys().any(|k| k.contains('_')) {
-                let renamed: serde_json::Map<String, Value> = std::mem::take(fields)
-                    .into_iter()
-                    .map(|(k, v)| if k.contains('_') { (lower_camel_case(&k), v) } else { (k, v) })
-                    .collect();
+                let mut renamed = serde_json::Map::new();
+                for (k, v) in std::mem::take(fields) {
+                    let name = if k.contains('_') { lower_camel_case(&k) } else { k.clone() };
+                    if renamed.insert(name.clone(), v).is_some() {
+                        return Err(format!(
+                            "the field {} is given twice, under its proto name and its JSON name",
+                            crate::bounded(&name, 100)
+                        ));
+                    }
+                }
                 *fields = renamed;
                 changed = true;
             }
@@ -335,12 +367,12 @@ fn normalise_proto3_json(v: &mut Value) -> bool {
                 }
             }
             for value in fields.values_mut() {
-                changed |= normalise_proto3_json(value);
+                changed |= normalise_proto3_json(value)?;
             }
         }
         _ => {}
     }
-    changed
+    Ok(changed)
 }
 
 /// The proto3 JSON spelling of a non-finite double.
@@ -676,9 +708,21 @@ mod tests {
         assert_eq!(span.attributes["a"], 7);
         assert_eq!(span.attributes[""], "no key");
         assert_eq!(span.attributes["m"], serde_json::json!({"": true}));
-        // A request with no spans in either spelling is still a success.
+        // A request with no spans in either spelling is still a success,
+        // also when a value (not a key) is written like a proto name.
         assert_eq!(decode(b"{}", Encoding::Json, 1 << 20).unwrap().spans.len(), 0);
+        let named = br#"{"resourceSpans":[],"note":"resource_spans", "x_y" : 1}"#;
+        assert_eq!(decode(named, Encoding::Json, 1 << 20).unwrap().spans.len(), 0);
         assert!(decode(br#"{"resource_spans":"x"}"#, Encoding::Json, 1 << 20).is_err());
+        // The spellings mixed, and one field given in both.
+        let mixed = br#"{"resourceSpans":[{"scope_spans":[{"spans":[
+            {"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","parent_span_id":"aaaaaaaaaaaaaaaa","name":"s"}]}]}]}"#;
+        let decoded = decode(mixed, Encoding::Json, 1 << 20).unwrap();
+        assert_eq!(decoded.spans[0].parent_span_id.as_deref(), Some("aaaaaaaaaaaaaaaa"));
+        let twice = br#"{"resourceSpans":[{"scopeSpans":[{"spans":[
+            {"traceId":"5b8efff798038103d269b633813fc60c","trace_id":"5b8efff798038103d269b633813fc60d","spanId":"eee19b7ec3c1b174"}]}]}]}"#;
+        let e = decode(twice, Encoding::Json, 1 << 20).unwrap_err();
+        assert!(e.0.contains("traceId is given twice"), "{}", e.0);
         // So are spellings the proto3 mapping does not have, which a float
         // parser would take (an overflow as infinity).
         for spelling in ["many", "inf", "nan", "+1.5", " 1.5 ", "1e400", ""] {

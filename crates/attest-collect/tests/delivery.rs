@@ -175,3 +175,43 @@ async fn a_stalled_upload_does_not_hold_shutdown_and_a_second_signal_cuts_it_sho
     // Well under the 5 s the upload would otherwise be given.
     assert!(t0.elapsed() < Duration::from_secs(4), "took {:?}", t0.elapsed());
 }
+
+#[tokio::test]
+async fn a_second_signal_abandons_slow_evaluations_and_counts_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    // Every evaluation takes a minute, and one runs at a time.
+    let c = Collector::start_with_env(
+        dir.path(),
+        RULES,
+        &[
+            "--settle-ms",
+            "100",
+            "--concurrency",
+            "1",
+            "--results-jsonl",
+            results.to_str().unwrap(),
+        ],
+        &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "60000")],
+    );
+    for trace in 1..=3 {
+        let body = request(agent_trace(trace, 1, "lookup_order")).encode_to_vec();
+        let r = post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+        assert_eq!(r.status(), 200);
+    }
+    // One is being evaluated; the others settle (100 ms) and wait behind it.
+    c.wait_metric("attest_collect_traces_received_total", 1.0, 20).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut proc = c.proc;
+    proc.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proc.signal("TERM");
+    // The drain deadline (5 s) after the second signal, not three minutes.
+    assert_eq!(proc.wait_exit(60), 0, "{}", proc.stderr_text());
+    let stderr = proc.stderr_text();
+    assert!(
+        stderr.contains("second signal: 3 traces still queued or being evaluated"),
+        "{stderr}"
+    );
+    assert!(read_jsonl(&results).is_empty(), "an abandoned evaluation stored results");
+}
