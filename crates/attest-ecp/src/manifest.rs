@@ -337,7 +337,9 @@ pub fn python_regex(pattern: &str) -> Result<String, String> {
                         // In a class these become several characters, which a
                         // `-` beside them would join into a range; Python
                         // refuses a range with a class escape as an end.
-                        let dash_before = out.ends_with('-') && !["\\-", "[-", "[^-"].iter().any(|e| out.ends_with(e));
+                        // A `-` right after a completed range (`a-z-`) is a literal.
+                        let after_range = out.chars().rev().nth(2) == Some('-');
+                        let dash_before = out.ends_with('-') && !after_range && !["\\-", "[-", "[^-"].iter().any(|e| out.ends_with(e));
                         let dash_after = chars.peek() == Some(&'-') && chars.clone().nth(1) != Some(']');
                         if in_class && k != 'b' && (dash_before || dash_after) {
                             return Err(format!("bad character range: \\{k} cannot be an end of a range"));
@@ -383,7 +385,12 @@ pub fn python_regex(pattern: &str) -> Result<String, String> {
                 let rest: String = chars.clone().take(3).collect();
                 let ahead: String = chars.clone().skip(1).take_while(|c| c.is_ascii_alphabetic() || *c == '-').collect();
                 let closer = chars.clone().nth(1 + ahead.chars().count());
-                if rest == "?P=" {
+                if rest.starts_with("?#") {
+                    // A comment: Python ignores it (Rust has none), also
+                    // between global flags.
+                    chars.by_ref().take_while(|c| *c != ')').for_each(drop);
+                    at_start = flags_only;
+                } else if rest == "?P=" {
                     chars.nth(2);
                     let name: String = chars.by_ref().take_while(|c| *c != ')').collect();
                     out.push_str(&format!("\\k<{name}>"));
@@ -1191,6 +1198,11 @@ mod tests {
             assert!(python_regex(bad).unwrap_err().contains("global flags not at the start"), "{bad}");
         }
         assert!(python_regex("(?m-i)x").unwrap_err().contains("only in a scoped group"));
+        // A `-` after a completed range is a literal; comments are ignored.
+        assert!(m("(?a)^[a-z-\\d]+$", "a-1"));
+        assert!(m("(?a)^[0-9-\\w]+$", "x-9"));
+        assert!(m("(?#a comment)(?i)^x$", "X"));
+        assert!(m("a(?# not matched )b", "ab"));
         // Several global flags may open a pattern, with whitespace between
         // them once verbose mode is on.
         assert!(m("(?i)(?a)^\\w$", "K"));

@@ -336,8 +336,10 @@ impl StdioAgent {
     }
 
     /// Sends request `id` and reads lines up to its answer. `answered` is
-    /// set once a response (an object with an id) was read for the call,
-    /// whether or not it was the right one: after that no late answer is due.
+    /// set once a response was read that may have been meant for this call,
+    /// right or wrong: after that no late answer is due. An answer carrying
+    /// an earlier call's id (a duplicate, or one past the remembered few)
+    /// fails the call but is no answer to it, so its own may still follow.
     async fn exchange(&mut self, id: i64, method: &str, params: Value, timeout: Duration, answered: &mut bool) -> Result<Value, CallError> {
         let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let mut line = serde_json::to_vec(&request).map_err(|e| CallError::new(ExitReason::Error, e.to_string()))?;
@@ -416,7 +418,8 @@ impl StdioAgent {
                             continue;
                         }
                     }
-                    *answered = true;
+                    let earlier_call = obj.get("id").and_then(Value::as_i64).is_some_and(|e| (1..id).contains(&e));
+                    *answered = !earlier_call;
                     if obj.get("id") != Some(&json!(id)) {
                         return Err(CallError::new(
                             ExitReason::ProtocolError,
@@ -958,7 +961,10 @@ for line in sys.stdin:
     if mode == "text":
         print("starting up...")
     answer_id = req["id"] - 1 if mode == "lag" else req["id"]
-    print(json.dumps({"jsonrpc": "2.0", "id": answer_id, "result": {"answered": req["id"]}}), flush=True)
+    answer = json.dumps({"jsonrpc": "2.0", "id": answer_id, "result": {"answered": req["id"]}})
+    print(answer, flush=True)
+    if mode == "twice":
+        print(answer, flush=True)
 "#,
         )
         .unwrap();
@@ -985,6 +991,21 @@ for line in sys.stdin:
         assert_eq!(e.reason, ExitReason::ProtocolError, "{e}");
         let answer = agent.call("agent/reset", json!({}), t).await.unwrap();
         assert_eq!(answer["result"]["answered"], 2, "{answer}");
+        agent.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_answer_fails_one_call_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = scripted_agent(dir.path());
+        let t = Duration::from_secs(20);
+        agent.call("agent/step", json!({"mode": "twice"}), t).await.unwrap();
+        // The second copy of call 1's answer comes first: call 2 fails ...
+        let e = agent.call("agent/step", json!({}), t).await.unwrap_err();
+        assert!(e.message.contains("expected 2, got 1"), "{e}");
+        // ... and its own answer, which follows, is passed over by call 3.
+        let answer = agent.call("agent/step", json!({}), t).await.unwrap();
+        assert_eq!(answer["result"]["answered"], 3, "{answer}");
         agent.stop().await;
     }
 
