@@ -531,6 +531,10 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
 pub(crate) struct Hurry(pub(crate) Option<tokio::sync::watch::Receiver<bool>>);
 
 impl Hurry {
+    fn is_asked(&self) -> bool {
+        self.0.as_ref().is_some_and(|rx| *rx.borrow())
+    }
+
     /// Resolves once stopping was asked for; never, if it cannot be.
     async fn asked(&mut self) {
         if let Some(rx) = &mut self.0 {
@@ -564,13 +568,26 @@ async fn consume(
 ) {
     let sem = Arc::new(Semaphore::new(concurrency));
     let mut tasks = JoinSet::new();
+    // The spans of each trace dropped for shutdown, wherever it is found.
+    let mut dropped: Vec<u64> = Vec::new();
     // The spans of the trace taken off the queue and not yet started.
     let mut in_hand = None;
+    let note = |dropped: &mut Vec<u64>, joined: Result<(Handled, u64), tokio::task::JoinError>| {
+        if let Ok((Handled::Abandoned, spans)) = joined {
+            dropped.push(spans);
+        }
+    };
+    // Whether the queue was worked off to its end (else stopping was asked
+    // for). Evaluations that saw the request may end, and be joined, here
+    // too, so every join notes what it dropped.
     let run = async {
         while let Some((closed, closed_at, queued)) = rx.recv().await {
             in_hand = Some(closed.spans.len() as u64);
             pipeline.metrics.queue_depth.store(rx.len() as u64, Ordering::Relaxed);
             let Ok(permit) = sem.clone().acquire_owned().await else { break };
+            if hurry.is_asked() {
+                return false;
+            }
             pipeline
                 .metrics
                 .queue_lag_ms
@@ -588,27 +605,30 @@ async fn consume(
                 (handled, spans)
             });
             in_hand = None;
-            while tasks.try_join_next().is_some() {}
+            while let Some(joined) = tasks.try_join_next() {
+                note(&mut dropped, joined);
+            }
         }
-        while tasks.join_next().await.is_some() {}
+        while let Some(joined) = tasks.join_next().await {
+            note(&mut dropped, joined);
+        }
+        true
     };
-    // Biased: once stopping is asked for, no further trace is started. An
-    // evaluation ends as `Abandoned` only after the request, which this
-    // select sees first, so none of those is joined (and lost) in `run`.
+    // Biased: once stopping is asked for and seen, no further trace starts.
     let mut asked = hurry.clone();
-    tokio::select! {
+    let worked_off = tokio::select! {
         biased;
-        () = asked.asked() => {}
-        () = run => return,
-    }
-    rx.close();
-    let mut dropped: Vec<u64> = in_hand.into_iter().collect();
-    while let Some((closed, _, _)) = rx.recv().await {
-        dropped.push(closed.spans.len() as u64);
-    }
-    while let Some(joined) = tasks.join_next().await {
-        if let Ok((Handled::Abandoned, spans)) = joined {
-            dropped.push(spans);
+        () = asked.asked() => false,
+        worked_off = run => worked_off,
+    };
+    if !worked_off {
+        rx.close();
+        dropped.extend(in_hand);
+        while let Some((closed, _, _)) = rx.recv().await {
+            dropped.push(closed.spans.len() as u64);
+        }
+        while let Some(joined) = tasks.join_next().await {
+            note(&mut dropped, joined);
         }
     }
     for spans in dropped {

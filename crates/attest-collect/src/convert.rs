@@ -708,7 +708,9 @@ fn genai_message(v: &Value) -> Message {
                 _ => {}
             }
         }
-        m.content = texts.join("");
+        // Separate text parts are separate blocks of the message (a model
+        // may answer in several): kept apart by a line break, not run together.
+        m.content = texts.join("\n");
     } else if let Some(c) = v.get("content") {
         // Older shape: {role, content} (events and the `gen_ai.prompt` attribute).
         m.content = scalar_string(c);
@@ -796,6 +798,16 @@ fn legacy_genai(span: &Span, attr: &str, event: &str) -> Vec<Message> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn the_text_parts_of_a_message_stay_apart() {
+        let parts = json!([{"role": "assistant", "parts": [
+            {"type": "text", "content": "first"}, {"type": "tool_call", "name": "t"}, {"type": "text", "content": "完成 ✅"}]}]);
+        let s = span("a", None, "chat", 1, json!({"gen_ai.output.messages": parts.to_string()}));
+        let m = genai_messages(&s, "gen_ai.output.messages");
+        assert_eq!(m[0].content, "first\n完成 ✅");
+        assert_eq!(m[0].tool_calls.len(), 1);
+    }
 
     fn span(id: &str, parent: Option<&str>, name: &str, start: u64, attrs: Value) -> Span {
         Span {

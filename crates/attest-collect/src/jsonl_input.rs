@@ -39,6 +39,22 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
         }
         Box::new(std::fs::File::open(input).with_context(|| format!("--jsonl {input}: cannot be read"))?)
     };
+    // An Attest trace keeps its agent id and root span name, not the spans'
+    // and resource's attributes: rules that match on those never select a
+    // trace read back, and are named rather than left to select nothing.
+    let blind: Vec<&str> = pipeline
+        .rules
+        .rules
+        .iter()
+        .filter(|r| !r.attributes.is_empty())
+        .map(|r| r.name.as_str())
+        .collect();
+    if !blind.is_empty() {
+        eprintln!(
+            "attest-collect: --jsonl: rule(s) {} match on span or resource attributes, which traces read from a file do not carry; they select no trace here (they do on live OTLP input)",
+            blind.join(", ")
+        );
+    }
     let (tx, mut rx) = mpsc::channel::<(u64, Line)>(256);
     let reader_task = tokio::task::spawn_blocking(move || read_lines(reader, tx));
     let sem = Arc::new(Semaphore::new(concurrency));

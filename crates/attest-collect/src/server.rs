@@ -40,10 +40,10 @@ pub struct ReceiverState {
     /// Export requests handled at once, counted from before their body is
     /// read.
     pub inflight: Semaphore,
-    /// Bytes of request bodies being read or decoded at once, in KiB: each
-    /// request reserves its `Content-Length` (the request limit when it
-    /// sends none) before its body is read, so slow uploads cannot hold
-    /// unbounded memory.
+    /// Bytes of request bodies being read or decoded at once, in KiB: a
+    /// request reserves its `Content-Length` before its body is read, and one
+    /// sent without (chunked, as the JavaScript exporters send) reserves as
+    /// its body arrives, so slow uploads cannot hold unbounded memory.
     pub inflight_kib: Semaphore,
     /// Requests being inflated and decoded at once: one per core, on the
     /// blocking pool, so that decoding a large request never stalls the
@@ -311,7 +311,8 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     // What a request holds across its waits is its body as sent. A
     // compressed body is inflated only while it is decoded, which does not
     // wait (docs/continuous.md).
-    let Ok(_bytes) = state.inflight_kib.try_acquire_many(kib(declared.map_or(limit, |n| n as usize))) else {
+    let first = declared.map_or(UNSIZED_FIRST_BYTES.min(limit), |n| n as usize);
+    let Ok(mut reserved) = state.inflight_kib.try_acquire_many(kib(first)) else {
         return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
     };
     if state.ready.capacity() == 0 || state.queued_kib.available_permits() == 0 {
@@ -319,16 +320,13 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
         let body = otlp::error_body(encoding, 14, "evaluation queue is full; retry later");
         return reply(StatusCode::SERVICE_UNAVAILABLE, encoding, body, Some(2));
     }
-    let body = match axum::body::to_bytes(body, limit).await {
+    let body = match read_body(&state.inflight_kib, body, limit, &mut reserved).await {
         Ok(b) => b,
-        Err(e) => {
-            // Over the limit mid-stream (no or a wrong Content-Length), or
-            // the connection failed while the body was read.
-            if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
-                return too_large(&state, encoding, label);
-            }
+        Err(BodyError::TooLarge) => return too_large(&state, encoding, label),
+        Err(BodyError::Overloaded) => return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later"),
+        Err(BodyError::Failed(e)) => {
             state.metrics.request(400, label);
-            let msg = format!("the request body could not be read: {}", crate::bounded(&e.to_string(), 200));
+            let msg = format!("the request body could not be read: {}", crate::bounded(&e, 200));
             return reply(StatusCode::BAD_REQUEST, encoding, otlp::error_body(encoding, 3, &msg), None);
         }
     };
@@ -374,6 +372,50 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     };
     state.metrics.request(200, label);
     reply(StatusCode::OK, encoding, otlp::success_body(encoding, rejected, reason), None)
+}
+
+/// What a request without `Content-Length` reserves before its first byte.
+const UNSIZED_FIRST_BYTES: usize = 64 * 1024;
+
+/// Why a request body was not read whole.
+enum BodyError {
+    /// Over `--max-request-bytes`.
+    TooLarge,
+    /// Its bytes did not fit in what the in-flight budget had left.
+    Overloaded,
+    /// The connection failed while it was read.
+    Failed(String),
+}
+
+/// Reads a request body of at most `limit` bytes. Bytes beyond what
+/// `reserved` holds (a body without `Content-Length`, or with a wrong one)
+/// are reserved from `budget` as they arrive, doubling the reservation each
+/// time, so a chunked upload takes the budget a few times rather than per
+/// chunk, and never more than twice what it sent.
+async fn read_body<'a>(
+    budget: &'a Semaphore,
+    mut body: Body,
+    limit: usize,
+    reserved: &mut tokio::sync::SemaphorePermit<'a>,
+) -> Result<bytes::Bytes, BodyError> {
+    use http_body_util::BodyExt;
+    let mut buf = bytes::BytesMut::with_capacity((reserved.num_permits() * 1024).min(limit));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyError::Failed(e.to_string()))?;
+        let Ok(data) = frame.into_data() else { continue };
+        let len = buf.len() + data.len();
+        if len > limit {
+            return Err(BodyError::TooLarge);
+        }
+        let have = reserved.num_permits() as u32;
+        if kib(len) > have {
+            let want = kib(len).max(have.saturating_mul(2)).min(kib(limit));
+            let more = budget.try_acquire_many(want - have).map_err(|_| BodyError::Overloaded)?;
+            reserved.merge(more);
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf.freeze())
 }
 
 fn too_large(state: &ReceiverState, encoding: Encoding, label: &'static str) -> Response {

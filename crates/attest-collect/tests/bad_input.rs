@@ -529,6 +529,37 @@ fn jsonl_backfill_counts_bad_lines_and_rescoring_never_counts_twice() {
     assert_eq!(std::fs::read_to_string(&results).unwrap(), results_text, "nothing written for it");
 }
 
+#[test]
+fn rescoring_names_the_rules_that_match_on_attributes() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    let by_service = "  - name: by-service\n    match:\n      attributes: {service.name: refund-service}\n    assertions:\n      - {assertion_id: any, type: trace, spec: {check: required_tools, tools: [lookup_order]}}\n";
+    std::fs::write(&rules, format!("{RULES}{by_service}")).unwrap();
+    let input = dir.path().join("traces.jsonl");
+    let trace = serde_json::json!({"schema_version": 1, "trace_id": "t1", "agent_id": "refund-agent",
+        "steps": [{"type": "tool_call", "name": "lookup_order", "args": {}, "result": {}}], "output": {"message": "refund"}});
+    std::fs::write(&input, trace.to_string()).unwrap();
+    let results = dir.path().join("results.jsonl");
+    let args = [
+        "collect",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--jsonl",
+        input.to_str().unwrap(),
+        "--results-jsonl",
+        results.to_str().unwrap(),
+    ];
+    let mut p = Proc::spawn(dir.path(), "rescore", &args, &[]);
+    assert_eq!(p.wait_exit(60), 0, "{}", p.stderr_text());
+    let err = p.stderr_text();
+    assert!(err.contains("rule(s) by-service match on span or resource attributes"), "{err}");
+    let rules_run: std::collections::BTreeSet<String> = read_jsonl(&results)
+        .iter()
+        .map(|r| r["rule"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(rules_run.into_iter().collect::<Vec<_>>(), ["refund-tools"]);
+}
+
 #[tokio::test]
 async fn sigterm_evaluates_traces_that_are_still_settling() {
     let dir = tempfile::tempdir().unwrap();

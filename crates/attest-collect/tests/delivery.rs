@@ -215,3 +215,46 @@ async fn a_second_signal_abandons_slow_evaluations_and_counts_each() {
     );
     assert!(read_jsonl(&results).is_empty(), "an abandoned evaluation stored results");
 }
+
+/// Sends the head of a chunked export and its first chunk, leaving the
+/// upload open: what the JavaScript exporters send has no Content-Length.
+async fn open_chunked_upload(url: &str, body: &[u8]) -> tokio::net::TcpStream {
+    let addr = url.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-protobuf\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    s.write_all(b"\r\n").await.unwrap();
+    s
+}
+
+#[tokio::test]
+async fn uploads_without_a_length_reserve_what_they_send_not_the_request_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for one request of the largest size in flight, and for many small ones.
+    let mib = (1 << 20).to_string();
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &["--max-request-bytes", &mib, "--max-inflight-bytes", &mib, "--settle-ms", "200"],
+    );
+    let mut uploads = Vec::new();
+    for trace in 1..=10u8 {
+        let body = request(agent_trace(trace, 1, "lookup_order")).encode_to_vec();
+        uploads.push(open_chunked_upload(&c.url, &body).await);
+    }
+    // All ten are in flight at once; each ends now and is answered.
+    for mut upload in uploads {
+        upload.write_all(b"0\r\n\r\n").await.unwrap();
+        let mut answer = vec![0u8; 12];
+        upload.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&answer));
+    }
+    let m = c.wait_metric("attest_collect_traces_evaluated_total", 10.0, 20).await;
+    assert_eq!(metric(&m, "attest_collect_requests_total{code=\"429\""), 0.0, "{m}");
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+}
