@@ -572,10 +572,12 @@ async fn consume(
     let mut dropped: Vec<u64> = Vec::new();
     // The spans of the trace taken off the queue and not yet started.
     let mut in_hand = None;
-    let note = |dropped: &mut Vec<u64>, joined: Result<(Handled, u64), tokio::task::JoinError>| {
-        if let Ok((Handled::Abandoned, spans)) = joined {
-            dropped.push(spans);
-        }
+    let note = |dropped: &mut Vec<u64>, joined: Result<(Handled, u64), tokio::task::JoinError>| match joined {
+        Ok((Handled::Abandoned, spans)) => dropped.push(spans),
+        Ok((Handled::Done, _)) => {}
+        // A panic in an evaluation (a bug) loses that trace: counted, not
+        // silent. Cancellation does not happen here: nothing aborts tasks.
+        Err(_) => pipeline.metrics.dropped("evaluation_failed", 0),
     };
     // Whether the queue was worked off to its end (else stopping was asked
     // for). Evaluations that saw the request may end, and be joined, here
@@ -637,8 +639,9 @@ async fn consume(
 }
 
 /// Evaluates and stores one selected trace, or publishes it for the workers.
-/// The evaluation (or the publishing) is given up when `hurry` asks; storing
-/// results that exist is never cut short, so no trace is stored in part.
+/// The evaluation is given up when `hurry` asks; storing results that exist
+/// is never cut short, so no trace is stored in part, and neither is
+/// publishing, whose message may already be in the stream.
 pub(crate) async fn handle_item(
     pipeline: &Pipeline,
     publisher: Option<&distributed::Publisher>,
@@ -646,12 +649,10 @@ pub(crate) async fn handle_item(
     hurry: &mut Hurry,
 ) -> Handled {
     if let Some(p) = publisher {
-        let published = tokio::select! {
-            biased;
-            () = hurry.asked() => return Handled::Abandoned,
-            published = p.publish(&item) => published,
-        };
-        match published {
+        // Not given up once started: the message may be in the stream
+        // already, for a worker to evaluate, while its ack is awaited (at
+        // most the publish timeout).
+        match p.publish(&item).await {
             Ok(duplicate) => {
                 pipeline.metrics.traces_published.fetch_add(1, Ordering::Relaxed);
                 if duplicate {

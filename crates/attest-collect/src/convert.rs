@@ -709,7 +709,10 @@ fn genai_message(v: &Value) -> Message {
             }
         }
         // Separate text parts are separate blocks of the message (a model
-        // may answer in several): kept apart by a line break, not run together.
+        // may answer in several): kept apart by a line break, not run
+        // together. Empty ones add nothing, not even a line break, so a
+        // message of empty parts stays empty.
+        texts.retain(|t| !t.is_empty());
         m.content = texts.join("\n");
     } else if let Some(c) = v.get("content") {
         // Older shape: {role, content} (events and the `gen_ai.prompt` attribute).
@@ -807,6 +810,10 @@ mod tests {
         let m = genai_messages(&s, "gen_ai.output.messages");
         assert_eq!(m[0].content, "first\n完成 ✅");
         assert_eq!(m[0].tool_calls.len(), 1);
+        let empty = json!([{"role": "assistant", "parts": [
+            {"type": "text", "content": ""}, {"type": "tool_call", "name": "t"}, {"type": "text"}]}]);
+        let s = span("b", None, "chat", 1, json!({"gen_ai.output.messages": empty.to_string()}));
+        assert_eq!(genai_messages(&s, "gen_ai.output.messages")[0].content, "");
     }
 
     fn span(id: &str, parent: Option<&str>, name: &str, start: u64, attrs: Value) -> Span {

@@ -388,10 +388,12 @@ enum BodyError {
 }
 
 /// Reads a request body of at most `limit` bytes. Bytes beyond what
-/// `reserved` holds (a body without `Content-Length`, or with a wrong one)
-/// are reserved from `budget` as they arrive, doubling the reservation each
-/// time, so a chunked upload takes the budget a few times rather than per
-/// chunk, and never more than twice what it sent.
+/// `reserved` holds (a body without `Content-Length`) are reserved from
+/// `budget` as they arrive, doubling the reservation each time, so a chunked
+/// upload takes the budget a few times rather than per chunk; when the
+/// budget has no room to double, just what the body needs. Once the body is
+/// whole, what it did not use is given back: it holds what it is, not what
+/// it might have been, while it is decoded and queued.
 async fn read_body<'a>(
     budget: &'a Semaphore,
     mut body: Body,
@@ -410,11 +412,18 @@ async fn read_body<'a>(
         let have = reserved.num_permits() as u32;
         if kib(len) > have {
             let want = kib(len).max(have.saturating_mul(2)).min(kib(limit));
-            let more = budget.try_acquire_many(want - have).map_err(|_| BodyError::Overloaded)?;
+            let more = budget
+                .try_acquire_many(want - have)
+                .or_else(|_| budget.try_acquire_many(kib(len) - have))
+                .map_err(|_| BodyError::Overloaded)?;
             reserved.merge(more);
+            // The buffer grows with the reservation, not past it.
+            buf.reserve((reserved.num_permits() * 1024).min(limit).saturating_sub(buf.len()));
         }
         buf.extend_from_slice(&data);
     }
+    let unused = reserved.num_permits().saturating_sub(kib(buf.len()) as usize);
+    drop(reserved.split(unused));
     Ok(buf.freeze())
 }
 
@@ -434,7 +443,32 @@ fn overloaded(state: &ReceiverState, encoding: Encoding, label: &'static str, wh
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_token;
+    use super::{bearer_token, read_body, BodyError};
+    use axum::body::Body;
+    use tokio::sync::Semaphore;
+
+    #[tokio::test]
+    async fn a_body_reserves_what_it_needs_when_doubling_does_not_fit_and_gives_back_the_rest() {
+        // 100 KiB of budget, 64 KiB reserved up front (a chunked upload).
+        let budget = Semaphore::new(100);
+        let mut reserved = budget.try_acquire_many(64).unwrap();
+        // 70 KiB: doubling to 128 does not fit, the 6 KiB more it needs does.
+        let body = read_body(&budget, Body::from(vec![b'x'; 70 * 1024]), 1 << 20, &mut reserved).await;
+        assert_eq!(body.ok().map(|b| b.len()), Some(70 * 1024));
+        assert_eq!((reserved.num_permits(), budget.available_permits()), (70, 30));
+        drop(reserved);
+        // A small body gives back what it did not use of its first 64 KiB.
+        let mut reserved = budget.try_acquire_many(64).unwrap();
+        read_body(&budget, Body::from(vec![b'x'; 1000]), 1 << 20, &mut reserved)
+            .await
+            .ok()
+            .unwrap();
+        assert_eq!((reserved.num_permits(), budget.available_permits()), (1, 99));
+        // Past what the budget has left: 429, not a partial read.
+        let _held = budget.try_acquire_many(90).unwrap();
+        let refused = read_body(&budget, Body::from(vec![b'x'; 20 * 1024]), 1 << 20, &mut reserved).await;
+        assert!(matches!(refused, Err(BodyError::Overloaded)));
+    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {
