@@ -119,6 +119,28 @@ pub struct NatsOptions {
     /// Seconds a worker has to acknowledge (progress acks extend it while evaluating; 1 to 86400).
     #[arg(long, default_value_t = 30, value_parser = at_least_one::<MAX_ACK_WAIT_SECS, u64>)]
     pub ack_wait_secs: u64,
+    /// Most bytes each of the three streams keeps (1048576 to 2^50). JetStream sets
+    /// this much of the server's store aside per stream when the stream is created.
+    #[arg(long, default_value_t = 1 << 30, value_parser = stream_bytes)]
+    pub nats_stream_bytes: i64,
+}
+
+/// Smallest `--nats-stream-bytes`: a stream must hold a message of the
+/// server's default `max_payload` (1 MiB).
+const MIN_STREAM_BYTES: i64 = 1 << 20;
+/// Largest `--nats-stream-bytes` (1 PiB), far above any real store.
+const MAX_STREAM_BYTES: i64 = 1 << 50;
+
+fn stream_bytes(s: &str) -> Result<i64, String> {
+    let range = format!("give a byte count from {MIN_STREAM_BYTES} (1 MiB) to {MAX_STREAM_BYTES}");
+    let v: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a whole number of bytes; {range}"))?;
+    if !(MIN_STREAM_BYTES..=MAX_STREAM_BYTES).contains(&v) {
+        return Err(format!("{v} is out of range; {range}"));
+    }
+    Ok(v)
 }
 
 /// Largest `--max-deliver`: the consumer is created with one delivery more.
@@ -759,11 +781,23 @@ mod tests {
             (&["--ack-wait-secs", "x"][..], "--ack-wait-secs", "'x' is not a whole number"),
             (&["--nats-replicas", "0"][..], "--nats-replicas", "0 is out of range; give 1 to 5"),
             (&["--nats-replicas", "7"][..], "--nats-replicas", "7 is out of range; give 1 to 5"),
+            (
+                &["--nats-stream-bytes", "1000"][..],
+                "--nats-stream-bytes",
+                "1000 is out of range; give a byte count from 1048576 (1 MiB)",
+            ),
+            (
+                &["--nats-stream-bytes", "1GiB"][..],
+                "--nats-stream-bytes",
+                "'1GiB' is not a whole number of bytes",
+            ),
         ] {
             let e = parse(args).unwrap_err();
             assert!(e.contains(flag) && e.contains(want), "{args:?}: {e}");
         }
         assert_eq!(parse(&["--max-deliver", "1", "--ack-wait-secs", "1"]).unwrap().max_deliver, 1);
+        assert_eq!(o.nats_stream_bytes, 1 << 30);
+        assert_eq!(parse(&["--nats-stream-bytes", "1048576"]).unwrap().nats_stream_bytes, 1 << 20);
     }
 
     #[test]

@@ -89,8 +89,9 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
             storage: stream::StorageType::File,
             num_replicas: opts.nats_replicas,
             duplicate_window: DUPLICATE_WINDOW,
-            // Bounded like everything else: 1 GiB per stream, oldest results go first.
-            max_bytes: 1 << 30,
+            // Bounded like everything else (`--nats-stream-bytes`): a full
+            // work queue refuses new traces, the other streams drop their oldest.
+            max_bytes: opts.nats_stream_bytes,
             discard: if retention == stream::RetentionPolicy::WorkQueue {
                 stream::DiscardPolicy::New
             } else {
@@ -106,6 +107,10 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
         loop {
             match js.get_or_create_stream(config.clone()).await {
                 Ok(_) => break,
+                Err(e) if out_of_store(&e) => anyhow::bail!(
+                    "creating JetStream stream {name}: the server has less room left in its JetStream store than the {} bytes (--nats-stream-bytes) the stream sets aside; give a smaller --nats-stream-bytes (each of the three streams takes it), or give the server more store (jetstream {{ max_file_store }} in its config, or more free disk: by default it may use 75% of the disk that is free when it starts)",
+                    opts.nats_stream_bytes
+                ),
                 Err(_) if attempt < STREAM_CREATE_RETRIES => {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
@@ -118,6 +123,12 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
         }
     }
     Ok(())
+}
+
+/// The server refused a stream because its store cannot set aside `max_bytes`.
+fn out_of_store(e: &jetstream::context::CreateStreamError) -> bool {
+    matches!(e.kind(), jetstream::context::CreateStreamErrorKind::JetStream(j)
+        if j.error_code() == jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED)
 }
 
 /// Further attempts at creating a stream another node may be creating.
@@ -385,25 +396,9 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
             };
             tasks.spawn(async move {
                 let _permit = permit;
-                // Progress acks from the moment the message is ours until it
-                // is acked, dead-lettered or NAKed. They come from a task of
-                // their own: an evaluation that holds its thread (a plugin
-                // call, say) must not starve them, so long as the runtime
-                // has another thread.
-                let ticker = {
-                    let msg = msg.clone();
-                    tokio::spawn(async move {
-                        let mut progress = tokio::time::interval(ack_wait / 3);
-                        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                        progress.tick().await;
-                        loop {
-                            progress.tick().await;
-                            let _ = msg.ack_with(AckKind::Progress).await;
-                        }
-                    })
-                };
-                let result = ctx.handle(&msg).await;
-                ticker.abort();
+                let delivery = Delivery::hold(msg, ack_wait);
+                let result = ctx.handle(&delivery).await;
+                delivery.stop_progress().await;
                 if let Err(e) = result {
                     eprintln!("attest-collect worker: {e:#}");
                 }
@@ -419,6 +414,69 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     Ok(())
 }
 
+/// A work message while this worker holds it. Progress acks keep it ours
+/// from the moment it arrives until it is settled (acked, NAKed or
+/// terminated). They come from a task of their own: an evaluation that
+/// holds its thread (a plugin call, say) must not starve them, so long as
+/// the runtime has another thread.
+///
+/// Settling stops that task and waits for it to end before the final ack
+/// is sent. Acks go out in the order they are queued on the connection, so
+/// no progress ack can follow a NAK: the server would take it as "still
+/// working", restart the ack wait and hold back the redelivery.
+struct Delivery {
+    msg: jetstream::Message,
+    progress: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Delivery {
+    fn hold(msg: jetstream::Message, ack_wait: Duration) -> Delivery {
+        let ticker = {
+            let msg = msg.clone();
+            tokio::spawn(async move {
+                let mut progress = tokio::time::interval(ack_wait / 3);
+                progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                progress.tick().await;
+                loop {
+                    progress.tick().await;
+                    let _ = msg.ack_with(AckKind::Progress).await;
+                }
+            })
+        };
+        Delivery {
+            msg,
+            progress: std::sync::Mutex::new(Some(ticker)),
+        }
+    }
+
+    /// Ends the progress acks; once this returns, none is sent any more.
+    async fn stop_progress(&self) {
+        let ticker = self.progress.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(ticker) = ticker {
+            ticker.abort();
+            let _ = ticker.await;
+        }
+    }
+
+    /// Gives the message back for another delivery a second from now.
+    async fn nak(&self) {
+        self.stop_progress().await;
+        let _ = self.msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+    }
+
+    /// Acknowledges the message and waits for the server to confirm it.
+    async fn ack(&self) -> Result<(), async_nats::Error> {
+        self.stop_progress().await;
+        self.msg.double_ack().await
+    }
+
+    /// Tells the server never to deliver the message again, and waits for it to confirm.
+    async fn term(&self) -> Result<(), async_nats::Error> {
+        self.stop_progress().await;
+        self.msg.double_ack_with(AckKind::Term).await
+    }
+}
+
 struct WorkerCtx {
     js: jetstream::Context,
     names: Names,
@@ -432,7 +490,8 @@ struct WorkerCtx {
 const DEAD_LETTER_HEADER_ROOM: usize = 4096;
 
 impl WorkerCtx {
-    async fn handle(&self, msg: &jetstream::Message) -> anyhow::Result<()> {
+    async fn handle(&self, delivery: &Delivery) -> anyhow::Result<()> {
+        let msg = &delivery.msg;
         let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         let metrics = &self.pipeline.metrics;
         if delivered > 1 {
@@ -440,7 +499,7 @@ impl WorkerCtx {
         }
         let item: WorkItem = match serde_json::from_slice(&msg.payload) {
             Ok(i) => i,
-            Err(e) => return self.dead_letter(msg, "", delivered, &format!("not a work item: {e}")).await,
+            Err(e) => return self.dead_letter(delivery, "", delivered, &format!("not a work item: {e}")).await,
         };
         let trace_id = item.trace_id().to_string();
         let shown = crate::shown_id(&trace_id);
@@ -448,7 +507,7 @@ impl WorkerCtx {
             eprintln!("attest-collect worker: redelivery {delivered} of trace {shown}");
         }
         if delivered > self.max_deliver {
-            return self.dead_letter(msg, &trace_id, delivered, "maximum deliveries reached").await;
+            return self.dead_letter(delivery, &trace_id, delivered, "maximum deliveries reached").await;
         }
         // The evaluation runs as a task of its own, so that a panic in it is
         // a redelivery rather than a lost message. A suite that may hold its
@@ -460,22 +519,22 @@ impl WorkerCtx {
         let outcome = match evaluated {
             Ok(outcome) => outcome,
             Err(e) => {
-                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                delivery.nak().await;
                 anyhow::bail!("trace {shown}: the evaluation stopped with an internal error (will be redelivered): {e}");
             }
         };
         let records = match outcome {
             Ok(r) => r,
             Err(e) if e.retryable => {
-                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                delivery.nak().await;
                 anyhow::bail!("trace {shown}: retryable evaluation failure (will be redelivered): {e}");
             }
-            Err(e) => return self.dead_letter(msg, &trace_id, delivered, &e.message).await,
+            Err(e) => return self.dead_letter(delivery, &trace_id, delivered, &e.message).await,
         };
         if records.is_empty() {
             // No rule produced a result (unknown rules, budgets, failures —
             // each counted): there is nothing to store.
-            msg.double_ack().await.map_err(|e| anyhow::anyhow!("ack of {shown}: {e}"))?;
+            delivery.ack().await.map_err(|e| anyhow::anyhow!("ack of {shown}: {e}"))?;
             return Ok(());
         }
         let payload = serde_json::to_vec(&records)?;
@@ -498,7 +557,7 @@ impl WorkerCtx {
                 let max = self.js.client().max_payload();
                 eprintln!("attest-collect worker: results of trace {shown} are {size} bytes, over the server's max_payload of {max} bytes; they cannot be published");
                 let why = format!("results are {size} bytes, over the server's max_payload of {max} bytes");
-                return self.dead_letter(msg, &trace_id, delivered, &why).await;
+                return self.dead_letter(delivery, &trace_id, delivered, &why).await;
             }
             Err(f) => anyhow::bail!("trace {shown}: publishing results failed (will be redelivered): {f}"),
         }
@@ -507,7 +566,7 @@ impl WorkerCtx {
             eprintln!("attest-collect worker: {FAULT_ENV}={n}: exiting after publishing results of {shown}, before acking");
             std::process::exit(70);
         }
-        msg.double_ack().await.map_err(|e| anyhow::anyhow!("ack of {shown}: {e}"))?;
+        delivery.ack().await.map_err(|e| anyhow::anyhow!("ack of {shown}: {e}"))?;
         Ok(())
     }
 
@@ -518,7 +577,8 @@ impl WorkerCtx {
     /// consumer's last delivery or the failure is its size: then it is
     /// dropped and counted as `traces_dropped_total{reason="dead_letter_failed"}`,
     /// since the server would never deliver it again.
-    async fn dead_letter(&self, msg: &jetstream::Message, trace_id: &str, delivered: i64, why: &str) -> anyhow::Result<()> {
+    async fn dead_letter(&self, delivery: &Delivery, trace_id: &str, delivered: i64, why: &str) -> anyhow::Result<()> {
+        let msg = &delivery.msg;
         let shown = crate::shown_id(trace_id);
         let headers = |truncated: Option<usize>| {
             let mut headers = async_nats::HeaderMap::new();
@@ -544,7 +604,7 @@ impl WorkerCtx {
         match sent {
             Ok(_) => {
                 self.pipeline.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                msg.double_ack_with(AckKind::Term).await.map_err(|e| anyhow::anyhow!("term: {e}"))?;
+                delivery.term().await.map_err(|e| anyhow::anyhow!("term: {e}"))?;
                 eprintln!(
                     "attest-collect worker: trace {shown} moved to {} ({})",
                     self.names.dead_subject,
@@ -554,7 +614,7 @@ impl WorkerCtx {
             }
             Err(f) if f.too_large || delivered > self.max_deliver => {
                 self.pipeline.metrics.dropped("dead_letter_failed", 0);
-                let _ = msg.double_ack_with(AckKind::Term).await;
+                let _ = delivery.term().await;
                 anyhow::bail!(
                     "trace {shown} ({}): could not be moved to {}: {f}; delivery {delivered} was the last, so it is dropped (counted as attest_collect_traces_dropped_total{{reason=\"dead_letter_failed\"}})",
                     header_text(why),
@@ -562,7 +622,7 @@ impl WorkerCtx {
                 )
             }
             Err(f) => {
-                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                delivery.nak().await;
                 anyhow::bail!(
                     "trace {shown} ({}): could not be moved to {}: {f}; delivery {delivered} of at most {}, it will be delivered again",
                     header_text(why),

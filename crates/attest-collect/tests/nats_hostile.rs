@@ -11,7 +11,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{metric, nats_server_bin, read_jsonl, wait_lines, NatsServer, Proc, RULES};
+use support::{metric, nats_server_bin, read_jsonl, wait_lines, NatsServer, Proc, RULES, TEST_STORE};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -273,9 +273,7 @@ async fn a_malformed_message_at_the_max_payload_is_dead_lettered_cut_to_fit() {
 async fn results_over_the_max_payload_are_dead_lettered_with_the_reason() {
     let Some(bin) = nats_server_bin() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("nats.conf");
-    std::fs::write(&conf, "max_payload: 2048\n").unwrap();
-    let nats = NatsServer::start_with(&bin, dir.path(), &["-c", conf.to_str().unwrap()]);
+    let nats = NatsServer::start_with(&bin, dir.path(), &format!("{TEST_STORE}max_payload: 2048\n"));
     // Twenty assertions: a results message of about 5 KB for a work message of 200 bytes.
     let assertions: String = (0..20)
         .map(|i| format!("      - {{assertion_id: says-refund-{i}, type: content, spec: {{target: output.message, check: contains, value: refund}}}}\n"))
@@ -432,4 +430,30 @@ fn zero_deliveries_and_ack_waits_are_refused_naming_the_flag() {
         let err = p.stderr_text();
         assert!(err.contains(flag) && err.contains("out of range; give 1 to"), "{err}");
     }
+}
+
+#[test]
+fn a_server_store_too_small_for_the_streams_is_named_with_the_flag_that_fits_them() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // Room for three streams of 16 MiB, not for three of the default 1 GiB.
+    let nats = NatsServer::start_with(&bin, dir.path(), "jetstream { max_file_store: 100MB }\n");
+    let rules = rules_file(dir.path(), RULES);
+    let mut refused = Proc::spawn(dir.path(), "refused", &["worker", "--nats", &nats.url, "--rules", &rules], &[]);
+    assert_eq!(refused.wait_exit(30), 2);
+    let err = refused.stderr_text();
+    assert!(
+        err.contains("creating JetStream stream ATTEST_TRACES: the server has less room left in its JetStream store than the 1073741824 bytes (--nats-stream-bytes)"),
+        "{err}"
+    );
+    assert!(err.contains("max_file_store"), "{err}");
+    let (w, _) = worker(
+        dir.path(),
+        "worker",
+        &nats.url,
+        &["--rules", &rules, "--nats-stream-bytes", "16777216"],
+        &[],
+    );
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
 }

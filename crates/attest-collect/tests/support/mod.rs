@@ -72,6 +72,12 @@ pub fn nats_server_bin() -> Option<PathBuf> {
     )
 }
 
+/// The JetStream store a test server gets. Left to itself, the server may
+/// use 75% of the disk that is free when it starts, so on a nearly full disk
+/// it would refuse the streams' 1 GiB reservations; the streams of a test
+/// hold a few kilobytes.
+pub const TEST_STORE: &str = "jetstream { max_file_store: 64GB }\n";
+
 pub struct NatsServer {
     child: Child,
     pub url: String,
@@ -79,11 +85,13 @@ pub struct NatsServer {
 
 impl NatsServer {
     pub fn start(bin: &Path, dir: &Path) -> NatsServer {
-        Self::start_with(bin, dir, &[])
+        Self::start_with(bin, dir, TEST_STORE)
     }
 
-    /// With extra server arguments (`-c FILE`, say).
-    pub fn start_with(bin: &Path, dir: &Path, extra: &[&str]) -> NatsServer {
+    /// With this server configuration (written to `nats.conf` in `dir`).
+    pub fn start_with(bin: &Path, dir: &Path, config: &str) -> NatsServer {
+        let conf = dir.join("nats.conf");
+        std::fs::write(&conf, config).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = dir.join("nats.log");
         let child = Command::new(bin)
@@ -95,8 +103,9 @@ impl NatsServer {
                 &port.to_string(),
                 "-sd",
                 dir.join("js").to_str().unwrap(),
+                "-c",
+                conf.to_str().unwrap(),
             ])
-            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
