@@ -11,11 +11,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{metric, nats_server_bin, read_jsonl, wait_lines, NatsServer, Proc, RULES, TEST_STORE};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use support::{free_port, metric, nats_server_bin, read_jsonl, wait_lines, NatsServer, Proc, RULES, TEST_STORE};
 
 fn trace(id: &str) -> serde_json::Value {
     serde_json::json!({

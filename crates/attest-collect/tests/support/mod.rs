@@ -46,7 +46,7 @@ impl Evaluator {
     }
 }
 
-fn engine_bin() -> Option<PathBuf> {
+pub fn engine_bin() -> Option<PathBuf> {
     std::env::var_os("ATTEST_ENGINE_BIN").map(PathBuf::from).filter(|p| p.exists())
 }
 
@@ -72,6 +72,11 @@ pub fn nats_server_bin() -> Option<PathBuf> {
     )
 }
 
+/// A loopback port nothing listens on at the moment.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// The JetStream store a test server gets. Left to itself, the server may
 /// use 75% of the disk that is free when it starts, so on a nearly full disk
 /// it would refuse the streams' 1 GiB reservations; the streams of a test
@@ -92,7 +97,7 @@ impl NatsServer {
     pub fn start_with(bin: &Path, dir: &Path, config: &str) -> NatsServer {
         let conf = dir.join("nats.conf");
         std::fs::write(&conf, config).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = free_port();
         let log = dir.join("nats.log");
         let child = Command::new(bin)
             .args([
