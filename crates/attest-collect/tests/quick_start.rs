@@ -1,6 +1,7 @@
-//! The README's `worker` quick start, run as written: its shell block, with
-//! the engine this suite tests in place of `target/release/attest-engine`,
-//! the nats-server found on this machine, and a free port for 4222.
+//! The README's `collect` and `worker` quick starts, run as written: their
+//! shell blocks, with the engine this suite tests in place of
+//! `target/release/attest-engine`, the nats-server found on this machine,
+//! and a free port for 4222.
 
 mod support;
 
@@ -94,4 +95,54 @@ fn the_readme_worker_quick_start_runs_offline() {
     );
     // What the block prints is what it stored.
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
+}
+
+/// The re-scoring half of the `collect` quick start (the other half listens
+/// until stopped; the OpenTelemetry tests cover it).
+#[test]
+fn the_readme_collect_quick_start_rescores_the_example_traces() {
+    let Some(engine) = engine_bin().or_else(|| {
+        attest_test_support::missing(
+            "ATTEST_ENGINE_BIN is not set",
+            "set ATTEST_ENGINE_BIN=target/debug/attest-engine (scripts/test does)",
+        )
+    }) else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = shell_block(&readme, "### Production traces: `collect`");
+    let lines: Vec<&str> = block
+        .lines()
+        .filter(|l| l.starts_with("printf 'rules:") || (l.starts_with("target/release/") && l.contains(" --jsonl ")))
+        .collect();
+    assert_eq!(lines.len(), 2, "the block writes rules.yaml and re-scores a file:\n{block}");
+    let script = format!("set -e\n{}\n", lines.join("\n"))
+        .replace("target/release/attest-engine", engine.to_str().unwrap())
+        .replace("examples/", &format!("{}/", root.join("examples").display()));
+    let dir = tempfile::tempdir().unwrap();
+    let run = Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(dir.path())
+        .env("ATTEST_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{script}\n{stderr}");
+    let results = read_jsonl(&dir.path().join("results.jsonl"));
+    let mut got: Vec<(&str, &str)> = results
+        .iter()
+        .map(|r| (r["trace_id"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    got.sort();
+    assert_eq!(got, [("trc_bad", "hard_fail"), ("trc_good", "pass")], "{stderr}");
+    // Re-scoring the same file stores nothing twice.
+    let again = Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(dir.path())
+        .env("ATTEST_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    assert_eq!(read_jsonl(&dir.path().join("results.jsonl")).len(), 2);
 }
