@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -305,7 +305,8 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     }
     // Both limits are taken before the body is read: a request waiting for
     // its upload holds its share of memory like any other.
-    let Ok(_permit) = state.inflight.try_acquire() else {
+    let Ok(permit) = state.inflight.try_acquire() else {
+        discard(body, limit);
         return overloaded(&state, encoding, label, "too many export requests in flight; retry later");
     };
     // What a request holds across its waits is its body as sent. A
@@ -313,9 +314,13 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     // wait (docs/continuous.md).
     let first = declared.map_or(UNSIZED_FIRST_BYTES.min(limit), |n| n as usize);
     let Ok(mut reserved) = state.inflight_kib.try_acquire_many(kib(first)) else {
+        drop(permit);
+        discard(body, limit);
         return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
     };
     if state.ready.capacity() == 0 || state.queued_kib.available_permits() == 0 {
+        drop((reserved, permit));
+        discard(body, limit);
         state.metrics.request(503, label);
         let body = otlp::error_body(encoding, 14, "evaluation queue is full; retry later");
         return reply(StatusCode::SERVICE_UNAVAILABLE, encoding, body, Some(2));
@@ -323,7 +328,11 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     let body = match read_body(&state.inflight_kib, body, limit, &mut reserved).await {
         Ok(b) => b,
         Err(BodyError::TooLarge) => return too_large(&state, encoding, label),
-        Err(BodyError::Overloaded) => return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later"),
+        Err(BodyError::Overloaded { rest, read }) => {
+            drop((reserved, permit));
+            discard(rest, limit - read);
+            return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
+        }
         Err(BodyError::Failed(e)) => {
             state.metrics.request(400, label);
             let msg = format!("the request body could not be read: {}", crate::bounded(&e, 200));
@@ -381,8 +390,9 @@ const UNSIZED_FIRST_BYTES: usize = 64 * 1024;
 enum BodyError {
     /// Over `--max-request-bytes`.
     TooLarge,
-    /// Its bytes did not fit in what the in-flight budget had left.
-    Overloaded,
+    /// Its bytes did not fit in what the in-flight budget had left; `rest`
+    /// is what was not read of it, after `read` bytes.
+    Overloaded { rest: Body, read: usize },
     /// The connection failed while it was read.
     Failed(String),
 }
@@ -414,8 +424,10 @@ async fn read_body<'a>(
             let want = kib(len).max(have.saturating_mul(2)).min(kib(limit));
             let more = budget
                 .try_acquire_many(want - have)
-                .or_else(|_| budget.try_acquire_many(kib(len) - have))
-                .map_err(|_| BodyError::Overloaded)?;
+                .or_else(|_| budget.try_acquire_many(kib(len) - have));
+            let Ok(more) = more else {
+                return Err(BodyError::Overloaded { rest: body, read: len });
+            };
             reserved.merge(more);
             // The buffer grows with the reservation, not past it.
             buf.reserve((reserved.num_permits() * 1024).min(limit).saturating_sub(buf.len()));
@@ -425,6 +437,30 @@ async fn read_body<'a>(
     let unused = reserved.num_permits().saturating_sub(kib(buf.len()) as usize);
     drop(reserved.split(unused));
     Ok(buf.freeze())
+}
+
+/// Longest a refused request's body is read for, to be thrown away.
+const DISCARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads what is left of a refused request's body, at most `limit` bytes
+/// and for at most [`DISCARD_TIMEOUT`], and throws it away, holding none of
+/// the in-flight budget. The refusal is answered at once; the connection
+/// stays open while the body is read. An exporter learns to retry later
+/// only if it reads the 429 or 503: a connection closed on an upload still
+/// being sent is reset, and the exporter sees a broken pipe instead (the
+/// OpenTelemetry JavaScript exporter then drops the batch). A body over the
+/// limit is left to that reset: it could never have been accepted.
+fn discard(mut body: Body, limit: usize) {
+    use http_body_util::BodyExt;
+    tokio::spawn(tokio::time::timeout(DISCARD_TIMEOUT, async move {
+        let mut read = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            read += frame.data_ref().map_or(0, |d| d.len());
+            if read > limit {
+                break;
+            }
+        }
+    }));
 }
 
 fn too_large(state: &ReceiverState, encoding: Encoding, label: &'static str) -> Response {
@@ -467,7 +503,7 @@ mod tests {
         // Past what the budget has left: 429, not a partial read.
         let _held = budget.try_acquire_many(90).unwrap();
         let refused = read_body(&budget, Body::from(vec![b'x'; 20 * 1024]), 1 << 20, &mut reserved).await;
-        assert!(matches!(refused, Err(BodyError::Overloaded)));
+        assert!(matches!(refused, Err(BodyError::Overloaded { read: 20480, .. })));
     }
 
     #[test]

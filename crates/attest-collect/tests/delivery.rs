@@ -258,3 +258,33 @@ async fn uploads_without_a_length_reserve_what_they_send_not_the_request_limit()
     let (code, stderr) = c.proc.terminate();
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// An exporter must read a 429 or 503 to know to retry later. Refused before
+/// its body is read, a large upload is still read to the end (and thrown
+/// away): closed on an unread upload, the connection would be reset, and
+/// the exporter would see a broken pipe where the refusal was (the
+/// OpenTelemetry JavaScript exporter then drops the batch).
+#[tokio::test]
+async fn a_refused_upload_is_read_to_the_end_so_that_the_exporter_sees_the_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collector::start(dir.path(), RULES, &["--max-inflight-requests", "1", "--settle-ms", "200"]);
+    // The one request slot is taken by an upload that does not finish.
+    let _stalled = stalled_upload(&c.url).await;
+    // 8 MiB: far more than the socket buffers take while nobody reads.
+    let big = vec![0u8; 8 << 20];
+    for _ in 0..3 {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/traces", c.url))
+            .header("content-type", "application/x-protobuf")
+            .body(big.clone())
+            .send()
+            .await
+            .expect("the refusal is answered, not a reset connection");
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers().get("retry-after").unwrap(), "1");
+        let status = Status::decode(r.bytes().await.unwrap()).unwrap();
+        assert!(status.message.contains("too many export requests in flight"), "{}", status.message);
+    }
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+}
