@@ -724,6 +724,9 @@ fn genai_message(v: &Value) -> Message {
 }
 
 /// OpenInference flattened messages: `llm.input_messages.{i}.message.role|content|tool_calls.{j}.tool_call.function.name|arguments`.
+/// A message sent as parts (an OpenAI `content` array) has no `message.content`
+/// but `message.contents.{k}.message_content.type|text`: its text parts make
+/// the content, one line break apart, as GenAI parts do; image parts have no text.
 fn indexed_messages(span: &Span, prefix: &str) -> Vec<Message> {
     let mut out = Vec::new();
     for i in 0..10_000 {
@@ -731,12 +734,17 @@ fn indexed_messages(span: &Span, prefix: &str) -> Vec<Message> {
         let role = span.attr_str(&format!("{p}role"));
         let content = span.attr_str(&format!("{p}content"));
         let first_call = format!("{p}tool_calls.0.tool_call.function.name");
-        if role.is_none() && content.is_none() && !span.attributes.contains_key(&first_call) {
+        let first_part = format!("{p}contents.0.message_content.type");
+        if role.is_none() && content.is_none() && !span.attributes.contains_key(&first_call) && !span.attributes.contains_key(&first_part) {
             break;
         }
+        let content = match content {
+            Some(c) => c.to_string(),
+            None => content_parts(span, &p),
+        };
         let mut m = Message {
             role: role.unwrap_or("").to_string(),
-            content: content.unwrap_or("").to_string(),
+            content,
             tool_calls: vec![],
         };
         for j in 0..10_000 {
@@ -753,6 +761,23 @@ fn indexed_messages(span: &Span, prefix: &str) -> Vec<Message> {
         out.push(m);
     }
     out
+}
+
+/// The text of an OpenInference message given as parts (`{message}contents.{k}.message_content.…`).
+fn content_parts(span: &Span, message: &str) -> String {
+    let mut texts = Vec::new();
+    for k in 0..10_000 {
+        let part = format!("{message}contents.{k}.message_content.");
+        let Some(kind) = span.attr_str(&format!("{part}type")) else {
+            break;
+        };
+        if kind == "text" {
+            if let Some(text) = span.attr_str(&format!("{part}text")).filter(|t| !t.is_empty()) {
+                texts.push(text);
+            }
+        }
+    }
+    texts.join("\n")
 }
 
 /// GenAI conventions before structured messages: the `gen_ai.prompt` / `gen_ai.completion`
@@ -1060,6 +1085,36 @@ mod tests {
         assert_eq!(trace["steps"][1]["result"]["tokens"], 7);
         assert!(trace.get("agent_id").is_none());
         assert!(trace["metadata"].get("cost_usd").is_none(), "no price, no cost");
+    }
+
+    #[test]
+    fn openinference_messages_sent_as_parts_keep_their_text() {
+        let spans = vec![span(
+            "l",
+            None,
+            "ChatCompletion",
+            1,
+            json!({
+                "openinference.span.kind": "LLM",
+                "llm.input_messages.0.message.role": "user",
+                "llm.input_messages.0.message.contents.0.message_content.type": "text",
+                "llm.input_messages.0.message.contents.0.message_content.text": "Where is my refund?",
+                "llm.input_messages.0.message.contents.1.message_content.type": "image",
+                "llm.input_messages.0.message.contents.1.message_content.image.image.url": "https://example.com/receipt.png",
+                "llm.input_messages.0.message.contents.2.message_content.type": "text",
+                "llm.input_messages.0.message.contents.2.message_content.text": "Order 42.",
+                "llm.output_messages.0.message.contents.0.message_content.type": "text",
+                "llm.output_messages.0.message.contents.0.message_content.text": "Refunded.",
+            }),
+        )];
+        let Converted::Trace { trace, .. } = convert("t", &spans, &PriceTable::default()) else {
+            panic!()
+        };
+        assert_eq!(trace["input"]["user_message"], "Where is my refund?\nOrder 42.");
+        assert_eq!(trace["output"]["message"], "Refunded.");
+        let messages = &trace["steps"][0]["args"]["messages"];
+        assert_eq!(messages[0]["role"], "user", "{trace}");
+        assert_eq!(messages[0]["content"], "Where is my refund?\nOrder 42.");
     }
 
     #[test]
