@@ -126,7 +126,12 @@ def run_tool(call):
 
 
 def agent(question):
-    messages = [{"role": "user", "content": question}]
+    # OpenInference records a message sent as parts (a content array) as
+    # message.contents.{k}; the GenAI run sends plain text.
+    if CONVENTION == "genai":
+        messages = [{"role": "user", "content": question}]
+    else:
+        messages = [{"role": "user", "content": [{"type": "text", "text": question}]}]
     first = client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)
     call = first.choices[0].message.tool_calls[0]
     result = run_tool(call)
