@@ -107,10 +107,13 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
         loop {
             match js.get_or_create_stream(config.clone()).await {
                 Ok(_) => break,
-                Err(e) if out_of_store(&e) => anyhow::bail!(
-                    "creating JetStream stream {name}: the server has less room left in its JetStream store than the {} bytes (--nats-stream-bytes) the stream sets aside; give a smaller --nats-stream-bytes (each of the three streams takes it), or give the server more store (jetstream {{ max_file_store }} in its config, or more free disk: by default it may use 75% of the disk that is free when it starts)",
-                    opts.nats_stream_bytes
-                ),
+                Err(e) if out_of_store(&e) => {
+                    anyhow::bail!(
+                        "creating JetStream stream {name}: the server has less room left in its JetStream store than the {} bytes (--nats-stream-bytes) the stream sets aside{}; give a smaller --nats-stream-bytes (each of the three streams takes it; a stream that already exists keeps its size until it is edited or removed), or give the server more store (jetstream {{ max_file_store }} in its config, or more free disk: by default it may use 75% of the disk that is free when it starts; or a larger JetStream limit for the account)",
+                        opts.nats_stream_bytes,
+                        existing_sizes(js, names).await
+                    )
+                }
                 Err(_) if attempt < STREAM_CREATE_RETRIES => {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
@@ -125,10 +128,37 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
     Ok(())
 }
 
-/// The server refused a stream because its store cannot set aside `max_bytes`.
+/// The server refused a stream because its store cannot set aside
+/// `max_bytes`: a single server says so with 10047 (or 10023); a cluster
+/// finds no peer to place it on, "insufficient storage" (10005).
 fn out_of_store(e: &jetstream::context::CreateStreamError) -> bool {
-    matches!(e.kind(), jetstream::context::CreateStreamErrorKind::JetStream(j)
-        if j.error_code() == jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED)
+    use jetstream::ErrorCode;
+    let jetstream::context::CreateStreamErrorKind::JetStream(j) = e.kind() else {
+        return false;
+    };
+    match j.error_code() {
+        ErrorCode::STORAGE_RESOURCES_EXCEEDED | ErrorCode::INSUFFICIENT_RESOURCES => true,
+        ErrorCode::CLUSTER_NO_PEERS => j.to_string().contains("insufficient storage"),
+        _ => false,
+    }
+}
+
+/// "; already set aside: ATTEST_TRACES 1073741824 bytes, …" for the streams
+/// that exist: they hold the store a new one is refused for.
+async fn existing_sizes(js: &jetstream::Context, names: &Names) -> String {
+    let mut held = Vec::new();
+    for name in [&names.traces_stream, &names.results_stream, &names.dead_stream] {
+        if let Ok(mut stream) = js.get_stream(name).await {
+            if let Ok(info) = stream.info().await {
+                held.push(format!("{name} {} bytes", info.config.max_bytes));
+            }
+        }
+    }
+    if held.is_empty() {
+        String::new()
+    } else {
+        format!(" (already set aside by existing streams: {})", held.join(", "))
+    }
 }
 
 /// Further attempts at creating a stream another node may be creating.
@@ -474,6 +504,17 @@ impl Delivery {
     async fn term(&self) -> Result<(), async_nats::Error> {
         self.stop_progress().await;
         self.msg.double_ack_with(AckKind::Term).await
+    }
+}
+
+/// A message dropped unsettled (a panic on the way) stops its progress acks
+/// too, without waiting: the server redelivers it after the ack wait,
+/// instead of progress acks holding it for good.
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(ticker) = self.progress.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            ticker.abort();
+        }
     }
 }
 

@@ -433,6 +433,7 @@ fn a_server_store_too_small_for_the_streams_is_named_with_the_flag_that_fits_the
     let Some(bin) = nats_server_bin() else { return };
     let dir = tempfile::tempdir().unwrap();
     // Room for three streams of 16 MiB, not for three of the default 1 GiB.
+    // (100MB is 100 MiB to nats-server.)
     let nats = NatsServer::start_with(&bin, dir.path(), "jetstream { max_file_store: 100MB }\n");
     let rules = rules_file(dir.path(), RULES);
     let mut refused = Proc::spawn(dir.path(), "refused", &["worker", "--nats", &nats.url, "--rules", &rules], &[]);
@@ -443,6 +444,21 @@ fn a_server_store_too_small_for_the_streams_is_named_with_the_flag_that_fits_the
         "{err}"
     );
     assert!(err.contains("max_file_store"), "{err}");
+    assert!(!err.contains("already set aside"), "{err}");
+    // 40 MiB each: two fit, the third does not, and the error names what the
+    // first two hold (they keep it: a stream that exists keeps its size).
+    let mut refused = Proc::spawn(
+        dir.path(),
+        "refused-third",
+        &["worker", "--nats", &nats.url, "--rules", &rules, "--nats-stream-bytes", "41943040"],
+        &[],
+    );
+    assert_eq!(refused.wait_exit(30), 2);
+    let err = refused.stderr_text();
+    assert!(
+        err.contains("creating JetStream stream ATTEST_DEAD: the server has less room left in its JetStream store than the 41943040 bytes (--nats-stream-bytes) the stream sets aside (already set aside by existing streams: ATTEST_TRACES 41943040 bytes, ATTEST_RESULTS 41943040 bytes)"),
+        "{err}"
+    );
     let (w, _) = worker(
         dir.path(),
         "worker",

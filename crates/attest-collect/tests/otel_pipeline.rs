@@ -68,10 +68,7 @@ async fn run_convention(convention: &str) {
         assert_eq!(steps[0]["args"]["model"], "gpt-4o-mini");
         let asked = &steps[0]["args"]["messages"][0];
         assert_eq!(asked["role"], "user", "{t:#}");
-        assert!(
-            asked["content"].as_str().unwrap().starts_with("Where is my order ORD-7?"),
-            "{t:#}"
-        );
+        assert!(asked["content"].as_str().unwrap().starts_with("Where is my order ORD-7?"), "{t:#}");
         assert_eq!(steps[0]["result"]["tool_calls"][0]["name"], "lookup_order", "{t:#}");
         assert_eq!(steps[1]["name"], "lookup_order");
         assert_eq!(steps[1]["args"]["order_id"], "ORD-7");

@@ -1,7 +1,8 @@
 //! The README's `collect` and `worker` quick starts, run as written: their
 //! shell blocks, with the engine this suite tests in place of
-//! `target/release/attest-engine`, the nats-server found on this machine,
-//! and a free port for 4222.
+//! `target/release/attest-engine`, the nats-server found on this machine
+//! first on `PATH`, a free port for 14222, and waits for the server and the
+//! results instead of fixed sleeps.
 
 mod support;
 
@@ -62,12 +63,13 @@ impl Readme {
 
 /// Runs `script` with bash in `dir`, giving up (and killing all it started)
 /// after 90 s; returns the exit status, stdout and stderr.
-fn run(script: &str, dir: &Path) -> (ExitStatus, String, String) {
+fn run(script: &str, dir: &Path, env: &[(&str, &str)]) -> (ExitStatus, String, String) {
     let (out, err) = (dir.join("stdout"), dir.join("stderr"));
     let mut child = Command::new("bash")
         .args(["-c", script])
         .current_dir(dir)
         .env("ATTEST_CACHE_DIR", dir.join("cache"))
+        .envs(env.iter().copied())
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(&err).unwrap())
         .process_group(0)
@@ -114,14 +116,21 @@ fn the_readme_worker_quick_start_runs_offline() {
     // server's "ready" and for the two result lines themselves.
     let ready = "-l nats.log & for _ in $(seq 200); do grep -q 'Server is ready' nats.log 2>/dev/null && break; sleep 0.1; done";
     let results = "for _ in $(seq 100); do [ \"$(cat dist-results.jsonl 2>/dev/null | wc -l)\" -ge 2 ] && break; sleep 0.2; done; cat";
-    let script = readme
-        .script(&format!("{}\n{}", readme.rules_line(), readme.block("### Scaling out: `worker`")))
-        .replace("-l nats.log & sleep 1", ready)
-        .replace("sleep 3; cat", results)
-        .replace("\nnats-server ", &format!("\n{} ", nats.display()))
-        .replace("4222", &free_port().to_string());
+    let block = readme.block("### Scaling out: `worker`");
+    let mut script = readme.script(&format!("{}\n{block}", readme.rules_line()));
+    // Another test's server may hold the block's port.
+    for (from, to) in [
+        ("-l nats.log & sleep 1", ready),
+        ("sleep 3; cat", results),
+        ("14222", &free_port().to_string()),
+    ] {
+        assert!(script.contains(from), "the block no longer has {from:?}:\n{block}");
+        script = script.replace(from, to);
+    }
     let dir = tempfile::tempdir().unwrap();
-    let (status, stdout, stderr) = run(&script, dir.path());
+    // The block finds nats-server on PATH or in /usr/sbin; this machine's may be elsewhere.
+    let path = format!("{}:{}", nats.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let (status, stdout, stderr) = run(&script, dir.path(), &[("PATH", &path)]);
     assert!(status.success(), "{script}\n{stdout}\n{stderr}");
     assert!(stderr.contains("2 published (0 already in the stream)"), "{stderr}");
     assert_eq!(statuses(&dir.path().join("dist-results.jsonl")), expected(), "{stderr}");
@@ -142,12 +151,12 @@ fn the_readme_collect_quick_start_rescores_the_example_traces() {
     assert_eq!(lines.len(), 2, "the block writes rules.yaml and re-scores a file:\n{block}");
     let script = readme.script(&lines.join("\n"));
     let dir = tempfile::tempdir().unwrap();
-    let (status, _, stderr) = run(&script, dir.path());
+    let (status, _, stderr) = run(&script, dir.path(), &[]);
     assert!(status.success(), "{script}\n{stderr}");
     let results = dir.path().join("results.jsonl");
     assert_eq!(statuses(&results), expected(), "{stderr}");
     // Re-scoring the same file stores nothing twice.
-    let (status, _, stderr) = run(&script, dir.path());
+    let (status, _, stderr) = run(&script, dir.path(), &[]);
     assert!(status.success(), "{stderr}");
     assert_eq!(statuses(&results), expected(), "{stderr}");
 }
