@@ -382,7 +382,8 @@ impl Writer {
         }
         let interned = &mut self.interned;
         let result = (|| -> rusqlite::Result<u64> {
-            let tx = self.conn.transaction()?;
+            // Immediate, for the same reason as in `prune`.
+            let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let mut n = 0;
             {
                 let mut key =
@@ -473,7 +474,11 @@ impl Writer {
         let max_rows = i64::try_from(self.config.max_rows).unwrap_or(i64::MAX);
         let known_total = self.results;
         let result = (|| -> rusqlite::Result<(usize, i64)> {
-            let tx = self.conn.transaction()?;
+            // The write lock up front, waiting on the busy timeout: a
+            // deferred transaction reads first and then fails at once
+            // ("database is locked") if another engine sharing the file
+            // wrote in between, as engines started together do.
+            let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let mut deleted = 0;
             // Batches are appended in time order: nothing is too old unless
             // the oldest is.
