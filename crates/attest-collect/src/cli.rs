@@ -257,7 +257,7 @@ fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
 fn sinks(results_jsonl: &Option<PathBuf>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<crate::SharedSinks> {
     let mut v: Vec<Arc<dyn HistorySink>> = Vec::new();
     if let Some(p) = results_jsonl {
-        let sink = JsonlSink::open(p).with_context(|| format!("--results-jsonl {}: cannot be opened for appending", p.display()))?;
+        let sink = JsonlSink::open(p)?;
         v.push(Arc::new(sink));
     }
     if let Some(h) = history {
