@@ -123,6 +123,20 @@ pub struct NatsOptions {
     /// this much of the server's store aside per stream when the stream is created.
     #[arg(long, default_value_t = 1 << 30, value_parser = stream_bytes)]
     pub nats_stream_bytes: i64,
+    /// NATS credentials file (a user JWT and its NKey seed, as `nsc` writes it).
+    /// A user and password, or a token, go in the URL instead:
+    /// nats://USER:PASSWORD@HOST:PORT, nats://TOKEN@HOST:PORT.
+    #[arg(long, value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+    /// CA certificates (PEM) the NATS server's TLS certificate must chain to; implies TLS.
+    #[arg(long, value_name = "FILE")]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a server that verifies its clients; give --nats-tls-key with it.
+    #[arg(long, value_name = "FILE", requires = "nats_tls_key")]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "nats_tls_cert")]
+    pub nats_tls_key: Option<PathBuf>,
 }
 
 /// Smallest `--nats-stream-bytes`: a stream must hold a message of the

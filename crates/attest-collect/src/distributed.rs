@@ -66,12 +66,95 @@ fn nats(what: impl std::fmt::Display, e: impl std::fmt::Display) -> anyhow::Erro
     anyhow::anyhow!("{what}: {e}")
 }
 
-async fn connect(url: &str) -> anyhow::Result<jetstream::Context> {
-    let client = tokio::time::timeout(Duration::from_secs(10), async_nats::connect(url))
+async fn connect(url: &str, opts: &NatsOptions) -> anyhow::Result<jetstream::Context> {
+    let server = NatsServer::parse(url)?;
+    let shown = &server.shown;
+    let mut options = match &opts.nats_creds {
+        Some(path) => {
+            anyhow::ensure!(
+                server.user.is_none(),
+                "--nats {shown}: give a user or token in the URL, or --nats-creds, not both"
+            );
+            async_nats::ConnectOptions::with_credentials_file(path)
+                .await
+                .map_err(|e| anyhow::anyhow!("--nats-creds {}: cannot be read as a NATS credentials file: {e}", path.display()))?
+        }
+        None => match (&server.user, &server.password) {
+            (Some(user), Some(password)) => async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone()),
+            (Some(token), None) => async_nats::ConnectOptions::with_token(token.clone()),
+            _ => async_nats::ConnectOptions::new(),
+        },
+    };
+    if let Some(ca) = &opts.nats_tls_ca {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&opts.nats_tls_cert, &opts.nats_tls_key) {
+        options = options.add_client_certificate(cert.clone(), key.clone()).require_tls(true);
+    }
+    let client = tokio::time::timeout(Duration::from_secs(10), options.connect(server.addrs))
         .await
-        .with_context(|| format!("--nats {url}: no answer within 10 s"))?
-        .map_err(|e| nats(format_args!("--nats {url}: cannot connect"), e))?;
+        .with_context(|| format!("--nats {shown}: no answer within 10 s"))?
+        .map_err(|e| nats(format_args!("--nats {shown}: cannot connect"), e))?;
     Ok(jetstream::new(client))
+}
+
+/// `--nats`: one or more comma-separated server URLs, credentials taken out.
+struct NatsServer {
+    addrs: Vec<async_nats::ServerAddr>,
+    /// The URLs as given, without user, password or token: what logs and errors show.
+    shown: String,
+    user: Option<String>,
+    password: Option<String>,
+}
+
+impl NatsServer {
+    fn parse(given: &str) -> anyhow::Result<NatsServer> {
+        let mut server = NatsServer {
+            addrs: Vec::new(),
+            shown: String::new(),
+            user: None,
+            password: None,
+        };
+        let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+        for part in given.split(',').map(str::trim) {
+            anyhow::ensure!(
+                !part.is_empty(),
+                "--nats: the server URL is empty; give nats://HOST:PORT (several separated by commas)"
+            );
+            let addr: async_nats::ServerAddr = part.parse().map_err(|e| {
+                anyhow::anyhow!(
+                    "--nats {}: not a NATS server URL ({e}); give nats://HOST:PORT or tls://HOST:PORT",
+                    redacted(part)
+                )
+            })?;
+            let mut url = addr.into_inner();
+            if !url.username().is_empty() {
+                let user = Some(decode(url.username()));
+                let password = url.password().map(decode);
+                anyhow::ensure!(
+                    server.user.is_none() || (server.user == user && server.password == password),
+                    "--nats: the URLs carry different credentials; give the same user and password (or token) in each, or in one"
+                );
+                (server.user, server.password) = (user, password);
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+            }
+            if !server.shown.is_empty() {
+                server.shown.push(',');
+            }
+            server.shown.push_str(url.as_str().trim_end_matches('/'));
+            server.addrs.push(async_nats::ServerAddr::from_url(url)?);
+        }
+        Ok(server)
+    }
+}
+
+/// A URL as it may be shown: `user:password@` or `token@` replaced by `***@`.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &url[..scheme + 3], &url[at..]),
+        _ => url.to_string(),
+    }
 }
 
 /// Creates the three streams if missing (idempotent on every node).
@@ -275,7 +358,7 @@ pub struct Publisher {
 
 impl Publisher {
     pub async fn connect(url: &str, opts: &NatsOptions) -> anyhow::Result<Publisher> {
-        let js = connect(url).await?;
+        let js = connect(url, opts).await?;
         let names = Names::new(&opts.nats_prefix);
         ensure_streams(&js, &names, opts).await?;
         Ok(Publisher { js, names })
@@ -341,7 +424,7 @@ async fn durable_consumer(
 
 /// Evaluation worker loop; returns on SIGTERM after in-flight messages finish.
 pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Result<()> {
-    let js = connect(&args.nats).await?;
+    let js = connect(&args.nats, &args.nats_opts).await?;
     let names = Names::new(&args.nats_opts.nats_prefix);
     ensure_streams(&js, &names, &args.nats_opts).await?;
     // Both are at least 1: the flags are refused otherwise (cli.rs).
@@ -706,7 +789,7 @@ pub fn record_problem(r: &ResultRecord) -> Option<String> {
 
 /// Results sink loop: results stream → sinks, ack after they are stored.
 pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Result<()> {
-    let js = connect(&args.nats).await?;
+    let js = connect(&args.nats, &args.nats_opts).await?;
     let names = Names::new(&args.nats_opts.nats_prefix);
     ensure_streams(&js, &names, &args.nats_opts).await?;
     let stream = js.get_stream(&names.results_stream).await?;

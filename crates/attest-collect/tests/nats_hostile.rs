@@ -4,7 +4,9 @@
 //! malformed results, stray results for a trace, work waiting for a free
 //! evaluation slot, and a durable consumer created with other flags. Each
 //! must end counted and accounted for: evaluated, dead-lettered or dropped
-//! with a reason, never a panic or a message stuck in the stream.
+//! with a reason, never a panic or a message stuck in the stream. Also the
+//! server's side: a store too small for the streams, and secured servers
+//! (credentials, TLS).
 
 mod support;
 
@@ -468,4 +470,131 @@ fn a_server_store_too_small_for_the_streams_is_named_with_the_flag_that_fits_the
     );
     let (code, log) = w.terminate();
     assert_eq!(code, 0, "{log}");
+}
+
+/// A secured server: a user and password, or a token, in the URL; TLS with
+/// the operator's CA. The credentials never appear in what is printed.
+#[test]
+fn secured_servers_take_credentials_from_the_url_and_tls_from_the_ca_flag() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(dir.path(), RULES);
+    let conf = format!("{TEST_STORE}authorization {{ user: bob, password: \"s3cr%t\" }}\n");
+    let nats = NatsServer::start_with(&bin, dir.path(), &conf);
+    let port = nats.url.rsplit(':').next().unwrap().to_string();
+    // The password's % is percent-encoded in the URL.
+    let with_user = format!("nats://bob:s3cr%25t@127.0.0.1:{port}");
+    let (w, _) = worker(dir.path(), "user", &with_user, &["--rules", &rules], &[]);
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
+    let mut wrong = Proc::spawn(
+        dir.path(),
+        "wrong",
+        &["worker", "--nats", &format!("nats://bob:nope@127.0.0.1:{port}"), "--rules", &rules],
+        &[],
+    );
+    assert_eq!(wrong.wait_exit(30), 2);
+    let err = wrong.stderr_text();
+    assert!(err.contains(&format!("--nats nats://127.0.0.1:{port}: cannot connect")), "{err}");
+    assert!(err.contains("authorization violation"), "{err}");
+    assert!(!err.contains("nope") && !log.contains("s3cr"), "credentials are not printed: {err}");
+    drop(nats);
+
+    let dir = tempfile::tempdir().unwrap();
+    let conf = format!("{TEST_STORE}authorization {{ token: \"t0k3n\" }}\n");
+    let nats = NatsServer::start_with(&bin, dir.path(), &conf);
+    let port = nats.url.rsplit(':').next().unwrap().to_string();
+    let (w, _) = worker(
+        dir.path(),
+        "token",
+        &format!("nats://t0k3n@127.0.0.1:{port}"),
+        &["--rules", &rules],
+        &[],
+    );
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
+    drop(nats);
+
+    // TLS, with a CA made for the test.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .output()
+            .expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=attest test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(d.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    let conf = format!(
+        "{TEST_STORE}tls {{ cert_file: \"{}\", key_file: \"{}\" }}\n",
+        d.join("server.pem").display(),
+        d.join("server.key").display()
+    );
+    let nats = NatsServer::start_with(&bin, d, &conf);
+    let port = nats.url.rsplit(':').next().unwrap().to_string();
+    let rules = rules_file(d, RULES);
+    let ca = d.join("ca.pem");
+    let (w, _) = worker(
+        d,
+        "tls",
+        &format!("tls://127.0.0.1:{port}"),
+        &["--rules", &rules, "--nats-tls-ca", ca.to_str().unwrap()],
+        &[],
+    );
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
+    // Without the CA the server's certificate is not trusted.
+    let mut untrusted = Proc::spawn(
+        d,
+        "untrusted",
+        &["worker", "--nats", &format!("tls://127.0.0.1:{port}"), "--rules", &rules],
+        &[],
+    );
+    assert_eq!(untrusted.wait_exit(30), 2, "{}", untrusted.stderr_text());
 }
