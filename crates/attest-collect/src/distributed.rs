@@ -187,9 +187,9 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
         // is being applied. A second look then finds the stream; a real
         // conflict still fails, after the last attempt.
         let mut attempt = 0;
-        loop {
+        let stream = loop {
             match js.get_or_create_stream(config.clone()).await {
-                Ok(_) => break,
+                Ok(stream) => break stream,
                 Err(e) if out_of_store(&e) => {
                     anyhow::bail!(
                         "creating JetStream stream {name}: the server has less room left in its JetStream store than the {} bytes (--nats-stream-bytes) the stream sets aside{}; give a smaller --nats-stream-bytes (each of the three streams takes it; a stream that already exists keeps its size until it is edited or removed), or give the server more store (jetstream {{ max_file_store }} in its config, or more free disk: by default it may use 75% of the disk that is free when it starts; or a larger JetStream limit for the account)",
@@ -200,12 +200,30 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
                 Err(_) if attempt < STREAM_CREATE_RETRIES => {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
-                    if js.get_stream(name).await.is_ok() {
-                        break;
+                    if let Ok(stream) = js.get_stream(name).await {
+                        break stream;
                     }
                 }
-                Err(e) => return Err(nats(format_args!("creating JetStream stream {name}"), e)),
+                Err(e) => {
+                    // A subject overlap names neither stream: say which one holds the subject.
+                    let holder = match js.stream_by_subject(subject.as_str()).await {
+                        Ok(other) if &other != name => format!(" (stream {other} already takes {subject})"),
+                        _ => String::new(),
+                    };
+                    return Err(nats(format_args!("creating JetStream stream {name}{holder}"), e));
+                }
             }
+        };
+        // A stream of that name made by someone else (or by another
+        // --nats-prefix that maps to the same name: `attest` and `ATTEST`,
+        // `a-b` and `a_b`) would take none of this prefix's messages.
+        let have = &stream.cached_info().config;
+        if !have.subjects.iter().any(|s| s == subject) || have.retention != retention {
+            anyhow::bail!(
+                "JetStream stream {name} exists with subjects {:?} and {:?} retention, where this --nats-prefix needs subject {subject} and {retention:?} retention; it was made by something else, or for a --nats-prefix that differs only in case or in '-' and '_': use another --nats-prefix, or remove the stream",
+                have.subjects,
+                have.retention
+            );
         }
     }
     Ok(())

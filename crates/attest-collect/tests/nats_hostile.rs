@@ -598,3 +598,31 @@ fn secured_servers_take_credentials_from_the_url_and_tls_from_the_ca_flag() {
     );
     assert_eq!(untrusted.wait_exit(30), 2, "{}", untrusted.stderr_text());
 }
+
+/// Prefixes that differ only in case, or in '-' and '_', map to the same
+/// stream names: the second is refused instead of sharing streams whose
+/// subjects it never uses.
+#[test]
+fn a_prefix_whose_streams_belong_to_another_prefix_is_refused() {
+    let Some(Setup { dir, nats, rules }) = Setup::start() else { return };
+    let (w, _) = worker(dir.path(), "first", &nats.url, &["--rules", &rules, "--nats-prefix", "team-a"], &[]);
+    for other in ["team_a", "TEAM-A"] {
+        let mut p = Proc::spawn(
+            dir.path(),
+            other,
+            &["worker", "--nats", &nats.url, "--rules", &rules, "--nats-prefix", other],
+            &[],
+        );
+        assert_eq!(p.wait_exit(30), 2);
+        let err = p.stderr_text();
+        let subject = format!("{other}.traces");
+        assert!(
+            err.contains("JetStream stream TEAM_A_TRACES exists with subjects [\"team-a.traces\"]")
+                && err.contains(&format!("this --nats-prefix needs subject {subject}"))
+                && err.contains("use another --nats-prefix, or remove the stream"),
+            "{err}"
+        );
+    }
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
+}
