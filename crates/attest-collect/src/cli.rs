@@ -298,10 +298,10 @@ pub(crate) async fn shutdown_signal() {
 
 /// SIGTERM and SIGINT (Ctrl-C), counted from the moment it is installed:
 /// the first starts the drain, a second cuts its waits short.
-struct Signals(tokio::sync::watch::Receiver<u32>);
+pub(crate) struct Signals(tokio::sync::watch::Receiver<u32>);
 
 impl Signals {
-    fn install() -> anyhow::Result<Signals> {
+    pub(crate) fn install() -> anyhow::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -319,7 +319,7 @@ impl Signals {
     }
 
     /// Resolves once `n` signals have arrived.
-    fn nth(&self, n: u32) -> impl std::future::Future<Output = ()> + 'static {
+    pub(crate) fn nth(&self, n: u32) -> impl std::future::Future<Output = ()> + 'static {
         let mut rx = self.0.clone();
         async move {
             // The sender lives as long as the runtime: an error cannot

@@ -470,7 +470,8 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     let published = Arc::new(AtomicU64::new(0));
     let sem = Arc::new(Semaphore::new(args.concurrency));
     let mut tasks = JoinSet::new();
-    let shutdown = crate::cli::shutdown_signal();
+    let signals = crate::cli::Signals::install()?;
+    let shutdown = signals.nth(1);
     tokio::pin!(shutdown);
     'pull: loop {
         // Ask the server for exactly as many messages as there are free
@@ -540,10 +541,28 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     }
     // Finished tasks are joined first, so the count is of evaluations still running.
     while tasks.try_join_next().is_some() {}
-    eprintln!("attest-collect worker: draining {} in-flight evaluations", tasks.len());
-    while tasks.join_next().await.is_some() {}
+    eprintln!(
+        "attest-collect worker: draining {} in-flight evaluations (at most {} s; a second signal stops waiting)",
+        tasks.len(),
+        WORKER_DRAIN_TIMEOUT.as_secs()
+    );
+    let finished = tokio::select! {
+        _ = async { while tasks.join_next().await.is_some() {} } => true,
+        _ = tokio::time::sleep(WORKER_DRAIN_TIMEOUT) => false,
+        _ = signals.nth(2) => false,
+    };
+    if !finished {
+        // Their messages are not lost: unacknowledged, they go back to the
+        // stream when the ack wait runs out and another worker takes them.
+        let left = tasks.len();
+        tasks.shutdown().await;
+        eprintln!("attest-collect worker: {left} evaluations abandoned; their messages will be delivered again after the ack wait");
+    }
     Ok(())
 }
+
+/// Longest a worker waits at SIGTERM for its evaluations to finish.
+const WORKER_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A work message while this worker holds it. Progress acks keep it ours
 /// from the moment it arrives until it is settled (acked, NAKed or

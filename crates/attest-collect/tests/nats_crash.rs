@@ -291,3 +291,73 @@ fn a_slow_evaluation_keeps_its_message_with_progress_acks() {
     assert_eq!(code, 0);
     assert!(read_jsonl(&results).iter().all(|r| r["delivery"] == 1));
 }
+
+/// SIGTERM drains a worker's evaluations for at most 30 s; a second signal
+/// stops waiting at once. An abandoned message is not lost: unacknowledged,
+/// it goes back to the stream and another worker evaluates it.
+#[test]
+fn a_worker_stopped_twice_abandons_its_evaluation_and_another_takes_the_message() {
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let rules = rules.to_str().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let input = dir.path().join("traces.jsonl");
+    let trace = serde_json::json!({"schema_version": 1, "trace_id": "trc_stuck", "agent_id": "refund-agent", "steps": [], "output": {"message": "x"}});
+    std::fs::write(&input, trace.to_string()).unwrap();
+    let common = ["--nats", &nats.url, "--ack-wait-secs", "2", "--max-deliver", "5"];
+    let sink = Proc::spawn(
+        dir.path(),
+        "sink",
+        &[
+            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
+            &common[..],
+        ]
+        .concat(),
+        &[],
+    );
+    // An evaluation of ten minutes.
+    let mut stuck = Proc::spawn(
+        dir.path(),
+        "stuck",
+        &[&["worker", "--rules", rules][..], &common[..]].concat(),
+        &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "600000")],
+    );
+    stuck.wait_for("evaluating from", 20);
+    let mut collector = Proc::spawn(
+        dir.path(),
+        "collector",
+        &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
+        &[],
+    );
+    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    // The worker's pull is already waiting: the message is in its hands at once.
+    std::thread::sleep(Duration::from_millis(1500));
+    stuck.signal("TERM");
+    stuck.wait_for("draining 1 in-flight evaluations (at most 30 s; a second signal stops waiting)", 10);
+    stuck.signal("TERM");
+    assert_eq!(stuck.wait_exit(10), 0, "{}", stuck.stderr_text());
+    assert!(
+        stuck
+            .stderr_text()
+            .contains("1 evaluations abandoned; their messages will be delivered again after the ack wait"),
+        "{}",
+        stuck.stderr_text()
+    );
+    let worker = Proc::spawn(
+        dir.path(),
+        "worker",
+        &[&["worker", "--rules", rules][..], &common[..]].concat(),
+        &[],
+    );
+    assert_eq!(wait_lines(&results, 3, 30), 3, "another worker evaluates the abandoned trace");
+    assert!(read_jsonl(&results)
+        .iter()
+        .all(|r| r["trace_id"] == "trc_stuck" && r["delivery"] == 2));
+    let (code, log) = worker.terminate();
+    assert_eq!(code, 0, "{log}");
+    let (code, _) = sink.terminate();
+    assert_eq!(code, 0);
+}
