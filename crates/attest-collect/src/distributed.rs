@@ -676,7 +676,7 @@ impl WorkerCtx {
         // to another thread while it runs (see the engine's rule suites):
         // progress acks and the NATS connection keep being served.
         let pipeline = self.pipeline.clone();
-        let evaluated = tokio::spawn(async move { pipeline.evaluate(&item, delivered as u64).await }).await;
+        let evaluated = tokio::spawn(async move { pipeline.evaluate_or_fail(&item, delivered as u64).await }).await;
         let outcome = match evaluated {
             Ok(outcome) => outcome,
             Err(e) => {

@@ -150,9 +150,26 @@ impl Pipeline {
     /// whole item (the caller retries it; result keys make the retry idempotent);
     /// other failures and budget refusals are counted and skip that rule.
     pub async fn evaluate(&self, item: &WorkItem, delivery: u64) -> Result<Vec<ResultRecord>, EvalError> {
+        self.evaluate_rules(item, delivery).await.map(|(records, _)| records)
+    }
+
+    /// [`Pipeline::evaluate`], failing with the first rule's error when every
+    /// rule that ran failed: for a worker, such a trace (one the engine
+    /// refuses, say) belongs on the dead-letter subject, not acked as done.
+    pub async fn evaluate_or_fail(&self, item: &WorkItem, delivery: u64) -> Result<Vec<ResultRecord>, EvalError> {
+        match self.evaluate_rules(item, delivery).await? {
+            (records, Some(failed)) if records.is_empty() => Err(failed),
+            (records, _) => Ok(records),
+        }
+    }
+
+    /// The results of the rules an item names, and the first non-retryable
+    /// failure of a rule, if any (each is counted and logged).
+    async fn evaluate_rules(&self, item: &WorkItem, delivery: u64) -> Result<(Vec<ResultRecord>, Option<EvalError>), EvalError> {
         let trace_id = item.trace_id().to_string();
         let agent_id = item.trace["agent_id"].as_str().map(str::to_string);
         let mut records = Vec::new();
+        let mut first_failure = None;
         let mut rules_evaluated = 0u64;
         for rule in self.selected_rules(item) {
             let name = &rule.name;
@@ -172,6 +189,10 @@ impl Pipeline {
                 Err(e) => {
                     self.metrics.rule_event(name, "eval_error");
                     tracing::warn!(rule = %name, trace_id = %crate::shown_id(&trace_id), error = %e, "evaluation failed");
+                    first_failure.get_or_insert(EvalError {
+                        message: format!("rule {name}: {}", e.message),
+                        retryable: false,
+                    });
                     continue;
                 }
             };
@@ -206,7 +227,7 @@ impl Pipeline {
             self.metrics.traces_evaluated.fetch_add(1, Ordering::Relaxed);
             self.metrics.rule_evaluations.fetch_add(rules_evaluated, Ordering::Relaxed);
         }
-        Ok(records)
+        Ok((records, first_failure))
     }
 
     /// The rules of this process an item names, each once, in the item's

@@ -13,7 +13,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{free_port, metric, nats_server_bin, read_jsonl, wait_lines, NatsServer, Proc, RULES, TEST_STORE};
+use support::{free_port, metric, nats_server_bin, read_jsonl, wait_lines, Evaluator, NatsServer, Proc, RULES, TEST_STORE};
 
 fn trace(id: &str) -> serde_json::Value {
     serde_json::json!({
@@ -623,6 +623,45 @@ fn a_prefix_whose_streams_belong_to_another_prefix_is_refused() {
             "{err}"
         );
     }
+    let (code, log) = w.terminate();
+    assert_eq!(code, 0, "{log}");
+}
+
+/// A trace the engine refuses (no `schema_version`) fails every rule: the
+/// worker dead-letters it with the engine's reason instead of acking it as
+/// done, and the valid trace beside it is evaluated.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trace_every_rule_fails_on_is_dead_lettered_with_the_reason() {
+    if Evaluator::product() != Evaluator::Engine {
+        return;
+    }
+    let Some(Setup { dir, nats, rules }) = Setup::start() else { return };
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut w = Proc::spawn_on(
+        Evaluator::Engine,
+        dir.path(),
+        "worker",
+        &["worker", "--nats", &nats.url, "--metrics-addr", &addr, "--rules", &rules],
+        &[],
+    );
+    w.wait_for("evaluating from", 30);
+    let js = js(&nats.url).await;
+    let mut invalid = trace("trc_invalid");
+    invalid.as_object_mut().unwrap().remove("schema_version");
+    let item = serde_json::json!({"trace": invalid, "rules": ["refund-tools"]});
+    publish(&js, "attest.traces", &[], serde_json::to_vec(&item).unwrap()).await;
+    publish(&js, "attest.traces", &[], work("trc_valid")).await;
+    let m = wait_metric(&addr, "attest_collect_dead_lettered_total", 1.0).await;
+    assert_eq!(metric(&m, "attest_collect_traces_evaluated_total"), 1.0, "{m}");
+    let dead = dead_letters(&js).await;
+    assert_eq!(dead.len(), 1);
+    let headers = &dead[0].0;
+    assert_eq!(headers.get("Attest-Trace-Id").unwrap().as_str(), "trc_invalid");
+    let reason = headers.get("Attest-Dead-Reason").unwrap().as_str().to_string();
+    assert!(
+        reason.starts_with("rule refund-tools: ") && reason.contains("schema_version"),
+        "{reason}"
+    );
     let (code, log) = w.terminate();
     assert_eq!(code, 0, "{log}");
 }
