@@ -745,6 +745,14 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
         (None, WorkerRole::Sink) => Arc::new(RuleSet { rules: vec![] }),
         (None, WorkerRole::Evaluate) => bail!("--rules is required for --role evaluate"),
     };
+    if args.role == WorkerRole::Evaluate {
+        if let Some(p) = &args.results_jsonl {
+            bail!(
+                "--results-jsonl {}: an evaluating worker publishes its results to the results stream, and a sink (--role sink) writes them; give --results-jsonl to the sink instead",
+                p.display()
+            );
+        }
+    }
     if args.role == WorkerRole::Sink && args.results_jsonl.is_none() && history.is_none() {
         bail!("--role sink needs somewhere to write: pass --results-jsonl");
     }

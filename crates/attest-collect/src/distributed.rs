@@ -204,6 +204,11 @@ pub async fn ensure_streams(js: &jetstream::Context, names: &Names, opts: &NatsO
                         break stream;
                     }
                 }
+                Err(e) if matches!(e.kind(), jetstream::context::CreateStreamErrorKind::JetStreamUnavailable) => {
+                    anyhow::bail!(
+                        "creating JetStream stream {name}: the NATS server has no JetStream; start it with -js (nats-server -js), or enable jetstream in its configuration"
+                    )
+                }
                 Err(e) => {
                     // A subject overlap names neither stream: say which one holds the subject.
                     let holder = match js.stream_by_subject(subject.as_str()).await {

@@ -665,3 +665,60 @@ async fn a_trace_every_rule_fails_on_is_dead_lettered_with_the_reason() {
     let (code, log) = w.terminate();
     assert_eq!(code, 0, "{log}");
 }
+
+/// Set-ups that cannot work are refused at start-up, saying what to change:
+/// results given to an evaluating worker (the sink writes them), and a
+/// server without JetStream.
+#[test]
+fn a_worker_set_up_wrong_is_told_what_to_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(dir.path(), RULES);
+    let mut p = Proc::spawn(
+        dir.path(),
+        "results",
+        &[
+            "worker",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--rules",
+            &rules,
+            "--results-jsonl",
+            "r.jsonl",
+        ],
+        &[],
+    );
+    assert_eq!(p.wait_exit(20), 2);
+    assert!(
+        p.stderr_text().contains("give --results-jsonl to the sink instead"),
+        "{}",
+        p.stderr_text()
+    );
+
+    let Some(bin) = nats_server_bin() else { return };
+    let port = free_port().to_string();
+    let log = dir.path().join("plain-nats.log");
+    let mut server = std::process::Command::new(&bin)
+        .args(["-a", "127.0.0.1", "-p", &port, "-l", log.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("Server is ready") {
+        assert!(Instant::now() < deadline, "nats-server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut p = Proc::spawn(
+        dir.path(),
+        "no-jetstream",
+        &["worker", "--nats", &format!("nats://127.0.0.1:{port}"), "--rules", &rules],
+        &[],
+    );
+    let code = p.wait_exit(30);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(code, 2);
+    assert!(
+        p.stderr_text().contains("the NATS server has no JetStream; start it with -js"),
+        "{}",
+        p.stderr_text()
+    );
+}
