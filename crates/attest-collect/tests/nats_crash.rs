@@ -180,104 +180,115 @@ fn killed_and_crashing_workers_lose_nothing_and_count_nothing_twice() {
     eprintln!("{redelivered} results from redeliveries; crash-before-ack trace {crashed_trace} redelivered");
 }
 
+/// A nats-server with the standard rules beside it, a sink writing
+/// `results.jsonl`, and the flags every process of the test shares.
+/// `dir` is declared first so that it outlives the server and the processes.
+struct Scene {
+    dir: tempfile::TempDir,
+    _nats: NatsServer,
+    rules: String,
+    results: std::path::PathBuf,
+    common: Vec<String>,
+    sink: Proc,
+}
+
+impl Scene {
+    /// `None` (the test skipped, with a note) without a nats-server.
+    fn start(flags: &[&str]) -> Option<Scene> {
+        let bin = nats_server_bin()?;
+        let dir = tempfile::tempdir().unwrap();
+        let nats = NatsServer::start(&bin, dir.path());
+        let rules = dir.path().join("rules.yaml");
+        std::fs::write(&rules, RULES).unwrap();
+        let results = dir.path().join("results.jsonl");
+        let common: Vec<String> = [&["--nats", nats.url.as_str()][..], flags]
+            .concat()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let sink_args = [
+            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
+            &strs(&common),
+        ]
+        .concat();
+        let sink = Proc::spawn(dir.path(), "sink", &sink_args, &[]);
+        Some(Scene {
+            rules: rules.to_str().unwrap().to_owned(),
+            dir,
+            _nats: nats,
+            results,
+            common,
+            sink,
+        })
+    }
+
+    /// An evaluating worker on the test harness, ready to take messages.
+    fn worker(&self, name: &str, env: &[(&str, &str)]) -> Proc {
+        let args = [&["worker", "--rules", self.rules.as_str()][..], &strs(&self.common)].concat();
+        let mut w = Proc::spawn(self.dir.path(), name, &args, env);
+        w.wait_for("evaluating from", 20);
+        w
+    }
+
+    /// Publishes these traces with `collect --jsonl`, which must succeed.
+    fn publish(&self, ids: &[&str]) {
+        let input = self.dir.path().join("traces.jsonl");
+        let lines: Vec<String> = ids
+            .iter()
+            .map(|id| {
+                serde_json::json!({"schema_version": 1, "trace_id": id, "agent_id": "refund-agent", "steps": [], "output": {"message": "x"}})
+                    .to_string()
+            })
+            .collect();
+        std::fs::write(&input, lines.join("\n")).unwrap();
+        let args = [
+            &["collect", "--rules", self.rules.as_str(), "--jsonl", input.to_str().unwrap()][..],
+            &strs(&self.common),
+        ]
+        .concat();
+        let mut collector = Proc::spawn(self.dir.path(), "collector", &args, &[]);
+        assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    }
+
+    /// Stops the sink (it must exit cleanly) and returns the stored results.
+    fn finish(self) -> Vec<serde_json::Value> {
+        let (code, log) = self.sink.terminate();
+        assert_eq!(code, 0, "{log}");
+        read_jsonl(&self.results)
+    }
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
 #[test]
 fn a_trace_that_keeps_failing_goes_to_the_dead_letter_subject_after_max_deliveries() {
-    let Some(bin) = nats_server_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&bin, dir.path());
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
-    let rules = rules.to_str().unwrap();
-    let results = dir.path().join("results.jsonl");
-    let input = dir.path().join("traces.jsonl");
-    let lines: Vec<String> = (0..5)
-        .map(|i| {
-            serde_json::json!({"schema_version": 1, "trace_id": format!("trc_{i}"), "agent_id": "refund-agent", "steps": [], "output": {"message": "x"}})
-                .to_string()
-        })
-        .collect();
-    std::fs::write(&input, lines.join("\n")).unwrap();
-    let common = ["--nats", &nats.url, "--ack-wait-secs", "3", "--max-deliver", "2"];
-    let sink = Proc::spawn(
-        dir.path(),
-        "sink",
-        &[
-            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
-            &common[..],
-        ]
-        .concat(),
-        &[],
-    );
-    let mut worker = Proc::spawn(
-        dir.path(),
-        "worker",
-        &[&["worker", "--rules", rules][..], &common[..]].concat(),
-        &[("ATTEST_COLLECT_TEST_FAIL_TRACE", "trc_3")],
-    );
-    worker.wait_for("evaluating from", 20);
-    let mut collector = Proc::spawn(
-        dir.path(),
-        "collector",
-        &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
-        &[],
-    );
-    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    let Some(scene) = Scene::start(&["--ack-wait-secs", "3", "--max-deliver", "2"]) else {
+        return;
+    };
+    let mut worker = scene.worker("worker", &[("ATTEST_COLLECT_TEST_FAIL_TRACE", "trc_3")]);
+    scene.publish(&["trc_0", "trc_1", "trc_2", "trc_3", "trc_4"]);
     let log = worker.wait_for("trace trc_3 moved to attest.dead (maximum deliveries reached)", 60);
     assert!(log.contains("redelivery 2 of trace trc_3"), "{log}");
     assert!(log.contains("redelivery 3 of trace trc_3"), "{log}");
-    assert_eq!(wait_lines(&results, 12, 30), 12, "the other four traces are evaluated");
+    assert_eq!(wait_lines(&scene.results, 12, 30), 12, "the other four traces are evaluated");
     let (code, _) = worker.terminate();
     assert_eq!(code, 0);
-    let (code, _) = sink.terminate();
-    assert_eq!(code, 0);
-    assert!(read_jsonl(&results).iter().all(|r| r["trace_id"] != "trc_3"));
+    assert!(scene.finish().iter().all(|r| r["trace_id"] != "trc_3"));
 }
 
 #[test]
 fn a_slow_evaluation_keeps_its_message_with_progress_acks() {
-    let Some(bin) = nats_server_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&bin, dir.path());
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
-    let rules = rules.to_str().unwrap();
-    let results = dir.path().join("results.jsonl");
-    let input = dir.path().join("traces.jsonl");
-    let trace = serde_json::json!({"schema_version": 1, "trace_id": "trc_slow", "agent_id": "refund-agent", "steps": [], "output": {"message": "x"}});
-    std::fs::write(&input, trace.to_string()).unwrap();
     // Evaluation takes 3.5 s, more than three times the 1 s ack wait.
-    let common = ["--nats", &nats.url, "--ack-wait-secs", "1", "--max-deliver", "5"];
-    let sink = Proc::spawn(
-        dir.path(),
-        "sink",
-        &[
-            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
-            &common[..],
-        ]
-        .concat(),
-        &[],
-    );
-    let mut workers: Vec<Proc> = (0..2)
-        .map(|i| {
-            Proc::spawn(
-                dir.path(),
-                &format!("worker{i}"),
-                &[&["worker", "--rules", rules][..], &common[..]].concat(),
-                &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "3500")],
-            )
-        })
+    let Some(scene) = Scene::start(&["--ack-wait-secs", "1", "--max-deliver", "5"]) else {
+        return;
+    };
+    let workers: Vec<Proc> = (0..2)
+        .map(|i| scene.worker(&format!("worker{i}"), &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "3500")]))
         .collect();
-    for w in &mut workers {
-        w.wait_for("evaluating from", 20);
-    }
-    let mut collector = Proc::spawn(
-        dir.path(),
-        "collector",
-        &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
-        &[],
-    );
-    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
-    assert_eq!(wait_lines(&results, 3, 30), 3);
+    scene.publish(&["trc_slow"]);
+    assert_eq!(wait_lines(&scene.results, 3, 30), 3);
     std::thread::sleep(Duration::from_secs(2));
     for w in workers {
         let (code, log) = w.terminate();
@@ -287,9 +298,7 @@ fn a_slow_evaluation_keeps_its_message_with_progress_acks() {
             "the message was taken away from the slow worker:\n{log}"
         );
     }
-    let (code, _) = sink.terminate();
-    assert_eq!(code, 0);
-    assert!(read_jsonl(&results).iter().all(|r| r["delivery"] == 1));
+    assert!(scene.finish().iter().all(|r| r["delivery"] == 1));
 }
 
 /// SIGTERM drains a worker's evaluations for at most 30 s; a second signal
@@ -297,42 +306,12 @@ fn a_slow_evaluation_keeps_its_message_with_progress_acks() {
 /// it goes back to the stream and another worker evaluates it.
 #[test]
 fn a_worker_stopped_twice_abandons_its_evaluation_and_another_takes_the_message() {
-    let Some(bin) = nats_server_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&bin, dir.path());
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
-    let rules = rules.to_str().unwrap();
-    let results = dir.path().join("results.jsonl");
-    let input = dir.path().join("traces.jsonl");
-    let trace = serde_json::json!({"schema_version": 1, "trace_id": "trc_stuck", "agent_id": "refund-agent", "steps": [], "output": {"message": "x"}});
-    std::fs::write(&input, trace.to_string()).unwrap();
-    let common = ["--nats", &nats.url, "--ack-wait-secs", "2", "--max-deliver", "5"];
-    let sink = Proc::spawn(
-        dir.path(),
-        "sink",
-        &[
-            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
-            &common[..],
-        ]
-        .concat(),
-        &[],
-    );
+    let Some(scene) = Scene::start(&["--ack-wait-secs", "2", "--max-deliver", "5"]) else {
+        return;
+    };
     // An evaluation of ten minutes.
-    let mut stuck = Proc::spawn(
-        dir.path(),
-        "stuck",
-        &[&["worker", "--rules", rules][..], &common[..]].concat(),
-        &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "600000")],
-    );
-    stuck.wait_for("evaluating from", 20);
-    let mut collector = Proc::spawn(
-        dir.path(),
-        "collector",
-        &[&["collect", "--rules", rules, "--jsonl", input.to_str().unwrap()][..], &common[..]].concat(),
-        &[],
-    );
-    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    let mut stuck = scene.worker("stuck", &[("ATTEST_COLLECT_TEST_EVAL_DELAY_MS", "600000")]);
+    scene.publish(&["trc_stuck"]);
     // The worker's pull is already waiting: the message is in its hands at once.
     std::thread::sleep(Duration::from_millis(1500));
     stuck.signal("TERM");
@@ -346,18 +325,9 @@ fn a_worker_stopped_twice_abandons_its_evaluation_and_another_takes_the_message(
         "{}",
         stuck.stderr_text()
     );
-    let worker = Proc::spawn(
-        dir.path(),
-        "worker",
-        &[&["worker", "--rules", rules][..], &common[..]].concat(),
-        &[],
-    );
-    assert_eq!(wait_lines(&results, 3, 30), 3, "another worker evaluates the abandoned trace");
-    assert!(read_jsonl(&results)
-        .iter()
-        .all(|r| r["trace_id"] == "trc_stuck" && r["delivery"] == 2));
+    let worker = scene.worker("worker", &[]);
+    assert_eq!(wait_lines(&scene.results, 3, 30), 3, "another worker evaluates the abandoned trace");
     let (code, log) = worker.terminate();
     assert_eq!(code, 0, "{log}");
-    let (code, _) = sink.terminate();
-    assert_eq!(code, 0);
+    assert!(scene.finish().iter().all(|r| r["trace_id"] == "trc_stuck" && r["delivery"] == 2));
 }
