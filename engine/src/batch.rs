@@ -331,7 +331,7 @@ pub async fn evaluate(
     for w in &parsed.warnings {
         tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
     }
-    let plan = plan(engine, wire?)?;
+    let plan = plan(engine, wire?, Providers::Required)?;
     let how = Run {
         deadline,
         answer_bytes,
@@ -361,6 +361,11 @@ impl Suite {
     /// `assertions` list) exactly as `evaluate_batch` does, with the same
     /// errors and field paths.
     pub fn compile(engine: &Engine, assertions: &[Value]) -> Result<Suite, RpcError> {
+        Self::compile_with(engine, assertions, Providers::Required)
+    }
+
+    /// [`Suite::compile`], saying where the paid layers' providers must be.
+    pub fn compile_with(engine: &Engine, assertions: &[Value], providers: Providers) -> Result<Suite, RpcError> {
         let text = serde_json::to_string(assertions)
             .map_err(|e| assertion_error(format!("assertions could not be read: {e}"), ASSERTIONS_SHAPE, "params.assertions"))?;
         let items: Vec<&RawValue> = serde_json::from_str(&text)
@@ -370,7 +375,7 @@ impl Suite {
             .enumerate()
             .map(|(i, item)| LooseEnvelope::parse(i, item))
             .collect::<Result<Vec<_>, _>>()?;
-        let plan = plan(engine, wire)?.into_owned();
+        let plan = plan(engine, wire, providers)?.into_owned();
         Ok(Suite { plan })
     }
 
@@ -647,8 +652,18 @@ fn unusable_params(text: &str, e: &serde_json::Error, max_depth: usize) -> RpcEr
     }
 }
 
+/// Whether a paid layer's provider must be configured in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Providers {
+    /// The suite is evaluated here: a missing provider refuses it.
+    Required,
+    /// Another process evaluates it (a collector that publishes to workers):
+    /// the specs are checked, the providers are that process's concern.
+    Elsewhere,
+}
+
 /// Checks every assertion's envelope and compiles its spec, before anything runs.
-fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Plan<'a>, RpcError> {
+fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> Result<Plan<'a>, RpcError> {
     let mut reader = SuiteReader::with_capacity(wire.len());
     let mut planned = Vec::with_capacity(wire.len());
     let mut keys = Vec::with_capacity(wire.len());
@@ -671,7 +686,7 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>) -> Result<Plan<'a>, RpcErr
         let kind = reader.kind(i, id, w.kind.as_deref()).map_err(suite_error)?;
         // A paid layer without its provider is a configuration error, found
         // before anything is evaluated (and never worth retrying as is).
-        if kind.is_paid() {
+        if kind.is_paid() && providers == Providers::Required {
             if let Some(missing) = engine.providers.missing_for(kind) {
                 return Err(provider_missing(missing, i, id, kind));
             }

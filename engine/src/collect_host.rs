@@ -7,7 +7,7 @@
 //! History rows of a rule's assertion are stored under `<rule>/<assertion_id>`,
 //! which is the name `query_drift` takes for production drift.
 
-use crate::batch::{Effects, Suite};
+use crate::batch::{Effects, Providers, Suite};
 use crate::history::{Row, Rows, SpecDigest};
 use crate::layers::AssertionType;
 use crate::protocol::{ErrorCode, RpcError};
@@ -20,18 +20,32 @@ use std::time::Instant;
 
 /// The evaluator and the history sink `collect` and `worker` run on.
 pub fn backends(engine: Arc<Engine>) -> (Arc<dyn attest_collect::Evaluator>, Option<Arc<dyn attest_collect::HistorySink>>) {
+    backends_with(engine, Providers::Required)
+}
+
+/// [`backends`] for a process that evaluates here (`Providers::Required`)
+/// or only publishes for workers to evaluate (`Providers::Elsewhere`: a
+/// collector with `--nats` needs no judge or embedding provider).
+pub fn backends_with(
+    engine: Arc<Engine>,
+    providers: Providers,
+) -> (Arc<dyn attest_collect::Evaluator>, Option<Arc<dyn attest_collect::HistorySink>>) {
     let history = HistoryResults::new(engine.clone()).map(|h| Arc::new(h) as Arc<dyn attest_collect::HistorySink>);
-    (Arc::new(CollectEvaluator::new(engine)), history)
+    (Arc::new(CollectEvaluator { engine, providers }), history)
 }
 
 /// Compiles rules' assertions with the engine's own checks.
 pub struct CollectEvaluator {
     engine: Arc<Engine>,
+    providers: Providers,
 }
 
 impl CollectEvaluator {
     pub fn new(engine: Arc<Engine>) -> CollectEvaluator {
-        CollectEvaluator { engine }
+        CollectEvaluator {
+            engine,
+            providers: Providers::Required,
+        }
     }
 }
 
@@ -43,7 +57,7 @@ struct RuleSuite {
 
 impl attest_collect::Evaluator for CollectEvaluator {
     fn compile(&self, _rule: &str, assertions: &[Value]) -> Result<Arc<dyn attest_collect::Suite>, RuleError> {
-        let suite = Suite::compile(&self.engine, assertions).map_err(rule_error)?;
+        let suite = Suite::compile_with(&self.engine, assertions, self.providers).map_err(rule_error)?;
         let kinds = suite.kinds().collect();
         Ok(Arc::new(RuleSuite {
             engine: self.engine.clone(),

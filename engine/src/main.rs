@@ -353,8 +353,13 @@ fn main() -> ExitCode {
         }
         Command::Collect(args) => {
             logging::init(config.log_level);
-            run_front_door(config, |engine| async move {
-                let (evaluator, history) = attest_engine::collect_host::backends(engine);
+            // A collector that publishes to workers evaluates nothing itself.
+            let providers = match args.nats {
+                Some(_) => attest_engine::batch::Providers::Elsewhere,
+                None => attest_engine::batch::Providers::Required,
+            };
+            run_front_door(config, move |engine| async move {
+                let (evaluator, history) = attest_engine::collect_host::backends_with(engine, providers);
                 attest_collect::run_collect(args, evaluator, history).await
             })
         }

@@ -722,3 +722,57 @@ fn a_worker_set_up_wrong_is_told_what_to_change() {
         p.stderr_text()
     );
 }
+
+/// A collector that publishes evaluates nothing: a rule with an LLM judge
+/// loads without a judge provider there (its spec is still checked), and
+/// the workers, which evaluate, are the ones that need one.
+#[test]
+fn a_publishing_collector_needs_no_judge_provider_but_a_worker_does() {
+    if Evaluator::product() != Evaluator::Engine {
+        return;
+    }
+    let Some(Setup { dir, nats, .. }) = Setup::start() else { return };
+    let judged = "rules:\n  - name: judged\n    assertions:\n      - {assertion_id: polite, type: llm_judge, spec: {target: output.message, criteria: Is it polite?}}\n";
+    let rules = rules_file(dir.path(), judged);
+    let input = dir.path().join("traces.jsonl");
+    std::fs::write(&input, trace("trc_judged").to_string()).unwrap();
+    let spawn = |name: &str, args: &[&str]| Proc::spawn_on(Evaluator::Engine, dir.path(), name, args, &[]);
+    let mut collector = spawn(
+        "collector",
+        &[
+            "collect",
+            "--nats",
+            &nats.url,
+            "--rules",
+            &rules,
+            "--jsonl",
+            input.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(collector.wait_exit(60), 0, "{}", collector.stderr_text());
+    assert!(collector.stderr_text().contains("1 published"), "{}", collector.stderr_text());
+    let mut worker = spawn("worker", &["worker", "--nats", &nats.url, "--rules", &rules]);
+    assert_eq!(worker.wait_exit(60), 2);
+    assert!(
+        worker.stderr_text().contains("no LLM judge provider is configured"),
+        "{}",
+        worker.stderr_text()
+    );
+    // A spec error is still refused where nothing is evaluated.
+    let bad = rules_file(
+        dir.path(),
+        "rules:\n  - name: judged\n    assertions:\n      - {assertion_id: polite, type: llm_judge, spec: {target: nope, criteria: x}}\n",
+    );
+    let mut collector = spawn(
+        "bad-collector",
+        &["collect", "--nats", &nats.url, "--rules", &bad, "--jsonl", input.to_str().unwrap()],
+    );
+    assert_eq!(collector.wait_exit(60), 2);
+    assert!(
+        collector
+            .stderr_text()
+            .contains("assertions[0].spec.target: assertion 'polite' (llm_judge): unsupported target 'nope'"),
+        "{}",
+        collector.stderr_text()
+    );
+}
