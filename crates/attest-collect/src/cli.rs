@@ -467,6 +467,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         // exporter before it gives up and sends everything again.
         queue_wait: Duration::from_secs(args.request_timeout_secs.max(1)) / 2,
         decoding: Arc::new(Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get()))),
+        publisher: publisher.clone(),
     });
     let listener = tokio::net::TcpListener::bind(args.otlp_http)
         .await

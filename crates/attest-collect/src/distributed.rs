@@ -387,6 +387,11 @@ impl Publisher {
         Ok(Publisher { js, names })
     }
 
+    /// Whether the connection to the NATS server is up at the moment.
+    pub fn connected(&self) -> bool {
+        self.js.client().connection_state() == async_nats::connection::State::Connected
+    }
+
     /// Publishes a selected trace; returns true when the server already had it (duplicate).
     pub async fn publish(&self, item: &WorkItem) -> anyhow::Result<bool> {
         let payload = serde_json::to_vec(item)?;

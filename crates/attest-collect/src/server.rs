@@ -53,6 +53,9 @@ pub struct ReceiverState {
     /// its spans that did not fit are rejected (reported as a partial
     /// success).
     pub queue_wait: std::time::Duration,
+    /// With `--nats`: where traces go. While its connection is down, exports
+    /// are answered 503 so that exporters keep them and send them again.
+    pub publisher: Option<Arc<crate::distributed::Publisher>>,
 }
 
 /// Bytes as permits of a KiB budget (`inflight_kib`, `queued_kib`),
@@ -318,6 +321,17 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
         discard(body, limit);
         return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
     };
+    if state.publisher.as_ref().is_some_and(|p| !p.connected()) {
+        drop((reserved, permit));
+        discard(body, limit);
+        state.metrics.request(503, label);
+        let body = otlp::error_body(
+            encoding,
+            14,
+            "the NATS server is unreachable, so traces cannot be handed to the workers; retry later",
+        );
+        return reply(StatusCode::SERVICE_UNAVAILABLE, encoding, body, Some(2));
+    }
     if state.ready.capacity() == 0 || state.queued_kib.available_permits() == 0 {
         drop((reserved, permit));
         discard(body, limit);

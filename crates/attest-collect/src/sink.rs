@@ -80,13 +80,14 @@ impl Existing {
             }
             let used = chunk.len() + usize::from(ended);
             r.consume(used);
+            // Until a line break ends it, the line read so far is the last
+            // one, and cut short if the file ends here.
+            ex.torn = !ended;
             if ended {
                 number += 1;
                 ex.line(&line, too_long, number);
                 line.clear();
                 too_long = false;
-            } else {
-                ex.torn = true;
             }
         }
         if ex.torn {
@@ -263,6 +264,15 @@ mod tests {
         let text = String::from_utf8_lossy(&std::fs::read(&p).unwrap()).into_owned();
         let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
         assert_eq!(last["trace_id"], "t2");
+    }
+
+    #[test]
+    fn lines_longer_than_the_read_buffer_are_whole_and_not_torn() {
+        let good = serde_json::to_string(&rec("t1", "a")).unwrap();
+        let text = format!("{good}\n{good}\n");
+        // A buffer of 16 bytes: every line spans several reads.
+        let ex = Existing::read(std::io::BufReader::with_capacity(16, text.as_bytes())).unwrap();
+        assert_eq!((ex.seen.len(), ex.skipped, ex.torn), (1, 0, false));
     }
 
     #[test]

@@ -13,7 +13,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{free_port, metric, nats_server_bin, read_jsonl, wait_lines, Evaluator, NatsServer, Proc, RULES, TEST_STORE};
+use support::{free_port, metric, nats_server_bin, read_jsonl, wait_lines, Collector, Evaluator, NatsServer, Proc, RULES, TEST_STORE};
 
 fn trace(id: &str) -> serde_json::Value {
     serde_json::json!({
@@ -775,4 +775,48 @@ fn a_publishing_collector_needs_no_judge_provider_but_a_worker_does() {
         "{}",
         collector.stderr_text()
     );
+}
+
+/// While the NATS server is unreachable, a collector that publishes answers
+/// exports 503 with `Retry-After`, so that exporters keep their spans and
+/// send them again, instead of accepting traces it cannot hand on; once the
+/// server is back, exports are accepted again.
+#[tokio::test(flavor = "multi_thread")]
+async fn exports_are_refused_while_the_nats_server_is_down_and_accepted_when_it_is_back() {
+    use prost::Message;
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let port: u16 = nats.url.rsplit(':').next().unwrap().parse().unwrap();
+    let c = Collector::start(dir.path(), RULES, &["--nats", &nats.url, "--settle-ms", "200"]);
+    let export = |trace: u8| {
+        let body = support::otlp::request(support::otlp::agent_trace(trace, 1, "lookup_order")).encode_to_vec();
+        support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body)
+    };
+    assert_eq!(export(1).await.status(), 200);
+    drop(nats);
+    // The client notices the closed connection at once; give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = export(2).await;
+        if r.status() == 503 {
+            assert_eq!(r.headers().get("retry-after").unwrap(), "2");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {} with the server down", r.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _nats = NatsServer::start_on_port(&bin, dir.path(), TEST_STORE, port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while export(3).await.status() != 200 {
+        assert!(Instant::now() < deadline, "exports still refused after the server came back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let m = c.metrics().await;
+    assert!(
+        metric(&m, "attest_collect_requests_total{code=\"503\",encoding=\"protobuf\"}") >= 1.0,
+        "{m}"
+    );
+    let (code, log) = c.proc.terminate();
+    assert_eq!(code, 0, "{log}");
 }

@@ -95,9 +95,13 @@ impl NatsServer {
 
     /// With this server configuration (written to `nats.conf` in `dir`).
     pub fn start_with(bin: &Path, dir: &Path, config: &str) -> NatsServer {
+        Self::start_on_port(bin, dir, config, free_port())
+    }
+
+    /// On this port: a server started again where a stopped one was.
+    pub fn start_on_port(bin: &Path, dir: &Path, config: &str, port: u16) -> NatsServer {
         let conf = dir.join("nats.conf");
         std::fs::write(&conf, config).unwrap();
-        let port = free_port();
         let log = dir.join("nats.log");
         let child = Command::new(bin)
             .args([
