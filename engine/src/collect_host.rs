@@ -104,6 +104,7 @@ impl attest_collect::Suite for RuleSuite {
             let result = result.map_err(|e| EvalError {
                 message: format!("{} ({}): {}", e.code.code(), e.code.error_type(), e.message),
                 retryable: matches!(e.code, ErrorCode::ProviderError | ErrorCode::Timeout),
+                trace_refused: e.code == ErrorCode::InvalidTrace,
             })?;
             Ok(result
                 .results

@@ -454,6 +454,10 @@ where
     let engine = Arc::new(engine);
     let code = runtime.block_on(front(engine.clone()));
     engine.finish();
+    // What the front door left running it has given up on (a worker's
+    // evaluations abandoned at a second signal): a plugin call blocking its
+    // thread must not hold the exit past its own short wait.
+    runtime.shutdown_timeout(FRONT_DOOR_EXIT_WAIT);
     match code {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
@@ -462,6 +466,9 @@ where
         }
     }
 }
+
+/// Longest a front door's exit waits for work still blocking a thread.
+const FRONT_DOOR_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Builds the engine, loading its plugins first (from the compiled cache
 /// when possible). `None` (after saying why on stderr) when plugins named

@@ -49,8 +49,9 @@ pub struct CollectArgs {
     /// Model prices (YAML/JSON: `models: {NAME: {input_per_million, output_per_million}}`).
     #[arg(long)]
     pub prices: Option<PathBuf>,
-    /// Publish selected traces to this NATS JetStream server instead of evaluating here.
-    #[arg(long)]
+    /// Publish selected traces to this NATS JetStream server instead of evaluating here
+    /// (nats://HOST:PORT; from ATTEST_NATS_URL when not given, which keeps credentials off the command line).
+    #[arg(long, env = "ATTEST_NATS_URL", hide_env_values = true)]
     pub nats: Option<String>,
     #[command(flatten)]
     pub nats_opts: NatsOptions,
@@ -209,8 +210,9 @@ pub enum WorkerRole {
 /// `worker`: evaluate traces from NATS JetStream, or (`--role sink`) store results.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
-    /// NATS server with JetStream to take work (or, with `--role sink`, results) from (nats://HOST:PORT).
-    #[arg(long)]
+    /// NATS server with JetStream to take work (or, with `--role sink`, results) from
+    /// (nats://HOST:PORT; from ATTEST_NATS_URL when not given, which keeps credentials off the command line).
+    #[arg(long, env = "ATTEST_NATS_URL", hide_env_values = true)]
     pub nats: String,
     /// What this worker does.
     #[arg(long, value_enum, default_value_t = WorkerRole::Evaluate)]

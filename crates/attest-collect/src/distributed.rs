@@ -85,6 +85,11 @@ async fn connect(url: &str, opts: &NatsOptions) -> anyhow::Result<jetstream::Con
             _ => async_nats::ConnectOptions::new(),
         },
     };
+    // A connection that died without closing (a half-open TCP connection)
+    // is found by unanswered pings: every 10 s rather than the client's
+    // default minute, so that a collector stops accepting what it cannot
+    // publish within about half a minute.
+    options = options.ping_interval(Duration::from_secs(10));
     if let Some(ca) = &opts.nats_tls_ca {
         options = options.add_root_certificates(ca.clone()).require_tls(true);
     }
@@ -121,13 +126,19 @@ impl NatsServer {
                 !part.is_empty(),
                 "--nats: the server URL is empty; give nats://HOST:PORT (several separated by commas)"
             );
+            // A URL that does not parse is not shown: it may hold a password.
             let addr: async_nats::ServerAddr = part.parse().map_err(|e| {
                 anyhow::anyhow!(
-                    "--nats {}: not a NATS server URL ({e}); give nats://HOST:PORT or tls://HOST:PORT",
-                    redacted(part)
+                    "--nats: server URL #{} is not a NATS server URL ({e}); give nats://HOST:PORT or tls://HOST:PORT, with credentials percent-encoded (',' '@' ':' '/' '%' in them)",
+                    server.addrs.len() + 1
                 )
             })?;
             let mut url = addr.into_inner();
+            anyhow::ensure!(
+                !(url.username().is_empty() && url.password().is_some()),
+                "--nats: server URL #{} has a password but no user; give nats://USER:PASSWORD@HOST:PORT, or a token as nats://TOKEN@HOST:PORT",
+                server.addrs.len() + 1
+            );
             if !url.username().is_empty() {
                 let user = Some(decode(url.username()));
                 let password = url.password().map(decode);
@@ -146,14 +157,6 @@ impl NatsServer {
             server.addrs.push(async_nats::ServerAddr::from_url(url)?);
         }
         Ok(server)
-    }
-}
-
-/// A URL as it may be shown: `user:password@` or `token@` replaced by `***@`.
-fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &url[..scheme + 3], &url[at..]),
-        _ => url.to_string(),
     }
 }
 
@@ -657,6 +660,15 @@ struct WorkerCtx {
     published: Arc<AtomicU64>,
 }
 
+/// A task that is aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Header room kept free when a too-large message is cut to dead-letter it.
 const DEAD_LETTER_HEADER_ROOM: usize = 4096;
 
@@ -686,7 +698,12 @@ impl WorkerCtx {
         // to another thread while it runs (see the engine's rule suites):
         // progress acks and the NATS connection keep being served.
         let pipeline = self.pipeline.clone();
-        let evaluated = tokio::spawn(async move { pipeline.evaluate_or_fail(&item, delivered as u64).await }).await;
+        // Aborted with this task when the worker gives up at shutdown, so
+        // that an abandoned evaluation makes no more provider calls.
+        let mut evaluation = AbortOnDrop(tokio::spawn(
+            async move { pipeline.evaluate_or_fail(&item, delivered as u64).await },
+        ));
+        let evaluated = (&mut evaluation.0).await;
         let outcome = match evaluated {
             Ok(outcome) => outcome,
             Err(e) => {
@@ -703,8 +720,9 @@ impl WorkerCtx {
             Err(e) => return self.dead_letter(delivery, &trace_id, delivered, &e.message).await,
         };
         if records.is_empty() {
-            // No rule produced a result (unknown rules, budgets, failures —
-            // each counted): there is nothing to store.
+            // No rule produced a result (unknown rules, spent budgets,
+            // failures that are not the trace's — each counted): there is
+            // nothing to store.
             delivery.ack().await.map_err(|e| anyhow::anyhow!("ack of {shown}: {e}"))?;
             return Ok(());
         }
@@ -919,6 +937,32 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_are_taken_out_of_the_url_and_never_shown() {
+        let s = NatsServer::parse("nats://bob:s3cr%25t%2C@10.0.0.1:4222, nats://bob:s3cr%25t%2C@10.0.0.2:4222").unwrap();
+        assert_eq!(s.shown, "nats://10.0.0.1:4222,nats://10.0.0.2:4222");
+        assert_eq!((s.user.as_deref(), s.password.as_deref()), (Some("bob"), Some("s3cr%t,")));
+        assert_eq!(s.addrs.len(), 2);
+        let t = NatsServer::parse("tls://t0k3n@nats.example:4443").unwrap();
+        assert_eq!(
+            (t.shown.as_str(), t.user.as_deref(), t.password),
+            ("tls://nats.example:4443", Some("t0k3n"), None)
+        );
+        for (bad, why) in [
+            ("nats://:pw@host:4222", "has a password but no user"),
+            ("http://bob:pw@host:4222", "server URL #1 is not a NATS server URL"),
+            ("nats://a:1,nats://bob:p,w@h:4222", "server URL #2 is not a NATS server URL"),
+            ("nats://a:1,", "the server URL is empty"),
+            ("nats://bob:x@a:1,nats://eve:y@b:1", "different credentials"),
+        ] {
+            let e = NatsServer::parse(bad).err().unwrap().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+            for secret in ["pw", "bob", "eve", "p,w"] {
+                assert!(!e.contains(&format!("{secret}@")), "{bad}: {e}");
+            }
+        }
+    }
 
     fn rec(trace: &str, rule: &str, assertion: &str) -> ResultRecord {
         ResultRecord::passing(trace, rule, assertion)

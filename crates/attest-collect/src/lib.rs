@@ -89,6 +89,10 @@ pub struct EvalError {
     pub message: String,
     /// True when trying again later may succeed (provider outage, rate limit).
     pub retryable: bool,
+    /// True when the trace itself is refused (it breaks the trace format):
+    /// no retry and no other worker can evaluate it.
+    #[serde(default)]
+    pub trace_refused: bool,
 }
 
 impl std::fmt::Display for EvalError {

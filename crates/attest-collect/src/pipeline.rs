@@ -153,18 +153,19 @@ impl Pipeline {
         self.evaluate_rules(item, delivery).await.map(|(records, _)| records)
     }
 
-    /// [`Pipeline::evaluate`], failing with the first rule's error when every
-    /// rule that ran failed: for a worker, such a trace (one the engine
-    /// refuses, say) belongs on the dead-letter subject, not acked as done.
+    /// [`Pipeline::evaluate`], failing when the trace itself is refused and
+    /// no rule produced a result: for a worker, such a trace belongs on the
+    /// dead-letter subject, not acked as done. Failures of the worker's own
+    /// making (a spent budget) are not the trace's, and do not fail it.
     pub async fn evaluate_or_fail(&self, item: &WorkItem, delivery: u64) -> Result<Vec<ResultRecord>, EvalError> {
         match self.evaluate_rules(item, delivery).await? {
-            (records, Some(failed)) if records.is_empty() => Err(failed),
+            (records, Some(refused)) if records.is_empty() => Err(refused),
             (records, _) => Ok(records),
         }
     }
 
-    /// The results of the rules an item names, and the first non-retryable
-    /// failure of a rule, if any (each is counted and logged).
+    /// The results of the rules an item names, and the first rule's refusal
+    /// of the trace itself, if any (every failure is counted and logged).
     async fn evaluate_rules(&self, item: &WorkItem, delivery: u64) -> Result<(Vec<ResultRecord>, Option<EvalError>), EvalError> {
         let trace_id = item.trace_id().to_string();
         let agent_id = item.trace["agent_id"].as_str().map(str::to_string);
@@ -189,10 +190,12 @@ impl Pipeline {
                 Err(e) => {
                     self.metrics.rule_event(name, "eval_error");
                     tracing::warn!(rule = %name, trace_id = %crate::shown_id(&trace_id), error = %e, "evaluation failed");
-                    first_failure.get_or_insert(EvalError {
-                        message: format!("rule {name}: {}", e.message),
-                        retryable: false,
-                    });
+                    if e.trace_refused {
+                        first_failure.get_or_insert(EvalError {
+                            message: format!("rule {name}: {}", e.message),
+                            ..e
+                        });
+                    }
                     continue;
                 }
             };

@@ -801,6 +801,8 @@ async fn exports_are_refused_while_the_nats_server_is_down_and_accepted_when_it_
         let r = export(2).await;
         if r.status() == 503 {
             assert_eq!(r.headers().get("retry-after").unwrap(), "2");
+            let body = String::from_utf8_lossy(&r.bytes().await.unwrap()).into_owned();
+            assert!(body.contains("the NATS server is unreachable"), "{body}");
             break;
         }
         assert!(Instant::now() < deadline, "still {} with the server down", r.status());

@@ -96,6 +96,7 @@ impl Suite for ToolSuite {
                 return Err(EvalError {
                     message: "test evaluator: provider unavailable".into(),
                     retryable: true,
+                    trace_refused: false,
                 });
             }
             let mut used = Vec::new();
