@@ -282,22 +282,6 @@ fn sinks(results_jsonl: &Option<PathBuf>, history: Option<Arc<dyn HistorySink>>)
     Ok(Arc::new(v))
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-pub(crate) async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
 /// SIGTERM and SIGINT (Ctrl-C), counted from the moment it is installed:
 /// the first starts the drain, a second cuts its waits short.
 pub(crate) struct Signals(tokio::sync::watch::Receiver<u32>);

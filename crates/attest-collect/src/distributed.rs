@@ -660,15 +660,6 @@ struct WorkerCtx {
     published: Arc<AtomicU64>,
 }
 
-/// A task that is aborted when its handle is dropped.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Header room kept free when a too-large message is cut to dead-letter it.
 const DEAD_LETTER_HEADER_ROOM: usize = 4096;
 
@@ -700,10 +691,11 @@ impl WorkerCtx {
         let pipeline = self.pipeline.clone();
         // Aborted with this task when the worker gives up at shutdown, so
         // that an abandoned evaluation makes no more provider calls.
-        let mut evaluation = AbortOnDrop(tokio::spawn(
-            async move { pipeline.evaluate_or_fail(&item, delivered as u64).await },
-        ));
-        let evaluated = (&mut evaluation.0).await;
+        let evaluation =
+            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                async move { pipeline.evaluate_or_fail(&item, delivered as u64).await },
+            ));
+        let evaluated = evaluation.await;
         let outcome = match evaluated {
             Ok(outcome) => outcome,
             Err(e) => {
@@ -876,7 +868,8 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
         .await
         .map_err(|e| nats("pulling from the results stream", e))?;
     eprintln!("attest-collect worker: writing results from {}", names.results_stream);
-    let shutdown = crate::cli::shutdown_signal();
+    let signals = crate::cli::Signals::install()?;
+    let shutdown = signals.nth(1);
     tokio::pin!(shutdown);
     loop {
         let msg = tokio::select! {

@@ -481,7 +481,7 @@ fn secured_servers_take_credentials_from_the_url_and_tls_from_the_ca_flag() {
     let rules = rules_file(dir.path(), RULES);
     let conf = format!("{TEST_STORE}authorization {{ user: bob, password: \"s3cr%t\" }}\n");
     let nats = NatsServer::start_with(&bin, dir.path(), &conf);
-    let port = nats.url.rsplit(':').next().unwrap().to_string();
+    let port = nats.port;
     // The password's % is percent-encoded in the URL.
     let with_user = format!("nats://bob:s3cr%25t@127.0.0.1:{port}");
     let (w, _) = worker(dir.path(), "user", &with_user, &["--rules", &rules], &[]);
@@ -503,7 +503,7 @@ fn secured_servers_take_credentials_from_the_url_and_tls_from_the_ca_flag() {
     let dir = tempfile::tempdir().unwrap();
     let conf = format!("{TEST_STORE}authorization {{ token: \"t0k3n\" }}\n");
     let nats = NatsServer::start_with(&bin, dir.path(), &conf);
-    let port = nats.url.rsplit(':').next().unwrap().to_string();
+    let port = nats.port;
     let (w, _) = worker(
         dir.path(),
         "token",
@@ -577,7 +577,7 @@ fn secured_servers_take_credentials_from_the_url_and_tls_from_the_ca_flag() {
         d.join("server.key").display()
     );
     let nats = NatsServer::start_with(&bin, d, &conf);
-    let port = nats.url.rsplit(':').next().unwrap().to_string();
+    let port = nats.port;
     let rules = rules_file(d, RULES);
     let ca = d.join("ca.pem");
     let (w, _) = worker(
@@ -695,26 +695,15 @@ fn a_worker_set_up_wrong_is_told_what_to_change() {
     );
 
     let Some(bin) = nats_server_bin() else { return };
-    let port = free_port().to_string();
-    let log = dir.path().join("plain-nats.log");
-    let mut server = std::process::Command::new(&bin)
-        .args(["-a", "127.0.0.1", "-p", &port, "-l", log.to_str().unwrap()])
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&log).unwrap_or_default().contains("Server is ready") {
-        assert!(Instant::now() < deadline, "nats-server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let server = NatsServer::start_without_jetstream(&bin, dir.path());
     let mut p = Proc::spawn(
         dir.path(),
         "no-jetstream",
-        &["worker", "--nats", &format!("nats://127.0.0.1:{port}"), "--rules", &rules],
+        &["worker", "--nats", &server.url, "--rules", &rules],
         &[],
     );
     let code = p.wait_exit(30);
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     assert_eq!(code, 2);
     assert!(
         p.stderr_text().contains("the NATS server has no JetStream; start it with -js"),
@@ -787,7 +776,7 @@ async fn exports_are_refused_while_the_nats_server_is_down_and_accepted_when_it_
     let Some(bin) = nats_server_bin() else { return };
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start(&bin, dir.path());
-    let port: u16 = nats.url.rsplit(':').next().unwrap().parse().unwrap();
+    let port = nats.port;
     let c = Collector::start(dir.path(), RULES, &["--nats", &nats.url, "--settle-ms", "200"]);
     let export = |trace: u8| {
         let body = support::otlp::request(support::otlp::agent_trace(trace, 1, "lookup_order")).encode_to_vec();

@@ -86,6 +86,7 @@ pub const TEST_STORE: &str = "jetstream { max_file_store: 64GB }\n";
 pub struct NatsServer {
     child: Child,
     pub url: String,
+    pub port: u16,
 }
 
 impl NatsServer {
@@ -102,19 +103,26 @@ impl NatsServer {
     pub fn start_on_port(bin: &Path, dir: &Path, config: &str, port: u16) -> NatsServer {
         let conf = dir.join("nats.conf");
         std::fs::write(&conf, config).unwrap();
+        let store = dir.join("js");
+        Self::launch(
+            bin,
+            dir,
+            port,
+            &["-js", "-sd", store.to_str().unwrap(), "-c", conf.to_str().unwrap()],
+        )
+    }
+
+    /// A server without JetStream, as `nats-server` runs when not asked for it.
+    pub fn start_without_jetstream(bin: &Path, dir: &Path) -> NatsServer {
+        Self::launch(bin, dir, free_port(), &[])
+    }
+
+    /// Starts the server on loopback and waits (bounded) until it is ready.
+    fn launch(bin: &Path, dir: &Path, port: u16, args: &[&str]) -> NatsServer {
         let log = dir.join("nats.log");
         let child = Command::new(bin)
-            .args([
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-sd",
-                dir.join("js").to_str().unwrap(),
-                "-c",
-                conf.to_str().unwrap(),
-            ])
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -131,6 +139,7 @@ impl NatsServer {
         NatsServer {
             child,
             url: format!("nats://127.0.0.1:{port}"),
+            port,
         }
     }
 }
