@@ -40,15 +40,6 @@ pub struct CollectEvaluator {
     providers: Providers,
 }
 
-impl CollectEvaluator {
-    pub fn new(engine: Arc<Engine>) -> CollectEvaluator {
-        CollectEvaluator {
-            engine,
-            providers: Providers::Required,
-        }
-    }
-}
-
 struct RuleSuite {
     engine: Arc<Engine>,
     suite: Suite,

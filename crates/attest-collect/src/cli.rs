@@ -231,6 +231,9 @@ pub struct WorkerArgs {
     /// Serve `/metrics` on this address (IP:PORT, or a host name such as localhost:9464).
     #[arg(long, value_parser = listen_addr)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Required for a `--metrics-addr` that is not a loopback address.
+    #[arg(long)]
+    pub listen_public: bool,
 }
 
 /// A listen address: `IP:PORT`, or `HOST:PORT` resolved to its first address.
@@ -682,10 +685,8 @@ pub(crate) async fn handle_item(
                     pipeline.metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Err(e) => {
-                pipeline.metrics.dropped("publish_failed", 0);
-                tracing::warn!(trace_id = %crate::shown_id(item.trace_id()), error = %e, "publishing to NATS failed");
-            }
+            // Logged, throttled, by the publisher.
+            Err(_) => pipeline.metrics.dropped("publish_failed", 0),
         }
         return Handled::Done;
     }
@@ -715,6 +716,11 @@ pub(crate) async fn handle_item(
 pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = args.metrics_addr {
+        // The same guard as the collector's: whether a process is reachable
+        // from other hosts is decided by its operator, not by a typo.
+        if !addr.ip().is_loopback() && !args.listen_public {
+            bail!("--metrics-addr {addr} is not a loopback address: pass --listen-public to serve /metrics to other hosts (a Prometheus scraping the worker)");
+        }
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("--metrics-addr {addr}"))?;

@@ -380,6 +380,7 @@ async fn publish(
 pub struct Publisher {
     js: jetstream::Context,
     names: Names,
+    failures: FailureLog,
 }
 
 impl Publisher {
@@ -387,7 +388,11 @@ impl Publisher {
         let js = connect(url, opts).await?;
         let names = Names::new(&opts.nats_prefix);
         ensure_streams(&js, &names, opts).await?;
-        Ok(Publisher { js, names })
+        Ok(Publisher {
+            js,
+            names,
+            failures: FailureLog::default(),
+        })
     }
 
     /// Whether the connection to the NATS server is up at the moment.
@@ -395,16 +400,80 @@ impl Publisher {
         self.js.client().connection_state() == async_nats::connection::State::Connected
     }
 
-    /// Publishes a selected trace; returns true when the server already had it (duplicate).
+    /// Publishes a selected trace; returns true when the server already had
+    /// it (duplicate). A failure is logged here, throttled ([`FailureLog`]);
+    /// the caller counts it.
     pub async fn publish(&self, item: &WorkItem) -> anyhow::Result<bool> {
-        let payload = serde_json::to_vec(item)?;
+        let payload = serde_json::to_vec(item)
+            .inspect_err(|e| tracing::warn!(trace_id = %crate::shown_id(item.trace_id()), error = %e, "encoding a work message failed"))?;
         let mut headers = async_nats::HeaderMap::new();
         // One work message per trace: the same trace published again within
         // the duplicate window (a second collector, a re-run) is dropped.
         headers.insert("Nats-Msg-Id", header_id(item.trace_id()).as_str());
-        publish(&self.js, &self.names.traces_subject, headers, payload.into())
-            .await
-            .map_err(|f| f.error)
+        let sent = publish(&self.js, &self.names.traces_subject, headers, payload.into()).await;
+        match sent {
+            Ok(duplicate) => {
+                if let Some(unshown) = self.failures.recovered() {
+                    tracing::warn!(
+                        "publishing to NATS works again; {unshown} failed publishes were not logged one by one (all are counted in attest_collect_traces_dropped_total{{reason=\"publish_failed\"}})"
+                    );
+                }
+                Ok(duplicate)
+            }
+            Err(f) => {
+                match self.failures.failed() {
+                    Some(0) => tracing::warn!(trace_id = %crate::shown_id(item.trace_id()), error = %f, "publishing to NATS failed"),
+                    Some(unshown) => tracing::warn!(
+                        trace_id = %crate::shown_id(item.trace_id()),
+                        error = %f,
+                        "publishing to NATS failed, and {unshown} more publishes failed since the last such line (counted in attest_collect_traces_dropped_total{{reason=\"publish_failed\"}})"
+                    ),
+                    None => {}
+                }
+                Err(f.error)
+            }
+        }
+    }
+}
+
+/// Throttles the warnings of failed publishes: while the NATS server is
+/// full or unreachable every trace fails, and a line per trace would bury
+/// everything else on stderr. The first failure is logged, then at most one
+/// line per [`FailureLog::EVERY`] with the count of those not shown, and
+/// that count once more when publishing works again.
+#[derive(Default)]
+struct FailureLog {
+    state: std::sync::Mutex<FailureState>,
+}
+
+#[derive(Default)]
+struct FailureState {
+    last_line: Option<std::time::Instant>,
+    unshown: u64,
+}
+
+impl FailureLog {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    /// A publish failed: `Some(unshown)` when a line is due now, with the
+    /// number of failures since the last line that were not shown.
+    fn failed(&self) -> Option<u64> {
+        let mut s = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        if s.last_line.is_some_and(|t| now.duration_since(t) < Self::EVERY) {
+            s.unshown += 1;
+            return None;
+        }
+        s.last_line = Some(now);
+        Some(std::mem::take(&mut s.unshown))
+    }
+
+    /// A publish succeeded: `Some(unshown)` when failures went unshown since
+    /// the last line. The next failure is logged at once.
+    fn recovered(&self) -> Option<u64> {
+        let mut s = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.last_line.take()?;
+        Some(std::mem::take(&mut s.unshown)).filter(|&n| n > 0)
     }
 }
 
@@ -761,8 +830,16 @@ impl WorkerCtx {
     async fn dead_letter(&self, delivery: &Delivery, trace_id: &str, delivered: i64, why: &str) -> anyhow::Result<()> {
         let msg = &delivery.msg;
         let shown = crate::shown_id(trace_id);
+        // The work message's place in its stream names the dead letter, so
+        // a worker stopped between this publish and the `term` below, whose
+        // message another worker then dead-letters again, leaves one dead
+        // letter, not two (within the stream's duplicate window).
+        let dead_id = msg.info().ok().map(|info| dead_letter_id(info.stream, info.stream_sequence));
         let headers = |truncated: Option<usize>| {
             let mut headers = async_nats::HeaderMap::new();
+            if let Some(id) = &dead_id {
+                headers.insert("Nats-Msg-Id", id.as_str());
+            }
             headers.insert("Attest-Dead-Reason", header_text(why).as_str());
             headers.insert("Attest-Deliveries", delivered.to_string().as_str());
             if !trace_id.is_empty() {
@@ -783,11 +860,20 @@ impl WorkerCtx {
             sent = publish(&self.js, &self.names.dead_subject, headers(Some(kept)), msg.payload.slice(..kept)).await;
         }
         match sent {
-            Ok(_) => {
-                self.pipeline.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            Ok(duplicate) => {
+                if duplicate {
+                    self.pipeline.metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.pipeline.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                }
                 delivery.term().await.map_err(|e| anyhow::anyhow!("term: {e}"))?;
+                let already = if duplicate {
+                    " (it was there already, from an earlier delivery)"
+                } else {
+                    ""
+                };
                 eprintln!(
-                    "attest-collect worker: trace {shown} moved to {} ({})",
+                    "attest-collect worker: trace {shown} moved to {}{already} ({})",
                     self.names.dead_subject,
                     header_text(why)
                 );
@@ -813,6 +899,13 @@ impl WorkerCtx {
             }
         }
     }
+}
+
+/// `Nats-Msg-Id` of the dead letter of a work message: the work stream's
+/// name and the message's sequence in it, which every delivery of that
+/// message shares and no other message has.
+fn dead_letter_id(stream: &str, sequence: u64) -> String {
+    format!("dead:{stream}:{sequence}")
 }
 
 /// Longest trace or agent id a sink stores, in bytes: the engine's
@@ -929,6 +1022,22 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn failed_publishes_are_logged_first_then_counted_until_publishing_works() {
+        let log = super::FailureLog::default();
+        assert_eq!(log.recovered(), None, "nothing failed");
+        assert_eq!(log.failed(), Some(0), "the first failure is logged");
+        assert_eq!((log.failed(), log.failed()), (None, None), "then counted");
+        assert_eq!(log.recovered(), Some(2), "and the count given when it works again");
+        assert_eq!(log.recovered(), None);
+        assert_eq!(log.failed(), Some(0), "a new outage is logged at once");
+        assert_eq!(log.recovered(), None, "nothing went unshown");
+        // A line is due again once the interval has passed.
+        assert_eq!((log.failed(), log.failed()), (Some(0), None));
+        log.state.lock().unwrap().last_line = std::time::Instant::now().checked_sub(super::FailureLog::EVERY);
+        assert_eq!(log.failed(), Some(1));
+    }
+
     use super::*;
 
     #[test]

@@ -324,20 +324,17 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
     if state.publisher.as_ref().is_some_and(|p| !p.connected()) {
         drop((reserved, permit));
         discard(body, limit);
-        state.metrics.request(503, label);
-        let body = otlp::error_body(
+        return unavailable(
+            &state,
             encoding,
-            14,
+            label,
             "the NATS server is unreachable, so traces cannot be handed to the workers; retry later",
         );
-        return reply(StatusCode::SERVICE_UNAVAILABLE, encoding, body, Some(2));
     }
     if state.ready.capacity() == 0 || state.queued_kib.available_permits() == 0 {
         drop((reserved, permit));
         discard(body, limit);
-        state.metrics.request(503, label);
-        let body = otlp::error_body(encoding, 14, "evaluation queue is full; retry later");
-        return reply(StatusCode::SERVICE_UNAVAILABLE, encoding, body, Some(2));
+        return unavailable(&state, encoding, label, "evaluation queue is full; retry later");
     }
     let body = match read_body(&state.inflight_kib, body, limit, &mut reserved).await {
         Ok(b) => b,
@@ -489,6 +486,19 @@ fn too_large(state: &ReceiverState, encoding: Encoding, label: &'static str) -> 
 fn overloaded(state: &ReceiverState, encoding: Encoding, label: &'static str, why: &str) -> Response {
     state.metrics.request(429, label);
     reply(StatusCode::TOO_MANY_REQUESTS, encoding, otlp::error_body(encoding, 8, why), Some(1))
+}
+
+/// 503: the collector cannot take traces now, whoever sends them (its queue
+/// is full, or the workers' NATS server is unreachable). OTLP's
+/// `UNAVAILABLE` status, so exporters keep the batch and retry.
+fn unavailable(state: &ReceiverState, encoding: Encoding, label: &'static str, why: &str) -> Response {
+    state.metrics.request(503, label);
+    reply(
+        StatusCode::SERVICE_UNAVAILABLE,
+        encoding,
+        otlp::error_body(encoding, 14, why),
+        Some(2),
+    )
 }
 
 #[cfg(test)]

@@ -325,6 +325,27 @@ async fn bearer_token_and_public_binding_are_explicit() {
     );
     assert_eq!(p.wait_exit(20), 2);
     assert!(p.stderr_text().contains("--listen-public"), "{}", p.stderr_text());
+    // A worker's /metrics too; refused before any NATS server is needed.
+    let mut w = Proc::spawn(
+        dir.path(),
+        "public-worker",
+        &[
+            "worker",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--role",
+            "sink",
+            "--metrics-addr",
+            "0.0.0.0:0",
+        ],
+        &[],
+    );
+    assert_eq!(w.wait_exit(20), 2);
+    let log = w.stderr_text();
+    assert!(
+        log.contains("--metrics-addr 0.0.0.0:0 is not a loopback address: pass --listen-public"),
+        "{log}"
+    );
 
     let c = Collector::start_with_env(
         dir.path(),

@@ -257,6 +257,10 @@ async fn a_malformed_message_at_the_max_payload_is_dead_lettered_cut_to_fit() {
         format!("kept the first {} of {} payload bytes", max - 4096, max - 64)
     );
     assert!(headers.get("Attest-Dead-Reason").unwrap().as_str().starts_with("not a work item"));
+    // Named by the work message's place in its stream: a second dead letter
+    // of the same message (a worker stopped before its `term`) is dropped as
+    // a duplicate.
+    assert_eq!(headers.get("Nats-Msg-Id").unwrap().as_str(), "dead:ATTEST_TRACES:1");
     let m = metrics(&waddr).await;
     assert_eq!(
         metric(&m, "attest_collect_traces_dropped_total{reason=\"dead_letter_failed\"}"),
