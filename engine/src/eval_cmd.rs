@@ -282,10 +282,11 @@ fn write_table(outcomes: &[Outcome], verbose: bool, out: &mut impl std::io::Writ
             Body::Results(r) => {
                 writeln!(
                     out,
-                    "{} (trace_id {}): {} assertions in {} ms",
+                    "{} (trace_id {}): {} assertion{} in {} ms",
                     o.trace,
                     r.trace_id,
                     r.results.len(),
+                    if r.results.len() == 1 { "" } else { "s" },
                     r.total_duration_ms
                 )?;
                 let id_w = r

@@ -659,7 +659,17 @@ fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) 
                 "config schema:\n{}",
                 serde_json::to_string_pretty(&p.config_schema).unwrap_or_default()
             );
-            ExitCode::SUCCESS
+            let bad = p.bad_defaults();
+            if bad.is_empty() {
+                return ExitCode::SUCCESS;
+            }
+            // The plugin loads, but every assertion that leaves such a field
+            // out is refused: a problem for the author to fix before shipping.
+            println!(
+                "problem:      the schema's default for a field does not match the schema itself ({}); an assertion that leaves the field out is refused with 1002",
+                bad.join("; ")
+            );
+            ExitCode::from(1)
         }
         None => {
             let why = host.failures().first().map_or("unknown error", |f| f.error.as_str());

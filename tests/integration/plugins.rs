@@ -1704,6 +1704,11 @@ fn hostile_plugins_are_contained_and_builtins_still_pass() {
         assert!(!engine.stderr_shows("silent-trap test plugin panics"), "{}", engine.stderr_text());
         let loud = find(&r, "trap_panic")["explanation"].as_str().unwrap();
         assert!(!loud.contains("REPORT_PANICS"), "a plugin with the hook gets no hint: {loud}");
+        // The logged panic message is quoted in the trap's explanation too.
+        assert!(
+            loud.contains("its last error log: \"panicked: ") && loud.contains("the trap test plugin panics on purpose"),
+            "{loud}"
+        );
         // A 10 MiB explanation is accepted and clipped; 10 MiB of details are dropped.
         let verbose = find(&r, "verbose");
         check(verbose, "pass", 1.0, &["verbose verbose"]);
@@ -2679,6 +2684,39 @@ fn wasi_stdio_and_polling_are_served_and_waiting_is_stopped() {
         &json!([plugin("random", "wasi", json!({"call": "random"}))]),
     );
     assert_eq!(r[0]["explanation"], randoms[0]);
+}
+
+#[test]
+fn a_trap_quotes_the_end_of_the_plugins_stderr() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["wasi"]));
+    // The crash is a call of its own: a trap fails every config of its call.
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([
+            plugin("crash", "wasi", json!({"call": "crash"})),
+            builtin("after", "contains", "refund")
+        ]),
+    );
+    let crash = find(&r, "crash");
+    check_fault(crash, "wasi", "trapped");
+    let why = crash["explanation"].as_str().unwrap();
+    // An uncaught exception of a Python or JavaScript plugin is printed
+    // there: the last line is what says what went wrong.
+    assert!(
+        why.contains("the end of its stderr: \"…") && why.contains("WasiError: the wasi test plugin crashes on purpose\""),
+        "{why}"
+    );
+    assert!(why.len() < 1000, "at most the last 600 characters are quoted: {} bytes", why.len());
+    check(find(&r, "after"), "pass", 1.0, &[]);
+    // The next call starts with an empty stderr.
+    let r = evaluate(
+        &mut engine,
+        &refund_trace(),
+        &json!([plugin("print", "wasi", json!({"call": "print"}))]),
+    );
+    check(find(&r, "print"), "pass", 1.0, &["printed 1 MiB"]);
 }
 
 #[test]

@@ -52,7 +52,23 @@ pub fn compile(spec: &Spec<'_>, host: &PluginHost) -> Result<PluginCheck, SpecEr
             crate::config::BadTarget::hint(),
         )
     })?;
-    crate::config::apply_defaults(&plugin.config_schema, &mut config);
+    if crate::config::apply_defaults(&plugin.config_schema, &mut config) {
+        // A default the schema itself refuses would reach the plugin as if
+        // the user had sent it; say whose value it is.
+        plugin.check_config(&config).map_err(|problems| {
+            SpecError::new(
+                "spec.config",
+                format!(
+                    "plugin {}'s config schema fills in a default that the schema itself refuses: {problems}",
+                    quote(id)
+                ),
+                format!(
+                    "Set that field in spec.config yourself, and tell the plugin's author: `attest-engine plugin check {}` shows the problem.",
+                    plugin.path.display()
+                ),
+            )
+        })?;
+    }
     Ok(PluginCheck {
         plugin: plugin.clone(),
         config: config.to_string(),

@@ -34,28 +34,32 @@ impl BadTarget {
     }
 }
 
-/// Fills in `default`s for properties missing from `config`.
-pub fn apply_defaults(schema: &Value, config: &mut Value) {
-    fill(schema, config, 0);
+/// Fills in `default`s for properties missing from `config`; says whether
+/// it filled any.
+pub fn apply_defaults(schema: &Value, config: &mut Value) -> bool {
+    fill(schema, config, 0)
 }
 
-fn fill(schema: &Value, config: &mut Value, depth: usize) {
+fn fill(schema: &Value, config: &mut Value, depth: usize) -> bool {
     let (Some(properties), Value::Object(map)) = (schema.get("properties").and_then(Value::as_object), config) else {
-        return;
+        return false;
     };
     if depth >= MAX_DEPTH {
-        return;
+        return false;
     }
+    let mut filled = false;
     for (key, sub) in properties {
         match map.get_mut(key) {
-            Some(value) => fill(sub, value, depth + 1),
+            Some(value) => filled |= fill(sub, value, depth + 1),
             None => {
                 if let Some(default) = sub.get("default") {
                     map.insert(key.clone(), default.clone());
+                    filled = true;
                 }
             }
         }
     }
+    filled
 }
 
 /// The first target field of `config` that does not parse, if any.
@@ -128,7 +132,7 @@ mod tests {
     #[test]
     fn missing_properties_get_their_defaults_at_any_depth() {
         let mut config = json!({"kinds": ["card"], "limits": {}});
-        apply_defaults(&schema(), &mut config);
+        assert!(apply_defaults(&schema(), &mut config));
         assert_eq!(config, json!({"target": "output.message", "kinds": ["card"], "limits": {"max": 3}}));
         // Not an object: left alone.
         let mut odd = json!([1]);

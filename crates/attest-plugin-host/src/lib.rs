@@ -17,6 +17,7 @@ pub mod config;
 pub mod sandbox;
 pub mod since_v0_1_0;
 pub mod since_v0_2_0;
+mod stderr_tail;
 
 /// The target/field grammar plugin configs use.
 use attest_trace::target;
@@ -615,9 +616,18 @@ fn described_plugin(
     let validator = jsonschema::options()
         .with_draft(jsonschema::Draft::Draft202012)
         .build(&config_schema)
-        .map_err(|e| LoadError::BadSchema {
-            id: info.id.clone(),
-            why: format!("is not a valid JSON Schema: {}", crate::text::clip(&e.to_string(), 300)),
+        .map_err(|e| {
+            // Where in the schema: the message alone names only the value.
+            let at = e.instance_path().to_string();
+            let at = if at.is_empty() {
+                "(root)".to_owned()
+            } else {
+                crate::text::clip(&at, 200)
+            };
+            LoadError::BadSchema {
+                id: info.id.clone(),
+                why: format!("is not a valid JSON Schema, at {at}: {}", crate::text::clip(&e.to_string(), 300)),
+            }
         })?;
     let loaded = std::sync::OnceLock::new();
     if let Some(runtime) = runtime {
@@ -875,6 +885,23 @@ impl Plugin {
         }))
     }
 
+    /// The `default`s of the plugin's schema that the schema itself
+    /// refuses, described as [`Plugin::check_config`] does: each would fail
+    /// every assertion that leaves its field out. Top-level defaults are
+    /// checked, the ones a config of `{}` is given.
+    pub fn bad_defaults(&self) -> Vec<String> {
+        let mut config = Value::Object(Default::default());
+        crate::config::apply_defaults(&self.config_schema, &mut config);
+        // What `{}` lacks beyond its defaults (a `required` field) is at
+        // the root; only problems inside a default are the schema's own.
+        let errors: Vec<_> = self
+            .validator
+            .iter_errors(&config)
+            .filter(|e| !e.instance_path().to_string().is_empty())
+            .collect();
+        attest_core::layers::schema::describe_errors(&errors)
+    }
+
     /// Checks an assertion's `config` against the plugin's schema; lists up to 3 problems.
     pub fn check_config(&self, config: &Value) -> Result<(), String> {
         let errors: Vec<_> = self.validator.iter_errors(config).collect();
@@ -1043,6 +1070,66 @@ impl Plugin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A plugin described with `schema`, without a component behind it.
+    fn described_with(schema: &str) -> Plugin {
+        let spec = PluginSpec {
+            path: PathBuf::from("schema.wasm"),
+            limits: PluginLimits::default(),
+            explicit: true,
+            grants: Default::default(),
+        };
+        let info = cache::Described {
+            id: "schema".into(),
+            version: "1.0.0".into(),
+            description: String::new(),
+            config_schema: schema.into(),
+            capabilities: vec![],
+        };
+        described_plugin(&spec, info, "0.2.0".into(), Source::Compiled, None, None, Instant::now()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_invalid_schema_is_refused_naming_the_place_in_it() {
+        let spec = PluginSpec {
+            path: PathBuf::from("schema.wasm"),
+            limits: PluginLimits::default(),
+            explicit: true,
+            grants: Default::default(),
+        };
+        for (schema, at) in [
+            (r#"{"type":"objekt"}"#, "at /type:"),
+            (
+                r#"{"properties":{"phrase":{"minLength":"one"}}}"#,
+                "at /properties/phrase/minLength:",
+            ),
+        ] {
+            let info = cache::Described {
+                id: "schema".into(),
+                version: "1.0.0".into(),
+                description: String::new(),
+                config_schema: schema.into(),
+                capabilities: vec![],
+            };
+            let refused = described_plugin(&spec, info, "0.2.0".into(), Source::Compiled, None, None, Instant::now());
+            let why = refused.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(why.contains("is not a valid JSON Schema, ") && why.contains(at), "{why}");
+        }
+    }
+
+    #[test]
+    fn defaults_the_schema_refuses_are_found_and_missing_required_fields_are_not_their_problem() {
+        let good = described_with(
+            r#"{"type":"object","required":["phrase"],"properties":{"phrase":{"type":"string"},"mode":{"enum":["a","b"],"default":"a"}}}"#,
+        );
+        assert_eq!(good.bad_defaults(), Vec::<String>::new());
+        let bad = described_with(
+            r#"{"type":"object","required":["phrase"],"properties":{"phrase":{"type":"string"},"mode":{"enum":["a","b"],"default":5},"n":{"type":"integer","minimum":1,"default":0}}}"#,
+        );
+        let problems = bad.bad_defaults().join("; ");
+        assert!(problems.contains("at /mode") && problems.contains("at /n"), "{problems}");
+        assert!(!problems.contains("phrase"), "{problems}");
+    }
 
     /// A core module with `functions` empty functions and one memory of
     /// `pages` pages, wrapped in a component.

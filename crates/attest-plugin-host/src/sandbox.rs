@@ -31,6 +31,8 @@ use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreContextMut, StoreLim
 use wasmtime_wasi::p2::{DynPollable, Pollable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::stderr_tail::StderrTail;
+
 use super::capabilities::{CallContext, CallError, Capability};
 
 /// The contract versions this engine serves, each with its own bindings
@@ -199,6 +201,12 @@ pub struct State {
     /// Built on the first WASI call: most plugins never make one, and
     /// building it costs on every call.
     wasi: Option<WasiCtx>,
+    /// The end of what the call wrote to stderr (WASI plugins only), to
+    /// explain a trap.
+    stderr: Option<StderrTail>,
+    /// The call's last error-level log line (a Rust plugin's panic message),
+    /// kept even past the log budget, to explain a trap.
+    last_error: Option<String>,
     table: ResourceTable,
     /// Origin of the monotonic clock WASI plugins read.
     started: std::time::Instant,
@@ -239,6 +247,8 @@ impl State {
             },
             log: LogBudget::new(),
             wasi: None,
+            stderr: None,
+            last_error: None,
             table: ResourceTable::new(),
             started: std::time::Instant::now(),
             capabilities: None,
@@ -249,10 +259,13 @@ impl State {
 
 impl WasiView for State {
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let stderr = &mut self.stderr;
         let ctx = self.wasi.get_or_insert_with(|| {
             let mut wasi = WasiCtx::builder();
-            // Null stdio (stdout and stderr discard), no files, no network.
+            // No stdin, no files, no network; stdout is discarded, and the
+            // end of stderr is kept to explain a trap.
             wasi.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+            wasi.stderr(stderr.get_or_insert_with(StderrTail::default).clone());
             // Verdicts must not depend on when or where a plugin runs: the
             // wall clock stands at the Unix epoch and randomness is a fixed
             // sequence. The monotonic clock stays real: it only measures.
@@ -321,6 +334,9 @@ impl State {
     /// plugin, while the call's log budget lasts.
     pub fn write_log(&mut self, level: LogLevel, message: &str) {
         let message = crate::text::clip(message, 2000);
+        if level == LogLevel::Error {
+            self.last_error = Some(crate::text::clip(&message, LAST_WORDS_CHARS));
+        }
         let budget = &mut self.log;
         if budget.lines == 0 || budget.bytes < message.len() {
             budget.lines = 0;
@@ -1220,13 +1236,39 @@ fn classify(e: wasmtime::Error, store: &Store<State>, plugin: &Prepared, limits:
             fuel: limits.fuel.unwrap_or_default(),
         },
         Some(Trap::Interrupt) => time.fault(),
-        // How a Rust panic ends; say why its message is nowhere to be seen.
-        Some(trap @ Trap::UnreachableCodeReached) if !plugin.imports_log => Fault::Trap(format!(
-            "{trap} (how a panic ends; this plugin imports no host `log`, so no panic message was logged: \
-             a Rust plugin logs its panics unless it sets `REPORT_PANICS = false`)"
-        )),
-        Some(trap) => Fault::Trap(trap.to_string()),
+        Some(trap) => {
+            let said = last_words(store.data());
+            if said.is_empty() && *trap == Trap::UnreachableCodeReached && !plugin.imports_log && !plugin.uses_wasi {
+                // How a Rust panic ends; say why its message is nowhere to be seen.
+                Fault::Trap(format!(
+                    "{trap} (how a panic ends; this plugin imports no host `log`, so no panic message was logged: \
+                     a Rust plugin logs its panics unless it sets `REPORT_PANICS = false`)"
+                ))
+            } else {
+                Fault::Trap(format!("{trap}{said}"))
+            }
+        }
         None => Fault::Trap(crate::text::clip(&format!("{e:#}"), 300)),
+    }
+}
+
+/// Longest stderr or log text a trap's explanation quotes, in characters.
+const LAST_WORDS_CHARS: usize = 600;
+
+/// What the plugin said just before it trapped, for the trap's explanation:
+/// the end of its stderr (a Python or JavaScript exception), or else its
+/// last error-level log line (a Rust panic message). Empty when it said
+/// nothing. The text is the plugin's own, so it is clipped and quoted.
+fn last_words(state: &State) -> String {
+    if let Some(text) = state.stderr.as_ref().and_then(StderrTail::text) {
+        let chars = text.chars().count();
+        let end: String = text.chars().skip(chars.saturating_sub(LAST_WORDS_CHARS)).collect();
+        let cut = if chars > LAST_WORDS_CHARS { "…" } else { "" };
+        return format!("; the end of its stderr: \"{cut}{}\"", crate::text::neutralise_bidi(&end));
+    }
+    match &state.last_error {
+        Some(line) => format!("; its last error log: \"{line}\""),
+        None => String::new(),
     }
 }
 

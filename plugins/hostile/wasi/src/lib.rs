@@ -8,6 +8,8 @@
 //! | `sleep`      | waits an hour on a timer                                            |
 //! | `wall_clock` | reads the wall clock; the explanation is `wall clock: <seconds>`    |
 //! | `random`     | reads secure and insecure randomness; `random: <u64> <u64>`         |
+//! | `crash`      | writes 1 MiB to stderr, then a last line, then traps (as a Python    |
+//! |              | plugin's uncaught exception does)                                   |
 //!
 //! It imports WASI (the interfaces in `wit/world.wit`) but grants itself
 //! nothing: what these calls do is the engine's choice. The engine must
@@ -60,6 +62,17 @@ fn run(call: &str) -> Result<String, String> {
             wasi::random::random::get_random_u64(),
             wasi::random::insecure::get_insecure_random_u64()
         )),
+        "crash" => {
+            let err = wasi::cli::stderr::get_stderr();
+            let noise = [b'.'; 1024];
+            for _ in 0..1024 {
+                err.blocking_write_and_flush(&noise)
+                    .map_err(|e| format!("stderr write failed: {e:?}"))?;
+            }
+            err.blocking_write_and_flush(b"\nWasiError: the wasi test plugin crashes on purpose\n")
+                .map_err(|e| format!("stderr write failed: {e:?}"))?;
+            std::process::abort()
+        }
         other => Err(format!("unknown call '{other}'")),
     }
 }
@@ -71,7 +84,7 @@ impl Guest for Wasi {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             description: "Hostile test plugin: WASI stdio, poll, timers, clocks and randomness.".to_owned(),
             config_schema:
-                r#"{"type":"object","properties":{"call":{"enum":["print","poll","sleep","wall_clock","random"]}},"required":["call"]}"#
+                r#"{"type":"object","properties":{"call":{"enum":["print","poll","sleep","wall_clock","random","crash"]}},"required":["call"]}"#
                     .to_owned(),
         }
     }
