@@ -249,7 +249,16 @@ pub fn read_traces(path: &Path) -> Result<Vec<(String, String)>> {
             .map(|(i, l)| (format!("{name}:{}", i + 1), l.to_owned()))
             .collect()
     } else {
-        let v: Value = serde_json::from_str(&text).with_context(|| format!("trace file {name} is not valid JSON"))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            // A second value after the first is how a file of one trace per
+            // line reads when its extension does not say so.
+            let lines = if e.to_string().starts_with("trailing characters") {
+                " (if it holds one trace per line, name it .jsonl)"
+            } else {
+                ""
+            };
+            anyhow::Error::new(e).context(format!("trace file {name} is not valid JSON{lines}"))
+        })?;
         match v {
             Value::Array(items) => items
                 .iter()

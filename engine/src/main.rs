@@ -268,6 +268,21 @@ fn main() -> ExitCode {
     ) {
         attest_io::end_on_closed_output();
     }
+    if let Some(Command::Plugin { command }) = &cli.command {
+        if !cli.plugins.is_empty() || cli.plugin_dir.is_some() {
+            // Accepted by the parser because they are global, but a plugin
+            // subcommand works on the file it names and would ignore them.
+            let sub = match command {
+                PluginCommand::New { .. } => "new",
+                PluginCommand::Check { .. } => "check",
+                PluginCommand::Test { .. } => "test",
+            };
+            eprintln!(
+                "attest-engine plugin {sub}: --plugin and --plugin-dir choose the plugins a server loads; `plugin {sub}` works on the one file it names, so drop them"
+            );
+            return ExitCode::from(2);
+        }
+    }
     // Commands that read no engine configuration run before it is loaded:
     // a broken config file or environment must not stop them.
     if let Some(code) = cli.command.as_ref().and_then(without_config) {
@@ -493,14 +508,26 @@ fn load_engine(config: attest_engine::config::Config) -> Option<Engine> {
 /// it was; `plugin test` runs the plugin as the engine would, and fills it).
 fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Path, extra: &[Capability], inspect: bool) -> PluginHost {
     let key = attest_engine::config::plugin_file_key(file);
-    let (limits, mut grants) = config
+    let entry = config
         .plugins
         .iter()
-        .find(|p| attest_engine::config::plugin_file_key(&p.path) == key)
-        .map_or_else(
-            || (config.plugin_defaults.clone(), Default::default()),
-            |p| (p.limits.clone(), p.grants.clone()),
+        .find(|p| attest_engine::config::plugin_file_key(&p.path) == key);
+    if entry.is_none() && !config.plugins.is_empty() {
+        // Entries are matched by file, not by plugin id: a copy of the
+        // plugin elsewhere gets none of its entry's grants, which would
+        // otherwise show only as a not-granted call.
+        let named: Vec<String> = config.plugins.iter().take(5).map(|p| p.path.display().to_string()).collect();
+        eprintln!(
+            "attest-engine plugin: warning: no [[plugins]] entry of the config file names {} (entries are matched by file: {}{}), so it gets the default limits and no grants",
+            file.display(),
+            named.join(", "),
+            if config.plugins.len() > 5 { ", …" } else { "" }
         );
+    }
+    let (limits, mut grants) = entry.map_or_else(
+        || (config.plugin_defaults.clone(), Default::default()),
+        |p| (p.limits.clone(), p.grants.clone()),
+    );
     for c in extra {
         if !grants.allows(*c) {
             grants.capabilities.push(*c);

@@ -136,6 +136,10 @@ const JS: &[File] = &[
         false,
     ),
     ("package.json", include_str!("../templates/plugin/js/package.json"), false),
+    // The engine's imports under `npm test`, which runs outside any engine.
+    ("host/fake.js", include_str!("../templates/plugin/js/host/fake.js"), false),
+    ("host/resolve.js", include_str!("../templates/plugin/js/host/resolve.js"), false),
+    ("host/register.js", include_str!("../templates/plugin/js/host/register.js"), false),
     ("build.sh", include_str!("../templates/plugin/js/build.sh"), true),
     ("README.md", include_str!("../templates/plugin/js/README.md"), false),
     ("wit/attest-plugin.wit", WIT, false),
@@ -600,6 +604,7 @@ mod tests {
                     "src/plugin.js",
                     "test/plugin.test.js",
                     "package.json",
+                    "host/fake.js",
                     "build.sh",
                     "wit/attest-plugin.wit",
                 ][..],

@@ -290,6 +290,16 @@ fn unreadable_inputs_exit_2_with_a_message() {
     let out = eval(&bad_trace, &assertions, &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("is not valid JSON"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains(".jsonl"), "{}", stderr(&out));
+    // Two traces on two lines of a .json file: the extension is the mistake.
+    let lines = write(&dir, "lines.json", "{\"trace_id\": \"a\"}\n{\"trace_id\": \"b\"}\n");
+    let out = eval(&lines, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is not valid JSON (if it holds one trace per line, name it .jsonl)"),
+        "{}",
+        stderr(&out)
+    );
 
     // A file with no trace checks nothing: an error, not a silent success.
     for (name, text) in [("empty.json", "[]"), ("empty.jsonl", "\n\n")] {

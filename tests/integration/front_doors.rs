@@ -150,6 +150,21 @@ fn every_front_door_parses_its_options() {
         let out = run(cmd);
         assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
+    // The server's plugin flags parse anywhere, as every global flag does,
+    // but a plugin subcommand would ignore them: refused, not ignored.
+    for cmd in [
+        &["plugin", "test", "a.wasm", "--trace", "t.json", "--plugin", "b.wasm"][..],
+        &["--plugin-dir", "plugins", "plugin", "check", "a.wasm"],
+        &["plugin", "new", "demo", "--lang", "rust", "--plugin", "b.wasm"],
+    ] {
+        let out = run(cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
+        assert!(
+            stderr.contains("--plugin and --plugin-dir choose the plugins a server loads"),
+            "{stderr}"
+        );
+    }
     // A listen address may name a host; one that is neither is refused with
     // the forms that work.
     let out = run(&["collect", "--rules", "missing.yaml", "--otlp-http", "no-such-address"]);

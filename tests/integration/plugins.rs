@@ -585,7 +585,7 @@ fn unloadable_files_are_reported_and_the_engine_still_serves() {
     let failed = listing["failed"].as_array().unwrap();
     assert_eq!(failed.len(), 6, "{listing}");
     let error = failure(&listing, "garbage.wasm");
-    assert!(error.contains("not a WebAssembly component (bad magic bytes)"), "{error}");
+    assert!(error.contains("not a WebAssembly component (bad magic bytes"), "{error}");
     let error = failure(&listing, "empty.wasm");
     assert!(error.contains("not a WebAssembly component"), "{error}");
     let error = failure(&listing, "core.wasm");
@@ -2221,10 +2221,20 @@ fn per_plugin_limits_from_the_config_file_take_effect() {
         stdout.contains("limits:       no fuel metering (the deadline bounds CPU), 32 MiB memory, 1500 ms per call"),
         "{stdout}"
     );
+    // Which is worth a warning: entries are matched by file, so a copy of a
+    // plugin gets none of its original's grants.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: no [[plugins]] entry of the config file names")
+            && stderr.contains("step-value.wasm (entries are matched by file: ")
+            && stderr.contains("hog.wasm"),
+        "{stderr}"
+    );
     let hog = std::path::Path::new(&wasm("hog")).parent().unwrap().join(".").join("hog.wasm");
     let out = run_with(cache.path(), &["--config", &config, "plugin", "check", hog.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("8 MiB memory, 1500 ms per call"), "{stdout}");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"), "an entry names it");
     let out = run_with(
         cache.path(),
         &[
@@ -2362,10 +2372,17 @@ fn plugin_check_of_unusable_files_exits_1_with_a_clear_message() {
     std::fs::write(&garbage, b"\x7fELF not a plugin").unwrap();
     let core = dir.path().join("core.wasm");
     std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let empty = dir.path().join("empty.wasm");
+    std::fs::write(&empty, b"").unwrap();
+    let cut = dir.path().join("cut.wasm");
+    let whole = std::fs::read(wasm("pii-leak")).unwrap();
+    std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
     let cases = [
         (&missing, "cannot read"),
-        (&garbage, "not a WebAssembly component (bad magic bytes)"),
+        (&garbage, "not a WebAssembly component (bad magic bytes"),
         (&core, "core WebAssembly module, not a component"),
+        (&empty, "the file is empty (0 bytes), not a WebAssembly component"),
+        (&cut, "looks cut short: rebuild it or copy it again"),
     ];
     for (path, why) in cases {
         let out = run_with(cache.path(), &["plugin", "check", path.to_str().unwrap()]);

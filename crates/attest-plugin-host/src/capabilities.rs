@@ -329,8 +329,13 @@ impl CallContext {
             .and_then(|()| Ok(self.secrets.get(name.clone()?).cloned()));
         let name = name.unwrap_or("(over the limit)");
         let cost = result.as_ref().map(|_| 0.0).map_err(Clone::clone);
-        let found = if matches!(result, Ok(Some(_))) { "found" } else { "not mapped" };
-        let asked = format!("secret {} ({found})", crate::text::quote(name));
+        // Only a call that was served looked the name up; a refused one
+        // shows its refusal beside it, as other calls' errors do.
+        let asked = match &result {
+            Ok(Some(_)) => format!("secret {} (found)", crate::text::quote(name)),
+            Ok(None) => format!("secret {} (not mapped)", crate::text::quote(name)),
+            Err(_) => format!("secret {}", crate::text::quote(name)),
+        };
         self.record(Capability::ConfigSecret, asked, &cost, started);
         result
     }

@@ -405,7 +405,7 @@ pub enum LoadError {
     /// A core WebAssembly module, not a component.
     CoreModule,
     /// Not WebAssembly at all.
-    NotWasm,
+    NotWasm { bytes: usize },
     /// Its configured memory limit is over the engine's maximum.
     MemoryLimit { asked: usize },
     /// Refused before compiling: it could never run, or would cost too much
@@ -446,7 +446,12 @@ impl std::fmt::Display for LoadError {
                 MAX_COMPONENT_BYTES >> 20
             ),
             LoadError::CoreModule => f.write_str("this is a core WebAssembly module, not a component: build it as a component (see docs/plugins.md) or convert it with `wasm-tools component new`"),
-            LoadError::NotWasm => f.write_str("not a WebAssembly component (bad magic bytes)"),
+            LoadError::NotWasm { bytes: 0 } => f.write_str(
+                "the file is empty (0 bytes), not a WebAssembly component: rebuild the plugin, or check that the path names the built .wasm",
+            ),
+            LoadError::NotWasm { .. } => f.write_str(
+                "not a WebAssembly component (bad magic bytes: a component starts with \\0asm and layer 0x0d): check that the path names the built .wasm",
+            ),
             LoadError::MemoryLimit { asked } => write!(
                 f,
                 "memory limit {asked} bytes exceeds the engine's maximum of {} bytes",
@@ -535,7 +540,7 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
     match wasm.get(..8) {
         Some([0, b'a', b's', b'm', 0x0d, 0, 0x01, 0]) => {}
         Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => return Err(LoadError::CoreModule),
-        _ => return Err(LoadError::NotWasm),
+        _ => return Err(LoadError::NotWasm { bytes: wasm.len() }),
     }
     preflight(&wasm, &spec.limits).map_err(LoadError::Preflight)?;
     let sandbox = Sandbox::get(spec.limits.fuel.is_some()).map_err(|e| LoadError::Sandbox(e.to_string()))?;
@@ -664,7 +669,17 @@ pub fn preflight(wasm: &[u8], limits: &PluginLimits) -> Result<(), String> {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let mut functions: u32 = 0;
     for payload in wasmparser::Parser::new(0).parse_all(wasm) {
-        let payload = payload.map_err(|e| format!("invalid component: {}", crate::text::clip(&e.to_string(), 300)))?;
+        let payload = payload.map_err(|e| {
+            let why = crate::text::clip(&e.to_string(), 300);
+            // The header was right, so the likely story is a copy or a
+            // download that stopped early.
+            let cut = if why.contains("unexpected end-of-file") {
+                format!("; the file ({} bytes) looks cut short: rebuild it or copy it again", wasm.len())
+            } else {
+                String::new()
+            };
+            format!("invalid component: {why}{cut}")
+        })?;
         match payload {
             Payload::CodeSectionStart { count, .. } => {
                 functions = functions.saturating_add(count);

@@ -131,7 +131,12 @@ impl Texts {
     /// What was passed, in a few words.
     fn asked(&self) -> String {
         match self {
-            CappedList::Items(items) => format!("{} texts, {} bytes", items.len(), items.iter().map(|t| t.len).sum::<usize>()),
+            CappedList::Items(items) => format!(
+                "{} text{}, {} bytes",
+                items.len(),
+                if items.len() == 1 { "" } else { "s" },
+                items.iter().map(|t| t.len).sum::<usize>()
+            ),
             CappedList::TooMany(n) => format!("{n} texts"),
         }
     }

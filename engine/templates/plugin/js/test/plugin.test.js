@@ -35,6 +35,21 @@ test('an error inside the check is reported with its message', () => {
   assert.match(r.val.val, /^TypeError: /);
 });
 
+test("the engine's imports are served by the fake host in tests", async () => {
+  // What src/plugin.js gets when it imports a capability, as in
+  // `import { configSecret } from 'attest:plugin/secrets@0.2.0'`.
+  const { configSecret } = await import('attest:plugin/secrets@0.2.0');
+  const { fake } = await import('../host/fake.js');
+  assert.throws(() => configSecret('api_token'), (e) => e.payload.tag === 'not-granted');
+  fake.secrets = { api_token: 's3cret' };
+  try {
+    assert.equal(configSecret('api_token'), 's3cret');
+    assert.equal(configSecret('other'), undefined);
+  } finally {
+    fake.secrets = null;
+  }
+});
+
 test('a trace that is not JSON is unsupported', () => {
   assert.equal(evaluate('nope', ['{}'])[0].val.tag, 'unsupported-trace');
 });
