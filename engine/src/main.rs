@@ -512,16 +512,19 @@ fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Pat
         .plugins
         .iter()
         .find(|p| attest_engine::config::plugin_file_key(&p.path) == key);
-    if entry.is_none() && !config.plugins.is_empty() {
+    // The config file's `[[plugins]]` entries (a plugin directory's files
+    // are listed too, without grants; `--plugin` is refused here).
+    let entries: Vec<&std::path::Path> = config.plugins.iter().filter(|p| p.explicit).map(|p| p.path.as_path()).collect();
+    if entry.is_none() && !entries.is_empty() {
         // Entries are matched by file, not by plugin id: a copy of the
         // plugin elsewhere gets none of its entry's grants, which would
         // otherwise show only as a not-granted call.
-        let named: Vec<String> = config.plugins.iter().take(5).map(|p| p.path.display().to_string()).collect();
+        let named: Vec<String> = entries.iter().take(5).map(|p| p.display().to_string()).collect();
         eprintln!(
             "attest-engine plugin: warning: no [[plugins]] entry of the config file names {} (entries are matched by file: {}{}), so it gets the default limits and no grants",
             file.display(),
             named.join(", "),
-            if config.plugins.len() > 5 { ", …" } else { "" }
+            if entries.len() > 5 { ", …" } else { "" }
         );
     }
     let (limits, mut grants) = entry.map_or_else(

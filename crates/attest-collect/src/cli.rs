@@ -236,6 +236,16 @@ pub struct WorkerArgs {
     pub listen_public: bool,
 }
 
+/// Refuses a listen address other hosts can reach unless `--listen-public`
+/// was given: whether a process is reachable from other hosts is decided by
+/// its operator, not by a typo in an address.
+fn require_public(flag: &str, addr: SocketAddr, listen_public: bool, purpose: &str) -> anyhow::Result<()> {
+    if addr.ip().is_loopback() || listen_public {
+        return Ok(());
+    }
+    bail!("{flag} {addr} is not a loopback address: pass --listen-public {purpose}")
+}
+
 /// A listen address: `IP:PORT`, or `HOST:PORT` resolved to its first address.
 fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = s.parse() {
@@ -323,11 +333,13 @@ impl Signals {
 /// Runs the collector until SIGTERM (or the end of `--jsonl` input), then
 /// drains: open traces are evaluated, results flushed. Returns the exit code.
 pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
-    if !args.otlp_http.ip().is_loopback() && !args.listen_public && args.jsonl.is_none() {
-        bail!(
-            "--otlp-http {} is not a loopback address: pass --listen-public to accept traces from other hosts (and consider --bearer-token-env)",
-            args.otlp_http
-        );
+    if args.jsonl.is_none() {
+        require_public(
+            "--otlp-http",
+            args.otlp_http,
+            args.listen_public,
+            "to accept traces from other hosts (and consider --bearer-token-env)",
+        )?;
     }
     for (name, v) in [
         ("--queue-capacity", args.queue_capacity),
@@ -716,11 +728,12 @@ pub(crate) async fn handle_item(
 pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = args.metrics_addr {
-        // The same guard as the collector's: whether a process is reachable
-        // from other hosts is decided by its operator, not by a typo.
-        if !addr.ip().is_loopback() && !args.listen_public {
-            bail!("--metrics-addr {addr} is not a loopback address: pass --listen-public to serve /metrics to other hosts (a Prometheus scraping the worker)");
-        }
+        require_public(
+            "--metrics-addr",
+            addr,
+            args.listen_public,
+            "to serve /metrics to other hosts (a Prometheus scraping the worker)",
+        )?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("--metrics-addr {addr}"))?;

@@ -415,7 +415,7 @@ impl Publisher {
             Ok(duplicate) => {
                 if let Some(unshown) = self.failures.recovered() {
                     tracing::warn!(
-                        "publishing to NATS works again; {unshown} failed publishes were not logged one by one (all are counted in attest_collect_traces_dropped_total{{reason=\"publish_failed\"}})"
+                        "publishing to NATS works again; {unshown} failed publishes since the last such line were not logged one by one (all are counted in attest_collect_traces_dropped_total{{reason=\"publish_failed\"}})"
                     );
                 }
                 Ok(duplicate)
@@ -438,9 +438,12 @@ impl Publisher {
 
 /// Throttles the warnings of failed publishes: while the NATS server is
 /// full or unreachable every trace fails, and a line per trace would bury
-/// everything else on stderr. The first failure is logged, then at most one
-/// line per [`FailureLog::EVERY`] with the count of those not shown, and
-/// that count once more when publishing works again.
+/// everything else on stderr. A failure is logged when no line was written
+/// in the last [`FailureLog::EVERY`], with the count of failures not shown
+/// since the last line; a publish that works reports that count too, under
+/// the same limit. So a run of failures, or of failures and successes
+/// mixed (a nearly full stream), writes at most one line per interval, and
+/// no failure goes uncounted once publishing works again.
 #[derive(Default)]
 struct FailureLog {
     state: std::sync::Mutex<FailureState>,
@@ -459,21 +462,35 @@ impl FailureLog {
     /// number of failures since the last line that were not shown.
     fn failed(&self) -> Option<u64> {
         let mut s = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = std::time::Instant::now();
-        if s.last_line.is_some_and(|t| now.duration_since(t) < Self::EVERY) {
+        if s.due() {
+            Some(std::mem::take(&mut s.unshown))
+        } else {
             s.unshown += 1;
-            return None;
+            None
         }
-        s.last_line = Some(now);
-        Some(std::mem::take(&mut s.unshown))
     }
 
-    /// A publish succeeded: `Some(unshown)` when failures went unshown since
-    /// the last line. The next failure is logged at once.
+    /// A publish succeeded: `Some(unshown)` when failures went unshown and
+    /// a line is due now.
     fn recovered(&self) -> Option<u64> {
         let mut s = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        s.last_line.take()?;
-        Some(std::mem::take(&mut s.unshown)).filter(|&n| n > 0)
+        if s.unshown > 0 && s.due() {
+            Some(std::mem::take(&mut s.unshown))
+        } else {
+            None
+        }
+    }
+}
+
+impl FailureState {
+    /// Whether a line may be written now; if so, it counts as written.
+    fn due(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        if self.last_line.is_some_and(|t| now.duration_since(t) < FailureLog::EVERY) {
+            return false;
+        }
+        self.last_line = Some(now);
+        true
     }
 }
 
@@ -1023,19 +1040,28 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     #[test]
-    fn failed_publishes_are_logged_first_then_counted_until_publishing_works() {
+    fn failed_publishes_write_at_most_one_line_per_interval_and_none_goes_uncounted() {
         let log = super::FailureLog::default();
+        let interval_passes = || {
+            log.state.lock().unwrap().last_line = std::time::Instant::now().checked_sub(super::FailureLog::EVERY);
+        };
         assert_eq!(log.recovered(), None, "nothing failed");
         assert_eq!(log.failed(), Some(0), "the first failure is logged");
-        assert_eq!((log.failed(), log.failed()), (None, None), "then counted");
-        assert_eq!(log.recovered(), Some(2), "and the count given when it works again");
-        assert_eq!(log.recovered(), None);
-        assert_eq!(log.failed(), Some(0), "a new outage is logged at once");
+        // Failures and successes mixed, as a nearly full stream gives:
+        // nothing more within the interval, whichever comes.
+        assert_eq!(
+            (log.failed(), log.recovered(), log.failed(), log.recovered()),
+            (None, None, None, None)
+        );
+        interval_passes();
+        assert_eq!(log.recovered(), Some(2), "a success reports the failures not shown");
+        assert_eq!(log.recovered(), None, "once");
+        interval_passes();
         assert_eq!(log.recovered(), None, "nothing went unshown");
-        // A line is due again once the interval has passed.
-        assert_eq!((log.failed(), log.failed()), (Some(0), None));
-        log.state.lock().unwrap().last_line = std::time::Instant::now().checked_sub(super::FailureLog::EVERY);
-        assert_eq!(log.failed(), Some(1));
+        assert_eq!(log.failed(), Some(0), "a failure after a quiet interval is logged at once");
+        assert_eq!(log.failed(), None);
+        interval_passes();
+        assert_eq!(log.failed(), Some(1), "and the next line counts the one not shown");
     }
 
     use super::*;

@@ -404,8 +404,10 @@ pub enum LoadError {
     TooLarge { bytes: Option<u64> },
     /// A core WebAssembly module, not a component.
     CoreModule,
+    /// An empty file.
+    Empty,
     /// Not WebAssembly at all.
-    NotWasm { bytes: usize },
+    NotWasm,
     /// Its configured memory limit is over the engine's maximum.
     MemoryLimit { asked: usize },
     /// Refused before compiling: it could never run, or would cost too much
@@ -446,10 +448,10 @@ impl std::fmt::Display for LoadError {
                 MAX_COMPONENT_BYTES >> 20
             ),
             LoadError::CoreModule => f.write_str("this is a core WebAssembly module, not a component: build it as a component (see docs/plugins.md) or convert it with `wasm-tools component new`"),
-            LoadError::NotWasm { bytes: 0 } => f.write_str(
+            LoadError::Empty => f.write_str(
                 "the file is empty (0 bytes), not a WebAssembly component: rebuild the plugin, or check that the path names the built .wasm",
             ),
-            LoadError::NotWasm { .. } => f.write_str(
+            LoadError::NotWasm => f.write_str(
                 "not a WebAssembly component (bad magic bytes: a component starts with \\0asm and layer 0x0d): check that the path names the built .wasm",
             ),
             LoadError::MemoryLimit { asked } => write!(
@@ -540,7 +542,8 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
     match wasm.get(..8) {
         Some([0, b'a', b's', b'm', 0x0d, 0, 0x01, 0]) => {}
         Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => return Err(LoadError::CoreModule),
-        _ => return Err(LoadError::NotWasm { bytes: wasm.len() }),
+        _ if wasm.is_empty() => return Err(LoadError::Empty),
+        _ => return Err(LoadError::NotWasm),
     }
     preflight(&wasm, &spec.limits).map_err(LoadError::Preflight)?;
     let sandbox = Sandbox::get(spec.limits.fuel.is_some()).map_err(|e| LoadError::Sandbox(e.to_string()))?;
@@ -1130,6 +1133,31 @@ mod tests {
             let why = refused.err().map(|e| e.to_string()).unwrap_or_default();
             assert!(why.contains("is not a valid JSON Schema, ") && why.contains(at), "{why}");
         }
+    }
+
+    #[test]
+    fn leaving_out_a_field_whose_default_the_schema_refuses_is_a_1002_that_says_whose_value_it_is() {
+        let plugin = Arc::new(described_with(
+            r#"{"type":"object","properties":{"mode":{"enum":["a","b"],"default":5}}}"#,
+        ));
+        let host = PluginHost {
+            plugins: HashMap::from([("schema".to_owned(), plugin)]),
+            order: vec!["schema".to_owned()],
+            failures: vec![],
+            conflicts: vec![],
+        };
+        let compile = |spec: Value| crate::check::compile(&attest_core::layers::Spec::new(Some(&spec), "plugin").unwrap(), &host);
+        assert!(compile(serde_json::json!({"plugin_id": "schema", "config": {"mode": "b"}})).is_ok());
+        let refused = compile(serde_json::json!({"plugin_id": "schema", "config": {}})).err().unwrap();
+        assert_eq!(refused.field, "spec.config");
+        assert!(
+            refused
+                .message
+                .contains("config schema fills in a default that the schema itself refuses: at /mode"),
+            "{}",
+            refused.message
+        );
+        assert!(refused.detail.contains("plugin check schema.wasm"), "{}", refused.detail);
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! [`super::since_v0_1_0`]), and a fresh, limited store for every call.
 //!
 //! Deny by default:
-//! - no filesystem, network, environment, arguments or stdio (WASI is linked
+//! - no filesystem, network, environment, arguments or stdin (WASI is linked
 //!   only so that components from other toolchains can instantiate; its
-//!   context grants nothing);
+//!   context grants nothing). stdout is discarded; the end of stderr is
+//!   kept for the call, only to explain a trap ([`StderrTail`]);
 //! - CPU: an epoch deadline per call, and for plugins configured with a
 //!   `fuel` budget, fuel metering on top (a deterministic instruction count,
 //!   costing the guest 20% or more of its speed, so it is opt-in; such plugins run in a
@@ -1256,25 +1257,92 @@ fn classify(e: wasmtime::Error, store: &Store<State>, plugin: &Prepared, limits:
 const LAST_WORDS_CHARS: usize = 600;
 
 /// What the plugin said just before it trapped, for the trap's explanation:
-/// the end of its stderr (a Python or JavaScript exception), or else its
-/// last error-level log line (a Rust panic message). Empty when it said
-/// nothing. The text is the plugin's own, so it is clipped and quoted.
+/// the end of its stderr (a Python exception's traceback), or else its last
+/// error-level log line (a Rust panic message). Empty when it said nothing.
+/// The text is the plugin's own, headed for results, reports and history,
+/// so secret values granted to the call are masked, it is put on one line
+/// with control characters escaped, and only its last [`LAST_WORDS_CHARS`]
+/// characters are kept: the end of a traceback says what went wrong.
 fn last_words(state: &State) -> String {
-    if let Some(text) = state.stderr.as_ref().and_then(StderrTail::text) {
-        let chars = text.chars().count();
-        let end: String = text.chars().skip(chars.saturating_sub(LAST_WORDS_CHARS)).collect();
-        let cut = if chars > LAST_WORDS_CHARS { "…" } else { "" };
-        return format!("; the end of its stderr: \"{cut}{}\"", crate::text::neutralise_bidi(&end));
+    let (label, text, cut) = match (state.stderr.as_ref().and_then(StderrTail::written), &state.last_error) {
+        (Some(written), _) => ("the end of its stderr", written.text, written.cut),
+        (None, Some(line)) => ("its last error log", line.clone(), false),
+        (None, None) => return String::new(),
+    };
+    let text = match state.capabilities.as_deref() {
+        Some(cx) => masked(text, &cx.secrets),
+        None => text,
+    };
+    let line = one_line(&text);
+    let chars = line.chars().count();
+    let end: String = line.chars().skip(chars.saturating_sub(LAST_WORDS_CHARS)).collect();
+    let cut = if cut || chars > LAST_WORDS_CHARS { "…" } else { "" };
+    format!("; {label}: \"{cut}{}\"", crate::text::neutralise_bidi(&end))
+}
+
+/// `text` with every secret value granted to the call replaced by
+/// `[secret]`: a plugin that prints or panics with a secret it was given
+/// must not hand it on to whoever reads results.
+fn masked(mut text: String, secrets: &std::collections::BTreeMap<String, String>) -> String {
+    for value in secrets.values().filter(|v| !v.is_empty()) {
+        if text.contains(value.as_str()) {
+            text = text.replace(value.as_str(), "[secret]");
+        }
     }
-    match &state.last_error {
-        Some(line) => format!("; its last error log: \"{line}\""),
-        None => String::new(),
+    text
+}
+
+/// `text` on one line: line breaks become ` | `, other control characters
+/// are escaped (`\u{1b}`), so a quote cannot break a table row or a report.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !out.is_empty() {
+            out.push_str(" | ");
+        }
+        for c in line.chars() {
+            match c {
+                '\t' => out.push(' '),
+                c if c.is_control() => out.extend(c.escape_default()),
+                c => out.push(c),
+            }
+        }
     }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_words_are_one_masked_line_ending_with_what_went_wrong() {
+        let mut state = State::new(&Arc::from("p"), &PluginLimits::default());
+        assert_eq!(last_words(&state), "", "nothing said");
+        state.last_error = Some("panicked: at src/lib.rs:3:9:\nindex out of bounds".into());
+        assert_eq!(
+            last_words(&state),
+            "; its last error log: \"panicked: at src/lib.rs:3:9: | index out of bounds\""
+        );
+        let tail = StderrTail::default();
+        state.stderr = Some(tail.clone());
+        assert!(last_words(&state).contains("its last error log"), "an empty stderr says nothing");
+        let traceback = format!("Traceback:\r\n{}\n\tline 2\n\x1b[31mValueError: x\x1b[0m\n", "frame ".repeat(200));
+        wasmtime_wasi::p2::OutputStream::write(&mut tail.clone(), traceback.into_bytes().into()).unwrap();
+        let said = last_words(&state);
+        assert!(
+            said.starts_with("; the end of its stderr: \"…") && said.contains("frame frame"),
+            "{said}"
+        );
+        assert!(said.ends_with(" | line 2 | \\u{1b}[31mValueError: x\\u{1b}[0m\""), "{said}");
+        assert!(!said.contains('\n') && !said.contains('\r') && !said.contains('\x1b'), "{said}");
+        assert!(said.chars().count() < LAST_WORDS_CHARS + 40, "{said}");
+        let secrets = std::collections::BTreeMap::from([("token".to_owned(), "s3cret".to_owned()), ("empty".to_owned(), String::new())]);
+        assert_eq!(
+            masked("token=s3cret, again s3cret".into(), &secrets),
+            "token=[secret], again [secret]"
+        );
+    }
 
     #[test]
     fn version_policy() {
