@@ -172,6 +172,17 @@ enum PluginCommand {
     },
 }
 
+impl PluginCommand {
+    /// The subcommand's name, as typed.
+    fn name(&self) -> &'static str {
+        match self {
+            PluginCommand::New { .. } => "new",
+            PluginCommand::Check { .. } => "check",
+            PluginCommand::Test { .. } => "test",
+        }
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum OutputFormat {
     Table,
@@ -272,11 +283,7 @@ fn main() -> ExitCode {
         if !cli.plugins.is_empty() || cli.plugin_dir.is_some() {
             // Accepted by the parser because they are global, but a plugin
             // subcommand works on the file it names and would ignore them.
-            let sub = match command {
-                PluginCommand::New { .. } => "new",
-                PluginCommand::Check { .. } => "check",
-                PluginCommand::Test { .. } => "test",
-            };
+            let sub = command.name();
             eprintln!(
                 "attest-engine plugin {sub}: --plugin and --plugin-dir choose the plugins a server loads; `plugin {sub}` works on the one file it names, so drop them"
             );
@@ -689,7 +696,7 @@ fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) 
                 "config schema:\n{}",
                 serde_json::to_string_pretty(&p.config_schema).unwrap_or_default()
             );
-            let bad = p.bad_defaults();
+            let bad = &p.default_problems;
             if bad.is_empty() {
                 return ExitCode::SUCCESS;
             }

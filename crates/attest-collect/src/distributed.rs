@@ -1039,11 +1039,16 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn failed_publishes_write_at_most_one_line_per_interval_and_none_goes_uncounted() {
-        let log = super::FailureLog::default();
+        let log = FailureLog::default();
         let interval_passes = || {
-            log.state.lock().unwrap().last_line = std::time::Instant::now().checked_sub(super::FailureLog::EVERY);
+            let then = std::time::Instant::now()
+                .checked_sub(FailureLog::EVERY)
+                .expect("a clock that has run for 10 s");
+            log.state.lock().unwrap().last_line = Some(then);
         };
         assert_eq!(log.recovered(), None, "nothing failed");
         assert_eq!(log.failed(), Some(0), "the first failure is logged");
@@ -1063,8 +1068,6 @@ mod tests {
         interval_passes();
         assert_eq!(log.failed(), Some(1), "and the next line counts the one not shown");
     }
-
-    use super::*;
 
     #[test]
     fn credentials_are_taken_out_of_the_url_and_never_shown() {

@@ -52,9 +52,11 @@ pub fn compile(spec: &Spec<'_>, host: &PluginHost) -> Result<PluginCheck, SpecEr
             crate::config::BadTarget::hint(),
         )
     })?;
-    if crate::config::apply_defaults(&plugin.config_schema, &mut config) {
+    let filled = crate::config::apply_defaults(&plugin.config_schema, &mut config);
+    if filled && !plugin.default_problems.is_empty() {
         // A default the schema itself refuses would reach the plugin as if
-        // the user had sent it; say whose value it is.
+        // the user had sent it; say whose value it is. (Only such plugins
+        // pay for validating the config a second time.)
         plugin.check_config(&config).map_err(|problems| {
             SpecError::new(
                 "spec.config",
@@ -64,7 +66,7 @@ pub fn compile(spec: &Spec<'_>, host: &PluginHost) -> Result<PluginCheck, SpecEr
                 ),
                 format!(
                     "Set that field in spec.config yourself, and tell the plugin's author: `attest-engine plugin check {}` shows the problem.",
-                    plugin.path.display()
+                    crate::text::clip(&plugin.path.display().to_string(), 200)
                 ),
             )
         })?;

@@ -5,7 +5,8 @@
 //! for plugins in any language:
 //!
 //! - a property missing from the config gets its schema's `default` (at any
-//!   depth of `properties`), so a plugin sees what its schema documents;
+//!   depth of `properties`), so a plugin sees what its schema documents, and
+//!   a default its own schema refuses is found when the plugin loads;
 //! - a string marked `"format": "attest-target"` (under `properties` or
 //!   `items`, at any depth) is parsed with the engine's target grammar when
 //!   the assertion is compiled, so a typo is error `1002` naming the field,
@@ -60,6 +61,47 @@ fn fill(schema: &Value, config: &mut Value, depth: usize) -> bool {
         }
     }
     filled
+}
+
+/// The `default`s of `schema`'s properties, at any depth, that their own
+/// property's schema refuses (or, for a target, that do not parse), each as
+/// `at /path: problem`. A property schema that cannot be compiled on its own
+/// (a `$ref` into the whole schema) is not checked.
+pub fn default_problems(schema: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    check_defaults(schema, &mut String::new(), 0, &mut problems);
+    problems
+}
+
+fn check_defaults(schema: &Value, path: &mut String, depth: usize, problems: &mut Vec<String>) {
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    if depth >= MAX_DEPTH {
+        return;
+    }
+    for (key, sub) in properties {
+        let len = path.len();
+        path.push('/');
+        path.push_str(key);
+        if let Some(default) = sub.get("default") {
+            let validator = jsonschema::options().with_draft(jsonschema::Draft::Draft202012).build(sub);
+            if let Ok(validator) = validator {
+                for e in validator.iter_errors(default).take(3) {
+                    // The error's place inside the default, after the property's.
+                    let message = crate::text::clip(&e.to_string(), 200);
+                    problems.push(format!("at {path}{}: {message}", e.instance_path()));
+                }
+            }
+            if let (Some(TARGET_FORMAT), Value::String(text)) = (sub.get("format").and_then(Value::as_str), default) {
+                if let Err(e) = Target::parse(text) {
+                    problems.push(format!("at {path}: not a valid target: {}", e.message));
+                }
+            }
+        }
+        check_defaults(sub, path, depth + 1, problems);
+        path.truncate(len);
+    }
 }
 
 /// The first target field of `config` that does not parse, if any.
@@ -127,6 +169,32 @@ mod tests {
                 "note": {"type": "string"}
             }
         })
+    }
+
+    #[test]
+    fn defaults_their_own_schema_refuses_are_named_at_any_depth() {
+        assert_eq!(default_problems(&schema()), Vec::<String>::new());
+        let bad = json!({"type": "object", "required": ["phrase"], "properties": {
+            "phrase": {"type": "string"},
+            "mode": {"enum": ["a", "b"], "default": 5},
+            "target": {"type": "string", "format": "attest-target", "default": "steps[0"},
+            "limits": {"type": "object", "properties": {
+                "max": {"type": "integer", "minimum": 1, "default": 0},
+                "pairs": {"type": "array", "items": {"type": "integer"}, "default": [1, "x"]},
+            }},
+            "shared": {"$ref": "#/$defs/mode", "default": 5},
+        }});
+        let problems = default_problems(&bad);
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        let all = problems.join("; ");
+        for expect in [
+            "at /mode: 5 is not one of",
+            "at /target: not a valid target",
+            "at /limits/max: 0 is less than the minimum of 1",
+            "at /limits/pairs/1: \"x\" is not of type \"integer\"",
+        ] {
+            assert!(all.contains(expect), "{expect}: {all}");
+        }
     }
 
     #[test]

@@ -114,6 +114,10 @@ pub struct Plugin {
     pub limits: PluginLimits,
     pub config_schema: Value,
     validator: jsonschema::Validator,
+    /// The schema's `default`s that the schema refuses
+    /// ([`config::default_problems`]): the plugin's author's to fix, and
+    /// each fails an assertion that leaves its field out.
+    pub default_problems: Vec<String>,
     /// The linked component, ready to instantiate: loaded at start-up, or,
     /// for a plugin the start-up index knew, on first use (or by
     /// [`PluginHost::warm_in_background`]).
@@ -626,21 +630,23 @@ fn described_plugin(
         .build(&config_schema)
         .map_err(|e| {
             // Where in the schema: the message alone names only the value.
+            // (An unresolvable `$ref` has no place; its message names it.)
             let at = e.instance_path().to_string();
             let at = if at.is_empty() {
-                "(root)".to_owned()
+                String::new()
             } else {
-                crate::text::clip(&at, 200)
+                format!(", at {}", crate::text::clip(&at, 200))
             };
             LoadError::BadSchema {
                 id: info.id.clone(),
-                why: format!("is not a valid JSON Schema, at {at}: {}", crate::text::clip(&e.to_string(), 300)),
+                why: format!("is not a valid JSON Schema{at}: {}", crate::text::clip(&e.to_string(), 300)),
             }
         })?;
     let loaded = std::sync::OnceLock::new();
     if let Some(runtime) = runtime {
         let _ = loaded.set(Ok(runtime));
     }
+    let default_problems = config::default_problems(&config_schema);
     Ok(Plugin {
         id: Arc::from(info.id.as_str()),
         version: info.version,
@@ -650,6 +656,7 @@ fn described_plugin(
         limits: spec.limits.clone(),
         config_schema,
         validator,
+        default_problems,
         runtime: loaded,
         deferred,
         source,
@@ -903,23 +910,6 @@ impl Plugin {
         }))
     }
 
-    /// The `default`s of the plugin's schema that the schema itself
-    /// refuses, described as [`Plugin::check_config`] does: each would fail
-    /// every assertion that leaves its field out. Top-level defaults are
-    /// checked, the ones a config of `{}` is given.
-    pub fn bad_defaults(&self) -> Vec<String> {
-        let mut config = Value::Object(Default::default());
-        crate::config::apply_defaults(&self.config_schema, &mut config);
-        // What `{}` lacks beyond its defaults (a `required` field) is at
-        // the root; only problems inside a default are the schema's own.
-        let errors: Vec<_> = self
-            .validator
-            .iter_errors(&config)
-            .filter(|e| !e.instance_path().to_string().is_empty())
-            .collect();
-        attest_core::layers::schema::describe_errors(&errors)
-    }
-
     /// Checks an assertion's `config` against the plugin's schema; lists up to 3 problems.
     pub fn check_config(&self, config: &Value) -> Result<(), String> {
         let errors: Vec<_> = self.validator.iter_errors(config).collect();
@@ -1091,6 +1081,10 @@ mod tests {
 
     /// A plugin described with `schema`, without a component behind it.
     fn described_with(schema: &str) -> Plugin {
+        describe_with(schema).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn describe_with(schema: &str) -> Result<Plugin, LoadError> {
         let spec = PluginSpec {
             path: PathBuf::from("schema.wasm"),
             limits: PluginLimits::default(),
@@ -1104,34 +1098,20 @@ mod tests {
             config_schema: schema.into(),
             capabilities: vec![],
         };
-        described_plugin(&spec, info, "0.2.0".into(), Source::Compiled, None, None, Instant::now()).unwrap_or_else(|e| panic!("{e}"))
+        described_plugin(&spec, info, "0.2.0".into(), Source::Compiled, None, None, Instant::now())
     }
 
     #[test]
     fn an_invalid_schema_is_refused_naming_the_place_in_it() {
-        let spec = PluginSpec {
-            path: PathBuf::from("schema.wasm"),
-            limits: PluginLimits::default(),
-            explicit: true,
-            grants: Default::default(),
-        };
         for (schema, at) in [
-            (r#"{"type":"objekt"}"#, "at /type:"),
+            (r#"{"type":"objekt"}"#, "is not a valid JSON Schema, at /type:"),
             (
                 r#"{"properties":{"phrase":{"minLength":"one"}}}"#,
-                "at /properties/phrase/minLength:",
+                "is not a valid JSON Schema, at /properties/phrase/minLength:",
             ),
         ] {
-            let info = cache::Described {
-                id: "schema".into(),
-                version: "1.0.0".into(),
-                description: String::new(),
-                config_schema: schema.into(),
-                capabilities: vec![],
-            };
-            let refused = described_plugin(&spec, info, "0.2.0".into(), Source::Compiled, None, None, Instant::now());
-            let why = refused.err().map(|e| e.to_string()).unwrap_or_default();
-            assert!(why.contains("is not a valid JSON Schema, ") && why.contains(at), "{why}");
+            let why = describe_with(schema).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(why.contains(at), "{why}");
         }
     }
 
@@ -1165,11 +1145,11 @@ mod tests {
         let good = described_with(
             r#"{"type":"object","required":["phrase"],"properties":{"phrase":{"type":"string"},"mode":{"enum":["a","b"],"default":"a"}}}"#,
         );
-        assert_eq!(good.bad_defaults(), Vec::<String>::new());
+        assert_eq!(good.default_problems, Vec::<String>::new());
         let bad = described_with(
             r#"{"type":"object","required":["phrase"],"properties":{"phrase":{"type":"string"},"mode":{"enum":["a","b"],"default":5},"n":{"type":"integer","minimum":1,"default":0}}}"#,
         );
-        let problems = bad.bad_defaults().join("; ");
+        let problems = bad.default_problems.join("; ");
         assert!(problems.contains("at /mode") && problems.contains("at /n"), "{problems}");
         assert!(!problems.contains("phrase"), "{problems}");
     }

@@ -1249,7 +1249,8 @@ fn classify(e: wasmtime::Error, store: &Store<State>, plugin: &Prepared, limits:
                 Fault::Trap(format!("{trap}{said}"))
             }
         }
-        None => Fault::Trap(crate::text::clip(&format!("{e:#}"), 300)),
+        // Not a trap (a WASI `exit`): what the plugin said last may still say why.
+        None => Fault::Trap(format!("{}{}", crate::text::clip(&format!("{e:#}"), 300), last_words(store.data()))),
     }
 }
 
