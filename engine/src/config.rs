@@ -296,6 +296,10 @@ pub struct Overrides {
     pub reports: Vec<String>,
     /// `--no-history`.
     pub no_history: bool,
+    /// For `plugin check` and `plugin test`, which work on the one file they
+    /// name: no plugin directory is read, whichever of the flag, the
+    /// environment or the config file names one.
+    pub skip_plugin_dir: bool,
 }
 
 /// The environment variables the engine reads, in one place for the docs.
@@ -443,7 +447,7 @@ impl Config {
             .clone()
             .or_else(|| env("ATTEST_PLUGIN_DIR").map(PathBuf::from))
             .or_else(|| file.plugin_dir.as_ref().map(|d| base.join(d)));
-        if let Some(dir) = dir {
+        if let Some(dir) = dir.filter(|_| !overrides.skip_plugin_dir) {
             let files = crate::plugins::files_in(&dir).with_context(|| format!("cannot read plugin directory {}", dir.display()))?;
             c.plugins.extend(files.into_iter().map(|path| PluginSpec {
                 path,

@@ -305,6 +305,7 @@ fn main() -> ExitCode {
         plugin_dir: cli.plugin_dir.clone(),
         reports: cli.reports.clone(),
         no_history: cli.no_history,
+        skip_plugin_dir: matches!(cli.command, Some(Command::Plugin { .. })),
     };
     let config = match Config::load(&overrides, |k| std::env::var(k).ok()) {
         Ok(c) => c,
@@ -519,8 +520,8 @@ fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Pat
         .plugins
         .iter()
         .find(|p| attest_engine::config::plugin_file_key(&p.path) == key);
-    // The config file's `[[plugins]]` entries (a plugin directory's files
-    // are listed too, without grants; `--plugin` is refused here).
+    // The config file's `[[plugins]]` entries: for a plugin subcommand no
+    // plugin directory is read and `--plugin` is refused, so no others.
     let entries: Vec<&std::path::Path> = config.plugins.iter().filter(|p| p.explicit).map(|p| p.path.as_path()).collect();
     if entry.is_none() && !entries.is_empty() {
         // Entries are matched by file, not by plugin id: a copy of the

@@ -2235,15 +2235,21 @@ fn per_plugin_limits_from_the_config_file_take_effect() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("8 MiB memory, 1500 ms per call"), "{stdout}");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"), "an entry names it");
-    // A plugin directory's files are not entries: no warning without any.
-    let dist = std::path::Path::new(&wasm("hog")).parent().unwrap().to_owned();
-    let out = engine_command(cache.path(), &["plugin", "check", &wasm("step-value")])
-        .env("ATTEST_PLUGIN_DIR", &dist)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"), "{out:?}");
+    // plugin check works on the file it names: a plugin directory in the
+    // environment is not read (one that does not exist stops nothing), and
+    // without a config file there is no entry to warn about.
+    for dir in [
+        std::path::Path::new(&wasm("hog")).parent().unwrap(),
+        std::path::Path::new("/nonexistent"),
+    ] {
+        let out = engine_command(cache.path(), &["plugin", "check", &wasm("step-value")])
+            .env("ATTEST_PLUGIN_DIR", dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"), "{out:?}");
+    }
     let out = run_with(
         cache.path(),
         &[
