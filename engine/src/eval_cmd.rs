@@ -43,6 +43,9 @@ enum Body {
 
 /// Runs the command; returns the process exit code.
 pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: Format, out: &mut impl std::io::Write) -> Result<i32> {
+    if trace_path == Path::new("-") && assertions_path == Path::new("-") {
+        anyhow::bail!("--trace and --assertions cannot both be - (standard input holds one of them): give the other as a file");
+    }
     let assertions = read_assertions(assertions_path)?;
     let traces = read_traces(trace_path)?;
     evaluate_files(engine, &assertions, traces, format, false, out)
@@ -63,7 +66,10 @@ pub fn read_input(path: &Path, what: &str) -> Result<String> {
 /// `limit` bytes; `too_large` is the advice for a file over it.
 pub fn read_text(path: &Path, what: &str, limit: u64, too_large: &str) -> Result<String> {
     use attest_io::ReadError;
-    attest_io::read_capped_text(path, limit).map_err(|e| match e {
+    // `-` is standard input, as for most command-line tools; it is read
+    // under the same cap as a file.
+    let source = if path == Path::new("-") { Path::new("/dev/stdin") } else { path };
+    attest_io::read_capped_text(source, limit).map_err(|e| match e {
         ReadError::Io(io) => anyhow::anyhow!("cannot read {what} {}: {io}", path.display()),
         ReadError::TooLarge { .. } => anyhow::anyhow!("{what} {} {e}: {too_large}", path.display()),
         ReadError::NotUtf8 { .. } => anyhow::anyhow!("{what} {} {e}: save it as UTF-8", path.display()),

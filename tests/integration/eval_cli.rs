@@ -326,6 +326,59 @@ fn an_endless_input_file_is_read_no_further_than_the_cap() {
 }
 
 #[test]
+fn a_dash_reads_the_trace_or_the_assertions_from_standard_input() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_json(&dir, "trace.json", &refund_trace());
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let piped = |args: &[&str], input: Vec<u8>| {
+        let mut child = command()
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let by_files = eval(&trace, &assertions, &["--format", "json"]);
+    let trace_piped = piped(
+        &[
+            "eval",
+            "--trace",
+            "-",
+            "--assertions",
+            assertions.to_str().unwrap(),
+            "--format",
+            "json",
+        ],
+        std::fs::read(&trace).unwrap(),
+    );
+    let assertions_piped = piped(
+        &["eval", "--trace", trace.to_str().unwrap(), "--assertions", "-", "--format", "json"],
+        std::fs::read(&assertions).unwrap(),
+    );
+    for out in [&trace_piped, &assertions_piped] {
+        assert_eq!(out.status.code(), by_files.status.code(), "{}", stderr(out));
+        let results = |o: &Output| {
+            serde_json::from_slice::<Value>(&o.stdout).unwrap()[0]["results"]
+                .as_array()
+                .unwrap()
+                .len()
+        };
+        assert_eq!(results(out), results(&by_files));
+    }
+    let both = piped(&["eval", "--trace", "-", "--assertions", "-"], b"{}".to_vec());
+    assert_eq!(both.status.code(), Some(2));
+    assert!(
+        stderr(&both).contains("--trace and --assertions cannot both be -"),
+        "{}",
+        stderr(&both)
+    );
+}
+
+#[test]
 fn jsonl_with_several_traces() {
     let dir = tempfile::tempdir().unwrap();
     let mut second = refund_trace();
