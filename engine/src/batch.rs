@@ -746,62 +746,97 @@ fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<
 
 impl BatchResult {
     /// Shrinks explanations and evidence fields evenly until the serialised
-    /// result is at most `max_bytes`; judge metadata goes last. Returns false
-    /// when even empty texts do not fit.
+    /// result is at most `max_bytes`: every explanation is cut to the longest
+    /// length that fits, found by bisection, so the answer keeps as much of
+    /// each reason as the room allows; evidence is cut faster, and goes
+    /// first ([`evidence_cap`]). Judge metadata goes next, then layer and
+    /// type. Returns false when even empty texts do not fit.
     pub fn fit(&mut self, max_bytes: usize) -> bool {
-        loop {
-            let size = serde_json::to_vec(self).map(|v| v.len()).unwrap_or(usize::MAX);
-            if size <= max_bytes {
-                return true;
+        let fits = |b: &BatchResult| serde_json::to_vec(b).is_ok_and(|v| v.len() <= max_bytes);
+        if fits(self) {
+            return true;
+        }
+        let longest = self
+            .results
+            .iter()
+            .flat_map(|r| r.texts())
+            .map(|t| t.chars().count())
+            .max()
+            .unwrap_or(0);
+        // The cap at which nothing is cut, evidence included.
+        let uncut = longest * 2 + EXPLANATION_FIRST;
+        let clipped = |cap: usize| {
+            let mut trial = self.clone();
+            trial.clip_texts(cap);
+            trial
+        };
+        if fits(&clipped(0)) {
+            // `lo` fits and `hi` does not.
+            let (mut lo, mut hi) = (0, uncut);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if fits(&clipped(mid)) {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
             }
-            let longest = self
-                .results
-                .iter()
-                .flat_map(|r| r.texts())
-                .map(|t| t.chars().count())
-                .max()
-                .unwrap_or(0);
-            if longest == 0 {
-                let mut dropped = false;
-                for r in &mut self.results {
-                    dropped |= r.evidence.judge_metadata.take().is_some() | r.threshold_source.take().is_some();
-                }
-                if dropped {
-                    continue;
-                }
-                // Last resort, for batches of many hundreds of results: the
-                // SDK reads a missing layer and type as unknown.
-                for r in &mut self.results {
-                    dropped |= r.kind.take().is_some();
-                    r.layer = 0;
-                }
-                if dropped {
-                    continue;
-                }
-                return false;
+            self.clip_texts(lo);
+            return true;
+        }
+        self.clip_texts(0);
+        for r in &mut self.results {
+            r.evidence.judge_metadata = None;
+            r.threshold_source = None;
+        }
+        if fits(self) {
+            return true;
+        }
+        // Last resort, for batches of many hundreds of results: the SDK
+        // reads a missing layer and type as unknown.
+        for r in &mut self.results {
+            r.kind = None;
+            r.layer = 0;
+        }
+        fits(self)
+    }
+
+    /// Cuts every explanation to `cap` characters and every evidence text
+    /// to [`evidence_cap`] of it (with an ellipsis); emptied evidence is left
+    /// out rather than sent empty.
+    fn clip_texts(&mut self, cap: usize) {
+        let clip = |t: &mut String, cap: usize| {
+            clip_in_place(t, cap);
+            if cap == 0 {
+                t.clear();
             }
-            // Cut every text to a share of what must go, at least a quarter of the longest.
-            let excess = size - max_bytes;
-            let per = excess.div_ceil(self.results.len().max(1) * 5);
-            let cap = longest.saturating_sub(per.max(longest / 4).max(1));
-            for r in &mut self.results {
-                for t in r.texts_mut() {
-                    clip_in_place(t, cap);
-                    if cap == 0 {
-                        t.clear();
-                    }
+        };
+        for r in &mut self.results {
+            clip(&mut r.explanation, cap);
+            let ev = &mut r.evidence;
+            for f in [&mut ev.trace_node_path, &mut ev.expected, &mut ev.actual, &mut ev.suggested_action] {
+                if let Some(t) = f {
+                    clip(t, evidence_cap(cap));
                 }
-                // Emptied evidence is left out rather than sent empty.
-                let ev = &mut r.evidence;
-                for f in [&mut ev.trace_node_path, &mut ev.expected, &mut ev.actual, &mut ev.suggested_action] {
-                    if f.as_ref().is_some_and(|s| s.is_empty()) {
-                        *f = None;
-                    }
+                if f.as_ref().is_some_and(|s| s.is_empty()) {
+                    *f = None;
                 }
             }
         }
     }
 }
+
+/// Characters of each evidence text kept beside explanations of `cap`: none
+/// until explanations have [`EXPLANATION_FIRST`] characters, then half of
+/// what they have beyond that. The explanation says what went wrong; four
+/// evidence texts and their keys would otherwise take most of a tight
+/// answer's room and leave every reason a few characters long.
+fn evidence_cap(cap: usize) -> usize {
+    cap.saturating_sub(EXPLANATION_FIRST) / 2
+}
+
+/// See [`evidence_cap`].
+const EXPLANATION_FIRST: usize = 160;
 
 impl AssertionResult {
     /// The result of an assertion the evaluator answered, its texts bounded.
@@ -835,15 +870,6 @@ impl AssertionResult {
         let e = &self.evidence;
         std::iter::once(&self.explanation).chain(
             [&e.trace_node_path, &e.expected, &e.actual, &e.suggested_action]
-                .into_iter()
-                .flatten(),
-        )
-    }
-
-    fn texts_mut(&mut self) -> impl Iterator<Item = &mut String> {
-        let e = &mut self.evidence;
-        std::iter::once(&mut self.explanation).chain(
-            [&mut e.trace_node_path, &mut e.expected, &mut e.actual, &mut e.suggested_action]
                 .into_iter()
                 .flatten(),
         )
@@ -917,5 +943,25 @@ mod tests {
             .iter()
             .all(|r| r.evidence == ResultEvidence::default() && r.threshold_source.is_none()));
         assert!(!b.fit(1000));
+    }
+
+    #[test]
+    fn fit_keeps_as_much_of_every_reason_as_the_room_allows() {
+        // Hundreds of failures with long reasons, as a broken agent gives:
+        // the answer uses its room, and every result keeps a reason.
+        for n in [150, 250, 290] {
+            let mut b = batch((0..n).map(|i| failed(i, 2000)).collect());
+            let max = 64 * 1024 - 1;
+            assert!(b.fit(max));
+            let size = serde_json::to_vec(&b).unwrap().len();
+            assert!(size <= max, "{n}: {size}");
+            // Within one character per text of the limit.
+            assert!(size + n * 5 * 4 > max, "{n} results: {size} bytes of {max} used");
+            assert!(
+                b.results.iter().all(|r| r.explanation.chars().count() > 3),
+                "{n}: {:?}",
+                b.results[0].explanation
+            );
+        }
     }
 }

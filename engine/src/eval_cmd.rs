@@ -41,6 +41,14 @@ enum Body {
     Error { error: RpcError },
 }
 
+/// A table for a terminal. Explanations, ids and provider errors come from
+/// input: their control characters are escaped and bidi controls named, so
+/// they cannot move the cursor or disguise a line.
+fn terminal_text(table: &[u8]) -> String {
+    let text = String::from_utf8_lossy(table);
+    crate::text::neutralise_bidi(&attest_io::printable(&text)).into_owned()
+}
+
 /// Runs the command; returns the process exit code.
 pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: Format, out: &mut impl std::io::Write) -> Result<i32> {
     if trace_path == Path::new("-") && assertions_path == Path::new("-") {
@@ -100,7 +108,7 @@ pub fn run_plugin(
     if let (Some(p), Format::Table) = (plugin, format) {
         let mut listing = Vec::new();
         write_capability_use(&labels, &p.capability_listing(), &p.take_capability_use(), &mut listing)?;
-        out.write_all(attest_io::printable(&String::from_utf8_lossy(&listing)).as_bytes())?;
+        out.write_all(terminal_text(&listing).as_bytes())?;
     }
     Ok(code)
 }
@@ -193,11 +201,9 @@ fn evaluate_files(
             writeln!(out)?;
         }
         Format::Table => {
-            // Explanations, ids and provider errors come from input: shown
-            // on a terminal, their control characters are escaped.
             let mut table = Vec::new();
             write_table(&outcomes, verbose, &mut table)?;
-            out.write_all(attest_io::printable(&String::from_utf8_lossy(&table)).as_bytes())?;
+            out.write_all(terminal_text(&table).as_bytes())?;
         }
     }
     let errored = outcomes.iter().any(|o| matches!(o.body, Body::Error { .. }));

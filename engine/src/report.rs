@@ -314,7 +314,7 @@ impl Report {
     /// Hard failures are `<failure>`s; soft failures pass, with the
     /// explanation in `<system-out>` and a `status` property.
     fn junit(&self) -> String {
-        let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
+        let esc = |s: &str| quick_xml::escape::escape(attest_io::xml_text(&shown(s))).into_owned();
         let secs = |ms: u64| format!("{:.3}", ms as f64 / 1000.0);
         let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
         let _ = writeln!(
@@ -383,7 +383,7 @@ impl Report {
     }
 
     fn markdown(&self) -> String {
-        let cell = |s: &str| s.replace('|', "\\|").replace('<', "&lt;").replace('\n', " ");
+        let cell = |s: &str| shown(s).replace('|', "\\|").replace('<', "&lt;").replace('\n', " ");
         let mut m = String::from("# attest-engine session report\n\n");
         let _ = writeln!(m, "Engine {}, generated {}.\n", self.engine_version, self.generated_at);
         let _ = writeln!(
@@ -452,6 +452,15 @@ impl Report {
         }
         m
     }
+}
+
+/// Text from input (ids, explanations, evidence) as a report shows it:
+/// control characters other than newline and tab escaped, so an agent's
+/// ANSI colours or a carriage return cannot break a line or a row, and bidi
+/// controls named (`<U+202E>`), so they cannot disguise one. Explanations
+/// are built that way already; ids and evidence come straight from input.
+fn shown(s: &str) -> String {
+    crate::text::neutralise_bidi(&attest_io::printable(s)).into_owned()
 }
 
 /// Writes every configured report; problems are logged, and the result says
@@ -554,6 +563,43 @@ mod tests {
         let mut r = Report::build(&batches, &submitted, Some(5.0), "2026-11-22T10:00:00Z".into());
         r.engine_version = "0.0.0-test".into();
         r
+    }
+
+    #[test]
+    fn text_from_input_cannot_break_a_report() {
+        // An agent's ANSI colours, a carriage return, characters XML cannot
+        // hold at all, bidi controls and markup, in ids and in explanations.
+        let hostile = "a\u{1b}[31mred\u{1b}[0m\r\nb\u{0}\u{7}\u{FFFE}\u{FFFF} \u{202E}txt.exe ]]> <x> & | \"q\"";
+        let batches = vec![LoggedBatch {
+            trace_id: format!("trc{hostile}"),
+            agent_id: Some(hostile.into()),
+            results: vec![ReportedResult {
+                expected: Some(hostile.into()),
+                ..result(&format!("id{hostile}"), AssertionType::Content, Status::HardFail, 0.0, hostile)
+            }],
+        }];
+        let report = Report::build(&batches, &[], None, "2026-11-30T08:00:00Z".into());
+        let junit = report.render(ReportKind::Junit);
+        let mut reader = quick_xml::Reader::from_str(&junit);
+        let mut elements = 0;
+        loop {
+            match reader.read_event() {
+                Ok(quick_xml::events::Event::Eof) => break,
+                Ok(quick_xml::events::Event::Start(_) | quick_xml::events::Event::Empty(_)) => elements += 1,
+                Ok(_) => {}
+                Err(e) => panic!("not well-formed XML ({e}):\n{junit}"),
+            }
+        }
+        assert!(elements > 5, "{junit}");
+        for (kind, text) in [("junit", &junit), ("markdown", &report.render(ReportKind::Markdown))] {
+            for bad in ['\u{1b}', '\u{0}', '\u{7}', '\r', '\u{202E}'] {
+                assert!(!text.contains(bad), "{kind} holds {:?}:\n{text}", bad);
+            }
+            // Noncharacters only XML refuses.
+            assert_eq!(kind == "junit", !text.contains('\u{FFFE}') && !text.contains('\u{FFFF}'), "{kind}");
+            // Shown, not dropped: `<U+202E>`, with its `<` escaped by both formats.
+            assert!(text.contains("\\u{1b}[31mred") && text.contains("&lt;U+202E"), "{kind}:\n{text}");
+        }
     }
 
     /// Golden files: a changed field, order or escape fails the comparison.

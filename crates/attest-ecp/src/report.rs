@@ -373,21 +373,9 @@ fn cdata_safe(s: &str) -> String {
     xml_text(&s.replace("]]>", "]]]]><![CDATA[>"))
 }
 
-/// Text XML 1.0 can carry: control characters other than tab, newline and
-/// carriage return (an agent's ANSI colours, say) and the noncharacters
-/// U+FFFE and U+FFFF are not allowed anywhere in a document, even escaped,
-/// and become U+FFFD. The writer escapes markup.
+/// Text XML 1.0 can carry ([`attest_io::xml_text`]).
 fn xml_text(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            let allowed = matches!(c, '\t' | '\n' | '\r') || !(c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}'));
-            if allowed {
-                c
-            } else {
-                '\u{FFFD}'
-            }
-        })
-        .collect()
+    attest_io::xml_text(s).into_owned()
 }
 
 #[cfg(test)]

@@ -98,6 +98,18 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `s` as XML 1.0 can carry it: control characters other than tab, newline
+/// and carriage return (an agent's ANSI colours, say) and the noncharacters
+/// U+FFFE and U+FFFF are not allowed anywhere in a document, even escaped,
+/// and become U+FFFD. Markup is left to the writer to escape.
+pub fn xml_text(s: &str) -> std::borrow::Cow<'_, str> {
+    let refused = |c: char| !matches!(c, '\t' | '\n' | '\r') && (c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}'));
+    if !s.chars().any(refused) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(s.chars().map(|c| if refused(c) { '\u{FFFD}' } else { c }).collect())
+}
+
 /// Lets a closed standard output end the process the way it ends other Unix
 /// tools: quietly, by SIGPIPE. Rust ignores SIGPIPE, so writing to a closed
 /// pipe is an error, and `println!`, or reporting that error on a stderr that
