@@ -58,6 +58,23 @@ impl Level {
     }
 }
 
+/// Lines handed to the writer thread, and lines it has written: what
+/// [`flush`] waits on.
+static QUEUED: AtomicU64 = AtomicU64::new(0);
+static WRITTEN: AtomicU64 = AtomicU64::new(0);
+
+/// Waits, at most `within`, until every line logged so far is on stderr.
+/// For a command about to exit: its last lines (why a report could not be
+/// written, say) would otherwise die with the writer thread. Lines that
+/// cannot be written in time (nobody reads stderr) are left.
+pub fn flush(within: std::time::Duration) {
+    let target = QUEUED.load(Ordering::Acquire);
+    let deadline = std::time::Instant::now() + within;
+    while WRITTEN.load(Ordering::Acquire) < target && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Counts lines dropped because stderr was not drained.
 #[derive(Clone, Default)]
 pub struct DropCounter(Arc<AtomicU64>);
@@ -96,6 +113,7 @@ pub fn init(level: Level) -> DropCounter {
                     already_reported = now;
                 }
                 let _ = err.write_all(line.as_bytes());
+                WRITTEN.fetch_add(1, Ordering::Release);
             }
         })
         .expect("spawning the log writer thread");
@@ -128,7 +146,10 @@ impl<S: Subscriber> Layer<S> for JsonLines {
         };
         let logger = meta.target().replacen("attest_engine::", "engine.", 1).replace("::", ".");
         let line = format_line(level, &logger, fields.msg.as_deref().unwrap_or(""), fields.map);
-        if let Err(TrySendError::Full(_)) = self.tx.try_send(line) {
+        // Counted before it is sent, so the writer never gets ahead of it.
+        QUEUED.fetch_add(1, Ordering::AcqRel);
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(line) {
+            QUEUED.fetch_sub(1, Ordering::AcqRel);
             self.dropped.0.fetch_add(1, Ordering::Relaxed);
         }
     }

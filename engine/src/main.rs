@@ -265,7 +265,17 @@ fn without_config(command: &Command) -> Option<ExitCode> {
     }
 }
 
+/// Longest a one-shot command waits at exit for its last log lines to reach
+/// stderr.
+const LOG_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 fn main() -> ExitCode {
+    let code = run();
+    logging::flush(LOG_FLUSH_WAIT);
+    code
+}
+
+fn run() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
