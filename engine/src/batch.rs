@@ -684,13 +684,6 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> R
             .with_assertion(id));
         }
         let kind = reader.kind(i, id, w.kind.as_deref()).map_err(suite_error)?;
-        // A paid layer without its provider is a configuration error, found
-        // before anything is evaluated (and never worth retrying as is).
-        if kind.is_paid() && providers == Providers::Required {
-            if let Some(missing) = engine.providers.missing_for(kind) {
-                return Err(provider_missing(missing, i, id, kind));
-            }
-        }
         let spec_text = w.spec.map_or("null", |s| s.get());
         let compiled = compile(engine, kind, spec_text).map_err(|error| {
             suite_error(SuiteError::Spec {
@@ -700,6 +693,16 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> R
                 error,
             })
         })?;
+        // A paid layer without its provider is a configuration error, found
+        // before anything is evaluated (and never worth retrying as is). The
+        // spec is checked first: a mistake in it is the user's to fix
+        // whatever the engine's configuration, and would otherwise show only
+        // once a provider is added.
+        if kind.is_paid() && providers == Providers::Required {
+            if let Some(missing) = engine.providers.missing_for(kind) {
+                return Err(provider_missing(missing, i, id, kind));
+            }
+        }
         planned.push(evaluator::Planned {
             id: id.to_owned(),
             kind,

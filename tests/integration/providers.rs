@@ -528,6 +528,11 @@ fn without_providers_paid_assertions_get_2001_saying_how_to_enable_them() {
     let resp = e.request(&evaluate_request(json!(2), refund_trace(), json!([judge("j", "tone")])));
     assert_eq!(resp["error"]["code"], 2001, "{resp}");
     assert!(resp["error"]["data"]["detail"].as_str().unwrap().contains("ATTEST_JUDGE_BASE_URL"));
+    // A mistake in the spec is reported first: it is the user's to fix
+    // whatever the engine's configuration.
+    let resp = e.request(&evaluate_request(json!(4), refund_trace(), json!([similar("s", "r", 5.0)])));
+    assert_eq!(resp["error"]["code"], 1002, "{resp}");
+    assert_eq!(resp["error"]["data"]["field"], "params.assertions[0].spec.threshold", "{resp}");
     // Nothing to cache, so no cache file either.
     let stats = e.request(&rpc(json!(3), "cache_stats", json!({})));
     assert_eq!(stats["error"]["code"], 2001, "{stats}");

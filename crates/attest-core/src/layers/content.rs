@@ -392,6 +392,22 @@ impl ContentCheck {
     }
 }
 
+/// The parser's reason and where it found it, from its display:
+/// `regex parse error:`, the pattern indented by four, carets under the
+/// problem, then `error: <reason>`; the build error around it only says
+/// "error parsing pattern 0".
+fn syntax_reason(display: &str) -> String {
+    let lines: Vec<&str> = display.lines().collect();
+    let reason = lines.last().map_or("", |l| l.trim().trim_start_matches("error: "));
+    let at = lines
+        .iter()
+        .find(|l| l.trim_start().starts_with('^'))
+        .map(|l| l.len() - l.trim_start().len())
+        .filter(|&indent| indent >= 4)
+        .map(|indent| format!(" at character {}", indent - 4 + 1));
+    format!("{reason}{}", at.unwrap_or_default())
+}
+
 fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecError> {
     if pattern.len() > MAX_PATTERN_BYTES {
         return Err(SpecError::new(
@@ -419,7 +435,7 @@ fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecErr
                     "Large counted repetitions (a{10000}, \\w{500}) and big Unicode classes repeated many times make huge programs. Use smaller counts, ASCII classes ((?-u:\\w)), or split the check into several assertions.",
                 );
             }
-            let reason = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
+            let reason = e.syntax_error().map_or_else(|| e.to_string(), |s| syntax_reason(&s.to_string()));
             SpecError::new(
                 "spec.value",
                 format!("invalid regex {}", quote(pattern)),
@@ -543,7 +559,19 @@ mod tests {
         let err = |s: Value| ContentCheck::compile(&Spec::new(Some(&s), "content").unwrap()).unwrap_err();
         let e = err(msg("regex_match", json!({"value": "[unclosed"})));
         assert_eq!(e.message, "invalid regex '[unclosed'");
-        assert!(e.detail.contains("not valid RE2 syntax"));
+        assert!(
+            e.detail.contains("not valid RE2 syntax (unclosed character class at character 1)"),
+            "{}",
+            e.detail
+        );
+        // The parser's own reason and place, not "error parsing pattern 0".
+        let e = err(msg("regex_match", json!({"value": "ab(?=x)"})));
+        assert!(
+            e.detail.contains("look-around") && e.detail.contains("at character 3"),
+            "{}",
+            e.detail
+        );
+        assert!(!e.detail.contains("pattern 0"), "{}", e.detail);
         assert_eq!(err(msg("contains", json!({"value": ""}))).field, "spec.value");
         assert_eq!(err(msg("keyword_all", json!({"values": []}))).field, "spec.values");
         assert_eq!(err(msg("keyword_all", json!({"values": ["a", 1]}))).field, "spec.values[1]");
