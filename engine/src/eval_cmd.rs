@@ -42,11 +42,9 @@ enum Body {
 }
 
 /// A table for a terminal. Explanations, ids and provider errors come from
-/// input: their control characters are escaped and bidi controls named, so
-/// they cannot move the cursor or disguise a line.
+/// input, so they are shown as reports show them ([`crate::report::shown`]).
 fn terminal_text(table: &[u8]) -> String {
-    let text = String::from_utf8_lossy(table);
-    crate::text::neutralise_bidi(&attest_io::printable(&text)).into_owned()
+    crate::report::shown(&String::from_utf8_lossy(table))
 }
 
 /// Runs the command; returns the process exit code.

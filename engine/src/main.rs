@@ -530,19 +530,18 @@ fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Pat
         .plugins
         .iter()
         .find(|p| attest_engine::config::plugin_file_key(&p.path) == key);
-    // The config file's `[[plugins]]` entries: for a plugin subcommand no
-    // plugin directory is read and `--plugin` is refused, so no others.
-    let entries: Vec<&std::path::Path> = config.plugins.iter().filter(|p| p.explicit).map(|p| p.path.as_path()).collect();
-    if entry.is_none() && !entries.is_empty() {
+    // Only the config file's `[[plugins]]` entries are listed here: for a
+    // plugin subcommand no plugin directory is read and `--plugin` is refused.
+    if entry.is_none() && !config.plugins.is_empty() {
         // Entries are matched by file, not by plugin id: a copy of the
         // plugin elsewhere gets none of its entry's grants, which would
         // otherwise show only as a not-granted call.
-        let named: Vec<String> = entries.iter().take(5).map(|p| p.display().to_string()).collect();
+        let named: Vec<String> = config.plugins.iter().take(5).map(|p| p.path.display().to_string()).collect();
         eprintln!(
             "attest-engine plugin: warning: no [[plugins]] entry of the config file names {} (entries are matched by file: {}{}), so it gets the default limits and no grants",
             file.display(),
             named.join(", "),
-            if entries.len() > 5 { ", …" } else { "" }
+            if config.plugins.len() > 5 { ", …" } else { "" }
         );
     }
     let (limits, mut grants) = entry.map_or_else(

@@ -459,7 +459,7 @@ impl Report {
 /// ANSI colours or a carriage return cannot break a line or a row, and bidi
 /// controls named (`<U+202E>`), so they cannot disguise one. Explanations
 /// are built that way already; ids and evidence come straight from input.
-fn shown(s: &str) -> String {
+pub(crate) fn shown(s: &str) -> String {
     crate::text::neutralise_bidi(&attest_io::printable(s)).into_owned()
 }
 

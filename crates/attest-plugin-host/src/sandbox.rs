@@ -1293,23 +1293,12 @@ fn masked(mut text: String, secrets: &std::collections::BTreeMap<String, String>
     text
 }
 
-/// `text` on one line: line breaks become ` | `, other control characters
-/// are escaped (`\u{1b}`), so a quote cannot break a table row or a report.
+/// `text` on one line: line breaks become ` | `, tabs spaces, and other
+/// control characters are escaped ([`attest_io::printable`]), so a quote
+/// cannot break a table row or a report.
 fn one_line(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        if !out.is_empty() {
-            out.push_str(" | ");
-        }
-        for c in line.chars() {
-            match c {
-                '\t' => out.push(' '),
-                c if c.is_control() => out.extend(c.escape_default()),
-                c => out.push(c),
-            }
-        }
-    }
-    out
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    attest_io::printable(&lines.join(" | ").replace('\t', " ")).into_owned()
 }
 
 #[cfg(test)]
