@@ -284,6 +284,16 @@ pub fn read_traces(path: &Path) -> Result<Vec<(String, String)>> {
     Ok(traces)
 }
 
+/// A field of one table row: a line break or tab from input would start a
+/// new row or shift the columns, so they are escaped as reports escape
+/// other control characters (the rest is left to [`terminal_text`]).
+fn cell(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.contains(['\n', '\t']) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(s.replace('\n', "\\u{a}").replace('\t', "\\u{9}"))
+}
+
 fn write_table(outcomes: &[Outcome], verbose: bool, out: &mut impl std::io::Write) -> Result<()> {
     for o in outcomes {
         match &o.body {
@@ -294,16 +304,16 @@ fn write_table(outcomes: &[Outcome], verbose: bool, out: &mut impl std::io::Writ
                     o.trace,
                     error.code.code(),
                     error.code.error_type(),
-                    error.message
+                    cell(&error.message)
                 )?;
-                writeln!(out, "  {}", error.detail)?;
+                writeln!(out, "  {}", cell(&error.detail))?;
             }
             Body::Results(r) => {
                 writeln!(
                     out,
                     "{} (trace_id {}): {} assertion{} in {} ms",
                     o.trace,
-                    r.trace_id,
+                    cell(&r.trace_id),
                     r.results.len(),
                     if r.results.len() == 1 { "" } else { "s" },
                     r.total_duration_ms
@@ -311,7 +321,7 @@ fn write_table(outcomes: &[Outcome], verbose: bool, out: &mut impl std::io::Writ
                 let id_w = r
                     .results
                     .iter()
-                    .map(|a| a.assertion_id.chars().count())
+                    .map(|a| cell(&a.assertion_id).chars().count())
                     .max()
                     .unwrap_or(0)
                     .clamp(9, 32);
@@ -320,10 +330,10 @@ fn write_table(outcomes: &[Outcome], verbose: bool, out: &mut impl std::io::Writ
                     writeln!(
                         out,
                         "  {:<id_w$}  {:<9}  {:>5.2}  {}",
-                        clip(&a.assertion_id, id_w),
+                        clip(&cell(&a.assertion_id), id_w),
                         a.status.as_str(),
                         a.score,
-                        clip(&a.explanation, if verbose { 2000 } else { 100 })
+                        clip(&cell(&a.explanation), if verbose { 2000 } else { 100 })
                     )?;
                     if verbose {
                         write_evidence(a, out)?;
@@ -353,7 +363,7 @@ fn write_evidence(a: &AssertionResult, out: &mut impl std::io::Write) -> Result<
         ("hint", &e.suggested_action),
     ] {
         if let Some(v) = value {
-            writeln!(out, "    {label:<9}{v}")?;
+            writeln!(out, "    {label:<9}{}", cell(v))?;
         }
     }
     if let Some(details) = &a.details {

@@ -8,7 +8,7 @@ use crate::layers::{AssertionType, Status};
 use crate::plugin_results::PluginResult;
 use anyhow::{bail, Result};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -241,22 +241,24 @@ impl Report {
     /// Groups batches and submitted results by trace, in first-seen order.
     pub fn build(batches: &[LoggedBatch], submitted: &[PluginResult], budget_usd: Option<f64>, generated_at: String) -> Report {
         let mut traces: Vec<TraceReport> = Vec::new();
-        fn slot(traces: &mut Vec<TraceReport>, trace_id: &str, agent_id: Option<&String>) -> usize {
-            match traces.iter().position(|t| t.trace_id == trace_id) {
-                Some(i) => i,
-                None => {
-                    traces.push(TraceReport {
-                        trace_id: trace_id.to_owned(),
-                        agent_id: agent_id.cloned(),
-                        counts: Counts::default(),
-                        cost: 0.0,
-                        duration_ms: 0,
-                        results: Vec::new(),
-                    });
-                    traces.len() - 1
-                }
+        // Where each trace id's report is: a session may log hundreds of
+        // thousands of batches, and a scan per batch would be quadratic.
+        let mut at: HashMap<String, usize> = HashMap::new();
+        let mut slot = |traces: &mut Vec<TraceReport>, trace_id: &str, agent_id: Option<&String>| -> usize {
+            if let Some(&i) = at.get(trace_id) {
+                return i;
             }
-        }
+            traces.push(TraceReport {
+                trace_id: trace_id.to_owned(),
+                agent_id: agent_id.cloned(),
+                counts: Counts::default(),
+                cost: 0.0,
+                duration_ms: 0,
+                results: Vec::new(),
+            });
+            at.insert(trace_id.to_owned(), traces.len() - 1);
+            traces.len() - 1
+        };
         for b in batches {
             let i = slot(&mut traces, &b.trace_id, b.agent_id.as_ref());
             traces[i].results.extend(b.results.iter().cloned());

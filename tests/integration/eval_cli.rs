@@ -100,6 +100,31 @@ fn control_characters_from_input_are_escaped_in_the_table() {
 }
 
 #[test]
+fn line_breaks_and_tabs_from_input_stay_in_their_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = refund_trace();
+    t["trace_id"] = json!("trc\nsecond");
+    let trace = write_json(&dir, "trace.json", &t);
+    let assertions = write_json(
+        &dir,
+        "assertions.json",
+        &json!([{"assertion_id": "a\nb\tc", "type": "content",
+                 "spec": {"target": "output.message", "check": "contains", "value": "x\ny"}}]),
+    );
+    let out = eval(&trace, &assertions, &[]);
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.len(),
+        5,
+        "a header, the column names, one row, the counts and a blank line: {text}"
+    );
+    assert!(lines[0].contains("(trace_id trc\\u{a}second)"), "{text}");
+    assert!(lines[2].starts_with("  a\\u{a}b\\u{9}c  hard_fail"), "{text}");
+    assert!(lines[2].contains("'x\\u{a}y'"), "{text}");
+}
+
+#[test]
 fn a_report_that_cannot_be_written_fails_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let trace = write_json(&dir, "trace.json", &refund_trace());

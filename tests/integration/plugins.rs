@@ -2389,6 +2389,8 @@ fn plugin_check_of_unusable_files_exits_1_with_a_clear_message() {
     std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
     let empty = dir.path().join("empty.wasm");
     std::fs::write(&empty, b"").unwrap();
+    let stub = dir.path().join("stub.wasm");
+    std::fs::write(&stub, b"\0asm\x0d").unwrap();
     let cut = dir.path().join("cut.wasm");
     let whole = std::fs::read(wasm("pii-leak")).unwrap();
     std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
@@ -2397,6 +2399,10 @@ fn plugin_check_of_unusable_files_exits_1_with_a_clear_message() {
         (&garbage, "not a WebAssembly component (bad magic bytes"),
         (&core, "core WebAssembly module, not a component"),
         (&empty, "the file is empty (0 bytes), not a WebAssembly component"),
+        (
+            &stub,
+            "the file is 5 bytes, shorter than a component's 8-byte header: it looks cut short",
+        ),
         (&cut, "looks cut short: rebuild it or copy it again"),
     ];
     for (path, why) in cases {

@@ -220,7 +220,10 @@ fn hex(hash: &SourceHash) -> String {
 impl ArtefactCache {
     /// A cache that uses what is stored in `dir` and stores nothing.
     pub fn read_only(dir: Option<PathBuf>) -> ArtefactCache {
-        ArtefactCache { dir, read_only: true }
+        ArtefactCache {
+            dir: usable(dir),
+            read_only: true,
+        }
     }
 
     fn index_path(&self, plugin: &Path) -> Option<PathBuf> {
@@ -275,7 +278,10 @@ impl ArtefactCache {
 
     /// `dir: None` disables the cache (every start compiles).
     pub fn new(dir: Option<PathBuf>) -> ArtefactCache {
-        ArtefactCache { dir, read_only: false }
+        ArtefactCache {
+            dir: usable(dir),
+            read_only: false,
+        }
     }
 
     fn path_for(&self, engine: &Engine, source: &SourceHash) -> Option<PathBuf> {
@@ -346,6 +352,25 @@ impl ArtefactCache {
         // SAFETY: the bytes were produced by this engine just now.
         let component = unsafe { Component::deserialize(engine, &compiled)? };
         Ok((component, Source::Compiled))
+    }
+}
+
+/// `dir`, unless it can never hold a cache because it, or the nearest of
+/// its parents that exists, is a file. That is said once here; otherwise
+/// every plugin's every read and write would warn on its own.
+fn usable(dir: Option<PathBuf>) -> Option<PathBuf> {
+    let d = dir?;
+    let blocker = d.ancestors().find_map(|a| std::fs::metadata(a).ok().map(|m| (a, m.is_dir())));
+    match blocker {
+        Some((file, false)) => {
+            tracing::warn!(
+                dir = %d.display(),
+                file = %file.display(),
+                "the compiled-plugin cache is off: its directory's path runs through a file; plugins compile on every start. Point ATTEST_CACHE_DIR (or cache_dir in the config file) at a directory"
+            );
+            None
+        }
+        _ => Some(d),
     }
 }
 
@@ -432,6 +457,19 @@ fn store(path: &Path, artefact: &[u8], source: &SourceHash) -> std::io::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cache_directory_behind_a_file_turns_the_cache_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cache");
+        std::fs::write(&file, "not a directory").unwrap();
+        assert_eq!(ArtefactCache::new(Some(file.join("plugins"))).dir, None);
+        assert_eq!(ArtefactCache::read_only(Some(file.clone())).dir, None);
+        // Not there yet, or a directory: used (stores create it).
+        let fresh = dir.path().join("new/plugins");
+        assert_eq!(ArtefactCache::new(Some(fresh.clone())).dir, Some(fresh));
+        assert_eq!(ArtefactCache::new(Some(dir.path().to_owned())).dir, Some(dir.path().to_owned()));
+    }
 
     #[test]
     fn the_oldest_entries_go_first_past_either_bound() {

@@ -63,6 +63,10 @@ impl Default for PluginLimits {
     }
 }
 
+/// What every component file starts with: the `\0asm` magic, then
+/// version 0x0d and layer 1 (a core module has version 1 and layer 0).
+const COMPONENT_HEADER: [u8; 8] = [0, b'a', b's', b'm', 0x0d, 0, 0x01, 0];
+
 /// Largest component file loaded.
 pub const MAX_COMPONENT_BYTES: usize = 64 * 1024 * 1024;
 /// Most functions (over all its core modules) a component may define:
@@ -410,6 +414,9 @@ pub enum LoadError {
     CoreModule,
     /// An empty file.
     Empty,
+    /// Shorter than a component's 8-byte header, and what there is of it
+    /// matches: a copy or a build that stopped early.
+    CutShort { bytes: usize },
     /// Not WebAssembly at all.
     NotWasm,
     /// Its configured memory limit is over the engine's maximum.
@@ -454,6 +461,10 @@ impl std::fmt::Display for LoadError {
             LoadError::CoreModule => f.write_str("this is a core WebAssembly module, not a component: build it as a component (see docs/plugins.md) or convert it with `wasm-tools component new`"),
             LoadError::Empty => f.write_str(
                 "the file is empty (0 bytes), not a WebAssembly component: rebuild the plugin, or check that the path names the built .wasm",
+            ),
+            LoadError::CutShort { bytes } => write!(
+                f,
+                "the file is {bytes} bytes, shorter than a component's 8-byte header: it looks cut short; rebuild the plugin or copy it again"
             ),
             LoadError::NotWasm => f.write_str(
                 "not a WebAssembly component (bad magic bytes: a component starts with \\0asm and layer 0x0d): check that the path names the built .wasm",
@@ -544,9 +555,10 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
     }
     let wasm = read_component(path)?;
     match wasm.get(..8) {
-        Some([0, b'a', b's', b'm', 0x0d, 0, 0x01, 0]) => {}
+        Some(header) if header == COMPONENT_HEADER => {}
         Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => return Err(LoadError::CoreModule),
         _ if wasm.is_empty() => return Err(LoadError::Empty),
+        _ if wasm.len() < 8 && COMPONENT_HEADER.starts_with(&wasm) => return Err(LoadError::CutShort { bytes: wasm.len() }),
         _ => return Err(LoadError::NotWasm),
     }
     preflight(&wasm, &spec.limits).map_err(LoadError::Preflight)?;
