@@ -9,6 +9,7 @@ use super::{Evidence, Spec, SpecError, Verdict};
 use crate::text::{clip, quote, quote_list};
 use crate::trace::Trace;
 use serde_json::Value;
+use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TraceCheck {
@@ -153,7 +154,8 @@ impl TraceCheck {
                 )
             }
             TraceCheck::NoDuplicates => {
-                let repeat = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n));
+                let mut before: HashSet<&str> = HashSet::with_capacity(names.len());
+                let repeat = names.iter().enumerate().find(|(_, n)| !before.insert(n));
                 let dup = repeat.map_or("", |(_, n)| *n);
                 (
                     "no tool called more than once".to_owned(),
@@ -162,7 +164,8 @@ impl TraceCheck {
                 )
             }
             TraceCheck::RequiredTools(tools) => {
-                let missing: Vec<&str> = tools.iter().map(String::as_str).filter(|t| !names.contains(t)).collect();
+                let called: HashSet<&str> = names.iter().copied().collect();
+                let missing: Vec<&str> = tools.iter().map(String::as_str).filter(|t| !called.contains(t)).collect();
                 (
                     format!("required_tools: {}", owned(tools).join(", ")),
                     format!(
@@ -173,7 +176,8 @@ impl TraceCheck {
                 )
             }
             TraceCheck::ForbiddenTools(tools) => {
-                let hit = names.iter().position(|n| tools.iter().any(|t| t == n));
+                let forbidden: HashSet<&str> = tools.iter().map(String::as_str).collect();
+                let hit = names.iter().position(|n| forbidden.contains(n));
                 (
                     format!("never call: {}", owned(tools).join(", ")),
                     format!(
@@ -185,7 +189,8 @@ impl TraceCheck {
             }
             TraceCheck::FollowsTransitions(allowed) => {
                 let pairs: Vec<String> = allowed.iter().map(|(a, b)| format!("{a} → {b}")).collect();
-                let bad_at = names.windows(2).position(|w| !allowed.iter().any(|(a, b)| a == w[0] && b == w[1]));
+                let ok = allowed_pairs(allowed);
+                let bad_at = names.windows(2).position(|w| !ok.contains(&(w[0], w[1])));
                 let bad = bad_at.map(|k| &names[k..k + 2]);
                 let hint = match bad {
                     Some(w) => format!(
@@ -253,11 +258,18 @@ impl TraceCheck {
                 Verdict::from_bool(ok, format!("Tool {} called {n} times, {rel} max_repetitions {max}.", quote(tool)))
             }
             TraceCheck::NoDuplicates => {
+                // Counted in first-call order, through an index: a trace may
+                // hold 10,000 calls of as many tools, and a scan per call
+                // would be quadratic.
                 let mut seen: Vec<(&str, usize)> = Vec::new();
+                let mut at: HashMap<&str, usize> = HashMap::with_capacity(names.len());
                 for n in names {
-                    match seen.iter_mut().find(|(s, _)| s == n) {
-                        Some((_, c)) => *c += 1,
-                        None => seen.push((n, 1)),
+                    match at.get(n) {
+                        Some(&i) => seen[i].1 += 1,
+                        None => {
+                            at.insert(n, seen.len());
+                            seen.push((n, 1));
+                        }
                     }
                 }
                 let dups: Vec<String> = seen
@@ -272,7 +284,8 @@ impl TraceCheck {
                 }
             }
             TraceCheck::RequiredTools(tools) => {
-                let missing: Vec<&String> = tools.iter().filter(|t| !names.contains(&t.as_str())).collect();
+                let called: HashSet<&str> = names.iter().copied().collect();
+                let missing: Vec<&String> = tools.iter().filter(|t| !called.contains(t.as_str())).collect();
                 if missing.is_empty() {
                     Verdict::pass(format!("All required tools called: {}.", quote_list(tools)))
                 } else {
@@ -284,9 +297,10 @@ impl TraceCheck {
                 }
             }
             TraceCheck::ForbiddenTools(tools) => {
+                let forbidden: HashSet<&str> = tools.iter().map(String::as_str).collect();
                 let hits: Vec<String> = calls
                     .iter()
-                    .filter(|(_, n)| tools.iter().any(|t| t == n))
+                    .filter(|(_, n)| forbidden.contains(n))
                     .map(|(i, n)| format!("{} at step {i}", quote(n)))
                     .collect();
                 if hits.is_empty() {
@@ -296,9 +310,10 @@ impl TraceCheck {
                 }
             }
             TraceCheck::FollowsTransitions(allowed) => {
+                let allowed = allowed_pairs(allowed);
                 let bad: Vec<String> = calls
                     .windows(2)
-                    .filter(|w| !allowed.iter().any(|(a, b)| a == w[0].1 && b == w[1].1))
+                    .filter(|w| !allowed.contains(&(w[0].1, w[1].1)))
                     .map(|w| format!("{} -> {} at steps [{}, {}]", quote(w[0].1), quote(w[1].1), w[0].0, w[1].0))
                     .collect();
                 if bad.is_empty() {
@@ -309,6 +324,12 @@ impl TraceCheck {
             }
         }
     }
+}
+
+/// The allowed transitions as a set: checking each of a trace's (up to
+/// 10,000) transitions against a list would be quadratic.
+fn allowed_pairs(allowed: &[(String, String)]) -> HashSet<(&str, &str)> {
+    allowed.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect()
 }
 
 /// `transitions`: `[["a","b"], …]` or `[{"from":"a","to":"b"}, …]`.
@@ -480,6 +501,13 @@ mod tests {
         let t = trace(json!([{"type": "tool_call", "name": "a"}, {"type": "tool_call", "name": "a"}]));
         let c = TraceCheck::NoDuplicates.evaluate(&t);
         assert_eq!(c.explanation, "Tools called more than once: 'a' (2 times).");
+        // Repeats are listed in the order of their first call, each counted,
+        // and the evidence points at the first repeat.
+        let names = ["b", "a", "c", "a", "b", "b"];
+        let t = trace(json!(names.map(|n| json!({"type": "tool_call", "name": n}))));
+        let c = TraceCheck::NoDuplicates.evaluate(&t);
+        assert_eq!(c.explanation, "Tools called more than once: 'b' (3 times), 'a' (2 times).");
+        assert_eq!(c.evidence.unwrap().path.as_deref(), Some("steps[3]"));
     }
 
     #[test]
