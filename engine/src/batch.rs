@@ -392,6 +392,12 @@ impl Suite {
         self.plan.suite.assertions().iter().map(|p| p.kind)
     }
 
+    /// The assertions whose spec holds keys they never read, by position.
+    pub fn unread_keys(&self) -> impl Iterator<Item = (usize, AssertionType, &crate::layers::UnreadKeys)> + '_ {
+        let assertions = self.plan.suite.assertions().iter().enumerate();
+        assertions.filter_map(|(i, p)| p.compiled.unread.as_deref().map(|u| (i, p.kind, u)))
+    }
+
     /// Validates `trace_text` (Attest protocol v1 §7) and evaluates the
     /// suite on it, with every effect of `evaluate_batch`: history rows,
     /// dynamic thresholds, costs, the session log.

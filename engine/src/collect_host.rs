@@ -34,6 +34,9 @@ pub fn backends_with(
     (Arc::new(CollectEvaluator { engine, providers }), history)
 }
 
+/// The members of an assertion object (Attest protocol v1 §4).
+const ASSERTION_KEYS: [&str; 4] = ["assertion_id", "type", "spec", "request_id"];
+
 /// Compiles rules' assertions with the engine's own checks.
 pub struct CollectEvaluator {
     engine: Arc<Engine>,
@@ -48,7 +51,32 @@ struct RuleSuite {
 
 impl attest_collect::Evaluator for CollectEvaluator {
     fn compile(&self, _rule: &str, assertions: &[Value]) -> Result<Arc<dyn attest_collect::Suite>, RuleError> {
+        for (i, a) in assertions.iter().enumerate() {
+            let unknown = a.as_object().and_then(|o| o.keys().find(|k| !ASSERTION_KEYS.contains(&k.as_str())));
+            if let Some(key) = unknown {
+                let key = crate::text::clip(key, 64);
+                return Err(RuleError {
+                    field: format!("assertions[{i}].{key}"),
+                    message: format!("unknown key `{key}` in an assertion"),
+                    valid_choices: ASSERTION_KEYS.iter().map(|k| k.to_string()).collect(),
+                });
+            }
+        }
         let suite = Suite::compile_with(&self.engine, assertions, self.providers).map_err(rule_error)?;
+        // The wire ignores spec keys an assertion does not read (specs are
+        // forward-compatible); in a rules file they are typos that would
+        // silently change a verdict (`case_sensitve: true`).
+        if let Some((i, kind, unread)) = suite.unread_keys().next() {
+            let key = crate::text::clip(&unread.keys[0], 64);
+            return Err(RuleError {
+                field: format!("assertions[{i}].spec.{key}"),
+                message: format!(
+                    "unknown key `{key}`: a {} assertion with this spec never reads it, so it would be ignored",
+                    kind.name()
+                ),
+                valid_choices: unread.known.iter().map(|k| k.to_string()).collect(),
+            });
+        }
         let kinds = suite.kinds().collect();
         Ok(Arc::new(RuleSuite {
             engine: self.engine.clone(),
@@ -172,5 +200,162 @@ impl attest_collect::HistorySink for HistoryResults {
             .await?;
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attest_collect::Evaluator as _;
+    use serde_json::json;
+
+    fn evaluator() -> CollectEvaluator {
+        let config = crate::config::Config {
+            history: None,
+            ..Default::default()
+        };
+        CollectEvaluator {
+            engine: Arc::new(Engine::new(config)),
+            providers: Providers::Elsewhere,
+        }
+    }
+
+    /// Every spec the Python SDK (attest-ai 0.9.0) can send, with each
+    /// optional key given: a rules file may hold any of them, so none may
+    /// be refused as unread.
+    #[test]
+    fn every_key_the_sdk_sends_is_read() {
+        let specs = [
+            ("schema", json!({"target": "output.structured", "schema": {"type": "object"}})),
+            (
+                "constraint",
+                json!({"field": "metadata.cost_usd", "operator": "lte", "value": 1, "soft": true}),
+            ),
+            (
+                "constraint",
+                json!({"field": "metadata.total_tokens", "operator": "between", "min": 1, "max": 9, "soft": false}),
+            ),
+            ("trace", json!({"check": "contains_in_order", "tools": ["a", "b"], "soft": false})),
+            ("trace", json!({"check": "exact_order", "tools": ["a"], "soft": false})),
+            (
+                "trace",
+                json!({"check": "loop_detection", "tool": "a", "max_repetitions": 1, "soft": false}),
+            ),
+            ("trace", json!({"check": "no_duplicates", "soft": false})),
+            ("trace", json!({"check": "required_tools", "tools": ["a"], "soft": false})),
+            ("trace", json!({"check": "forbidden_tools", "tools": ["a"], "soft": false})),
+            (
+                "content",
+                json!({"target": "output.message", "check": "contains", "value": "v", "case_sensitive": true, "soft": false}),
+            ),
+            (
+                "content",
+                json!({"target": "output.message", "check": "not_contains", "value": "v", "case_sensitive": false, "soft": false}),
+            ),
+            (
+                "content",
+                json!({"target": "output.message", "check": "regex_match", "value": "v+", "soft": false}),
+            ),
+            (
+                "content",
+                json!({"target": "output.message", "check": "keyword_all", "values": ["a"], "case_sensitive": true, "soft": false}),
+            ),
+            (
+                "content",
+                json!({"target": "output.message", "check": "keyword_any", "values": ["a"], "case_sensitive": true, "soft": false}),
+            ),
+            (
+                "content",
+                json!({"target": "output.message", "check": "forbidden", "values": ["a"]}),
+            ),
+            (
+                "embedding",
+                json!({"target": "output.message", "reference": "r", "threshold": 0.8, "model": "m", "soft": false}),
+            ),
+            (
+                "embedding",
+                json!({"target": "output.message", "reference": "r", "threshold": "dynamic", "model": null, "soft": false}),
+            ),
+            (
+                "llm_judge",
+                json!({"target": "output.message", "criteria": "c", "rubric": "default", "threshold": 0.8, "model": "m", "soft": false}),
+            ),
+            ("trace_tree", json!({"check": "agent_called", "agent_id": "a", "soft": false})),
+            ("trace_tree", json!({"check": "delegation_depth", "max_depth": 2, "soft": false})),
+            (
+                "trace_tree",
+                json!({"check": "agent_output_contains", "agent_id": "a", "value": "v", "case_sensitive": true, "soft": false}),
+            ),
+            (
+                "trace_tree",
+                json!({"check": "cross_agent_data_flow", "from_agent": "a", "to_agent": "b", "field": "f", "soft": false}),
+            ),
+            (
+                "trace_tree",
+                json!({"check": "follows_transitions", "transitions": [["a", "b"]], "soft": false}),
+            ),
+            (
+                "trace_tree",
+                json!({"check": "aggregate_cost", "operator": "lte", "value": 1, "soft": false}),
+            ),
+            (
+                "trace_tree",
+                json!({"check": "aggregate_tokens", "operator": "lte", "value": 1, "soft": false}),
+            ),
+            (
+                "trace_tree",
+                json!({"check": "aggregate_latency", "operator": "lte", "value": 1, "soft": false}),
+            ),
+            (
+                "trace_tree",
+                json!({"check": "agent_ordered_before", "agent_a": "a", "agent_b": "b", "soft": false}),
+            ),
+            (
+                "trace_tree",
+                json!({"check": "agents_overlap", "agent_a": "a", "agent_b": "b", "soft": false}),
+            ),
+            (
+                "trace_tree",
+                json!({"check": "agent_wall_time_under", "agent_id": "a", "max_ms": 5, "soft": false}),
+            ),
+            (
+                "trace_tree",
+                json!({"check": "ordered_agents", "groups": [["a"], ["b"]], "soft": false}),
+            ),
+            ("trace_tree", json!({"check": "all_tools_called", "tools": ["a"], "soft": false})),
+        ];
+        let e = evaluator();
+        for (kind, spec) in specs {
+            let a = json!({"assertion_id": "a", "type": kind, "spec": spec});
+            if let Err(err) = e.compile("r", std::slice::from_ref(&a)) {
+                panic!("{a}: {}: {}", err.field, err.message);
+            }
+        }
+    }
+
+    #[test]
+    fn keys_an_assertion_never_reads_are_refused() {
+        let e = evaluator();
+        let refused = |a: serde_json::Value| match e.compile("r", &[a]) {
+            Ok(_) => panic!("accepted"),
+            Err(err) => err,
+        };
+        let err = refused(json!({"assertion_id": "a", "type": "content",
+            "spec": {"target": "output.message", "check": "contains", "value": "v", "case_sensitve": true}}));
+        assert_eq!(err.field, "assertions[0].spec.case_sensitve");
+        assert!(
+            err.message.contains("a content assertion with this spec never reads it"),
+            "{}",
+            err.message
+        );
+        assert!(err.valid_choices.iter().any(|c| c == "case_sensitive"), "{:?}", err.valid_choices);
+        // A key another check of the same type reads is still unread by this one.
+        let err = refused(json!({"assertion_id": "a", "type": "trace", "spec": {"check": "no_duplicates", "tools": ["a"]}}));
+        assert_eq!(err.field, "assertions[0].spec.tools");
+        let err = refused(json!({"assertion_id": "a", "type": "trace", "spec": {"check": "no_duplicates"}, "sepc": {}}));
+        assert_eq!(err.field, "assertions[0].sepc");
+        // `null` means "not given" (the SDK sends `"model": null`).
+        let ok = json!({"assertion_id": "a", "type": "trace", "spec": {"check": "no_duplicates", "whatever": null}});
+        assert!(e.compile("r", &[ok]).is_ok());
     }
 }

@@ -177,6 +177,19 @@ fn evaluate_files(
         .context("starting the async runtime")?;
     // Compiled once, evaluated on every trace.
     let suite = Suite::compile(engine, assertions);
+    // The wire ignores spec keys an assertion does not read (specs are
+    // forward-compatible), but in a file someone wrote they are most likely
+    // typos (`case_sensitve`), so say so.
+    for (i, kind, unread) in suite.iter().flat_map(|s| s.unread_keys()) {
+        tracing::warn!(
+            assertion = i,
+            assertion_id = %crate::text::clip(assertions[i]["assertion_id"].as_str().unwrap_or(""), 64),
+            ignored = %crate::text::clip(&unread.keys.join(", "), 200),
+            reads = %unread.known.join(", "),
+            "a {} assertion ignores spec keys it does not read: check their spelling",
+            kind.name()
+        );
+    }
     for (label, trace_text) in traces {
         // request_ids are idempotency keys within one trace's evaluation, not across the file.
         engine.sinks.forget_request_ids();

@@ -15,6 +15,10 @@ pub const DEDUPE_KEYS: usize = 1_000_000;
 
 pub struct JsonlSink {
     path: PathBuf,
+    /// A regular file, which a drain syncs to disk. A device or a pipe
+    /// cannot be synced (the call fails with EINVAL) and holds nothing to
+    /// make durable.
+    synced: bool,
     inner: Mutex<Inner>,
 }
 
@@ -141,8 +145,10 @@ impl JsonlSink {
             file.write_all(b"\n")
                 .map_err(|e| anyhow::anyhow!("--results-jsonl {shown}: cannot end its last line: {e}"))?;
         }
+        let synced = file.metadata().is_ok_and(|m| m.is_file());
         Ok(JsonlSink {
             path: path.to_path_buf(),
+            synced,
             inner: Mutex::new(Inner {
                 file: std::io::BufWriter::new(file),
                 seen: existing.seen,
@@ -188,8 +194,16 @@ impl JsonlSink {
 
     fn sync(&self) -> anyhow::Result<()> {
         let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        i.file.flush()?;
-        i.file.get_ref().sync_data()?;
+        let shown = self.path.display();
+        i.file
+            .flush()
+            .map_err(|e| anyhow::anyhow!("--results-jsonl {shown}: writing results failed: {e}"))?;
+        if self.synced {
+            i.file
+                .get_ref()
+                .sync_data()
+                .map_err(|e| anyhow::anyhow!("--results-jsonl {shown}: syncing results to disk failed: {e}"))?;
+        }
         Ok(())
     }
 }
@@ -280,5 +294,19 @@ mod tests {
         let s = JsonlSink::open(Path::new("/dev/null")).unwrap();
         s.write(&[rec("t1", "a")]).unwrap();
         assert_eq!(s.counts(), (1, 0));
+        // A drain syncs regular files only: fsync on a device fails.
+        s.sync().unwrap();
+    }
+
+    #[test]
+    fn a_pipe_is_written_to_and_drained() {
+        let (reader, writer) = std::io::pipe().unwrap();
+        let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&writer)));
+        let s = JsonlSink::open(&path).unwrap();
+        s.write(&[rec("t1", "a")]).unwrap();
+        s.sync().unwrap();
+        drop((s, writer));
+        let text = std::io::read_to_string(reader).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
     }
 }

@@ -515,6 +515,22 @@ fn jsonl_backfill_counts_bad_lines_and_rescoring_never_counts_twice() {
         .count();
     assert_eq!(passes, 25);
 
+    // Results to a device: written, and the drain does not try to sync it.
+    let good = dir.path().join("good.jsonl");
+    let valid: Vec<&str> = lines.iter().map(String::as_str).filter(|l| l.contains("\"output\"")).collect();
+    std::fs::write(&good, valid.join("\n")).unwrap();
+    let args = [
+        "collect",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--jsonl",
+        good.to_str().unwrap(),
+        "--results-jsonl",
+        "/dev/null",
+    ];
+    let mut p = Proc::spawn(dir.path(), "to-device", &args, &[]);
+    assert_eq!(p.wait_exit(60), 0, "{}", p.stderr_text());
+
     // A trace the engine's evaluator refuses (an answer over its size
     // limit) is a counted failure, not a silent skip.
     let evaluator = support::Evaluator::product();
@@ -932,4 +948,39 @@ async fn fill_the_queue(bounds: &[&str]) -> usize {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(read_jsonl(&results).len(), (10 - rejected as usize) * 3);
     rejected as usize
+}
+
+/// Keys the engine's checks never read are typos in a rules file: the
+/// engine refuses them, naming the rule, the place and the keys it reads.
+#[test]
+fn rules_with_keys_no_check_reads_are_refused_by_the_engine() {
+    if support::Evaluator::product() != support::Evaluator::Engine {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[&str]); 2] = [
+        // A misspelt spec key would be ignored, and flip the verdict.
+        (
+            "rules:\n- name: refunds\n  assertions: [{assertion_id: a, type: content, spec: {target: output.message, check: contains, value: X, case_sensitve: true}}]\n",
+            &[
+                "rule #1 'refunds': assertions[0].spec.case_sensitve: unknown key `case_sensitve`: a content assertion with this spec never reads it",
+                "valid choices: case_sensitive, check, soft, target, threshold, value",
+            ],
+        ),
+        (
+            "rules:\n- name: refunds\n  assertions: [{assertion_id: a, type: trace, spec: {check: required_tools, tools: [x]}, extra: 1}]\n",
+            &["assertions[0].extra: unknown key `extra` in an assertion", "assertion_id, type, spec, request_id"],
+        ),
+    ];
+    for (i, (yaml, needles)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("rules{i}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        let args = ["collect", "--rules", path.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"];
+        let mut p = Proc::spawn_on(support::Evaluator::Engine, dir.path(), &format!("typo{i}"), &args, &[]);
+        assert_eq!(p.wait_exit(20), 2, "{}", p.stderr_text());
+        let err = p.stderr_text();
+        for n in *needles {
+            assert!(err.contains(n), "{n:?} not in {err}");
+        }
+    }
 }

@@ -167,7 +167,7 @@ impl ContentCheck {
             written: s.to_owned(),
             compared: if case_sensitive { s.to_owned() } else { s.to_lowercase() },
         };
-        let needles = |key: &str| -> Result<Vec<Needle>, SpecError> { Ok(spec.str_list(key)?.iter().map(|s| needle(s)).collect()) };
+        let needles = |key: &'static str| -> Result<Vec<Needle>, SpecError> { Ok(spec.str_list(key)?.iter().map(|s| needle(s)).collect()) };
         let rule = match kind {
             Kind::Contains => Rule::Contains(needle(spec.str("value")?)),
             Kind::NotContains => Rule::NotContains(needle(spec.str("value")?)),

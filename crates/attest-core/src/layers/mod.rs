@@ -278,6 +278,18 @@ pub struct CompiledAssertion {
     pub dynamic: bool,
     /// The assertion's identity across runs, before the trace's agent is mixed in.
     pub spec_digest: SpecDigest,
+    /// Spec keys this assertion never reads (`None` when it reads them all).
+    pub unread: Option<Box<UnreadKeys>>,
+}
+
+/// Keys of a spec that its assertion type and check never read: ignored on
+/// the wire (specs are forward-compatible), refused in a rules file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnreadKeys {
+    /// The spec's keys that nothing read, in the spec's order.
+    pub keys: Vec<String>,
+    /// The keys this assertion reads, sorted: the valid choices.
+    pub known: Vec<&'static str>,
 }
 
 impl CompiledAssertion {
@@ -301,12 +313,14 @@ impl CompiledAssertion {
             }
             _ => false,
         };
+        let soft = reader.bool_or("soft", false)?;
         Ok(CompiledAssertion {
             kind,
             check,
-            soft: reader.bool_or("soft", false)?,
+            soft,
             dynamic,
             spec_digest: SpecDigest::of(kind.name(), spec),
+            unread: reader.unread_keys(),
         })
     }
 

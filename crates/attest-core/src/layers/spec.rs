@@ -36,14 +36,23 @@ impl fmt::Display for SpecError {
 impl std::error::Error for SpecError {}
 
 /// Typed, error-reporting access to a spec object.
+///
+/// It remembers which keys were asked for, so that once an assertion is
+/// compiled the keys it never read can be named ([`Spec::unread`]): the
+/// wire ignores them, but a rules file refuses them, since there they are
+/// typos that silently change a verdict.
 pub struct Spec<'a> {
     map: &'a Map<String, Value>,
+    asked: std::cell::RefCell<Vec<&'static str>>,
 }
 
 impl<'a> Spec<'a> {
     pub fn new(spec: Option<&'a Value>, kind: &str) -> Result<Spec<'a>, SpecError> {
         match spec {
-            Some(Value::Object(map)) => Ok(Spec { map }),
+            Some(Value::Object(map)) => Ok(Spec {
+                map,
+                asked: Default::default(),
+            }),
             None | Some(Value::Null) => Err(SpecError::new(
                 "spec",
                 "missing required field: spec",
@@ -57,8 +66,25 @@ impl<'a> Spec<'a> {
         }
     }
 
-    fn get(&self, key: &str) -> Option<&'a Value> {
+    fn get(&self, key: &'static str) -> Option<&'a Value> {
+        self.asked.borrow_mut().push(key);
         self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    /// The spec's keys that no accessor asked for, with the keys that were
+    /// asked for; `None` when every key was read. A key set to `null` means
+    /// "not given", so it is never counted.
+    pub fn unread_keys(&self) -> Option<Box<super::UnreadKeys>> {
+        let mut known = self.asked.borrow().clone();
+        known.sort_unstable();
+        known.dedup();
+        let keys: Vec<String> = self
+            .map
+            .iter()
+            .filter(|(k, v)| !v.is_null() && known.binary_search(&k.as_str()).is_err())
+            .map(|(k, _)| k.clone())
+            .collect();
+        (!keys.is_empty()).then(|| Box::new(super::UnreadKeys { keys, known }))
     }
 
     fn missing(key: &str, what: &str) -> SpecError {
@@ -78,7 +104,7 @@ impl<'a> Spec<'a> {
     }
 
     /// A required, non-empty string.
-    pub fn str(&self, key: &str) -> Result<&'a str, SpecError> {
+    pub fn str(&self, key: &'static str) -> Result<&'a str, SpecError> {
         match self.get(key) {
             None => Err(Self::missing(key, "a non-empty string")),
             Some(Value::String(s)) if !s.is_empty() => Ok(s),
@@ -86,7 +112,7 @@ impl<'a> Spec<'a> {
         }
     }
 
-    pub fn opt_str(&self, key: &str) -> Result<Option<&'a str>, SpecError> {
+    pub fn opt_str(&self, key: &'static str) -> Result<Option<&'a str>, SpecError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
@@ -94,7 +120,7 @@ impl<'a> Spec<'a> {
         }
     }
 
-    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool, SpecError> {
+    pub fn bool_or(&self, key: &'static str, default: bool) -> Result<bool, SpecError> {
         match self.get(key) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
@@ -102,7 +128,7 @@ impl<'a> Spec<'a> {
         }
     }
 
-    pub fn opt_bool(&self, key: &str) -> Result<Option<bool>, SpecError> {
+    pub fn opt_bool(&self, key: &'static str) -> Result<Option<bool>, SpecError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -110,7 +136,7 @@ impl<'a> Spec<'a> {
         }
     }
 
-    pub fn opt_f64(&self, key: &str) -> Result<Option<f64>, SpecError> {
+    pub fn opt_f64(&self, key: &'static str) -> Result<Option<f64>, SpecError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Number(n)) => Ok(n.as_f64()),
@@ -118,7 +144,7 @@ impl<'a> Spec<'a> {
         }
     }
 
-    pub fn f64(&self, key: &str, why: &str) -> Result<f64, SpecError> {
+    pub fn f64(&self, key: &'static str, why: &str) -> Result<f64, SpecError> {
         self.opt_f64(key)?.ok_or_else(|| {
             SpecError::new(
                 format!("spec.{key}"),
@@ -129,7 +155,7 @@ impl<'a> Spec<'a> {
     }
 
     /// A required non-negative integer.
-    pub fn count(&self, key: &str) -> Result<u64, SpecError> {
+    pub fn count(&self, key: &'static str) -> Result<u64, SpecError> {
         match self.get(key) {
             None => Err(Self::missing(key, "a non-negative integer")),
             Some(Value::Number(n)) => n
@@ -140,7 +166,7 @@ impl<'a> Spec<'a> {
     }
 
     /// A required, non-empty list of non-empty strings.
-    pub fn str_list(&self, key: &str) -> Result<Vec<String>, SpecError> {
+    pub fn str_list(&self, key: &'static str) -> Result<Vec<String>, SpecError> {
         let what = "a non-empty list of non-empty strings";
         match self.get(key) {
             None => Err(Self::missing(key, what)),
@@ -160,12 +186,12 @@ impl<'a> Spec<'a> {
         }
     }
 
-    pub fn raw(&self, key: &str) -> Option<&'a Value> {
+    pub fn raw(&self, key: &'static str) -> Option<&'a Value> {
         self.get(key)
     }
 
     /// A required string that must be one of `choices`.
-    pub fn choice<T: Copy>(&self, key: &str, choices: &[(&str, T)]) -> Result<T, SpecError> {
+    pub fn choice<T: Copy>(&self, key: &'static str, choices: &[(&str, T)]) -> Result<T, SpecError> {
         let names = choices.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
         let s = match self.get(key) {
             None => return Err(Self::missing(key, &format!("one of: {names}"))),

@@ -100,7 +100,7 @@ const CHECKS: &[(&str, Kind)] = &[
 
 impl TraceTreeCheck {
     pub fn compile(spec: &Spec<'_>) -> Result<TraceTreeCheck, SpecError> {
-        let owned = |key: &str| spec.str(key).map(str::to_owned);
+        let owned = |key: &'static str| spec.str(key).map(str::to_owned);
         let aggregate_check = |metric: Metric| -> Result<TraceTreeCheck, SpecError> {
             let why = format!("the limit for the tree's total metadata.{}", metric.key());
             Ok(TraceTreeCheck::Aggregate {
