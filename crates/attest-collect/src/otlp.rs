@@ -347,6 +347,12 @@ fn normalise_proto3_json(v: &mut Value) -> Result<bool, String> {
                     }
                 }
             }
+            for (field, range) in INTEGER_FIELDS {
+                if let Some(number) = fields.get(field).and_then(|v| integral(v, range)) {
+                    fields.insert(field.into(), number);
+                    changed = true;
+                }
+            }
             if let Some(Value::String(text)) = fields.get("doubleValue") {
                 // The proto3 JSON mapping's spellings only: the three special
                 // values, or a JSON number in a string. Rust's float parser
@@ -373,6 +379,50 @@ fn normalise_proto3_json(v: &mut Value) -> Result<bool, String> {
         _ => {}
     }
     Ok(changed)
+}
+
+/// Integer fields of a trace export and the range of their proto type.
+/// The proto3 JSON mapping lets any of them be a JSON number or a string,
+/// in exponent notation too (`"3"`, `1.7e18`), where the typed decoding
+/// takes 32-bit ones as numbers only and no integer in exponent notation.
+const INTEGER_FIELDS: [(&str, (f64, f64)); 8] = [
+    ("droppedAttributesCount", U32),
+    ("droppedEventsCount", U32),
+    ("droppedLinksCount", U32),
+    ("flags", U32),
+    ("startTimeUnixNano", U64),
+    ("endTimeUnixNano", U64),
+    ("timeUnixNano", U64),
+    ("intValue", I64),
+];
+const U32: (f64, f64) = (0.0, u32::MAX as f64);
+const U64: (f64, f64) = (0.0, u64::MAX as f64);
+const I64: (f64, f64) = (i64::MIN as f64, i64::MAX as f64);
+
+/// `v` as a plain JSON integer, when it is an integer within `range` in a
+/// spelling the typed decoding does not take (a string, or a number with a
+/// fraction or an exponent); `None` when it needs no change, or is not one
+/// (the typed decoding then says what is wrong with it).
+fn integral(v: &Value, (min, max): (f64, f64)) -> Option<Value> {
+    let n = match v {
+        Value::Number(n) if n.is_f64() => n.clone(),
+        // The mapping's spellings only: no padding or sign prefix, as for doubles.
+        Value::String(s) if s.trim() == s && !s.starts_with('+') => serde_json::from_str::<serde_json::Number>(s).ok()?,
+        _ => return None,
+    };
+    if let Some(i) = n.as_u64().filter(|&i| i as f64 <= max) {
+        return Some(Value::from(i));
+    }
+    if let Some(i) = n.as_i64().filter(|&i| i as f64 >= min) {
+        return Some(Value::from(i));
+    }
+    let f = n.as_f64()?;
+    // Within the range as f64 sees it, and whole: `u64::MAX as f64` is 2^64,
+    // which the cast below saturates to u64::MAX.
+    if !(f.is_finite() && f.fract() == 0.0 && f >= min && f <= max) {
+        return None;
+    }
+    Some(if f < 0.0 { Value::from(f as i64) } else { Value::from(f as u64) })
 }
 
 /// The proto3 JSON spelling of a non-finite double.
@@ -730,6 +780,40 @@ mod tests {
                 r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","attributes":[{{"key":"d","value":{{"doubleValue":"{spelling}"}}}}]}}]}}]}}]}}"#
             );
             assert!(decode(bad.as_bytes(), Encoding::Json, 1 << 20).is_err(), "{spelling:?}");
+        }
+    }
+
+    #[test]
+    fn integers_in_any_spelling_of_the_json_mapping_are_read() {
+        let body = |fields: &str, attr: &str| {
+            format!(
+                r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","name":"s",{fields},"attributes":[{{"key":"n","value":{{"intValue":{attr}}}}}]}}]}}]}}]}}"#
+            )
+        };
+        let good = body(
+            r#""startTimeUnixNano":1.7e18,"endTimeUnixNano":"1700000000000000001","droppedAttributesCount":"3","flags":"768""#,
+            r#""-5""#,
+        );
+        let d = decode(good.as_bytes(), Encoding::Json, 1 << 20).unwrap();
+        let span = &d.spans[0];
+        assert_eq!(
+            (span.start_unix_nanos, span.end_unix_nanos),
+            (1_700_000_000_000_000_000, 1_700_000_000_000_000_001)
+        );
+        assert_eq!(span.attributes["n"], -5);
+        let d = decode(body(r#""startTimeUnixNano":"1e3""#, "7.0").as_bytes(), Encoding::Json, 1 << 20).unwrap();
+        assert_eq!((d.spans[0].start_unix_nanos, &d.spans[0].attributes["n"]), (1000, &Value::from(7)));
+        // Not integers, or out of range: refused as before, by the typed decoding.
+        for (fields, attr) in [
+            (r#""droppedAttributesCount":"1.5""#, "1"),
+            (r#""droppedAttributesCount":"4294967296""#, "1"),
+            (r#""flags":"-1""#, "1"),
+            (r#""flags":" 3""#, "1"),
+            (r#""startTimeUnixNano":-1e3"#, "1"),
+            (r#""flags":1"#, r#""1e300""#),
+        ] {
+            let e = decode(body(fields, attr).as_bytes(), Encoding::Json, 1 << 20);
+            assert!(e.is_err(), "{fields} {attr}: {:?}", e.map(|d| d.spans.len()));
         }
     }
 
