@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn an_assertion_without_an_id_is_1002_naming_its_position() {
-        let e = suite_error(SuiteError::MissingId { index: 4 });
+        let e = suite_error(SuiteError::MissingId { index: 4, empty: false });
         assert_eq!(e.code, ErrorCode::AssertionError);
         assert_eq!(e.message, "assertions[4] missing required field: assertion_id");
         assert_eq!(e.detail, attest_core::suite::ASSERTIONS_SHAPE);

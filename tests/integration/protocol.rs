@@ -702,7 +702,8 @@ fn assertion_id_longer_than_256_bytes_is_an_assertion_error() {
     );
     assert_eq!(err["message"], json!("assertions[0] missing required field: assertion_id"));
     let err = batch_error(&mut engine, json!([content("", "contains", "refund")]));
-    assert_eq!(err["message"], json!("assertions[0] missing required field: assertion_id"));
+    assert_eq!(err["message"], json!("assertions[0] assertion_id is empty"));
+    assert_eq!(err["data"]["field"], json!("params.assertions[0].assertion_id"));
     assert_still_serving(&mut engine, true);
 }
 

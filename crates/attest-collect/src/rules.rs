@@ -49,7 +49,7 @@ struct MatchSpec {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "must be a string, {equals: <string>} or {regex: <pattern>}")]
 enum ValueMatchSpec {
     Equals(String),
     Op(OpSpec),

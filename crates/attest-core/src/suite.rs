@@ -20,8 +20,10 @@ pub const ASSERTIONS_SHAPE: &str =
 /// position in the list.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SuiteError {
+    /// No `assertion_id`, or an empty one (`empty`).
     MissingId {
         index: usize,
+        empty: bool,
     },
     IdTooLong {
         index: usize,
@@ -53,7 +55,7 @@ impl SuiteError {
     /// The position of the assertion at fault.
     pub fn index(&self) -> usize {
         match self {
-            SuiteError::MissingId { index }
+            SuiteError::MissingId { index, .. }
             | SuiteError::IdTooLong { index, .. }
             | SuiteError::MissingType { index, .. }
             | SuiteError::UnknownType { index, .. }
@@ -99,7 +101,8 @@ impl SuiteError {
 impl std::fmt::Display for SuiteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SuiteError::MissingId { index } => write!(f, "assertions[{index}] missing required field: assertion_id"),
+            SuiteError::MissingId { index, empty: false } => write!(f, "assertions[{index}] missing required field: assertion_id"),
+            SuiteError::MissingId { index, empty: true } => write!(f, "assertions[{index}] assertion_id is empty"),
             SuiteError::IdTooLong { id, .. } => write!(f, "assertion_id exceeds maximum length: {} > {MAX_ASSERTION_ID_BYTES}", id.len()),
             SuiteError::MissingType { id, .. } => write!(f, "assertion {}: missing required field: type", quote(id)),
             SuiteError::UnknownType { id, given, .. } => {
@@ -138,7 +141,10 @@ impl<'a> SuiteReader<'a> {
         match id {
             Some(id) if id.len() > MAX_ASSERTION_ID_BYTES => Err(SuiteError::IdTooLong { index, id: id.to_owned() }),
             Some(id) if !id.is_empty() => Ok(id),
-            _ => Err(SuiteError::MissingId { index }),
+            _ => Err(SuiteError::MissingId {
+                index,
+                empty: id.is_some(),
+            }),
         }
     }
 
