@@ -344,10 +344,14 @@ impl CompiledAssertion {
     /// Estimated memory this compiled assertion holds, for cache accounting.
     pub fn memory_bytes(&self) -> usize {
         const BASE: usize = 512;
-        BASE + match &self.check {
-            Check::Native(c) => c.memory_bytes(),
-            _ => 0,
-        }
+        let unread = self.unread.as_ref().map_or(0, |u| {
+            (u.keys.len() + u.known.len()) * 24 + u.keys.iter().map(String::len).sum::<usize>()
+        });
+        BASE + unread
+            + match &self.check {
+                Check::Native(c) => c.memory_bytes(),
+                _ => 0,
+            }
     }
 
     /// Evaluates a built-in check. Plugin checks are run per batch instead
