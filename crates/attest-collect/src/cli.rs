@@ -356,6 +356,9 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             bail!("{name} must be at least 1");
         }
     }
+    if args.request_timeout_secs == 0 {
+        bail!("--request-timeout-secs must be at least 1: every request would time out before it is read");
+    }
     // The estimate gives every trace its bookkeeping and every span its
     // record: a bound below one span's trace would refuse every trace.
     let smallest_trace = crate::assemble::TRACE_BYTES + crate::otlp::SPAN_BYTES;
@@ -466,7 +469,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         inflight_kib: server::kib_budget(args.max_inflight_bytes),
         // Half the request deadline: the answer must still reach the
         // exporter before it gives up and sends everything again.
-        queue_wait: Duration::from_secs(args.request_timeout_secs.max(1)) / 2,
+        queue_wait: Duration::from_secs(args.request_timeout_secs) / 2,
         decoding: Arc::new(Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get()))),
         publisher: publisher.clone(),
     });
@@ -488,7 +491,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             }
         })
     };
-    let request_timeout = Duration::from_secs(args.request_timeout_secs.max(1));
+    let request_timeout = Duration::from_secs(args.request_timeout_secs);
     let limits = listen::Limits {
         max_connections: args.max_connections,
         header_timeout: request_timeout,

@@ -425,12 +425,13 @@ fn rules_files_with_errors_are_refused_at_start_up() {
         p.stderr_text()
     );
     // Flags that would refuse every trace, and output paths that are directories.
-    let flag_cases: [(&[&str], &str); 8] = [
+    let flag_cases: [(&[&str], &str); 9] = [
         (&["--max-trace-bytes", "0"], "--max-trace-bytes must be at least 1"),
         (&["--max-trace-bytes", "1000"], "--max-trace-bytes 1000 is less than 1024 bytes"),
         (&["--max-open-bytes", "1023"], "--max-open-bytes 1023 is less than 1024 bytes"),
         (&["--max-connections", "0"], "--max-connections must be at least 1"),
         (&["--max-trace-spans", "0"], "--max-trace-spans must be at least 1"),
+        (&["--request-timeout-secs", "0"], "--request-timeout-secs must be at least 1"),
         (&["--results-jsonl", "."], "--results-jsonl .: cannot be opened for appending"),
         (&["--jsonl", ".", "--results-jsonl", "/dev/null"], "--jsonl .: is a directory"),
         // The test harness keeps no history.
