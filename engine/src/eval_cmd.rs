@@ -208,8 +208,13 @@ fn evaluate_files(
     let reports_written = engine.finish();
     match format {
         Format::Json => {
-            serde_json::to_writer_pretty(&mut *out, &outcomes)?;
-            writeln!(out)?;
+            // Standard output is line-buffered: written straight to it,
+            // pretty JSON would cost a system call per line.
+            use std::io::Write as _;
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, &mut *out);
+            serde_json::to_writer_pretty(&mut w, &outcomes)?;
+            writeln!(w)?;
+            w.flush()?;
         }
         Format::Table => {
             let mut table = Vec::new();

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Growth check: whole-process time of workloads at growing sizes, each beside
+a floor of the same size that does linear work, so that a cost growing faster
+than its input shows up as a ratio that grows with the size.
+
+    python3 scripts/bench_scaling.py [--engine target/release/attest-engine] [--runs 3]
+
+Workloads (docs/benchmarks.md, "Growth with input size"):
+- report: `eval` over N one-assertion traces writing a JUnit report, against
+  the same run without a report;
+- tool checks: one batch of 20 `no_duplicates` / `required_tools` /
+  `forbidden_tools` / `follows_transitions` assertions on a trace of N tool
+  calls with N distinct names, against 20 `loop_detection` assertions on the
+  same trace (one linear pass over the calls each).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"sdk_name": "bench", "sdk_version": "0", "protocol_version": 1, "required_capabilities": ["layers_1_4"]},
+}
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ATTEST_HISTORY": "off"}
+
+
+def timed(argv, stdin=None, runs=3):
+    """Median wall seconds of `runs` runs; each must exit 0."""
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        p = subprocess.run(argv, input=stdin, capture_output=True, env=ENV)
+        times.append(time.perf_counter() - t)
+        if p.returncode != 0:
+            raise SystemExit(f"{argv[:3]} exited {p.returncode}: {p.stderr.decode()[-500:]}")
+    return statistics.median(times)
+
+
+def report_workload(engine, work, n, runs):
+    traces = work / f"traces-{n}.jsonl"
+    with traces.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"schema_version": 1, "trace_id": f"t{i}", "output": {"message": "refund ok"}}) + "\n")
+    assertions = work / "one.json"
+    assertions.write_text(json.dumps([{"assertion_id": "a", "type": "content", "spec": {"target": "output.message", "check": "contains", "value": "refund"}}]))
+    config = work / "junit.toml"
+    config.write_text(f'reports = ["junit={work / "out.xml"}"]\n')
+    base = [engine, "eval", "--trace", str(traces), "--assertions", str(assertions), "--format", "json", "--no-history"]
+    floor = timed(base, runs=runs)
+    with_report = timed(base + ["--config", str(config)], runs=runs)
+    return floor, with_report
+
+
+def batch(trace, assertions):
+    request = {"jsonrpc": "2.0", "id": 2, "method": "evaluate_batch", "params": {"trace": trace, "assertions": assertions}}
+    return (json.dumps(INIT) + "\n" + json.dumps(request) + "\n").encode()
+
+
+def tool_workload(engine, n, runs):
+    names = [f"tool_{i}" for i in range(n)]
+    trace = {"schema_version": 1, "trace_id": "t", "steps": [{"type": "tool_call", "name": x} for x in names], "output": {"message": "done"}}
+    few = names[::max(1, n // 50)] + ["never_called"]
+    pairs = [[names[i], names[i + 1]] for i in range(0, n - 1, 2)]
+    checks = [
+        {"check": "no_duplicates"},
+        {"check": "required_tools", "tools": few},
+        {"check": "forbidden_tools", "tools": few},
+        {"check": "follows_transitions", "transitions": pairs},
+    ]
+    tools = [{"assertion_id": f"a{i}", "type": "trace", "spec": checks[i % 4]} for i in range(20)]
+    linear = [{"assertion_id": f"l{i}", "type": "trace", "spec": {"check": "loop_detection", "tool": names[i], "max_repetitions": 1}} for i in range(20)]
+    return timed([engine], batch(trace, linear), runs), timed([engine], batch(trace, tools), runs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", default=str(REPO / "target/release/attest-engine"))
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        work = Path(d)
+        print("report: eval over N traces, with a JUnit report against without one")
+        for n in (10_000, 50_000, 100_000):
+            floor, t = report_workload(args.engine, work, n, args.runs)
+            print(f"  N={n:>7}: without {floor:6.2f} s, with {t:6.2f} s, ratio {t / floor:5.2f}")
+        print("tool checks: 20 trace checks on N distinct tool calls, against 20 loop_detection checks")
+        for n in (1_000, 5_000, 10_000):
+            floor, t = tool_workload(args.engine, n, args.runs)
+            print(f"  N={n:>7}: loop_detection {floor:6.3f} s, tool checks {t:6.3f} s, ratio {t / floor:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
