@@ -179,8 +179,8 @@ mod tests {
     #[test]
     fn ids_and_types_are_checked_in_order_and_named() {
         let mut r = SuiteReader::default();
-        assert_eq!(r.id(0, None), Err(SuiteError::MissingId { index: 0 }));
-        assert_eq!(r.id(0, Some("")), Err(SuiteError::MissingId { index: 0 }));
+        assert_eq!(r.id(0, None), Err(SuiteError::MissingId { index: 0, empty: false }));
+        assert_eq!(r.id(0, Some("")), Err(SuiteError::MissingId { index: 0, empty: true }));
         let long = "x".repeat(MAX_ASSERTION_ID_BYTES + 1);
         let e = r.id(1, Some(&long)).unwrap_err();
         assert_eq!(e.field(), "assertion_id");

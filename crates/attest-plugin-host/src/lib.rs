@@ -924,7 +924,9 @@ impl Plugin {
 
     /// Checks an assertion's `config` against the plugin's schema; lists up to 3 problems.
     pub fn check_config(&self, config: &Value) -> Result<(), String> {
-        let errors: Vec<_> = self.validator.iter_errors(config).collect();
+        // The first few only: a config holding a large failing array would
+        // otherwise keep an error per item.
+        let errors: Vec<_> = self.validator.iter_errors(config).take(3).collect();
         let errors = attest_core::layers::schema::describe_errors(&errors);
         if errors.is_empty() {
             Ok(())

@@ -24,6 +24,8 @@ const SCHEMA_CACHE_ENTRIES: usize = 1024;
 const SCHEMA_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// How many validation errors an explanation lists.
 const MAX_REPORTED_ERRORS: usize = 3;
+/// Errors past the reported ones that are counted for "(and N more)".
+const MAX_COUNTED_ERRORS: usize = 1000;
 
 #[derive(Debug)]
 pub struct SchemaCheck {
@@ -232,10 +234,15 @@ impl SchemaCheck {
         if self.validator.is_valid(&value) {
             return Verdict::pass(format!("{t} matches schema (draft {}).", self.draft));
         }
-        let errors: Vec<_> = self.validator.iter_errors(&value).collect();
+        // Only the first errors are kept: a large array failing per item
+        // would otherwise hold millions of them at once. The rest are
+        // counted, up to a bound, as they are produced and dropped.
+        let mut all = self.validator.iter_errors(&value);
+        let errors: Vec<_> = all.by_ref().take(MAX_REPORTED_ERRORS).collect();
         let shown = describe_errors(&errors);
-        let more = match errors.len().saturating_sub(MAX_REPORTED_ERRORS) {
+        let more = match all.take(MAX_COUNTED_ERRORS).count() {
             0 => String::new(),
+            MAX_COUNTED_ERRORS => format!(" (and at least {MAX_COUNTED_ERRORS} more)"),
             n => format!(" (and {n} more)"),
         };
         let verdict = Verdict::fail(format!("{t} failed schema validation: {}{more}.", shown.join("; ")));
@@ -307,6 +314,21 @@ mod tests {
         .unwrap();
         let v = c.evaluate(&trace());
         assert!(v.passed, "{}", v.explanation);
+    }
+
+    #[test]
+    fn errors_past_the_shown_ones_are_counted_up_to_a_bound() {
+        let with_items = |n: usize| {
+            let v = json!({"schema_version": 1, "trace_id": "t", "output": {"message": "m", "items": vec![0; n]}});
+            parse_trace(&RawValue::from_string(v.to_string()).unwrap(), &Limits::default())
+                .unwrap()
+                .trace
+        };
+        let c = compile(json!({"target": "output.items", "schema": {"items": {"type": "string"}}})).unwrap();
+        let v = c.evaluate(&with_items(10));
+        assert!(v.explanation.ends_with(" (and 7 more)."), "{}", v.explanation);
+        let v = c.evaluate(&with_items(5000));
+        assert!(v.explanation.ends_with(" (and at least 1000 more)."), "{}", v.explanation);
     }
 
     #[test]
