@@ -924,9 +924,10 @@ impl Plugin {
 
     /// Checks an assertion's `config` against the plugin's schema; lists up to 3 problems.
     pub fn check_config(&self, config: &Value) -> Result<(), String> {
-        // The first few only: a config holding a large failing array would
-        // otherwise keep an error per item.
-        let errors: Vec<_> = self.validator.iter_errors(config).take(3).collect();
+        // The schema's size only decides whether errors are listed; a
+        // compact rendering of it is a fair stand-in for its text.
+        let schema_bytes = self.config_schema.to_string().len();
+        let (errors, _) = attest_core::layers::schema::errors_of(&self.validator, config, schema_bytes);
         let errors = attest_core::layers::schema::describe_errors(&errors);
         if errors.is_empty() {
             Ok(())

@@ -24,8 +24,44 @@ const SCHEMA_CACHE_ENTRIES: usize = 1024;
 const SCHEMA_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// How many validation errors an explanation lists.
 const MAX_REPORTED_ERRORS: usize = 3;
-/// Errors past the reported ones that are counted for "(and N more)".
-const MAX_COUNTED_ERRORS: usize = 1000;
+/// Values with fewer nodes than this, validated against schemas of at most
+/// this many bytes, have their errors listed and counted; others get their
+/// first error only (see [`errors_of`]).
+const MAX_LISTED_NODES: usize = 10_000;
+const MAX_LISTED_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// Why `value` fails `validator`, whose schema's text is `schema_bytes`
+/// long, and whether that is every error (`true`) or the first one only.
+///
+/// Listing errors builds every one of them at once (the validator collects
+/// them before handing any out), so a large array failing per item would
+/// hold millions. A large value or schema gets its first error only, which
+/// the validator finds without building the rest.
+pub fn errors_of<'i>(validator: &'i Validator, value: &'i Value, schema_bytes: usize) -> (Vec<jsonschema::ValidationError<'i>>, bool) {
+    if nodes_up_to(value, MAX_LISTED_NODES) < MAX_LISTED_NODES && schema_bytes <= MAX_LISTED_SCHEMA_BYTES {
+        (validator.iter_errors(value).collect(), true)
+    } else {
+        (validator.validate(value).err().into_iter().collect(), false)
+    }
+}
+
+/// The nodes of `v` (itself, and every value inside it), counted up to `max`.
+fn nodes_up_to(v: &Value, max: usize) -> usize {
+    let mut count = 0;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        count += 1;
+        if count >= max {
+            break;
+        }
+        match v {
+            Value::Array(items) => stack.extend(items),
+            Value::Object(m) => stack.extend(m.values()),
+            _ => {}
+        }
+    }
+    count
+}
 
 #[derive(Debug)]
 pub struct SchemaCheck {
@@ -234,17 +270,13 @@ impl SchemaCheck {
         if self.validator.is_valid(&value) {
             return Verdict::pass(format!("{t} matches schema (draft {}).", self.draft));
         }
-        // Only the first errors are kept: a large array failing per item
-        // would otherwise hold millions of them at once. The rest are
-        // counted, up to a bound, as they are produced and dropped.
-        let mut all = self.validator.iter_errors(&value);
-        let errors: Vec<_> = all.by_ref().take(MAX_REPORTED_ERRORS).collect();
-        let shown = describe_errors(&errors);
-        let more = match all.take(MAX_COUNTED_ERRORS).count() {
-            0 => String::new(),
-            MAX_COUNTED_ERRORS => format!(" (and at least {MAX_COUNTED_ERRORS} more)"),
-            n => format!(" (and {n} more)"),
+        let (errors, all) = errors_of(&self.validator, &value, self.text_bytes);
+        let more = match (all, errors.len().saturating_sub(MAX_REPORTED_ERRORS)) {
+            (false, _) => " (further errors not listed: the value or the schema is large)".to_owned(),
+            (true, 0) => String::new(),
+            (true, n) => format!(" (and {n} more)"),
         };
+        let shown = describe_errors(&errors);
         let verdict = Verdict::fail(format!("{t} failed schema validation: {}{more}.", shown.join("; ")));
         match errors.first() {
             Some(first) => verdict.with(violation(t, &self.schema, first)),
@@ -317,7 +349,7 @@ mod tests {
     }
 
     #[test]
-    fn errors_past_the_shown_ones_are_counted_up_to_a_bound() {
+    fn a_large_value_gets_its_first_error_only() {
         let with_items = |n: usize| {
             let v = json!({"schema_version": 1, "trace_id": "t", "output": {"message": "m", "items": vec![0; n]}});
             parse_trace(&RawValue::from_string(v.to_string()).unwrap(), &Limits::default())
@@ -327,8 +359,20 @@ mod tests {
         let c = compile(json!({"target": "output.items", "schema": {"items": {"type": "string"}}})).unwrap();
         let v = c.evaluate(&with_items(10));
         assert!(v.explanation.ends_with(" (and 7 more)."), "{}", v.explanation);
-        let v = c.evaluate(&with_items(5000));
-        assert!(v.explanation.ends_with(" (and at least 1000 more)."), "{}", v.explanation);
+        let v = c.evaluate(&with_items(20_000));
+        assert!(
+            v.explanation
+                .starts_with("output.items failed schema validation: at /0: 0 is not of type"),
+            "{}",
+            v.explanation
+        );
+        assert!(
+            v.explanation
+                .ends_with(" (further errors not listed: the value or the schema is large)."),
+            "{}",
+            v.explanation
+        );
+        assert_eq!(v.evidence.unwrap().path.as_deref(), Some("output.items/0"));
     }
 
     #[test]

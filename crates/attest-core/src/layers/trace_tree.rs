@@ -14,9 +14,10 @@ use super::constraint::Comparison;
 use super::spec::type_name;
 use super::{Evidence, Spec, SpecError, Verdict};
 use crate::text::{clip, num, quote, quote_list};
-use crate::trace::tree::{Metric, Tree, TreeStep};
+use crate::trace::tree::{distinct, Metric, Tree, TreeStep};
 use crate::trace::{StepType, Trace};
 use serde_json::Value;
+use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TraceTreeCheck {
@@ -217,14 +218,11 @@ impl TraceTreeCheck {
                     .map(|d| format!("{} → {}", d.parent.unwrap_or("?"), d.child.unwrap_or("?")))
                     .collect();
                 // The agent_call step of the first handover that is not allowed.
+                let ok = allowed_pairs(allowed);
                 let culprit = tree
                     .delegations()
                     .into_iter()
-                    .find(|d| {
-                        !allowed
-                            .iter()
-                            .any(|(p, c)| Some(p.as_str()) == d.parent && Some(c.as_str()) == d.child)
-                    })
+                    .find(|d| !is_allowed(&ok, d.parent, d.child))
                     .and_then(|d| tree.nodes()[d.node].parent);
                 (
                     format!("delegations only along: {}", clip(&pairs.join(", "), 300)),
@@ -280,17 +278,9 @@ impl TraceTreeCheck {
                 )
             }
             TraceTreeCheck::AllToolsCalled(tools) => {
-                let missing: Vec<&str> = tools
-                    .iter()
-                    .map(String::as_str)
-                    .filter(|t| !tree.steps().any(|s| s.step.kind.is_tool() && s.step.name == *t))
-                    .collect();
-                let mut called: Vec<&str> = Vec::new();
-                for s in tree.steps().filter(|s| s.step.kind.is_tool()) {
-                    if !called.contains(&s.step.name.as_str()) {
-                        called.push(&s.step.name);
-                    }
-                }
+                let called = distinct(tool_names(tree));
+                let set: HashSet<&str> = called.iter().copied().collect();
+                let missing: Vec<&str> = tools.iter().map(String::as_str).filter(|t| !set.contains(t)).collect();
                 (
                     format!("every tool called somewhere: {}", clip(&tools.join(", "), 300)),
                     format!("tools called: {}", clip(&called.join(", "), 300)),
@@ -386,28 +376,18 @@ impl TraceTreeCheck {
             }
             TraceTreeCheck::OrderedAgents(groups) => ordered_agents(tree, groups),
             TraceTreeCheck::AllToolsCalled(tools) => {
-                let called: Vec<&str> = tree
-                    .steps()
-                    .filter(|s| s.step.kind.is_tool())
-                    .map(|s| s.step.name.as_str())
-                    .collect();
-                let missing: Vec<&String> = tools.iter().filter(|t| !called.contains(&t.as_str())).collect();
+                let called: HashSet<&str> = tool_names(tree).collect();
+                let missing: Vec<&String> = tools.iter().filter(|t| !called.contains(t.as_str())).collect();
                 if missing.is_empty() {
                     Verdict::pass(format!(
                         "all_tools_called: every tool in {} was called in the tree.",
                         quote_list(tools)
                     ))
                 } else {
-                    let mut distinct: Vec<&str> = Vec::new();
-                    for c in called {
-                        if !distinct.contains(&c) {
-                            distinct.push(c);
-                        }
-                    }
                     Verdict::fail(format!(
                         "all_tools_called: not called anywhere in the tree: {}. Tools called: {}.",
                         quote_list(&missing),
-                        quote_list(&distinct)
+                        quote_list(&distinct(tool_names(tree)))
                     ))
                 }
             }
@@ -444,12 +424,11 @@ fn agent_called(tree: &Tree<'_>, agent: &str) -> Verdict {
             tree.step_path(s.node, s.index)
         ));
     }
-    let mut present = tree.distinct_agent_ids();
-    for s in tree.steps().filter(|s| s.step.kind == StepType::AgentCall) {
-        if !present.contains(&s.step.name.as_str()) {
-            present.push(&s.step.name);
-        }
-    }
+    let by_call = tree
+        .steps()
+        .filter(|s| s.step.kind == StepType::AgentCall)
+        .map(|s| s.step.name.as_str());
+    let present = distinct(tree.nodes().iter().filter_map(|n| n.agent()).chain(by_call));
     Verdict::fail(format!(
         "{name}: agent {} was not called in the trace tree. Agents present: {}.",
         quote(agent),
@@ -505,12 +484,14 @@ fn string_leaves<'v>(v: &'v Value, out: &mut Vec<&'v str>) {
     }
 }
 
-/// `needle` equals `haystack` or any value nested in it.
-fn contains_value(haystack: &Value, needle: &Value) -> bool {
-    haystack == needle
+/// Whether `haystack` or any value nested in it is one of `needles`: one
+/// walk of the haystack whatever the number of needles (a tree may hold
+/// thousands of traces of each agent).
+fn contains_any(haystack: &Value, needles: &HashSet<&Value>) -> bool {
+    needles.contains(haystack)
         || match haystack {
-            Value::Array(items) => items.iter().any(|i| contains_value(i, needle)),
-            Value::Object(m) => m.values().any(|i| contains_value(i, needle)),
+            Value::Array(items) => items.iter().any(|i| contains_any(i, needles)),
+            Value::Object(m) => m.values().any(|i| contains_any(i, needles)),
             _ => false,
         }
 }
@@ -548,7 +529,8 @@ fn data_flow(tree: &Tree<'_>, from: &str, to: &str, field: &FieldPath) -> Verdic
             quote(from)
         ));
     }
-    if values.iter().any(|v| inputs.iter().any(|i| contains_value(i, v))) {
+    let wanted: HashSet<&Value> = values.iter().copied().collect();
+    if inputs.iter().any(|i| contains_any(i, &wanted)) {
         Verdict::pass(format!(
             "{name}: output field {f} of agent {} reaches the input of agent {}.",
             quote(from),
@@ -568,13 +550,10 @@ fn follows_transitions(tree: &Tree<'_>, allowed: &[(String, String)]) -> Verdict
     let name = "follows_transitions";
     let delegations = tree.delegations();
     let label = |a: Option<&str>| a.map_or_else(|| "(no agent_id)".to_owned(), quote);
+    let ok = allowed_pairs(allowed);
     let bad: Vec<String> = delegations
         .iter()
-        .filter(|d| {
-            !allowed
-                .iter()
-                .any(|(p, c)| Some(p.as_str()) == d.parent && Some(c.as_str()) == d.child)
-        })
+        .filter(|d| !is_allowed(&ok, d.parent, d.child))
         .map(|d| format!("{} -> {} at {}", label(d.parent), label(d.child), tree.path(d.node)))
         .collect();
     if bad.is_empty() {
@@ -611,6 +590,22 @@ fn aggregate(tree: &Tree<'_>, metric: Metric, cmp: Comparison) -> Verdict {
     )
 }
 
+/// Names of the tool steps anywhere in the tree, in order, repeats kept.
+fn tool_names<'a>(tree: &'a Tree<'_>) -> impl Iterator<Item = &'a str> + 'a {
+    tree.steps().filter(|s| s.step.kind.is_tool()).map(|s| s.step.name.as_str())
+}
+
+/// The allowed handovers as a set: a tree may hold thousands of
+/// delegations, each checked against it.
+fn allowed_pairs(allowed: &[(String, String)]) -> HashSet<(&str, &str)> {
+    allowed.iter().map(|(p, c)| (p.as_str(), c.as_str())).collect()
+}
+
+/// A handover between two named agents that `allowed` lists.
+fn is_allowed(allowed: &HashSet<(&str, &str)>, parent: Option<&str>, child: Option<&str>) -> bool {
+    matches!((parent, child), (Some(p), Some(c)) if allowed.contains(&(p, c)))
+}
+
 /// The time an agent's steps cover.
 #[derive(Debug, Clone, Copy)]
 struct Span {
@@ -619,67 +614,88 @@ struct Span {
     steps: usize,
 }
 
+impl Span {
+    /// One step's interval, or which of its timestamps it lacks.
+    fn of(s: &TreeStep<'_>) -> Result<Span, &'static str> {
+        match (s.step.started_at_ms, s.step.ended_at_ms) {
+            (Some(start), Some(end)) => Ok(Span { start, end, steps: 1 }),
+            (None, None) => Err("started_at_ms and ended_at_ms"),
+            (None, _) => Err("started_at_ms"),
+            _ => Err("ended_at_ms"),
+        }
+    }
+
+    fn merge(self, o: Span) -> Span {
+        Span {
+            start: self.start.min(o.start),
+            end: self.end.max(o.end),
+            steps: self.steps + o.steps,
+        }
+    }
+}
+
+/// Why a step of `agent` cannot be timed.
+fn untimed(tree: &Tree<'_>, agent: &str, s: &TreeStep<'_>, missing: &str) -> String {
+    format!(
+        "step {} of agent {} at {} has no {missing}; timing checks need both timestamps on every step of the agent",
+        quote(&s.step.name),
+        quote(agent),
+        tree.step_path(s.node, s.index)
+    )
+}
+
+/// Why `agent` has no span at all.
+fn no_steps(tree: &Tree<'_>, agent: &str) -> String {
+    format!(
+        "agent {} has no steps in the trace tree (agents with steps: {})",
+        quote(agent),
+        quote_list(&distinct(tree.steps().filter_map(|s| s.agent)))
+    )
+}
+
 /// The bounding interval of the steps attributed to `agent`. Every such step
 /// must carry both timestamps: skipping one would silently shrink the span.
 fn span(tree: &Tree<'_>, agent: &str) -> Result<Span, String> {
     let mut out: Option<Span> = None;
-    let steps: Vec<TreeStep<'_>> = tree.steps().filter(|s| s.agent == Some(agent)).collect();
-    for s in &steps {
-        let (Some(start), Some(end)) = (s.step.started_at_ms, s.step.ended_at_ms) else {
-            let missing = match (s.step.started_at_ms, s.step.ended_at_ms) {
-                (None, None) => "started_at_ms and ended_at_ms",
-                (None, _) => "started_at_ms",
-                _ => "ended_at_ms",
-            };
-            return Err(format!(
-                "step {} of agent {} at {} has no {missing}; timing checks need both timestamps on every step of the agent",
-                quote(&s.step.name),
-                quote(agent),
-                tree.step_path(s.node, s.index)
-            ));
-        };
-        out = Some(match out {
-            None => Span { start, end, steps: 1 },
-            Some(o) => Span {
-                start: o.start.min(start),
-                end: o.end.max(end),
-                steps: o.steps + 1,
-            },
-        });
+    for s in tree.steps().filter(|s| s.agent == Some(agent)) {
+        let one = Span::of(&s).map_err(|missing| untimed(tree, agent, &s, missing))?;
+        out = Some(out.map_or(one, |o| o.merge(one)));
     }
-    out.ok_or_else(|| {
-        let mut with_steps: Vec<&str> = Vec::new();
-        for a in tree.steps().filter_map(|s| s.agent) {
-            if !with_steps.contains(&a) {
-                with_steps.push(a);
-            }
-        }
-        format!(
-            "agent {} has no steps in the trace tree (agents with steps: {})",
-            quote(agent),
-            quote_list(&with_steps)
-        )
-    })
+    out.ok_or_else(|| no_steps(tree, agent))
 }
 
 fn ordered_agents(tree: &Tree<'_>, groups: &[Vec<String>]) -> Verdict {
     let name = "ordered_agents";
+    // Every agent's span in one pass over the steps: the groups may name
+    // thousands of agents, and a pass per agent would be quadratic. An
+    // agent's first step without timestamps is kept as its error.
+    let mut by_agent: HashMap<&str, Result<Span, (TreeStep<'_>, &'static str)>> = HashMap::new();
+    for s in tree.steps() {
+        let Some(agent) = s.agent else { continue };
+        let one = Span::of(&s).map_err(|missing| (s, missing));
+        match by_agent.get_mut(agent) {
+            None => {
+                by_agent.insert(agent, one);
+            }
+            Some(Ok(acc)) => match one {
+                Ok(one) => *acc = acc.merge(one),
+                Err(e) => {
+                    by_agent.insert(agent, Err(e));
+                }
+            },
+            Some(Err(_)) => {}
+        }
+    }
     let mut spans = Vec::with_capacity(groups.len());
     for group in groups {
         let mut g: Option<Span> = None;
         for agent in group {
-            let s = match span(tree, agent) {
-                Ok(s) => s,
-                Err(e) => return Verdict::fail(format!("{name}: {e}.")),
+            let s = match by_agent.get(agent.as_str()) {
+                Some(Ok(s)) => *s,
+                Some(Err((step, missing))) => return Verdict::fail(format!("{name}: {}.", untimed(tree, agent, step, missing))),
+                None => return Verdict::fail(format!("{name}: {}.", no_steps(tree, agent))),
             };
-            g = Some(match g {
-                None => s,
-                Some(o) => Span {
-                    start: o.start.min(s.start),
-                    end: o.end.max(s.end),
-                    steps: o.steps + s.steps,
-                },
-            });
+            g = Some(g.map_or(s, |o| o.merge(s)));
         }
         spans.push(g.expect("groups are non-empty (checked at compile)"));
     }

@@ -120,13 +120,7 @@ impl<'a> Tree<'a> {
 
     /// Distinct trace-level agent ids in first-seen order, for explanations.
     pub fn distinct_agent_ids(&self) -> Vec<&'a str> {
-        let mut out: Vec<&str> = Vec::new();
-        for id in self.nodes.iter().filter_map(Node::agent) {
-            if !out.contains(&id) {
-                out.push(id);
-            }
-        }
-        out
+        distinct(self.nodes.iter().filter_map(Node::agent))
     }
 
     /// Nodes whose trace-level agent id is `agent`.
@@ -327,6 +321,14 @@ fn collect<'a>(trace: &'a Trace, depth: usize, parent: Option<(usize, usize)>, n
 
 fn non_empty(s: &Option<String>) -> Option<&str> {
     s.as_deref().filter(|s| !s.is_empty())
+}
+
+/// The distinct names in first-seen order. Through a set: a tree may hold
+/// hundreds of thousands of steps and sub-traces, and a scan of the names so
+/// far for each one would be quadratic.
+pub fn distinct<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut seen = std::collections::HashSet::new();
+    names.into_iter().filter(|n| seen.insert(*n)).collect()
 }
 
 #[cfg(test)]
