@@ -17,6 +17,7 @@ use super::{Evidence, Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::{clip, quote, quote_list};
 use crate::trace::Trace;
+use aho_corasick::AhoCorasick;
 use regex_automata::meta::Regex;
 use regex_automata::util::syntax;
 use serde_json::Value;
@@ -45,9 +46,9 @@ enum Rule {
     Contains(Needle),
     NotContains(Needle),
     RegexMatch(Pattern),
-    KeywordAll(Vec<Needle>),
-    KeywordAny(Vec<Needle>),
-    Forbidden(Vec<Needle>),
+    KeywordAll(Needles),
+    KeywordAny(Needles),
+    Forbidden(Needles),
 }
 
 /// A compiled regex with the text it was written as.
@@ -135,6 +136,66 @@ struct Needle {
     compared: String,
 }
 
+/// The search strings of a multi-keyword check, with one automaton over
+/// them all: the list may hold thousands of keywords and the target
+/// megabytes, and a pass over the target per keyword would cost their
+/// product.
+#[derive(Debug)]
+struct Needles {
+    list: Vec<Needle>,
+    automaton: AhoCorasick,
+}
+
+/// Overlapping matches one pass reports before the keywords still unseen
+/// are searched for one by one, per byte of the target: keywords that are
+/// suffixes of one another (`a`, `aa`, `aaa` …) all match at every
+/// position of a text like theirs.
+const OVERLAPS_PER_BYTE: usize = 4;
+
+impl Needles {
+    fn new(list: Vec<Needle>) -> Result<Needles, SpecError> {
+        let automaton = AhoCorasick::new(list.iter().map(|n| n.compared.as_str())).map_err(|e| {
+            SpecError::new(
+                "spec.values",
+                format!("spec.values cannot be searched for: {e}"),
+                "List fewer or shorter keywords.",
+            )
+        })?;
+        Ok(Needles { list, automaton })
+    }
+
+    /// Which keywords occur in `hay`, by position in the list.
+    fn found(&self, hay: &str) -> Vec<bool> {
+        let mut found = vec![false; self.list.len()];
+        let mut unseen = self.list.len();
+        let mut budget = hay.len().saturating_mul(OVERLAPS_PER_BYTE).max(4096);
+        for m in self.automaton.find_overlapping_iter(hay) {
+            if !std::mem::replace(&mut found[m.pattern().as_usize()], true) {
+                unseen -= 1;
+                if unseen == 0 {
+                    return found;
+                }
+            }
+            budget -= 1;
+            if budget == 0 {
+                // Each keyword not seen yet gets a pass of its own.
+                for (f, n) in found.iter_mut().zip(&self.list).filter(|(f, _)| !**f) {
+                    *f = memchr::memmem::find(hay.as_bytes(), n.compared.as_bytes()).is_some();
+                }
+                return found;
+            }
+        }
+        found
+    }
+}
+
+impl std::ops::Deref for Needles {
+    type Target = [Needle];
+    fn deref(&self) -> &[Needle] {
+        &self.list
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Kind {
     Contains,
@@ -167,7 +228,8 @@ impl ContentCheck {
             written: s.to_owned(),
             compared: if case_sensitive { s.to_owned() } else { s.to_lowercase() },
         };
-        let needles = |key: &'static str| -> Result<Vec<Needle>, SpecError> { Ok(spec.str_list(key)?.iter().map(|s| needle(s)).collect()) };
+        let needles =
+            |key: &'static str| -> Result<Needles, SpecError> { Needles::new(spec.str_list(key)?.iter().map(|s| needle(s)).collect()) };
         let rule = match kind {
             Kind::Contains => Rule::Contains(needle(spec.str("value")?)),
             Kind::NotContains => Rule::NotContains(needle(spec.str("value")?)),
@@ -206,11 +268,17 @@ impl ContentCheck {
         } else {
             Cow::Owned(text.to_lowercase())
         };
-        self.decide(t, &hay).on_failure(|| self.evidence(t, &text, &hay))
+        // Which of a multi-keyword check's keywords occur: one pass over the text.
+        let found = match &self.rule {
+            Rule::KeywordAll(ns) | Rule::KeywordAny(ns) | Rule::Forbidden(ns) => ns.found(&hay),
+            _ => Vec::new(),
+        };
+        self.decide(t, &hay, &found).on_failure(|| self.evidence(t, &text, &hay, &found))
     }
 
     /// The expected text and an excerpt of the target around the closest match.
-    fn evidence(&self, t: &str, text: &str, hay: &str) -> Evidence {
+    /// `found`: which keywords of a multi-keyword check occur in `hay`.
+    fn evidence(&self, t: &str, text: &str, hay: &str, found: &[bool]) -> Evidence {
         let list = |ns: &[Needle]| ns.iter().map(|n| format!("'{}'", n.written)).collect::<Vec<_>>().join(", ");
         let (expected, near, hint) = match &self.rule {
             Rule::Contains(n) => (
@@ -238,7 +306,7 @@ impl ContentCheck {
                 ),
             ),
             Rule::KeywordAll(ns) => {
-                let missing = ns.iter().find(|n| !hay.contains(n.compared.as_str()));
+                let missing = ns.iter().zip(found).find(|(_, f)| !**f).map(|(n, _)| n);
                 (
                     format!("all of {}", list(ns)),
                     missing.and_then(|n| closest(hay, &n.compared)),
@@ -250,14 +318,19 @@ impl ContentCheck {
             }
             Rule::KeywordAny(ns) => (
                 format!("any of {}", list(ns)),
-                ns.iter().find_map(|n| closest(hay, &n.compared)),
+                // The first few keywords only: each costs a few passes over the text.
+                ns.iter().take(CLOSEST_TRIED).find_map(|n| closest(hay, &n.compared)),
                 format!(
                     "Make the agent's {t} mention one of {}, or add the wording it uses to spec.values.",
                     clip(&list(ns), 120)
                 ),
             ),
             Rule::Forbidden(ns) => {
-                let hit = ns.iter().find_map(|n| hay.find(n.compared.as_str()).map(|at| (n, at)));
+                let hit = ns
+                    .iter()
+                    .zip(found)
+                    .find(|(_, f)| **f)
+                    .and_then(|(n, _)| hay.find(n.compared.as_str()).map(|at| (n, at)));
                 (
                     format!("none of {}", list(ns)),
                     hit.map(|(_, at)| at),
@@ -275,7 +348,7 @@ impl ContentCheck {
             .hint(hint)
     }
 
-    fn decide(&self, t: &str, hay: &str) -> Verdict {
+    fn decide(&self, t: &str, hay: &str, found: &[bool]) -> Verdict {
         let mode = if self.case_sensitive { "" } else { " (case-insensitive)" };
         match &self.rule {
             Rule::Contains(n) => {
@@ -296,8 +369,9 @@ impl ContentCheck {
             Rule::KeywordAll(ns) => {
                 let missing: Vec<&str> = ns
                     .iter()
-                    .filter(|n| !hay.contains(n.compared.as_str()))
-                    .map(|n| n.written.as_str())
+                    .zip(found)
+                    .filter(|(_, f)| !**f)
+                    .map(|(n, _)| n.written.as_str())
                     .collect();
                 if missing.is_empty() {
                     Verdict::pass(format!("{t} contains all {} keywords{mode}.", ns.len()))
@@ -316,19 +390,15 @@ impl ContentCheck {
                     }
                 }
             }
-            Rule::KeywordAny(ns) => match ns.iter().find(|n| hay.contains(n.compared.as_str())) {
-                Some(n) => Verdict::pass(format!("{t} contains keyword {}{mode}.", quote(&n.written))),
+            Rule::KeywordAny(ns) => match ns.iter().zip(found).find(|(_, f)| **f) {
+                Some((n, _)) => Verdict::pass(format!("{t} contains keyword {}{mode}.", quote(&n.written))),
                 None => {
                     let all: Vec<&str> = ns.iter().map(|n| n.written.as_str()).collect();
                     Verdict::fail(format!("{t} contains none of the keywords {}{mode}.", quote_list(&all)))
                 }
             },
             Rule::Forbidden(ns) => {
-                let hits: Vec<&str> = ns
-                    .iter()
-                    .filter(|n| hay.contains(n.compared.as_str()))
-                    .map(|n| n.written.as_str())
-                    .collect();
+                let hits: Vec<&str> = ns.iter().zip(found).filter(|(_, f)| **f).map(|(n, _)| n.written.as_str()).collect();
                 if hits.is_empty() {
                     Verdict::pass(format!("{t} contains none of the {} forbidden terms{mode}.", ns.len()))
                 } else {
@@ -342,15 +412,35 @@ impl ContentCheck {
     }
 }
 
+/// Keywords of a `keyword_any` check tried for the evidence's excerpt.
+const CLOSEST_TRIED: usize = 8;
+
 /// Byte offset where the longest prefix of `needle` (at least 3 chars)
 /// occurs in `hay`: where the text comes closest to containing it.
+///
+/// A prefix occurs wherever a longer one does, so the longest is found by
+/// bisection: a few passes over the text, not one per character.
 fn closest(hay: &str, needle: &str) -> Option<usize> {
-    let ends: Vec<usize> = needle.char_indices().map(|(i, c)| i + c.len_utf8()).collect();
-    ends.iter()
-        .rev()
-        .filter(|&&e| e >= 3.min(needle.len()))
-        .take(64)
-        .find_map(|&e| hay.find(&needle[..e]))
+    let ends: Vec<usize> = needle
+        .char_indices()
+        .map(|(i, c)| i + c.len_utf8())
+        .filter(|&e| e >= 3.min(needle.len()))
+        .collect();
+    let at = |k: usize| memchr::memmem::find(hay.as_bytes(), &needle.as_bytes()[..ends[k]]);
+    // Invariant: the prefix ending at ends[lo - 1] occurs (or lo == 0);
+    // those ending at ends[hi] and beyond do not.
+    let (mut lo, mut hi, mut best) = (0, ends.len(), None);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match at(mid) {
+            Some(pos) => {
+                best = Some(pos);
+                lo = mid + 1;
+            }
+            None => hi = mid,
+        }
+    }
+    best
 }
 
 /// About 120 characters of `text` around byte `at`, marked where clipped.
@@ -386,7 +476,7 @@ impl ContentCheck {
             Rule::RegexMatch(p) => p.regex.memory_usage() + KEPT_CACHES * REGEX_CACHE_BYTES + p.written.len(),
             Rule::Contains(n) | Rule::NotContains(n) => n.written.len() + n.compared.len(),
             Rule::KeywordAll(ns) | Rule::KeywordAny(ns) | Rule::Forbidden(ns) => {
-                ns.iter().map(|n| n.written.len() + n.compared.len() + 48).sum()
+                ns.automaton.memory_usage() + ns.iter().map(|n| n.written.len() + n.compared.len() + 48).sum::<usize>()
             }
         }
     }
@@ -459,6 +549,42 @@ mod tests {
     use crate::trace::{parse_trace, Limits};
     use serde_json::json;
     use serde_json::value::RawValue;
+
+    fn needles(words: &[&str]) -> Needles {
+        let list = words
+            .iter()
+            .map(|w| Needle {
+                written: w.to_string(),
+                compared: w.to_string(),
+            })
+            .collect();
+        Needles::new(list).unwrap()
+    }
+
+    #[test]
+    fn keywords_are_found_in_one_pass_whatever_their_overlaps() {
+        let ns = needles(&["refund", "fund", "zzz", "processed", "und"]);
+        assert_eq!(ns.found("your refund is processed"), [true, true, false, true, true]);
+        // Keywords that are suffixes of one another all match at every
+        // position: past the overlap budget, the unseen ones are searched
+        // for one by one, with the same answer.
+        let nested: Vec<String> = (1..=200).map(|k| "a".repeat(k)).chain(["b".into()]).collect();
+        let ns = needles(&nested.iter().map(String::as_str).collect::<Vec<_>>());
+        let text = "a".repeat(150);
+        let found = ns.found(&text);
+        assert!(found[..150].iter().all(|f| *f) && !found[150..].iter().any(|f| *f), "{found:?}");
+        assert!(ns.found(&format!("{text}b"))[200]);
+    }
+
+    #[test]
+    fn closest_finds_the_longest_prefix_that_occurs() {
+        assert_eq!(closest("the refunded order", "refund id"), Some(4));
+        assert_eq!(closest("xx abcdef", "abcdefgh"), Some(3));
+        assert_eq!(closest("no match here", "qqqq"), None);
+        assert_eq!(closest("ab", "ab"), Some(0), "short needles count from their whole length");
+        let long = "k".repeat(500);
+        assert_eq!(closest(&format!("..{}", &long[..300]), &long), Some(2));
+    }
 
     fn trace() -> Trace {
         let v = json!({"schema_version": 1, "trace_id": "t",
