@@ -356,6 +356,14 @@ async fn regex_within(written: &str, re: &fancy_regex::Regex, text: &str, deadli
     }
 }
 
+/// A grader's call cut short by the step's grading deadline.
+fn past_deadline(what: &str, started: std::time::Instant) -> String {
+    format!(
+        "{what} within the grading deadline ({:.1} s into grading; --timeout, or what --max-duration leaves of the run)",
+        started.elapsed().as_secs_f64()
+    )
+}
+
 /// Grade one step, regex checks within `deadline`. `turns` holds every
 /// graded turn of the scenario so far, the current one last.
 pub async fn grade_step(
@@ -366,6 +374,7 @@ pub async fn grade_step(
     deadline: std::time::Instant,
 ) -> Vec<CheckResult> {
     let Some(current) = turns.last() else { return Vec::new() };
+    let started = std::time::Instant::now();
     let result = &current.result;
     let mut checks = Vec::with_capacity(step.graders.len());
     for (gi, grader) in step.graders.iter().enumerate() {
@@ -397,13 +406,17 @@ pub async fn grade_step(
                 let (ok, why) = check_tool_usage(tool_name.as_deref(), arguments, &result.tool_calls);
                 check(ok, why)
             }
-            Grader::LlmJudge { field, prompt, .. } => match host.judge(JudgeRequest::new(*field, result.text(*field), prompt)).await {
-                Ok(v) => CheckResult {
-                    score: v.score,
-                    ..check(v.passed, v.reasoning)
-                },
-                Err(e) => check(false, format!("LLM judge error: {e}")),
-            },
+            Grader::LlmJudge { field, prompt, .. } => {
+                let asked = host.judge(JudgeRequest::new(*field, result.text(*field), prompt));
+                match tokio::time::timeout_at(deadline.into(), asked).await {
+                    Ok(Ok(v)) => CheckResult {
+                        score: v.score,
+                        ..check(v.passed, v.reasoning)
+                    },
+                    Ok(Err(e)) => check(false, format!("LLM judge error: {e}")),
+                    Err(_) => check(false, past_deadline("the LLM judge did not answer", started)),
+                }
+            }
             Grader::Attest { field, scope, assertion } => {
                 let span = match scope {
                     AttestScope::Step => std::slice::from_ref(current),
@@ -415,7 +428,11 @@ pub async fn grade_step(
                     obj.entry("assertion_id")
                         .or_insert_with(|| Value::from(format!("ecp_s{}_t{}_g{}", ctx.scenario_index + 1, turns.len(), gi + 1)));
                 }
-                match host.attest(&trace, &assertion).await {
+                let evaluated = match tokio::time::timeout_at(deadline.into(), host.attest(&trace, &assertion)).await {
+                    Ok(evaluated) => evaluated,
+                    Err(_) => Err(GradeError::Failed(past_deadline("the evaluation did not finish", started))),
+                };
+                match evaluated {
                     Ok(o) => CheckResult {
                         kind: kind.clone(),
                         field: field.as_str().to_string(),

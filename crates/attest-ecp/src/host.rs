@@ -235,7 +235,10 @@ impl OpenAiJudgeHost {
             .json(&body)
             .send()
             .await
-            .map_err(|e| GradeError::Failed(format!("judge request failed: {e}")))?;
+            .map_err(|e| {
+                let why = if e.is_timeout() { "timed out".to_owned() } else { e.to_string() };
+                GradeError::Failed(format!("judge request to {}/chat/completions failed: {why}", self.base_url))
+            })?;
         let status = resp.status();
         let mut raw = Vec::new();
         while let Some(chunk) = resp

@@ -694,6 +694,14 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                     error: None,
                     agent_status: Some(result.status),
                 });
+                // Grading that ran into the run's budget (a judge that did
+                // not answer) ends the run as out of time, as an agent call
+                // that ran into it does.
+                if sh.out_of_budget() {
+                    exit_reason = ExitReason::MaxDurationExceeded;
+                    steps.extend(skipped_steps(scenario, si + 1, &sh.budget_message()));
+                    break;
+                }
             }
             Err(e) => {
                 sh.progress.line(&format!(

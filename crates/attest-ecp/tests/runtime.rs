@@ -762,3 +762,52 @@ fn html_report_renders_the_failing_reason_in_headless_chromium() {
     assert!(shown.contains("FAIL") && shown.contains("Refunds <b>&</b>"), "{shown}");
     assert_no_survivors(&pid_file);
 }
+
+/// A judge that never answers is cut short by the run's budget like an
+/// agent call is: the check fails naming the grading deadline, and the run
+/// ends as having run out of time, not two minutes later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_that_never_answers_is_cut_short_by_max_duration() {
+    let judge = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .respond_with(wiremock::ResponseTemplate::new(200).set_delay(Duration::from_secs(600)))
+        .mount(&judge)
+        .await;
+    let base = format!("{}/v1", judge.uri());
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/ecp/refund_agent.py");
+    let m = write(
+        dir.path(),
+        "m.yaml",
+        &format!(
+            "manifest_version: v1\nname: j\ntarget: 'python3 {}'\nscenarios:\n  - name: J\n    steps:\n      - input: Hello\n        graders: [{{type: llm_judge, prompt: 'Is it polite?'}}, {{type: llm_judge, prompt: 'Is it short?'}}]\n",
+            agent.display()
+        ),
+    );
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        run_bin(
+            &["run", "-m", m.to_str().unwrap(), "--json", "--max-duration", "3"],
+            &[("OPENAI_API_KEY", "sk-test"), ("OPENAI_API_BASE", &base)],
+            None,
+        )
+    })
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let checks = &report["scenarios"][0]["steps"][0]["checks"];
+    for c in checks.as_array().unwrap() {
+        assert_eq!(c["passed"], false, "{c}");
+        assert!(
+            c["reasoning"]
+                .as_str()
+                .unwrap()
+                .contains("did not answer within the grading deadline"),
+            "{c}"
+        );
+    }
+    assert_eq!(checks.as_array().unwrap().len(), 2, "{report}");
+    assert_eq!(report["exit_reason"], "max_duration_exceeded", "{report}");
+}
