@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::io::Cursor;
 
-use html_escape::encode_text as esc;
 use quick_xml::events::{BytesCData, BytesDecl, BytesEnd, BytesStart, Event};
 use quick_xml::Writer;
 use serde_json::{json, Map, Value};
@@ -185,6 +184,14 @@ pub fn json_report(outcome: &RunOutcome, manifest: &Manifest) -> Value {
 
 fn pre(text: &str) -> String {
     format!("<pre>{}</pre>", esc(&crate::util::printable(&clip(text, MAX_SHOWN))))
+}
+
+/// Text from a manifest or an agent as HTML: control characters escaped
+/// (`\u{1b}`), bidi controls named, the noncharacters HTML refuses
+/// replaced, and markup escaped.
+fn esc(s: &str) -> String {
+    let shown = attest_trace::text::neutralise_bidi(&crate::util::printable(s)).into_owned();
+    html_escape::encode_text(&attest_io::xml_text(&shown)).into_owned()
 }
 
 /// A self-contained HTML page: inline CSS, no scripts, no network.
@@ -450,7 +457,7 @@ mod tests {
     }
 
     #[test]
-    fn junit_counts_steps_at_every_level_and_carries_no_control_characters() {
+    fn junit_and_html_count_steps_at_every_level_and_carry_no_control_characters() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.yaml");
         std::fs::write(
@@ -505,6 +512,12 @@ mod tests {
             xml.contains("<testsuite name=\"sec\u{FFFD}ond\" tests=\"2\" failures=\"0\" errors=\"0\" skipped=\"1\""),
             "{xml}"
         );
+        // The HTML report escapes the same text everywhere: headings and
+        // reasons as well as the quoted output.
+        let page = html(&outcome, &manifest);
+        assert!(!page.chars().any(|c| c.is_control() && !"\n\r\t".contains(c)), "{page}");
+        assert!(page.contains("<h2>sec\\u{1b}ond</h2>"), "{page}");
+        assert!(page.contains("<td>because \\u{7}</td>"), "{page}");
     }
 
     #[test]

@@ -168,8 +168,9 @@ impl Progress {
     pub fn line(&self, text: &str) {
         if self.enabled {
             // Lines quote the agent (its answers, its stderr): escapes it
-            // sends must not drive the terminal.
-            let text = crate::util::printable(text);
+            // sends must not drive the terminal, and a line break in them
+            // must not start a line of its own (a forged `PASS`).
+            let text = crate::util::one_line(text);
             let _ = std::io::stderr().lock().write_all(self.render(&text).as_bytes());
         }
     }

@@ -14,6 +14,15 @@ pub fn clip(s: &str, max: usize) -> String {
 
 pub use attest_io::printable;
 
+/// Text from an agent or a manifest shown on one line: control characters
+/// escaped as [`printable`] does, line breaks and tabs too (`\u{a}`), and
+/// bidi controls named (`<U+202E>`), so it cannot start lines of its own or
+/// reorder the ones around it.
+pub fn one_line(s: &str) -> String {
+    let text = printable(s).replace('\n', "\\u{a}").replace('\t', "\\u{9}");
+    attest_trace::text::neutralise_bidi(&text).into_owned()
+}
+
 /// Current UTC time as ISO-8601 with milliseconds and a trailing Z.
 pub fn utc_now() -> String {
     let now = time::OffsetDateTime::now_utc();
@@ -45,5 +54,13 @@ mod tests {
         assert!(clip("ééé", 3).starts_with("é…"));
         assert_eq!(uuid4().len(), 36);
         assert!(utc_now().ends_with('Z'));
+    }
+
+    #[test]
+    fn one_line_text_cannot_start_or_reorder_lines() {
+        assert_eq!(
+            one_line("nope\n[1/1] s: step 1/1 PASS\t\u{1b}[2J\u{202e}x"),
+            "nope\\u{a}[1/1] s: step 1/1 PASS\\u{9}\\u{1b}[2J<U+202E>x"
+        );
     }
 }
