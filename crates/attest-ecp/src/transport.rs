@@ -556,14 +556,59 @@ const MIN_BYTES_PER_CONTAINER: usize = 16;
 /// However short an answer, this many objects and arrays are allowed.
 const MIN_CONTAINERS: usize = 4096;
 
+/// An agent's JSON, read as Python's `json` module (which `ecp-sdk` uses)
+/// writes it: a lone surrogate escape becomes U+FFFD, and the non-finite
+/// numbers `NaN`, `Infinity` and `-Infinity`, which JSON has no spelling
+/// for, become `null`.
 fn parse_agent_json(text: &str) -> serde_json::Result<Value> {
     match serde_json::from_str(text) {
-        Err(e) if e.is_syntax() => match replace_lone_surrogates(text) {
-            Some(fixed) => serde_json::from_str(&fixed),
-            None => Err(e),
-        },
+        Err(e) if e.is_syntax() => {
+            let surrogates = replace_lone_surrogates(text);
+            let non_finite = replace_non_finite(surrogates.as_deref().unwrap_or(text));
+            match non_finite.or(surrogates) {
+                Some(fixed) => serde_json::from_str(&fixed),
+                None => Err(e),
+            }
+        }
         other => other,
     }
+}
+
+/// `text` with each `NaN`, `Infinity` and `-Infinity` outside strings
+/// replaced by `null`; `None` when it has none.
+fn replace_non_finite(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let (mut i, mut copied, mut in_string) = (0, 0, false);
+    while i < b.len() {
+        match b[i] {
+            b'\\' if in_string => i += 2,
+            b'"' => {
+                in_string = !in_string;
+                i += 1;
+            }
+            b'N' | b'I' | b'-' if !in_string => {
+                let word = ["NaN", "Infinity", "-Infinity"].into_iter().find(|w| text[i..].starts_with(w));
+                // A whole token: not the start of a longer word.
+                let whole = word.filter(|w| !b.get(i + w.len()).is_some_and(|c| c.is_ascii_alphanumeric()));
+                match whole {
+                    Some(w) => {
+                        out.push_str(&text[copied..i]);
+                        out.push_str("null");
+                        i += w.len();
+                        copied = i;
+                    }
+                    None => i += 1,
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    if copied == 0 {
+        return None;
+    }
+    out.push_str(&text[copied..]);
+    Some(out)
 }
 
 /// `text` with each `\uXXXX` escape of a lone surrogate replaced by
@@ -929,6 +974,18 @@ mod tests {
         let many = format!("[{}]", vec!["{}"; 100_000].join(","));
         let e = agent_json(&many).unwrap_err().to_string();
         assert!(e.contains("more than 18750 JSON objects and arrays"), "{e}");
+    }
+
+    #[test]
+    fn python_non_finite_numbers_read_as_null() {
+        let v = agent_json(r#"{"a": NaN, "b": [Infinity, -Infinity, 1], "c": "NaN \" Infinity", "d": "x\ud800", "e": -1}"#).unwrap();
+        assert_eq!(v["a"], Value::Null);
+        assert_eq!(v["b"], serde_json::json!([null, null, 1]));
+        assert_eq!(v["c"], "NaN \" Infinity", "text inside strings stays");
+        assert_eq!(v["d"], "x\u{FFFD}", "with a lone surrogate in the same line");
+        assert_eq!(v["e"], -1);
+        assert!(agent_json(r#"{"a": NaNa}"#).is_err(), "only whole tokens");
+        assert!(agent_json(r#"{"a": nan}"#).is_err(), "only Python's spelling");
     }
 
     #[test]
