@@ -354,13 +354,13 @@ fn load_point(path: &Path) -> Option<RunPoint> {
     // wait for a writer that never comes.
     std::fs::metadata(path).ok().filter(std::fs::Metadata::is_file)?;
     let v: Value = serde_json::from_slice(&attest_io::read_capped(path, MAX_REPORT_BYTES).ok()?).ok()?;
-    let num = |k: &str| {
-        v.get(k)
-            .and_then(|x| x.as_u64().or_else(|| x.as_f64().map(|f| f.max(0.0) as u64)))
-            .unwrap_or(0)
-    };
-    let total = num("total");
-    let passed = num("passed").min(total);
+    // A run report says how many checks passed of how many, as whole
+    // numbers. Other JSON the glob matches (an `--audit-out` record, a
+    // summary list) is not a run at 0%.
+    let (passed, total) = (v.get("passed")?.as_u64()?, v.get("total")?.as_u64()?);
+    if passed > total {
+        return None;
+    }
     Some(RunPoint {
         manifest: v
             .get("manifest")
@@ -419,7 +419,7 @@ pub fn trend(args: &TrendArgs) -> i32 {
     if !skipped.is_empty() {
         let named: Vec<String> = skipped.iter().take(3).map(|p| p.display().to_string()).collect();
         eprintln!(
-            "note: {} of the last {} matched file(s) are not readable JSON reports and were skipped: {}{}",
+            "note: {} of the last {} matched file(s) are not run reports (JSON objects with whole-number `passed` and `total`, as `ecp run --json-out` writes) and were skipped: {}{}",
             skipped.len(),
             recent.len(),
             named.join(", "),

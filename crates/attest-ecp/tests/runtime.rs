@@ -547,6 +547,15 @@ fn trend_flags_a_degrading_pass_rate() {
         );
     }
     write(dir.path(), "run-9.json", "not json");
+    // JSON that is not a run report: a list, an audit record, odd counts.
+    write(dir.path(), "run-91.json", r#"["not", "a", "report"]"#);
+    write(
+        dir.path(),
+        "run-92.json",
+        r#"{"audit_version": "1", "totals": {"checks_passed": 0}}"#,
+    );
+    write(dir.path(), "run-93.json", r#"{"passed": 1e308, "total": 1e308}"#);
+    write(dir.path(), "run-94.json", r#"{"passed": 3, "total": 2}"#);
     let pattern = format!("{}/run-*.json", dir.path().display());
     let out = run_bin(&["trend", &pattern, "--exit-on-regression"], &[], None);
     assert_eq!(out.status.code(), Some(2));
@@ -554,7 +563,7 @@ fn trend_flags_a_degrading_pass_rate() {
     assert!(text.contains("DEGRADING") && text.contains("-0.200000"), "{text}");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        said.contains("1 of the last 4 matched file(s) are not readable JSON reports and were skipped") && said.contains("run-9.json"),
+        said.contains("5 of the last 8 matched file(s) are not run reports") && said.contains("run-9.json"),
         "{said}"
     );
     let out = run_bin(&["trend", &pattern, "--window", "1", "--json"], &[], None);
