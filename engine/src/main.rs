@@ -404,7 +404,14 @@ fn run() -> ExitCode {
             })
         }
         Command::Ecp(cmd) => {
-            logging::init(config.log_level);
+            // `-q` silences progress; the engine's own info lines (the
+            // history it opened) would be the same noise.
+            let quiet = matches!(&cmd.action, attest_ecp::EcpAction::Run(r) if r.quiet);
+            let level = match config.log_level {
+                logging::Level::Debug | logging::Level::Info if quiet => logging::Level::Warn,
+                level => level,
+            };
+            logging::init(level);
             let config = attest_engine::ecp_host::config_for(&cmd, config);
             run_front_door(config, |engine| async move {
                 let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine));

@@ -312,6 +312,9 @@ const INLINE_REGEX_TEXT: usize = 4 * 1024;
 /// Regex matches running on their own threads at once, abandoned ones
 /// included; past it a regex check fails at once rather than pile up more.
 const MAX_REGEX_THREADS: usize = 4;
+/// Backtracking steps a match on its own thread may take: some seconds of
+/// work at most, so that an abandoned match still ends.
+const LONG_TEXT_BACKTRACK_LIMIT: usize = 200_000_000;
 static REGEX_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A `regex` text_match within `deadline`. Lookarounds and backreferences
@@ -336,7 +339,13 @@ async fn regex_within(written: &str, re: &fancy_regex::Regex, text: &str, deadli
     let len = text.len();
     let (re, text) = (re.clone(), text.to_owned());
     let spawned = std::thread::Builder::new().name("ecp-regex".into()).spawn(move || {
-        let _ = tx.send(re.is_match(&text));
+        // The matcher's default bound on backtracking (a million steps) is
+        // for texts matched inline; a long answer needs more steps for an
+        // ordinary lookaround, and here the deadline bounds the wait.
+        let long = fancy_regex::RegexBuilder::new(re.as_str())
+            .backtrack_limit(LONG_TEXT_BACKTRACK_LIMIT)
+            .build();
+        let _ = tx.send(long.as_ref().unwrap_or(&re).is_match(&text));
         REGEX_THREADS.fetch_sub(1, Ordering::AcqRel);
     });
     if let Err(e) = spawned {
