@@ -514,6 +514,16 @@ mod tests {
         assert!(ok, "{why}");
     }
 
+    #[tokio::test]
+    async fn a_lookbehind_over_a_long_answer_is_not_cut_by_the_inline_backtracking_bound() {
+        use std::time::{Duration, Instant};
+        let text = format!("{}approved", "word ".repeat(200_000));
+        let lb = re(r"(?<!not )approved");
+        assert!(lb.1.is_match(&text).is_err(), "the default bound is too small for this answer");
+        let (ok, why) = regex_within(&lb.0, &lb.1, &text, Instant::now() + Duration::from_secs(60)).await;
+        assert!(ok, "{why}");
+    }
+
     #[test]
     fn python_equality() {
         assert!(py_eq(&json!(1), &json!(1.0)));
