@@ -601,8 +601,12 @@ fn plain_type_names(message: &str) -> String {
     WORDS.iter().fold(message.to_owned(), |m, (rust, words)| m.replace(rust, words))
 }
 
+/// `~/.attest/cache`, when the home directory exists: a service account's
+/// home (`/nonexistent`, say) is not one to create. Without it there is no
+/// default cache; `ATTEST_CACHE_DIR` or `cache_dir` still sets one.
 fn default_cache_dir() -> Option<PathBuf> {
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".attest").join("cache"))
+    let home = PathBuf::from(std::env::var_os("HOME")?);
+    home.is_dir().then(|| home.join(".attest").join("cache"))
 }
 
 /// What identifies a plugin file: its canonical path when it can be
