@@ -312,9 +312,22 @@ fn shell_quote(s: &str) -> String {
 pub fn init(dir: &Path, force: bool) -> i32 {
     let agent_path = dir.join("agent.py");
     let manifest_path = dir.join("manifest.yaml");
-    if !force && (agent_path.exists() || manifest_path.exists()) {
+    // A link counts as there, dangling or not: writing through it would put
+    // the file somewhere else.
+    let there = |p: &Path| std::fs::symlink_metadata(p).ok();
+    if !force && (there(&agent_path).is_some() || there(&manifest_path).is_some()) {
         eprintln!("error: {} already holds starter files; use --force to replace them", dir.display());
         return 1;
+    }
+    // Checked before anything is written, so a refusal leaves no half-made directory.
+    for p in [&agent_path, &manifest_path] {
+        if there(p).is_some_and(|m| m.is_dir()) {
+            eprintln!(
+                "error: {} is a directory; move it away to write the starter file there",
+                p.display()
+            );
+            return 1;
+        }
     }
     if let Err(e) = std::fs::create_dir_all(dir) {
         eprintln!("error: cannot create {}: {e}", dir.display());
@@ -327,7 +340,21 @@ pub fn init(dir: &Path, force: bool) -> i32 {
         (&agent_path, STARTER_AGENT.to_string()),
         (&manifest_path, starter_manifest(&target)),
     ] {
-        if let Err(e) = std::fs::write(path, text) {
+        // --force replaces a link itself, never the file it points to.
+        if there(path).is_some_and(|m| m.file_type().is_symlink()) {
+            if let Err(e) = std::fs::remove_file(path) {
+                eprintln!("error: cannot replace the link {}: {e}", path.display());
+                return 1;
+            }
+        }
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .create_new(!force)
+            .open(path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+        if let Err(e) = written {
             eprintln!("error: cannot write {}: {e}", path.display());
             return 1;
         }

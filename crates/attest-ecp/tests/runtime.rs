@@ -502,6 +502,34 @@ fn init_writes_a_project_that_passes_on_first_run() {
 }
 
 #[test]
+fn init_never_writes_through_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = dir.path().join("outside.yaml");
+    let project = dir.path().join("p");
+    std::fs::create_dir(&project).unwrap();
+    // A dangling link counts as a file that is there.
+    std::os::unix::fs::symlink(&outside, project.join("manifest.yaml")).unwrap();
+    let out = run_bin(&["init", project.to_str().unwrap()], &[], None);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!outside.exists() && !project.join("agent.py").exists());
+    // --force replaces the link, not what it points to.
+    std::fs::write(&outside, "kept").unwrap();
+    let out = run_bin(&["init", project.to_str().unwrap(), "--force"], &[], None);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
+    let m = project.join("manifest.yaml");
+    assert!(!std::fs::symlink_metadata(&m).unwrap().file_type().is_symlink());
+    assert!(std::fs::read_to_string(&m).unwrap().contains("manifest_version"));
+    // A directory where a starter file goes is refused before anything is written.
+    let q = dir.path().join("q");
+    std::fs::create_dir_all(q.join("manifest.yaml")).unwrap();
+    let out = run_bin(&["init", q.to_str().unwrap(), "--force"], &[], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a directory"));
+    assert!(!q.join("agent.py").exists());
+}
+
+#[test]
 fn output_paths_are_checked_before_the_agent_runs() {
     let dir = tempfile::tempdir().unwrap();
     // The agent would take a minute; a bad output path must not wait for it.
