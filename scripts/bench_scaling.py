@@ -11,7 +11,13 @@ Workloads (docs/benchmarks.md, "Growth with input size"):
 - tool checks: one batch of 20 `no_duplicates` / `required_tools` /
   `forbidden_tools` / `follows_transitions` assertions on a trace of N tool
   calls with N distinct names, against 20 `loop_detection` assertions on the
-  same trace (one linear pass over the calls each).
+  same trace (one linear pass over the calls each);
+- keywords: `keyword_any` with K absent keywords on K KiB of text, against
+  one absent `contains` on the same text;
+- agent order: `ordered_agents` with both groups naming their agent N/2 times
+  on a tree of N timed steps, against `agent_called` on it;
+- schema: an array of N numbers checked as `items: {type: string}` (every
+  item fails), against `type: array` (passes).
 """
 
 import argparse
@@ -42,6 +48,9 @@ def timed(argv, stdin=None, runs=3):
         times.append(time.perf_counter() - t)
         if p.returncode != 0:
             raise SystemExit(f"{argv[:3]} exited {p.returncode}: {p.stderr.decode()[-500:]}")
+        # A request the engine refused would time only its refusal.
+        if stdin is not None and '"result"' not in p.stdout.decode().splitlines()[-1]:
+            raise SystemExit(f"the engine refused the workload: {p.stdout.decode()[-500:]}")
     return statistics.median(times)
 
 
@@ -81,6 +90,41 @@ def tool_workload(engine, n, runs):
     return timed([engine], batch(trace, linear), runs), timed([engine], batch(trace, tools), runs)
 
 
+def keyword_workload(engine, k, runs):
+    text = ("lorem ipsum dolor sit amet " * 38 + "\n") * k
+    trace = {"schema_version": 1, "trace_id": "t", "output": {"message": "m", "body": text}}
+    words = [f"zq{i}x" for i in range(k)]
+    spec = {"target": "output.body", "check": "keyword_any", "values": words}
+    floor = {"target": "output.body", "check": "contains", "value": "zq0x"}
+    one = lambda s: [{"assertion_id": "a", "type": "content", "spec": s}]
+    return timed([engine], batch(trace, one(floor)), runs), timed([engine], batch(trace, one(spec)), runs)
+
+
+def order_workload(engine, n, runs):
+    steps = [
+        {"type": "tool_call", "name": "t", "agent_id": "a" if i < n // 2 else "b", "started_at_ms": i, "ended_at_ms": i + 0.5}
+        for i in range(n)
+    ]
+    # A trace holds at most 10,000 steps: the tree holds them in sub-traces.
+    per = 5_000
+    calls = [
+        {"type": "agent_call", "name": f"part{c}", "sub_trace": {"schema_version": 1, "trace_id": f"s{c}", "agent_id": f"part{c}", "steps": steps[c:c + per], "output": {"message": "m"}}}
+        for c in range(0, n, per)
+    ]
+    trace = {"schema_version": 1, "trace_id": "t", "agent_id": "root", "steps": calls, "output": {"message": "m"}}
+    spec = {"check": "ordered_agents", "groups": [["a"] * (n // 2), ["b"] * (n // 2)]}
+    floor = {"check": "agent_called", "agent_id": "a"}
+    one = lambda s: [{"assertion_id": "a", "type": "trace_tree", "spec": s}]
+    return timed([engine], batch(trace, one(floor)), runs), timed([engine], batch(trace, one(spec)), runs)
+
+
+def schema_workload(engine, n, runs):
+    trace = {"schema_version": 1, "trace_id": "t", "output": {"message": "m", "items": [0] * n}}
+    one = lambda schema: [{"assertion_id": "a", "type": "schema", "spec": {"target": "output.items", "schema": schema}}]
+    floor = timed([engine], batch(trace, one({"type": "array"})), runs)
+    return floor, timed([engine], batch(trace, one({"items": {"type": "string"}})), runs)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", default=str(REPO / "target/release/attest-engine"))
@@ -96,6 +140,18 @@ def main():
         for n in (1_000, 5_000, 10_000):
             floor, t = tool_workload(args.engine, n, args.runs)
             print(f"  N={n:>7}: loop_detection {floor:6.3f} s, tool checks {t:6.3f} s, ratio {t / floor:5.2f}")
+        print("keywords: keyword_any with K absent keywords on K KiB of text, against one absent contains")
+        for k in (500, 1_000, 4_000):
+            floor, t = keyword_workload(args.engine, k, args.runs)
+            print(f"  K={k:>7}: contains {floor:6.3f} s, keyword_any {t:6.3f} s, ratio {t / floor:5.2f}")
+        print("agent order: ordered_agents naming each agent N/2 times on N timed steps, against agent_called")
+        for n in (8_000, 16_000, 32_000):
+            floor, t = order_workload(args.engine, n, args.runs)
+            print(f"  N={n:>7}: agent_called {floor:6.3f} s, ordered_agents {t:6.3f} s, ratio {t / floor:5.2f}")
+        print("schema: N array items each failing the schema, against the same array passing")
+        for n in (250_000, 1_000_000, 2_000_000):
+            floor, t = schema_workload(args.engine, n, args.runs)
+            print(f"  N={n:>7}: passing {floor:6.3f} s, failing {t:6.3f} s, ratio {t / floor:5.2f}")
 
 
 if __name__ == "__main__":
