@@ -132,27 +132,24 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
-        print("report: eval over N traces, with a JUnit report against without one")
-        for n in (10_000, 50_000, 100_000):
-            floor, t = report_workload(args.engine, work, n, args.runs)
-            print(f"  N={n:>7}: without {floor:6.2f} s, with {t:6.2f} s, ratio {t / floor:5.2f}")
-        print("tool checks: 20 trace checks on N distinct tool calls, against 20 loop_detection checks")
-        for n in (1_000, 5_000, 10_000):
-            floor, t = tool_workload(args.engine, n, args.runs)
-            print(f"  N={n:>7}: loop_detection {floor:6.3f} s, tool checks {t:6.3f} s, ratio {t / floor:5.2f}")
-        print("keywords: keyword_any with K absent keywords on K KiB of text, against one absent contains")
-        for k in (500, 1_000, 4_000):
-            floor, t = keyword_workload(args.engine, k, args.runs)
-            print(f"  K={k:>7}: contains {floor:6.3f} s, keyword_any {t:6.3f} s, ratio {t / floor:5.2f}")
-        print("agent order: ordered_agents naming each agent N/2 times on N timed steps, against agent_called")
-        for n in (8_000, 16_000, 32_000):
-            floor, t = order_workload(args.engine, n, args.runs)
-            print(f"  N={n:>7}: agent_called {floor:6.3f} s, ordered_agents {t:6.3f} s, ratio {t / floor:5.2f}")
-        print("schema: N array items each failing the schema, against the same array passing")
-        for n in (250_000, 1_000_000, 2_000_000):
-            floor, t = schema_workload(args.engine, n, args.runs)
-            print(f"  N={n:>7}: passing {floor:6.3f} s, failing {t:6.3f} s, ratio {t / floor:5.2f}")
-
+        # (title, sizes, workload, what the floor is, what is measured)
+        workloads = [
+            ("report: eval over N traces, with a JUnit report against without one", (10_000, 50_000, 100_000),
+             lambda n: report_workload(args.engine, work, n, args.runs), "without", "with"),
+            ("tool checks: 20 trace checks on N distinct tool calls, against 20 loop_detection checks", (1_000, 5_000, 10_000),
+             lambda n: tool_workload(args.engine, n, args.runs), "loop_detection", "tool checks"),
+            ("keywords: keyword_any with N absent keywords on N KiB of text, against one absent contains", (500, 1_000, 4_000),
+             lambda n: keyword_workload(args.engine, n, args.runs), "contains", "keyword_any"),
+            ("agent order: ordered_agents naming each agent N/2 times on N timed steps, against agent_called", (8_000, 16_000, 32_000),
+             lambda n: order_workload(args.engine, n, args.runs), "agent_called", "ordered_agents"),
+            ("schema: N array items each failing the schema, against the same array passing", (250_000, 1_000_000, 2_000_000),
+             lambda n: schema_workload(args.engine, n, args.runs), "passing", "failing"),
+        ]
+        for title, sizes, workload, floor_name, name in workloads:
+            print(title)
+            for n in sizes:
+                floor, t = workload(n)
+                print(f"  N={n:>9}: {floor_name} {floor:6.3f} s, {name} {t:6.3f} s, ratio {t / floor:5.2f}")
 
 if __name__ == "__main__":
     main()
