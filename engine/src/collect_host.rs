@@ -71,7 +71,7 @@ impl attest_collect::Evaluator for CollectEvaluator {
             return Err(RuleError {
                 field: format!("assertions[{i}].spec.{key}"),
                 message: format!(
-                    "unknown key `{key}`: a {} assertion with this spec never reads it, so it would be ignored",
+                    "unknown key `{key}`: this {} assertion never reads it, so it would be ignored",
                     kind.name()
                 ),
                 valid_choices: unread.known.iter().map(|k| k.to_string()).collect(),
@@ -280,6 +280,13 @@ mod tests {
                 "llm_judge",
                 json!({"target": "output.message", "criteria": "c", "rubric": "default", "threshold": 0.8, "model": "m", "soft": false}),
             ),
+            // Every documented judge key at once: a prompt beside a rubric
+            // (the prompt wins, the rubric is still a known key), samples.
+            (
+                "llm_judge",
+                json!({"target": "output.message", "prompt": "Rate {{output}}", "rubric": "default", "samples": 3, "threshold": 0.5, "model": "m", "soft": true}),
+            ),
+            ("llm_judge", json!({"prompt": "Rate {{output}}", "repeat": 2})),
             ("trace_tree", json!({"check": "agent_called", "agent_id": "a", "soft": false})),
             ("trace_tree", json!({"check": "delegation_depth", "max_depth": 2, "soft": false})),
             (
@@ -343,11 +350,7 @@ mod tests {
         let err = refused(json!({"assertion_id": "a", "type": "content",
             "spec": {"target": "output.message", "check": "contains", "value": "v", "case_sensitve": true}}));
         assert_eq!(err.field, "assertions[0].spec.case_sensitve");
-        assert!(
-            err.message.contains("a content assertion with this spec never reads it"),
-            "{}",
-            err.message
-        );
+        assert!(err.message.contains("this content assertion never reads it"), "{}", err.message);
         assert!(err.valid_choices.iter().any(|c| c == "case_sensitive"), "{:?}", err.valid_choices);
         // A key another check of the same type reads is still unread by this one.
         let err = refused(json!({"assertion_id": "a", "type": "trace", "spec": {"check": "no_duplicates", "tools": ["a"]}}));

@@ -186,7 +186,7 @@ fn evaluate_files(
             assertion_id = %crate::text::clip(assertions[i]["assertion_id"].as_str().unwrap_or(""), 64),
             ignored = %crate::text::clip(&unread.keys.join(", "), 200),
             reads = %unread.known.join(", "),
-            "a {} assertion ignores spec keys it does not read: check their spelling",
+            "spec keys this {} assertion does not read are ignored: check their spelling",
             kind.name()
         );
     }

@@ -395,9 +395,11 @@ const INTEGER_FIELDS: [(&str, (f64, f64)); 8] = [
     ("timeUnixNano", U64),
     ("intValue", I64),
 ];
-const U32: (f64, f64) = (0.0, u32::MAX as f64);
-const U64: (f64, f64) = (0.0, u64::MAX as f64);
-const I64: (f64, f64) = (i64::MIN as f64, i64::MAX as f64);
+// Each range runs from its least value up to, not including, a power of
+// two, which f64 holds exactly (the greatest values themselves it may not).
+const U32: (f64, f64) = (0.0, 4_294_967_296.0);
+const U64: (f64, f64) = (0.0, 18_446_744_073_709_551_616.0);
+const I64: (f64, f64) = (-9_223_372_036_854_775_808.0, 9_223_372_036_854_775_808.0);
 
 /// `v` as a plain JSON integer, when it is an integer within `range` in a
 /// spelling the typed decoding does not take (a string, or a number with a
@@ -410,16 +412,14 @@ fn integral(v: &Value, (min, max): (f64, f64)) -> Option<Value> {
         Value::String(s) if s.trim() == s && !s.starts_with('+') => serde_json::from_str::<serde_json::Number>(s).ok()?,
         _ => return None,
     };
-    if let Some(i) = n.as_u64().filter(|&i| i as f64 <= max) {
+    if let Some(i) = n.as_u64().filter(|&i| (i as f64) < max) {
         return Some(Value::from(i));
     }
-    if let Some(i) = n.as_i64().filter(|&i| i as f64 >= min) {
+    if let Some(i) = n.as_i64().filter(|&i| i as f64 >= min && (i as f64) < max) {
         return Some(Value::from(i));
     }
     let f = n.as_f64()?;
-    // Within the range as f64 sees it, and whole: `u64::MAX as f64` is 2^64,
-    // which the cast below saturates to u64::MAX.
-    if !(f.is_finite() && f.fract() == 0.0 && f >= min && f <= max) {
+    if !(f.is_finite() && f.fract() == 0.0 && f >= min && f < max) {
         return None;
     }
     Some(if f < 0.0 { Value::from(f as i64) } else { Value::from(f as u64) })
@@ -810,6 +810,8 @@ mod tests {
             (r#""flags":"-1""#, "1"),
             (r#""flags":" 3""#, "1"),
             (r#""startTimeUnixNano":-1e3"#, "1"),
+            (r#""startTimeUnixNano":1.8446744073709552e19"#, "1"),
+            (r#""flags":4294967296.0"#, "1"),
             (r#""flags":1"#, r#""1e300""#),
         ] {
             let e = decode(body(fields, attr).as_bytes(), Encoding::Json, 1 << 20);

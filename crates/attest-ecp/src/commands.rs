@@ -340,20 +340,7 @@ pub fn init(dir: &Path, force: bool) -> i32 {
         (&agent_path, STARTER_AGENT.to_string()),
         (&manifest_path, starter_manifest(&target)),
     ] {
-        // --force replaces a link itself, never the file it points to.
-        if there(path).is_some_and(|m| m.file_type().is_symlink()) {
-            if let Err(e) = std::fs::remove_file(path) {
-                eprintln!("error: cannot replace the link {}: {e}", path.display());
-                return 1;
-            }
-        }
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .create_new(!force)
-            .open(path)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+        let written = if force { replace(path, &text) } else { create(path, &text) };
         if let Err(e) = written {
             eprintln!("error: cannot write {}: {e}", path.display());
             return 1;
@@ -364,6 +351,26 @@ pub fn init(dir: &Path, force: bool) -> i32 {
     println!("Try: attest-engine ecp validate {}", manifest_path.display());
     println!("Then: attest-engine ecp run --manifest {}", manifest_path.display());
     0
+}
+
+/// Writes a new file at `path`; fails if anything is there, a link
+/// included (the open does not follow one).
+fn create(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
+    std::io::Write::write_all(&mut f, text.as_bytes())
+}
+
+/// Puts a file with `text` at `path` in place of whatever is there: written
+/// beside it, then renamed over it, so a link there is replaced rather than
+/// written through, even one that appears meanwhile.
+fn replace(path: &Path, text: &str) -> std::io::Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = create(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 struct RunPoint {

@@ -365,10 +365,21 @@ async fn regex_within(written: &str, re: &fancy_regex::Regex, text: &str, deadli
     }
 }
 
-/// A grader's call cut short by the step's grading deadline.
+/// `call`, cut short when the run's `--max-duration` runs out (`None`).
+/// A model call has its own timeout besides (the judge's client, the
+/// engine's providers), so `--timeout`, which bounds agent calls, does not
+/// bound it.
+async fn within_run<F: std::future::Future>(run_deadline: Option<std::time::Instant>, call: F) -> Option<F::Output> {
+    match run_deadline {
+        Some(d) => tokio::time::timeout_at(d.into(), call).await.ok(),
+        None => Some(call.await),
+    }
+}
+
+/// A grader's call cut short by the run's budget.
 fn past_deadline(what: &str, started: std::time::Instant) -> String {
     format!(
-        "{what} within the grading deadline ({:.1} s into grading; --timeout, or what --max-duration leaves of the run)",
+        "{what} before --max-duration ran out ({:.1} s into grading)",
         started.elapsed().as_secs_f64()
     )
 }
@@ -381,6 +392,7 @@ pub async fn grade_step(
     turns: &[Turn],
     ctx: &TraceContext<'_>,
     deadline: std::time::Instant,
+    run_deadline: Option<std::time::Instant>,
 ) -> Vec<CheckResult> {
     let Some(current) = turns.last() else { return Vec::new() };
     let started = std::time::Instant::now();
@@ -417,13 +429,13 @@ pub async fn grade_step(
             }
             Grader::LlmJudge { field, prompt, .. } => {
                 let asked = host.judge(JudgeRequest::new(*field, result.text(*field), prompt));
-                match tokio::time::timeout_at(deadline.into(), asked).await {
-                    Ok(Ok(v)) => CheckResult {
+                match within_run(run_deadline, asked).await {
+                    Some(Ok(v)) => CheckResult {
                         score: v.score,
                         ..check(v.passed, v.reasoning)
                     },
-                    Ok(Err(e)) => check(false, format!("LLM judge error: {e}")),
-                    Err(_) => check(false, past_deadline("the LLM judge did not answer", started)),
+                    Some(Err(e)) => check(false, format!("LLM judge error: {e}")),
+                    None => check(false, past_deadline("the LLM judge did not answer", started)),
                 }
             }
             Grader::Attest { field, scope, assertion } => {
@@ -437,9 +449,9 @@ pub async fn grade_step(
                     obj.entry("assertion_id")
                         .or_insert_with(|| Value::from(format!("ecp_s{}_t{}_g{}", ctx.scenario_index + 1, turns.len(), gi + 1)));
                 }
-                let evaluated = match tokio::time::timeout_at(deadline.into(), host.attest(&trace, &assertion)).await {
-                    Ok(evaluated) => evaluated,
-                    Err(_) => Err(GradeError::Failed(past_deadline("the evaluation did not finish", started))),
+                let evaluated = match within_run(run_deadline, host.attest(&trace, &assertion)).await {
+                    Some(evaluated) => evaluated,
+                    None => Err(GradeError::Failed(past_deadline("the evaluation did not finish", started))),
                 };
                 match evaluated {
                     Ok(o) => CheckResult {

@@ -166,11 +166,19 @@ impl Progress {
     }
 
     pub fn line(&self, text: &str) {
+        self.marked(text, None, "");
+    }
+
+    /// A line with a verdict mark between `head` and `tail`.
+    ///
+    /// Lines quote the agent (its answers, its stderr) and the manifest:
+    /// escapes they hold must not drive the terminal, and a line break in
+    /// them must not start a line of its own (a forged `PASS`). The mark
+    /// is the line's own, so only it keeps its colour.
+    fn marked(&self, head: &str, passed: Option<bool>, tail: &str) {
         if self.enabled {
-            // Lines quote the agent (its answers, its stderr): escapes it
-            // sends must not drive the terminal, and a line break in them
-            // must not start a line of its own (a forged `PASS`).
-            let text = crate::util::one_line(text);
+            let mark = passed.map_or("", |p| self.mark(p));
+            let text = format!("{}{mark}{}", crate::util::one_line(head), crate::util::one_line(tail));
             let _ = std::io::stderr().lock().write_all(self.render(&text).as_bytes());
         }
     }
@@ -656,29 +664,30 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                     result: result.clone(),
                     duration_ms,
                 });
-                // Grading counts against the run's budget, and never takes
-                // longer than an agent call may.
+                // Grading counts against the run's budget. A regex match
+                // also stops where an agent call would (--timeout); model
+                // calls have timeouts of their own.
                 let grading = Instant::now() + sh.opts.rpc_timeout;
                 let deadline = sh.deadline.map_or(grading, |d| d.min(grading));
-                let checks = grade::grade_step(sh.host, step, &turns, &ctx, deadline).await;
+                let checks = grade::grade_step(sh.host, step, &turns, &ctx, deadline, sh.deadline).await;
                 let passed = checks.iter().filter(|c| c.passed).count();
-                sh.progress.line(&format!(
-                    "{label}: step {}/{} {} {passed}/{} check(s){} ({:.1} ms)",
-                    si + 1,
-                    scenario.steps.len(),
-                    sh.progress.mark(passed == checks.len()),
-                    checks.len(),
-                    if result.status == AgentStatus::Paused {
-                        ", agent paused"
-                    } else {
-                        ""
-                    },
-                    duration_ms
-                ));
+                sh.progress.marked(
+                    &format!("{label}: step {}/{} ", si + 1, scenario.steps.len()),
+                    Some(passed == checks.len()),
+                    &format!(
+                        " {passed}/{} check(s){} ({:.1} ms)",
+                        checks.len(),
+                        if result.status == AgentStatus::Paused {
+                            ", agent paused"
+                        } else {
+                            ""
+                        },
+                        duration_ms
+                    ),
+                );
                 for c in checks.iter().filter(|c| !c.passed || sh.opts.verbose) {
-                    let mark = sh.progress.mark(c.passed);
-                    sh.progress
-                        .line(&format!("    {mark} {} on {}: {}", c.kind, c.field, clip(&c.reasoning, 300)));
+                    let tail = format!(" {} on {}: {}", c.kind, c.field, clip(&c.reasoning, 300));
+                    sh.progress.marked("    ", Some(c.passed), &tail);
                 }
                 sh.progress.step_done(passed < checks.len());
                 steps.push(StepRecord {
@@ -705,14 +714,11 @@ async fn run_scenario(sh: &Shared<'_>, index: usize, total: usize, scenario: &Sc
                 }
             }
             Err(e) => {
-                sh.progress.line(&format!(
-                    "{label}: step {}/{} {} ({}): {}",
-                    si + 1,
-                    scenario.steps.len(),
-                    sh.progress.mark(false),
-                    e.reason.as_str(),
-                    clip(&e.message, 500)
-                ));
+                sh.progress.marked(
+                    &format!("{label}: step {}/{} ", si + 1, scenario.steps.len()),
+                    Some(false),
+                    &format!(" ({}): {}", e.reason.as_str(), clip(&e.message, 500)),
+                );
                 sh.progress.step_done(true);
                 steps.push(StepRecord {
                     input: step.input.clone(),

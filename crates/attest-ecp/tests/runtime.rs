@@ -801,7 +801,7 @@ fn html_report_renders_the_failing_reason_in_headless_chromium() {
 }
 
 /// A judge that never answers is cut short by the run's budget like an
-/// agent call is: the check fails naming the grading deadline, and the run
+/// agent call is: the check fails naming the run's budget, and the run
 /// ends as having run out of time, not two minutes later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_judge_that_never_answers_is_cut_short_by_max_duration() {
@@ -841,7 +841,7 @@ async fn a_judge_that_never_answers_is_cut_short_by_max_duration() {
             c["reasoning"]
                 .as_str()
                 .unwrap()
-                .contains("did not answer within the grading deadline"),
+                .contains("did not answer before --max-duration ran out"),
             "{c}"
         );
     }

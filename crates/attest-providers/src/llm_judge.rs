@@ -111,6 +111,9 @@ impl JudgeCheck {
     pub fn compile(spec: &Spec<'_>) -> Result<JudgeCheck, SpecError> {
         let target = Target::parse(spec.opt_str("target")?.unwrap_or("output.message"))
             .map_err(|e| SpecError::new("spec.target", e.message, GRAMMAR_HINT))?;
+        // Read whether or not a prompt overrides it: a rubric beside a
+        // prompt is a known key, only unused.
+        let rubric = spec.raw("rubric");
         let instructions = match spec.opt_str("prompt")?.filter(|p| !p.trim().is_empty()) {
             Some(p) if !p.contains("{{output}}") => {
                 return Err(SpecError::new(
@@ -120,7 +123,7 @@ impl JudgeCheck {
                 ))
             }
             Some(p) => Instructions::Prompt(p.to_owned()),
-            None => match spec.raw("rubric") {
+            None => match rubric {
                 None => Instructions::Rubric(Rubric::Default),
                 Some(_) => Instructions::Rubric(spec.choice("rubric", RUBRICS)?),
             },

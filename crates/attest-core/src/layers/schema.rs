@@ -54,9 +54,11 @@ fn nodes_up_to(v: &Value, max: usize) -> usize {
         if count >= max {
             break;
         }
+        // Never more than the nodes still to count: a large array is not copied.
+        let room = max - count;
         match v {
-            Value::Array(items) => stack.extend(items),
-            Value::Object(m) => stack.extend(m.values()),
+            Value::Array(items) => stack.extend(items.iter().take(room)),
+            Value::Object(m) => stack.extend(m.values().take(room)),
             _ => {}
         }
     }
@@ -272,7 +274,7 @@ impl SchemaCheck {
         }
         let (errors, all) = errors_of(&self.validator, &value, self.text_bytes);
         let more = match (all, errors.len().saturating_sub(MAX_REPORTED_ERRORS)) {
-            (false, _) => " (further errors not listed: the value or the schema is large)".to_owned(),
+            (false, _) => " (further errors, if any, not listed: the value or the schema is large)".to_owned(),
             (true, 0) => String::new(),
             (true, n) => format!(" (and {n} more)"),
         };
@@ -368,7 +370,7 @@ mod tests {
         );
         assert!(
             v.explanation
-                .ends_with(" (further errors not listed: the value or the schema is large)."),
+                .ends_with(" (further errors, if any, not listed: the value or the schema is large)."),
             "{}",
             v.explanation
         );

@@ -38,7 +38,7 @@ impl std::error::Error for SpecError {}
 /// Typed, error-reporting access to a spec object.
 ///
 /// It remembers which keys were asked for, so that once an assertion is
-/// compiled the keys it never read can be named ([`Spec::unread`]): the
+/// compiled the keys it never read can be named ([`Spec::unread_keys`]): the
 /// wire ignores them, but a rules file refuses them, since there they are
 /// typos that silently change a verdict.
 pub struct Spec<'a> {
