@@ -177,10 +177,15 @@ impl Progress {
     /// is the line's own, so only it keeps its colour.
     fn marked(&self, head: &str, passed: Option<bool>, tail: &str) {
         if self.enabled {
-            let mark = passed.map_or("", |p| self.mark(p));
-            let text = format!("{}{mark}{}", crate::util::one_line(head), crate::util::one_line(tail));
+            let text = self.compose(head, passed, tail);
             let _ = std::io::stderr().lock().write_all(self.render(&text).as_bytes());
         }
+    }
+
+    /// The text of a [`Progress::marked`] line.
+    fn compose(&self, head: &str, passed: Option<bool>, tail: &str) -> String {
+        let mark = passed.map_or("", |p| self.mark(p));
+        format!("{}{mark}{}", crate::util::one_line(head), crate::util::one_line(tail))
     }
 
     /// `text` as written: on a terminal the status line is cleared first and
@@ -818,6 +823,11 @@ mod tests {
         plain.plan(2, 3);
         plain.step_done(true);
         assert_eq!(plain.render("S: step 1/3 FAIL"), "S: step 1/3 FAIL\n");
+        // The mark keeps its colour; the agent's text around it is escaped.
+        assert_eq!(
+            live.compose("S: \x1b[2J step ", Some(true), " said \"x\nPASS\""),
+            "S: \\u{1b}[2J step \x1b[32mPASS\x1b[0m said \"x\\u{a}PASS\""
+        );
     }
 
     #[test]
