@@ -357,6 +357,14 @@ mod tests {
         assert_eq!(err.field, "assertions[0].spec.tools");
         let err = refused(json!({"assertion_id": "a", "type": "trace", "spec": {"check": "no_duplicates"}, "sepc": {}}));
         assert_eq!(err.field, "assertions[0].sepc");
+        // A number as threshold means something to the paid layers only;
+        // "dynamic" to every type.
+        let err = refused(json!({"assertion_id": "a", "type": "content",
+            "spec": {"target": "output.message", "check": "contains", "value": "v", "threshold": 0.9}}));
+        assert_eq!(err.field, "assertions[0].spec.threshold");
+        let dynamic = json!({"assertion_id": "a", "type": "content",
+            "spec": {"target": "output.message", "check": "contains", "value": "v", "threshold": "dynamic"}});
+        assert!(e.compile("r", &[dynamic]).is_ok());
         // `null` means "not given" (the SDK sends `"model": null`).
         let ok = json!({"assertion_id": "a", "type": "trace", "spec": {"check": "no_duplicates", "whatever": null}});
         assert!(e.compile("r", &[ok]).is_ok());

@@ -965,7 +965,7 @@ fn rules_with_keys_no_check_reads_are_refused_by_the_engine() {
             "rules:\n- name: refunds\n  assertions: [{assertion_id: a, type: content, spec: {target: output.message, check: contains, value: X, case_sensitve: true}}]\n",
             &[
                 "rule #1 'refunds': assertions[0].spec.case_sensitve: unknown key `case_sensitve`: this content assertion never reads it",
-                "valid choices: case_sensitive, check, soft, target, threshold, value",
+                "valid choices: case_sensitive, check, soft, target, value)",
             ],
         ),
         (

@@ -302,8 +302,11 @@ impl CompiledAssertion {
             None if kind == AssertionType::Plugin => Check::Plugin(backends.compile_plugin(&reader)?),
             None => Check::Paid(backends.compile_paid(kind, &reader)?),
         };
-        let dynamic = match reader.raw("threshold") {
-            Some(Value::String(s)) if s == "dynamic" => true,
+        // Every type takes `threshold: "dynamic"`; only the paid layers read
+        // a number there (their compile asks for it). A number on any other
+        // type is ignored, so it is left unread, and a rules file refuses it.
+        let dynamic = match reader.peek("threshold") {
+            Some(Value::String(s)) if s == "dynamic" => reader.raw("threshold").is_some(),
             Some(Value::String(s)) => {
                 return Err(SpecError::new(
                     "spec.threshold",

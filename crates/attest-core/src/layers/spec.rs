@@ -186,6 +186,12 @@ impl<'a> Spec<'a> {
         }
     }
 
+    /// `key`'s value without counting it as read: for a key whose meaning
+    /// depends on its value (see [`super::CompiledAssertion::compile`]).
+    pub fn peek(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
     pub fn raw(&self, key: &'static str) -> Option<&'a Value> {
         self.get(key)
     }

@@ -487,13 +487,34 @@ fn string_leaves<'v>(v: &'v Value, out: &mut Vec<&'v str>) {
 /// Whether `haystack` or any value nested in it is one of `needles`: one
 /// walk of the haystack whatever the number of needles (a tree may hold
 /// thousands of traces of each agent).
+///
+/// Looking a node up hashes all of it, so only nodes of a kind some needle
+/// is (a string, an object, ...) are looked up: a deep input is not hashed
+/// again at every level for a needle that is a plain value.
 fn contains_any(haystack: &Value, needles: &HashSet<&Value>) -> bool {
-    needles.contains(haystack)
+    let kinds = needles.iter().fold(0u8, |k, v| k | kind_bit(v));
+    contains_kind(haystack, needles, kinds)
+}
+
+fn contains_kind(haystack: &Value, needles: &HashSet<&Value>, kinds: u8) -> bool {
+    (kinds & kind_bit(haystack) != 0 && needles.contains(haystack))
         || match haystack {
-            Value::Array(items) => items.iter().any(|i| contains_any(i, needles)),
-            Value::Object(m) => m.values().any(|i| contains_any(i, needles)),
+            Value::Array(items) => items.iter().any(|i| contains_kind(i, needles, kinds)),
+            Value::Object(m) => m.values().any(|i| contains_kind(i, needles, kinds)),
             _ => false,
         }
+}
+
+/// One bit per JSON kind.
+fn kind_bit(v: &Value) -> u8 {
+    match v {
+        Value::Null => 1,
+        Value::Bool(_) => 2,
+        Value::Number(_) => 4,
+        Value::String(_) => 8,
+        Value::Array(_) => 16,
+        Value::Object(_) => 32,
+    }
 }
 
 fn data_flow(tree: &Tree<'_>, from: &str, to: &str, field: &FieldPath) -> Verdict {
