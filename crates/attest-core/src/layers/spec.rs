@@ -68,7 +68,7 @@ impl<'a> Spec<'a> {
 
     fn get(&self, key: &'static str) -> Option<&'a Value> {
         self.asked.borrow_mut().push(key);
-        self.map.get(key).filter(|v| !v.is_null())
+        self.peek(key)
     }
 
     /// The spec's keys that no accessor asked for, with the keys that were

@@ -327,8 +327,9 @@ impl TraceCheck {
 }
 
 /// The allowed transitions as a set: checking each of a trace's (up to
-/// 10,000) transitions against a list would be quadratic.
-fn allowed_pairs(allowed: &[(String, String)]) -> HashSet<(&str, &str)> {
+/// 10,000) transitions, or a tree's delegations (layer 7), against a list
+/// would be quadratic.
+pub(super) fn allowed_pairs(allowed: &[(String, String)]) -> HashSet<(&str, &str)> {
     allowed.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect()
 }
 

@@ -12,6 +12,7 @@
 
 use super::constraint::Comparison;
 use super::spec::type_name;
+use super::trace::allowed_pairs;
 use super::{Evidence, Spec, SpecError, Verdict};
 use crate::text::{clip, num, quote, quote_list};
 use crate::trace::tree::{distinct, Metric, Tree, TreeStep};
@@ -614,12 +615,6 @@ fn aggregate(tree: &Tree<'_>, metric: Metric, cmp: Comparison) -> Verdict {
 /// Names of the tool steps anywhere in the tree, in order, repeats kept.
 fn tool_names<'a>(tree: &'a Tree<'_>) -> impl Iterator<Item = &'a str> + 'a {
     tree.steps().filter(|s| s.step.kind.is_tool()).map(|s| s.step.name.as_str())
-}
-
-/// The allowed handovers as a set: a tree may hold thousands of
-/// delegations, each checked against it.
-fn allowed_pairs(allowed: &[(String, String)]) -> HashSet<(&str, &str)> {
-    allowed.iter().map(|(p, c)| (p.as_str(), c.as_str())).collect()
 }
 
 /// A handover between two named agents that `allowed` lists.
