@@ -16,6 +16,10 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub log_level: Level,
+    /// Whether the level was chosen (config file, `ATTEST_LOG_LEVEL` or
+    /// `--log-level`) rather than defaulted: front doors with a quiet mode
+    /// lower only the default.
+    pub log_level_chosen: bool,
     /// Per-request evaluation deadline (`3002 TIMEOUT` when exceeded).
     pub eval_timeout: Duration,
     /// Requests evaluated at once; also advertised by `initialize`.
@@ -76,6 +80,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             log_level: Level::Info,
+            log_level_chosen: false,
             eval_timeout: Duration::from_secs(30),
             max_concurrent_requests: 64,
             strict_step_types: false,
@@ -354,6 +359,7 @@ impl Config {
         };
         if let Some(v) = &file.log_level {
             c.log_level = Level::parse(v).with_context(|| src("log_level"))?;
+            c.log_level_chosen = true;
         }
         if let Some(v) = &file.eval_timeout {
             c.eval_timeout = parse_duration(v).with_context(|| src("eval_timeout"))?;
@@ -401,6 +407,7 @@ impl Config {
 
         if let Some(v) = env("ATTEST_LOG_LEVEL") {
             c.log_level = Level::parse(&v).context("ATTEST_LOG_LEVEL")?;
+            c.log_level_chosen = true;
         }
         if let Some(v) = env("ATTEST_EVAL_TIMEOUT") {
             c.eval_timeout = parse_duration(&v).context("ATTEST_EVAL_TIMEOUT")?;
@@ -417,6 +424,7 @@ impl Config {
 
         if let Some(v) = &overrides.log_level {
             c.log_level = Level::parse(v).context("--log-level")?;
+            c.log_level_chosen = true;
         }
         if let Some(v) = &overrides.eval_timeout {
             c.eval_timeout = parse_duration(v).context("--eval-timeout")?;
@@ -700,6 +708,11 @@ mod tests {
         assert_eq!(c.eval_timeout, Duration::from_secs(5));
         assert_eq!(c.max_concurrent_requests, 16);
         assert_eq!(c.log_level, Level::Error);
+        assert!(c.log_level_chosen);
+        let c = Config::load(&Overrides::default(), env(&[])).unwrap();
+        assert!(!c.log_level_chosen, "the default is not a choice");
+        let c = Config::load(&Overrides::default(), env(&[("ATTEST_LOG_LEVEL", "info")])).unwrap();
+        assert!(c.log_level_chosen, "info asked for is a choice, though it is the default");
     }
 
     #[test]

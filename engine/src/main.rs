@@ -405,11 +405,13 @@ fn run() -> ExitCode {
         }
         Command::Ecp(cmd) => {
             // `-q` silences progress; the engine's own info lines (the
-            // history it opened) would be the same noise.
+            // history it opened) would be the same noise, unless a level
+            // was asked for.
             let quiet = matches!(&cmd.action, attest_ecp::EcpAction::Run(r) if r.quiet);
-            let level = match config.log_level {
-                logging::Level::Debug | logging::Level::Info if quiet => logging::Level::Warn,
-                level => level,
+            let level = if quiet && !config.log_level_chosen {
+                logging::Level::Warn
+            } else {
+                config.log_level
             };
             logging::init(level);
             let config = attest_engine::ecp_host::config_for(&cmd, config);

@@ -157,6 +157,12 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
         eprintln!("error: give the agent command or endpoint to check");
         return Ok(1);
     };
+    if target.trim().is_empty() {
+        eprintln!(
+            "error: the agent command is empty: give the command that starts the agent (e.g. 'python agent.py') or its http(s) endpoint"
+        );
+        return Ok(1);
+    }
     let timeout = match positive_seconds(args.timeout, "ECP_RPC_TIMEOUT", "--timeout", Some(30.0)) {
         Ok(t) => t.expect("a default is given"),
         Err(e) => {
@@ -391,8 +397,14 @@ fn load_point(path: &Path) -> Option<RunPoint> {
     // A run report says how many checks passed of how many, as whole
     // numbers. Other JSON the glob matches (an `--audit-out` record, a
     // summary list) is not a run at 0%.
+    // A `conformance --json-out` record has the same two counts but is not
+    // a run, and a run with no checks has no pass rate (as 0% it would read
+    // as a fall).
+    if v.get("conformant").is_some() {
+        return None;
+    }
     let (passed, total) = (v.get("passed")?.as_u64()?, v.get("total")?.as_u64()?);
-    if passed > total {
+    if passed > total || total == 0 {
         return None;
     }
     Some(RunPoint {
@@ -403,7 +415,7 @@ fn load_point(path: &Path) -> Option<RunPoint> {
             .unwrap_or_else(|| path.display().to_string()),
         passed,
         total,
-        rate: if total > 0 { passed as f64 / total as f64 } else { 0.0 },
+        rate: passed as f64 / total as f64,
     })
 }
 
@@ -453,7 +465,7 @@ pub fn trend(args: &TrendArgs) -> i32 {
     if !skipped.is_empty() {
         let named: Vec<String> = skipped.iter().take(3).map(|p| p.display().to_string()).collect();
         eprintln!(
-            "note: {} of the last {} matched file(s) are not run reports (JSON objects with whole-number `passed` and `total`, as `ecp run --json-out` writes) and were skipped: {}{}",
+            "note: {} of the last {} matched file(s) are not run reports (JSON objects with whole-number `passed` and `total`, `total` above 0, as `ecp run --json-out` writes) and were skipped: {}{}",
             skipped.len(),
             recent.len(),
             named.join(", "),

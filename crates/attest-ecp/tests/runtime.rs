@@ -341,6 +341,17 @@ fn conformance_refuses_a_pass_env_that_is_no_variable_name() {
 }
 
 #[test]
+fn conformance_refuses_an_empty_agent_command() {
+    for target in ["", "  "] {
+        let out = run_bin(&["conformance", target], &[], None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("the agent command is empty"), "{stderr}");
+        assert!(out.stdout.is_empty(), "no report for a check that never ran");
+    }
+}
+
+#[test]
 fn agent_that_never_initializes_is_reported_and_stopped() {
     let Some(venv) = venv() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -584,6 +595,13 @@ fn trend_flags_a_degrading_pass_rate() {
     );
     write(dir.path(), "run-93.json", r#"{"passed": 1e308, "total": 1e308}"#);
     write(dir.path(), "run-94.json", r#"{"passed": 3, "total": 2}"#);
+    // A run with no checks, and a conformance record: neither is a pass rate.
+    write(dir.path(), "run-95.json", r#"{"manifest": "m.yaml", "passed": 0, "total": 0}"#);
+    write(
+        dir.path(),
+        "run-96.json",
+        r#"{"target": "a", "conformant": false, "passed": 1, "total": 3}"#,
+    );
     let pattern = format!("{}/run-*.json", dir.path().display());
     let out = run_bin(&["trend", &pattern, "--exit-on-regression"], &[], None);
     assert_eq!(out.status.code(), Some(2));
@@ -591,7 +609,7 @@ fn trend_flags_a_degrading_pass_rate() {
     assert!(text.contains("DEGRADING") && text.contains("-0.200000"), "{text}");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        said.contains("5 of the last 8 matched file(s) are not run reports") && said.contains("run-9.json"),
+        said.contains("7 of the last 10 matched file(s) are not run reports") && said.contains("run-9.json"),
         "{said}"
     );
     let out = run_bin(&["trend", &pattern, "--window", "1", "--json"], &[], None);
