@@ -398,6 +398,24 @@ impl Suite {
         assertions.filter_map(|(i, p)| p.compiled.unread.as_deref().map(|u| (i, p.kind, u)))
     }
 
+    /// The first spec key one of this suite's assertions never reads, as a
+    /// file that configures assertions (a rules file, a manifest) refuses it.
+    /// The wire ignores such keys, since specs are forward-compatible; in a
+    /// file they are typos that would silently change a verdict
+    /// (`case_sensitve: true`).
+    pub fn first_unread_key(&self) -> Option<Typo> {
+        let (i, kind, unread) = self.unread_keys().next()?;
+        let key = crate::text::clip(&unread.keys[0], 64);
+        Some(Typo {
+            field: format!("assertions[{i}].spec.{key}"),
+            message: format!(
+                "unknown key `{key}`: this {} assertion never reads it, so it would be ignored",
+                kind.name()
+            ),
+            valid_choices: unread.known.iter().map(|k| k.to_string()).collect(),
+        })
+    }
+
     /// Validates `trace_text` (Attest protocol v1 §7) and evaluates the
     /// suite on it, with every effect of `evaluate_batch`: history rows,
     /// dynamic thresholds, costs, the session log.
@@ -883,6 +901,40 @@ impl AssertionResult {
                 .flatten(),
         )
     }
+}
+
+/// A key in a file's assertion that nothing reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Typo {
+    /// Where it is, from the assertion list (`assertions[2].spec.chek`).
+    pub field: String,
+    pub message: String,
+    /// The keys that are read there.
+    pub valid_choices: Vec<String>,
+}
+
+impl std::fmt::Display for Typo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; valid choices: {}", self.message, self.valid_choices.join(", "))
+    }
+}
+
+/// The members of an assertion object (Attest protocol v1 §4).
+pub const ASSERTION_KEYS: [&str; 4] = ["assertion_id", "type", "spec", "request_id"];
+
+/// The first member of one of `assertions` that is not an assertion member
+/// (see [`Suite::first_unread_key`] for why files refuse what the wire
+/// ignores).
+pub fn first_unknown_member(assertions: &[Value]) -> Option<Typo> {
+    assertions.iter().enumerate().find_map(|(i, a)| {
+        let key = a.as_object()?.keys().find(|k| !ASSERTION_KEYS.contains(&k.as_str()))?;
+        let key = crate::text::clip(key, 64);
+        Some(Typo {
+            field: format!("assertions[{i}].{key}"),
+            message: format!("unknown key `{key}` in an assertion"),
+            valid_choices: ASSERTION_KEYS.iter().map(|k| k.to_string()).collect(),
+        })
+    })
 }
 
 #[cfg(test)]

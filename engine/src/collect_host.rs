@@ -34,9 +34,6 @@ pub fn backends_with(
     (Arc::new(CollectEvaluator { engine, providers }), history)
 }
 
-/// The members of an assertion object (Attest protocol v1 §4).
-const ASSERTION_KEYS: [&str; 4] = ["assertion_id", "type", "spec", "request_id"];
-
 /// Compiles rules' assertions with the engine's own checks.
 pub struct CollectEvaluator {
     engine: Arc<Engine>,
@@ -51,31 +48,17 @@ struct RuleSuite {
 
 impl attest_collect::Evaluator for CollectEvaluator {
     fn compile(&self, _rule: &str, assertions: &[Value]) -> Result<Arc<dyn attest_collect::Suite>, RuleError> {
-        for (i, a) in assertions.iter().enumerate() {
-            let unknown = a.as_object().and_then(|o| o.keys().find(|k| !ASSERTION_KEYS.contains(&k.as_str())));
-            if let Some(key) = unknown {
-                let key = crate::text::clip(key, 64);
-                return Err(RuleError {
-                    field: format!("assertions[{i}].{key}"),
-                    message: format!("unknown key `{key}` in an assertion"),
-                    valid_choices: ASSERTION_KEYS.iter().map(|k| k.to_string()).collect(),
-                });
-            }
+        let typo = |t: crate::batch::Typo| RuleError {
+            field: t.field,
+            message: t.message,
+            valid_choices: t.valid_choices,
+        };
+        if let Some(t) = crate::batch::first_unknown_member(assertions) {
+            return Err(typo(t));
         }
         let suite = Suite::compile_with(&self.engine, assertions, self.providers).map_err(rule_error)?;
-        // The wire ignores spec keys an assertion does not read (specs are
-        // forward-compatible); in a rules file they are typos that would
-        // silently change a verdict (`case_sensitve: true`).
-        if let Some((i, kind, unread)) = suite.unread_keys().next() {
-            let key = crate::text::clip(&unread.keys[0], 64);
-            return Err(RuleError {
-                field: format!("assertions[{i}].spec.{key}"),
-                message: format!(
-                    "unknown key `{key}`: this {} assertion never reads it, so it would be ignored",
-                    kind.name()
-                ),
-                valid_choices: unread.known.iter().map(|k| k.to_string()).collect(),
-            });
+        if let Some(t) = suite.first_unread_key() {
+            return Err(typo(t));
         }
         let kinds = suite.kinds().collect();
         Ok(Arc::new(RuleSuite {

@@ -89,10 +89,24 @@ impl GradingHost for EngineGradingHost {
         })
     }
 
+    /// A manifest's assertion compiles as `evaluate_batch` would compile
+    /// it, and, like a collect rules file, may not hold keys nothing reads:
+    /// in a file they are typos that would silently change a verdict.
     fn check_attest(&self, assertion: &Value) -> Result<(), String> {
-        Suite::compile(&self.engine, std::slice::from_ref(assertion))
-            .map(|_| ())
-            .map_err(|e| format!("{} ({}): {} {}", e.code.code(), e.code.error_type(), e.message, e.detail))
+        let one = std::slice::from_ref(assertion);
+        let typo = |t: crate::batch::Typo| {
+            let place = t.field.strip_prefix("assertions[0].").unwrap_or(&t.field).to_owned();
+            format!("{place}: {t}")
+        };
+        if let Some(t) = crate::batch::first_unknown_member(one) {
+            return Err(typo(t));
+        }
+        let suite = Suite::compile(&self.engine, one)
+            .map_err(|e| format!("{} ({}): {} {}", e.code.code(), e.code.error_type(), e.message, e.detail))?;
+        match suite.first_unread_key() {
+            Some(t) => Err(typo(t)),
+            None => Ok(()),
+        }
     }
 
     fn judge(&self, request: JudgeRequest) -> BoxFuture<'_, Result<JudgeVerdict, GradeError>> {

@@ -136,6 +136,26 @@ fn the_engine_binary_validates_manifests() {
         );
         assert!(!marker.exists(), "{action} started the agent");
     }
+    // As in a collect rules file, a key nothing reads is a typo that would
+    // silently change the verdict, in the spec or beside it.
+    let m = write(
+        dir.path(),
+        "typo-attest.yaml",
+        &format!(
+            "manifest_version: v1\nname: typo\ntarget: touch {}\nscenarios:\n  - name: S\n    steps:\n      - input: hi\n        graders:\n          - {{type: attest, assertion: {{type: content, spec: {{target: output.message, check: contains, value: Hi, case_sensitve: true}}}}}}\n          - {{type: attest, assertion: {{type: content, sofft: true, spec: {{target: output.message, check: contains, value: hi}}}}}}\n",
+            marker.display()
+        ),
+    );
+    let run = Command::new(&engine).args(["ecp", "validate"]).arg(&m).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert_eq!(run.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("grader 1 (attest): field 'assertion': spec.case_sensitve: unknown key `case_sensitve`: this content assertion never reads it")
+            && text.contains("case_sensitive")
+            && text.contains("grader 2 (attest): field 'assertion': sofft: unknown key `sofft` in an assertion; valid choices: assertion_id, type, spec, request_id"),
+        "{text}"
+    );
+    assert!(!marker.exists(), "validate started the agent");
     // A structural problem does not hide an assertion problem: one pass lists both.
     let m = write(
         dir.path(),
