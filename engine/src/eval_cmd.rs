@@ -47,14 +47,28 @@ fn terminal_text(table: &[u8]) -> String {
     crate::report::shown(&String::from_utf8_lossy(table))
 }
 
-/// Runs the command; returns the process exit code.
-pub fn run(engine: &Engine, trace_path: &Path, assertions_path: &Path, format: Format, out: &mut impl std::io::Write) -> Result<i32> {
-    if trace_path == Path::new("-") && assertions_path == Path::new("-") {
-        anyhow::bail!("--trace and --assertions cannot both be - (standard input holds one of them): give the other as a file");
+/// The command's two inputs, read before the engine starts: a mistake in
+/// either is reported before anything (the result history, plugins) is
+/// opened.
+pub struct Inputs {
+    assertions: Vec<Value>,
+    traces: TraceFile,
+}
+
+impl Inputs {
+    pub fn read(trace_path: &Path, assertions_path: &Path) -> Result<Inputs> {
+        if trace_path == Path::new("-") && assertions_path == Path::new("-") {
+            anyhow::bail!("--trace and --assertions cannot both be - (standard input holds one of them): give the other as a file");
+        }
+        let assertions = read_assertions(assertions_path)?;
+        let traces = TraceFile::read(trace_path)?;
+        Ok(Inputs { assertions, traces })
     }
-    let assertions = read_assertions(assertions_path)?;
-    let traces = read_traces(trace_path)?;
-    evaluate_files(engine, &assertions, traces, format, false, out)
+}
+
+/// Runs the command; returns the process exit code.
+pub fn run(engine: &Engine, inputs: &Inputs, format: Format, out: &mut impl std::io::Write) -> Result<i32> {
+    evaluate_files(engine, &inputs.assertions, &inputs.traces, format, false, out)
 }
 
 /// Largest input file (traces, assertions, a plugin's config) read, in
@@ -88,7 +102,7 @@ pub fn run_plugin(
     engine: &Engine,
     plugin_id: &str,
     config: Value,
-    traces: Vec<(String, String)>,
+    traces: &TraceFile,
     format: Format,
     out: &mut impl std::io::Write,
 ) -> Result<i32> {
@@ -101,7 +115,7 @@ pub fn run_plugin(
     if let Some(p) = plugin {
         p.record_capability_use();
     }
-    let labels: Vec<String> = traces.iter().map(|(label, _)| label.clone()).collect();
+    let labels: Vec<String> = traces.iter().map(|(label, _)| label).collect();
     let code = evaluate_files(engine, &[assertion], traces, format, true, out)?;
     if let (Some(p), Format::Table) = (plugin, format) {
         let mut listing = Vec::new();
@@ -161,15 +175,18 @@ fn write_capability_use(
 
 /// Evaluates `assertions` on each trace, prints the outcomes, and returns the
 /// exit code. `verbose`: the table also shows details and evidence.
+///
+/// Each trace is evaluated, written and dropped in turn, so what a run
+/// holds does not grow with the number of traces (beyond the input's text
+/// and the bounded session log that reports are built from).
 fn evaluate_files(
     engine: &Engine,
     assertions: &[Value],
-    traces: Vec<(String, String)>,
+    traces: &TraceFile,
     format: Format,
     verbose: bool,
     out: &mut impl std::io::Write,
 ) -> Result<i32> {
-    let mut outcomes = Vec::with_capacity(traces.len());
     // Paid layers (5 and 6) talk to providers asynchronously.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -190,42 +207,51 @@ fn evaluate_files(
             kind.name()
         );
     }
-    for (label, trace_text) in traces {
+    let (mut errored, mut hard) = (false, false);
+    let mut evaluate = |(label, trace_text): (String, &str)| {
         // request_ids are idempotency keys within one trace's evaluation, not across the file.
         engine.sinks.forget_request_ids();
         let deadline = Instant::now() + engine.config.eval_timeout;
         let result = match &suite {
-            Ok(suite) => runtime.block_on(suite.evaluate(engine, &trace_text, deadline)),
+            Ok(suite) => runtime.block_on(suite.evaluate(engine, trace_text, deadline)),
             // As in evaluate_batch, a trace's own problems are reported before the assertions'.
-            Err(e) => Err(trace_problem(engine, &trace_text).unwrap_or_else(|| e.clone())),
+            Err(e) => Err(trace_problem(engine, trace_text).unwrap_or_else(|| e.clone())),
         };
         let body = match result {
-            Ok(r) => Body::Results(r),
-            Err(error) => Body::Error { error },
+            Ok(r) => {
+                hard |= r.results.iter().any(|a| a.status == Status::HardFail);
+                Body::Results(r)
+            }
+            Err(error) => {
+                errored = true;
+                engine.sinks.session_log.record_error(&label, &error);
+                Body::Error { error }
+            }
         };
-        outcomes.push(Outcome { trace: label, body });
-    }
-    let reports_written = engine.finish();
+        Outcome { trace: label, body }
+    };
     match format {
         Format::Json => {
             // Standard output is line-buffered: written straight to it,
             // pretty JSON would cost a system call per line.
+            use serde::Serializer as _;
             use std::io::Write as _;
             let mut w = std::io::BufWriter::with_capacity(1 << 16, &mut *out);
-            serde_json::to_writer_pretty(&mut w, &outcomes)?;
+            let mut json = serde_json::Serializer::pretty(&mut w);
+            json.collect_seq(traces.iter().map(&mut evaluate))?;
             writeln!(w)?;
             w.flush()?;
         }
         Format::Table => {
             let mut table = Vec::new();
-            write_table(&outcomes, verbose, &mut table)?;
-            out.write_all(terminal_text(&table).as_bytes())?;
+            for trace in traces.iter() {
+                write_outcome(&evaluate(trace), verbose, &mut table)?;
+                out.write_all(terminal_text(&table).as_bytes())?;
+                table.clear();
+            }
         }
     }
-    let errored = outcomes.iter().any(|o| matches!(o.body, Body::Error { .. }));
-    let hard = outcomes
-        .iter()
-        .any(|o| matches!(&o.body, Body::Results(r) if r.results.iter().any(|a| a.status == Status::HardFail)));
+    let reports_written = engine.finish();
     if !reports_written {
         eprintln!("attest-engine: a report could not be written (the log above says why)");
     }
@@ -249,7 +275,15 @@ fn trace_problem(engine: &Engine, trace_text: &str) -> Option<RpcError> {
 
 fn read_assertions(path: &Path) -> Result<Vec<Value>> {
     let text = read_input(path, "assertions file")?;
-    let v: Value = serde_json::from_str(&text).with_context(|| format!("assertions file {} is not valid JSON", path.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| {
+        // A second value after the first: one assertion per line.
+        let lines = if e.to_string().starts_with("trailing characters") {
+            " (for several assertions, put them in one JSON list: [{...}, {...}])"
+        } else {
+            ""
+        };
+        anyhow::Error::new(e).context(format!("assertions file {} is not valid JSON{lines}", path.display()))
+    })?;
     let list = match v {
         Value::Array(items) => items,
         Value::Object(mut m) if m.get("assertions").is_some_and(Value::is_array) => match m.remove("assertions") {
@@ -261,45 +295,89 @@ fn read_assertions(path: &Path) -> Result<Vec<Value>> {
             path.display()
         ),
     };
+    if list.is_empty() {
+        bail!(
+            "assertions file {} holds no assertion: a run would check nothing; add at least one assertion object",
+            path.display()
+        );
+    }
     Ok(list)
 }
 
-/// `(label, trace JSON text)` per trace in the file: one trace object, a
-/// JSON list of them, or (`.jsonl`, `.ndjson`) one per line. A file with no
-/// trace is an error, not a run that checks nothing.
-pub fn read_traces(path: &Path) -> Result<Vec<(String, String)>> {
-    let text = read_input(path, "trace file")?;
-    let name = path.display().to_string();
-    let traces: Vec<(String, String)> = if path.extension().is_some_and(|e| e == "jsonl" || e == "ndjson") {
-        text.lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| (format!("{name}:{}", i + 1), l.to_owned()))
-            .collect()
-    } else {
-        let v: Value = serde_json::from_str(&text).map_err(|e| {
-            // A second value after the first is how a file of one trace per
-            // line reads when its extension does not say so.
-            let lines = if e.to_string().starts_with("trailing characters") {
-                " (if it holds one trace per line, name it .jsonl)"
-            } else {
-                ""
-            };
-            anyhow::Error::new(e).context(format!("trace file {name} is not valid JSON{lines}"))
-        })?;
-        match v {
-            Value::Array(items) => items
-                .iter()
+/// The traces of one input file: its text, read whole (up to
+/// [`MAX_INPUT_FILE_BYTES`]), and where each trace sits in it. Traces are cut
+/// out without building their JSON, so a file of a million small traces
+/// costs its text and a range per trace.
+pub struct TraceFile {
+    name: String,
+    text: String,
+    traces: Vec<(Place, std::ops::Range<usize>)>,
+}
+
+/// Where a trace sits, for its label.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    Whole,
+    Item(usize),
+    Line(usize),
+}
+
+impl TraceFile {
+    /// One trace object, a JSON list of them, or (`.jsonl`, `.ndjson`) one
+    /// per line. A file with no trace is an error, not a run that checks
+    /// nothing.
+    pub fn read(path: &Path) -> Result<TraceFile> {
+        let text = read_input(path, "trace file")?;
+        let name = path.display().to_string();
+        let offset = |part: &str| part.as_ptr() as usize - text.as_ptr() as usize;
+        let traces = if path.extension().is_some_and(|e| e == "jsonl" || e == "ndjson") {
+            text.lines()
                 .enumerate()
-                .map(|(i, t)| (format!("{name}[{i}]"), t.to_string()))
-                .collect(),
-            _ => vec![(name.clone(), text)],
+                .filter(|(_, l)| !l.trim().is_empty())
+                .map(|(i, l)| (Place::Line(i + 1), offset(l)..offset(l) + l.len()))
+                .collect()
+        } else {
+            let whole: &RawValue = serde_json::from_str(&text).map_err(|e| {
+                // A second value after the first is how a file of one trace per
+                // line reads when its extension does not say so.
+                let lines = if e.to_string().starts_with("trailing characters") {
+                    " (if it holds one trace per line, name it .jsonl)"
+                } else {
+                    ""
+                };
+                anyhow::Error::new(e).context(format!("trace file {name} is not valid JSON{lines}"))
+            })?;
+            if whole.get().starts_with('[') {
+                let items: Vec<&RawValue> =
+                    serde_json::from_str(whole.get()).with_context(|| format!("trace file {name} is not a JSON list of traces"))?;
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (Place::Item(i), offset(t.get())..offset(t.get()) + t.get().len()))
+                    .collect()
+            } else {
+                vec![(Place::Whole, 0..text.len())]
+            }
+        };
+        if traces.is_empty() {
+            bail!(
+                "trace file {name} holds no trace: give one trace object, a JSON list of traces, or a .jsonl file with one trace per line"
+            );
         }
-    };
-    if traces.is_empty() {
-        bail!("trace file {name} holds no trace: give one trace object, a JSON list of traces, or a .jsonl file with one trace per line");
+        Ok(TraceFile { name, text, traces })
     }
-    Ok(traces)
+
+    /// `(label, trace JSON text)` per trace, in file order.
+    pub fn iter(&self) -> impl Iterator<Item = (String, &str)> + '_ {
+        self.traces.iter().map(|(place, range)| {
+            let label = match place {
+                Place::Whole => self.name.clone(),
+                Place::Item(i) => format!("{}[{i}]", self.name),
+                Place::Line(n) => format!("{}:{n}", self.name),
+            };
+            (label, &self.text[range.clone()])
+        })
+    }
 }
 
 /// A field of one table row: a line break or tab from input would start a
@@ -312,8 +390,8 @@ fn cell(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(s.replace('\n', "\\u{a}").replace('\t', "\\u{9}"))
 }
 
-fn write_table(outcomes: &[Outcome], verbose: bool, out: &mut impl std::io::Write) -> Result<()> {
-    for o in outcomes {
+fn write_outcome(o: &Outcome, verbose: bool, out: &mut impl std::io::Write) -> Result<()> {
+    {
         match &o.body {
             Body::Error { error } => {
                 writeln!(

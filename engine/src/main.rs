@@ -373,10 +373,18 @@ fn run() -> ExitCode {
         }
         Command::Eval { trace, assertions, format } => {
             logging::init(config.log_level);
+            // Read before the engine opens anything (the result history, plugins).
+            let inputs = match eval_cmd::Inputs::read(&trace, &assertions) {
+                Ok(inputs) => inputs,
+                Err(e) => {
+                    eprintln!("attest-engine eval: {e:#}");
+                    return ExitCode::from(2);
+                }
+            };
             let Some(engine) = load_engine(config) else {
                 return ExitCode::from(2);
             };
-            match eval_cmd::run(&engine, &trace, &assertions, format.into(), &mut std::io::stdout().lock()) {
+            match eval_cmd::run(&engine, &inputs, format.into(), &mut std::io::stdout().lock()) {
                 Ok(code) => ExitCode::from(code as u8),
                 Err(e) => {
                     eprintln!("attest-engine eval: {e:#}");
@@ -625,7 +633,7 @@ fn plugin_test(
         }
         (None, None) => Ok(serde_json::json!({})),
     };
-    let inputs = plugin_config.and_then(|c| eval_cmd::read_traces(trace).map(|t| (c, t)).map_err(|e| format!("{e:#}")));
+    let inputs = plugin_config.and_then(|c| eval_cmd::TraceFile::read(trace).map(|t| (c, t)).map_err(|e| format!("{e:#}")));
     let (plugin_config, traces) = match inputs {
         Ok(inputs) => inputs,
         Err(e) => {
@@ -654,7 +662,7 @@ fn plugin_test(
     config.history = None;
     config.plugins.clear();
     let engine = Engine::with_plugins(config, host);
-    match eval_cmd::run_plugin(&engine, &id, plugin_config, traces, format.into(), &mut std::io::stdout().lock()) {
+    match eval_cmd::run_plugin(&engine, &id, plugin_config, &traces, format.into(), &mut std::io::stdout().lock()) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             eprintln!("attest-engine plugin test: {e:#}");

@@ -122,8 +122,46 @@ pub struct SessionLog {
 struct Log {
     batches: std::collections::VecDeque<(LoggedBatch, usize)>,
     bytes: usize,
-    omitted_results: u64,
+    omitted: Omitted,
+    errors: Vec<ReportedError>,
+    /// Errors recorded, kept or not.
+    error_count: u64,
 }
+
+/// What the results a bounded log let go add up to: reports still count
+/// them, so their totals (and a CI job reading them) stay right.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Omitted {
+    pub counts: Counts,
+    pub by_layer: BTreeMap<String, Counts>,
+    pub cost: f64,
+    pub duration_ms: u64,
+}
+
+impl Omitted {
+    fn add(&mut self, r: &ReportedResult) {
+        self.counts.add(r.status);
+        self.by_layer.entry(r.layer.to_string()).or_default().add(r.status);
+        self.cost += r.cost;
+        self.duration_ms += r.duration_ms;
+    }
+}
+
+/// An input `eval` could not evaluate: a trace that is not one, or an
+/// assertion list that does not compile. Reports list it as an error.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReportedError {
+    /// Where the input came from (`traces.jsonl:3`).
+    pub input: String,
+    pub code: i64,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub message: String,
+    pub detail: String,
+}
+
+/// Errors a report lists; later ones are counted only.
+const MAX_LISTED_ERRORS: usize = 1_000;
 
 impl LoggedBatch {
     fn size(&self) -> usize {
@@ -167,7 +205,7 @@ impl SessionLog {
         while !log.batches.is_empty() && log.bytes + size > self.max_bytes {
             if let Some((old, bytes)) = log.batches.pop_front() {
                 log.bytes -= bytes;
-                log.omitted_results += old.results.len() as u64;
+                old.results.iter().for_each(|r| log.omitted.add(r));
             }
         }
         log.bytes += size;
@@ -179,9 +217,34 @@ impl SessionLog {
         log.batches.iter().map(|(b, _)| b.clone()).collect()
     }
 
-    /// Results dropped from the log to stay within its bound.
-    pub fn omitted_results(&self) -> u64 {
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).omitted_results
+    /// What the results dropped from the log to stay within its bound add up to.
+    pub fn omitted(&self) -> Omitted {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).omitted.clone()
+    }
+
+    /// Records an input that could not be evaluated. The first
+    /// [`MAX_LISTED_ERRORS`] are kept, with their text clipped; the rest are counted.
+    pub fn record_error(&self, input: &str, e: &crate::protocol::RpcError) {
+        if !self.enabled {
+            return;
+        }
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.error_count += 1;
+        if log.errors.len() < MAX_LISTED_ERRORS {
+            log.errors.push(ReportedError {
+                input: crate::text::clip(input, 256),
+                code: e.code.code(),
+                kind: e.code.error_type(),
+                message: crate::text::clip(&e.message, 512),
+                detail: crate::text::clip(&e.detail, 512),
+            });
+        }
+    }
+
+    /// The errors kept, and how many were recorded in all.
+    pub fn errors(&self) -> (Vec<ReportedError>, u64) {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        (log.errors.clone(), log.error_count)
     }
 }
 
@@ -227,9 +290,20 @@ pub struct Report {
     pub total_duration_ms: u64,
     pub budget_usd: Option<f64>,
     /// Results evaluated but no longer held when the report was written
-    /// (the session log is bounded by `session_log_mib`).
+    /// (the session log is bounded by `session_log_mib`). They are counted
+    /// in `counts`, `by_layer`, `total_cost` and `total_duration_ms`, but
+    /// listed under no trace.
     #[serde(skip_serializing_if = "is_zero")]
     pub omitted_results: u64,
+    /// Of those, how many hard-failed.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub omitted_hard_failures: u64,
+    /// Inputs that could not be evaluated (`eval`), in all.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub error_count: u64,
+    /// The first of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<ReportedError>,
     pub traces: Vec<TraceReport>,
 }
 
@@ -300,8 +374,41 @@ impl Report {
             total_duration_ms: traces.iter().map(|t| t.duration_ms).sum(),
             budget_usd,
             omitted_results: 0,
+            omitted_hard_failures: 0,
+            error_count: 0,
+            errors: Vec::new(),
             traces,
         }
+    }
+
+    /// Counts results a bounded session log let go into the totals.
+    pub fn add_omitted(&mut self, omitted: &Omitted) {
+        let c = &omitted.counts;
+        self.counts.total += c.total;
+        self.counts.passed += c.passed;
+        self.counts.soft_failures += c.soft_failures;
+        self.counts.hard_failures += c.hard_failures;
+        for (layer, c) in &omitted.by_layer {
+            let into = self.by_layer.entry(layer.clone()).or_default();
+            into.total += c.total;
+            into.passed += c.passed;
+            into.soft_failures += c.soft_failures;
+            into.hard_failures += c.hard_failures;
+        }
+        self.total_cost += omitted.cost;
+        self.total_duration_ms += omitted.duration_ms;
+        self.omitted_results = c.total;
+        self.omitted_hard_failures = c.hard_failures;
+    }
+
+    /// What a report says of omitted results, or nothing when none were.
+    fn omitted_note(&self) -> Option<String> {
+        (self.omitted_results > 0).then(|| {
+            format!(
+                "{} results ({} of them hard failures) were evaluated but are not listed: the session log holds at most session_log_mib of results (raise it to list them all). They are counted in the totals.",
+                self.omitted_results, self.omitted_hard_failures
+            )
+        })
     }
 
     pub fn render(&self, kind: ReportKind) -> String {
@@ -321,11 +428,55 @@ impl Report {
         let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
         let _ = writeln!(
             x,
-            "<testsuites name=\"attest-engine\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" time=\"{}\">",
-            self.counts.total,
+            "<testsuites name=\"attest-engine\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"0\" time=\"{}\">",
+            self.counts.total + self.error_count,
             self.counts.hard_failures,
+            self.error_count,
             secs(self.total_duration_ms)
         );
+        // Tools that count testcases rather than read the totals still see
+        // omitted failures and unevaluated inputs.
+        if let Some(note) = self.omitted_note() {
+            let failures = u64::from(self.omitted_hard_failures > 0);
+            let _ = writeln!(
+                x,
+                "  <testsuite name=\"omitted results\" tests=\"1\" failures=\"{failures}\" errors=\"0\" skipped=\"0\" time=\"0.000\">"
+            );
+            let _ = write!(
+                x,
+                "    <testcase name=\"omitted results\" classname=\"attest-engine.omitted\" time=\"0.000\""
+            );
+            if failures > 0 {
+                let _ = writeln!(
+                    x,
+                    ">\n      <failure message=\"{} hard failures not listed\" type=\"hard_fail\">{}</failure>\n    </testcase>",
+                    self.omitted_hard_failures,
+                    esc(&note)
+                );
+            } else {
+                let _ = writeln!(x, ">\n      <system-out>{}</system-out>\n    </testcase>", esc(&note));
+            }
+            x.push_str("  </testsuite>\n");
+        }
+        if self.error_count > 0 {
+            let _ = writeln!(
+                x,
+                "  <testsuite name=\"inputs not evaluated\" tests=\"{0}\" failures=\"0\" errors=\"{0}\" skipped=\"0\" time=\"0.000\">",
+                self.errors.len()
+            );
+            for e in &self.errors {
+                let _ = writeln!(
+                    x,
+                    "    <testcase name=\"{}\" classname=\"attest-engine.error\" time=\"0.000\">\n      <error message=\"{}\" type=\"{} {}\">{}</error>\n    </testcase>",
+                    esc(&e.input),
+                    esc(&crate::text::clip(&e.message, 200)),
+                    e.code,
+                    e.kind,
+                    esc(&format!("{}\n{}", e.message, e.detail))
+                );
+            }
+            x.push_str("  </testsuite>\n");
+        }
         for (i, t) in self.traces.iter().enumerate() {
             let _ = writeln!(
                 x,
@@ -403,6 +554,28 @@ impl Report {
                 let _ = writeln!(m, "Budget ${b:.4}: ${:.4} used.\n", self.total_cost);
             }
             None => m.push_str("No cost budget set.\n\n"),
+        }
+        if let Some(note) = self.omitted_note() {
+            let _ = writeln!(m, "**Not listed:** {note}\n");
+        }
+        if self.error_count > 0 {
+            let _ = writeln!(m, "## Inputs not evaluated ({})\n", self.error_count);
+            m.push_str("| input | error | message |\n|---|---|---|\n");
+            for e in &self.errors {
+                let _ = writeln!(
+                    m,
+                    "| {} | {} {} | {} {} |",
+                    cell(&e.input),
+                    e.code,
+                    e.kind,
+                    cell(&e.message),
+                    cell(&e.detail)
+                );
+            }
+            if self.error_count > self.errors.len() as u64 {
+                let _ = writeln!(m, "\n… and {} more.", self.error_count - self.errors.len() as u64);
+            }
+            m.push('\n');
         }
         m.push_str("## By layer\n\n| layer | total | passed | soft failures | hard failures |\n|---|---:|---:|---:|---:|\n");
         for (layer, c) in &self.by_layer {

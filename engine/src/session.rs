@@ -217,7 +217,8 @@ impl Engine {
                 self.config.budget_usd,
                 now,
             );
-            report.omitted_results = self.sinks.session_log.omitted_results();
+            report.add_omitted(&self.sinks.session_log.omitted());
+            (report.errors, report.error_count) = self.sinks.session_log.errors();
             return crate::report::write_all(&self.config.reports, &report);
         }
         true

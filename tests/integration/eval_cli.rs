@@ -334,6 +334,120 @@ fn unreadable_inputs_exit_2_with_a_message() {
         assert!(stderr(&out).contains("holds no trace"), "{}", stderr(&out));
         assert!(out.stdout.is_empty(), "{name}");
     }
+    // Nor does a list with no assertion.
+    for (name, value) in [("none.json", json!([])), ("none-wrapped.json", json!({"assertions": []}))] {
+        let none = write_json(&dir, name, &value);
+        let out = eval(&trace, &none, &[]);
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        assert!(stderr(&out).contains("holds no assertion"), "{}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{name}");
+    }
+    // One assertion per line is not a JSON list: say what is.
+    let lines = write(
+        &dir,
+        "lines-assertions.json",
+        "{\"assertion_id\": \"a\"}\n{\"assertion_id\": \"b\"}\n",
+    );
+    let out = eval(&trace, &lines, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("put them in one JSON list"), "{}", stderr(&out));
+}
+
+#[test]
+fn inputs_are_read_before_the_engine_opens_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let cache = dir.path().join("cache");
+    let out = common::command()
+        .env("ATTEST_CACHE_DIR", &cache)
+        .args(["eval", "--trace", dir.path().join("nope.json").to_str().unwrap(), "--assertions"])
+        .arg(&assertions)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!cache.exists(), "a run that could not start created {}", cache.display());
+}
+
+/// Reports stay true to the run: an input that could not be evaluated is an
+/// error in them, and results the bounded session log let go still count.
+#[test]
+fn reports_list_unevaluated_inputs_and_count_results_they_no_longer_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = serde_json::to_string(&refund_trace()).unwrap();
+    let traces = write(
+        &dir,
+        "mixed.jsonl",
+        &format!("{good}\n{{\"trace_id\": \"no-output\"}}\nnot json\n{good}\n"),
+    );
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let (junit, json_report) = (dir.path().join("r.xml"), dir.path().join("r.json"));
+    let out = run(&[
+        "--no-history",
+        "--report",
+        &format!("junit={}", junit.display()),
+        "--report",
+        &format!("json={}", json_report.display()),
+        "eval",
+        "--trace",
+        traces.to_str().unwrap(),
+        "--assertions",
+        assertions.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("errors=\"2\""), "{xml}");
+    assert!(
+        xml.contains("mixed.jsonl:2") && xml.contains("mixed.jsonl:3") && xml.contains("1001 INVALID_TRACE"),
+        "{xml}"
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json_report).unwrap()).unwrap();
+    assert_eq!(report["error_count"], 2, "{report}");
+    assert_eq!(report["errors"][0]["type"], "INVALID_TRACE", "{report}");
+
+    // 2,000 failing traces through a 1 MiB session log: most results are let
+    // go, yet the totals count every one and the hard failures show.
+    let mut failing = failing_trace();
+    failing["output"]["message"] = json!("x".repeat(2000));
+    let line = serde_json::to_string(&failing).unwrap();
+    let many = write(&dir, "many.jsonl", &format!("{line}\n").repeat(2000));
+    let config = write(&dir, "small.toml", "session_log_mib = 1\n");
+    let out = run(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--no-history",
+        "--report",
+        &format!("junit={}", junit.display()),
+        "--report",
+        &format!("json={}", json_report.display()),
+        "eval",
+        "--trace",
+        many.to_str().unwrap(),
+        "--assertions",
+        assertions.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json_report).unwrap()).unwrap();
+    let per_trace = refund_assertions().as_array().unwrap().len() as u64;
+    assert_eq!(report["counts"]["total"], 2000 * per_trace, "{}", report["counts"]);
+    let omitted = report["omitted_results"].as_u64().unwrap();
+    let listed: u64 = report["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["counts"]["total"].as_u64().unwrap())
+        .sum();
+    assert!(
+        omitted > 0 && omitted + listed == 2000 * per_trace,
+        "omitted {omitted}, listed {listed}"
+    );
+    let hard = report["counts"]["hard_failures"].as_u64().unwrap();
+    assert!(hard >= 2000 && report["omitted_hard_failures"].as_u64().unwrap() > 0, "{report:#}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains(&format!("failures=\"{hard}\"")), "the totals count every hard failure");
+    assert!(
+        xml.contains("<testsuite name=\"omitted results\"") && xml.contains("hard failures not listed"),
+        "a failing testcase stands for them"
+    );
 }
 
 #[test]
