@@ -95,6 +95,23 @@ impl Webhook {
     }
 }
 
+impl Webhook {
+    /// Waits until every queued post has been sent (or failed), or until
+    /// `deadline`. A one-shot command calls it before its runtime ends, which
+    /// would otherwise drop the posts still waiting.
+    pub async fn settle(&self, deadline: std::time::Instant) {
+        let all = MAX_POSTS_PENDING as u32;
+        let wait = deadline.saturating_duration_since(std::time::Instant::now());
+        let waiting = MAX_POSTS_PENDING - self.pending.available_permits();
+        if waiting == 0 {
+            return;
+        }
+        if tokio::time::timeout(wait, self.pending.acquire_many(all)).await.is_err() {
+            tracing::warn!(waiting, "drift alerts still posting when the run ended were not sent");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -144,6 +144,7 @@ pub struct FileConfig {
     /// History database file (default `<cache_dir>/history.sqlite3`).
     pub history_path: Option<PathBuf>,
     pub history_max_rows: Option<u64>,
+    pub history_max_mib: Option<u64>,
     #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub history_max_age: Option<String>,
     pub dynamic_min_samples: Option<usize>,
@@ -492,10 +493,13 @@ impl Config {
         if max_age.is_zero() {
             bail!("history_max_age must be greater than zero (set history = false to switch history off)");
         }
+        let max_bytes = mib("history_max_mib", file.history_max_mib, 1, DEFAULT_HISTORY_BYTES)?;
         c.history = history_path.filter(|_| history_on).map(|path| crate::history::HistoryConfig {
             path,
             max_rows: file.history_max_rows.unwrap_or(1_000_000),
             max_age,
+            max_bytes,
+            wait_when_behind: false,
         });
         c.dynamic_min_samples = file.dynamic_min_samples.unwrap_or(c.dynamic_min_samples);
         c.dynamic_window = file.dynamic_window.unwrap_or(c.dynamic_window);
@@ -566,6 +570,8 @@ impl Config {
 }
 
 /// Largest value of a `*_mib` key (1 TiB): larger ones are refused, not wrapped.
+/// The result history's default byte bound (`history_max_mib`).
+const DEFAULT_HISTORY_BYTES: u64 = 1 << 30;
 const MAX_MIB: u64 = 1 << 20;
 
 /// Largest config file read, in bytes.

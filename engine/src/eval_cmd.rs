@@ -251,6 +251,8 @@ fn evaluate_files(
             }
         }
     }
+    // Drift alerts post in the background, on this runtime.
+    runtime.block_on(engine.sinks.settle_alerts(Instant::now() + engine.config.drain_timeout));
     let reports_written = engine.finish();
     if !reports_written {
         eprintln!("attest-engine: a report could not be written (the log above says why)");

@@ -373,6 +373,12 @@ fn run() -> ExitCode {
         }
         Command::Eval { trace, assertions, format } => {
             logging::init(config.log_level);
+            // A one-shot run's results are all it has to record: wait for
+            // the history writer rather than drop rows when it falls behind.
+            let mut config = config;
+            if let Some(h) = &mut config.history {
+                h.wait_when_behind = true;
+            }
             // Read before the engine opens anything (the result history, plugins).
             let inputs = match eval_cmd::Inputs::read(&trace, &assertions) {
                 Ok(inputs) => inputs,

@@ -298,6 +298,14 @@ impl Sinks {
         self.evaluated.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Waits, until `deadline` at most, for drift alerts still posting to
+    /// the webhook (a one-shot command, before its runtime ends).
+    pub async fn settle_alerts(&self, deadline: std::time::Instant) {
+        if let Some(webhook) = &self.webhook {
+            webhook.settle(deadline).await;
+        }
+    }
+
     /// Forgets every `request_id` (the `eval` command treats each trace as its own run).
     pub fn forget_request_ids(&self) {
         self.by_request_id.clear();

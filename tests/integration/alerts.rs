@@ -116,6 +116,41 @@ fn a_dynamic_failure_from_history_is_posted_and_notified_when_enabled() {
     );
 }
 
+/// `eval` posts its alerts before it exits: its runtime ends with the run,
+/// and posts still waiting on it would be dropped with it.
+#[test]
+fn eval_posts_its_drift_alerts_before_it_exits() {
+    let cache = tempfile::tempdir().unwrap();
+    let (url, posts) = http_listener();
+    let config = cache.path().join("attest.toml");
+    std::fs::write(&config, format!("dynamic_min_samples = 2\ndrift_webhook_url = '{url}'\n")).unwrap();
+    let lines: Vec<String> = [4, 4, 1].iter().map(|&found| trace(found).to_string()).collect();
+    let traces = cache.path().join("traces.jsonl");
+    std::fs::write(&traces, lines.join("\n")).unwrap();
+    let assertions = cache.path().join("assertions.json");
+    std::fs::write(&assertions, dynamic_keywords().to_string()).unwrap();
+    let out = command()
+        .env("ATTEST_CACHE_DIR", cache.path())
+        .args(["--log-level=warn", "--config"])
+        .arg(&config)
+        .args(["eval", "--trace"])
+        .arg(&traces)
+        .arg("--assertions")
+        .arg(&assertions)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the third trace fails from history: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, body) = posts
+        .recv_timeout(Duration::from_secs(5))
+        .expect("eval posted the alert before exiting");
+    assert_eq!(body["alert"]["latest_score"], json!(0.25), "{body}");
+}
+
 #[test]
 fn without_the_option_no_notification_line_is_ever_sent() {
     let cache = tempfile::tempdir().unwrap();

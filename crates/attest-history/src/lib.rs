@@ -41,7 +41,18 @@ pub struct HistoryConfig {
     pub path: PathBuf,
     pub max_rows: u64,
     pub max_age: Duration,
+    /// Bytes the store's pages in use may take; past it the oldest results
+    /// go, as past `max_rows`.
+    pub max_bytes: u64,
+    /// Wait for the writer when it is behind, rather than drop rows: for
+    /// one-shot commands (`eval`), whose results are all there is to record.
+    /// A server keeps it off, so no request waits for the disk.
+    pub wait_when_behind: bool,
 }
+
+/// How long a waiting [`History::record`] waits for the writer before it
+/// drops the rows after all.
+const MAX_WAIT_BEHIND: Duration = Duration::from_secs(30);
 
 /// One result to remember.
 #[derive(Debug, Clone)]
@@ -117,6 +128,7 @@ pub struct History {
     writer: std::thread::Thread,
     shared: Arc<Shared>,
     dropped: AtomicU64,
+    wait_when_behind: bool,
     pub path: PathBuf,
 }
 
@@ -150,18 +162,30 @@ impl History {
             writer: handle.thread().clone(),
             shared,
             dropped: AtomicU64::new(0),
+            wait_when_behind: config.wait_when_behind,
             path: config.path.clone(),
         })
     }
 
-    /// Queues rows for writing; never blocks. Past [`MAX_QUEUED_ROWS`]
-    /// waiting rows, new ones are dropped (and logged).
+    /// Queues rows for writing. Past [`MAX_QUEUED_ROWS`] waiting rows, new
+    /// ones are dropped (and logged); with
+    /// [`HistoryConfig::wait_when_behind`], only after waiting up to
+    /// [`MAX_WAIT_BEHIND`] for the writer to catch up. Otherwise it never blocks.
     pub fn record(&self, rows: Rows) {
         if rows.rows.is_empty() {
             return;
         }
         let n = rows.weight();
-        let was = self.shared.queued_rows.fetch_add(n, Ordering::AcqRel);
+        let mut was = self.shared.queued_rows.fetch_add(n, Ordering::AcqRel);
+        if was + n > MAX_QUEUED_ROWS && self.wait_when_behind {
+            let give_up = Instant::now() + MAX_WAIT_BEHIND;
+            while was + n > MAX_QUEUED_ROWS && Instant::now() < give_up {
+                self.shared.queued_rows.fetch_sub(n, Ordering::AcqRel);
+                self.writer.unpark();
+                std::thread::sleep(Duration::from_millis(2));
+                was = self.shared.queued_rows.fetch_add(n, Ordering::AcqRel);
+            }
+        }
         if was + n > MAX_QUEUED_ROWS {
             self.shared.queued_rows.fetch_sub(n, Ordering::AcqRel);
             let lost = rows.rows.len() as u64;

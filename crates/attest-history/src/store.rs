@@ -467,13 +467,24 @@ impl Writer {
         }
     }
 
-    /// Enforces the age and result-count limits.
+    /// Enforces the age, result-count and byte limits. Results removed for
+    /// the byte bound leave part-filled pages behind, so it looks again (a
+    /// few times at most) while the store is still over it.
     pub(super) fn prune(&mut self) {
+        for _ in 0..4 {
+            if !self.prune_once() {
+                break;
+            }
+        }
+    }
+
+    /// One pass of [`Writer::prune`]; whether results went for the byte bound.
+    fn prune_once(&mut self) -> bool {
         self.interned = Interned::default();
         let cutoff = now_ms() - self.config.max_age.as_millis() as i64;
         let max_rows = i64::try_from(self.config.max_rows).unwrap_or(i64::MAX);
         let known_total = self.results;
-        let result = (|| -> rusqlite::Result<(usize, i64)> {
+        let result = (|| -> rusqlite::Result<(usize, i64, bool)> {
             // The write lock up front, waiting on the busy timeout: a
             // deferred transaction reads first and then fails at once
             // ("database is locked") if another engine sharing the file
@@ -504,6 +515,24 @@ impl Writer {
             let total = match known_total {
                 Some(total) if deleted == 0 => total,
                 _ => tx.query_row("SELECT COALESCE(SUM(size), 0) FROM batches", [], |r| r.get(0))?,
+            };
+            // The byte bound, as a result count: what the results take on
+            // average, with a tenth to spare for those written before the
+            // next look.
+            let used: i64 = tx.query_row(
+                "SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())",
+                [],
+                |r| r.get(0),
+            )?;
+            let used = used.max(0) as u64 * tx.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0))?.max(0) as u64;
+            let over_bytes = used > self.config.max_bytes;
+            let max_rows = match u64::try_from(total) {
+                Ok(results) if results > 0 && over_bytes => {
+                    let fit = (results as u128 * self.config.max_bytes as u128 * 9 / 10 / used as u128) as i64;
+                    tracing::info!(used_bytes = used, max_bytes = self.config.max_bytes, "history over its byte bound");
+                    max_rows.min(fit.max(1))
+                }
+                _ => max_rows,
             };
             let mut cut = 0;
             // Results left after the cut: all of them unless over the limit.
@@ -545,18 +574,20 @@ impl Writer {
                 )?;
             }
             tx.commit()?;
-            Ok((deleted, left))
+            Ok((deleted, left, over_bytes))
         })();
         match result {
-            Ok((deleted, left)) => {
+            Ok((deleted, left, over_bytes)) => {
                 self.results = Some(left);
                 if deleted > 0 {
                     tracing::info!(deleted_batches = deleted, results_kept = left, "history retention applied");
                 }
+                over_bytes && deleted > 0
             }
             Err(e) => {
                 self.results = None;
-                tracing::error!(error = %e, "cannot apply history retention")
+                tracing::error!(error = %e, "cannot apply history retention");
+                false
             }
         }
     }
@@ -839,6 +870,8 @@ mod tests {
             path: dir.join("history.sqlite3"),
             max_rows: 1_000,
             max_age: Duration::from_secs(3600),
+            max_bytes: 1 << 30,
+            wait_when_behind: false,
         }
     }
 
@@ -957,6 +990,45 @@ mod tests {
         }
         let h = History::open(&c).unwrap();
         assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.5, 0.4, 0.3]);
+    }
+
+    #[test]
+    fn retention_keeps_the_store_within_its_byte_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path());
+        c.max_rows = 1_000_000;
+        let spec = SpecDigest::of("content", None);
+        let fp = Fingerprint::new(&spec, None);
+        let used = |path: &Path| -> u64 {
+            let conn = Connection::open(path).unwrap();
+            let pages: i64 = conn
+                .query_row(
+                    "SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            pages as u64 * conn.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0)).unwrap() as u64
+        };
+        {
+            let h = History::open(&c).unwrap();
+            // Long trace ids make each batch take room.
+            for t in 0..2_000 {
+                h.record(Rows {
+                    trace_id: format!("{t}-{}", "x".repeat(400)),
+                    ..rows("a", spec, &[0.5])
+                });
+            }
+            h.flush(soon());
+        }
+        let before = used(&c.path);
+        assert!(before > 600 << 10, "the store took {before} bytes");
+        c.max_bytes = 256 << 10;
+        drop(History::open(&c).unwrap());
+        let after = used(&c.path);
+        assert!(after <= 256 << 10, "over the bound after retention: {after} bytes");
+        let kept = History::open(&c).unwrap().recent_scores(fp, 5_000, soon()).unwrap().len();
+        assert!(kept > 100 && kept < 2_000, "the newest results fit, the oldest went: kept {kept}");
     }
 
     #[test]
