@@ -81,7 +81,12 @@ impl Default for Config {
         Config {
             log_level: Level::Info,
             log_level_chosen: false,
-            eval_timeout: Duration::from_secs(30),
+            // Under the SDKs' own 30 s wait for an answer
+            // (`ATTEST_ENGINE_TIMEOUT`): a 3002 sent at their deadline would
+            // arrive after they stopped reading, and a client that takes the
+            // next line as its answer would then read each later answer one
+            // request late.
+            eval_timeout: Duration::from_secs(25),
             max_concurrent_requests: 64,
             strict_step_types: false,
             idempotency_cache_entries: 10_000,

@@ -618,10 +618,20 @@ impl Sandbox {
         }
         let ticker = engine.weak();
         std::thread::Builder::new().name("attest-epoch".into()).spawn(move || {
+            // The epoch counts wall-clock ticks since the start, not sleeps:
+            // a sleep overruns (much more on a busy machine), and deadlines
+            // counted in sleeps ran late by as much (5 s answered at 8.7 s).
+            let start = std::time::Instant::now();
+            let mut ticks: u64 = 0;
             while let Some(engine) = ticker.upgrade() {
-                engine.increment_epoch();
+                let due = (start.elapsed().as_nanos() / EPOCH_TICK.as_nanos()) as u64;
+                while ticks < due {
+                    engine.increment_epoch();
+                    ticks += 1;
+                }
                 drop(engine);
-                std::thread::sleep(EPOCH_TICK);
+                let next = start + Duration::from_nanos((EPOCH_TICK.as_nanos() as u64).saturating_mul(ticks + 1));
+                std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
             }
         })?;
         Ok(Sandbox { engine, linkers })
