@@ -266,6 +266,27 @@ fn a_plugins_judge_call_is_refused_once_the_budget_is_spent() {
     assert!(explanation(&r[0]).contains("budget"), "{}", r[0]);
 }
 
+/// A plugin that keeps calling after the refusal until its deadline still
+/// fails for the budget, not for the timeout it ran into.
+#[test]
+fn a_budget_refusal_outlives_what_the_plugin_does_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::with_openai();
+    let config = config_file(
+        dir.path(),
+        &format!("budget_usd = 0.015\n{REFUND_PRICE}"),
+        &[entry("judge-loop", "grants = [\"judge\"]\ntimeout = \"1s\"")],
+    );
+    let mut e = engine(dir.path(), &config, Some(&fake), &[]);
+    let r = results(&mut e, answer("GOOD"), json!([plugin("loop", "judge-loop", json!({}))]));
+    assert_eq!(r[0]["status"], "hard_fail", "{}", r[0]);
+    let text = explanation(&r[0]);
+    assert!(
+        text.contains("was refused a model call") && text.contains("budget_usd") && text.contains("timed out"),
+        "{text}"
+    );
+}
+
 #[test]
 fn the_local_embedding_model_serves_embed() {
     let Some(model) = std::env::var_os("ATTEST_TEST_MODEL_DIR").or_else(|| {

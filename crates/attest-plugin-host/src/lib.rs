@@ -1018,6 +1018,13 @@ impl Plugin {
             Err(fault @ sandbox::Fault::Timeout { .. }) => (fault.to_string(), false),
             Err(fault) => (fault.to_string(), true),
         };
+        // Here too the budget decides, whatever the plugin did after the
+        // refusal (looping on it until its deadline, trapping); a retry
+        // would only be refused again.
+        let (why, retry) = match &refusal {
+            Some(refused) => (format!("was refused a model call: {refused} (the call then ended: {why})"), false),
+            None => (why, retry),
+        };
         if retry && configs.len() > 1 {
             let mut all = used;
             let answers = configs
