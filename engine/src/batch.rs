@@ -771,17 +771,46 @@ fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<
     Ok(compiled)
 }
 
+/// Appended to an explanation whose plugin details were left out of an answer.
+const DETAILS_LEFT_OUT: &str = " [details left out: the answer line is limited to 64 KiB]";
+
 impl BatchResult {
-    /// Shrinks explanations and evidence fields evenly until the serialised
-    /// result is at most `max_bytes`: every explanation is cut to the longest
+    /// Shrinks the result until it serialises to at most `max_bytes`. Plugin
+    /// details go first, largest first. Then explanations and evidence
+    /// fields are shrunk evenly: every explanation is cut to the longest
     /// length that fits, found by bisection, so the answer keeps as much of
     /// each reason as the room allows; evidence is cut faster, and goes
     /// first ([`evidence_cap`]). Judge metadata goes next, then layer and
     /// type. Returns false when even empty texts do not fit.
     pub fn fit(&mut self, max_bytes: usize) -> bool {
-        let fits = |b: &BatchResult| serde_json::to_vec(b).is_ok_and(|v| v.len() <= max_bytes);
-        if fits(self) {
+        let size = |b: &BatchResult| serde_json::to_vec(b).map_or(usize::MAX, |v| v.len());
+        let fits = |b: &BatchResult| size(b) <= max_bytes;
+        let mut now = size(self);
+        if now <= max_bytes {
             return true;
+        }
+        // Plugin details are extra structure beside the explanation: they
+        // go first, largest first, each leaving a note, before any
+        // explanation is cut.
+        let mut details: Vec<(usize, usize)> = self
+            .results
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.details.as_ref().map(|d| (serde_json::to_vec(d).map_or(0, |v| v.len()), i)))
+            .collect();
+        details.sort_unstable_by(|a, b| b.cmp(a));
+        for (bytes, i) in details {
+            let r = &mut self.results[i];
+            r.details = None;
+            r.explanation.push_str(DETAILS_LEFT_OUT);
+            now = now.saturating_sub(bytes);
+            // Measured again only once the estimate says it may fit.
+            if now <= max_bytes {
+                now = size(self);
+                if now <= max_bytes {
+                    return true;
+                }
+            }
         }
         let longest = self
             .results
@@ -990,6 +1019,34 @@ mod tests {
             .map(|r| r.evidence.expected.as_ref().map_or(0, |e| e.chars().count()))
             .collect();
         assert!(lens.iter().all(|l| *l == lens[0]), "{lens:?}");
+    }
+
+    #[test]
+    fn fit_leaves_plugin_details_out_before_cutting_any_explanation() {
+        let with_details = |i: usize, bytes: usize| AssertionResult {
+            details: Some(serde_json::json!({"blob": "d".repeat(bytes)})),
+            ..failed(i, 40)
+        };
+        // Sixteen results with 4 KiB of details each, and one with more.
+        let mut results: Vec<AssertionResult> = (0..16).map(|i| with_details(i, 4096)).collect();
+        results.push(with_details(16, 20_000));
+        let mut b = batch(results);
+        let explanations: Vec<String> = b.results.iter().map(|r| r.explanation.clone()).collect();
+        let max = 64 * 1024 - 1;
+        assert!(b.fit(max));
+        assert!(serde_json::to_vec(&b).unwrap().len() <= max);
+        // The largest went first, and only as many as needed.
+        assert!(b.results[16].details.is_none() && b.results[16].explanation.ends_with(DETAILS_LEFT_OUT));
+        let kept = b.results.iter().filter(|r| r.details.is_some()).count();
+        assert!((1..16).contains(&kept), "{kept} kept");
+        for (r, before) in b.results.iter().zip(&explanations) {
+            assert!(r.explanation.starts_with(before.as_str()), "no explanation was cut");
+            assert_eq!(
+                r.details.is_none(),
+                r.explanation.ends_with(DETAILS_LEFT_OUT),
+                "a note where details went"
+            );
+        }
     }
 
     #[test]
