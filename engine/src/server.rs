@@ -100,20 +100,31 @@ where
         let weight = (parse_memory_estimate(&bytes) / 1024).clamp(1, memory_kib) as u32;
         let memory_permit = tokio::select! {
             p = memory.clone().acquire_many_owned(weight) => p.expect("semaphore is never closed"),
-            _ = engine.draining.cancelled() => break Ended::Shutdown,
+            // A line already read is answered: after a shutdown, with 3003.
+            _ = engine.draining.cancelled() => memory.clone().acquire_many_owned(0).await.expect("semaphore is never closed"),
             _ = signals.recv() => break Ended::Signal,
         };
+        let shutdown = is_shutdown(&bytes);
+        let admission = engine.admit();
+        if shutdown {
+            engine.begin_shutdown(admission.seq);
+        }
         let task = respond(
             engine.clone(),
             bytes,
             out.clone(),
             (permit, memory_permit, blocking_share.clone()),
-            engine.admit(),
+            admission,
         );
         if engine.state() == State::Uninitialized {
             task.await;
         } else {
             tracker.spawn(task);
+        }
+        // Input after `shutdown` is not read: every line read so far is
+        // answered, and nothing after it runs.
+        if matches!(engine.state(), State::Draining | State::Done) {
+            break Ended::Shutdown;
         }
     };
     tracing::info!(reason = ?ended, inflight = tracker.len(), "stopping: draining in-flight requests");
@@ -189,6 +200,19 @@ async fn respond(
     }
     // Only now does the request stop counting as in flight.
     drop(admission);
+}
+
+/// Whether `line` is a `shutdown` request (a single one: a JSON-RPC batch
+/// holding one begins the shutdown when it runs). Only lines that mention
+/// the word are parsed.
+fn is_shutdown(line: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    memchr::memmem::find(line, b"shutdown").is_some()
+        && serde_json::from_slice::<Method<'_>>(line).is_ok_and(|m| m.method.as_deref() == Some("shutdown"))
 }
 
 /// The response line for one input line (`None`: nothing to answer).

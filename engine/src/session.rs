@@ -66,6 +66,9 @@ pub struct Engine {
     admitted: AtomicU64,
     /// Admission number of the `shutdown` request; later requests are refused.
     shutdown_seq: AtomicU64,
+    /// Whether that request's drain has begun (a JSON-RPC batch can hold
+    /// two `shutdown`s under one admission number).
+    shutdown_began: std::sync::atomic::AtomicBool,
     pub caches: BatchCaches,
     /// WebAssembly assertion plugins (layer 8).
     pub plugins: PluginHost,
@@ -142,6 +145,7 @@ impl Engine {
             inflight: Arc::new(AtomicUsize::new(0)),
             admitted: AtomicU64::new(0),
             shutdown_seq: AtomicU64::new(u64::MAX),
+            shutdown_began: std::sync::atomic::AtomicBool::new(false),
             draining: CancellationToken::new(),
         }
     }
@@ -306,6 +310,23 @@ impl Engine {
         })
     }
 
+    /// Marks the request admitted as number `seq` as the session's
+    /// `shutdown`, when the server reads it rather than when its task runs:
+    /// requests admitted after it are refused with `3003` however their
+    /// tasks are scheduled, and those admitted before it still run. Does
+    /// nothing before `initialize` (that `shutdown` is refused).
+    pub fn begin_shutdown(&self, seq: u64) {
+        if self.state() == State::Uninitialized {
+            return;
+        }
+        // The cut-off before the state, so requests admitted before this
+        // one are never refused.
+        self.shutdown_seq.fetch_min(seq, Ordering::AcqRel);
+        let _ = self
+            .state
+            .compare_exchange(State::Ready as u8, State::Draining as u8, Ordering::AcqRel, Ordering::Acquire);
+    }
+
     /// `shutdown`: stop accepting work, wait for the other in-flight
     /// requests (at most the drain timeout), then report.
     pub async fn shutdown(&self, seq: u64) -> Result<ShutdownResult, RpcError> {
@@ -314,14 +335,10 @@ impl Engine {
                 .require_ready(Method::Shutdown, seq)
                 .map(|_| unreachable!("uninitialized is never ready"));
         }
-        // Record the cut-off before switching state, so requests admitted
-        // before this one are never refused.
-        self.shutdown_seq.fetch_min(seq, Ordering::AcqRel);
-        if self
-            .state
-            .compare_exchange(State::Ready as u8, State::Draining as u8, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        // Already marked when the server read it; not when it came in a
+        // JSON-RPC batch.
+        self.begin_shutdown(seq);
+        if self.shutdown_seq.load(Ordering::Acquire) != seq || self.shutdown_began.swap(true, Ordering::AcqRel) {
             return Err(RpcError::session(
                 "shutdown called after shutdown",
                 "The engine is already shutting down; send shutdown once.",

@@ -104,6 +104,27 @@ fn shutdown_waits_for_in_flight_requests() {
     assert_eq!(engine.wait_exit().code(), Some(0));
 }
 
+/// What follows `shutdown` in the input is never read, so never run, however
+/// the shutdown's task is scheduled; what precedes it runs to its answer.
+#[test]
+fn nothing_after_shutdown_runs_and_everything_before_it_is_answered() {
+    for round in 0..5 {
+        let mut engine = Engine::spawn();
+        engine.initialize();
+        engine.send(&light_request(json!("before")));
+        engine.send(&shutdown_request(json!("bye")));
+        engine.send(&light_request(json!("after")));
+        engine.send(&json!({"jsonrpc": "2.0", "id": "listed", "method": "list_plugins"}));
+        let all = engine.values_until_eof();
+        assert_answered_once(&all, &[json!("before"), json!("bye")]);
+        let before = all.iter().find(|r| r["id"] == json!("before")).unwrap();
+        assert_eq!(statuses(&expect_result(before)), ["pass"; 5], "round {round}");
+        let bye = all.iter().find(|r| r["id"] == json!("bye")).unwrap();
+        assert_eq!(expect_result(bye)["assertions_evaluated"], json!(5), "round {round}: {bye}");
+        assert_eq!(engine.wait_exit().code(), Some(0));
+    }
+}
+
 // ---------------------------------------------------------------- end of input
 
 #[test]
