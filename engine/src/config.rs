@@ -680,8 +680,8 @@ fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::
     }
     if let Some(t) = &f.timeout {
         l.timeout = parse_duration(t)?;
-        if l.timeout.is_zero() {
-            bail!("timeout must be greater than zero");
+        if l.timeout < Duration::from_millis(1) {
+            bail!("timeout must be at least 1ms, got {t:?} (plugin deadlines are counted in 5 ms ticks, e.g. timeout = \"2s\")");
         }
     }
     Ok(l)

@@ -132,7 +132,13 @@ impl GradingHost for EngineGradingHost {
             };
             // Sampled answers (temperature above 0) are asked afresh each time.
             let cache = providers.cache.as_ref().filter(|_| request.temperature == 0.0);
-            let key = crate::providers::cache::key(&["ecp-judge", judge.kind.name(), model, &Value::Array(messages.clone()).to_string()]);
+            let key = crate::providers::cache::key(&[
+                "ecp-judge",
+                judge.kind.name(),
+                judge.base_url(),
+                model,
+                &Value::Array(messages.clone()).to_string(),
+            ]);
             if let Some(c) = cache {
                 if let Some(hit) = c.verdict(key).await {
                     return Ok(JudgeVerdict::from_reply(&hit.explanation));

@@ -139,12 +139,21 @@ fn write_capability_use(
             cs.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
         }
     };
+    // As `plugin check` and `list_plugins` show them: what was granted,
+    // whether or not the plugin asks for it.
     writeln!(
         out,
         "\ncapabilities: requested {}; granted {}",
         names(&listing.requested),
-        names(&listing.usable)
+        names(&listing.granted)
     )?;
+    let ungranted: Vec<_> = listing.requested.iter().copied().filter(|c| !listing.usable.contains(c)).collect();
+    if !ungranted.is_empty() {
+        writeln!(out, "  not granted: {} (calls answer not-granted)", names(&ungranted))?;
+    }
+    if !listing.secrets.is_empty() {
+        writeln!(out, "secrets: {}", listing.secrets.join(", "))?;
+    }
     let calls: usize = uses.iter().map(|u| u.calls.len() + u.unrecorded).sum();
     if calls == 0 {
         writeln!(out, "capability calls: none")?;

@@ -332,7 +332,7 @@ fn run() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::Check { file },
         } => {
-            logging::init(config.log_level);
+            logging::init(one_shot_level(&config));
             plugin_check(&config, &file)
         }
         Command::Plugin {
@@ -346,7 +346,7 @@ fn run() -> ExitCode {
                     format,
                 },
         } => {
-            logging::init(config.log_level);
+            logging::init(one_shot_level(&config));
             let mut granted = Vec::new();
             for name in &grants {
                 match Capability::parse(name) {
@@ -372,7 +372,7 @@ fn run() -> ExitCode {
             )
         }
         Command::Eval { trace, assertions, format } => {
-            logging::init(config.log_level);
+            logging::init(one_shot_level(&config));
             // A one-shot run's results are all it has to record: wait for
             // the history writer rather than drop rows when it falls behind.
             let mut config = config;
@@ -442,7 +442,7 @@ fn run() -> ExitCode {
             persist,
             format,
         } => {
-            logging::init(config.log_level);
+            logging::init(one_shot_level(&config));
             // Only the judge is used: no plugin is loaded (or compiled).
             let engine = Engine::with_plugins(config, PluginHost::default());
             let mut out = std::io::stdout().lock();
@@ -604,6 +604,18 @@ fn json_problem(e: &serde_json::Error) -> String {
 }
 
 /// `attest-engine plugin test <file> --trace <t> [--plugin-config <c> | --plugin-config-json <json>]`.
+/// The log level of a command that prints its own results for a person
+/// (`eval`, `calibrate`, `plugin check`, `plugin test`): warnings and errors
+/// unless a level was chosen, so informational lines (the history opened, a
+/// report written) do not interleave with the results on a terminal.
+fn one_shot_level(config: &Config) -> logging::Level {
+    if config.log_level_chosen {
+        config.log_level
+    } else {
+        logging::Level::Warn
+    }
+}
+
 fn plugin_test(
     mut config: attest_engine::config::Config,
     file: &std::path::Path,

@@ -2289,7 +2289,11 @@ fn invalid_plugin_limits_are_configuration_errors() {
         ),
         (
             format!("[[plugins]]\npath = {pii}\ntimeout = '0s'\n"),
-            "timeout must be greater than zero",
+            "timeout must be at least 1ms, got \"0s\"",
+        ),
+        (
+            format!("[[plugins]]\npath = {pii}\ntimeout = '1ns'\n"),
+            "timeout must be at least 1ms, got \"1ns\"",
         ),
         (format!("[[plugins]]\npath = {pii}\ntimeout = 'soon'\n"), "'soon' is not a duration"),
         (

@@ -96,14 +96,24 @@ fn unknown_plugin(id: &str, host: &PluginHost) -> SpecError {
             host.ids().join(", ")
         )
     };
-    // The first failure inline: `eval` and `plugin test` have no list_plugins,
-    // and a typo in a path is the usual reason.
-    if let Some(first) = host.failures().first() {
-        let n = host.failures().len();
+    // One failure inline: `eval` and `plugin test` have no list_plugins,
+    // and a typo in a path is the usual reason. The file named like the id
+    // (`tool-args.wasm` for `tool-args`) is the likely one; else the first.
+    let failures = host.failures();
+    let named_like = failures
+        .iter()
+        .find(|f| f.path.file_stem().is_some_and(|stem| stem.eq_ignore_ascii_case(id)));
+    if let Some(shown) = named_like.or(failures.first()) {
+        let which = if named_like.is_some() {
+            "the one named like it"
+        } else {
+            "the first"
+        };
         detail.push_str(&format!(
-            " {n} plugin file(s) failed to load, the first {}: {}; list_plugins shows each and why (`failed`).",
-            quote(&first.path.display().to_string()),
-            crate::text::clip(&first.error, 300)
+            " {} plugin file(s) failed to load, {which} {}: {}; list_plugins shows each and why (`failed`).",
+            failures.len(),
+            quote(&shown.path.display().to_string()),
+            crate::text::clip(&shown.error, 300)
         ));
     }
     SpecError::new("spec.plugin_id", format!("unknown plugin {}", quote(id)), detail)

@@ -113,6 +113,14 @@ pub struct Judge {
     pub model: String,
 }
 
+impl Judge {
+    /// Where the judge answers: part of what a cached verdict is keyed by,
+    /// since two endpoints serving one model name may answer differently.
+    pub fn base_url(&self) -> &str {
+        &self.endpoint.base_url
+    }
+}
+
 /// How to give the engine an embedder (the `detail` of a missing one).
 const EMBEDDING_SETUP: &str = "Either point the engine at an OpenAI-compatible embeddings API (ATTEST_EMBEDDING_BASE_URL and/or ATTEST_EMBEDDING_API_KEY, or [embedding] in the config file), or install a local sentence-transformers model (config.json, tokenizer.json, model.safetensors of all-MiniLM-L6-v2) in ~/.attest/models/all-MiniLM-L6-v2 or the directory named by ATTEST_EMBEDDING_MODEL_DIR. See README, Layers 5 and 6.";
 
@@ -228,7 +236,7 @@ impl Providers {
             detail: EMBEDDING_SETUP.into(),
         })?;
         let (source, model_name) = match embedder {
-            Embedder::Remote { model: default, .. } => ("remote", model.unwrap_or(default).to_owned()),
+            Embedder::Remote { model: default, endpoint } => (endpoint.base_url.as_str(), model.unwrap_or(default).to_owned()),
             Embedder::Local(l) => {
                 if let Some(m) = model.filter(|m| *m != l.name) {
                     return Err(ProviderError::Unavailable {

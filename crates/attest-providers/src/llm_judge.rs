@@ -395,6 +395,7 @@ impl JudgeCheck {
         let key = cache::key(&[
             "judge",
             judge.kind.name(),
+            judge.base_url(),
             model,
             rubric,
             template,
