@@ -482,7 +482,10 @@ fn run() -> ExitCode {
             // The read loop runs on this thread; the requests it spawns go to the
             // shared queue, from which every worker takes them.
             let ended = runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
-            let code = if ended == server::Ended::InputError { 1 } else { 0 };
+            let code = match ended {
+                server::Ended::InputError | server::Ended::OutputClosed => 1,
+                _ => 0,
+            };
             // stdin's blocking reader thread cannot be interrupted; exit rather
             // than wait for it. Responses were flushed by `serve`.
             std::process::exit(code);

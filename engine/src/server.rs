@@ -46,6 +46,9 @@ pub enum Ended {
     EndOfInput,
     Signal,
     InputError,
+    /// Stdout closed: no answer can reach the client any more, so nothing
+    /// more is read (and evaluated for no one).
+    OutputClosed,
 }
 
 /// Serves JSON-RPC on `input`/`output` until shutdown, end of input or a signal.
@@ -74,11 +77,13 @@ where
             p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
             _ = engine.draining.cancelled() => break Ended::Shutdown,
             _ = signals.recv() => break Ended::Signal,
+            _ = out.closed() => break Ended::OutputClosed,
         };
         let line = tokio::select! {
             l = reader.next() => l,
             _ = engine.draining.cancelled() => break Ended::Shutdown,
             _ = signals.recv() => break Ended::Signal,
+            _ = out.closed() => break Ended::OutputClosed,
         };
         let bytes = match line {
             Ok(Some(Line::Complete(bytes))) => bytes,

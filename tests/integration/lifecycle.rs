@@ -125,6 +125,44 @@ fn nothing_after_shutdown_runs_and_everything_before_it_is_answered() {
     }
 }
 
+/// A client that closed its end of stdout can be sent nothing: the engine
+/// stops reading (so evaluates nothing for no one) and exits 1, even with
+/// stdin still open.
+#[test]
+fn closed_stdout_ends_the_engine() {
+    use std::io::Write as _;
+    let mut child = common::command()
+        .arg("--log-level=error")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut stdin = child.stdin.take().unwrap();
+    let started = std::time::Instant::now();
+    let line = |v: Value| format!("{v}\n");
+    let _ = stdin.write_all(line(initialize_request(json!(1), init_params())).as_bytes());
+    for i in 0..50 {
+        if stdin.write_all(line(light_request(json!(i))).as_bytes()).is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+    }
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "the engine kept running");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    drop(stdin);
+}
+
 // ---------------------------------------------------------------- end of input
 
 #[test]
