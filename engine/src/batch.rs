@@ -237,6 +237,16 @@ impl<'a> LooseEnvelope<'a> {
         let loose: Object<LooseEnvelope<'a>> =
             serde_json::from_str(raw.get()).map_err(|e| match crate::json_errors::unrepresentable(raw.get(), &e, &at("")) {
                 Some(u) => assertion_error(u.message, ASSERTIONS_SHAPE, u.field),
+                // An object that names a member twice is still an object.
+                None if e.to_string().starts_with("duplicate field") => {
+                    let said = e.to_string();
+                    let member = said.split('`').nth(1).unwrap_or("a member");
+                    assertion_error(
+                        format!("assertions[{i}] has the member {} twice", quote(member)),
+                        "Give each member of an assertion once.",
+                        at(&format!(".{member}")),
+                    )
+                }
                 None => assertion_error(format!("assertions[{i}] must be an object"), ASSERTIONS_SHAPE, at("")),
             })?;
         let loose = loose.0;

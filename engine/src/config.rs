@@ -526,6 +526,15 @@ impl Config {
             c.reports
                 .push(crate::report::ReportSpec::parse(r, Path::new("")).context("--report")?);
         }
+        // Two reports to one file: the second would silently replace the first.
+        for (i, r) in c.reports.iter().enumerate() {
+            if let Some(other) = c.reports[..i].iter().find(|o| crate::report::same_file(&o.path, &r.path)) {
+                bail!(
+                    "two reports are written to {}: give each report its own file (e.g. out/attest.xml and out/attest.json)",
+                    other.path.display()
+                );
+            }
+        }
         if let Some(b) = file.budget_usd {
             if !(b.is_finite() && b >= 0.0) {
                 bail!("budget_usd must be a non-negative number of US dollars, got {b}");

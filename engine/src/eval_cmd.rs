@@ -286,6 +286,12 @@ fn trace_problem(engine: &Engine, trace_text: &str) -> Option<RpcError> {
 
 fn read_assertions(path: &Path) -> Result<Vec<Value>> {
     let text = read_input(path, "assertions file")?;
+    if text.trim().is_empty() {
+        bail!(
+            "assertions file {} is empty: give a JSON list of assertion objects, or {{\"assertions\": [...]}}",
+            path.display()
+        );
+    }
     let v: Value = serde_json::from_str(&text).map_err(|e| {
         // A second value after the first: one assertion per line.
         let lines = if e.to_string().starts_with("trailing characters") {
@@ -340,8 +346,22 @@ impl TraceFile {
     pub fn read(path: &Path) -> Result<TraceFile> {
         let text = read_input(path, "trace file")?;
         let name = path.display().to_string();
+        if text.trim().is_empty() {
+            bail!("trace file {name} is empty: give one trace object, a JSON list of traces, or a .jsonl file with one trace per line");
+        }
         let offset = |part: &str| part.as_ptr() as usize - text.as_ptr() as usize;
-        let traces = if path.extension().is_some_and(|e| e == "jsonl" || e == "ndjson") {
+        let lines = path.extension().is_some_and(|e| e == "jsonl" || e == "ndjson");
+        // One pretty-printed trace named .jsonl reads as a line per error.
+        if lines
+            && text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .is_some_and(|first| serde_json::from_str::<&RawValue>(first).is_err())
+            && serde_json::from_str::<&RawValue>(&text).is_ok()
+        {
+            bail!("trace file {name} holds one JSON document over several lines, not one trace per line: name it .json");
+        }
+        let traces = if lines {
             text.lines()
                 .enumerate()
                 .filter(|(_, l)| !l.trim().is_empty())

@@ -380,6 +380,16 @@ fn run() -> ExitCode {
                 h.wait_when_behind = true;
             }
             // Read before the engine opens anything (the result history, plugins).
+            // A report written over an input would destroy it.
+            for input in [&trace, &assertions] {
+                if let Some(r) = config.reports.iter().find(|r| attest_engine::report::same_file(&r.path, input)) {
+                    eprintln!(
+                        "attest-engine eval: --report writes to {}, which is an input of this run: give the report another path",
+                        r.path.display()
+                    );
+                    return ExitCode::from(2);
+                }
+            }
             let inputs = match eval_cmd::Inputs::read(&trace, &assertions) {
                 Ok(inputs) => inputs,
                 Err(e) => {

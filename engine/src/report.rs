@@ -536,7 +536,7 @@ impl Report {
     }
 
     fn markdown(&self) -> String {
-        let cell = |s: &str| shown(s).replace('|', "\\|").replace('<', "&lt;").replace('\n', " ");
+        let cell = |s: &str| md_text(s);
         let mut m = String::from("# attest-engine session report\n\n");
         let _ = writeln!(m, "Engine {}, generated {}.\n", self.engine_version, self.generated_at);
         let _ = writeln!(
@@ -586,9 +586,9 @@ impl Report {
             );
         }
         for t in &self.traces {
-            let _ = writeln!(m, "\n## Trace `{}`\n", cell(&t.trace_id));
+            let _ = writeln!(m, "\n## Trace {}\n", md_code(&t.trace_id));
             if let Some(a) = &t.agent_id {
-                let _ = writeln!(m, "Agent `{}`.\n", cell(a));
+                let _ = writeln!(m, "Agent {}.\n", md_code(a));
             }
             let _ = writeln!(
                 m,
@@ -629,6 +629,44 @@ impl Report {
     }
 }
 
+/// Text from input as Markdown shows it, in a table cell or a line: as
+/// [`shown`], on one line, with the characters that would start a link, an
+/// image, a code span or emphasis escaped, so a trace cannot put a remote
+/// image (or a link) into a report posted to a pull request, and `|` and `<`
+/// cannot break the table or open HTML.
+fn md_text(s: &str) -> String {
+    let shown = shown(s);
+    let mut out = String::with_capacity(shown.len() + 8);
+    for c in shown.chars() {
+        match c {
+            '\\' | '`' | '*' | '[' | ']' | '|' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '<' => out.push_str("&lt;"),
+            '\n' => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Text from input as an inline code span: fenced by more backticks than it
+/// holds in a row, so none of it can close the span early.
+fn md_code(s: &str) -> String {
+    let text = shown(s).replace('\n', " ");
+    let mut longest = 0;
+    let mut run = 0;
+    for c in text.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let fence = "`".repeat(longest + 1);
+    // A span that starts or ends with a backtick needs a space inside its fence.
+    let pad = if text.starts_with('`') || text.ends_with('`') { " " } else { "" };
+    format!("{fence}{pad}{text}{pad}{fence}")
+}
+
 /// Text from input (ids, explanations, evidence) as a report shows it:
 /// control characters other than newline and tab escaped, so an agent's
 /// ANSI colours or a carriage return cannot break a line or a row, and bidi
@@ -649,7 +687,7 @@ pub fn write_all(specs: &[ReportSpec], report: &Report) -> bool {
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
             .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&spec.path, text));
+            .and_then(|()| write_whole(&spec.path, text.as_bytes()));
         match written {
             Ok(()) => tracing::info!(path = %spec.path.display(), "report written"),
             Err(e) => {
@@ -659,6 +697,29 @@ pub fn write_all(specs: &[ReportSpec], report: &Report) -> bool {
         }
     }
     all
+}
+
+/// Writes `bytes` beside `path` and renames it into place, so a reader (a
+/// CI job picking the report up) never sees half a report, and a run that
+/// fails midway leaves the previous one whole.
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Whether two paths name one file: the same path, or (when the file
+/// exists) the same file by another path.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    if absolute(a) == absolute(b) {
+        return true;
+    }
+    matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
 }
 
 #[cfg(test)]
@@ -801,6 +862,32 @@ mod tests {
     #[test]
     fn markdown_report_matches_golden_file() {
         golden("report.md", &sample().render(ReportKind::Markdown));
+    }
+
+    #[test]
+    fn markdown_shows_input_as_text_never_as_markup() {
+        let batches = vec![LoggedBatch {
+            trace_id: "x` ![p](https://evil.example/p.png) `".into(),
+            agent_id: Some("``bot``".into()),
+            results: vec![result(
+                "[click](javascript:alert(1)) ![i](https://evil.example/i.png)",
+                AssertionType::Content,
+                Status::HardFail,
+                0.0,
+                "*bold* | pipe <b>tag</b>\nnext line \\ `code`",
+            )],
+        }];
+        let md = Report::build(&batches, &[], None, "t".into()).render(ReportKind::Markdown);
+        assert!(md.contains("## Trace `` x` ![p](https://evil.example/p.png) ` ``"), "{md}");
+        assert!(md.contains("Agent ``` ``bot`` ```."), "{md}");
+        assert!(
+            md.contains("| \\[click\\](javascript:alert(1)) !\\[i\\](https://evil.example/i.png) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("\\*bold\\* \\| pipe &lt;b>tag&lt;/b> next line \\\\ \\`code\\`"),
+            "{md}"
+        );
     }
 
     #[test]

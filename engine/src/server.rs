@@ -251,7 +251,9 @@ fn trim_json_whitespace(s: &str) -> &str {
 
 async fn answer_line(engine: &Arc<Engine>, line: &[u8], seq: u64, notes: &mut Vec<Vec<u8>>, lane: &mut Lane) -> Option<Vec<u8>> {
     let text = match std::str::from_utf8(line) {
-        Ok(t) => trim_json_whitespace(t),
+        // A byte order mark is allowed to be ignored (RFC 8259 §8.1), and a
+        // client writing UTF-8 "with BOM" puts one before its first line.
+        Ok(t) => trim_json_whitespace(t.strip_prefix('\u{feff}').unwrap_or(t)),
         Err(e) => {
             return Some(error_line(
                 &null_id(),

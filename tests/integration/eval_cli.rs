@@ -152,6 +152,19 @@ fn a_report_that_cannot_be_written_fails_the_run() {
     assert!(stdout(&out).contains("5 passed"), "{}", stdout(&out));
     assert!(stderr(&out).contains("a report could not be written"), "{}", stderr(&out));
 
+    // A report over an input, or two reports to one file, would destroy
+    // what was there: refused before anything runs.
+    let out = run_args(args(&format!("json={}", trace.display())));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("which is an input of this run"), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("trace_id"), "the trace is intact");
+    let same = dir.path().join("same.out");
+    let mut twice = vec!["--report".to_owned(), format!("junit={}", same.display())];
+    twice.extend(args(&format!("json={}", same.display())));
+    let out = run_args(twice);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("two reports are written to"), "{}", stderr(&out));
+
     // A writable one is written and the run passes.
     let ok = dir.path().join("out/attest.xml");
     let out = run_args(args(&format!("junit={}", ok.display())));
@@ -327,13 +340,34 @@ fn unreadable_inputs_exit_2_with_a_message() {
     );
 
     // A file with no trace checks nothing: an error, not a silent success.
-    for (name, text) in [("empty.json", "[]"), ("empty.jsonl", "\n\n")] {
+    for (name, text, says) in [("empty.json", "[]", "holds no trace"), ("empty.jsonl", "\n\n", "is empty")] {
         let empty = write(&dir, name, text);
         let out = eval(&empty, &assertions, &[]);
         assert_eq!(out.status.code(), Some(2), "{name}");
-        assert!(stderr(&out).contains("holds no trace"), "{}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{}", stderr(&out));
         assert!(out.stdout.is_empty(), "{name}");
     }
+    // An empty file says so; one pretty-printed trace named .jsonl says what it is.
+    let empty = write(&dir, "empty-file.json", "  \n");
+    let out = eval(&empty, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is empty"), "{}", stderr(&out));
+    let out = eval(&trace, &empty, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("assertions file") && stderr(&out).contains("is empty"),
+        "{}",
+        stderr(&out)
+    );
+    let pretty = write(&dir, "pretty.jsonl", &serde_json::to_string_pretty(&refund_trace()).unwrap());
+    let out = eval(&pretty, &assertions, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("holds one JSON document over several lines, not one trace per line: name it .json"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
     // Nor does a list with no assertion.
     for (name, value) in [("none.json", json!([])), ("none-wrapped.json", json!({"assertions": []}))] {
         let none = write_json(&dir, name, &value);

@@ -66,6 +66,36 @@ fn invalid_utf8_is_a_parse_error_with_null_id() {
     assert_still_serving(&mut engine, false);
 }
 
+#[test]
+fn an_assertion_naming_a_member_twice_is_told_so() {
+    let mut engine = Engine::spawn();
+    engine.initialize();
+    let trace = minimal_trace().to_string();
+    let line = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"evaluate_batch","params":{{"trace":{trace},"assertions":[{{"assertion_id":"a","type":"content","type":"schema","spec":{{}}}}]}}}}"#
+    );
+    engine.send_line(&line);
+    let resp: Value = serde_json::from_str(&engine.recv_line()).unwrap();
+    let err = expect_error(&resp, 1002);
+    assert_eq!(err["message"], json!("assertions[0] has the member 'type' twice"), "{resp}");
+    assert_eq!(err["data"]["field"], json!("params.assertions[0].type"), "{resp}");
+    assert_still_serving(&mut engine, true);
+}
+
+/// A client writing UTF-8 "with BOM" puts U+FEFF before its first line: it
+/// is ignored, as RFC 8259 allows, and the request is answered.
+#[test]
+fn a_byte_order_mark_before_a_request_is_ignored() {
+    let mut engine = Engine::spawn();
+    let mut line = "\u{feff}".to_owned();
+    line.push_str(&initialize_request(json!(1), init_params()).to_string());
+    engine.send_line(&line);
+    let resp: Value = serde_json::from_str(&engine.recv_line()).unwrap();
+    assert_eq!(resp["id"], json!(1), "{resp}");
+    assert!(resp["result"]["compatible"].as_bool().unwrap(), "{resp}");
+    assert_still_serving(&mut engine, true);
+}
+
 // ---------------------------------------------------------------- -32600
 
 #[test]

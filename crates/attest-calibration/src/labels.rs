@@ -173,6 +173,9 @@ pub enum LabelsError {
     EmptyCsv,
     /// Every row was blank, a comment, a header or a skipped value.
     NoLabeledRows { format: LabelsFormat },
+    /// A file read as CSV that holds a JSON list: labels in JSON are one
+    /// object per line.
+    JsonList { path: PathBuf },
     /// The file could not be read.
     Read { path: PathBuf, message: String },
     /// The file is larger than [`MAX_LABELS_FILE_BYTES`].
@@ -199,6 +202,12 @@ impl fmt::Display for LabelsError {
             LabelsError::NoLabeledRows { format } => write!(
                 f,
                 "{format} contained no labeled rows (only blank lines, comments or a header); add one row per example"
+            ),
+            LabelsError::JsonList { path } => write!(
+                f,
+                "labels file {} holds a JSON list; write one object per line instead, such as \
+                 {{\"input\": \"...\", \"human_label\": 1}}, in a .jsonl file",
+                path.display()
             ),
             LabelsError::Read { path, message } => write!(f, "cannot read labels file {}: {message}", path.display()),
             LabelsError::TooLarge { path, limit_bytes } => write!(
@@ -477,7 +486,16 @@ pub fn load_labels(path: &Path) -> Result<Vec<LabeledRecord>, LabelsError> {
     let text = universal_newlines(text);
     match detect_format(path, &text) {
         LabelsFormat::Jsonl => load_labels_jsonl(&text),
-        LabelsFormat::Csv => load_labels_csv(&text),
+        // Read as CSV, a JSON list is a column of brackets and fragments:
+        // say what it is rather than what CSV made of it.
+        LabelsFormat::Csv => load_labels_csv(&text).map_err(|e| {
+            let list = text.trim_start().starts_with('[') && serde_json::from_str::<Vec<serde_json::Value>>(&text).is_ok();
+            if list {
+                LabelsError::JsonList { path: path.to_path_buf() }
+            } else {
+                e
+            }
+        }),
     }
 }
 
@@ -695,5 +713,13 @@ mod tests {
         assert!(matches!(load_labels(&bad), Err(LabelsError::NotUtf8 { line: 2, .. })));
         let missing = dir.path().join("missing.csv");
         assert!(matches!(load_labels(&missing), Err(LabelsError::Read { .. })));
+        // A JSON list is named as one, not reported as what CSV made of it.
+        for name in ["labels.json", "labels.csv"] {
+            let list = dir.path().join(name);
+            std::fs::write(&list, "[{\"input\": \"GOOD\", \"human_label\": 1}]\n").expect("write");
+            let e = load_labels(&list).expect_err("a list is not labels");
+            assert!(matches!(e, LabelsError::JsonList { .. }), "{name}: {e:?}");
+            assert!(e.to_string().contains("one object per line"), "{e}");
+        }
     }
 }
