@@ -19,6 +19,7 @@ use crate::session::Engine;
 use crate::text::clip;
 use anyhow::{bail, Context, Result};
 use attest_calibration::{compute_agreement, load_labels, JudgeAgreement, LabelPair};
+use futures_util::StreamExt as _;
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
@@ -113,40 +114,59 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
     let mut cost = 0.0;
     let mut model = String::new();
     let mut stderr = std::io::stderr();
-    for (i, record) in records.iter().enumerate() {
-        if let Some(budget) = engine.config.budget_usd {
-            if cost >= budget {
-                bail!("stopped after {i} of {total} records: the judge calls cost ${cost:.6}, reaching budget_usd ${budget}");
-            }
-        }
-        let deadline = tokio::time::Instant::now() + engine.config.eval_timeout;
-        let shown = Shown {
-            output: &record.input,
-            input: "",
-            context: "",
-        };
-        let judged = runtime
-            .block_on(check.judge_material(providers, judge, &shown, deadline))
-            .map_err(|e| {
-                let hint = match e {
-                    crate::providers::ProviderError::Timeout => "; raise --eval-timeout, or check that the judge provider answers",
-                    _ => "; check the judge provider's settings ([judge] in the config, ATTEST_JUDGE_* variables)",
+    // Judged as many at once as the provider takes (`[providers]
+    // max_concurrency`), in order. Under a budget, calls start only while
+    // what is spent and in flight (each priced like the dearest answer so
+    // far) stays within it, so a run stops about where one at a time would.
+    let pace = Pace::default();
+    let budget = engine.config.budget_usd;
+    let calls = futures_util::stream::iter(records.iter().enumerate())
+        .map(|(i, record)| {
+            let (pace, check) = (&pace, &check);
+            async move {
+                if let Err(spent) = pace.admit(budget).await {
+                    bail!(
+                        "stopped after {i} of {total} records: the judge calls cost ${spent:.6}, reaching budget_usd ${}",
+                        budget.unwrap_or_default()
+                    );
+                }
+                let deadline = tokio::time::Instant::now() + engine.config.eval_timeout;
+                let shown = Shown {
+                    output: &record.input,
+                    input: "",
+                    context: "",
                 };
-                anyhow::anyhow!(
-                    "record {} ({}): judge call failed: {}{hint}",
-                    i + 1,
-                    attest_io::printable(&clip(&record.input, 60)),
-                    attest_io::printable(&e.to_string())
-                )
-            })?;
+                let judged = check.judge_material(providers, judge, &shown, deadline).await;
+                pace.finished(judged.as_ref().map_or(0.0, |j| j.cost));
+                let judged = judged.map_err(|e| {
+                    let hint = match e {
+                        crate::providers::ProviderError::Timeout => "; raise --eval-timeout, or check that the judge provider answers",
+                        _ => "; check the judge provider's settings ([judge] in the config, ATTEST_JUDGE_* variables)",
+                    };
+                    anyhow::anyhow!(
+                        "record {} ({}): judge call failed: {}{hint}",
+                        i + 1,
+                        attest_io::printable(&clip(&record.input, 60)),
+                        attest_io::printable(&e.to_string())
+                    )
+                })?;
+                Ok::<_, anyhow::Error>((record, judged))
+            }
+        })
+        .buffered(engine.config.providers.max_concurrency.max(1));
+    let mut calls = std::pin::pin!(calls);
+    let mut done = 0;
+    while let Some(next) = runtime.block_on(calls.next()) {
+        let (record, judged) = next?;
+        done += 1;
         cost += judged.cost;
         model = judged.metadata.model.clone();
         pairs.push(LabelPair {
             human: record.human_label,
             judge: judged.verdict.score,
         });
-        if total >= 10 && ((i + 1) % progress_every == 0 || i + 1 == total) {
-            let _ = writeln!(stderr, "calibrate: judged {}/{total} records (${cost:.6} so far)", i + 1);
+        if total >= 10 && (done % progress_every == 0 || done == total) {
+            let _ = writeln!(stderr, "calibrate: judged {done}/{total} records (${cost:.6} so far)");
         }
     }
     engine.add_cost(cost);
@@ -180,6 +200,45 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
         Format::Table => write_table(&result, out)?,
     }
     Ok(0)
+}
+
+/// Which judge calls may start, under an optional budget. The runtime is
+/// single-threaded, so plain cells suffice.
+#[derive(Default)]
+struct Pace {
+    spent: std::cell::Cell<f64>,
+    in_flight: std::cell::Cell<usize>,
+    /// The dearest answer so far; `None` until one came back.
+    dearest: std::cell::Cell<Option<f64>>,
+    finished: tokio::sync::Notify,
+}
+
+impl Pace {
+    /// Waits until a call may start; `Err(spent)` once the budget is reached.
+    async fn admit(&self, budget: Option<f64>) -> Result<(), f64> {
+        loop {
+            let spent = self.spent.get();
+            let room = match (budget, self.dearest.get()) {
+                (None, _) => true,
+                (Some(b), _) if spent >= b => return Err(spent),
+                // Nothing known of prices yet: one call at a time.
+                (Some(_), None) => self.in_flight.get() == 0,
+                (Some(b), Some(dearest)) => self.in_flight.get() == 0 || spent + (self.in_flight.get() + 1) as f64 * dearest <= b,
+            };
+            if room {
+                self.in_flight.set(self.in_flight.get() + 1);
+                return Ok(());
+            }
+            self.finished.notified().await;
+        }
+    }
+
+    fn finished(&self, cost: f64) {
+        self.in_flight.set(self.in_flight.get() - 1);
+        self.spent.set(self.spent.get() + cost);
+        self.dearest.set(Some(self.dearest.get().unwrap_or(0.0).max(cost)));
+        self.finished.notify_waiters();
+    }
 }
 
 fn write_table(c: &Calibration, out: &mut impl Write) -> std::io::Result<()> {

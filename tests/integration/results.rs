@@ -121,6 +121,20 @@ impl Respond for LabelJudge {
     }
 }
 
+/// [`LabelJudge`], answering each call after `delay`, and noting when each
+/// call arrived.
+struct SlowLabelJudge {
+    delay: std::time::Duration,
+    arrivals: Arc<std::sync::Mutex<Vec<std::time::Instant>>>,
+}
+
+impl Respond for SlowLabelJudge {
+    fn respond(&self, req: &Request) -> ResponseTemplate {
+        self.arrivals.lock().unwrap().push(std::time::Instant::now());
+        LabelJudge.respond(req).set_delay(self.delay)
+    }
+}
+
 struct Embeddings;
 
 impl Respond for Embeddings {
@@ -474,6 +488,79 @@ fn a_persisted_calibration_appears_on_later_judge_results() {
     std::fs::write(&one_class, "{\"input\": \"good answer\", \"human_label\": 1}\n").unwrap();
     let table = String::from_utf8(calibrate(&[], &one_class).stdout).unwrap();
     assert!(table.contains("n/a (one human class)"), "{table}");
+}
+
+/// Records are judged as many at once as the provider takes, and still
+/// paired with their labels in file order.
+#[test]
+fn calibrate_judges_records_concurrently_in_file_order() {
+    let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let delay = std::time::Duration::from_secs(2);
+    let fake = Fake::start(SlowLabelJudge {
+        delay,
+        arrivals: arrivals.clone(),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let labels = dir.path().join("labels.jsonl");
+    // Every good record labelled 1 and every bad one 0: perfect agreement
+    // only when each score meets its own record.
+    let rows: Vec<String> = (0..8)
+        .map(|i| {
+            let (text, label) = if i % 2 == 0 { ("good", 1) } else { ("bad", 0) };
+            json!({"input": format!("{text} answer {i}"), "human_label": label}).to_string()
+        })
+        .collect();
+    std::fs::write(&labels, rows.join("\n")).unwrap();
+    let out = command()
+        .args(["calibrate", "--labels", labels.to_str().unwrap(), "--format", "json"])
+        .env("ATTEST_JUDGE_BASE_URL", fake.v1())
+        .env("ATTEST_CACHE_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["label_count"], json!(8));
+    assert_eq!(report["agreement"], json!(1.0), "{report}");
+    // One at a time, each call would arrive a whole delay after the one before.
+    let arrivals = arrivals.lock().unwrap();
+    assert_eq!(arrivals.len(), 8);
+    let together = arrivals.iter().filter(|t| t.duration_since(arrivals[0]) < delay / 2).count();
+    assert!(together >= 4, "only {together} of 8 calls were in flight together");
+}
+
+/// A budget stops calibration about where one call at a time would, though
+/// calls otherwise run together.
+#[test]
+fn calibrate_stops_at_the_budget() {
+    let fake = Fake::start(LabelJudge);
+    let dir = tempfile::tempdir().unwrap();
+    let labels = dir.path().join("labels.jsonl");
+    let rows: Vec<String> = (0..8)
+        .map(|i| json!({"input": format!("good {i}"), "human_label": 1}).to_string())
+        .collect();
+    std::fs::write(&labels, rows.join("\n")).unwrap();
+    // Each call: 1,000 tokens in and 100 out at $10 per million, $0.011.
+    let config = dir.path().join("attest.toml");
+    std::fs::write(
+        &config,
+        "budget_usd = 0.02\n[prices.\"gpt-4.1\"]\ninput_per_mtok = 10.0\noutput_per_mtok = 10.0\n",
+    )
+    .unwrap();
+    let out = command()
+        .arg("--config")
+        .arg(&config)
+        .args(["calibrate", "--labels", labels.to_str().unwrap()])
+        .env("ATTEST_JUDGE_BASE_URL", fake.v1())
+        .env("ATTEST_CACHE_DIR", dir.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("stopped after 2 of 8 records") && said.contains("budget_usd"),
+        "{said}"
+    );
+    assert_eq!(fake.judge_requests().len(), 2, "no call started past the budget");
 }
 
 #[test]
