@@ -328,17 +328,32 @@ impl Writer {
     }
 
     pub(super) fn run(mut self, rx: &Receiver<Msg>, shared: &Shared) {
+        // Whether the last look stopped at a full write with rows still queued.
+        let mut more = false;
         loop {
-            std::thread::park_timeout(super::IDLE_FLUSH);
-            if shared.queued_rows.load(Ordering::Acquire) == 0 && shared.urgent.load(Ordering::Acquire) == 0 {
-                continue;
+            if !more {
+                std::thread::park_timeout(super::IDLE_FLUSH);
+                if shared.queued_rows.load(Ordering::Acquire) == 0 && shared.urgent.load(Ordering::Acquire) == 0 {
+                    continue;
+                }
             }
+            more = false;
             let mut rows = Vec::new();
+            // Rows taken off the queue no longer count in it, so a writer
+            // that took all it found while producers kept up would hold
+            // without bound: it writes at most this much at a time.
+            let mut taken = 0;
             let mut closed = false;
             loop {
+                if taken >= super::HIGH_WATERMARK {
+                    more = true;
+                    break;
+                }
                 match rx.try_recv() {
                     Ok(Msg::Rows(r)) => {
-                        shared.queued_rows.fetch_sub(r.weight(), Ordering::AcqRel);
+                        let weight = r.weight();
+                        shared.queued_rows.fetch_sub(weight, Ordering::AcqRel);
+                        taken += weight;
                         rows.push(r);
                     }
                     // Queries are answered after the rows queued before them.

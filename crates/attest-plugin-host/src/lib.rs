@@ -430,6 +430,8 @@ pub enum LoadError {
     Invalid(String),
     /// Built against a plugin API version this engine does not serve.
     UnknownApiVersion { built: String },
+    /// Imports `attest:plugin` interfaces of more than one version.
+    MixedApiVersions { versions: Vec<String> },
     /// It declares no plugin API version.
     NoApiVersion,
     /// It does not fit the assertion-plugin world, or needs imports the sandbox does not grant.
@@ -480,6 +482,11 @@ impl std::fmt::Display for LoadError {
             LoadError::UnknownApiVersion { built } => write!(
                 f,
                 "built against attest:plugin@{built}, but this engine serves attest:plugin@{served}; rebuild the plugin against wit/since_v{newest}/ (attest:plugin@{newest})"
+            ),
+            LoadError::MixedApiVersions { versions } => write!(
+                f,
+                "imports attest:plugin interfaces of several versions ({}); a plugin is built against one: rebuild it against wit/since_v{newest}/ (attest:plugin@{newest})",
+                versions.join(" and ")
             ),
             LoadError::NoApiVersion => write!(
                 f,
@@ -571,7 +578,13 @@ pub fn load_one(spec: &PluginSpec, cache: &ArtefactCache) -> Result<Plugin, Load
     } = cache
         .load(sandbox.engine(), &wasm)
         .map_err(|e| LoadError::Invalid(crate::text::clip(&format!("{e:#}"), 400)))?;
-    let (api, api_version) = match sandbox.api_version(&component) {
+    let mut versions = sandbox.api_versions(&component);
+    if versions.len() > 1 {
+        return Err(LoadError::MixedApiVersions {
+            versions: versions.iter().take(4).map(|v| crate::text::clip(v, 40)).collect(),
+        });
+    }
+    let (api, api_version) = match versions.pop() {
         Some(v) => match ApiVersion::serving(&v) {
             Some(api) => (api, v),
             None => {
@@ -857,7 +870,7 @@ impl Plugin {
             .load(sandbox.engine(), &wasm)
             .map_err(|e| format!("is not a loadable component: {}", crate::text::clip(&format!("{e:#}"), 300)))?;
         let api = ApiVersion::serving(&self.api_version)
-            .filter(|_| sandbox.api_version(&loaded.component).as_deref() == Some(self.api_version.as_str()))
+            .filter(|_| sandbox.api_versions(&loaded.component) == [self.api_version.as_str()])
             .ok_or_else(|| format!("is no longer built against attest:plugin@{}", self.api_version))?;
         let prepared = sandbox
             .prepare(&loaded.component, api)
@@ -1208,6 +1221,36 @@ mod tests {
         let mut c = wasm_encoder::Component::new();
         c.section(&wasm_encoder::ModuleSection(&module));
         c.finish()
+    }
+
+    #[test]
+    fn a_component_importing_two_api_versions_is_refused_naming_both() {
+        use wasm_encoder::{ComponentImportSection, ComponentTypeRef, ComponentTypeSection, InstanceType};
+        let mut c = wasm_encoder::Component::new();
+        let mut types = ComponentTypeSection::new();
+        types.instance(&InstanceType::new());
+        c.section(&types);
+        let mut imports = ComponentImportSection::new();
+        imports.import("attest:plugin/types@0.1.0", ComponentTypeRef::Instance(0));
+        imports.import("attest:plugin/host@0.2.0", ComponentTypeRef::Instance(0));
+        c.section(&imports);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mixed.wasm");
+        std::fs::write(&path, c.finish()).unwrap();
+        let spec = PluginSpec {
+            path,
+            limits: PluginLimits::default(),
+            explicit: true,
+            grants: Default::default(),
+        };
+        let Err(err) = load_one(&spec, &ArtefactCache::new(None)) else {
+            panic!("a component of two API versions loaded")
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains("imports attest:plugin interfaces of several versions (0.1.0 and 0.2.0)"),
+            "{err}"
+        );
     }
 
     #[test]

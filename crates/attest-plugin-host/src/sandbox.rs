@@ -641,16 +641,19 @@ impl Sandbox {
         &self.engine
     }
 
-    /// The WIT version a component was built against, from its import names
-    /// (`attest:plugin/host@0.1.0`, `attest:plugin/types@0.1.0`).
-    pub fn api_version(&self, component: &Component) -> Option<String> {
+    /// The WIT versions a component was built against, from its import
+    /// names (`attest:plugin/host@0.1.0`, `attest:plugin/types@0.1.0`),
+    /// sorted and each once: one for a well-built plugin.
+    pub fn api_versions(&self, component: &Component) -> Vec<String> {
         let ty = component.component_type();
-        let versions: Vec<String> = ty
+        let mut versions: Vec<String> = ty
             .imports(&self.engine)
             .filter_map(|(name, _)| name.strip_prefix("attest:plugin/"))
             .filter_map(|rest| rest.split_once('@').map(|(_, v)| v.to_owned()))
             .collect();
-        versions.into_iter().next()
+        versions.sort_unstable();
+        versions.dedup();
+        versions
     }
 
     /// Links a component once, so that each call only instantiates, and
