@@ -430,7 +430,8 @@ fn reserved(module: &str, lang: Lang) -> Option<&'static str> {
     }
 }
 
-/// Where the SDK is when the engine runs from a checkout of its repository.
+/// The SDK in the checkout this binary was built from (the path is compiled
+/// in, so a binary built elsewhere needs `--sdk`).
 fn default_sdk() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugin-sdk")
 }
@@ -447,8 +448,8 @@ pub fn is_project_name(name: &str) -> bool {
 }
 
 /// Writes a `lang` project for plugin `name` into `dir`; returns the files
-/// written. `sdk`: the Rust plugin SDK (default: the repository's, when the
-/// engine runs from a checkout).
+/// written. `sdk`: the Rust plugin SDK (default: the one in the checkout
+/// this binary was built from).
 pub fn create(name: &str, lang: Lang, dir: &Path, sdk: Option<&Path>) -> Result<Vec<PathBuf>, NewError> {
     if !is_project_name(name) {
         return Err(NewError::BadName(name.to_owned()));
