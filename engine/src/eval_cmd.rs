@@ -221,11 +221,17 @@ fn evaluate_files(
         // request_ids are idempotency keys within one trace's evaluation, not across the file.
         engine.sinks.forget_request_ids();
         let deadline = Instant::now() + engine.config.eval_timeout;
-        let result = match &suite {
-            Ok(suite) => runtime.block_on(suite.evaluate(engine, trace_text, deadline)),
-            // As in evaluate_batch, a trace's own problems are reported before the assertions'.
-            Err(e) => Err(trace_problem(engine, trace_text).unwrap_or_else(|| e.clone())),
-        };
+        let result =
+            match &suite {
+                // Files are not bounded by a line as requests are: an oversized
+                // trace is refused before it is parsed.
+                _ if trace_text.len() > engine.limits.max_trace_bytes => Err(crate::errors::trace_error(
+                    crate::trace::validate::too_large(trace_text.len(), &engine.limits, "trace"),
+                )),
+                Ok(suite) => runtime.block_on(suite.evaluate(engine, trace_text, deadline)),
+                // As in evaluate_batch, a trace's own problems are reported before the assertions'.
+                Err(e) => Err(trace_problem(engine, trace_text).unwrap_or_else(|| e.clone())),
+            };
         let body = match result {
             Ok(r) => {
                 hard |= r.results.iter().any(|a| a.status == Status::HardFail);

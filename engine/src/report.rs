@@ -702,19 +702,35 @@ pub fn write_all(specs: &[ReportSpec], report: &Report) -> bool {
 /// Writes `bytes` beside `path` and renames it into place, so a reader (a
 /// CI job picking the report up) never sees half a report, and a run that
 /// fails midway leaves the previous one whole.
+///
+/// Only a regular file (or none yet) is replaced that way: a device
+/// (`/dev/null`), a pipe or a socket is written through, and a link is
+/// followed to the file it names, which is then replaced in its place.
 fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    let target = match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return std::fs::write(path, bytes),
+        Ok(_) => std::fs::canonicalize(path)?,
+        // A link to nothing yet: writing through it makes its file.
+        Err(_) if std::fs::symlink_metadata(path).is_ok() => return std::fs::write(path, bytes),
+        Err(_) => path.to_path_buf(),
+    };
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = target.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &target));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     written
 }
 
-/// Whether two paths name one file: the same path, or (when the file
-/// exists) the same file by another path.
+/// Whether two paths name one regular file (or one path where none is yet):
+/// the same path, or the same file by another path. Devices such as
+/// `/dev/null` take any number of writers and are never the same file.
 pub fn same_file(a: &Path, b: &Path) -> bool {
+    let special = |p: &Path| std::fs::metadata(p).is_ok_and(|m| !m.is_file());
+    if special(a) || special(b) {
+        return false;
+    }
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     if absolute(a) == absolute(b) {
         return true;

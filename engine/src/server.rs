@@ -207,17 +207,22 @@ async fn respond(
     drop(admission);
 }
 
-/// Whether `line` is a `shutdown` request (a single one: a JSON-RPC batch
-/// holding one begins the shutdown when it runs). Only lines that mention
-/// the word are parsed.
+/// Whether `line` is a `shutdown` request the handler will carry out (a
+/// single one: a JSON-RPC batch holding one begins the shutdown when it
+/// runs). It is read as the handler reads it, so a malformed `shutdown`
+/// (a wrong `jsonrpc`, params that are not an object) is refused without
+/// ending the session. Only lines that mention the word are parsed.
 fn is_shutdown(line: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Method<'a> {
-        #[serde(borrow)]
-        method: Option<std::borrow::Cow<'a, str>>,
+    if memchr::memmem::find(line, b"shutdown").is_none() {
+        return false;
     }
-    memchr::memmem::find(line, b"shutdown").is_some()
-        && serde_json::from_slice::<Method<'_>>(line).is_ok_and(|m| m.method.as_deref() == Some("shutdown"))
+    let Some(text) = std::str::from_utf8(line)
+        .ok()
+        .map(|t| trim_json_whitespace(t.strip_prefix('\u{feff}').unwrap_or(t)))
+    else {
+        return false;
+    };
+    parse_request(text).is_ok_and(|r| r.method == Ok(Method::Shutdown) && crate::params::require_object(Method::Shutdown, r.params).is_ok())
 }
 
 /// The response line for one input line (`None`: nothing to answer).

@@ -4,6 +4,7 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
+use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use tempfile::TempDir;
@@ -164,6 +165,31 @@ fn a_report_that_cannot_be_written_fails_the_run() {
     let out = run_args(twice);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("two reports are written to"), "{}", stderr(&out));
+
+    // A device takes any number of reports and stays a device; a link is
+    // followed, and stays a link.
+    let mut devnull = vec!["--report".to_owned(), "junit=/dev/null".to_owned()];
+    devnull.extend(args("json=/dev/null"));
+    let out = run_args(devnull);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        std::fs::metadata("/dev/null").unwrap().file_type().is_char_device(),
+        "/dev/null is still a device"
+    );
+    let real = dir.path().join("real.xml");
+    std::fs::write(&real, "old").unwrap();
+    let link = dir.path().join("link.xml");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let out = run_args(args(&format!("junit={}", link.display())));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(),
+        "the link is still a link"
+    );
+    assert!(
+        std::fs::read_to_string(&real).unwrap().contains("<testsuite"),
+        "the report went where the link points"
+    );
 
     // A writable one is written and the run passes.
     let ok = dir.path().join("out/attest.xml");

@@ -125,6 +125,31 @@ fn nothing_after_shutdown_runs_and_everything_before_it_is_answered() {
     }
 }
 
+/// A `shutdown` the handler refuses (wrong `jsonrpc`, params that are not
+/// an object) is answered with its error and ends nothing.
+#[test]
+fn a_malformed_shutdown_is_refused_and_the_session_goes_on() {
+    let mut engine = Engine::spawn();
+    engine.initialize();
+    for (id, line) in [
+        (2, r#"{"jsonrpc":"1.0","id":2,"method":"shutdown"}"#),
+        (3, r#"{"jsonrpc":"2.0","id":3,"method":"shutdown","params":5}"#),
+    ] {
+        engine.send_line(line);
+        let resp: Value = serde_json::from_str(&engine.recv_line()).unwrap();
+        assert_eq!(resp["id"], json!(id), "{resp}");
+        assert!(resp.get("error").is_some(), "{resp}");
+    }
+    let r = expect_result(&engine.request(&light_request(json!("still"))));
+    assert_eq!(statuses(&r), ["pass"; 5]);
+    // A byte order mark before a real shutdown: still a shutdown.
+    engine.send_line(&format!("\u{feff}{}", shutdown_request(json!("bye"))));
+    engine.send(&light_request(json!("after")));
+    let all = engine.values_until_eof();
+    assert_answered_once(&all, &[json!("bye")]);
+    assert_eq!(engine.wait_exit().code(), Some(0));
+}
+
 /// A client that closed its end of stdout can be sent nothing: the engine
 /// stops reading (so evaluates nothing for no one) and exits 1, even with
 /// stdin still open.

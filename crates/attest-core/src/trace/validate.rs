@@ -83,6 +83,21 @@ impl std::fmt::Display for TraceError {
 
 impl std::error::Error for TraceError {}
 
+/// A trace of `bytes` over [`Limits::max_trace_bytes`], at `path`. Front
+/// doors whose input is not already bounded by a line (`eval`'s files) check
+/// this before parsing, so an oversized trace costs no parse.
+pub fn too_large(bytes: usize, limits: &Limits, path: &str) -> TraceError {
+    invalid(
+        format!("trace exceeds max size: {bytes} > {} bytes", limits.max_trace_bytes),
+        format!(
+            "Reduce trace size by filtering steps or truncating tool results. Max allowed: {} bytes ({} MB).",
+            limits.max_trace_bytes,
+            limits.max_trace_bytes / (1024 * 1024)
+        ),
+        path.to_owned(),
+    )
+}
+
 fn invalid(message: impl Into<String>, detail: impl Into<String>, field: impl Into<String>) -> TraceError {
     TraceError {
         field: field.into(),
@@ -278,15 +293,7 @@ fn check_level(level: &Level<'_>, wire_bytes: Option<usize>, limits: &Limits, wa
     // 4. Size and count limits.
     if let Some(bytes) = wire_bytes {
         if bytes > limits.max_trace_bytes {
-            return Err(invalid(
-                format!("trace exceeds max size: {bytes} > {} bytes", limits.max_trace_bytes),
-                format!(
-                    "Reduce trace size by filtering steps or truncating tool results. Max allowed: {} bytes ({} MB).",
-                    limits.max_trace_bytes,
-                    limits.max_trace_bytes / (1024 * 1024)
-                ),
-                path.to_owned(),
-            ));
+            return Err(too_large(bytes, limits, path));
         }
     }
     if let Some(Value::Array(steps)) = obj.get("steps") {
