@@ -63,7 +63,7 @@ impl Webhook {
     /// whether it was queued (false: no runtime, or too many pending).
     pub fn send(&self, report: DriftReport) -> bool {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("drift webhook skipped: no async runtime (eval command)");
+            tracing::warn!("drift webhook skipped: no async runtime to post from");
             return false;
         };
         let Ok(pending) = self.pending.clone().try_acquire_owned() else {

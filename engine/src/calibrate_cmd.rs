@@ -114,10 +114,12 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
     let mut cost = 0.0;
     let mut model = String::new();
     let mut stderr = std::io::stderr();
-    // Judged as many at once as the provider takes (`[providers]
-    // max_concurrency`), in order. Under a budget, calls start only while
+    // Judged as many at once as the provider takes ([`records_at_once`]),
+    // in order. Under a budget, calls start only while
     // what is spent and in flight (each priced like the dearest answer so
     // far) stays within it, so a run stops about where one at a time would.
+    // While every answer so far was free (the verdict cache's), nothing
+    // holds calls back: the first paid one may then have company.
     let pace = Pace::default();
     let budget = engine.config.budget_usd;
     let calls = futures_util::stream::iter(records.iter().enumerate())
@@ -153,7 +155,7 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
                 Ok::<_, anyhow::Error>((record, judged))
             }
         })
-        .buffered(engine.config.providers.max_concurrency.max(1));
+        .buffered(records_at_once(&engine.config.providers));
     let mut calls = std::pin::pin!(calls);
     let mut done = 0;
     while let Some(next) = runtime.block_on(calls.next()) {
@@ -200,6 +202,18 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
         Format::Table => write_table(&result, out)?,
     }
     Ok(0)
+}
+
+/// Records judged at once. Each record's deadline runs from when it is
+/// started, so no more start than the provider takes at once: its
+/// `max_concurrency` calls, divided among each record's `[judge] samples`.
+/// A paced provider (`requests_per_second`) starts calls at its own rate,
+/// and records are judged one at a time, each deadline starting with it.
+fn records_at_once(p: &crate::providers::config::ProvidersConfig) -> usize {
+    if p.requests_per_second.is_some() {
+        return 1;
+    }
+    (p.max_concurrency / p.judge_samples.max(1) as usize).max(1)
 }
 
 /// Which judge calls may start, under an optional budget. The runtime is

@@ -583,9 +583,9 @@ impl Config {
     }
 }
 
-/// Largest value of a `*_mib` key (1 TiB): larger ones are refused, not wrapped.
 /// The result history's default byte bound (`history_max_mib`).
 const DEFAULT_HISTORY_BYTES: u64 = 1 << 30;
+/// Largest value of a `*_mib` key (1 TiB): larger ones are refused, not wrapped.
 const MAX_MIB: u64 = 1 << 20;
 
 /// Largest config file read, in bytes.

@@ -71,6 +71,45 @@ pub fn run(engine: &Engine, inputs: &Inputs, format: Format, out: &mut impl std:
     evaluate_files(engine, &inputs.assertions, &inputs.traces, format, false, out)
 }
 
+/// The exit code of a command whose output was closed early (`| head`), as
+/// a shell reports one that SIGPIPE ended.
+pub const OUTPUT_CLOSED: i32 = 141;
+
+/// Standard output that may be closed early (`eval … | head`). Once it is,
+/// writes are discarded rather than failed: the run goes on to its end, so
+/// that its reports and result history are still written, and then exits
+/// with [`OUTPUT_CLOSED`].
+struct MayClose<W> {
+    inner: W,
+    closed: bool,
+}
+
+impl<W: std::io::Write> std::io::Write for MayClose<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.closed {
+            return Ok(buf.len());
+        }
+        match self.inner.write(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(buf.len())
+            }
+            other => other,
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self.inner.flush() {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            _ if self.closed => Ok(()),
+            other => other,
+        }
+    }
+}
+
 /// Largest input file (traces, assertions, a plugin's config) read, in
 /// bytes. The cap holds for any kind of file: a pipe or a device reports no
 /// size to check first.
@@ -79,7 +118,12 @@ pub const MAX_INPUT_FILE_BYTES: u64 = 256 << 20;
 /// Reads `path` (`what` names it in errors) as UTF-8 text, up to
 /// [`MAX_INPUT_FILE_BYTES`].
 pub fn read_input(path: &Path, what: &str) -> Result<String> {
-    read_text(path, what, MAX_INPUT_FILE_BYTES, "split it into smaller files")
+    let mut text = read_text(path, what, MAX_INPUT_FILE_BYTES, "split it into smaller files")?;
+    // Saved as "UTF-8 with BOM" (Windows editors): the mark is not JSON.
+    if text.starts_with('\u{feff}') {
+        text.drain(..'\u{feff}'.len_utf8());
+    }
+    Ok(text)
 }
 
 /// Reads `path` (`what` names it in errors) as UTF-8 text of at most
@@ -216,6 +260,8 @@ fn evaluate_files(
             kind.name()
         );
     }
+    use std::io::Write as _;
+    let mut out = MayClose { inner: out, closed: false };
     let (mut errored, mut hard) = (false, false);
     let mut evaluate = |(label, trace_text): (String, &str)| {
         // request_ids are idempotency keys within one trace's evaluation, not across the file.
@@ -251,7 +297,7 @@ fn evaluate_files(
             // pretty JSON would cost a system call per line.
             use serde::Serializer as _;
             use std::io::Write as _;
-            let mut w = std::io::BufWriter::with_capacity(1 << 16, &mut *out);
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, &mut out);
             let mut json = serde_json::Serializer::pretty(&mut w);
             json.collect_seq(traces.iter().map(&mut evaluate))?;
             writeln!(w)?;
@@ -270,9 +316,16 @@ fn evaluate_files(
     runtime.block_on(engine.sinks.settle_alerts(Instant::now() + engine.config.drain_timeout));
     let reports_written = engine.finish();
     if !reports_written {
-        eprintln!("attest-engine: a report could not be written (the log above says why)");
+        use std::io::Write as _;
+        // Standard error may have gone with standard output (`2>&1 | head`).
+        let _ = writeln!(
+            std::io::stderr(),
+            "attest-engine: a report could not be written (the log above says why)"
+        );
     }
-    Ok(if errored || !reports_written {
+    Ok(if out.closed {
+        OUTPUT_CLOSED
+    } else if errored || !reports_written {
         2
     } else if hard {
         1

@@ -283,9 +283,11 @@ fn run() -> ExitCode {
             return ExitCode::from(usage_error_code(&e));
         }
     };
+    // `eval` instead notices a closed output itself: its reports and the
+    // history it records still need writing (see `eval_cmd`).
     if matches!(
         cli.command,
-        Some(Command::Eval { .. } | Command::Calibrate { .. } | Command::Version | Command::Plugin { .. })
+        Some(Command::Calibrate { .. } | Command::Version | Command::Plugin { .. })
     ) {
         attest_io::end_on_closed_output();
     }
@@ -616,7 +618,6 @@ fn json_problem(e: &serde_json::Error) -> String {
     }
 }
 
-/// `attest-engine plugin test <file> --trace <t> [--plugin-config <c> | --plugin-config-json <json>]`.
 /// The log level of a command that prints its own results for a person
 /// (`eval`, `calibrate`, `plugin check`, `plugin test`): warnings and errors
 /// unless a level was chosen, so informational lines (the history opened, a
@@ -629,6 +630,7 @@ fn one_shot_level(config: &Config) -> logging::Level {
     }
 }
 
+/// `attest-engine plugin test <file> --trace <t> [--plugin-config <c> | --plugin-config-json <json>]`.
 fn plugin_test(
     mut config: attest_engine::config::Config,
     file: &std::path::Path,

@@ -258,6 +258,13 @@ pub struct Counts {
 }
 
 impl Counts {
+    fn merge(&mut self, other: &Counts) {
+        self.total += other.total;
+        self.passed += other.passed;
+        self.soft_failures += other.soft_failures;
+        self.hard_failures += other.hard_failures;
+    }
+
     fn add(&mut self, s: Status) {
         self.total += 1;
         match s {
@@ -383,22 +390,14 @@ impl Report {
 
     /// Counts results a bounded session log let go into the totals.
     pub fn add_omitted(&mut self, omitted: &Omitted) {
-        let c = &omitted.counts;
-        self.counts.total += c.total;
-        self.counts.passed += c.passed;
-        self.counts.soft_failures += c.soft_failures;
-        self.counts.hard_failures += c.hard_failures;
+        self.counts.merge(&omitted.counts);
         for (layer, c) in &omitted.by_layer {
-            let into = self.by_layer.entry(layer.clone()).or_default();
-            into.total += c.total;
-            into.passed += c.passed;
-            into.soft_failures += c.soft_failures;
-            into.hard_failures += c.hard_failures;
+            self.by_layer.entry(layer.clone()).or_default().merge(c);
         }
         self.total_cost += omitted.cost;
         self.total_duration_ms += omitted.duration_ms;
-        self.omitted_results = c.total;
-        self.omitted_hard_failures = c.hard_failures;
+        self.omitted_results = omitted.counts.total;
+        self.omitted_hard_failures = omitted.counts.hard_failures;
     }
 
     /// What a report says of omitted results, or nothing when none were.
@@ -630,16 +629,24 @@ impl Report {
 }
 
 /// Text from input as Markdown shows it, in a table cell or a line: as
-/// [`shown`], on one line, with the characters that would start a link, an
-/// image, a code span or emphasis escaped, so a trace cannot put a remote
-/// image (or a link) into a report posted to a pull request, and `|` and `<`
-/// cannot break the table or open HTML.
+/// [`shown`], on one line, with the characters that would start link or
+/// image syntax, a code span, emphasis or strikethrough escaped, so a trace
+/// cannot put a remote image (or a link of its choosing) into a report posted
+/// to a pull request, and `|` and `<` cannot break the table or open HTML. A
+/// bare URL may still be linked by the renderer, as in any text.
 fn md_text(s: &str) -> String {
     let shown = shown(s);
     let mut out = String::with_capacity(shown.len() + 8);
-    for c in shown.chars() {
+    let chars: Vec<char> = shown.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        // An underscore inside a word (`cost_usd`) starts no emphasis.
+        let inside_word = || {
+            let alnum = |j: Option<usize>| j.and_then(|j| chars.get(j)).is_some_and(|c| c.is_alphanumeric());
+            alnum(i.checked_sub(1)) && alnum(Some(i + 1))
+        };
         match c {
-            '\\' | '`' | '*' | '[' | ']' | '|' => {
+            '_' if inside_word() => out.push(c),
+            '\\' | '`' | '*' | '_' | '~' | '[' | ']' | '|' => {
                 out.push('\\');
                 out.push(c);
             }
@@ -904,6 +911,13 @@ mod tests {
             md.contains("\\*bold\\* \\| pipe &lt;b>tag&lt;/b> next line \\\\ \\`code\\`"),
             "{md}"
         );
+        let emphasis = LoggedBatch {
+            trace_id: "t".into(),
+            agent_id: None,
+            results: vec![result("a", AssertionType::Content, Status::Pass, 1.0, "_em_ ~~gone~~ cost_usd")],
+        };
+        let md = Report::build(&[emphasis], &[], None, "t".into()).render(ReportKind::Markdown);
+        assert!(md.contains("\\_em\\_ \\~\\~gone\\~\\~ cost_usd"), "{md}");
     }
 
     #[test]

@@ -9,9 +9,12 @@
 //! - Until `initialize` has succeeded, lines are handled one at a time, so a
 //!   client that pipelines `initialize` and its first batch still works.
 //! - `shutdown`, end of input, SIGTERM and SIGINT all stop reading and drain
-//!   in-flight requests (bounded by the drain timeout) before returning.
-//! - Every request with an id gets exactly one response line; notifications
-//!   get none; a JSON array is a JSON-RPC batch answered by one array line.
+//!   in-flight requests (bounded by the drain timeout) before returning. A
+//!   `shutdown` takes effect where it is read: nothing after it in the input
+//!   is read. A closed stdout stops reading too.
+//! - Every request read with an id gets exactly one response line (one still
+//!   running when the drain ends gets none); notifications get none; a JSON
+//!   array is a JSON-RPC batch answered by one array line.
 
 use crate::batch;
 use crate::errors::trace_error;

@@ -205,8 +205,14 @@ impl Engine {
     pub fn finish(&self) -> bool {
         if let Some(h) = &self.sinks.history {
             h.flush(std::time::Instant::now() + self.config.drain_timeout);
-            if h.dropped_rows() > 0 {
-                tracing::warn!(dropped_rows = h.dropped_rows(), "some results were not recorded in history");
+            // Rows still queued when the flush gave up are lost with the process.
+            let lost = h.dropped_rows() + h.queued_rows() as u64;
+            if lost > 0 {
+                tracing::warn!(
+                    dropped_rows = h.dropped_rows(),
+                    still_queued = h.queued_rows(),
+                    "about {lost} results were not recorded in history"
+                );
             }
         }
         if !self.config.reports.is_empty() {

@@ -153,8 +153,13 @@ impl History {
         let mut writer = store::Writer::new(conn, config.clone());
         writer.prune();
         let state = shared.clone();
+        // A server's writer runs only on CPU nothing else wants; a one-shot
+        // command, which waits for it, needs it to run.
+        let idle = !config.wait_when_behind;
         let handle = std::thread::Builder::new().name("attest-history".into()).spawn(move || {
-            store::lower_thread_priority();
+            if idle {
+                store::lower_thread_priority();
+            }
             writer.run(&rx, &state)
         })?;
         Ok(History {
@@ -240,6 +245,11 @@ impl History {
 
     pub fn dropped_rows(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Rows waiting for the writer, in queue units (about a row each).
+    pub fn queued_rows(&self) -> usize {
+        self.shared.queued_rows.load(Ordering::Acquire)
     }
 }
 

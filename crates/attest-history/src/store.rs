@@ -514,26 +514,16 @@ impl Writer {
             if oldest.is_some_and(|t| t < cutoff) {
                 deleted += tx.execute("DELETE FROM batches WHERE recorded_at_ms < ?1", params![cutoff])?;
             }
-            tx.execute("DELETE FROM result_keys WHERE recorded_at_ms < ?1", params![cutoff])?;
-            // The keys of keyed results are bounded like the results: the
-            // newest `max_rows` at most. A key shares its time with the rest
-            // of its write, so the cut may take a few more than needed.
+            deleted += tx.execute("DELETE FROM result_keys WHERE recorded_at_ms < ?1", params![cutoff])?;
             let keys: i64 = tx.query_row("SELECT COUNT(*) FROM result_keys", [], |r| r.get(0))?;
-            if keys > max_rows {
-                let cut_at: i64 = tx.query_row(
-                    "SELECT recorded_at_ms FROM result_keys ORDER BY recorded_at_ms DESC LIMIT 1 OFFSET ?1",
-                    params![max_rows],
-                    |r| r.get(0),
-                )?;
-                tx.execute("DELETE FROM result_keys WHERE recorded_at_ms <= ?1", params![cut_at])?;
-            }
             let total = match known_total {
                 Some(total) if deleted == 0 => total,
                 _ => tx.query_row("SELECT COALESCE(SUM(size), 0) FROM batches", [], |r| r.get(0))?,
             };
-            // The byte bound, as a result count: what the results take on
-            // average, with a tenth to spare for those written before the
-            // next look.
+            // The byte bound, as counts: the results and the keys each keep
+            // the same share of what they hold, the share that fills nine
+            // tenths of the bound (a tenth to spare for what is written
+            // before the next look).
             let used: i64 = tx.query_row(
                 "SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())",
                 [],
@@ -541,14 +531,28 @@ impl Writer {
             )?;
             let used = used.max(0) as u64 * tx.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0))?.max(0) as u64;
             let over_bytes = used > self.config.max_bytes;
-            let max_rows = match u64::try_from(total) {
-                Ok(results) if results > 0 && over_bytes => {
-                    let fit = (results as u128 * self.config.max_bytes as u128 * 9 / 10 / used as u128) as i64;
-                    tracing::info!(used_bytes = used, max_bytes = self.config.max_bytes, "history over its byte bound");
-                    max_rows.min(fit.max(1))
+            let share = |count: i64| -> i64 {
+                if !over_bytes {
+                    return max_rows;
                 }
-                _ => max_rows,
+                let fit = (count.max(0) as u128 * self.config.max_bytes as u128 * 9 / 10 / used as u128) as i64;
+                max_rows.min(fit)
             };
+            if over_bytes {
+                tracing::info!(used_bytes = used, max_bytes = self.config.max_bytes, "history over its byte bound");
+            }
+            // The keys of keyed results are bounded like the results: the
+            // newest `max_rows` at most (the oldest go first; keys written
+            // together go in no particular order).
+            let max_keys = share(keys);
+            if keys > max_keys {
+                deleted += tx.execute(
+                    "DELETE FROM result_keys WHERE (trace_id, assertion_id) IN
+                     (SELECT trace_id, assertion_id FROM result_keys ORDER BY recorded_at_ms LIMIT ?1)",
+                    params![keys - max_keys],
+                )?;
+            }
+            let max_rows = share(total).max(1);
             let mut cut = 0;
             // Results left after the cut: all of them unless over the limit.
             let mut left = total;
@@ -595,7 +599,7 @@ impl Writer {
             Ok((deleted, left, over_bytes)) => {
                 self.results = Some(left);
                 if deleted > 0 {
-                    tracing::info!(deleted_batches = deleted, results_kept = left, "history retention applied");
+                    tracing::info!(deleted_rows = deleted, results_kept = left, "history retention applied");
                 }
                 over_bytes && deleted > 0
             }
@@ -1044,6 +1048,37 @@ mod tests {
         assert!(after <= 256 << 10, "over the bound after retention: {after} bytes");
         let kept = History::open(&c).unwrap().recent_scores(fp, 5_000, soon()).unwrap().len();
         assert!(kept > 100 && kept < 2_000, "the newest results fit, the oldest went: kept {kept}");
+
+        // Keyed results (collect's) leave a key each, with the trace id: the
+        // keys are cut by their share too, not only the results.
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path());
+        c.max_rows = 1_000_000;
+        {
+            let h = History::open(&c).unwrap();
+            for t in 0..2_000 {
+                let mut keyed = batch(&format!("{t}-{}", "k".repeat(400)), vec![row("a", spec, 0.5)]);
+                keyed.keyed = true;
+                h.record(keyed);
+            }
+            h.flush(soon());
+        }
+        c.max_bytes = 256 << 10;
+        drop(History::open(&c).unwrap());
+        let after = used(&c.path);
+        assert!(after <= 256 << 10, "keyed history over the bound after retention: {after} bytes");
+        let conn = Connection::open(&c.path).unwrap();
+        let (results, keys): (i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT COALESCE(SUM(size), 0) FROM batches), (SELECT COUNT(*) FROM result_keys)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert!(
+            results > 100 && keys > 100 && keys < 2_000,
+            "{results} results and {keys} keys kept"
+        );
     }
 
     #[test]
