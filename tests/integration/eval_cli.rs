@@ -445,18 +445,15 @@ fn reports_list_unevaluated_inputs_and_count_results_they_no_longer_hold() {
     );
     let assertions = write_json(&dir, "assertions.json", &refund_assertions());
     let (junit, json_report) = (dir.path().join("r.xml"), dir.path().join("r.json"));
-    let out = run(&[
-        "--no-history",
-        "--report",
-        &format!("junit={}", junit.display()),
-        "--report",
-        &format!("json={}", json_report.display()),
-        "eval",
-        "--trace",
-        traces.to_str().unwrap(),
-        "--assertions",
-        assertions.to_str().unwrap(),
-    ]);
+    // `eval` with both reports and no history, after `first` global flags.
+    let reported = |first: &[&str], traces: &Path| {
+        let (junit, json) = (format!("junit={}", junit.display()), format!("json={}", json_report.display()));
+        let mut args = first.to_vec();
+        args.extend(["--no-history", "--report", &junit, "--report", &json, "eval", "--trace"]);
+        args.extend([traces.to_str().unwrap(), "--assertions", assertions.to_str().unwrap()]);
+        run(&args)
+    };
+    let out = reported(&[], &traces);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let xml = std::fs::read_to_string(&junit).unwrap();
     assert!(xml.contains("errors=\"2\""), "{xml}");
@@ -475,20 +472,7 @@ fn reports_list_unevaluated_inputs_and_count_results_they_no_longer_hold() {
     let line = serde_json::to_string(&failing).unwrap();
     let many = write(&dir, "many.jsonl", &format!("{line}\n").repeat(2000));
     let config = write(&dir, "small.toml", "session_log_mib = 1\n");
-    let out = run(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--no-history",
-        "--report",
-        &format!("junit={}", junit.display()),
-        "--report",
-        &format!("json={}", json_report.display()),
-        "eval",
-        "--trace",
-        many.to_str().unwrap(),
-        "--assertions",
-        assertions.to_str().unwrap(),
-    ]);
+    let out = reported(&["--config", config.to_str().unwrap()], &many);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json_report).unwrap()).unwrap();
     let per_trace = refund_assertions().as_array().unwrap().len() as u64;
