@@ -844,7 +844,15 @@ fn arm(store: &mut Store<State>, limits: &PluginLimits, time: CallTime) {
     if let Some(fuel) = limits.fuel {
         store.set_fuel(fuel).expect("plugins with a fuel budget run in the metered sandbox");
     }
-    let ticks = time.limit.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64;
+    // The epoch last advanced up to a tick ago, so N ticks from now end
+    // between N - 1 and N ticks of wall time.
+    let mut ticks = time.limit.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64;
+    if time.by_request {
+        // Cut short by the request's deadline, the call must end after it,
+        // never a tick before: the request is then answered as timed out
+        // (3002), whichever tick the deadline fell in.
+        ticks += 1;
+    }
     store.set_epoch_deadline(ticks);
 }
 
