@@ -296,7 +296,6 @@ fn evaluate_files(
             // Standard output is line-buffered: written straight to it,
             // pretty JSON would cost a system call per line.
             use serde::Serializer as _;
-            use std::io::Write as _;
             let mut w = std::io::BufWriter::with_capacity(1 << 16, &mut out);
             let mut json = serde_json::Serializer::pretty(&mut w);
             json.collect_seq(traces.iter().map(&mut evaluate))?;
@@ -316,7 +315,6 @@ fn evaluate_files(
     runtime.block_on(engine.sinks.settle_alerts(Instant::now() + engine.config.drain_timeout));
     let reports_written = engine.finish();
     if !reports_written {
-        use std::io::Write as _;
         // Standard error may have gone with standard output (`2>&1 | head`).
         let _ = writeln!(
             std::io::stderr(),
@@ -343,6 +341,12 @@ fn trace_problem(engine: &Engine, trace_text: &str) -> Option<RpcError> {
     crate::trace::parse_trace(raw, &engine.limits).err().map(crate::errors::trace_error)
 }
 
+/// Whether parsing stopped at a second JSON value after the first: how a
+/// file of one value per line reads where one document is expected.
+fn more_than_one_value(e: &serde_json::Error) -> bool {
+    e.to_string().starts_with("trailing characters")
+}
+
 fn read_assertions(path: &Path) -> Result<Vec<Value>> {
     let text = read_input(path, "assertions file")?;
     if text.trim().is_empty() {
@@ -353,7 +357,7 @@ fn read_assertions(path: &Path) -> Result<Vec<Value>> {
     }
     let v: Value = serde_json::from_str(&text).map_err(|e| {
         // A second value after the first: one assertion per line.
-        let lines = if e.to_string().starts_with("trailing characters") {
+        let lines = if more_than_one_value(&e) {
             " (for several assertions, put them in one JSON list: [{...}, {...}])"
         } else {
             ""
@@ -430,7 +434,7 @@ impl TraceFile {
             let whole: &RawValue = serde_json::from_str(&text).map_err(|e| {
                 // A second value after the first is how a file of one trace per
                 // line reads when its extension does not say so.
-                let lines = if e.to_string().starts_with("trailing characters") {
+                let lines = if more_than_one_value(&e) {
                     " (if it holds one trace per line, name it .jsonl)"
                 } else {
                     ""

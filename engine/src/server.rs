@@ -219,10 +219,7 @@ fn is_shutdown(line: &[u8]) -> bool {
     if memchr::memmem::find(line, b"shutdown").is_none() {
         return false;
     }
-    let Some(text) = std::str::from_utf8(line)
-        .ok()
-        .map(|t| trim_json_whitespace(t.strip_prefix('\u{feff}').unwrap_or(t)))
-    else {
+    let Some(text) = std::str::from_utf8(line).ok().map(request_text) else {
         return false;
     };
     parse_request(text).is_ok_and(|r| r.method == Ok(Method::Shutdown) && crate::params::require_object(Method::Shutdown, r.params).is_ok())
@@ -251,17 +248,19 @@ pub const MAX_BATCH_MEMBERS: usize = 128;
 /// a short message, besides its id.
 const MIN_MEMBER_RESPONSE_BYTES: usize = 400;
 
-/// JSON's own whitespace: other Unicode spaces (`\x0b`, `\x0c`, U+00A0) are
-/// not blank, they are invalid JSON and get `-32700`.
-fn trim_json_whitespace(s: &str) -> &str {
-    s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
+/// A line's request text: without a leading byte order mark, which may be
+/// ignored (RFC 8259 §8.1) and which a client writing UTF-8 "with BOM" puts
+/// before its first line, and without JSON's own whitespace around it. Other
+/// Unicode spaces (`\x0b`, `\x0c`, U+00A0) are not blank, they are invalid
+/// JSON and get `-32700`.
+fn request_text(line: &str) -> &str {
+    let line = line.strip_prefix('\u{feff}').unwrap_or(line);
+    line.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
 }
 
 async fn answer_line(engine: &Arc<Engine>, line: &[u8], seq: u64, notes: &mut Vec<Vec<u8>>, lane: &mut Lane) -> Option<Vec<u8>> {
     let text = match std::str::from_utf8(line) {
-        // A byte order mark is allowed to be ignored (RFC 8259 §8.1), and a
-        // client writing UTF-8 "with BOM" puts one before its first line.
-        Ok(t) => trim_json_whitespace(t.strip_prefix('\u{feff}').unwrap_or(t)),
+        Ok(t) => request_text(t),
         Err(e) => {
             return Some(error_line(
                 &null_id(),

@@ -225,6 +225,18 @@ pub(super) fn lower_thread_priority() {
     }
 }
 
+/// Bytes of the store's pages in use (free pages, which SQLite reuses
+/// rather than returning, not counted): what `max_bytes` bounds.
+fn bytes_in_use(conn: &Connection) -> rusqlite::Result<u64> {
+    let pages: i64 = conn.query_row(
+        "SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())",
+        [],
+        |r| r.get(0),
+    )?;
+    let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    Ok(pages.max(0) as u64 * page_size.max(0) as u64)
+}
+
 /// Retention is enforced after this many results written (and at start-up).
 const PRUNE_EVERY_ROWS: u64 = 50_000;
 /// Entries each interning map may hold (about 100 bytes each, plus a
@@ -524,12 +536,7 @@ impl Writer {
             // the same share of what they hold, the share that fills nine
             // tenths of the bound (a tenth to spare for what is written
             // before the next look).
-            let used: i64 = tx.query_row(
-                "SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())",
-                [],
-                |r| r.get(0),
-            )?;
-            let used = used.max(0) as u64 * tx.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0))?.max(0) as u64;
+            let used = bytes_in_use(&tx)?;
             let over_bytes = used > self.config.max_bytes;
             let share = |count: i64| -> i64 {
                 if !over_bytes {
@@ -1018,17 +1025,7 @@ mod tests {
         c.max_rows = 1_000_000;
         let spec = SpecDigest::of("content", None);
         let fp = Fingerprint::new(&spec, None);
-        let used = |path: &Path| -> u64 {
-            let conn = Connection::open(path).unwrap();
-            let pages: i64 = conn
-                .query_row(
-                    "SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())",
-                    [],
-                    |r| r.get(0),
-                )
-                .unwrap();
-            pages as u64 * conn.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0)).unwrap() as u64
-        };
+        let used = |path: &Path| bytes_in_use(&Connection::open(path).unwrap()).unwrap();
         {
             let h = History::open(&c).unwrap();
             // Long trace ids make each batch take room.
