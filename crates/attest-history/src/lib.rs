@@ -128,7 +128,10 @@ pub struct History {
     writer: std::thread::Thread,
     shared: Arc<Shared>,
     dropped: AtomicU64,
-    wait_when_behind: bool,
+    /// Whether a full queue is waited on ([`HistoryConfig::wait_when_behind`]);
+    /// cleared once a wait runs out, so a writer that cannot keep up costs
+    /// one wait, not one per batch.
+    waits: std::sync::atomic::AtomicBool,
     pub path: PathBuf,
 }
 
@@ -167,7 +170,7 @@ impl History {
             writer: handle.thread().clone(),
             shared,
             dropped: AtomicU64::new(0),
-            wait_when_behind: config.wait_when_behind,
+            waits: std::sync::atomic::AtomicBool::new(config.wait_when_behind),
             path: config.path.clone(),
         })
     }
@@ -175,20 +178,24 @@ impl History {
     /// Queues rows for writing. Past [`MAX_QUEUED_ROWS`] waiting rows, new
     /// ones are dropped (and logged); with
     /// [`HistoryConfig::wait_when_behind`], only after waiting up to
-    /// [`MAX_WAIT_BEHIND`] for the writer to catch up. Otherwise it never blocks.
+    /// [`MAX_WAIT_BEHIND`] for the writer to catch up (once: after a wait
+    /// runs out, rows are dropped at once). Otherwise it never blocks.
     pub fn record(&self, rows: Rows) {
         if rows.rows.is_empty() {
             return;
         }
         let n = rows.weight();
         let mut was = self.shared.queued_rows.fetch_add(n, Ordering::AcqRel);
-        if was + n > MAX_QUEUED_ROWS && self.wait_when_behind {
+        if was + n > MAX_QUEUED_ROWS && self.waits.load(Ordering::Relaxed) {
             let give_up = Instant::now() + MAX_WAIT_BEHIND;
             while was + n > MAX_QUEUED_ROWS && Instant::now() < give_up {
                 self.shared.queued_rows.fetch_sub(n, Ordering::AcqRel);
                 self.writer.unpark();
                 std::thread::sleep(Duration::from_millis(2));
                 was = self.shared.queued_rows.fetch_add(n, Ordering::AcqRel);
+            }
+            if was + n > MAX_QUEUED_ROWS {
+                self.waits.store(false, Ordering::Relaxed);
             }
         }
         if was + n > MAX_QUEUED_ROWS {
