@@ -9,6 +9,7 @@
 //!
 //! Where things live:
 //! - [`server`]: the request loop, concurrency, back-pressure, draining, dispatch.
+//! - [`unanswered`]: requests not yet answered, which a drain that gives up answers.
 //! - [`session`]: session state, `initialize`, `shutdown`, counters, the backends.
 //! - [`batch`]: `evaluate_batch` around the evaluator, result shaping, `Suite`.
 //! - [`sinks`]: where evaluations are recorded (`request_id` cache, history,
@@ -57,6 +58,7 @@ pub mod server;
 pub mod session;
 pub mod simulation;
 pub mod sinks;
+pub mod unanswered;
 /// The trace model and its validation, from `attest-core`.
 pub use attest_core::trace;
 /// The regex threads, from `attest-core`.

@@ -13,8 +13,9 @@
 //!   `shutdown` takes effect where it is read: nothing after it in the input
 //!   is read. A closed stdout stops reading too.
 //! - Every request read with an id gets exactly one response line (one still
-//!   running when the drain ends gets none); notifications get none; a JSON
-//!   array is a JSON-RPC batch answered by one array line.
+//!   running when the drain ends gets `3002` from the drain, see
+//!   [`crate::unanswered`]); notifications get none; a JSON array is a
+//!   JSON-RPC batch answered by one array line.
 
 use crate::batch;
 use crate::errors::trace_error;
@@ -140,7 +141,20 @@ where
     // `shutdown` itself waits up to the drain timeout before answering; allow it to.
     let grace = engine.config.drain_timeout + std::time::Duration::from_secs(5);
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
-        tracing::warn!(abandoned = tracker.len(), "drain timeout reached; exiting with requests unanswered");
+        let abandoned = engine.unanswered.abandon(None, engine.config.drain_timeout);
+        tracing::warn!(
+            abandoned = tracker.len(),
+            answered = abandoned.len(),
+            "drain timeout reached; exiting with requests unfinished, each answered 3002"
+        );
+        for line in abandoned {
+            if tokio::time::timeout(std::time::Duration::from_secs(1), out.send(line))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
     }
     engine.finish();
     // Abandoned requests still hold senders: close the writer behind what is
@@ -187,6 +201,7 @@ async fn respond(
     let (reply, _lane) = if line.len() > LARGE_LINE_BYTES {
         lane.enter_pool().await;
         let runtime = tokio::runtime::Handle::current();
+        let engine = engine.clone();
         let blocking = tokio::task::spawn_blocking(move || {
             let reply = crate::lane::pool_work(|| runtime.block_on(handle_line(&engine, &line, seq, &mut lane)));
             (reply, lane)
@@ -201,6 +216,9 @@ async fn respond(
     } else {
         (handle_line(&engine, &line, seq, &mut lane).await, Some(lane))
     };
+    // Unless the drain gave up on this request and answered for it.
+    let answered_by_drain = !engine.unanswered.settle(seq);
+    let reply = reply.filter(|_| !answered_by_drain);
     if let Some(reply) = reply {
         if out.send(reply).await.is_err() {
             tracing::warn!("response dropped: stdout writer has stopped");
@@ -246,7 +264,7 @@ pub async fn handle_line(engine: &Arc<Engine>, line: &[u8], seq: u64, lane: &mut
 pub const MAX_BATCH_MEMBERS: usize = 128;
 /// The smallest response a batch member must have room for: an error with
 /// a short message, besides its id.
-const MIN_MEMBER_RESPONSE_BYTES: usize = 400;
+pub(crate) const MIN_MEMBER_RESPONSE_BYTES: usize = 400;
 
 /// A line's request text: without a leading byte order mark, which may be
 /// ignored (RFC 8259 §8.1) and which a client writing UTF-8 "with BOM" puts
@@ -281,7 +299,11 @@ async fn answer_line(engine: &Arc<Engine>, line: &[u8], seq: u64, notes: &mut Ve
     // together they must not hold the line longer than one request may.
     let deadline = Instant::now() + engine.config.eval_timeout;
     if !text.starts_with('[') {
-        return handle_one(engine, text, seq, notes, limit, deadline, lane).await;
+        let request = parse_request(text);
+        if let Ok(Request { id: Some(id), .. }) = &request {
+            engine.unanswered.expect_one(seq, id);
+        }
+        return handle_one(engine, request, seq, notes, limit, deadline, lane).await;
     }
     let items: Vec<&RawValue> = match serde_json::from_str(text) {
         Ok(items) => items,
@@ -316,21 +338,19 @@ async fn answer_line(engine: &Arc<Engine>, line: &[u8], seq: u64, notes: &mut Ve
     // and the batch is refused before anything runs if a share cannot
     // hold even a short error under the member's id.
     let share = limit.saturating_sub(2 + items.len()) / items.len();
-    let longest_id = items
-        .iter()
-        .map(|raw| sniff_request(raw.get().as_bytes()).0.map_or(4, |id| id.get().len()))
-        .max()
-        .unwrap_or(4);
+    let ids: Vec<Option<Box<RawValue>>> = items.iter().map(|raw| sniff_request(raw.get().as_bytes()).0).collect();
+    let longest_id = ids.iter().map(|id| id.as_ref().map_or(4, |id| id.get().len())).max().unwrap_or(4);
     if longest_id + MIN_MEMBER_RESPONSE_BYTES > share {
         return refuse(
             format!("invalid request: batch too large: {} responses cannot share one {limit}-byte line", items.len()),
             format!("Each member of this batch would get {share} bytes of the response line, too few for its answer; none of this batch was run. Send fewer requests per batch, or one request per line."),
         );
     }
+    engine.unanswered.expect_batch(seq, ids.into_iter().flatten().collect());
     // Batch members run in order; the batch as a whole runs concurrently with other lines.
     let mut replies = Vec::with_capacity(items.len());
     for raw in &items {
-        replies.extend(handle_one(engine, raw.get(), seq, notes, share, deadline, lane).await);
+        replies.extend(handle_one(engine, parse_request(raw.get()), seq, notes, share, deadline, lane).await);
     }
     if replies.is_empty() {
         return None;
@@ -347,17 +367,17 @@ async fn answer_line(engine: &Arc<Engine>, line: &[u8], seq: u64, notes: &mut Ve
     Some(out)
 }
 
-/// Answers one request object in at most `budget` bytes.
+/// Answers one request object (as parsed) in at most `budget` bytes.
 async fn handle_one(
     engine: &Arc<Engine>,
-    text: &str,
+    request: Result<Request<'_>, protocol::Rejected>,
     seq: u64,
     notes: &mut Vec<Vec<u8>>,
     budget: usize,
     deadline: Instant,
     lane: &mut Lane,
 ) -> Option<Vec<u8>> {
-    let req = match parse_request(text) {
+    let req = match request {
         Ok(r) => r,
         Err(rejected) => return Some(error_line(&rejected.id, &rejected.error)),
     };
@@ -437,6 +457,8 @@ async fn dispatch(
     }
     if method == Method::Shutdown {
         let result = engine.shutdown(seq).await?;
+        // Requests the drain gave up on are answered before shutdown is.
+        notes.extend(engine.unanswered.abandon(Some(seq), engine.config.drain_timeout));
         tracing::info!(assertions_evaluated = result.assertions_evaluated, "shutdown requested");
         return to_raw(&result);
     }

@@ -77,6 +77,8 @@ pub struct Engine {
     pub sinks: Sinks,
     /// Cancelled when `shutdown` begins: the engine stops reading input.
     pub draining: CancellationToken,
+    /// Requests read and not yet answered, for a drain that gives up on them.
+    pub unanswered: crate::unanswered::Unanswered,
     /// Embedding and judge providers (layers 5 and 6).
     pub providers: Arc<Providers>,
 }
@@ -147,6 +149,7 @@ impl Engine {
             shutdown_seq: AtomicU64::new(u64::MAX),
             shutdown_began: std::sync::atomic::AtomicBool::new(false),
             draining: CancellationToken::new(),
+            unanswered: Default::default(),
         }
     }
 

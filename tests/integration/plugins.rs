@@ -2082,21 +2082,26 @@ fn a_plugin_call_ends_at_the_requests_deadline_not_only_at_its_own_timeout() {
     check(find(&results, "after"), "pass", 1.0, &[]);
 }
 
-#[test]
-fn shutdown_with_a_request_past_its_drain_limit_answers_and_exits_promptly() {
-    // The spin call may run 60 s; the drain limit is 1 s. shutdown answers
-    // after the drain limit and the process exits soon after, without the
-    // abandoned request's answer following shutdown's.
-    let cache = fresh_cache();
-    let dir = tempfile::tempdir().unwrap();
+/// An engine whose `spin` plugin may run 60 s a call, with a 1 s drain limit.
+fn start_with_a_long_spin(cache: &Path, dir: &Path) -> Engine {
     let config = write_config(
-        dir.path(),
+        dir,
         &format!(
             "drain_timeout = '1s'\n\n[[plugins]]\npath = {}\ntimeout = '60s'\n",
             toml_str(&wasm("spin"))
         ),
     );
-    let mut engine = start(cache.path(), &["--config", &config, "--eval-timeout", "90s"]);
+    start(cache, &["--config", &config, "--eval-timeout", "90s"])
+}
+
+#[test]
+fn shutdown_with_a_request_past_its_drain_limit_answers_both_and_exits_promptly() {
+    // shutdown answers after the 1 s drain limit, and the request it gave up
+    // on is answered 3002 just before it; the process exits soon after, and
+    // the abandoned request's own answer never follows.
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = start_with_a_long_spin(cache.path(), dir.path());
     engine.send(&evaluate_request(
         json!("spin"),
         refund_trace(),
@@ -2105,7 +2110,11 @@ fn shutdown_with_a_request_past_its_drain_limit_answers_and_exits_promptly() {
     std::thread::sleep(Duration::from_millis(300));
     let sent = Instant::now();
     engine.send(&rpc(json!("bye"), "shutdown", json!({})));
-    let answer: Value = serde_json::from_slice(&engine.recv_bytes_within(Duration::from_secs(20))).unwrap();
+    let abandoned: Value = serde_json::from_slice(&engine.recv_bytes_within(Duration::from_secs(20))).unwrap();
+    assert_eq!(abandoned["id"], "spin", "{abandoned}");
+    let error = expect_error(&abandoned, 3002);
+    assert!(error["message"].as_str().unwrap().contains("drain_timeout 1000 ms"), "{error}");
+    let answer: Value = serde_json::from_slice(&engine.recv_bytes_within(Duration::from_secs(5))).unwrap();
     assert_eq!(answer["id"], "bye", "{answer}");
     assert!(answer["result"].is_object(), "{answer}");
     let status = engine.wait_exit();
@@ -2117,6 +2126,40 @@ fn shutdown_with_a_request_past_its_drain_limit_answers_and_exits_promptly() {
     );
     let rest = engine.drain_ready();
     assert!(rest.is_empty(), "nothing follows shutdown's answer: {rest:?}");
+}
+
+#[test]
+fn end_of_input_with_requests_past_the_drain_limit_answers_each_before_exiting() {
+    // No shutdown: stdin closes with a single request and a JSON-RPC batch
+    // still spinning. After the drain limit and its grace, each id gets
+    // 3002, the batch as one array line, and the process exits 0.
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = start_with_a_long_spin(cache.path(), dir.path());
+    let spin = |id: &str| evaluate_request(json!(id), refund_trace(), json!([plugin("p", "spin", json!({}))]));
+    engine.send(&spin("one"));
+    engine.send(&json!([spin("b1"), notification("evaluate_batch", json!({})), spin("b2")]));
+    std::thread::sleep(Duration::from_millis(300));
+    let closed = Instant::now();
+    engine.close_stdin();
+    let mut answers = engine.values_until_eof();
+    let status = engine.wait_exit();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        closed.elapsed() < Duration::from_secs(20),
+        "exited {:?} after end of input",
+        closed.elapsed()
+    );
+    answers.sort_by_key(|a| a.is_array());
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert_eq!(answers[0]["id"], "one", "{answers:?}");
+    expect_error(&answers[0], 3002);
+    let batch = answers[1].as_array().expect("the batch's answer is an array");
+    let ids: Vec<&Value> = batch.iter().map(|member| &member["id"]).collect();
+    assert_eq!(ids, [&json!("b1"), &json!("b2")], "the notification gets no answer: {batch:?}");
+    for member in batch {
+        expect_error(member, 3002);
+    }
 }
 
 // ---------------------------------------------------------------- limits from the config file

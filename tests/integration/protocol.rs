@@ -1015,7 +1015,8 @@ fn response_line_never_exceeds_64k_with_500_long_explanations() {
     let mut trace = minimal_trace();
     trace["output"]["message"] = json!(big_output());
     engine.send(&evaluate_request(json!("big"), trace, long_explanation_assertions()));
-    let line = engine.recv_line();
+    // Waited for as long as the deadline allows: about 28 s on a busy 2-core machine.
+    let line = String::from_utf8(engine.recv_bytes_within(std::time::Duration::from_secs(120))).unwrap();
     assert!(line.len() <= MAX_RESPONSE_LINE, "response line is {} bytes", line.len());
     let resp: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(resp["id"], json!("big"));
