@@ -267,7 +267,60 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Strin
             "nested more than {MAX_YAML_FLOW_DEPTH} levels deep at line {line}: flatten the value"
         ));
     }
+    if let Some(at) = first_non_finite(text) {
+        return Err(format!(
+            "{at} is not a finite number (.nan and .inf have no meaning in a rules or prices file); give a number"
+        ));
+    }
     serde_norway::from_str(text).map_err(|e| e.to_string())
+}
+
+/// Where the text's first `.nan` or `.inf` value is, as a path
+/// (`rules[0].sample_rate`). Converted to JSON for the typed fields, such a
+/// value would become `null` and be refused as "invalid type: null"; said
+/// outright, the mistake is plain. Only a text that spells one is parsed
+/// for it.
+fn first_non_finite(text: &str) -> Option<String> {
+    let lower = text.to_ascii_lowercase();
+    if !lower.contains(".nan") && !lower.contains(".inf") {
+        return None;
+    }
+    fn find(value: &serde_norway::Value, path: &mut String) -> bool {
+        use serde_norway::Value;
+        match value {
+            Value::Number(n) => n.as_f64().is_some_and(|f| !f.is_finite()),
+            Value::Sequence(items) => items.iter().enumerate().any(|(i, item)| {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                let found = find(item, path);
+                if !found {
+                    path.truncate(len);
+                }
+                found
+            }),
+            Value::Mapping(map) => map.iter().any(|(key, item)| {
+                let len = path.len();
+                let key = match key {
+                    Value::String(k) => k.clone(),
+                    other => serde_norway::to_string(other).unwrap_or_default().trim().to_owned(),
+                };
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(&crate::bounded(&key, 64));
+                let found = find(item, path);
+                if !found {
+                    path.truncate(len);
+                }
+                found
+            }),
+            Value::Tagged(tagged) => find(&tagged.value, path),
+            _ => false,
+        }
+    }
+    let value: serde_norway::Value = serde_norway::from_str(text).ok()?;
+    let mut path = String::new();
+    find(&value, &mut path).then(|| if path.is_empty() { "the file's value".to_owned() } else { path })
 }
 
 /// The line at which flow collections nest deeper than `max`, if they do.
@@ -338,6 +391,17 @@ mod tests {
         assert_eq!(v["c"], "don't [x]");
         assert_eq!(flow_depth_exceeded("[[[]]]", 3), None);
         assert_eq!(flow_depth_exceeded("a: 1\nb: [[[[]]]]", 3), Some(2));
+    }
+
+    #[test]
+    fn a_non_finite_number_is_named_by_its_path() {
+        let e = parse_yaml::<serde_json::Value>("rules:\n  - name: r\n    sample_rate: .NaN\n").unwrap_err();
+        assert!(e.starts_with("rules[0].sample_rate is not a finite number"), "{e}");
+        let e = parse_yaml::<serde_json::Value>("models:\n  m: {input_per_million: -.inf}\n").unwrap_err();
+        assert!(e.starts_with("models.m.input_per_million is not a finite number"), "{e}");
+        // Spelled as text, it is text.
+        let v: serde_json::Value = parse_yaml("a: '.nan'\nb: x.info\n").unwrap();
+        assert_eq!(v["a"], ".nan");
     }
 
     #[test]
