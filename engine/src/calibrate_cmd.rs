@@ -118,8 +118,8 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
     // in order. Under a budget, calls start only while
     // what is spent and in flight (each priced like the dearest answer so
     // far) stays within it, so a run stops about where one at a time would.
-    // While every answer so far was free (the verdict cache's), nothing
-    // holds calls back: the first paid one may then have company.
+    // Answers from the verdict cache and failed calls say nothing of the
+    // price: until a call was paid for, calls go one at a time.
     let pace = Pace::default();
     let budget = engine.config.budget_usd;
     let calls = futures_util::stream::iter(records.iter().enumerate())
@@ -139,7 +139,7 @@ pub fn run(engine: &Engine, labels: &Path, judged: Judged<'_>, persist: bool, fo
                     context: "",
                 };
                 let judged = check.judge_material(providers, judge, &shown, deadline).await;
-                pace.finished(judged.as_ref().map_or(0.0, |j| j.cost));
+                pace.finished(judged.as_ref().ok().filter(|j| !j.cached || j.cost > 0.0).map(|j| j.cost));
                 let judged = judged.map_err(|e| {
                     let hint = match e {
                         crate::providers::ProviderError::Timeout => "; raise --eval-timeout, or check that the judge provider answers",
@@ -222,7 +222,7 @@ fn records_at_once(p: &crate::providers::config::ProvidersConfig) -> usize {
 struct Pace {
     spent: std::cell::Cell<f64>,
     in_flight: std::cell::Cell<usize>,
-    /// The dearest answer so far; `None` until one came back.
+    /// The dearest priced answer so far; `None` until one came back.
     dearest: std::cell::Cell<Option<f64>>,
     finished: tokio::sync::Notify,
 }
@@ -247,10 +247,14 @@ impl Pace {
         }
     }
 
-    fn finished(&self, cost: f64) {
+    /// A call ended: `priced` is what it cost when that says what a call
+    /// costs (`None` for a cache hit or a failure).
+    fn finished(&self, priced: Option<f64>) {
         self.in_flight.set(self.in_flight.get() - 1);
-        self.spent.set(self.spent.get() + cost);
-        self.dearest.set(Some(self.dearest.get().unwrap_or(0.0).max(cost)));
+        if let Some(cost) = priced {
+            self.spent.set(self.spent.get() + cost);
+            self.dearest.set(Some(self.dearest.get().unwrap_or(0.0).max(cost)));
+        }
         self.finished.notify_waiters();
     }
 }
@@ -279,4 +283,41 @@ fn write_table(c: &Calibration, out: &mut impl Write) -> std::io::Result<()> {
         writeln!(out, "{k:<12}  {v}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pace;
+    use std::time::Duration;
+
+    /// Whether a call may start within a moment.
+    async fn admitted(pace: &Pace, budget: Option<f64>) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), pace.admit(budget))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    #[tokio::test]
+    async fn under_a_budget_calls_go_one_at_a_time_until_one_was_paid_for() {
+        let pace = Pace::default();
+        let budget = Some(1.0);
+        assert!(admitted(&pace, budget).await);
+        // A cache hit and a failure say nothing of the price.
+        pace.finished(None);
+        assert!(admitted(&pace, budget).await);
+        assert!(!admitted(&pace, budget).await, "a second call waits while nothing is priced");
+        pace.finished(Some(0.25));
+        // Spent 0.25; each call priced 0.25: three may be in flight.
+        for _ in 0..3 {
+            assert!(admitted(&pace, budget).await);
+        }
+        assert!(!admitted(&pace, budget).await, "a fourth would pass the budget");
+        for _ in 0..3 {
+            pace.finished(Some(0.25));
+        }
+        assert_eq!(pace.admit(budget).await, Err(1.0), "the budget is spent");
+        // No budget, no pacing.
+        let free = Pace::default();
+        assert!(admitted(&free, None).await && admitted(&free, None).await);
+    }
 }
