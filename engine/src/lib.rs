@@ -1,11 +1,11 @@
 //! attest-engine: the Attest evaluation engine as a product.
 //!
 //! SDKs spawn the `attest-engine` binary and talk JSON-RPC 2.0 over NDJSON on
-//! stdin/stdout; `eval`, `calibrate`, `plugin`, `collect`, `worker` and `ecp`
-//! reach the same evaluator without the wire. This crate is the thin layer
-//! around `attest-core`'s evaluator: the front doors, sessions, params,
-//! configuration, reports, and the one place domain errors become JSON-RPC
-//! errors (`docs/architecture.md` is the map).
+//! stdin/stdout; `eval`, `plugin`, `collect`, `worker` and `ecp` reach the
+//! same evaluator without the wire, and `calibrate` reaches its judge (layer
+//! 6). This crate is the thin layer around `attest-core`'s evaluator: the
+//! front doors, sessions, params, configuration, reports, and the one place
+//! domain errors become JSON-RPC errors (`docs/architecture.md` is the map).
 //!
 //! Where things live:
 //! - [`server`]: the request loop, concurrency, back-pressure, draining, dispatch.

@@ -34,13 +34,14 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     allow_negative_numbers = true
 )]
 struct Cli {
-    /// debug, info, warn or error (structured JSON lines on stderr).
+    /// debug, info, warn or error (structured JSON lines on stderr; default
+    /// info, warn for eval, calibrate and plugin check/test).
     #[arg(long, global = true, value_name = "LEVEL")]
     log_level: Option<String>,
     /// TOML configuration file.
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Per-request evaluation deadline, e.g. 30s, 1500ms, 2m.
+    /// Per-request evaluation deadline, e.g. 30s, 1500ms, 2m (default 25s).
     #[arg(long, global = true, value_name = "DURATION")]
     eval_timeout: Option<String>,
     /// Requests evaluated at once (default 64).
@@ -70,7 +71,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve JSON-RPC 2.0 on stdin/stdout (the default).
-    Serve,
+    Serve {
+        /// Write a report of the session: junit=<path>, json=<path> or
+        /// markdown=<path> (repeatable; also accepted before the subcommand).
+        #[arg(long = "report", value_name = "KIND=PATH")]
+        reports: Vec<String>,
+    },
     /// Evaluate traces from files and print the results.
     Eval {
         /// A .json trace (or array of traces) or a .jsonl file of traces.
@@ -81,6 +87,10 @@ enum Command {
         assertions: PathBuf,
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
+        /// Write a report of the run: junit=<path>, json=<path> or
+        /// markdown=<path> (repeatable; also accepted before the subcommand).
+        #[arg(long = "report", value_name = "KIND=PATH")]
+        reports: Vec<String>,
     },
     /// Run the LLM judge over human-labelled records and report agreement
     /// (see docs/calibration.md).
@@ -116,7 +126,7 @@ enum Command {
     Worker(attest_collect::WorkerArgs),
     /// Drive agents over the Evaluation Context Protocol from YAML manifests.
     Ecp(attest_ecp::EcpCommand),
-    /// Inspect WebAssembly plugins.
+    /// Create, check and test WebAssembly plugins.
     Plugin {
         #[command(subcommand)]
         command: PluginCommand,
@@ -131,6 +141,7 @@ enum PluginCommand {
         /// The plugin's id, also its project, crate or package name
         /// (lowercase letters and digits, joined by single '-').
         name: String,
+        /// The plugin's language (required).
         #[arg(long, value_enum)]
         lang: Lang,
         /// Where to write it (default: ./<name>); must be new or empty.
@@ -315,7 +326,15 @@ fn run() -> ExitCode {
         strict_step_types: cli.strict_step_types,
         plugins: cli.plugins.clone(),
         plugin_dir: cli.plugin_dir.clone(),
-        reports: cli.reports.clone(),
+        reports: cli
+            .reports
+            .iter()
+            .chain(match &cli.command {
+                Some(Command::Eval { reports, .. } | Command::Serve { reports }) => reports.as_slice(),
+                _ => &[],
+            })
+            .cloned()
+            .collect(),
         no_history: cli.no_history,
         skip_plugin_dir: matches!(cli.command, Some(Command::Plugin { .. })),
     };
@@ -326,7 +345,7 @@ fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match cli.command.unwrap_or(Command::Serve) {
+    match cli.command.unwrap_or(Command::Serve { reports: Vec::new() }) {
         command @ (Command::Version
         | Command::Plugin {
             command: PluginCommand::New { .. },
@@ -373,7 +392,9 @@ fn run() -> ExitCode {
                 format,
             )
         }
-        Command::Eval { trace, assertions, format } => {
+        Command::Eval {
+            trace, assertions, format, ..
+        } => {
             logging::init(one_shot_level(&config));
             // A one-shot run's results are all it has to record: wait for
             // the history writer rather than drop rows when it falls behind.
@@ -471,7 +492,7 @@ fn run() -> ExitCode {
                 }
             }
         }
-        Command::Serve => {
+        Command::Serve { .. } => {
             logging::init(config.log_level);
             // With one CPU a work-stealing pool only adds thread hand-offs.
             let one_cpu = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
@@ -735,7 +756,7 @@ fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) 
                 p.limits.memory_bytes / (1024 * 1024),
                 p.limits.timeout.as_millis()
             );
-            println!("loaded from:  {:?} in {:.1} ms", p.source, p.load_ms);
+            println!("loaded from:  {} in {:.1} ms", p.source, p.load_ms);
             let listing = p.capability_listing();
             println!(
                 "capabilities: requested {}; granted {}",

@@ -55,6 +55,19 @@ pub enum Ended {
     OutputClosed,
 }
 
+impl Ended {
+    /// How logs name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Shutdown => "shutdown",
+            Ended::EndOfInput => "end of input",
+            Ended::Signal => "signal",
+            Ended::InputError => "stdin could not be read",
+            Ended::OutputClosed => "stdout closed",
+        }
+    }
+}
+
 /// Serves JSON-RPC on `input`/`output` until shutdown, end of input or a signal.
 pub async fn serve<R, W>(engine: Arc<Engine>, input: R, output: W) -> Ended
 where
@@ -136,7 +149,11 @@ where
             break Ended::Shutdown;
         }
     };
-    tracing::info!(reason = ?ended, inflight = tracker.len(), "stopping: draining in-flight requests");
+    tracing::info!(
+        reason = ended.as_str(),
+        inflight = tracker.len(),
+        "stopping: draining in-flight requests"
+    );
     tracker.close();
     // `shutdown` itself waits up to the drain timeout before answering; allow it to.
     let grace = engine.config.drain_timeout + std::time::Duration::from_secs(5);

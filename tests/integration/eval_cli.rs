@@ -445,12 +445,19 @@ fn reports_list_unevaluated_inputs_and_count_results_they_no_longer_hold() {
     );
     let assertions = write_json(&dir, "assertions.json", &refund_assertions());
     let (junit, json_report) = (dir.path().join("r.xml"), dir.path().join("r.json"));
-    // `eval` with both reports and no history, after `first` global flags.
+    // `eval` with both reports (one named before the subcommand, one after)
+    // and no history, after `first` global flags.
     let reported = |first: &[&str], traces: &Path| {
         let (junit, json) = (format!("junit={}", junit.display()), format!("json={}", json_report.display()));
         let mut args = first.to_vec();
-        args.extend(["--no-history", "--report", &junit, "--report", &json, "eval", "--trace"]);
-        args.extend([traces.to_str().unwrap(), "--assertions", assertions.to_str().unwrap()]);
+        args.extend(["--no-history", "--report", &junit, "eval", "--trace"]);
+        args.extend([
+            traces.to_str().unwrap(),
+            "--assertions",
+            assertions.to_str().unwrap(),
+            "--report",
+            &json,
+        ]);
         run(&args)
     };
     let out = reported(&[], &traces);

@@ -2384,7 +2384,7 @@ fn plugin_check_prints_metadata_api_version_and_limits() {
             format!("file:         {}", wasm(id)),
             format!("api version:  attest:plugin@{API} (engine serves {})", SERVED.join(", ")),
             format!("limits:       no fuel metering (the deadline bounds CPU), 64 MiB memory, {DEFAULT_TIMEOUT_MS} ms per call"),
-            "loaded from:  Compiled in ".to_owned(),
+            "loaded from:  compiled in ".to_owned(),
             "config schema:\n{".to_owned(),
         ] {
             assert!(stdout.contains(&line), "{id}: {line:?} missing from:\n{stdout}");
@@ -2401,13 +2401,13 @@ fn plugin_check_prints_metadata_api_version_and_limits() {
     }
     // Checking a plugin leaves the engine's cache as it was: nothing is written.
     let out = run_with(cache.path(), &["plugin", "check", &wasm("pii-leak")]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("loaded from:  Compiled in "));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("loaded from:  compiled in "));
     let written: Vec<_> = walk_files(cache.path());
     assert!(written.is_empty(), "plugin check wrote {written:?}");
     // A cache an engine start filled is used.
     drop(start(cache.path(), &["--plugin", &wasm("pii-leak")]));
     let out = run_with(cache.path(), &["plugin", "check", &wasm("pii-leak")]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("loaded from:  Cache in "));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("loaded from:  cache in "));
 }
 
 #[test]

@@ -65,6 +65,15 @@ pub enum Source {
     Compiled,
 }
 
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Cache => "cache",
+            Source::Compiled => "compiled",
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ArtefactCache {
     dir: Option<PathBuf>,

@@ -289,7 +289,7 @@ impl PluginHost {
                 host.fail(&spec.path, error);
                 continue;
             }
-            tracing::info!(plugin = %plugin.id, version = %plugin.version, api = %plugin.api_version, from = ?plugin.source, load_ms = plugin.load_ms, "plugin loaded");
+            tracing::info!(plugin = %plugin.id, version = %plugin.version, api = %plugin.api_version, from = %plugin.source, load_ms = plugin.load_ms, "plugin loaded");
             host.order.push(plugin.id.to_string());
             host.plugins.insert(plugin.id.to_string(), Arc::new(plugin));
         }
