@@ -58,6 +58,7 @@ pub enum EcpAction {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Run options")]
 pub struct RunArgs {
     /// The manifest YAML file.
     #[arg(long, short = 'm')]
@@ -101,6 +102,7 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Conformance options")]
 pub struct ConformanceArgs {
     /// Agent command or http(s):// endpoint.
     #[arg(required_unless_present = "target_opt")]
@@ -126,6 +128,7 @@ pub struct ConformanceArgs {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Trend options")]
 pub struct TrendArgs {
     /// Glob of saved JSON reports, e.g. 'results/run-*.json'.
     pub pattern: String,
