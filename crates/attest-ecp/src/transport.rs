@@ -185,11 +185,23 @@ pub struct StdioAgent {
     reaped: bool,
 }
 
-/// The shell command line: simple commands are `exec`ed so the agent itself
-/// (not an intermediate shell) is the process that carries the death signal.
+/// Words a target may start with that name no program: shell builtins and
+/// reserved words. `exec` before one would look for a program of that name.
+const SHELL_WORDS: [&str; 24] = [
+    "exec", "command", "builtin", "eval", ".", "source", "set", "export", "readonly", "unset", "cd", "trap", "ulimit", "umask", "shift",
+    "wait", "alias", "read", "type", "hash", "if", "while", "for", "time",
+];
+
+/// The shell command line: a simple command that runs a program is `exec`ed
+/// so the agent itself (not an intermediate shell) is the process that
+/// carries the death signal. Anything else, leading variable assignments
+/// (`MODE=test python3 agent.py`) and builtins included, runs as the shell
+/// reads it.
 fn shell_line(target: &str) -> String {
     let simple = target.chars().all(|c| c.is_alphanumeric() || " \t-_./=:,+@%'\"".contains(c));
-    if simple {
+    let first = target.split_whitespace().next().unwrap_or_default();
+    let runs_a_program = !first.contains('=') && !SHELL_WORDS.contains(&first);
+    if simple && runs_a_program {
         format!("exec {target}")
     } else {
         target.to_string()
@@ -218,6 +230,7 @@ impl StdioAgent {
         #[cfg(target_os = "linux")]
         {
             let parent = std::process::id() as libc::pid_t;
+            guard::hide_memory();
             // SAFETY: between fork and exec only async-signal-safe calls run
             // (prctl, getpid, getppid, fork, close_range, close, open, dup2, sigprocmask,
             // sigwaitinfo, waitpid, kill, signal, _exit); nothing allocates.
@@ -752,26 +765,38 @@ impl HttpAgent {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("")
                 .to_ascii_lowercase();
-            let mut raw = Vec::new();
+            let stream = content_type.contains("text/event-stream");
+            let (mut raw, mut events, mut received) = (Vec::new(), SseEvents::default(), 0usize);
             while let Some(chunk) = resp.chunk().await.map_err(|e| {
                 CallError::new(
                     ExitReason::TransportError,
                     format!("reading the HTTP response failed: {}", error_chain(&e)),
                 )
             })? {
-                if raw.len() + chunk.len() > MAX_HTTP_BODY {
+                received += chunk.len();
+                if received > MAX_HTTP_BODY {
                     return Err(CallError::new(
                         ExitReason::ProtocolError,
                         format!("HTTP response exceeds {MAX_HTTP_BODY} bytes"),
                     ));
                 }
-                raw.extend_from_slice(&chunk);
-                if content_type.contains("text/event-stream") {
-                    // A server may keep the stream open after the response event.
-                    if let Some(v) = parse_sse(&String::from_utf8_lossy(&raw), false) {
+                if stream && status.is_success() {
+                    // Each event is read once, as it completes: a stream
+                    // of progress events costs time in proportion to its
+                    // length. A server may keep the stream open after the
+                    // response event.
+                    if let Some(v) = events.push(&chunk) {
                         return Ok((status, v));
                     }
+                } else {
+                    raw.extend_from_slice(&chunk);
                 }
+            }
+            if stream && status.is_success() {
+                return events
+                    .finish()
+                    .map(|v| (status, v))
+                    .ok_or_else(|| CallError::new(ExitReason::ProtocolError, "SSE stream ended without a JSON-RPC response"));
             }
             let text = String::from_utf8_lossy(&raw).into_owned();
             if !status.is_success() {
@@ -779,11 +804,6 @@ impl HttpAgent {
                     ExitReason::TransportError,
                     format!("HTTP {status} from {}: {}", self.endpoint, clip(&text, 500)),
                 ));
-            }
-            if content_type.contains("text/event-stream") {
-                return parse_sse(&text, true)
-                    .map(|v| (status, v))
-                    .ok_or_else(|| CallError::new(ExitReason::ProtocolError, "SSE stream ended without a JSON-RPC response"));
             }
             if text.trim().is_empty() {
                 return Err(CallError::new(
@@ -822,30 +842,57 @@ impl HttpAgent {
     }
 }
 
-/// The first SSE event whose data is a JSON-RPC response. With `complete`
-/// false, only events already terminated by a blank line are considered.
-fn parse_sse(raw: &str, complete: bool) -> Option<Value> {
-    let normalized = raw.replace("\r\n", "\n");
-    let mut events: Vec<&str> = normalized.split("\n\n").collect();
-    if !complete {
-        events.pop();
-    }
-    for event in events {
-        let data: Vec<&str> = event
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(|d| d.strip_prefix(' ').unwrap_or(d))
-            .collect();
-        if data.is_empty() {
-            continue;
-        }
-        if let Ok(v) = serde_json::from_str::<Value>(&data.join("\n")) {
-            if v.get("result").is_some() || v.get("error").is_some() {
-                return Some(v);
+/// A server-sent event stream read as it arrives, for its first event whose
+/// data is a JSON-RPC response. Only the event being received is kept.
+#[derive(Default)]
+struct SseEvents {
+    /// The text after the last complete event, without carriage returns:
+    /// a line may end in CRLF, and JSON holds no raw CR but as whitespace.
+    pending: Vec<u8>,
+    /// How much of `pending` is known to hold no event boundary.
+    scanned: usize,
+}
+
+impl SseEvents {
+    /// Takes the next part of the stream: the response, once an event
+    /// completed by a blank line holds one.
+    fn push(&mut self, chunk: &[u8]) -> Option<Value> {
+        self.pending.extend(chunk.iter().copied().filter(|&b| b != b'\r'));
+        let mut start = 0;
+        let mut found = None;
+        while let Some(end) = memchr::memmem::find(&self.pending[self.scanned.max(start)..], b"\n\n").map(|i| i + self.scanned.max(start)) {
+            found = sse_response(&self.pending[start..end]);
+            start = end + 2;
+            if found.is_some() {
+                break;
             }
         }
+        self.pending.drain(..start);
+        // The last byte may begin a boundary the next chunk completes.
+        self.scanned = self.pending.len().saturating_sub(1);
+        found
     }
-    None
+
+    /// The stream ended: its last event needs no blank line after it.
+    fn finish(self) -> Option<Value> {
+        sse_response(&self.pending)
+    }
+}
+
+/// The JSON-RPC response one event's data holds, if it holds one.
+fn sse_response(event: &[u8]) -> Option<Value> {
+    let event = String::from_utf8_lossy(event);
+    let data: Vec<&str> = event
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect();
+    if data.is_empty() {
+        return None;
+    }
+    serde_json::from_str::<Value>(&data.join("\n"))
+        .ok()
+        .filter(|v| v.get("result").is_some() || v.get("error").is_some())
 }
 
 /// The agent's guard, on Linux: the process the runtime spawns forks the
@@ -866,6 +913,23 @@ mod guard {
 
     /// Signal the guard gets when the runtime dies.
     const RUNTIME_DIED: c_int = libc::SIGUSR1;
+    /// `CAP_SYS_PTRACE`, `CAP_SYS_ADMIN` and `CAP_PERFMON`
+    /// (linux/capability.h).
+    const MEMORY_READING_CAPABILITIES: [libc::c_ulong; 3] = [19, 21, 38];
+
+    /// Makes the runtime's memory, and that of every guard it forks, closed
+    /// to its agents. The guard is a fork of the runtime that never execs,
+    /// so both hold the runtime's whole environment (its API keys among
+    /// it), which an agent of the same user could otherwise read from
+    /// `/proc/<pid>/environ` or `/proc/<pid>/mem`, whatever environment it
+    /// was given itself. A process that is not dumpable opens those files
+    /// only to processes with `CAP_SYS_PTRACE`. It also writes no core dump.
+    pub fn hide_memory() {
+        // SAFETY: prctl with these arguments only sets a flag of this process.
+        unsafe {
+            libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0);
+        }
+    }
 
     /// Runs in the spawned process before exec: returns in the agent (which
     /// then execs the target), never returns in the guard.
@@ -879,6 +943,14 @@ mod guard {
             // The agent dies with its guard.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 || libc::getppid() != guard {
                 libc::_exit(1);
+            }
+            // An agent run as root would otherwise read the runtime's and the
+            // guard's memory despite `hide_memory`: each of these
+            // capabilities opens a process that is not dumpable. Out of its
+            // bounding set, the agent cannot get them back when it execs.
+            // Refused (and harmless) for an agent that is not root.
+            for cap in MEMORY_READING_CAPABILITIES {
+                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
             }
             return Ok(());
         }
@@ -999,8 +1071,27 @@ mod tests {
     #[test]
     fn sse_events_are_parsed() {
         let raw = "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"note\"}\r\n\r\ndata: {\"jsonrpc\":\"2.0\",\r\ndata: \"id\":1,\"result\":true}\r\n\r\n";
-        assert_eq!(parse_sse(raw, true).unwrap()["result"], true);
-        assert!(parse_sse("data: {\"id\":1,\"result\":1}", false).is_none());
+        let mut events = SseEvents::default();
+        assert!(events.push(raw.as_bytes()).is_some_and(|v| v["result"] == true));
+        // Split anywhere, a CRLF and a boundary included, it reads the same.
+        for cut in 1..raw.len() {
+            let mut events = SseEvents::default();
+            let first = events.push(&raw.as_bytes()[..cut]);
+            let v = first
+                .or_else(|| events.push(&raw.as_bytes()[cut..]))
+                .unwrap_or_else(|| panic!("cut at {cut}"));
+            assert_eq!(v["id"], 1, "cut at {cut}");
+        }
+        // An event without the blank line after it counts only at the end.
+        let mut open = SseEvents::default();
+        assert!(open.push(b"data: {\"id\":1,\"result\":1}").is_none());
+        assert_eq!(open.finish().unwrap()["result"], 1);
+        // A long stream of progress events keeps only the event in progress.
+        let mut long = SseEvents::default();
+        for _ in 0..10_000 {
+            assert!(long.push(b"data: {\"jsonrpc\":\"2.0\",\"method\":\"progress\"}\n\n").is_none());
+        }
+        assert!(long.pending.is_empty());
     }
 
     /// A stdio agent (Python's standard library only) that answers every
@@ -1124,5 +1215,13 @@ for line in sys.stdin:
     fn simple_commands_are_execed() {
         assert_eq!(shell_line("python3 agent.py --x=1"), "exec python3 agent.py --x=1");
         assert_eq!(shell_line("cd a && python3 b.py"), "cd a && python3 b.py");
+        for as_written in [
+            "MODE=test python3 agent.py",
+            "exec python3 agent.py",
+            "command python3 agent.py",
+            "cd a",
+        ] {
+            assert_eq!(shell_line(as_written), as_written);
+        }
     }
 }

@@ -398,6 +398,10 @@ scenarios:
     steps:
       - input: env ECP_TEST_SECRET
         graders: [{type: text_match, condition: equals, value: "ECP_TEST_SECRET=<unset>"}]
+      - input: ancestors ECP_TEST_SECRET
+        graders: [{type: text_match, condition: equals, value: "ECP_TEST_SECRET in ancestors: no"}]
+      - input: ancestors ECP_TEST_PASSED
+        graders: [{type: text_match, condition: equals, value: "ECP_TEST_PASSED in ancestors: no"}]
       - input: env GIVEN
         graders: [{type: text_match, condition: equals, value: "GIVEN=set in the manifest"}]
       - input: env ECP_TEST_PASSED

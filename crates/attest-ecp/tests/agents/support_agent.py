@@ -5,6 +5,8 @@ Behaviour by input:
 - "lookup ORD-n": one lookup call; "refund it": refunds the last order looked up;
 - "pause ...": answers with status paused (waiting for approval);
 - "env NAME": reports whether NAME is visible in its environment;
+- "ancestors NAME": whether NAME is readable in the environment of any of its
+  three nearest ancestors (the runtime's own, say) through /proc;
 - "two lines": two lines of output, ending with a newline;
 - "legacy": answers with the deprecated private_thought field only;
 - anything else: an echo.
@@ -14,6 +16,23 @@ import os
 import sys
 
 from ecp import Result, agent, on_reset, on_step, serve, serve_http
+
+
+def in_ancestors(name):
+    """Whether `name` can be read from an ancestor's /proc/<pid>/environ."""
+    pid = os.getppid()
+    for _ in range(3):
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if any(entry.split(b"=", 1)[0] == name.encode() for entry in f.read().split(b"\0")):
+                    return True
+        except OSError:
+            pass
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    return False
 
 
 @agent(name="SupportAgent", capabilities={"tool_calls": {}, "evaluation_context": {}, "usage": {}})
@@ -56,6 +75,8 @@ class SupportAgent:
             return Result(status="paused", public_output="Waiting for a manager to approve.", evaluation_context="Needs approval.")
         if words[:1] == ["env"] and len(words) > 1:
             return Result(public_output=f"{words[1]}={os.environ.get(words[1], '<unset>')}")
+        if words[:1] == ["ancestors"] and len(words) > 1:
+            return Result(public_output=f"{words[1]} in ancestors: {'yes' if in_ancestors(words[1]) else 'no'}")
         if text == "legacy":
             return Result(public_output="Legacy answer", private_thought="thought via the deprecated field")
         if text == "two lines":
