@@ -272,6 +272,24 @@ fn without_config(command: &Command) -> Option<ExitCode> {
                 }
             })
         }
+        // They grade nothing, so they need no engine, nor its configuration.
+        Command::Ecp(cmd) if !cmd.action.grades() => {
+            logging::init(logging::Level::Info);
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    eprintln!("attest-engine ecp: cannot start the async runtime: {e}");
+                    return Some(ExitCode::from(1));
+                }
+            };
+            Some(match runtime.block_on(attest_ecp::run_ungraded(cmd.action.clone())) {
+                Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+                Err(e) => {
+                    eprintln!("attest-engine ecp: {e:#}");
+                    ExitCode::from(1)
+                }
+            })
+        }
         _ => None,
     }
 }
@@ -342,7 +360,8 @@ fn run() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("attest-engine: configuration error: {e:#}");
-            return ExitCode::from(2);
+            // `ecp` keeps 2 for failed checks; its usage errors are 1.
+            return ExitCode::from(if matches!(cli.command, Some(Command::Ecp(_))) { 1 } else { 2 });
         }
     };
     match cli.command.unwrap_or(Command::Serve { reports: Vec::new() }) {

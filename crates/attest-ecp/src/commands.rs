@@ -13,6 +13,9 @@ use crate::runner::{self, RunOptions};
 use crate::transport::{Agent, AgentEnv};
 use crate::{ConformanceArgs, RunArgs, TrendArgs};
 
+/// The longest limit `--timeout` and `--max-duration` keep (31 years).
+const MAX_SECONDS: f64 = 1e9;
+
 fn positive_seconds(arg: Option<f64>, env_name: &str, flag: &str, default: Option<f64>) -> Result<Option<Duration>, String> {
     let (value, source) = match arg {
         Some(v) => (Some(v.to_string()), flag.to_string()),
@@ -22,7 +25,9 @@ fn positive_seconds(arg: Option<f64>, env_name: &str, flag: &str, default: Optio
         return Ok(None);
     };
     match raw.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(Some(Duration::from_secs_f64(v))),
+        // Past 31 years, a limit is as good as none; kept at that, the
+        // deadline it sets stays within what a clock can add.
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(Duration::from_secs_f64(v.min(MAX_SECONDS)))),
         _ => Err(format!("{source} must be a positive number of seconds, got '{raw}'")),
     }
 }
@@ -542,6 +547,10 @@ mod tests {
     #[test]
     fn timeouts_must_be_positive() {
         assert!(positive_seconds(Some(-1.0), "X_UNSET_VAR", "--timeout", Some(30.0)).is_err());
+        assert_eq!(
+            positive_seconds(Some(1e300), "X_UNSET_VAR", "--timeout", Some(30.0)).unwrap(),
+            Some(Duration::from_secs(1_000_000_000))
+        );
         assert_eq!(
             positive_seconds(None, "X_UNSET_VAR", "--timeout", Some(30.0)).unwrap(),
             Some(Duration::from_secs(30))

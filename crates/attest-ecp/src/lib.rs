@@ -93,7 +93,7 @@ pub struct RunArgs {
     /// Scenarios run in parallel, each with its own agent process.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub jobs: u16,
-    /// No progress lines on stderr.
+    /// No progress lines on stderr, and the engine logs at warn unless a log level was set.
     #[arg(long, short = 'q', conflicts_with = "verbose")]
     pub quiet: bool,
     /// Progress lines give the reason of every check, not only failed ones.
@@ -149,8 +149,26 @@ pub async fn run_command(cmd: EcpCommand, host: Arc<dyn GradingHost>) -> anyhow:
     match cmd.action {
         EcpAction::Run(args) => commands::run(args, host).await,
         EcpAction::Validate { manifest } => Ok(commands::validate(&manifest, host.as_ref())),
+        ungraded => run_ungraded(ungraded).await,
+    }
+}
+
+impl EcpAction {
+    /// Whether the action grades checks, and so needs a grading host (and
+    /// whatever stands behind it: the engine, its configuration).
+    pub fn grades(&self) -> bool {
+        matches!(self, EcpAction::Run(_) | EcpAction::Validate { .. })
+    }
+}
+
+/// Runs an action that grades nothing: `conformance`, `init`, `trend`.
+pub async fn run_ungraded(action: EcpAction) -> anyhow::Result<i32> {
+    match action {
         EcpAction::Conformance(args) => commands::conformance(args).await,
         EcpAction::Init { directory, force } => Ok(commands::init(&directory, force)),
         EcpAction::Trend(args) => Ok(commands::trend(&args)),
+        EcpAction::Run(_) | EcpAction::Validate { .. } => {
+            anyhow::bail!("`ecp run` and `ecp validate` grade checks: they need a grading host")
+        }
     }
 }
