@@ -245,4 +245,20 @@ fn commands_that_read_no_engine_configuration_run_whatever_it_holds() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("configuration error"));
+    // `ecp init` grades nothing and needs none of it; `ecp run` refuses it
+    // with its usage code, 1 (2 is for failed checks).
+    let starter = dir.path().join("ecp_eval");
+    let out = command()
+        .env("ATTEST_CONFIG", dir.path().join("missing.toml"))
+        .args(["ecp", "init", starter.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = command()
+        .env("ATTEST_CONFIG", dir.path().join("missing.toml"))
+        .args(["ecp", "run", "-m", starter.join("manifest.yaml").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("configuration error"));
 }
