@@ -221,10 +221,12 @@ impl StdioAgent {
         for (k, v) in &env.set {
             cmd.env(k, v);
         }
+        // On Linux, dropping the agent asks its guard to end everything
+        // (`end_all`); a SIGKILL for the guard would stop it half-way.
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .kill_on_drop(!cfg!(target_os = "linux"));
         #[cfg(unix)]
         cmd.process_group(0);
         #[cfg(target_os = "linux")]
@@ -515,18 +517,30 @@ impl StdioAgent {
             return;
         }
         self.kill_group(libc::SIGTERM);
-        match tokio::time::timeout(STOP_GRACE, self.child.wait()).await {
-            Ok(_) => {
-                // The leader is gone; anything it left in the group goes too.
-                self.kill_group(libc::SIGKILL);
-                self.reaped = true;
-            }
-            Err(_) => {
-                self.kill_group(libc::SIGKILL);
-                let _ = self.child.kill().await;
-                self.reaped = true;
-            }
+        if tokio::time::timeout(STOP_GRACE, self.child.wait()).await.is_err() {
+            // The guard ends the group and every other descendant, then
+            // itself; killed with the group, it could not.
+            self.end_all();
+            let _ = tokio::time::timeout(STOP_GRACE, self.child.wait()).await;
         }
+        // The leader is gone (or is made to go); anything left in the group goes too.
+        self.kill_group(libc::SIGKILL);
+        let _ = self.child.kill().await;
+        self.reaped = true;
+    }
+
+    /// Ends the agent, its group and everything else it started: on Linux
+    /// through its guard, which reaches descendants that left the group.
+    fn end_all(&self) {
+        #[cfg(target_os = "linux")]
+        if let Some(guard) = self.pgid.filter(|&g| g > 0 && !self.reaped) {
+            // SAFETY: plain syscall; the guard is not reaped, so the id is still ours.
+            unsafe {
+                libc::kill(guard, guard::RUNTIME_DIED);
+            }
+            return;
+        }
+        self.kill_group(libc::SIGKILL);
     }
 }
 
@@ -685,7 +699,7 @@ fn clip_json(v: Option<&Value>) -> String {
 
 impl Drop for StdioAgent {
     fn drop(&mut self) {
-        self.kill_group(libc::SIGKILL);
+        self.end_all();
     }
 }
 
@@ -911,8 +925,9 @@ fn sse_response(event: &[u8]) -> Option<Value> {
 mod guard {
     use libc::{c_int, pid_t};
 
-    /// Signal the guard gets when the runtime dies.
-    const RUNTIME_DIED: c_int = libc::SIGUSR1;
+    /// Signal the guard gets when the runtime dies, or when the runtime
+    /// stops an agent that does not stop by itself.
+    pub const RUNTIME_DIED: c_int = libc::SIGUSR1;
     /// `CAP_SYS_PTRACE`, `CAP_SYS_ADMIN` and `CAP_PERFMON`
     /// (linux/capability.h).
     const MEMORY_READING_CAPABILITIES: [libc::c_ulong; 3] = [19, 21, 38];
@@ -1005,14 +1020,96 @@ mod guard {
         }
     }
 
-    /// The runtime is gone: the agent's whole process group goes too.
+    /// The runtime is gone, or asks for everything to end: the agent's
+    /// whole process group goes, and every other descendant.
     unsafe fn end_group() -> ! {
+        end_descendants();
+        // Whatever joined the group without being a descendant, and the guard.
         libc::kill(0, libc::SIGKILL);
         libc::_exit(137)
     }
 
-    /// Exits the way the agent did: with its code, or by its signal.
+    /// Longest the guard spends ending descendants, in rounds of 1 ms.
+    const END_ROUNDS: u32 = 5_000;
+
+    /// Kills every descendant of the guard, whatever process group or
+    /// session it moved to (`setpgid`, `setsid`): each is the guard's child,
+    /// or becomes one when its parent dies, since the guard is their
+    /// subreaper. So killing the children in rounds, and reaping them,
+    /// reaches them all. Async-signal-safe: it reads `/proc` into a buffer
+    /// on the stack and allocates nothing.
+    unsafe fn end_descendants() {
+        // `/proc/self/task/<pid>/children`: the guard is single-threaded,
+        // so its one task has its pid (written without leading zeros, which
+        // /proc does not read as a number).
+        let mut path = [0u8; 48];
+        let prefix = b"/proc/self/task/";
+        path[..prefix.len()].copy_from_slice(prefix);
+        let mut at = prefix.len();
+        let (mut pid, mut digits) = (libc::getpid() as u32, [0u8; 10]);
+        let mut n = 0;
+        loop {
+            digits[n] = b'0' + (pid % 10) as u8;
+            n += 1;
+            pid /= 10;
+            if pid == 0 {
+                break;
+            }
+        }
+        for &d in digits[..n].iter().rev() {
+            path[at] = d;
+            at += 1;
+        }
+        let suffix = b"/children\0";
+        path[at..at + suffix.len()].copy_from_slice(suffix);
+        for _ in 0..END_ROUNDS {
+            let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return;
+            }
+            let (mut any, mut current, mut digits) = (false, 0 as pid_t, false);
+            let mut buf = [0u8; 1024];
+            loop {
+                let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+                if n <= 0 {
+                    break;
+                }
+                for &b in &buf[..n as usize] {
+                    if b.is_ascii_digit() {
+                        current = current.saturating_mul(10).saturating_add((b - b'0') as pid_t);
+                        digits = true;
+                    } else if digits {
+                        // Its group too, when it leads one: members whose
+                        // parent is still alive are not children yet.
+                        libc::kill(-current, libc::SIGKILL);
+                        libc::kill(current, libc::SIGKILL);
+                        (any, current, digits) = (true, 0, false);
+                    }
+                }
+            }
+            if digits {
+                libc::kill(-current, libc::SIGKILL);
+                libc::kill(current, libc::SIGKILL);
+                any = true;
+            }
+            libc::close(fd);
+            let mut status: c_int = 0;
+            while libc::waitpid(-1, &mut status, libc::WNOHANG) > 0 {}
+            if !any {
+                return;
+            }
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 1_000_000,
+            };
+            libc::nanosleep(&pause, std::ptr::null_mut());
+        }
+    }
+
+    /// Exits the way the agent did: with its code, or by its signal. What
+    /// the agent left running goes first.
     unsafe fn leave_as(status: c_int) -> ! {
+        end_descendants();
         if libc::WIFSIGNALED(status) {
             let sig = libc::WTERMSIG(status);
             libc::signal(sig, libc::SIG_DFL);

@@ -2,7 +2,9 @@
 failure tests. The mode is the first argument:
 
 - hang: answers agent/initialize, then never answers agent/step; it also
-  starts a child process so the test can see the whole group is stopped;
+  starts three child processes, one in its group, one in a process group of
+  its own (setpgid) and one in a session of its own (setsid), so the test can
+  see that everything it started is stopped;
 - crash: answers the first step, then dies on the second with a traceback;
 - noisy: prints a log line on stdout (which carries protocol only) before answering;
 - chatty: writes 200 KB to stderr on every step, then answers;
@@ -36,8 +38,9 @@ class Misbehaving:
     def step(self, text: str):
         self.steps += 1
         if MODE == "hang":
-            child = subprocess.Popen(["sleep", "300"])
-            note_pid(child.pid)
+            for own in ({}, {"process_group": 0}, {"start_new_session": True}):
+                child = subprocess.Popen(["sleep", "300"], **own)
+                note_pid(child.pid)
             time.sleep(3600)
         if MODE == "crash" and self.steps == 2:
             print("Traceback (most recent call last):\n  RuntimeError: the model server went away", file=sys.stderr, flush=True)
