@@ -95,6 +95,7 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
         rpc_timeout,
         max_duration,
         jobs: usize::from(args.jobs),
+        agent_limits: args.limits.agent_limits(),
         progress: !args.quiet,
         verbose: args.verbose,
     };
@@ -184,6 +185,7 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
     let mut checks = Vec::new();
     let env = AgentEnv {
         pass: args.pass_env.clone(),
+        limits: args.limits.agent_limits(),
         ..AgentEnv::default()
     };
     match Agent::start(&target, &env) {

@@ -99,6 +99,28 @@ pub struct RunArgs {
     /// Progress lines give the reason of every check, not only failed ones.
     #[arg(long, short = 'v')]
     pub verbose: bool,
+    #[command(flatten)]
+    pub limits: AgentLimitArgs,
+}
+
+/// What each process of a spawned agent may use (Linux).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentLimitArgs {
+    /// MiB each agent process may allocate (0: no limit).
+    #[arg(long, value_name = "MIB", default_value_t = transport::AgentLimits::DEFAULT_MEMORY_MIB)]
+    pub agent_memory_mib: u64,
+    /// CPU seconds each agent process may use (default: no limit beyond the timeouts).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub agent_cpu_secs: Option<u64>,
+}
+
+impl AgentLimitArgs {
+    pub fn agent_limits(&self) -> transport::AgentLimits {
+        transport::AgentLimits {
+            memory_bytes: (self.agent_memory_mib > 0).then(|| self.agent_memory_mib.saturating_mul(1 << 20)),
+            cpu_secs: self.agent_cpu_secs,
+        }
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -125,6 +147,8 @@ pub struct ConformanceArgs {
     /// An environment variable to pass to a spawned agent, beyond the sanitized set (repeatable).
     #[arg(long = "pass-env", value_name = "NAME")]
     pub pass_env: Vec<String>,
+    #[command(flatten)]
+    pub limits: AgentLimitArgs,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -110,6 +110,8 @@ pub struct RunOptions {
     pub rpc_timeout: Duration,
     pub max_duration: Option<Duration>,
     pub jobs: usize,
+    /// What each agent process may use.
+    pub agent_limits: crate::transport::AgentLimits,
     pub progress: bool,
     /// Progress lines give the reason of passing checks too.
     pub verbose: bool,
@@ -301,6 +303,7 @@ pub async fn run(manifest: &Manifest, host: &dyn GradingHost, opts: &RunOptions)
         env: AgentEnv {
             set: manifest.env.clone(),
             pass: manifest.pass_env.clone(),
+            limits: opts.agent_limits,
         },
         agent_info: Mutex::new(None),
         abort: Mutex::new(None),

@@ -98,11 +98,39 @@ impl CallError {
     }
 }
 
-/// What a spawned agent's environment is built from.
+/// What a spawned agent's environment is built from, and the limits it runs under.
 #[derive(Debug, Clone, Default)]
 pub struct AgentEnv {
     pub set: BTreeMap<String, String>,
     pub pass: Vec<String>,
+    pub limits: AgentLimits,
+}
+
+/// Resource limits for each process of a spawned agent (Linux), set
+/// before it starts and inherited by everything it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentLimits {
+    /// Bytes of data segment and private writable mappings, which is what
+    /// allocating takes (`RLIMIT_DATA`: address space only reserved, as
+    /// V8 and Go reserve it, does not count). `None`: no limit.
+    pub memory_bytes: Option<u64>,
+    /// Seconds of CPU (`RLIMIT_CPU`: SIGXCPU at the limit, SIGKILL a second
+    /// later). `None`: none beyond the call and run timeouts.
+    pub cpu_secs: Option<u64>,
+}
+
+impl AgentLimits {
+    /// The default memory limit per agent process, in MiB.
+    pub const DEFAULT_MEMORY_MIB: u64 = 4096;
+}
+
+impl Default for AgentLimits {
+    fn default() -> AgentLimits {
+        AgentLimits {
+            memory_bytes: Some(AgentLimits::DEFAULT_MEMORY_MIB << 20),
+            cpu_secs: None,
+        }
+    }
 }
 
 /// True when the target names a Streamable HTTP endpoint rather than a command.
@@ -232,12 +260,13 @@ impl StdioAgent {
         #[cfg(target_os = "linux")]
         {
             let parent = std::process::id() as libc::pid_t;
+            let limits = env.limits;
             guard::hide_memory();
             // SAFETY: between fork and exec only async-signal-safe calls run
             // (prctl, getpid, getppid, fork, close_range, close, open, dup2, sigprocmask,
             // sigwaitinfo, waitpid, kill, signal, _exit); nothing allocates.
             unsafe {
-                cmd.pre_exec(move || guard::split(parent));
+                cmd.pre_exec(move || guard::split(parent, limits));
             }
         }
         let mut child = cmd
@@ -948,7 +977,7 @@ mod guard {
 
     /// Runs in the spawned process before exec: returns in the agent (which
     /// then execs the target), never returns in the guard.
-    pub unsafe fn split(runtime: pid_t) -> std::io::Result<()> {
+    pub unsafe fn split(runtime: pid_t, limits: super::AgentLimits) -> std::io::Result<()> {
         let guard = libc::getpid();
         let agent = libc::fork();
         if agent < 0 {
@@ -967,6 +996,11 @@ mod guard {
             for cap in MEMORY_READING_CAPABILITIES {
                 libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
             }
+            // No core dump either: a crashing agent would write its whole memory.
+            lower_limit(libc::RLIMIT_CORE, Some(0), 0);
+            lower_limit(libc::RLIMIT_DATA, limits.memory_bytes, 0);
+            // The hard limit a second later: SIGXCPU first, which an agent may report.
+            lower_limit(libc::RLIMIT_CPU, limits.cpu_secs, 1);
             return Ok(());
         }
         watch(runtime, agent)
@@ -1104,6 +1138,25 @@ mod guard {
             };
             libc::nanosleep(&pause, std::ptr::null_mut());
         }
+    }
+
+    /// Lowers a resource limit to `value` (the hard one to `value + hard_extra`),
+    /// never above what it already is. Async-signal-safe.
+    unsafe fn lower_limit(resource: libc::__rlimit_resource_t, value: Option<u64>, hard_extra: u64) {
+        let Some(value) = value else { return };
+        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(resource, &mut now) != 0 {
+            return;
+        }
+        let hard = (value.saturating_add(hard_extra) as libc::rlim_t).min(now.rlim_max);
+        let soft = (value as libc::rlim_t).min(hard);
+        libc::setrlimit(
+            resource,
+            &libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            },
+        );
     }
 
     /// Exits the way the agent did: with its code, or by its signal. What

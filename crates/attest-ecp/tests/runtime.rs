@@ -271,6 +271,44 @@ fn crashing_agent_fails_its_step_with_stderr_and_the_next_scenario_starts_fresh(
 }
 
 #[test]
+fn an_agent_allocates_within_its_memory_limit_and_is_refused_past_it() {
+    // Plain python3: each step allocates the MiB it names and says whether
+    // it could.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = write(
+        dir.path(),
+        "allocator.py",
+        r#"import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["method"] == "agent/initialize":
+        result = {"name": "Allocator", "protocol_version": "1.0", "capabilities": {}}
+    else:
+        try:
+            block = bytearray(int(msg["params"]["input"]) << 20)
+            answer = "allocated"
+        except MemoryError:
+            answer = "refused"
+        result = {"status": "done", "public_output": answer}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"#,
+    );
+    let steps = |mib: u32, answer: &str| {
+        format!("scenarios:\n  - name: S\n    steps:\n      - input: '{mib}'\n        graders: [{{type: text_match, condition: equals, value: {answer}}}]\n")
+    };
+    let target = format!("python3 {}", agent.display());
+    // 512 MiB under the default limit (4 GiB), then under a 256 MiB one.
+    let m = manifest(dir.path(), &target, &steps(512, "allocated"));
+    let (code, report, stderr) = run_json(dir.path(), &m, &[], &[]);
+    assert_eq!(code, 0, "{stderr}\n{report:#}");
+    let m = manifest(dir.path(), &target, &steps(512, "refused"));
+    let (code, report, stderr) = run_json(dir.path(), &m, &["--agent-memory-mib", "256"], &[]);
+    assert_eq!(code, 0, "{stderr}\n{report:#}");
+    let out = run_bin(&["conformance", "--agent-memory-mib", "-1", &target], &[], None);
+    assert_eq!(out.status.code(), Some(1), "a limit that is no number of MiB is a usage error");
+}
+
+#[test]
 fn helpers_of_an_agent_that_exits_mid_step_do_not_outlive_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let pid_file = dir.path().join("pids");
