@@ -393,6 +393,11 @@ fn rules_files_with_errors_are_refused_at_start_up() {
             "rules:\n- name: refunds\n  budget: {judge_calls_per_minute: -1}\n  assertions: [{assertion_id: a, type: trace, spec: {check: required_tools, tools: [x]}}]\n",
             &["rule #1 'refunds': budget.judge_calls_per_minute: invalid value: integer `-1`"][..],
         ),
+        // A key given twice: the last would silently win, inverting the check.
+        (
+            "rules:\n- name: refunds\n  assertions: [{assertion_id: a, type: content, spec: {target: output.message, check: contains, value: refund, check: not_contains}}]\n",
+            &["not valid YAML: rules[0].assertions[0].spec: duplicate key 'check': a key may appear once in each mapping; remove or rename one of them at line 3"][..],
+        ),
         // 200 KB of nested brackets: refused at once, not after minutes of parsing.
         (
             &*format!("rules: {}{}\n", "[".repeat(100_000), "]".repeat(100_000)).leak(),
