@@ -18,7 +18,8 @@ use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, WorkItem};
 use crate::rules::RuleSet;
 use crate::server::{self, ReceiverState};
-use crate::sink::JsonlSink;
+use crate::sink::{JsonlSink, Wait};
+use crate::writer::{FileWriter, LogThrottle, Output};
 use crate::{distributed, jsonl_input, listen, Evaluator, HistorySink};
 
 /// `collect`: receive traces, assemble them, evaluate (or publish to NATS).
@@ -283,10 +284,20 @@ fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
     Ok(table)
 }
 
-fn sinks(results_jsonl: &Option<PathBuf>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<crate::SharedSinks> {
+/// How long a `--jsonl` run waits for room in the results file's queue
+/// before it drops (and counts) a trace's results.
+const JSONL_RESULTS_WAIT: Duration = Duration::from_secs(60);
+
+/// The result sinks: `--results-jsonl` (see [`Wait`] for `wait`), then the history.
+fn sinks(
+    results_jsonl: &Option<PathBuf>,
+    history: Option<Arc<dyn HistorySink>>,
+    metrics: &Arc<Metrics>,
+    wait: Wait,
+) -> anyhow::Result<crate::SharedSinks> {
     let mut v: Vec<Arc<dyn HistorySink>> = Vec::new();
     if let Some(p) = results_jsonl {
-        let sink = JsonlSink::open(p)?;
+        let sink = JsonlSink::open(p, metrics.clone(), wait)?;
         v.push(Arc::new(sink));
     }
     if let Some(h) = history {
@@ -405,18 +416,35 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     let metrics = Arc::new(Metrics::default());
     let trace_archive = match &args.traces_out {
         None => None,
-        Some(p) => Some(Mutex::new(std::io::BufWriter::new(
-            std::fs::OpenOptions::new()
+        Some(p) => {
+            let file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(p)
-                .with_context(|| format!("--traces-out {}: cannot be opened for appending", p.display()))?,
-        ))),
+                .with_context(|| format!("--traces-out {}: cannot be opened for appending", p.display()))?;
+            Some(
+                FileWriter::start(Output::Traces, p, file, metrics.clone())
+                    .with_context(|| format!("--traces-out {}: cannot start its writer", p.display()))?,
+            )
+        }
     };
     let pipeline = Arc::new(Pipeline {
         rules,
         metrics: metrics.clone(),
-        sinks: sinks(&args.results_jsonl, history)?,
+        // Receiving, the collector must not hold evaluation on a stalled
+        // file, and has nobody to offer results again: they are queued, and
+        // dropped (counted) when the queue is full. A `--jsonl` run reads its
+        // input at the pace the file takes results.
+        sinks: sinks(
+            &args.results_jsonl,
+            history,
+            &metrics,
+            if args.jsonl.is_some() {
+                Wait::Room(JSONL_RESULTS_WAIT)
+            } else {
+                Wait::Queued
+            },
+        )?,
         prices,
         trace_archive,
         max_trace_bytes: evaluator.max_trace_bytes(),
@@ -440,8 +468,8 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         let complete = jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
         drop(tx);
         consumer.await?;
-        pipeline.flush().await?;
-        return Ok(if complete { 0 } else { 1 });
+        let flushed = flushed(&pipeline).await;
+        return Ok(if complete && flushed { 0 } else { 1 });
     }
 
     // Installed before anything is served, so that no signal finds the
@@ -554,16 +582,31 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             );
         }
     }
-    pipeline.flush().await?;
+    let flushed = flushed(&pipeline).await;
+    let publishes_failed = metrics.dropped_count("publish_failed");
     eprintln!(
         "attest-collect: drained; {} traces evaluated ({} rule evaluations), {} evaluations failed, {} published, {} publishes failed",
         metrics.traces_evaluated.load(Ordering::Relaxed),
         metrics.rule_evaluations.load(Ordering::Relaxed),
         metrics.rule_event_count("eval_error") + metrics.dropped_count("evaluation_failed"),
         metrics.traces_published.load(Ordering::Relaxed),
-        metrics.dropped_count("publish_failed"),
+        publishes_failed,
     );
-    Ok(0)
+    // Accepted traces whose results or copies were lost end the run with 1
+    // (docs/continuous.md): a supervisor or a script sees it.
+    Ok(if flushed && publishes_failed == 0 { 0 } else { 1 })
+}
+
+/// Flushes the pipeline's outputs; false, after saying what was lost, when
+/// anything was (results or traces not written, a sync that failed).
+async fn flushed(pipeline: &Pipeline) -> bool {
+    match pipeline.flush().await {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("attest-collect: {e:#}");
+            false
+        }
+    }
 }
 
 /// A second signal's request to stop waiting for evaluations, which each
@@ -713,10 +756,16 @@ pub(crate) async fn handle_item(
     match evaluated {
         Ok(records) => {
             if let Err(e) = pipeline.store(&records).await {
-                eprintln!(
-                    "attest-collect: storing results of {} failed: {e:#}",
-                    crate::shown_id(item.trace_id())
-                );
+                // Counted by the sink; said at most once per interval, as a
+                // stalled file fails every trace.
+                static LOG: std::sync::LazyLock<LogThrottle> = std::sync::LazyLock::new(LogThrottle::default);
+                if let Some(n) = LOG.hit() {
+                    eprintln!(
+                        "attest-collect: storing results of {} failed: {e:#}{}",
+                        crate::shown_id(item.trace_id()),
+                        crate::writer::unshown(n)
+                    );
+                }
             }
         }
         Err(e) => {
@@ -765,10 +814,13 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
     if args.role == WorkerRole::Sink && args.results_jsonl.is_none() && history.is_none() {
         bail!("--role sink needs somewhere to write: pass --results-jsonl");
     }
+    // A sink acks a message once its results are written: it waits for the
+    // write, up to half the ack wait (the message is offered again after it).
+    let confirm = Duration::from_secs(args.nats_opts.ack_wait_secs) / 2;
     let pipeline = Arc::new(Pipeline {
         rules,
+        sinks: sinks(&args.results_jsonl, history, &metrics, Wait::Written(confirm))?,
         metrics,
-        sinks: sinks(&args.results_jsonl, history)?,
         prices: Arc::new(PriceTable::default()),
         trace_archive: None,
         max_trace_bytes: evaluator.max_trace_bytes(),

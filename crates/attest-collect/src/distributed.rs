@@ -981,6 +981,7 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
     let signals = crate::cli::Signals::install()?;
     let shutdown = signals.nth(1);
     tokio::pin!(shutdown);
+    let store_failures = crate::writer::LogThrottle::default();
     loop {
         let msg = tokio::select! {
             _ = &mut shutdown => break,
@@ -1023,7 +1024,15 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
         }
         if !records.is_empty() {
             if let Err(e) = pipeline.store(&records).await {
-                eprintln!("attest-collect sink: storing failed, will retry: {e:#}");
+                // Every attempt is counted; the log says it at most once per
+                // interval, as a failing file fails every message.
+                pipeline.metrics.store_failures.fetch_add(1, Ordering::Relaxed);
+                if let Some(n) = store_failures.hit() {
+                    eprintln!(
+                        "attest-collect sink: storing failed, will retry: {e:#}{}",
+                        crate::writer::unshown(n)
+                    );
+                }
                 let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
                 continue;
             }

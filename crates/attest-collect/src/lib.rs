@@ -26,6 +26,7 @@ pub mod pipeline;
 pub mod rules;
 pub mod server;
 pub mod sink;
+pub mod writer;
 
 use std::future::Future;
 use std::pin::Pin;
