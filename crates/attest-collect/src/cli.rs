@@ -83,8 +83,8 @@ pub struct CollectArgs {
     /// Largest export request body, after gzip inflation.
     #[arg(long, default_value_t = 32 << 20)]
     pub max_request_bytes: usize,
-    /// Deadline for reading and answering one export request (408 past it).
-    #[arg(long, default_value_t = 30)]
+    /// Deadline for reading and answering one export request (408 past it; 1 to 86400).
+    #[arg(long, default_value_t = 30, value_parser = at_least_one::<MAX_REQUEST_TIMEOUT_SECS, u64>)]
     pub request_timeout_secs: u64,
     /// Export requests handled at once, uploads included; more get 429.
     #[arg(long, default_value_t = 64)]
@@ -94,7 +94,8 @@ pub struct CollectArgs {
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
     /// Request body bytes being received or decoded at once (each request
-    /// reserves its Content-Length, or --max-request-bytes without one); more get 429.
+    /// reserves its Content-Length; one without reserves 64 KiB, doubling as
+    /// its body arrives); more get 429.
     #[arg(long, default_value_t = 256 << 20)]
     pub max_inflight_bytes: usize,
     /// Closed traces waiting for evaluation; when full, export requests get 503.
@@ -166,6 +167,9 @@ const MAX_MAX_DELIVER: i64 = 10_000;
 const MAX_CONCURRENCY: i64 = 1024;
 /// Largest `--ack-wait-secs` (a day): JetStream keeps durations as i64 nanoseconds.
 const MAX_ACK_WAIT_SECS: i64 = 86_400;
+/// Largest `--request-timeout-secs` (a day): deadlines are computed from the
+/// current time, and a far larger one cannot be represented.
+const MAX_REQUEST_TIMEOUT_SECS: i64 = 86_400;
 
 /// A whole number from 1 to `MAX`. Zero or a negative count is refused
 /// rather than quietly raised to 1: the operator asked for something else.
@@ -367,8 +371,11 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             bail!("{name} must be at least 1");
         }
     }
-    if args.request_timeout_secs == 0 {
-        bail!("--request-timeout-secs must be at least 1: every request would time out before it is read");
+    if let (Some(_), Some(p)) = (&args.nats, &args.results_jsonl) {
+        bail!(
+            "--results-jsonl {}: with --nats this collector evaluates nothing; the workers evaluate and `worker --role sink --results-jsonl FILE` writes the results: drop --results-jsonl here and give it to the sink",
+            p.display()
+        );
     }
     // The estimate gives every trace its bookkeeping and every span its
     // record: a bound below one span's trace would refuse every trace.
@@ -881,6 +888,29 @@ mod tests {
         assert_eq!(parse(&["--max-deliver", "1", "--ack-wait-secs", "1"]).unwrap().max_deliver, 1);
         assert_eq!(o.nats_stream_bytes, 1 << 30);
         assert_eq!(parse(&["--nats-stream-bytes", "1048576"]).unwrap().nats_stream_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn request_timeouts_out_of_range_are_refused_naming_the_range() {
+        #[derive(Parser, Debug)]
+        struct Collect {
+            #[command(flatten)]
+            args: CollectArgs,
+        }
+        let parse = |t: &str| {
+            let arg = match t.strip_prefix('=') {
+                Some(v) => format!("--request-timeout-secs={v}"),
+                None => format!("--request-timeout-secs={t}"),
+            };
+            Collect::try_parse_from(["x", "--rules", "r.yaml", &arg])
+                .map(|c| c.args.request_timeout_secs)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse("86400"), Ok(86_400));
+        for bad in ["0", "86401", "18446744073709551615", "=-1"] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains("--request-timeout-secs") && e.contains("give 1 to 86400"), "{bad}: {e}");
+        }
     }
 
     #[test]
