@@ -535,6 +535,9 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     let router = server::router(state.clone(), request_timeout);
     listen::serve(listener, router, limits, signals.nth(1), signals.nth(2)).await;
     poller.abort();
+    if let Some(p) = &publisher {
+        p.start_draining();
+    }
     eprintln!("attest-collect: draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();
     for d in events.dropped {
