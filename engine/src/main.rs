@@ -44,7 +44,7 @@ struct Cli {
     /// Per-request evaluation deadline, e.g. 30s, 1500ms, 2m (default 25s).
     #[arg(long, global = true, value_name = "DURATION")]
     eval_timeout: Option<String>,
-    /// Requests evaluated at once (default 64).
+    /// Requests `serve` evaluates at once (default 64; collect and worker take --concurrency).
     #[arg(long, global = true, value_name = "N")]
     max_concurrent_requests: Option<usize>,
     /// Reject steps whose type is not llm_call, tool_call, retrieval or agent_call.
@@ -330,6 +330,22 @@ fn run() -> ExitCode {
             );
             return ExitCode::from(2);
         }
+    }
+    if let (Some(sub @ ("collect" | "worker")), Some(_)) = (
+        match &cli.command {
+            Some(Command::Collect(_)) => Some("collect"),
+            Some(Command::Worker(_)) => Some("worker"),
+            _ => None,
+        },
+        cli.max_concurrent_requests,
+    ) {
+        // Accepted by the parser because it is global, but it bounds the
+        // requests `serve` evaluates at once; a collector or worker would
+        // ignore it.
+        eprintln!(
+            "attest-engine {sub}: --max-concurrent-requests bounds the requests `serve` evaluates at once; {sub} evaluates --concurrency traces at once (default 4), so give --concurrency N instead"
+        );
+        return ExitCode::from(2);
     }
     // Commands that read no engine configuration run before it is loaded:
     // a broken config file or environment must not stop them.

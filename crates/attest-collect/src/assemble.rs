@@ -52,8 +52,10 @@ pub enum DropReason {
     NoRoot,
     /// Evicted by the open-trace bounds before its root arrived.
     EvictedWithoutRoot,
-    /// Arrived after its trace was already closed. Counted as dropped
-    /// spans only: the trace itself was evaluated (or dropped) already.
+    /// Arrived after its trace was already closed: evaluated, or dropped
+    /// without its root (`no_root`, `evicted_without_root`), whose late
+    /// root is not evaluated alone. Counted as dropped spans only: the
+    /// trace itself was counted when it closed.
     LateSpan,
     /// Spans map to no known convention (neither GenAI nor OpenInference).
     UnknownConvention,
@@ -310,6 +312,10 @@ impl Assembler {
         for id in orphans {
             if let Some(t) = self.remove(&id) {
                 push_drop(&mut events, &id, DropReason::NoRoot, t.spans.len() as u64);
+                // Its root may still come (an agent step longer than the
+                // orphan timeout): alone, it would open a new trace missing
+                // the dropped spans and be scored as if complete.
+                self.remember_closed(id, DropReason::NoRoot);
             }
         }
         events
@@ -330,6 +336,7 @@ impl Assembler {
                     });
                 } else {
                     push_drop(&mut events, &id, DropReason::NoRoot, t.spans.len() as u64);
+                    self.remember_closed(id, DropReason::NoRoot);
                 }
             }
         }
@@ -354,6 +361,9 @@ impl Assembler {
             if !t.has_root {
                 let spans = self.remove(&oldest).map_or(0, |t| t.spans.len() as u64);
                 push_drop(events, &oldest, DropReason::EvictedWithoutRoot, spans);
+                // As for an orphan: a root arriving later must not be
+                // evaluated without the spans dropped here.
+                self.remember_closed(oldest, DropReason::EvictedWithoutRoot);
             } else if seq < first_own {
                 let Some(place) = admit(t.bytes) else { return false };
                 if let Some(t) = self.close(oldest, true) {
@@ -602,6 +612,40 @@ mod tests {
         assert_eq!(ev.ready.len(), 1);
         assert_eq!(ev.dropped.len(), 1);
         assert_eq!(a.open_traces(), 0);
+    }
+
+    #[test]
+    fn the_late_root_of_a_trace_dropped_without_it_is_late_not_a_new_trace() {
+        let late_root = |a: &mut Assembler, trace: &str, at: Instant| {
+            let ev = add(a, vec![span(trace, "a", None)], at);
+            assert_eq!(
+                ev.dropped,
+                vec![Dropped {
+                    trace_id: trace.into(),
+                    reason: DropReason::LateSpan,
+                    spans: 1,
+                    counts_trace: false,
+                }],
+                "{trace}"
+            );
+            assert!(a.poll(at + Duration::from_secs(60), |_| Some(())).placed.is_empty(), "{trace}");
+        };
+        // Dropped as an orphan: its root came after the orphan timeout.
+        let mut a = Assembler::new(limits());
+        let t0 = Instant::now();
+        add(&mut a, vec![span("t1", "b", Some("a"))], t0);
+        let ev = a.poll(t0 + Duration::from_secs(6), |_| Some(()));
+        assert_eq!(ev.dropped[0].reason, DropReason::NoRoot);
+        late_root(&mut a, "t1", t0 + Duration::from_secs(7));
+        // Evicted by the bounds before its root came.
+        add(&mut a, vec![span("t2", "b", Some("a"))], t0);
+        add(&mut a, vec![span("t3", "b", Some("a"))], t0);
+        let ev = add(&mut a, vec![span("t4", "b", Some("a"))], t0);
+        assert_eq!(ev.dropped[0].reason, DropReason::EvictedWithoutRoot);
+        late_root(&mut a, "t2", t0);
+        // Dropped at shutdown's drain.
+        a.drain();
+        late_root(&mut a, "t3", t0);
     }
 
     #[test]

@@ -18,7 +18,8 @@ use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, WorkItem};
 use crate::rules::RuleSet;
 use crate::server::{self, ReceiverState};
-use crate::sink::JsonlSink;
+use crate::sink::{JsonlSink, Wait};
+use crate::writer::{FileWriter, LogThrottle, Output};
 use crate::{distributed, jsonl_input, listen, Evaluator, HistorySink};
 
 /// `collect`: receive traces, assemble them, evaluate (or publish to NATS).
@@ -82,8 +83,8 @@ pub struct CollectArgs {
     /// Largest export request body, after gzip inflation.
     #[arg(long, default_value_t = 32 << 20)]
     pub max_request_bytes: usize,
-    /// Deadline for reading and answering one export request (408 past it).
-    #[arg(long, default_value_t = 30)]
+    /// Deadline for reading and answering one export request (408 past it; 1 to 86400).
+    #[arg(long, default_value_t = 30, value_parser = at_least_one::<MAX_REQUEST_TIMEOUT_SECS, u64>)]
     pub request_timeout_secs: u64,
     /// Export requests handled at once, uploads included; more get 429.
     #[arg(long, default_value_t = 64)]
@@ -93,7 +94,8 @@ pub struct CollectArgs {
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
     /// Request body bytes being received or decoded at once (each request
-    /// reserves its Content-Length, or --max-request-bytes without one); more get 429.
+    /// reserves its Content-Length; one without reserves 64 KiB, doubling as
+    /// its body arrives); more get 429.
     #[arg(long, default_value_t = 256 << 20)]
     pub max_inflight_bytes: usize,
     /// Closed traces waiting for evaluation; when full, export requests get 503.
@@ -165,6 +167,9 @@ const MAX_MAX_DELIVER: i64 = 10_000;
 const MAX_CONCURRENCY: i64 = 1024;
 /// Largest `--ack-wait-secs` (a day): JetStream keeps durations as i64 nanoseconds.
 const MAX_ACK_WAIT_SECS: i64 = 86_400;
+/// Largest `--request-timeout-secs` (a day): deadlines are computed from the
+/// current time, and a far larger one cannot be represented.
+const MAX_REQUEST_TIMEOUT_SECS: i64 = 86_400;
 
 /// A whole number from 1 to `MAX`. Zero or a negative count is refused
 /// rather than quietly raised to 1: the operator asked for something else.
@@ -283,10 +288,20 @@ fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
     Ok(table)
 }
 
-fn sinks(results_jsonl: &Option<PathBuf>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<crate::SharedSinks> {
+/// How long a `--jsonl` run waits for room in the results file's queue
+/// before it drops (and counts) a trace's results.
+const JSONL_RESULTS_WAIT: Duration = Duration::from_secs(60);
+
+/// The result sinks: `--results-jsonl` (see [`Wait`] for `wait`), then the history.
+fn sinks(
+    results_jsonl: &Option<PathBuf>,
+    history: Option<Arc<dyn HistorySink>>,
+    metrics: &Arc<Metrics>,
+    wait: Wait,
+) -> anyhow::Result<crate::SharedSinks> {
     let mut v: Vec<Arc<dyn HistorySink>> = Vec::new();
     if let Some(p) = results_jsonl {
-        let sink = JsonlSink::open(p)?;
+        let sink = JsonlSink::open(p, metrics.clone(), wait)?;
         v.push(Arc::new(sink));
     }
     if let Some(h) = history {
@@ -356,8 +371,11 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             bail!("{name} must be at least 1");
         }
     }
-    if args.request_timeout_secs == 0 {
-        bail!("--request-timeout-secs must be at least 1: every request would time out before it is read");
+    if let (Some(_), Some(p)) = (&args.nats, &args.results_jsonl) {
+        bail!(
+            "--results-jsonl {}: with --nats this collector evaluates nothing; the workers evaluate and `worker --role sink --results-jsonl FILE` writes the results: drop --results-jsonl here and give it to the sink",
+            p.display()
+        );
     }
     // The estimate gives every trace its bookkeeping and every span its
     // record: a bound below one span's trace would refuse every trace.
@@ -405,18 +423,35 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     let metrics = Arc::new(Metrics::default());
     let trace_archive = match &args.traces_out {
         None => None,
-        Some(p) => Some(Mutex::new(std::io::BufWriter::new(
-            std::fs::OpenOptions::new()
+        Some(p) => {
+            let file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(p)
-                .with_context(|| format!("--traces-out {}: cannot be opened for appending", p.display()))?,
-        ))),
+                .with_context(|| format!("--traces-out {}: cannot be opened for appending", p.display()))?;
+            Some(
+                FileWriter::start(Output::Traces, p, file, metrics.clone())
+                    .with_context(|| format!("--traces-out {}: cannot start its writer", p.display()))?,
+            )
+        }
     };
     let pipeline = Arc::new(Pipeline {
         rules,
         metrics: metrics.clone(),
-        sinks: sinks(&args.results_jsonl, history)?,
+        // Receiving, the collector must not hold evaluation on a stalled
+        // file, and has nobody to offer results again: they are queued, and
+        // dropped (counted) when the queue is full. A `--jsonl` run reads its
+        // input at the pace the file takes results.
+        sinks: sinks(
+            &args.results_jsonl,
+            history,
+            &metrics,
+            if args.jsonl.is_some() {
+                Wait::Room(JSONL_RESULTS_WAIT)
+            } else {
+                Wait::Queued
+            },
+        )?,
         prices,
         trace_archive,
         max_trace_bytes: evaluator.max_trace_bytes(),
@@ -440,8 +475,8 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         let complete = jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
         drop(tx);
         consumer.await?;
-        pipeline.flush().await?;
-        return Ok(if complete { 0 } else { 1 });
+        let flushed = flushed(&pipeline).await;
+        return Ok(if complete && flushed { 0 } else { 1 });
     }
 
     // Installed before anything is served, so that no signal finds the
@@ -500,6 +535,9 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     let router = server::router(state.clone(), request_timeout);
     listen::serve(listener, router, limits, signals.nth(1), signals.nth(2)).await;
     poller.abort();
+    if let Some(p) = &publisher {
+        p.start_draining();
+    }
     eprintln!("attest-collect: draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();
     for d in events.dropped {
@@ -554,16 +592,31 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             );
         }
     }
-    pipeline.flush().await?;
+    let flushed = flushed(&pipeline).await;
+    let publishes_failed = metrics.dropped_count("publish_failed");
     eprintln!(
         "attest-collect: drained; {} traces evaluated ({} rule evaluations), {} evaluations failed, {} published, {} publishes failed",
         metrics.traces_evaluated.load(Ordering::Relaxed),
         metrics.rule_evaluations.load(Ordering::Relaxed),
         metrics.rule_event_count("eval_error") + metrics.dropped_count("evaluation_failed"),
         metrics.traces_published.load(Ordering::Relaxed),
-        metrics.dropped_count("publish_failed"),
+        publishes_failed,
     );
-    Ok(0)
+    // Accepted traces whose results or copies were lost end the run with 1
+    // (docs/continuous.md): a supervisor or a script sees it.
+    Ok(if flushed && publishes_failed == 0 { 0 } else { 1 })
+}
+
+/// Flushes the pipeline's outputs; false, after saying what was lost, when
+/// anything was (results or traces not written, a sync that failed).
+async fn flushed(pipeline: &Pipeline) -> bool {
+    match pipeline.flush().await {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("attest-collect: {e:#}");
+            false
+        }
+    }
 }
 
 /// A second signal's request to stop waiting for evaluations, which each
@@ -713,10 +766,16 @@ pub(crate) async fn handle_item(
     match evaluated {
         Ok(records) => {
             if let Err(e) = pipeline.store(&records).await {
-                eprintln!(
-                    "attest-collect: storing results of {} failed: {e:#}",
-                    crate::shown_id(item.trace_id())
-                );
+                // Counted by the sink; said at most once per interval, as a
+                // stalled file fails every trace.
+                static LOG: std::sync::LazyLock<LogThrottle> = std::sync::LazyLock::new(LogThrottle::default);
+                if let Some(n) = LOG.hit() {
+                    eprintln!(
+                        "attest-collect: storing results of {} failed: {e:#}{}",
+                        crate::shown_id(item.trace_id()),
+                        crate::writer::unshown(n)
+                    );
+                }
             }
         }
         Err(e) => {
@@ -765,10 +824,13 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
     if args.role == WorkerRole::Sink && args.results_jsonl.is_none() && history.is_none() {
         bail!("--role sink needs somewhere to write: pass --results-jsonl");
     }
+    // A sink acks a message once its results are written: it waits for the
+    // write, up to half the ack wait (the message is offered again after it).
+    let confirm = Duration::from_secs(args.nats_opts.ack_wait_secs) / 2;
     let pipeline = Arc::new(Pipeline {
         rules,
+        sinks: sinks(&args.results_jsonl, history, &metrics, Wait::Written(confirm))?,
         metrics,
-        sinks: sinks(&args.results_jsonl, history)?,
         prices: Arc::new(PriceTable::default()),
         trace_archive: None,
         max_trace_bytes: evaluator.max_trace_bytes(),
@@ -829,6 +891,29 @@ mod tests {
         assert_eq!(parse(&["--max-deliver", "1", "--ack-wait-secs", "1"]).unwrap().max_deliver, 1);
         assert_eq!(o.nats_stream_bytes, 1 << 30);
         assert_eq!(parse(&["--nats-stream-bytes", "1048576"]).unwrap().nats_stream_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn request_timeouts_out_of_range_are_refused_naming_the_range() {
+        #[derive(Parser, Debug)]
+        struct Collect {
+            #[command(flatten)]
+            args: CollectArgs,
+        }
+        let parse = |t: &str| {
+            let arg = match t.strip_prefix('=') {
+                Some(v) => format!("--request-timeout-secs={v}"),
+                None => format!("--request-timeout-secs={t}"),
+            };
+            Collect::try_parse_from(["x", "--rules", "r.yaml", &arg])
+                .map(|c| c.args.request_timeout_secs)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse("86400"), Ok(86_400));
+        for bad in ["0", "86401", "18446744073709551615", "=-1"] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains("--request-timeout-secs") && e.contains("give 1 to 86400"), "{bad}: {e}");
+        }
     }
 
     #[test]

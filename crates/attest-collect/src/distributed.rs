@@ -381,6 +381,9 @@ pub struct Publisher {
     js: jetstream::Context,
     names: Names,
     failures: FailureLog,
+    /// Set when the collector drains: from then on a publish while the
+    /// connection is down fails at once (see [`Publisher::publish`]).
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Publisher {
@@ -392,7 +395,17 @@ impl Publisher {
             js,
             names,
             failures: FailureLog::default(),
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// From now on, a publish while the connection is down fails at once
+    /// instead of waiting for an acknowledgement that cannot come: while
+    /// running, the client sends what it holds once it reconnects, but a
+    /// drain would wait the publish timeout for every queued trace (tens of
+    /// minutes with a full queue).
+    pub fn start_draining(&self) {
+        self.draining.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the connection to the NATS server is up at the moment.
@@ -410,7 +423,14 @@ impl Publisher {
         // One work message per trace: the same trace published again within
         // the duplicate window (a second collector, a re-run) is dropped.
         headers.insert("Nats-Msg-Id", header_id(item.trace_id()).as_str());
-        let sent = publish(&self.js, &self.names.traces_subject, headers, payload.into()).await;
+        let sent = if self.draining.load(std::sync::atomic::Ordering::Relaxed) && !self.connected() {
+            Err(PublishFailure {
+                too_large: false,
+                error: anyhow::anyhow!("not published: the NATS server is unreachable and the collector is shutting down"),
+            })
+        } else {
+            publish(&self.js, &self.names.traces_subject, headers, payload.into()).await
+        };
         match sent {
             Ok(duplicate) => {
                 if let Some(unshown) = self.failures.recovered() {
@@ -981,6 +1001,7 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
     let signals = crate::cli::Signals::install()?;
     let shutdown = signals.nth(1);
     tokio::pin!(shutdown);
+    let store_failures = crate::writer::LogThrottle::default();
     loop {
         let msg = tokio::select! {
             _ = &mut shutdown => break,
@@ -1023,7 +1044,15 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
         }
         if !records.is_empty() {
             if let Err(e) = pipeline.store(&records).await {
-                eprintln!("attest-collect sink: storing failed, will retry: {e:#}");
+                // Every attempt is counted; the log says it at most once per
+                // interval, as a failing file fails every message.
+                pipeline.metrics.store_failures.fetch_add(1, Ordering::Relaxed);
+                if let Some(n) = store_failures.hit() {
+                    eprintln!(
+                        "attest-collect sink: storing failed, will retry: {e:#}{}",
+                        crate::writer::unshown(n)
+                    );
+                }
                 let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
                 continue;
             }

@@ -26,6 +26,7 @@ pub mod pipeline;
 pub mod rules;
 pub mod server;
 pub mod sink;
+pub mod writer;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -272,7 +273,174 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Strin
             "{at} is not a finite number (.nan and .inf have no meaning in a rules or prices file); give a number"
         ));
     }
+    if let Some(dup) = first_duplicate_key(serde_norway::Deserializer::from_str(text)) {
+        return Err(dup);
+    }
     serde_norway::from_str(text).map_err(|e| e.to_string())
+}
+
+/// The first key given twice in one mapping of a document, as
+/// `rules[0].assertions[1].spec: duplicate key 'check'` followed by the
+/// parser's position. Read into a map, a duplicate silently replaces the
+/// first value (YAML 1.2 forbids it, JSON parsers disagree), so a
+/// copy-paste slip could rename a rule or invert a check; it is refused
+/// instead. `None` also when the text does not parse: its own error is
+/// reported by the parse that follows.
+pub(crate) fn first_duplicate_key<'de, D: serde::Deserializer<'de>>(d: D) -> Option<String> {
+    use serde::de::DeserializeSeed;
+    let mut walk = dupes::Walk::default();
+    let e = (&mut walk).deserialize(d).err()?;
+    let found = walk.found?;
+    // The parser adds where it was (` at line 3 column 55`); a YAML parser
+    // also puts its own path in front, which `found` already holds.
+    let text = e.to_string();
+    let location = text.find(&found).map_or("", |at| &text[at + found.len()..]);
+    Some(format!("{found}{location}"))
+}
+
+mod dupes {
+    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::collections::HashSet;
+    use std::fmt;
+
+    /// Walks a document keeping the path to where it is, and fails at the
+    /// first key its mapping holds already (`found` tells that failure
+    /// from the parser's own).
+    #[derive(Default)]
+    pub(super) struct Walk {
+        path: String,
+        pub(super) found: Option<String>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for &mut Walk {
+        type Value = ();
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for &mut Walk {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("any value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i128<E>(self, _: i128) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u128<E>(self, _: u128) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_bytes<E>(self, _: &[u8]) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_none<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            self.deserialize(d)
+        }
+        fn visit_newtype_struct<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            self.deserialize(d)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            for i in 0.. {
+                let len = self.path.len();
+                self.path.push_str(&format!("[{i}]"));
+                let more = seq.next_element_seed(&mut *self)?;
+                self.path.truncate(len);
+                if more.is_none() {
+                    break;
+                }
+            }
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut seen = HashSet::new();
+            while let Some(key) = map.next_key_seed(Key)? {
+                let len = self.path.len();
+                if let Some(key) = key {
+                    let key = super::bounded(&key, 64);
+                    if !seen.insert(key.clone()) {
+                        let at = if self.path.is_empty() { "the top level" } else { &self.path };
+                        let found =
+                            format!("{at}: duplicate key '{key}': a key may appear once in each mapping; remove or rename one of them");
+                        self.found = Some(found.clone());
+                        return Err(de::Error::custom(found));
+                    }
+                    if !self.path.is_empty() {
+                        self.path.push('.');
+                    }
+                    self.path.push_str(&key);
+                }
+                map.next_value_seed(&mut *self)?;
+                self.path.truncate(len);
+            }
+            Ok(())
+        }
+    }
+
+    /// A mapping key as text when it is a scalar (`1` and `'1'` are one
+    /// key once the document is read as JSON); `None` for a collection used
+    /// as a key, which no field of ours is.
+    struct Key;
+
+    impl<'de> DeserializeSeed<'de> for Key {
+        type Value = Option<String>;
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Option<String>, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Key {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a key")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_owned()))
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(Some("null".to_owned()))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+    }
 }
 
 /// Where the text's first `.nan` or `.inf` value is, as a path

@@ -36,10 +36,13 @@ pub struct Metrics {
     pub open_bytes: AtomicU64,
     pub redeliveries: AtomicU64,
     pub dead_lettered: AtomicU64,
+    /// Results messages a worker's sink failed to store and will be offered again.
+    pub store_failures: AtomicU64,
     requests: Mutex<BTreeMap<(u16, &'static str), u64>>,
     dropped: Mutex<BTreeMap<&'static str, u64>>,
     dropped_spans: Mutex<BTreeMap<&'static str, u64>>,
     results_dropped: Mutex<BTreeMap<&'static str, u64>>,
+    traces_out_dropped: Mutex<BTreeMap<&'static str, u64>>,
     results: Mutex<BTreeMap<(String, &'static str), u64>>,
     rule_events: Mutex<BTreeMap<(String, &'static str), u64>>,
     latency: Mutex<([u64; LATENCY_BUCKETS.len()], u64, f64)>,
@@ -88,6 +91,11 @@ impl Metrics {
     /// Result records a sink refused (one count per record), by reason.
     pub fn results_dropped(&self, reason: &'static str, n: u64) {
         bump(&self.results_dropped, reason, n);
+    }
+
+    /// Traces not written to `--traces-out`, by reason.
+    pub fn traces_out_dropped(&self, reason: &'static str, n: u64) {
+        bump(&self.traces_out_dropped, reason, n);
     }
 
     pub fn results_dropped_count(&self, reason: &str) -> u64 {
@@ -221,6 +229,12 @@ impl Metrics {
             "Work messages moved to the dead-letter subject.",
             ld(&self.dead_lettered),
         );
+        counter(
+            &mut out,
+            "attest_collect_store_failures_total",
+            "Results messages a sink failed to store (each is offered again).",
+            ld(&self.store_failures),
+        );
         gauge(
             &mut out,
             "attest_collect_queue_depth",
@@ -262,10 +276,17 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP attest_collect_results_dropped_total Result records a sink refused, by reason.\n# TYPE attest_collect_results_dropped_total counter"
+            "# HELP attest_collect_results_dropped_total Result records not stored (refused by a sink, or not written to --results-jsonl), by reason.\n# TYPE attest_collect_results_dropped_total counter"
         );
         for (reason, v) in self.results_dropped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "attest_collect_results_dropped_total{{reason=\"{reason}\"}} {v}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP attest_collect_traces_out_dropped_total Traces not written to --traces-out, by reason.\n# TYPE attest_collect_traces_out_dropped_total counter"
+        );
+        for (reason, v) in self.traces_out_dropped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "attest_collect_traces_out_dropped_total{{reason=\"{reason}\"}} {v}");
         }
         let _ = writeln!(
             out,

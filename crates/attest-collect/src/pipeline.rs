@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -14,6 +14,7 @@ use crate::assemble::{ClosedTrace, DropReason};
 use crate::convert::{self, Converted, MatchContext, PriceTable};
 use crate::metrics::Metrics;
 use crate::rules::{sampled, RuleSet};
+use crate::writer::FileWriter;
 use crate::{EvalError, ResultKey, ResultRecord, SharedSinks};
 
 /// Whether `trace`, written as compact JSON, takes at most `limit` bytes.
@@ -57,8 +58,9 @@ pub struct Pipeline {
     pub metrics: Arc<Metrics>,
     pub sinks: SharedSinks,
     pub prices: Arc<PriceTable>,
-    /// `--traces-out`: every assembled Attest trace, one per line (the format `--jsonl` reads back).
-    pub trace_archive: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
+    /// `--traces-out`: every assembled Attest trace, one per line (the format
+    /// `--jsonl` reads back), written by a thread of its own.
+    pub trace_archive: Option<FileWriter>,
     /// The evaluator's trace size limit ([`crate::Evaluator::max_trace_bytes`]).
     pub max_trace_bytes: Option<usize>,
 }
@@ -114,13 +116,15 @@ impl Pipeline {
 
     fn archive(&self, trace: &Value) {
         if let Some(w) = &self.trace_archive {
-            let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-            let written = serde_json::to_writer(&mut *w, trace).map_err(std::io::Error::from).and_then(|_| {
-                w.write_all(b"\n")?;
-                w.flush()
-            });
-            if let Err(e) = written {
-                tracing::warn!(error = %e, "writing --traces-out failed");
+            let mut line = match serde_json::to_vec(trace) {
+                Ok(line) => line,
+                Err(_) => return,
+            };
+            line.push(b'\n');
+            // Never waited for: a full queue (a stalled reader or disk)
+            // drops the line, counted, rather than holding evaluation.
+            if w.try_write(line, 1, false).is_err() {
+                w.lost_to_full_queue(1);
             }
         }
     }
@@ -264,22 +268,40 @@ impl Pipeline {
         selected
     }
 
-    /// Hands results to every sink; counts them by rule and status.
+    /// Hands results to every sink, also when one fails (a stalled results
+    /// file does not keep them from the history); counts them by rule and
+    /// status. Errs with the first sink's failure.
     pub async fn store(&self, records: &[ResultRecord]) -> anyhow::Result<()> {
+        let mut first = None;
         for sink in self.sinks.iter() {
-            sink.record(records).await?;
+            if let Err(e) = sink.record(records).await {
+                first.get_or_insert(e);
+            }
         }
         for r in records {
             self.metrics.result(&r.key.rule, r.status);
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
+    /// Writes out what every sink and `--traces-out` hold, all at once, each
+    /// within its own deadline. Errs (after all were flushed) naming every
+    /// output that lost something.
     pub async fn flush(&self) -> anyhow::Result<()> {
-        for sink in self.sinks.iter() {
-            sink.flush().await?;
+        let mut flushes: Vec<crate::BoxFuture<'_, anyhow::Result<()>>> = self.sinks.iter().map(|s| s.flush()).collect();
+        if let Some(w) = &self.trace_archive {
+            flushes.push(Box::pin(w.drain(crate::writer::DRAIN_TIMEOUT)));
         }
-        Ok(())
+        let failures: Vec<String> = futures::future::join_all(flushes)
+            .await
+            .into_iter()
+            .filter_map(|r| r.err().map(|e| format!("{e:#}")))
+            .collect();
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("{}", failures.join("; "))
+        }
     }
 }
 

@@ -246,6 +246,9 @@ impl RuleSet {
     /// Parses a rules file (YAML, or JSON when `is_json`) and compiles each rule's assertions.
     pub fn parse(text: &str, is_json: bool, evaluator: &dyn Evaluator) -> Result<RuleSet, RulesFileError> {
         let value: Value = if is_json {
+            if let Some(dup) = crate::first_duplicate_key(&mut serde_json::Deserializer::from_str(text)) {
+                return Err(RulesFileError(dup));
+            }
             serde_json::from_str(text).map_err(|e| RulesFileError(format!("not valid JSON: {e}")))?
         } else {
             crate::parse_yaml(text).map_err(|e| RulesFileError(format!("not valid YAML: {e}")))?
@@ -439,6 +442,31 @@ mod tests {
         assert!(e.contains("unique"), "{e}");
         let e = parse("rulez: []").unwrap_err();
         assert!(e.contains("rulez"), "{e}");
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_naming_its_path() {
+        let yaml = "rules:\n  - name: dup-demo\n    assertions:\n      - {type: trace}\n      - type: content\n        spec: {target: output.message, check: contains, value: refund, check: not_contains}\n";
+        let e = parse(yaml).unwrap_err();
+        assert!(
+            e.starts_with("not valid YAML: rules[0].assertions[1].spec: duplicate key 'check': ") && e.ends_with("at line 6 column 15"),
+            "{e}"
+        );
+        let e = parse("rules:\n- name: a\n  name: b\n  assertions: [{type: trace}]\n").unwrap_err();
+        assert!(e.contains("rules[0]: duplicate key 'name'"), "{e}");
+        let e = parse("rules: []\nrules: []\n").unwrap_err();
+        assert!(e.contains("the top level: duplicate key 'rules'"), "{e}");
+        // The same text in two spellings is one key once read.
+        let e = parse("rules:\n- name: a\n  assertions: [{type: trace, 1: x, '1': y}]\n").unwrap_err();
+        assert!(e.contains("rules[0].assertions[0]: duplicate key '1'"), "{e}");
+        let json = r#"{"rules": [{"name": "a", "name": "b", "assertions": [{"type": "trace"}]}]}"#;
+        let e = RuleSet::parse(json, true, &Any).map_err(|e| e.0).unwrap_err();
+        assert!(e.contains("rules[0]: duplicate key 'name'") && e.contains("line 1"), "{e}");
+        // Equal keys in different mappings, anchors and aliases are fine.
+        parse("rules:\n- name: a\n  match: &m {agent_id: x}\n  assertions: [{type: trace, name: a}]\n- {name: b, match: *m, assertions: [{type: trace}]}\n").unwrap();
+        // A file that does not parse keeps the parser's own message.
+        let e = parse("rules: [").unwrap_err();
+        assert!(e.contains("not valid YAML") && !e.contains("duplicate"), "{e}");
     }
 
     #[test]

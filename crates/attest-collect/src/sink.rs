@@ -1,12 +1,16 @@
 //! The JSONL results sink: one line per assertion result, appended, and
 //! idempotent on (trace id, rule, assertion id) — a key already in the file is
-//! never written again, also across restarts (the file is the index).
+//! never written again, also across restarts (the file is the index). The
+//! lines are written by a thread of their own ([`crate::writer`]).
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use crate::metrics::Metrics;
+use crate::writer::{FileWriter, Output, Refused};
 use crate::{BoxFuture, HistorySink, ResultKey, ResultRecord};
 
 /// Keys remembered for de-duplication; past this the oldest are forgotten
@@ -15,19 +19,59 @@ pub const DEDUPE_KEYS: usize = 1_000_000;
 
 pub struct JsonlSink {
     path: PathBuf,
-    /// A regular file, which a drain syncs to disk. A device or a pipe
-    /// cannot be synced (the call fails with EINVAL) and holds nothing to
-    /// make durable.
-    synced: bool,
+    /// Writes the lines on a thread of its own (see [`crate::writer`]): a
+    /// stalled pipe or disk never blocks the runtime.
+    writer: FileWriter,
+    wait: Wait,
     inner: Mutex<Inner>,
 }
 
+/// What [`HistorySink::record`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Nothing: the lines are queued, or dropped and counted when the queue
+    /// is full. The OTLP collector, which has no one to offer them again
+    /// and must not hold evaluation on a stalled file.
+    Queued,
+    /// Room in the queue, up to this long, then as `Queued`. A `--jsonl`
+    /// run, which can slow down to the file's pace.
+    Room(Duration),
+    /// The lines written, up to this long; a failure or a full queue is
+    /// returned, not counted, for the caller to offer them again. A
+    /// worker's sink, which acks a message only once it is stored.
+    Written(Duration),
+}
+
 struct Inner {
-    file: std::io::BufWriter<std::fs::File>,
     seen: HashSet<ResultKey>,
     order: VecDeque<ResultKey>,
     written: u64,
     duplicates: u64,
+}
+
+impl Inner {
+    fn remember(&mut self, key: ResultKey) {
+        if self.seen.insert(key.clone()) {
+            self.order.push_back(key);
+            if self.order.len() > DEDUPE_KEYS {
+                if let Some(old) = self.order.pop_front() {
+                    self.seen.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Forgets keys whose lines were not written, so that they are written
+    /// when offered again.
+    fn forget(&mut self, keys: &[ResultKey]) {
+        for k in keys {
+            if self.seen.remove(k) {
+                if let Some(i) = self.order.iter().rposition(|o| o == k) {
+                    self.order.remove(i);
+                }
+            }
+        }
+    }
 }
 
 /// Longest line of an existing results file that is read for its key. A
@@ -116,8 +160,9 @@ impl Existing {
 }
 
 impl JsonlSink {
-    /// Opens (creating) `path` for appending and loads the keys already in it.
-    pub fn open(path: &Path) -> anyhow::Result<JsonlSink> {
+    /// Opens (creating) `path` for appending and loads the keys already in
+    /// it. `wait` says what [`HistorySink::record`] waits for.
+    pub fn open(path: &Path, metrics: Arc<Metrics>, wait: Wait) -> anyhow::Result<JsonlSink> {
         let shown = path.display();
         let mut existing = Existing::default();
         // Only a regular file holds earlier results: a device or a pipe
@@ -141,16 +186,18 @@ impl JsonlSink {
             .open(path)
             .map_err(|e| anyhow::anyhow!("--results-jsonl {shown}: cannot be opened for appending: {e}"))?;
         if existing.torn {
-            // The last write was cut short: the next result starts a line of its own.
+            // The last write was cut short: the next result starts a line
+            // of its own. A regular file, so this write does not block.
             file.write_all(b"\n")
                 .map_err(|e| anyhow::anyhow!("--results-jsonl {shown}: cannot end its last line: {e}"))?;
         }
-        let synced = file.metadata().is_ok_and(|m| m.is_file());
+        let writer = FileWriter::start(Output::Results, path, file, metrics)
+            .map_err(|e| anyhow::anyhow!("--results-jsonl {shown}: cannot start its writer: {e}"))?;
         Ok(JsonlSink {
             path: path.to_path_buf(),
-            synced,
+            writer,
+            wait,
             inner: Mutex::new(Inner {
-                file: std::io::BufWriter::new(file),
                 seen: existing.seen,
                 order: existing.order,
                 written: 0,
@@ -163,58 +210,89 @@ impl JsonlSink {
         &self.path
     }
 
-    /// (lines written, duplicates skipped) since opening.
+    /// (lines handed to the writer, duplicates skipped) since opening.
     pub fn counts(&self) -> (u64, u64) {
         let i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         (i.written, i.duplicates)
     }
 
-    fn write(&self, results: &[ResultRecord]) -> anyhow::Result<()> {
-        let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        for r in results {
-            if i.seen.contains(&r.key) {
-                i.duplicates += 1;
-                continue;
-            }
-            let line = serde_json::to_string(r)?;
-            i.file.write_all(line.as_bytes())?;
-            i.file.write_all(b"\n")?;
-            i.seen.insert(r.key.clone());
-            i.order.push_back(r.key.clone());
-            if i.order.len() > DEDUPE_KEYS {
-                if let Some(old) = i.order.pop_front() {
-                    i.seen.remove(&old);
-                }
-            }
-            i.written += 1;
-        }
-        i.file.flush()?;
-        Ok(())
+    /// Lines refused or lost so far.
+    pub fn lost(&self) -> u64 {
+        self.writer.lost()
     }
 
-    fn sync(&self) -> anyhow::Result<()> {
-        let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+    async fn write(&self, results: &[ResultRecord]) -> anyhow::Result<()> {
         let shown = self.path.display();
-        i.file
-            .flush()
-            .map_err(|e| anyhow::anyhow!("--results-jsonl {shown}: writing results failed: {e}"))?;
-        if self.synced {
-            i.file
-                .get_ref()
-                .sync_data()
-                .map_err(|e| anyhow::anyhow!("--results-jsonl {shown}: syncing results to disk failed: {e}"))?;
+        let mut bytes = Vec::new();
+        let mut keys = Vec::new();
+        {
+            let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            for r in results {
+                if i.seen.contains(&r.key) || keys.contains(&r.key) {
+                    i.duplicates += 1;
+                    continue;
+                }
+                serde_json::to_writer(&mut bytes, r)?;
+                bytes.push(b'\n');
+                keys.push(r.key.clone());
+            }
+            if keys.is_empty() {
+                return Ok(());
+            }
+            // Remembered before the write is done, so that a copy offered
+            // meanwhile is a duplicate, and forgotten if it is not done.
+            for k in &keys {
+                i.remember(k.clone());
+            }
+            i.written += keys.len() as u64;
         }
-        Ok(())
+        let lines = keys.len() as u64;
+        let forget = |why: String| {
+            let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            i.forget(&keys);
+            i.written -= lines;
+            anyhow::anyhow!("--results-jsonl {shown}: {why}")
+        };
+        let confirm = matches!(self.wait, Wait::Written(_));
+        let queued = match self.wait {
+            Wait::Room(wait) => self.writer.write_waiting(bytes, lines, false, wait).await,
+            _ => self.writer.try_write(bytes, lines, confirm),
+        };
+        let written = match queued {
+            Ok(written) => written,
+            Err(refused) => {
+                let e = forget(match refused {
+                    Refused::Full => format!("the write queue is full; {lines} result lines not written"),
+                    Refused::Closed => format!("the writer has stopped; {lines} result lines not written"),
+                });
+                if !confirm {
+                    // Nobody offers them again: lost, counted and said.
+                    self.writer.lost_to_full_queue(lines);
+                }
+                return Err(e);
+            }
+        };
+        let (Some(written), Wait::Written(wait)) = (written, self.wait) else {
+            return Ok(());
+        };
+        match tokio::time::timeout(wait, written).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(forget(format!("writing {lines} result lines failed: {e}"))),
+            Ok(Err(_)) => Err(forget("the writer has stopped".into())),
+            // Still queued: written when the file takes it, so the keys
+            // stay known and a copy offered again is not written twice.
+            Err(_) => anyhow::bail!("--results-jsonl {shown}: {lines} result lines not written within {wait:?}"),
+        }
     }
 }
 
 impl HistorySink for JsonlSink {
     fn record<'a>(&'a self, results: &'a [ResultRecord]) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move { self.write(results) })
+        Box::pin(self.write(results))
     }
 
     fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move { self.sync() })
+        Box::pin(self.writer.drain(crate::writer::DRAIN_TIMEOUT))
     }
 }
 
@@ -226,17 +304,27 @@ mod tests {
         ResultRecord::passing(trace, "r", a)
     }
 
-    #[test]
-    fn same_key_is_written_once_also_after_reopen() {
+    fn open(p: &Path) -> JsonlSink {
+        JsonlSink::open(p, Arc::new(Metrics::default()), Wait::Queued).unwrap()
+    }
+
+    /// Queues the results and waits for them to be written.
+    async fn write(s: &JsonlSink, results: &[ResultRecord]) {
+        s.record(results).await.unwrap();
+        s.flush().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn same_key_is_written_once_also_after_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("r.jsonl");
-        let s = JsonlSink::open(&p).unwrap();
-        s.write(&[rec("t1", "a"), rec("t1", "b")]).unwrap();
-        s.write(&[rec("t1", "a")]).unwrap();
-        assert_eq!(s.counts(), (2, 1));
+        let s = open(&p);
+        write(&s, &[rec("t1", "a"), rec("t1", "b"), rec("t1", "b")]).await;
+        write(&s, &[rec("t1", "a")]).await;
+        assert_eq!(s.counts(), (2, 2));
         drop(s);
-        let s = JsonlSink::open(&p).unwrap();
-        s.write(&[rec("t1", "b"), rec("t2", "a")]).unwrap();
+        let s = open(&p);
+        write(&s, &[rec("t1", "b"), rec("t2", "a")]).await;
         assert_eq!(s.counts(), (1, 1));
         let text = std::fs::read_to_string(&p).unwrap();
         assert_eq!(text.lines().count(), 3);
@@ -256,8 +344,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_existing_file_is_read_in_bounded_lines_whatever_it_holds() {
+    #[tokio::test]
+    async fn an_existing_file_is_read_in_bounded_lines_whatever_it_holds() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("r.jsonl");
         let good = serde_json::to_string(&rec("t1", "a")).unwrap();
@@ -270,8 +358,8 @@ mod tests {
         std::fs::write(&p, &bytes).unwrap();
         let ex = Existing::read(std::io::BufReader::new(std::fs::File::open(&p).unwrap())).unwrap();
         assert_eq!((ex.seen.len(), ex.skipped, ex.first_skipped, ex.torn), (1, 3, Some(3), true));
-        let s = JsonlSink::open(&p).unwrap();
-        s.write(&[rec("t1", "a"), rec("t2", "a")]).unwrap();
+        let s = open(&p);
+        write(&s, &[rec("t1", "a"), rec("t2", "a")]).await;
         assert_eq!(s.counts(), (1, 1), "the key of the readable line is known");
         drop(s);
         // The new result starts a line of its own, after the torn one.
@@ -289,24 +377,32 @@ mod tests {
         assert_eq!((ex.seen.len(), ex.skipped, ex.torn), (1, 0, false));
     }
 
-    #[test]
-    fn a_device_is_written_to_without_being_read() {
-        let s = JsonlSink::open(Path::new("/dev/null")).unwrap();
-        s.write(&[rec("t1", "a")]).unwrap();
+    #[tokio::test]
+    async fn a_device_is_written_to_without_being_read() {
+        let s = open(Path::new("/dev/null"));
+        write(&s, &[rec("t1", "a")]).await;
         assert_eq!(s.counts(), (1, 0));
-        // A drain syncs regular files only: fsync on a device fails.
-        s.sync().unwrap();
     }
 
-    #[test]
-    fn a_pipe_is_written_to_and_drained() {
+    #[tokio::test]
+    async fn a_pipe_is_written_to_and_drained() {
         let (reader, writer) = std::io::pipe().unwrap();
         let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&writer)));
-        let s = JsonlSink::open(&path).unwrap();
-        s.write(&[rec("t1", "a")]).unwrap();
-        s.sync().unwrap();
+        let s = open(&path);
+        write(&s, &[rec("t1", "a")]).await;
         drop((s, writer));
         let text = std::io::read_to_string(reader).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_write_that_fails_is_not_remembered_and_is_written_when_offered_again() {
+        let metrics = Arc::new(Metrics::default());
+        let s = JsonlSink::open(Path::new("/dev/full"), metrics.clone(), Wait::Written(Duration::from_secs(5))).unwrap();
+        let e = s.record(&[rec("t1", "a")]).await.unwrap_err().to_string();
+        assert!(e.contains("--results-jsonl /dev/full: writing 1 result lines failed"), "{e}");
+        assert_eq!(s.counts(), (0, 0), "forgotten: a retry writes it");
+        let e = s.record(&[rec("t1", "a")]).await.unwrap_err().to_string();
+        assert!(e.contains("failed"), "{e}");
     }
 }

@@ -393,6 +393,11 @@ fn rules_files_with_errors_are_refused_at_start_up() {
             "rules:\n- name: refunds\n  budget: {judge_calls_per_minute: -1}\n  assertions: [{assertion_id: a, type: trace, spec: {check: required_tools, tools: [x]}}]\n",
             &["rule #1 'refunds': budget.judge_calls_per_minute: invalid value: integer `-1`"][..],
         ),
+        // A key given twice: the last would silently win, inverting the check.
+        (
+            "rules:\n- name: refunds\n  assertions: [{assertion_id: a, type: content, spec: {target: output.message, check: contains, value: refund, check: not_contains}}]\n",
+            &["not valid YAML: rules[0].assertions[0].spec: duplicate key 'check': a key may appear once in each mapping; remove or rename one of them at line 3"][..],
+        ),
         // 200 KB of nested brackets: refused at once, not after minutes of parsing.
         (
             &*format!("rules: {}{}\n", "[".repeat(100_000), "]".repeat(100_000)).leak(),
@@ -425,13 +430,23 @@ fn rules_files_with_errors_are_refused_at_start_up() {
         p.stderr_text()
     );
     // Flags that would refuse every trace, and output paths that are directories.
-    let flag_cases: [(&[&str], &str); 9] = [
+    let flag_cases: [(&[&str], &str); 11] = [
         (&["--max-trace-bytes", "0"], "--max-trace-bytes must be at least 1"),
         (&["--max-trace-bytes", "1000"], "--max-trace-bytes 1000 is less than 1024 bytes"),
         (&["--max-open-bytes", "1023"], "--max-open-bytes 1023 is less than 1024 bytes"),
         (&["--max-connections", "0"], "--max-connections must be at least 1"),
         (&["--max-trace-spans", "0"], "--max-trace-spans must be at least 1"),
-        (&["--request-timeout-secs", "0"], "--request-timeout-secs must be at least 1"),
+        (&["--request-timeout-secs", "0"], "0 is out of range; give 1 to 86400"),
+        // Past what a deadline can be computed for: once, every connection panicked.
+        (
+            &["--request-timeout-secs", "18446744073709551615"],
+            "is not a whole number; give 1 to 86400",
+        ),
+        // Results are the workers' to write; refused before connecting.
+        (
+            &["--nats", "nats://127.0.0.1:1", "--results-jsonl", "/dev/null"],
+            "with --nats this collector evaluates nothing",
+        ),
         (&["--results-jsonl", "."], "--results-jsonl .: cannot be opened for appending"),
         (&["--jsonl", ".", "--results-jsonl", "/dev/null"], "--jsonl .: is a directory"),
         // The test harness keeps no history.
@@ -443,6 +458,32 @@ fn rules_files_with_errors_are_refused_at_start_up() {
         let mut p = Proc::spawn(dir.path(), &format!("flag{i}"), &args, &[]);
         assert_ne!(p.wait_exit(20), 0, "{flags:?}");
         assert!(p.stderr_text().contains(needle), "{needle:?} not in {}", p.stderr_text());
+    }
+    // A global engine flag that collect and worker would ignore is a usage error.
+    if support::engine_bin().is_some() {
+        for sub in ["collect", "worker"] {
+            let mut p = Proc::spawn_on(
+                support::Evaluator::Engine,
+                dir.path(),
+                &format!("mcr-{sub}"),
+                &[
+                    "--max-concurrent-requests",
+                    "1",
+                    sub,
+                    "--rules",
+                    rules.to_str().unwrap(),
+                    "--nats",
+                    "nats://127.0.0.1:1",
+                ],
+                &[],
+            );
+            assert_eq!(p.wait_exit(20), 2, "{}", p.stderr_text());
+            let err = p.stderr_text();
+            assert!(
+                err.contains(&format!("attest-engine {sub}: --max-concurrent-requests")) && err.contains("--concurrency N"),
+                "{err}"
+            );
+        }
     }
     for (i, (yaml, needles)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("rules{i}.yaml"));

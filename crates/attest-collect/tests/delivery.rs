@@ -47,6 +47,53 @@ async fn an_export_sent_twice_is_assembled_once() {
 }
 
 #[tokio::test]
+async fn the_root_of_a_trace_dropped_without_it_is_a_late_span_not_a_trace_scored_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let c = Collector::start_on(
+        support::Evaluator::product(),
+        dir.path(),
+        RULES,
+        &[
+            "--settle-ms",
+            "100",
+            "--orphan-timeout-ms",
+            "500",
+            "--results-jsonl",
+            results.to_str().unwrap(),
+        ],
+        &[],
+    );
+    // The tool span is exported while the agent (the root) works on a step
+    // longer than the orphan timeout; the root comes after it.
+    let mut spans = agent_trace(9, 1, "lookup_order");
+    let root = spans.remove(0);
+    let body = request(spans).encode_to_vec();
+    let r = post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+    assert_eq!(r.status(), 200);
+    c.wait_metric("attest_collect_traces_dropped_total{reason=\"no_root\"}", 1.0, 20)
+        .await;
+    let body = request(vec![root]).encode_to_vec();
+    let r = post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+    assert_eq!(r.status(), 200);
+    let m = c
+        .wait_metric("attest_collect_spans_dropped_total{reason=\"late_span\"}", 1.0, 20)
+        .await;
+    // Well past the settle time: the root alone was not evaluated.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let m2 = c.metrics().await;
+    assert_eq!(metric(&m2, "attest_collect_traces_evaluated_total"), 0.0, "{m}\n{m2}");
+    assert_eq!(
+        metric(&m2, "attest_collect_traces_received_total"),
+        0.0,
+        "no trace closed for evaluation: {m2}"
+    );
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(read_jsonl(&results).is_empty(), "a partial trace was scored");
+}
+
+#[tokio::test]
 async fn every_error_answer_is_a_google_rpc_status() {
     let dir = tempfile::tempdir().unwrap();
     let c = Collector::start_with_env(

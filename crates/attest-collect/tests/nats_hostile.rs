@@ -815,3 +815,42 @@ async fn exports_are_refused_while_the_nats_server_is_down_and_accepted_when_it_
     let (code, log) = c.proc.terminate();
     assert_eq!(code, 0, "{log}");
 }
+
+/// Traces accepted while the server was up, still open when it goes away:
+/// the drain fails their publishes at once instead of waiting 10 s for each,
+/// counts them, and exits 1, since acknowledged traces were lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_with_the_nats_server_gone_fails_fast_and_exits_1() {
+    use prost::Message;
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    // Settled only at shutdown, one publish at a time: 10 s each would be 80 s.
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &["--nats", &nats.url, "--settle-ms", "600000", "--concurrency", "1"],
+    );
+    for trace in 1..=8 {
+        let body = support::otlp::request(support::otlp::agent_trace(trace, 1, "lookup_order")).encode_to_vec();
+        let r = support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+        assert_eq!(r.status(), 200);
+    }
+    drop(nats);
+    // Until the client has noticed, exports are still answered 200.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let body = support::otlp::request(support::otlp::agent_trace(99, 1, "lookup_order")).encode_to_vec();
+        let r = support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+        if r.status() == 503 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {} with the server down", r.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t0 = Instant::now();
+    let (code, log) = c.proc.terminate();
+    assert!(t0.elapsed() < Duration::from_secs(15), "took {:?}: {log}", t0.elapsed());
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("0 published, 8 publishes failed"), "{log}");
+}
