@@ -268,25 +268,24 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Strin
             "nested more than {MAX_YAML_FLOW_DEPTH} levels deep at line {line}: flatten the value"
         ));
     }
-    if let Some(at) = first_non_finite(text) {
-        return Err(format!(
-            "{at} is not a finite number (.nan and .inf have no meaning in a rules or prices file); give a number"
-        ));
-    }
-    if let Some(dup) = first_duplicate_key(serde_norway::Deserializer::from_str(text)) {
-        return Err(dup);
+    if let Some(problem) = first_misread_value(serde_norway::Deserializer::from_str(text)) {
+        return Err(problem);
     }
     serde_norway::from_str(text).map_err(|e| e.to_string())
 }
 
-/// The first key given twice in one mapping of a document, as
-/// `rules[0].assertions[1].spec: duplicate key 'check'` followed by the
-/// parser's position. Read into a map, a duplicate silently replaces the
-/// first value (YAML 1.2 forbids it, JSON parsers disagree), so a
-/// copy-paste slip could rename a rule or invert a check; it is refused
-/// instead. `None` also when the text does not parse: its own error is
-/// reported by the parse that follows.
-pub(crate) fn first_duplicate_key<'de, D: serde::Deserializer<'de>>(d: D) -> Option<String> {
+/// The first thing in a document that reading it into typed values would
+/// silently get wrong, with its path and the parser's position:
+/// - a key given twice in one mapping (`rules[0].assertions[1].spec:
+///   duplicate key 'check'`): read into a map, a duplicate replaces the
+///   first value (YAML 1.2 forbids it, JSON parsers disagree), so a
+///   copy-paste slip could rename a rule or invert a check;
+/// - a number that is not finite (YAML's `.nan`, `.inf`), which would
+///   become `null` as JSON and be refused as "invalid type: null".
+///
+/// `None` also when the text does not parse: its own error is reported by
+/// the parse that follows.
+pub(crate) fn first_misread_value<'de, D: serde::Deserializer<'de>>(d: D) -> Option<String> {
     use serde::de::DeserializeSeed;
     let mut walk = dupes::Walk::default();
     let e = (&mut walk).deserialize(d).err()?;
@@ -339,8 +338,14 @@ mod dupes {
         fn visit_u128<E>(self, _: u128) -> Result<(), E> {
             Ok(())
         }
-        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-            Ok(())
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+            if v.is_finite() {
+                return Ok(());
+            }
+            let at = if self.path.is_empty() { "the file's value" } else { &self.path };
+            let found = format!("{at} is not a finite number (.nan and .inf have no meaning in a rules or prices file); give a number");
+            self.found = Some(found.clone());
+            Err(E::custom(found))
         }
         fn visit_str<E>(self, _: &str) -> Result<(), E> {
             Ok(())
@@ -441,54 +446,6 @@ mod dupes {
             Ok(None)
         }
     }
-}
-
-/// Where the text's first `.nan` or `.inf` value is, as a path
-/// (`rules[0].sample_rate`). Converted to JSON for the typed fields, such a
-/// value would become `null` and be refused as "invalid type: null"; said
-/// outright, the mistake is plain. Only a text that spells one is parsed
-/// for it.
-fn first_non_finite(text: &str) -> Option<String> {
-    let lower = text.to_ascii_lowercase();
-    if !lower.contains(".nan") && !lower.contains(".inf") {
-        return None;
-    }
-    fn find(value: &serde_norway::Value, path: &mut String) -> bool {
-        use serde_norway::Value;
-        match value {
-            Value::Number(n) => n.as_f64().is_some_and(|f| !f.is_finite()),
-            Value::Sequence(items) => items.iter().enumerate().any(|(i, item)| {
-                let len = path.len();
-                path.push_str(&format!("[{i}]"));
-                let found = find(item, path);
-                if !found {
-                    path.truncate(len);
-                }
-                found
-            }),
-            Value::Mapping(map) => map.iter().any(|(key, item)| {
-                let len = path.len();
-                let key = match key {
-                    Value::String(k) => k.clone(),
-                    other => serde_norway::to_string(other).unwrap_or_default().trim().to_owned(),
-                };
-                if !path.is_empty() {
-                    path.push('.');
-                }
-                path.push_str(&crate::bounded(&key, 64));
-                let found = find(item, path);
-                if !found {
-                    path.truncate(len);
-                }
-                found
-            }),
-            Value::Tagged(tagged) => find(&tagged.value, path),
-            _ => false,
-        }
-    }
-    let value: serde_norway::Value = serde_norway::from_str(text).ok()?;
-    let mut path = String::new();
-    find(&value, &mut path).then(|| if path.is_empty() { "the file's value".to_owned() } else { path })
 }
 
 /// The line at which flow collections nest deeper than `max`, if they do.

@@ -246,7 +246,7 @@ impl RuleSet {
     /// Parses a rules file (YAML, or JSON when `is_json`) and compiles each rule's assertions.
     pub fn parse(text: &str, is_json: bool, evaluator: &dyn Evaluator) -> Result<RuleSet, RulesFileError> {
         let value: Value = if is_json {
-            if let Some(dup) = crate::first_duplicate_key(&mut serde_json::Deserializer::from_str(text)) {
+            if let Some(dup) = crate::first_misread_value(&mut serde_json::Deserializer::from_str(text)) {
                 return Err(RulesFileError(dup));
             }
             serde_json::from_str(text).map_err(|e| RulesFileError(format!("not valid JSON: {e}")))?
