@@ -146,6 +146,10 @@ struct Needles {
     automaton: AhoCorasick,
 }
 
+/// Keyword bytes up to which the automaton may be a DFA (built in about 2 ms
+/// at this size, whatever the keywords).
+const DFA_KEYWORD_BYTES: usize = 2048;
+
 /// Overlapping matches one pass reports before the keywords still unseen
 /// are searched for one by one, per byte of the target: keywords that are
 /// suffixes of one another (`a`, `aa`, `aaa` …) all match at every
@@ -154,7 +158,14 @@ const OVERLAPS_PER_BYTE: usize = 4;
 
 impl Needles {
     fn new(list: Vec<Needle>) -> Result<Needles, SpecError> {
-        let automaton = AhoCorasick::new(list.iter().map(|n| n.compared.as_str())).map_err(|e| {
+        // The crate's own choice for a few keywords is a DFA, which searches
+        // fastest but takes time growing with the square of the keywords'
+        // length to build when they repeat themselves (`"ab"` × 40,000: 11 s).
+        // Past a few KiB of keywords the contiguous NFA, built in time
+        // proportional to their length, is the one taken.
+        let bytes: usize = list.iter().map(|n| n.compared.len()).sum();
+        let kind = (bytes > DFA_KEYWORD_BYTES).then_some(aho_corasick::AhoCorasickKind::ContiguousNFA);
+        let automaton = AhoCorasick::builder().kind(kind).build(list.iter().map(|n| n.compared.as_str())).map_err(|e| {
             SpecError::new(
                 "spec.values",
                 format!("spec.values cannot be searched for: {e}"),
@@ -574,6 +585,15 @@ mod tests {
         let found = ns.found(&text);
         assert!(found[..150].iter().all(|f| *f) && !found[150..].iter().any(|f| *f), "{found:?}");
         assert!(ns.found(&format!("{text}b"))[200]);
+        // Long keywords that repeat themselves are searched with an NFA,
+        // which their length cannot make slow to build; a few short ones
+        // with the DFA.
+        let long = "ab".repeat(40_000);
+        let ns = needles(&[long.as_str(), "zz"]);
+        assert_eq!(ns.automaton.kind(), aho_corasick::AhoCorasickKind::ContiguousNFA);
+        assert_eq!(ns.found(&format!("x{long}x")), [true, false]);
+        assert_eq!(ns.found(&long[1..]), [false, false]);
+        assert_eq!(needles(&["refund"]).automaton.kind(), aho_corasick::AhoCorasickKind::DFA);
     }
 
     #[test]
