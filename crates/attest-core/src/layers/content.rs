@@ -165,13 +165,16 @@ impl Needles {
         // proportional to their length, is the one taken.
         let bytes: usize = list.iter().map(|n| n.compared.len()).sum();
         let kind = (bytes > DFA_KEYWORD_BYTES).then_some(aho_corasick::AhoCorasickKind::ContiguousNFA);
-        let automaton = AhoCorasick::builder().kind(kind).build(list.iter().map(|n| n.compared.as_str())).map_err(|e| {
-            SpecError::new(
-                "spec.values",
-                format!("spec.values cannot be searched for: {e}"),
-                "List fewer or shorter keywords.",
-            )
-        })?;
+        let automaton = AhoCorasick::builder()
+            .kind(kind)
+            .build(list.iter().map(|n| n.compared.as_str()))
+            .map_err(|e| {
+                SpecError::new(
+                    "spec.values",
+                    format!("spec.values cannot be searched for: {e}"),
+                    "List fewer or shorter keywords.",
+                )
+            })?;
         Ok(Needles { list, automaton })
     }
 
@@ -509,18 +512,27 @@ fn syntax_reason(display: &str) -> String {
     format!("{reason}{}", at.unwrap_or_default())
 }
 
-fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecError> {
+/// Why a pattern is not run.
+enum Refusal {
+    Oversized(Size),
+    Invalid(String),
+}
+
+/// Which bound an oversized pattern passes.
+enum Size {
+    /// Its text, past [`MAX_PATTERN_BYTES`].
+    Long,
+    /// Its compiled program, past [`REGEX_SIZE_LIMIT`].
+    Large,
+}
+
+/// The pattern as the engine runs it, within the bounds every regex keeps:
+/// at most [`MAX_PATTERN_BYTES`] of text and [`REGEX_SIZE_LIMIT`] compiled.
+fn build_regex(pattern: &str, case_sensitive: bool) -> Result<Regex, Refusal> {
     if pattern.len() > MAX_PATTERN_BYTES {
-        return Err(SpecError::new(
-            "spec.value",
-            format!(
-                "regex pattern exceeds maximum length: {} > {MAX_PATTERN_BYTES} bytes",
-                pattern.len()
-            ),
-            "Shorten the pattern; split very large alternations into several assertions or use keyword_any.",
-        ));
+        return Err(Refusal::Oversized(Size::Long));
     }
-    let regex = Regex::builder()
+    Regex::builder()
         .syntax(syntax::Config::new().case_insensitive(!case_sensitive))
         .configure(
             Regex::config()
@@ -528,25 +540,52 @@ fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecErr
                 .hybrid_cache_capacity(REGEX_DFA_CACHE_BYTES),
         )
         .build(pattern)
-        .map_err(|e| {
-            if e.size_limit().is_some() {
-                return SpecError::new(
-                    "spec.value",
-                    format!("regex {} is too large: it compiles to more than {REGEX_SIZE_LIMIT} bytes", quote(pattern)),
-                    "Large counted repetitions (a{10000}, \\w{500}) and big Unicode classes repeated many times make huge programs. Use smaller counts, ASCII classes ((?-u:\\w)), or split the check into several assertions.",
-                );
-            }
-            let reason = e.syntax_error().map_or_else(|| e.to_string(), |s| syntax_reason(&s.to_string()));
-            SpecError::new(
-                "spec.value",
-                format!("invalid regex {}", quote(pattern)),
-                format!(
-                    "The regex pattern {} is not valid RE2 syntax ({}). Fix the regex in the assertion spec; note RE2 has no lookaround or backreferences.",
-                    quote(pattern),
-                    clip(&reason, 200)
-                ),
-            )
-        })?;
+        .map_err(|e| match e.size_limit() {
+            Some(_) => Refusal::Oversized(Size::Large),
+            None => Refusal::Invalid(e.syntax_error().map_or_else(|| e.to_string(), |s| syntax_reason(&s.to_string()))),
+        })
+}
+
+/// The error for a pattern refused for its size, at `field` (`spec.value`,
+/// or the schema keyword that holds it).
+fn oversized(field: &str, pattern: &str, size: Size) -> SpecError {
+    match size {
+        Size::Long => SpecError::new(
+            field,
+            format!("regex pattern exceeds maximum length: {} > {MAX_PATTERN_BYTES} bytes", pattern.len()),
+            "Shorten the pattern; split very large alternations into several assertions or use keyword_any.",
+        ),
+        Size::Large => SpecError::new(
+            field,
+            format!("regex {} is too large: it compiles to more than {REGEX_SIZE_LIMIT} bytes", quote(pattern)),
+            "Large counted repetitions (a{10000}, \\w{500}) and big Unicode classes repeated many times make huge programs. Use smaller counts, ASCII classes ((?-u:\\w)), or split the check into several assertions.",
+        ),
+    }
+}
+
+/// Refuses a JSON Schema `pattern` (at `field`) that a `regex_match` would
+/// refuse for its size, before the schema compiler spends seconds on it.
+/// Its syntax is the schema compiler's to judge.
+pub(crate) fn check_schema_pattern(field: &str, pattern: &str) -> Result<(), SpecError> {
+    match build_regex(pattern, true) {
+        Err(Refusal::Oversized(size)) => Err(oversized(field, pattern, size)),
+        Err(Refusal::Invalid(_)) | Ok(_) => Ok(()),
+    }
+}
+
+fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecError> {
+    let regex = build_regex(pattern, case_sensitive).map_err(|refusal| match refusal {
+        Refusal::Oversized(size) => oversized("spec.value", pattern, size),
+        Refusal::Invalid(reason) => SpecError::new(
+            "spec.value",
+            format!("invalid regex {}", quote(pattern)),
+            format!(
+                "The regex pattern {} is not valid RE2 syntax ({}). Fix the regex in the assertion spec; note RE2 has no lookaround or backreferences.",
+                quote(pattern),
+                clip(&reason, 200)
+            ),
+        ),
+    })?;
     Ok(Pattern {
         written: pattern.to_owned(),
         regex,

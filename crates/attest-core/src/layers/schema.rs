@@ -20,6 +20,10 @@ use serde_json::Value;
 use std::sync::{Arc, OnceLock};
 
 /// How many distinct compiled schemas are kept, and their estimated bytes.
+/// Largest schema compiled, as compact JSON. Compiling takes some 180
+/// times a schema's size in memory when it holds many small values (an
+/// `enum` of objects), so a 10 MB one would take gigabytes.
+pub const MAX_SCHEMA_BYTES: usize = 1024 * 1024;
 const SCHEMA_CACHE_ENTRIES: usize = 1024;
 const SCHEMA_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// How many validation errors an explanation lists.
@@ -145,23 +149,33 @@ fn cache() -> &'static SchemaCache {
     CACHE.get_or_init(|| Cache::with_weighter(SCHEMA_CACHE_ENTRIES, SCHEMA_CACHE_BYTES, SchemaWeight))
 }
 
-/// How many regexes the schema holds: each `pattern`, and each key of a
-/// `patternProperties`.
-fn count_patterns(schema: &Value) -> usize {
+/// The regexes the schema holds, each `pattern` and each key of a
+/// `patternProperties`, with where it is (`spec.schema.properties.id.pattern`).
+fn patterns<'s>(schema: &'s Value, at: &mut String, out: &mut Vec<(String, &'s str)>) {
     match schema {
-        Value::Object(m) => m
-            .iter()
-            .map(|(k, v)| {
-                let own = match (k.as_str(), v) {
-                    ("pattern", _) => 1,
-                    ("patternProperties", Value::Object(p)) => p.len(),
-                    _ => 0,
-                };
-                own + count_patterns(v)
-            })
-            .sum(),
-        Value::Array(a) => a.iter().map(count_patterns).sum(),
-        _ => 0,
+        Value::Object(m) => {
+            for (k, v) in m {
+                let len = at.len();
+                at.push('.');
+                at.push_str(&clip(k, 64));
+                match (k.as_str(), v) {
+                    ("pattern", Value::String(p)) => out.push((at.clone(), p)),
+                    ("patternProperties", Value::Object(p)) => out.extend(p.keys().map(|key| (at.clone(), key.as_str()))),
+                    _ => {}
+                }
+                patterns(v, at, out);
+                at.truncate(len);
+            }
+        }
+        Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                let len = at.len();
+                at.push_str(&format!("[{i}]"));
+                patterns(v, at, out);
+                at.truncate(len);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -172,7 +186,21 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Arc<Validator>, usize
     if let Some((v, patterns)) = cache().get(&key) {
         return Ok((v, patterns, text_bytes));
     }
-    let patterns = count_patterns(schema);
+    if text_bytes > MAX_SCHEMA_BYTES {
+        return Err(SpecError::new(
+            "spec.schema",
+            format!("schema too large: {text_bytes} bytes as compact JSON > {MAX_SCHEMA_BYTES}"),
+            "Compiling a schema takes far more memory than its text. Shorten it: move a long enum into several assertions, or check membership with a content keyword_any.",
+        ));
+    }
+    // Each within the bounds a `regex_match` keeps, checked before the
+    // schema compiler, which would otherwise spend seconds on a huge one.
+    let mut found = Vec::new();
+    patterns(schema, &mut "spec.schema".to_owned(), &mut found);
+    for (at, pattern) in &found {
+        crate::layers::content::check_schema_pattern(at, pattern)?;
+    }
+    let patterns = found.len();
     let mut body = schema.clone();
     if let Some(m) = body.as_object_mut() {
         // The draft is already chosen; dropping `$schema` lets non-canonical spellings compile.
@@ -416,6 +444,30 @@ mod tests {
         assert!(e.message.starts_with("malformed JSON Schema"), "{}", e.message);
         assert!(compile(json!({"target": "output"})).is_err());
         assert!(compile(json!({"target": "outptu", "schema": {}})).is_err());
+    }
+
+    #[test]
+    fn a_schema_over_its_size_limit_is_refused_before_it_is_compiled() {
+        let values: Vec<Value> = (0..120_000).map(|i| json!({"i": i})).collect();
+        let e = compile(json!({"target": "output", "schema": {"enum": values}})).unwrap_err();
+        assert_eq!(e.field, "spec.schema");
+        assert!(e.message.starts_with("schema too large: "), "{}", e.message);
+    }
+
+    #[test]
+    fn patterns_keep_the_bounds_of_regex_match() {
+        // Too large compiled, and too long: refused before the schema is
+        // compiled, naming where the pattern is.
+        let e = compile(json!({"target": "output", "schema": {"properties": {"id": {"pattern": "\\d".repeat(2000)}}}})).unwrap_err();
+        assert_eq!(e.field, "spec.schema.properties.id.pattern");
+        assert!(e.message.contains("is too large"), "{}", e.message);
+        let e = compile(json!({"target": "output", "schema": {"items": [{"patternProperties": {"a".repeat(10_001): {}}}]}})).unwrap_err();
+        assert_eq!(e.field, "spec.schema.items[0].patternProperties");
+        assert!(e.message.contains("exceeds maximum length"), "{}", e.message);
+        // Within them, the schema compiler judges the syntax, as before.
+        assert!(compile(json!({"target": "output", "schema": {"pattern": "^[A-Z]{3}-\\d{4}$"}})).is_ok());
+        let e = compile(json!({"target": "output", "schema": {"pattern": "(unclosed"}})).unwrap_err();
+        assert!(e.message.starts_with("malformed JSON Schema"), "{}", e.message);
     }
 
     #[test]
