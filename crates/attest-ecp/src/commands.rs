@@ -514,6 +514,8 @@ pub fn trend(args: &TrendArgs) -> i32 {
             } else {
                 r.manifest.clone()
             };
+            // A report file's text, on a terminal.
+            let label = crate::util::one_line(&crate::util::clip(&label, 200));
             println!(
                 "{:<5}  {:<45}  {:>6}  {:>6}  {:>5.1}%",
                 i + 1,

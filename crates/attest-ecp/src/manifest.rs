@@ -189,6 +189,9 @@ impl Manifest {
     }
 }
 
+/// Longest problem shown, in bytes.
+const MAX_PROBLEM_BYTES: usize = 1024;
+
 /// Every problem found in a manifest, each with its location.
 #[derive(Debug)]
 pub struct ManifestErrors {
@@ -199,8 +202,10 @@ pub struct ManifestErrors {
 impl fmt::Display for ManifestErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "manifest {} is invalid ({} problem(s)):", self.path.display(), self.errors.len())?;
+        // A problem may quote the manifest's own text: shown on one line,
+        // clipped, with control characters escaped.
         for e in &self.errors {
-            writeln!(f, "  - {e}")?;
+            writeln!(f, "  - {}", crate::util::one_line(&crate::util::clip(e, MAX_PROBLEM_BYTES)))?;
         }
         Ok(())
     }
