@@ -458,10 +458,12 @@ impl Report {
             x.push_str("  </testsuite>\n");
         }
         if self.error_count > 0 {
+            // Past the errors listed, one more testcase stands for the rest.
+            let unlisted = self.error_count.saturating_sub(self.errors.len() as u64);
             let _ = writeln!(
                 x,
                 "  <testsuite name=\"inputs not evaluated\" tests=\"{0}\" failures=\"0\" errors=\"{0}\" skipped=\"0\" time=\"0.000\">",
-                self.errors.len()
+                self.errors.len() + usize::from(unlisted > 0)
             );
             for e in &self.errors {
                 let _ = writeln!(
@@ -472,6 +474,13 @@ impl Report {
                     e.code,
                     e.kind,
                     esc(&format!("{}\n{}", e.message, e.detail))
+                );
+            }
+            if unlisted > 0 {
+                let _ = writeln!(
+                    x,
+                    "    <testcase name=\"{unlisted} more inputs not evaluated\" classname=\"attest-engine.error\" time=\"0.000\">\n      <error message=\"{unlisted} more inputs could not be evaluated; the first {} are listed\" type=\"not listed\"/>\n    </testcase>",
+                    self.errors.len()
                 );
             }
             x.push_str("  </testsuite>\n");

@@ -506,6 +506,35 @@ fn reports_list_unevaluated_inputs_and_count_results_they_no_longer_hold() {
 }
 
 #[test]
+fn junit_counts_inputs_not_evaluated_past_those_it_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let traces = write(&dir, "bad.jsonl", &"{\"trace_id\": \"no-output\"}\n".repeat(1005));
+    let assertions = write_json(&dir, "assertions.json", &refund_assertions());
+    let junit = dir.path().join("r.xml");
+    let out = run(&[
+        "--no-history",
+        "eval",
+        "--trace",
+        traces.to_str().unwrap(),
+        "--assertions",
+        assertions.to_str().unwrap(),
+        "--report",
+        &format!("junit={}", junit.display()),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    // 1,000 listed and one testcase for the other 5: a tool that counts
+    // testcases sees as many errors as the totals say.
+    assert_eq!(xml.matches("classname=\"attest-engine.error\"").count(), 1001, "{}", &xml[..500]);
+    assert!(
+        xml.contains("<testcase name=\"5 more inputs not evaluated\""),
+        "{}",
+        &xml[xml.len() - 600..]
+    );
+    assert!(xml.contains("errors=\"1005\""), "{}", &xml[..300]);
+}
+
+#[test]
 fn an_endless_input_file_is_read_no_further_than_the_cap() {
     let dir = tempfile::tempdir().unwrap();
     let assertions = write_json(&dir, "assertions.json", &refund_assertions());
