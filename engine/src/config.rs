@@ -688,7 +688,7 @@ fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::
         l.memory_bytes = mib * 1024 * 1024;
     }
     if let Some(t) = &f.timeout {
-        l.timeout = parse_duration(t)?;
+        l.timeout = parse_duration(t).context("timeout")?;
         if l.timeout < Duration::from_millis(1) {
             bail!("timeout must be at least 1ms, got {t:?} (plugin deadlines are counted in 5 ms ticks, e.g. timeout = \"2s\")");
         }
