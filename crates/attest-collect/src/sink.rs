@@ -43,13 +43,19 @@ pub enum Wait {
 }
 
 struct Inner {
-    seen: HashSet<ResultKey>,
-    order: VecDeque<ResultKey>,
+    keys: RecentKeys,
     written: u64,
     duplicates: u64,
 }
 
-impl Inner {
+/// The keys of the last [`DEDUPE_KEYS`] results written, oldest first out.
+#[derive(Default)]
+struct RecentKeys {
+    seen: HashSet<ResultKey>,
+    order: VecDeque<ResultKey>,
+}
+
+impl RecentKeys {
     fn remember(&mut self, key: ResultKey) {
         if self.seen.insert(key.clone()) {
             self.order.push_back(key);
@@ -59,6 +65,10 @@ impl Inner {
                 }
             }
         }
+    }
+
+    fn contains(&self, key: &ResultKey) -> bool {
+        self.seen.contains(key)
     }
 
     /// Forgets keys whose lines were not written, so that they are written
@@ -82,8 +92,7 @@ const MAX_LINE_BYTES: usize = 1 << 20;
 /// Keys of the results already in a file, and what reading it found.
 #[derive(Default)]
 struct Existing {
-    seen: HashSet<ResultKey>,
-    order: VecDeque<ResultKey>,
+    keys: RecentKeys,
     /// Lines that are not result records (or over [`MAX_LINE_BYTES`]), and the first one's number.
     skipped: u64,
     first_skipped: Option<u64>,
@@ -92,17 +101,6 @@ struct Existing {
 }
 
 impl Existing {
-    fn remember(&mut self, key: ResultKey) {
-        if self.seen.insert(key.clone()) {
-            self.order.push_back(key);
-            if self.order.len() > DEDUPE_KEYS {
-                if let Some(old) = self.order.pop_front() {
-                    self.seen.remove(&old);
-                }
-            }
-        }
-    }
-
     /// Reads the keys of `r` line by line, holding at most one line of
     /// [`MAX_LINE_BYTES`]: any bytes (invalid UTF-8, a file of zeros) are
     /// read in bounded memory.
@@ -150,7 +148,7 @@ impl Existing {
             return;
         }
         match serde_json::from_slice::<ResultRecord>(line) {
-            Ok(r) if !too_long => self.remember(r.key),
+            Ok(r) if !too_long => self.keys.remember(r.key),
             _ => {
                 self.skipped += 1;
                 self.first_skipped.get_or_insert(number);
@@ -198,8 +196,7 @@ impl JsonlSink {
             writer,
             wait,
             inner: Mutex::new(Inner {
-                seen: existing.seen,
-                order: existing.order,
+                keys: existing.keys,
                 written: 0,
                 duplicates: 0,
             }),
@@ -228,7 +225,7 @@ impl JsonlSink {
         {
             let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             for r in results {
-                if i.seen.contains(&r.key) || keys.contains(&r.key) {
+                if i.keys.contains(&r.key) || keys.contains(&r.key) {
                     i.duplicates += 1;
                     continue;
                 }
@@ -242,14 +239,14 @@ impl JsonlSink {
             // Remembered before the write is done, so that a copy offered
             // meanwhile is a duplicate, and forgotten if it is not done.
             for k in &keys {
-                i.remember(k.clone());
+                i.keys.remember(k.clone());
             }
             i.written += keys.len() as u64;
         }
         let lines = keys.len() as u64;
         let forget = |why: String| {
             let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            i.forget(&keys);
+            i.keys.forget(&keys);
             i.written -= lines;
             anyhow::anyhow!("--results-jsonl {shown}: {why}")
         };
@@ -357,7 +354,7 @@ mod tests {
         bytes.extend_from_slice(&good.as_bytes()[..good.len() / 2]);
         std::fs::write(&p, &bytes).unwrap();
         let ex = Existing::read(std::io::BufReader::new(std::fs::File::open(&p).unwrap())).unwrap();
-        assert_eq!((ex.seen.len(), ex.skipped, ex.first_skipped, ex.torn), (1, 3, Some(3), true));
+        assert_eq!((ex.keys.seen.len(), ex.skipped, ex.first_skipped, ex.torn), (1, 3, Some(3), true));
         let s = open(&p);
         write(&s, &[rec("t1", "a"), rec("t2", "a")]).await;
         assert_eq!(s.counts(), (1, 1), "the key of the readable line is known");
@@ -374,7 +371,7 @@ mod tests {
         let text = format!("{good}\n{good}\n");
         // A buffer of 16 bytes: every line spans several reads.
         let ex = Existing::read(std::io::BufReader::with_capacity(16, text.as_bytes())).unwrap();
-        assert_eq!((ex.seen.len(), ex.skipped, ex.torn), (1, 0, false));
+        assert_eq!((ex.keys.seen.len(), ex.skipped, ex.torn), (1, 0, false));
     }
 
     #[tokio::test]
