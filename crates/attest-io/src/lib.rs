@@ -78,12 +78,13 @@ impl fmt::Display for Size {
     }
 }
 
-/// `s` with control characters other than newline and tab written as
-/// `\u{1b}`-style escapes: text from input (an agent's, a provider's, a trace's) shown on a
-/// terminal or in a report must not move the cursor, clear the screen or
-/// retitle the window.
+/// `s` with control characters other than newline and tab, and the Unicode
+/// line and paragraph separators, written as `\u{1b}`-style escapes: text
+/// from input (an agent's, a provider's, a trace's) shown on a terminal or in
+/// a report must not move the cursor, clear the screen, retitle the window
+/// or start a line of its own.
 pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    let escaped = |c: char| c.is_control() && c != '\n' && c != '\t';
+    let escaped = |c: char| (c.is_control() && c != '\n' && c != '\t') || matches!(c, '\u{2028}' | '\u{2029}');
     if !s.chars().any(escaped) {
         return std::borrow::Cow::Borrowed(s);
     }
@@ -358,5 +359,10 @@ mod tests {
         assert_eq!(printable("a\u{1b}[2J\nb\u{7}"), "a\\u{1b}[2J\nb\\u{7}");
         assert_eq!(printable("\u{9b}31m"), "\\u{9b}31m", "C1 controls too");
         assert!(matches!(printable("plain\ttext"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(
+            printable("a\u{2028}b\u{2029}"),
+            "a\\u{2028}b\\u{2029}",
+            "line and paragraph separators"
+        );
     }
 }
