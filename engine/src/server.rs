@@ -38,6 +38,8 @@ pub const LINE_HEADROOM_BYTES: usize = 1024 * 1024;
 /// Lines this large are handled on the blocking pool, so a heavy batch does
 /// not stall the other tasks on its worker thread.
 const LARGE_LINE_BYTES: usize = 256 * 1024;
+/// How much of such a line is read for its id before it is parsed.
+const ID_SNIFF_BYTES: usize = 4096;
 
 /// Bytes a success response adds around its id and result:
 /// `{"jsonrpc":"2.0","id":` + `,"result":` + `}`.
@@ -216,6 +218,13 @@ async fn respond(
     // only for the work that needs it (see `lane`). The lane's slot is held
     // until the response is sent.
     let (reply, _lane) = if line.len() > LARGE_LINE_BYTES {
+        // Noted before it waits for the pool: a drain that ends meanwhile
+        // answers it too. Its id is looked for near the start only (clients
+        // write it before the params); one further in is noted once the
+        // line is parsed.
+        if let (Some(id), _) = sniff_request(&line[..line.len().min(ID_SNIFF_BYTES)]) {
+            engine.unanswered.expect_one(seq, &id);
+        }
         lane.enter_pool().await;
         let runtime = tokio::runtime::Handle::current();
         let engine = engine.clone();

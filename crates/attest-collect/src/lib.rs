@@ -382,8 +382,11 @@ mod dupes {
             while let Some(key) = map.next_key_seed(Key)? {
                 let len = self.path.len();
                 if let Some(key) = key {
+                    // Compared whole (keys may share a long prefix, as model
+                    // ARNs do), shown clipped.
+                    let fresh = seen.insert(key.clone());
                     let key = super::bounded(&key, 64);
-                    if !seen.insert(key.clone()) {
+                    if !fresh {
                         let at = if self.path.is_empty() { "the top level" } else { &self.path };
                         let found =
                             format!("{at}: duplicate key '{key}': a key may appear once in each mapping; remove or rename one of them");

@@ -270,7 +270,8 @@ impl Pipeline {
 
     /// Hands results to every sink, also when one fails (a stalled results
     /// file does not keep them from the history); counts them by rule and
-    /// status. Errs with the first sink's failure.
+    /// status once every sink stored them (a worker's sink offers them again
+    /// after a failure). Errs with the first sink's failure.
     pub async fn store(&self, records: &[ResultRecord]) -> anyhow::Result<()> {
         let mut first = None;
         for sink in self.sinks.iter() {
@@ -278,10 +279,13 @@ impl Pipeline {
                 first.get_or_insert(e);
             }
         }
+        if let Some(e) = first {
+            return Err(e);
+        }
         for r in records {
             self.metrics.result(&r.key.rule, r.status);
         }
-        first.map_or(Ok(()), Err)
+        Ok(())
     }
 
     /// Writes out what every sink and `--traces-out` hold, all at once, each

@@ -456,6 +456,9 @@ mod tests {
         assert!(e.contains("rules[0]: duplicate key 'name'"), "{e}");
         let e = parse("rules: []\nrules: []\n").unwrap_err();
         assert!(e.contains("the top level: duplicate key 'rules'"), "{e}");
+        // Keys that only share a long prefix are two keys.
+        let long = "k".repeat(100);
+        assert!(crate::parse_yaml::<serde_json::Value>(&format!("{long}a: 1\n{long}b: 2\n")).is_ok());
         // The same text in two spellings is one key once read.
         let e = parse("rules:\n- name: a\n  assertions: [{type: trace, 1: x, '1': y}]\n").unwrap_err();
         assert!(e.contains("rules[0].assertions[0]: duplicate key '1'"), "{e}");

@@ -276,9 +276,10 @@ impl JsonlSink {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(e))) => Err(forget(format!("writing {lines} result lines failed: {e}"))),
             Ok(Err(_)) => Err(forget("the writer has stopped".into())),
-            // Still queued: written when the file takes it, so the keys
-            // stay known and a copy offered again is not written twice.
-            Err(_) => anyhow::bail!("--results-jsonl {shown}: {lines} result lines not written within {wait:?}"),
+            // Still queued, and perhaps never written: the keys are
+            // forgotten, so that a copy offered again is written (twice,
+            // if this one is written after all, rather than acked unwritten).
+            Err(_) => Err(forget(format!("{lines} result lines not written within {wait:?}"))),
         }
     }
 }

@@ -337,7 +337,10 @@ fn write_loop(mut file: std::fs::File, rx: mpsc::Receiver<Entry>, shared: &Share
             }
         }
         if let Some(done) = entry.done {
-            let _ = done.send(result);
+            // A caller that stopped waiting no longer counts a failure.
+            if let Err(Err(_)) = done.send(result) {
+                shared.lose("write_failed", entry.lines);
+            }
         }
         shared.done.send_modify(|n| *n += 1);
         shared.room.send_modify(|n| *n += 1);

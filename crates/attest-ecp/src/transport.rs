@@ -215,9 +215,10 @@ pub struct StdioAgent {
 
 /// Words a target may start with that name no program: shell builtins and
 /// reserved words. `exec` before one would look for a program of that name.
-const SHELL_WORDS: [&str; 24] = [
-    "exec", "command", "builtin", "eval", ".", "source", "set", "export", "readonly", "unset", "cd", "trap", "ulimit", "umask", "shift",
-    "wait", "alias", "read", "type", "hash", "if", "while", "for", "time",
+const SHELL_WORDS: [&str; 42] = [
+    "exec", "command", "builtin", "eval", ".", ":", "source", "set", "export", "readonly", "unset", "cd", "trap", "ulimit", "umask",
+    "shift", "wait", "alias", "unalias", "read", "type", "hash", "getopts", "times", "jobs", "fg", "bg", "exit", "return", "break",
+    "continue", "let", "local", "declare", "typeset", "if", "while", "until", "for", "case", "select", "time",
 ];
 
 /// The shell command line: a simple command that runs a program is `exec`ed
@@ -261,6 +262,7 @@ impl StdioAgent {
         {
             let parent = std::process::id() as libc::pid_t;
             let limits = env.limits;
+            guard::check_support();
             guard::hide_memory();
             // SAFETY: between fork and exec only async-signal-safe calls run
             // (prctl, getpid, getppid, fork, close_range, close, open, dup2, sigprocmask,
@@ -889,18 +891,27 @@ impl HttpAgent {
 /// data is a JSON-RPC response. Only the event being received is kept.
 #[derive(Default)]
 struct SseEvents {
-    /// The text after the last complete event, without carriage returns:
-    /// a line may end in CRLF, and JSON holds no raw CR but as whitespace.
+    /// The text after the last complete event, its line ends made `\n`:
+    /// a line may end in CRLF, LF or a lone CR.
     pending: Vec<u8>,
     /// How much of `pending` is known to hold no event boundary.
     scanned: usize,
+    /// The last byte taken was a CR, so an LF that follows ends no line.
+    after_cr: bool,
 }
 
 impl SseEvents {
     /// Takes the next part of the stream: the response, once an event
     /// completed by a blank line holds one.
     fn push(&mut self, chunk: &[u8]) -> Option<Value> {
-        self.pending.extend(chunk.iter().copied().filter(|&b| b != b'\r'));
+        for &b in chunk {
+            match b {
+                b'\r' => self.pending.push(b'\n'),
+                b'\n' if self.after_cr => {}
+                _ => self.pending.push(b),
+            }
+            self.after_cr = b == b'\r';
+        }
         let mut start = 0;
         let mut found = None;
         while let Some(end) = memchr::memmem::find(&self.pending[self.scanned.max(start)..], b"\n\n").map(|i| i + self.scanned.max(start)) {
@@ -961,13 +972,65 @@ mod guard {
     /// (linux/capability.h).
     const MEMORY_READING_CAPABILITIES: [libc::c_ulong; 3] = [19, 21, 38];
 
+    /// `prctl` options for the ambient capability set (linux/prctl.h).
+    const PR_CAP_AMBIENT: c_int = 47;
+    const PR_CAP_AMBIENT_CLEAR_ALL: libc::c_ulong = 4;
+
+    /// Takes `caps` out of this process's inheritable set (`capget` and
+    /// `capset`, version 3). Async-signal-safe.
+    unsafe fn clear_inheritable(caps: &[libc::c_ulong]) {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: c_int,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let mut header = Header {
+            version: 0x2008_0522,
+            pid: 0,
+        };
+        let mut data = [Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        if libc::syscall(libc::SYS_capget, &mut header as *mut Header, data.as_mut_ptr()) != 0 {
+            return;
+        }
+        for &cap in caps {
+            data[(cap / 32) as usize].inheritable &= !(1u32 << (cap % 32));
+        }
+        libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr());
+    }
+
+    /// Says once, on stderr, when the kernel cannot list a process's
+    /// children (`/proc/<pid>/task/<tid>/children`, `CONFIG_PROC_CHILDREN`):
+    /// the guard then cannot find what left the agent's process group.
+    pub fn check_support() {
+        static CHECKED: std::sync::Once = std::sync::Once::new();
+        CHECKED.call_once(|| {
+            if !std::path::Path::new("/proc/thread-self/children").exists() {
+                eprintln!(
+                    "attest-ecp: this kernel does not list a process's children (/proc/<pid>/task/<tid>/children): processes an agent starts outside its process group may outlive it"
+                );
+            }
+        });
+    }
+
     /// Makes the runtime's memory, and that of every guard it forks, closed
     /// to its agents. The guard is a fork of the runtime that never execs,
     /// so both hold the runtime's whole environment (its API keys among
     /// it), which an agent of the same user could otherwise read from
     /// `/proc/<pid>/environ` or `/proc/<pid>/mem`, whatever environment it
     /// was given itself. A process that is not dumpable opens those files
-    /// only to processes with `CAP_SYS_PTRACE`. It also writes no core dump.
+    /// only to processes with `CAP_SYS_PTRACE` (or `CAP_SYS_ADMIN`,
+    /// `CAP_PERFMON`). It also writes no core dump.
     pub fn hide_memory() {
         // SAFETY: prctl with these arguments only sets a flag of this process.
         unsafe {
@@ -996,6 +1059,10 @@ mod guard {
             for cap in MEMORY_READING_CAPABILITIES {
                 libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
             }
+            // An exec as root also grants what the ambient and inheritable
+            // sets hold.
+            libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+            clear_inheritable(&MEMORY_READING_CAPABILITIES);
             // No core dump either: a crashing agent would write its whole memory.
             lower_limit(libc::RLIMIT_CORE, Some(0), 0);
             lower_limit(libc::RLIMIT_DATA, limits.memory_bytes, 0);
@@ -1064,7 +1131,7 @@ mod guard {
     }
 
     /// Longest the guard spends ending descendants, in rounds of 1 ms.
-    const END_ROUNDS: u32 = 5_000;
+    const END_ROUNDS: u32 = 1_000;
 
     /// Kills every descendant of the guard, whatever process group or
     /// session it moved to (`setpgid`, `setsid`): each is the guard's child,
@@ -1232,6 +1299,10 @@ mod tests {
                 .unwrap_or_else(|| panic!("cut at {cut}"));
             assert_eq!(v["id"], 1, "cut at {cut}");
         }
+        // Lines may end in a lone CR too.
+        let mut cr = SseEvents::default();
+        assert!(cr.push(b"data: {\"id\":2,\r").is_none());
+        assert_eq!(cr.push(b"data: \"result\":3}\r\r").unwrap()["result"], 3);
         // An event without the blank line after it counts only at the end.
         let mut open = SseEvents::default();
         assert!(open.push(b"data: {\"id\":1,\"result\":1}").is_none());
@@ -1369,6 +1440,7 @@ for line in sys.stdin:
             "MODE=test python3 agent.py",
             "exec python3 agent.py",
             "command python3 agent.py",
+            "exit 3",
             "cd a",
         ] {
             assert_eq!(shell_line(as_written), as_written);

@@ -155,6 +155,10 @@ fn patterns<'s>(schema: &'s Value, at: &mut String, out: &mut Vec<(String, &'s s
     match schema {
         Value::Object(m) => {
             for (k, v) in m {
+                // Instances, not schemas: a "pattern" member in them is data.
+                if matches!(k.as_str(), "enum" | "const" | "default" | "examples") {
+                    continue;
+                }
                 let len = at.len();
                 at.push('.');
                 at.push_str(&clip(k, 64));
@@ -464,6 +468,9 @@ mod tests {
         let e = compile(json!({"target": "output", "schema": {"items": [{"patternProperties": {"a".repeat(10_001): {}}}]}})).unwrap_err();
         assert_eq!(e.field, "spec.schema.items[0].patternProperties");
         assert!(e.message.contains("exceeds maximum length"), "{}", e.message);
+        // A "pattern" member of an instance (an enum's, a default) is data.
+        let data = json!({"pattern": "a".repeat(10_001)});
+        assert!(compile(json!({"target": "output", "schema": {"enum": [data.clone()], "default": data}})).is_ok());
         // Within them, the schema compiler judges the syntax, as before.
         assert!(compile(json!({"target": "output", "schema": {"pattern": "^[A-Z]{3}-\\d{4}$"}})).is_ok());
         let e = compile(json!({"target": "output", "schema": {"pattern": "(unclosed"}})).unwrap_err();
