@@ -381,16 +381,7 @@ async fn answer_line(engine: &Arc<Engine>, line: &[u8], seq: u64, notes: &mut Ve
     if replies.is_empty() {
         return None;
     }
-    let mut out = Vec::with_capacity(replies.iter().map(|r| r.len() + 1).sum::<usize>() + 1);
-    out.push(b'[');
-    for (i, r) in replies.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(r);
-    }
-    out.push(b']');
-    Some(out)
+    Some(protocol::batch_line(&replies))
 }
 
 /// Answers one request object (as parsed) in at most `budget` bytes.

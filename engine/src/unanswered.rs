@@ -9,7 +9,7 @@
 //! the request's own answer, if it ever comes, is dropped, so no id is
 //! answered twice.
 
-use crate::protocol::{error_line, ErrorCode, RpcError};
+use crate::protocol::{batch_line, error_line, ErrorCode, RpcError};
 use serde_json::value::RawValue;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -62,29 +62,17 @@ impl Unanswered {
     /// `shutdown` that ended it) with `3002`, one line each, and marks them
     /// answered.
     pub fn abandon(&self, except: Option<u64>, drain_timeout: Duration) -> Vec<Vec<u8>> {
-        let mut state = self.lock();
-        let seqs: Vec<u64> = state.open.keys().copied().filter(|&seq| Some(seq) != except).collect();
         let error = abandoned(drain_timeout);
-        let mut lines = Vec::with_capacity(seqs.len());
-        for seq in seqs {
-            let awaited = state.open.remove(&seq).expect("the key was just listed");
-            state.abandoned.insert(seq);
-            lines.push(match awaited {
+        let mut state = self.lock();
+        let taken: Vec<(u64, Awaited)> = state.open.extract_if(|&seq, _| Some(seq) != except).collect();
+        state.abandoned.extend(taken.iter().map(|(seq, _)| *seq));
+        taken
+            .into_iter()
+            .map(|(_, awaited)| match awaited {
                 Awaited::One(id) => error_line(&id, &error),
-                Awaited::Batch(ids) => {
-                    let mut line = b"[".to_vec();
-                    for (i, id) in ids.iter().enumerate() {
-                        if i > 0 {
-                            line.push(b',');
-                        }
-                        line.extend_from_slice(&error_line(id, &error));
-                    }
-                    line.push(b']');
-                    line
-                }
-            });
-        }
-        lines
+                Awaited::Batch(ids) => batch_line(&ids.iter().map(|id| error_line(id, &error)).collect::<Vec<_>>()),
+            })
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -408,6 +408,21 @@ pub struct ReplyId {
     pub id: Box<RawValue>,
 }
 
+/// The response line of a JSON-RPC batch: its members' responses, in
+/// order, as one array.
+pub fn batch_line(members: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(members.iter().map(|m| m.len() + 1).sum::<usize>() + 1);
+    out.push(b'[');
+    for (i, m) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(m);
+    }
+    out.push(b']');
+    out
+}
+
 /// Serialises a success response line (without the trailing newline).
 pub fn success_line<T: Serialize>(id: &RawValue, result: &T) -> Result<Vec<u8>, serde_json::Error> {
     #[derive(Serialize)]
