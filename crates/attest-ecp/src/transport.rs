@@ -265,8 +265,9 @@ impl StdioAgent {
             guard::check_support();
             guard::hide_memory();
             // SAFETY: between fork and exec only async-signal-safe calls run
-            // (prctl, getpid, getppid, fork, close_range, close, open, dup2, sigprocmask,
-            // sigwaitinfo, waitpid, kill, signal, _exit); nothing allocates.
+            // (prctl, capget, capset, getrlimit, setrlimit, getpid, getppid, fork,
+            // close_range, close, open, read, dup2, sigprocmask, sigwaitinfo, waitpid,
+            // kill, nanosleep, signal, _exit); nothing allocates.
             unsafe {
                 cmd.pre_exec(move || guard::split(parent, limits));
             }
@@ -912,11 +913,12 @@ impl SseEvents {
             }
             self.after_cr = b == b'\r';
         }
-        let mut start = 0;
-        let mut found = None;
-        while let Some(end) = memchr::memmem::find(&self.pending[self.scanned.max(start)..], b"\n\n").map(|i| i + self.scanned.max(start)) {
+        // Events start at `start`; boundaries are looked for from `from`.
+        let (mut start, mut from, mut found) = (0, self.scanned, None);
+        while let Some(i) = memchr::memmem::find(&self.pending[from..], b"\n\n") {
+            let end = from + i;
             found = sse_response(&self.pending[start..end]);
-            start = end + 2;
+            (start, from) = (end + 2, end + 2);
             if found.is_some() {
                 break;
             }
@@ -1009,13 +1011,18 @@ mod guard {
         libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr());
     }
 
+    /// The calling thread's children, as the kernel lists them
+    /// (`CONFIG_PROC_CHILDREN`). The guard is single-threaded, so for it
+    /// these are the process's children.
+    const CHILDREN: &std::ffi::CStr = c"/proc/thread-self/children";
+
     /// Says once, on stderr, when the kernel cannot list a process's
-    /// children (`/proc/<pid>/task/<tid>/children`, `CONFIG_PROC_CHILDREN`):
-    /// the guard then cannot find what left the agent's process group.
+    /// children ([`CHILDREN`]): the guard then cannot find what left the
+    /// agent's process group.
     pub fn check_support() {
         static CHECKED: std::sync::Once = std::sync::Once::new();
         CHECKED.call_once(|| {
-            if !std::path::Path::new("/proc/thread-self/children").exists() {
+            if !std::path::Path::new(CHILDREN.to_str().expect("the path is ASCII")).exists() {
                 eprintln!(
                     "attest-ecp: this kernel does not list a process's children (/proc/<pid>/task/<tid>/children): processes an agent starts outside its process group may outlive it"
                 );
@@ -1140,31 +1147,8 @@ mod guard {
     /// reaches them all. Async-signal-safe: it reads `/proc` into a buffer
     /// on the stack and allocates nothing.
     unsafe fn end_descendants() {
-        // `/proc/self/task/<pid>/children`: the guard is single-threaded,
-        // so its one task has its pid (written without leading zeros, which
-        // /proc does not read as a number).
-        let mut path = [0u8; 48];
-        let prefix = b"/proc/self/task/";
-        path[..prefix.len()].copy_from_slice(prefix);
-        let mut at = prefix.len();
-        let (mut pid, mut digits) = (libc::getpid() as u32, [0u8; 10]);
-        let mut n = 0;
-        loop {
-            digits[n] = b'0' + (pid % 10) as u8;
-            n += 1;
-            pid /= 10;
-            if pid == 0 {
-                break;
-            }
-        }
-        for &d in digits[..n].iter().rev() {
-            path[at] = d;
-            at += 1;
-        }
-        let suffix = b"/children\0";
-        path[at..at + suffix.len()].copy_from_slice(suffix);
         for _ in 0..END_ROUNDS {
-            let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+            let fd = libc::open(CHILDREN.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
             if fd < 0 {
                 return;
             }
@@ -1180,17 +1164,13 @@ mod guard {
                         current = current.saturating_mul(10).saturating_add((b - b'0') as pid_t);
                         digits = true;
                     } else if digits {
-                        // Its group too, when it leads one: members whose
-                        // parent is still alive are not children yet.
-                        libc::kill(-current, libc::SIGKILL);
-                        libc::kill(current, libc::SIGKILL);
+                        kill_child(current);
                         (any, current, digits) = (true, 0, false);
                     }
                 }
             }
             if digits {
-                libc::kill(-current, libc::SIGKILL);
-                libc::kill(current, libc::SIGKILL);
+                kill_child(current);
                 any = true;
             }
             libc::close(fd);
@@ -1205,6 +1185,13 @@ mod guard {
             };
             libc::nanosleep(&pause, std::ptr::null_mut());
         }
+    }
+
+    /// Kills a child of the guard, and its group too when it leads one:
+    /// members whose parent is still alive are not children yet.
+    unsafe fn kill_child(pid: pid_t) {
+        libc::kill(-pid, libc::SIGKILL);
+        libc::kill(pid, libc::SIGKILL);
     }
 
     /// Lowers a resource limit to `value` (the hard one to `value + hard_extra`),
