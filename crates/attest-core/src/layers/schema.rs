@@ -151,23 +151,30 @@ fn cache() -> &'static SchemaCache {
 
 /// The regexes the schema holds, each `pattern` and each key of a
 /// `patternProperties`, with where it is (`spec.schema.properties.id.pattern`).
-fn patterns<'s>(schema: &'s Value, at: &mut String, out: &mut Vec<(String, &'s str)>) {
+/// With `names`, `schema` maps names to schemas (what `properties` or
+/// `$defs` hold): its keys are names, not keywords.
+fn patterns<'s>(schema: &'s Value, names: bool, at: &mut String, out: &mut Vec<(String, &'s str)>) {
     match schema {
         Value::Object(m) => {
             for (k, v) in m {
                 // Instances, not schemas: a "pattern" member in them is data.
-                if matches!(k.as_str(), "enum" | "const" | "default" | "examples") {
+                if !names && matches!(k.as_str(), "enum" | "const" | "default" | "examples") {
                     continue;
                 }
                 let len = at.len();
                 at.push('.');
                 at.push_str(&clip(k, 64));
-                match (k.as_str(), v) {
-                    ("pattern", Value::String(p)) => out.push((at.clone(), p)),
-                    ("patternProperties", Value::Object(p)) => out.extend(p.keys().map(|key| (at.clone(), key.as_str()))),
+                match (names, k.as_str(), v) {
+                    (false, "pattern", Value::String(p)) => out.push((at.clone(), p)),
+                    (false, "patternProperties", Value::Object(p)) => out.extend(p.keys().map(|key| (at.clone(), key.as_str()))),
                     _ => {}
                 }
-                patterns(v, at, out);
+                let holds_names = !names
+                    && matches!(
+                        k.as_str(),
+                        "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas"
+                    );
+                patterns(v, holds_names, at, out);
                 at.truncate(len);
             }
         }
@@ -175,7 +182,7 @@ fn patterns<'s>(schema: &'s Value, at: &mut String, out: &mut Vec<(String, &'s s
             for (i, v) in a.iter().enumerate() {
                 let len = at.len();
                 at.push_str(&format!("[{i}]"));
-                patterns(v, at, out);
+                patterns(v, false, at, out);
                 at.truncate(len);
             }
         }
@@ -200,7 +207,7 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Arc<Validator>, usize
     // Each within the bounds a `regex_match` keeps, checked before the
     // schema compiler, which would otherwise spend seconds on a huge one.
     let mut found = Vec::new();
-    patterns(schema, &mut "spec.schema".to_owned(), &mut found);
+    patterns(schema, false, &mut "spec.schema".to_owned(), &mut found);
     for (at, pattern) in &found {
         crate::layers::content::check_schema_pattern(at, pattern)?;
     }
@@ -468,9 +475,12 @@ mod tests {
         let e = compile(json!({"target": "output", "schema": {"items": [{"patternProperties": {"a".repeat(10_001): {}}}]}})).unwrap_err();
         assert_eq!(e.field, "spec.schema.items[0].patternProperties");
         assert!(e.message.contains("exceeds maximum length"), "{}", e.message);
-        // A "pattern" member of an instance (an enum's, a default) is data.
+        // A "pattern" member of an instance (an enum's, a default) is data,
+        // but a property named like one of those is a schema.
         let data = json!({"pattern": "a".repeat(10_001)});
         assert!(compile(json!({"target": "output", "schema": {"enum": [data.clone()], "default": data}})).is_ok());
+        let e = compile(json!({"target": "output", "schema": {"properties": {"enum": {"pattern": "a".repeat(10_001)}}}})).unwrap_err();
+        assert_eq!(e.field, "spec.schema.properties.enum.pattern");
         // Within them, the schema compiler judges the syntax, as before.
         assert!(compile(json!({"target": "output", "schema": {"pattern": "^[A-Z]{3}-\\d{4}$"}})).is_ok());
         let e = compile(json!({"target": "output", "schema": {"pattern": "(unclosed"}})).unwrap_err();
