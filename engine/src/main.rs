@@ -275,12 +275,9 @@ fn without_config(command: &Command) -> Option<ExitCode> {
         // They grade nothing, so they need no engine, nor its configuration.
         Command::Ecp(cmd) if !cmd.action.grades() => {
             logging::init(logging::Level::Info);
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match async_runtime() {
                 Ok(runtime) => runtime,
-                Err(e) => {
-                    eprintln!("attest-engine ecp: cannot start the async runtime: {e}");
-                    return Some(ExitCode::from(1));
-                }
+                Err(code) => return Some(code),
             };
             Some(match runtime.block_on(attest_ecp::run_ungraded(cmd.action.clone())) {
                 Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
@@ -568,12 +565,9 @@ where
     F: FnOnce(Arc<Engine>) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<i32>>,
 {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("attest-engine: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+    let runtime = match async_runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
     };
     let Some(engine) = load_engine(config) else {
         return ExitCode::from(2);
@@ -592,6 +586,15 @@ where
             ExitCode::from(2)
         }
     }
+}
+
+/// The multi-threaded runtime a front door runs on; when it cannot start,
+/// the exit code after saying why.
+fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
+        eprintln!("attest-engine: cannot start the async runtime: {e}");
+        ExitCode::from(1)
+    })
 }
 
 /// Longest a front door's exit waits for work still blocking a thread.
