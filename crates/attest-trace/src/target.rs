@@ -56,6 +56,10 @@ pub trait StepView {
 
 /// A parsed target, e.g. `output.message` or
 /// `steps[?name=='lookup_order'].result.amount`.
+///
+/// Every key and step filter is a span of the target's own text, so parsing
+/// allocates only that text and the list of segments: a plugin decodes its
+/// targets on every call (docs/benchmarks.md, "targets without copies").
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     text: String,
@@ -77,9 +81,30 @@ enum Base {
 #[derive(Debug, Clone, PartialEq)]
 enum StepSelector {
     All,
-    Name(String),
-    Type(String),
+    Name(Span),
+    Type(Span),
     Index(usize),
+}
+
+/// Where a key or a filter's value sits in the target's text.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Span {
+    start: u16,
+    end: u16,
+}
+
+impl Span {
+    /// Targets are at most 1,024 bytes long, so a position fits.
+    fn new(start: usize, end: usize) -> Span {
+        Span {
+            start: start as u16,
+            end: end as u16,
+        }
+    }
+
+    fn of(self, text: &str) -> &str {
+        &text[usize::from(self.start)..usize::from(self.end)]
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -91,9 +116,9 @@ enum StepField {
     Type,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Segment {
-    Key(String),
+    Key(Span),
     Index(usize),
 }
 
@@ -149,12 +174,17 @@ impl Target {
                 None => return Err(Missing("trace has no metadata".into())),
             },
             Base::StepCount(sel) => {
-                let n = trace.steps().iter().enumerate().filter(|(i, s)| sel.matches(*i, *s)).count();
+                let n = trace
+                    .steps()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, s)| sel.matches(*i, *s, &self.text))
+                    .count();
                 Cow::Owned(Value::from(n))
             }
             Base::StepField(sel, field) => {
-                let Some((_, step)) = trace.steps().iter().enumerate().find(|(i, s)| sel.matches(*i, *s)) else {
-                    return Err(Missing(sel.not_found(trace)));
+                let Some((_, step)) = trace.steps().iter().enumerate().find(|(i, s)| sel.matches(*i, *s, &self.text)) else {
+                    return Err(Missing(sel.not_found(trace, &self.text)));
                 };
                 let v = match field {
                     StepField::Args => step.args().map(Cow::Borrowed),
@@ -169,33 +199,33 @@ impl Target {
                 }
             }
         };
-        walk(start, &self.path, &self.text[..self.base_len])
+        walk(start, &self.path, &self.text, self.base_len)
     }
 }
 
 /// Follows `path` from `cur`. Error messages name where the walk stopped
-/// (`base` plus the segments followed so far); that text is only built when
+/// (the base part of `text` plus the segments followed so far); that text is only built when
 /// one is needed, as resolving is on every plugin's hot path.
-fn walk<'t>(mut cur: Cow<'t, Value>, path: &[Segment], base: &str) -> Result<Cow<'t, Value>, Missing> {
-    for (depth, seg) in path.iter().enumerate() {
-        let at = || path[..depth].iter().fold(base.to_owned(), |at, s| at + &s.render());
-        let next = match (cur, seg) {
-            (Cow::Borrowed(Value::Object(m)), Segment::Key(k)) => match m.get(k) {
+fn walk<'t>(mut cur: Cow<'t, Value>, path: &[Segment], text: &str, base_len: usize) -> Result<Cow<'t, Value>, Missing> {
+    for (depth, &seg) in path.iter().enumerate() {
+        let at = || path[..depth].iter().fold(text[..base_len].to_owned(), |at, s| at + &s.render(text));
+        let next = match (cur, seg.key(text)) {
+            (Cow::Borrowed(Value::Object(m)), Seg::Key(k)) => match m.get(k) {
                 Some(v) => Cow::Borrowed(v),
                 None => return Err(missing_key(k, &at(), m.keys())),
             },
-            (Cow::Owned(Value::Object(mut m)), Segment::Key(k)) => match m.remove(k) {
+            (Cow::Owned(Value::Object(mut m)), Seg::Key(k)) => match m.remove(k) {
                 Some(v) => Cow::Owned(v),
                 None => return Err(missing_key(k, &at(), m.keys())),
             },
-            (c, Segment::Key(k)) if k == "length" && c.is_array() => Cow::Owned(Value::from(c.as_array().map_or(0, Vec::len))),
-            (Cow::Borrowed(Value::Array(a)), Segment::Index(i)) => match a.get(*i) {
+            (c, Seg::Key(k)) if k == "length" && c.is_array() => Cow::Owned(Value::from(c.as_array().map_or(0, Vec::len))),
+            (Cow::Borrowed(Value::Array(a)), Seg::Index(i)) => match a.get(i) {
                 Some(v) => Cow::Borrowed(v),
                 None => return Err(Missing(format!("index {i} is out of range for {} (length {})", at(), a.len()))),
             },
-            (Cow::Owned(Value::Array(mut a)), Segment::Index(i)) => {
-                if *i < a.len() {
-                    Cow::Owned(a.swap_remove(*i))
+            (Cow::Owned(Value::Array(mut a)), Seg::Index(i)) => {
+                if i < a.len() {
+                    Cow::Owned(a.swap_remove(i))
                 } else {
                     return Err(Missing(format!("index {i} is out of range for {} (length {})", at(), a.len())));
                 }
@@ -224,19 +254,20 @@ fn missing_key<'a>(key: &str, at: &str, keys: impl Iterator<Item = &'a String>) 
 }
 
 impl StepSelector {
-    fn matches<S: StepView>(&self, index: usize, step: &S) -> bool {
+    fn matches<S: StepView>(&self, index: usize, step: &S, text: &str) -> bool {
         match self {
             StepSelector::All => true,
-            StepSelector::Name(n) => step.name() == n,
-            StepSelector::Type(t) => step.kind().as_str() == t,
+            StepSelector::Name(n) => step.name() == n.of(text),
+            StepSelector::Type(t) => step.kind().as_str() == t.of(text),
             StepSelector::Index(i) => index == *i,
         }
     }
 
-    fn not_found(&self, trace: &impl TraceView) -> String {
+    fn not_found(&self, trace: &impl TraceView, text: &str) -> String {
         match self {
             StepSelector::All => "trace has no steps".into(),
             StepSelector::Name(n) => {
+                let n = n.of(text);
                 let names: Vec<&str> = trace.steps().iter().map(|s| s.name()).collect();
                 if names.is_empty() {
                     format!("no step named {} (the trace has no steps)", quote(n))
@@ -244,7 +275,7 @@ impl StepSelector {
                     format!("no step named {} (steps: {})", quote(n), quote_list(&names))
                 }
             }
-            StepSelector::Type(t) => format!("no step of type {}", quote(t)),
+            StepSelector::Type(t) => format!("no step of type {}", quote(t.of(text))),
             StepSelector::Index(i) => format!("no step at index {i} (the trace has {} steps)", trace.steps().len()),
         }
     }
@@ -275,19 +306,35 @@ impl StepField {
     }
 }
 
+/// A segment with its key read from the target's text.
+#[derive(Clone, Copy)]
+enum Seg<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
 impl Segment {
-    fn render(&self) -> String {
+    fn key(self, text: &str) -> Seg<'_> {
         match self {
-            Segment::Key(k) if is_plain_key(k) => format!(".{k}"),
-            Segment::Key(k) => format!("['{k}']"),
-            Segment::Index(i) => format!("[{i}]"),
+            Segment::Key(k) => Seg::Key(k.of(text)),
+            Segment::Index(i) => Seg::Index(i),
         }
     }
 
-    fn describe(&self) -> String {
+    fn render(self, text: &str) -> String {
+        match self.key(text) {
+            Seg::Key(k) if is_plain_key(k) => format!(".{k}"),
+            Seg::Key(k) => format!("['{k}']"),
+            Seg::Index(i) => format!("[{i}]"),
+        }
+    }
+}
+
+impl Seg<'_> {
+    fn describe(self) -> String {
         match self {
-            Segment::Key(k) => format!("field {}", quote(k)),
-            Segment::Index(i) => format!("index {i}"),
+            Seg::Key(k) => format!("field {}", quote(k)),
+            Seg::Index(i) => format!("index {i}"),
         }
     }
 }
@@ -352,7 +399,7 @@ impl<'a> Parser<'a> {
         Some(n)
     }
 
-    fn quoted(&mut self) -> Result<String, TargetSyntaxError> {
+    fn quoted(&mut self) -> Result<Span, TargetSyntaxError> {
         let quote_char = match self.rest().chars().next() {
             Some(c @ ('\'' | '"')) => c,
             _ => return Err(self.err("expected a quoted string")),
@@ -360,7 +407,7 @@ impl<'a> Parser<'a> {
         self.pos += 1;
         match self.rest().find(quote_char) {
             Some(end) => {
-                let s = self.rest()[..end].to_owned();
+                let s = Span::new(self.pos, self.pos + end);
                 self.pos += end + 1;
                 Ok(s)
             }
@@ -374,8 +421,7 @@ impl<'a> Parser<'a> {
                 message: format!("unsupported target {}: longer than 1024 bytes", quote(self.text)),
             });
         }
-        let root = self.ident().map(str::to_owned);
-        let base = match root.as_deref() {
+        let base = match self.ident() {
             Some("output") => Base::Output,
             Some("input") => Base::Input,
             Some("metadata") => Base::Metadata,
@@ -386,8 +432,9 @@ impl<'a> Parser<'a> {
         let mut path = Vec::new();
         while !self.rest().is_empty() {
             if self.eat(".") {
+                let start = self.pos;
                 match self.ident() {
-                    Some(k) => path.push(Segment::Key(k.to_owned())),
+                    Some(_) => path.push(Segment::Key(Span::new(start, self.pos))),
                     None => return Err(self.err("expected a key after '.'")),
                 }
             } else if self.eat("[") {
@@ -414,14 +461,14 @@ impl<'a> Parser<'a> {
     fn steps(&mut self) -> Result<Base, TargetSyntaxError> {
         let selector = if self.eat("[") {
             let sel = if self.eat("?") {
-                let key = self.ident().map(str::to_owned);
+                let key = self.ident();
                 self.skip_ws();
                 if !self.eat("==") {
                     return Err(self.err("expected '==' in a step filter"));
                 }
                 self.skip_ws();
                 let value = self.quoted()?;
-                match key.as_deref() {
+                match key {
                     Some("name") => StepSelector::Name(value),
                     Some("type") => StepSelector::Type(value),
                     _ => return Err(self.err("steps can be filtered by name or type")),
@@ -484,8 +531,19 @@ impl fmt::Display for Target {
 /// config error that quotes the target and lists the supported forms.
 impl<'de> Deserialize<'de> for Target {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Target, D::Error> {
-        let text = Cow::<'de, str>::deserialize(d)?;
-        Target::parse(&text).map_err(|e| serde::de::Error::custom(format!("{e}. {GRAMMAR_HINT}")))
+        // Parsed from the string as the decoder has it (borrowed or in its
+        // scratch buffer), without a copy first.
+        struct Text;
+        impl serde::de::Visitor<'_> for Text {
+            type Value = Target;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a target string")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Target, E> {
+                Target::parse(text).map_err(|e| E::custom(format!("{e}. {GRAMMAR_HINT}")))
+            }
+        }
+        d.deserialize_str(Text)
     }
 }
 
@@ -685,5 +743,15 @@ mod tests {
         );
         assert_eq!(serde_json::to_value(&c.target).unwrap(), json!("steps[?name=='x'].args.id"));
         assert_eq!("output.a".parse::<Target>().unwrap().as_str(), "output.a");
+
+        // An escaped string is parsed from the decoder's buffer, and its keys
+        // and filters are read back from the target's own text.
+        let c: Config = serde_json::from_str(r#"{"target": "steps[?name==\u0027l\u00e9\u0027].result[\"a.b\"].c"}"#).unwrap();
+        assert_eq!(c.target.as_str(), "steps[?name=='lé'].result[\"a.b\"].c");
+        let t =
+            Trace::from_value(json!({"output": {}, "steps": [{"type": "tool_call", "name": "lé", "result": {"a.b": {"c": 7}}}]})).unwrap();
+        assert_eq!(c.target.resolve(&t).unwrap().into_owned(), json!(7));
+        let err = serde_json::from_str::<Config>(r#"{"target": 5}"#).err().unwrap().to_string();
+        assert!(err.starts_with("invalid type: integer `5`, expected a target string"), "{err}");
     }
 }
