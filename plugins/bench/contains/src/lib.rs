@@ -40,8 +40,14 @@ impl AssertionPlugin for Contains {
         } else {
             attest_plugin_sdk::text::contains_ignore_case(&text, &config.value)
         };
-        let rel = if found { "contains" } else { "does not contain" };
-        Ok(Verdict::from_bool(found, format!("{t} {rel} {}.", quote(&config.value))))
+        let rel = if found { " contains " } else { " does not contain " };
+        let q = quote(&config.value);
+        let mut e = String::with_capacity(t.len() + rel.len() + q.len() + 1);
+        e.push_str(t);
+        e.push_str(rel);
+        e.push_str(&q);
+        e.push('.');
+        Ok(Verdict::from_bool(found, e))
     }
 }
 
