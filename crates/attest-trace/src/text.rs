@@ -196,9 +196,20 @@ const MAX_IN_PLACE_NEEDLE: usize = 32;
 /// lowercasing is byte by byte) and the needle is short, it compares in
 /// place instead of allocating two lowercased copies, which matters most
 /// inside a plugin, where allocation and lowercasing are slow.
+///
+/// An ASCII needle is looked for in place first, whatever the text: a match
+/// there is made of ASCII characters, which lowercase one by one to the
+/// lowercased needle, so it is also a match in the lowercased text. Only a
+/// miss in a text that is not all ASCII needs the lowercased copies. A hit
+/// then costs no pass over the whole text to check that it is ASCII.
 pub fn contains_ignore_case(hay: &str, needle: &str) -> bool {
-    if hay.is_ascii() && needle.is_ascii() && needle.len() <= MAX_IN_PLACE_NEEDLE {
-        return contains_ascii_ignore_case(hay.as_bytes(), needle.as_bytes());
+    if needle.is_ascii() && needle.len() <= MAX_IN_PLACE_NEEDLE {
+        if contains_ascii_ignore_case(hay.as_bytes(), needle.as_bytes()) {
+            return true;
+        }
+        if hay.is_ascii() {
+            return false;
+        }
     }
     // Outside ASCII, lowercasing can change lengths and even turn a
     // non-ASCII character into an ASCII one (KELVIN SIGN into 'k').
@@ -268,23 +279,40 @@ mod tests {
         // Every substring of a mixed-case text, in three casings, and near
         // misses: first bytes that are letters, digits and punctuation,
         // matches at either end, and candidates that fail late.
-        let hay = "Refund $89.99 ok; REFUND-id rfd-001, refun. Order 3 business days";
-        let mut needles: Vec<String> = Vec::new();
-        for start in 0..hay.len() {
-            for end in start..=hay.len().min(start + MAX_IN_PLACE_NEEDLE) {
-                let s = &hay[start..end];
-                needles.extend([s.to_owned(), s.to_ascii_uppercase(), s.to_ascii_lowercase()]);
-                needles.push(format!("{s}x"));
-                needles.push(format!("x{s}"));
+        // The second text mixes in letters whose lowercase is ASCII (KELVIN
+        // SIGN, DOTTED CAPITAL I) or longer (ẞ), next to ASCII matches.
+        let hays = [
+            "Refund $89.99 ok; REFUND-id rfd-001, refun. Order 3 business days",
+            "Straße \u{212A}elvin: REFUND ok, \u{130}d rfd-001 Σ refun. ẞ 3 días",
+        ];
+        for hay in hays {
+            let bounds: Vec<usize> = (0..=hay.len()).filter(|&i| hay.is_char_boundary(i)).collect();
+            let mut needles: Vec<String> = Vec::new();
+            for (i, &start) in bounds.iter().enumerate() {
+                for &end in bounds[i..].iter().take_while(|&&end| end - start <= MAX_IN_PLACE_NEEDLE) {
+                    let s = &hay[start..end];
+                    needles.extend([s.to_owned(), s.to_uppercase(), s.to_lowercase()]);
+                    needles.push(format!("{s}x"));
+                    needles.push(format!("x{s}"));
+                }
+            }
+            for needle in &needles {
+                assert_eq!(
+                    contains_ignore_case(hay, needle),
+                    hay.to_lowercase().contains(&needle.to_lowercase()),
+                    "{hay:?} / {needle:?}"
+                );
             }
         }
-        for needle in &needles {
-            assert_eq!(
-                contains_ignore_case(hay, needle),
-                hay.to_lowercase().contains(&needle.to_lowercase()),
-                "{needle:?}"
-            );
-        }
+        assert!(
+            contains_ignore_case("Straße: REFUND", "refund"),
+            "an ASCII hit in a text that is not all ASCII"
+        );
+        assert!(
+            contains_ignore_case("Stra\u{212A}e", "strake"),
+            "a hit only the lowercased text has"
+        );
+        assert!(!contains_ignore_case("Straße", "strasse"), "a miss in both");
     }
 
     #[test]
