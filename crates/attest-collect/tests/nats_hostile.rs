@@ -655,8 +655,12 @@ async fn a_trace_every_rule_fails_on_is_dead_lettered_with_the_reason() {
     let item = serde_json::json!({"trace": invalid, "rules": ["refund-tools"]});
     publish(&js, "attest.traces", &[], serde_json::to_vec(&item).unwrap()).await;
     publish(&js, "attest.traces", &[], work("trc_valid")).await;
-    let m = wait_metric(&addr, "attest_collect_dead_lettered_total", 1.0).await;
+    wait_metric(&addr, "attest_collect_dead_lettered_total", 1.0).await;
+    // The valid trace may still be in flight when the invalid one is
+    // dead-lettered; once it is evaluated, the invalid one must not count.
+    let m = wait_metric(&addr, "attest_collect_traces_evaluated_total", 1.0).await;
     assert_eq!(metric(&m, "attest_collect_traces_evaluated_total"), 1.0, "{m}");
+    assert_eq!(metric(&m, "attest_collect_dead_lettered_total"), 1.0, "{m}");
     let dead = dead_letters(&js).await;
     assert_eq!(dead.len(), 1);
     let headers = &dead[0].0;
