@@ -7,22 +7,21 @@
 use core::alloc::Layout;
 use core::cell::Cell;
 
-pub(crate) struct Arena {
-    capacity: usize,
+pub(crate) struct Arena<const CAPACITY: usize> {
     /// Where the next block may start.
     next: Cell<usize>,
-    /// Where the most recent block starts (`usize::MAX`: none yet).
+    /// One past where the most recent block starts (0: none yet), so that a
+    /// new arena is all zeros.
     last: Cell<usize>,
     /// Everything from here on has never been handed out.
     untouched: Cell<usize>,
 }
 
-impl Arena {
-    pub(crate) const fn new(capacity: usize) -> Arena {
+impl<const CAPACITY: usize> Arena<CAPACITY> {
+    pub(crate) const fn new() -> Self {
         Arena {
-            capacity,
             next: Cell::new(0),
-            last: Cell::new(usize::MAX),
+            last: Cell::new(0),
             untouched: Cell::new(0),
         }
     }
@@ -34,9 +33,9 @@ impl Arena {
         // Two empty blocks at one offset would make freeing one give back the other.
         debug_assert!(layout.size() != 0, "GlobalAlloc is never asked for zero bytes");
         let start = base.checked_add(self.next.get())?.checked_next_multiple_of(layout.align())? - base;
-        let end = start.checked_add(layout.size()).filter(|&e| e <= self.capacity)?;
+        let end = start.checked_add(layout.size()).filter(|&e| e <= CAPACITY)?;
         self.next.set(end);
-        self.last.set(start);
+        self.last.set(start + 1);
         let dirty = start < self.untouched.get();
         self.untouched.set(self.untouched.get().max(end));
         Some((start, dirty))
@@ -44,7 +43,7 @@ impl Arena {
 
     /// Gives back the block at `offset` if it is the most recent one.
     pub(crate) fn free(&self, offset: usize) {
-        if offset == self.last.get() {
+        if offset + 1 == self.last.get() {
             self.next.set(offset);
         }
     }
@@ -52,10 +51,10 @@ impl Arena {
     /// Grows or shrinks the block at `offset` in place, if it is the most
     /// recent one and the segment can hold its new size.
     pub(crate) fn resize_in_place(&self, offset: usize, new_size: usize) -> bool {
-        if offset != self.last.get() {
+        if offset + 1 != self.last.get() {
             return false;
         }
-        match offset.checked_add(new_size).filter(|&e| e <= self.capacity) {
+        match offset.checked_add(new_size).filter(|&e| e <= CAPACITY) {
             Some(end) => {
                 self.next.set(end);
                 self.untouched.set(self.untouched.get().max(end));
@@ -75,8 +74,16 @@ mod tests {
     }
 
     #[test]
+    fn a_new_arena_is_all_zeros() {
+        // What keeps the allocator's state out of the component's initial
+        // data (crate::heap): a static that is all zeros is not part of it.
+        let words: [usize; 3] = unsafe { core::mem::transmute(Arena::<64>::new()) };
+        assert_eq!(words, [0; 3]);
+    }
+
+    #[test]
     fn blocks_are_aligned_in_order_and_never_overlap() {
-        let a = Arena::new(1024);
+        let a = Arena::<1024>::new();
         // A base that is not itself aligned: alignment is of the address.
         let base = 0x1004;
         let (x, _) = a.alloc(base, layout(3, 1)).unwrap();
@@ -89,7 +96,7 @@ mod tests {
 
     #[test]
     fn a_full_arena_says_so_and_stays_usable_for_what_fits() {
-        let a = Arena::new(64);
+        let a = Arena::<64>::new();
         assert!(a.alloc(0, layout(65, 1)).is_none());
         assert_eq!(a.alloc(0, layout(60, 1)), Some((0, false)));
         assert!(a.alloc(0, layout(8, 1)).is_none());
@@ -102,7 +109,7 @@ mod tests {
 
     #[test]
     fn only_the_most_recent_block_is_given_back_and_then_is_dirty() {
-        let a = Arena::new(1024);
+        let a = Arena::<1024>::new();
         let (x, _) = a.alloc(0, layout(16, 8)).unwrap();
         let (y, _) = a.alloc(0, layout(16, 8)).unwrap();
         a.free(x); // not the most recent: kept
@@ -117,7 +124,7 @@ mod tests {
 
     #[test]
     fn a_given_back_block_is_reused_with_a_larger_alignment() {
-        let a = Arena::new(1024);
+        let a = Arena::<1024>::new();
         let (x, _) = a.alloc(0, layout(3, 1)).unwrap();
         let (y, _) = a.alloc(0, layout(5, 1)).unwrap();
         a.free(y);
@@ -128,7 +135,7 @@ mod tests {
 
     #[test]
     fn the_most_recent_block_grows_and_shrinks_in_place() {
-        let a = Arena::new(100);
+        let a = Arena::<100>::new();
         let (x, _) = a.alloc(0, layout(10, 1)).unwrap();
         let (y, _) = a.alloc(0, layout(10, 1)).unwrap();
         assert!(!a.resize_in_place(x, 20), "an earlier block cannot grow in place");

@@ -38,15 +38,28 @@ pub const STATIC_HEAP_BYTES: usize = 1 << 20;
 
 const WASM_PAGE: usize = 64 * 1024;
 
-#[repr(C, align(16))]
-struct StaticHeap(UnsafeCell<[u8; STATIC_HEAP_BYTES]>);
+/// The arena's bookkeeping and the segment it hands out, all zeros at
+/// the start, so that the linker places them in zero-initialised memory
+/// after the data the component starts with, and on pages of their own.
+/// Each call writes to them; when the engine resets the instance, a page
+/// it wrote that also holds initial data is copied back from the
+/// component's image, while a page of zeros is only cleared, which is
+/// cheaper (docs/benchmarks.md, "Pages a call writes").
+#[repr(C, align(4096))]
+struct StaticHeap {
+    arena: Arena<STATIC_HEAP_BYTES>,
+    bytes: UnsafeCell<[u8; STATIC_HEAP_BYTES]>,
+}
 
 // A component instance is single-threaded (no `atomics` target feature).
 #[cfg(target_feature = "atomics")]
 compile_error!("the SDK's allocator assumes a single-threaded component: build without `atomics`, or turn off the `allocator` feature");
 unsafe impl Sync for StaticHeap {}
 
-static STATIC_HEAP: StaticHeap = StaticHeap(UnsafeCell::new([0; STATIC_HEAP_BYTES]));
+static STATIC_HEAP: StaticHeap = StaticHeap {
+    arena: Arena::new(),
+    bytes: UnsafeCell::new([0; STATIC_HEAP_BYTES]),
+};
 
 /// Where dlmalloc takes its segments: `memory.grow`, once the arena is full.
 struct Grown;
@@ -95,7 +108,7 @@ unsafe impl dlmalloc::Allocator for Grown {
 }
 
 fn base() -> usize {
-    STATIC_HEAP.0.get() as usize
+    STATIC_HEAP.bytes.get() as usize
 }
 
 /// The offset of `block` in the static segment, if it is in it.
@@ -104,7 +117,6 @@ fn offset_of(block: *mut u8) -> Option<usize> {
 }
 
 struct Heap {
-    arena: Arena,
     grown: UnsafeCell<dlmalloc::Dlmalloc<Grown>>,
 }
 
@@ -113,20 +125,19 @@ unsafe impl Sync for Heap {}
 
 #[global_allocator]
 static HEAP: Heap = Heap {
-    arena: Arena::new(STATIC_HEAP_BYTES),
     grown: UnsafeCell::new(dlmalloc::Dlmalloc::new_with_allocator(Grown)),
 };
 
 unsafe impl GlobalAlloc for Heap {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        match self.arena.alloc(base(), layout) {
+        match STATIC_HEAP.arena.alloc(base(), layout) {
             Some((offset, _)) => (base() + offset) as *mut u8,
             None => (*self.grown.get()).malloc(layout.size(), layout.align()),
         }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        match self.arena.alloc(base(), layout) {
+        match STATIC_HEAP.arena.alloc(base(), layout) {
             Some((offset, dirty)) => {
                 let block = (base() + offset) as *mut u8;
                 if dirty {
@@ -140,7 +151,7 @@ unsafe impl GlobalAlloc for Heap {
 
     unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
         match offset_of(block) {
-            Some(offset) => self.arena.free(offset),
+            Some(offset) => STATIC_HEAP.arena.free(offset),
             None => (*self.grown.get()).free(block, layout.size(), layout.align()),
         }
     }
@@ -151,14 +162,14 @@ unsafe impl GlobalAlloc for Heap {
                 // The most recent block resizes in place; any other block
                 // shrinks in place (the arena's frees ignore sizes), so a
                 // shrink never needs memory that may not be there.
-                if self.arena.resize_in_place(offset, new_size) || new_size <= layout.size() {
+                if STATIC_HEAP.arena.resize_in_place(offset, new_size) || new_size <= layout.size() {
                     return block;
                 }
                 let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
                 let moved = self.alloc(new_layout);
                 if !moved.is_null() {
                     ptr::copy_nonoverlapping(block, moved, layout.size().min(new_size));
-                    self.arena.free(offset);
+                    STATIC_HEAP.arena.free(offset);
                 }
                 moved
             }

@@ -182,10 +182,31 @@ pub(crate) fn evaluate_trace<P: AssertionPlugin>(
         Ok(t) => t,
         Err(e) => return configs.iter().map(|_| Err(e.clone())).collect(),
     };
-    configs
+    let verdicts = configs
         .iter()
-        .map(|c| decode_config::<P::Config>(c.as_ref()).and_then(|config| P::evaluate(&trace, &config)))
-        .collect()
+        .map(|c| {
+            decode_config::<P::Config>(c.as_ref()).and_then(|config| {
+                let verdict = P::evaluate(&trace, &config);
+                done_with(config);
+                verdict
+            })
+        })
+        .collect();
+    done_with(trace);
+    verdicts
+}
+
+/// Lets go of what a call has finished with. Natively that is a drop. In a
+/// component nothing is dropped: the engine runs each call in an instance of
+/// its own and then discards the instance's memory whole, so destructors
+/// (walking a decoded trace's trees, a free per string) would be work that
+/// changes nothing.
+#[inline]
+pub(crate) fn done_with<T>(value: T) {
+    #[cfg(target_arch = "wasm32")]
+    core::mem::forget(value);
+    #[cfg(not(target_arch = "wasm32"))]
+    drop(value);
 }
 
 /// Exports a type implementing [`AssertionPlugin`] as the component's
