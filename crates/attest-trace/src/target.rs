@@ -66,7 +66,7 @@ pub struct Target {
     /// Length of the base part of `text` (before the path segments).
     base_len: usize,
     base: Base,
-    path: Vec<Segment>,
+    path: Path,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -120,6 +120,45 @@ enum StepField {
 enum Segment {
     Key(Span),
     Index(usize),
+}
+
+/// Segments kept in the target itself; longer paths go on the heap.
+const INLINE_SEGMENTS: usize = 3;
+
+/// The segments after the base. Most targets have one to three
+/// (`output.message`, `steps[0].result.amount`), and a plugin parses its
+/// targets on every call, so those are kept without an allocation.
+#[derive(Debug, Clone, PartialEq)]
+enum Path {
+    Inline(u8, [Segment; INLINE_SEGMENTS]),
+    Heap(Vec<Segment>),
+}
+
+impl Path {
+    const EMPTY: Path = Path::Inline(0, [Segment::Index(0); INLINE_SEGMENTS]);
+
+    fn push(&mut self, segment: Segment) {
+        match self {
+            Path::Inline(len, inline) if usize::from(*len) < INLINE_SEGMENTS => {
+                inline[usize::from(*len)] = segment;
+                *len += 1;
+            }
+            Path::Inline(_, inline) => {
+                let mut heap = Vec::with_capacity(2 * INLINE_SEGMENTS);
+                heap.extend_from_slice(inline);
+                heap.push(segment);
+                *self = Path::Heap(heap);
+            }
+            Path::Heap(heap) => heap.push(segment),
+        }
+    }
+
+    fn as_slice(&self) -> &[Segment] {
+        match self {
+            Path::Inline(len, inline) => &inline[..usize::from(*len)],
+            Path::Heap(heap) => heap,
+        }
+    }
 }
 
 /// Why a target string is not valid syntax.
@@ -199,7 +238,7 @@ impl Target {
                 }
             }
         };
-        walk(start, &self.path, &self.text, self.base_len)
+        walk(start, self.path.as_slice(), &self.text, self.base_len)
     }
 }
 
@@ -429,7 +468,7 @@ impl<'a> Parser<'a> {
             _ => return Err(self.err("a target starts with output, input, metadata or steps")),
         };
         let base_len = self.pos;
-        let mut path = Vec::new();
+        let mut path = Path::EMPTY;
         while !self.rest().is_empty() {
             if self.eat(".") {
                 let start = self.pos;
@@ -626,6 +665,27 @@ mod tests {
             assert_eq!(get("steps[1].result.items[2]").unwrap(), json!(3));
             assert_eq!(get("steps[?name=='lookup'].result['a.b']").unwrap(), json!(true));
             assert_eq!(get("steps[?type=='llm_call'].name").unwrap(), json!("think"));
+        }
+
+        #[test]
+        fn paths_longer_than_the_inline_ones() {
+            let t = Trace::from_value(json!({
+                "schema_version": 1, "trace_id": "t",
+                "output": {"a": {"b": {"c": {"d": [0, {"e": 7}]}}}}
+            }))
+            .unwrap();
+            let get = |s: &str| Target::parse(s).unwrap().resolve(&t).map(Cow::into_owned);
+            for (target, segments) in [("output.a.b.c", 3), ("output.a.b.c.d", 4), ("output.a.b.c.d[1].e", 6)] {
+                assert_eq!(Target::parse(target).unwrap().path.as_slice().len(), segments, "{target}");
+            }
+            assert_eq!(get("output.a.b.c.d[1].e").unwrap(), json!(7));
+            assert_eq!(get("output.a.b.c.d.length").unwrap(), json!(2));
+            assert_eq!(
+                get("output.a.b.c.d[1].x").unwrap_err().0,
+                "field 'x' not found in output.a.b.c.d[1] (available: ['e'])"
+            );
+            assert_eq!(Target::parse("output.a.b.c.d").unwrap(), Target::parse("output.a.b.c.d").unwrap());
+            assert_ne!(Target::parse("output.a.b.c.d").unwrap(), Target::parse("output.a.b.c.e").unwrap());
         }
 
         #[test]
