@@ -56,7 +56,7 @@ impl<P: AssertionPlugin> bindings::Guest for Export<P> {
         if P::REPORT_PANICS {
             report_panics();
         }
-        let verdicts = crate::evaluate_trace::<P>(crate::Trace::from_string(trace), &configs)
+        let verdicts = crate::evaluate_trace::<P>(crate::Trace::from_engine(trace), &configs)
             .into_iter()
             .map(|r| r.map(verdict_to_wit).map_err(error_to_wit))
             .collect();

@@ -77,6 +77,145 @@ fn current_schema_version() -> i64 {
     1
 }
 
+/// What a trace's scan finds: the identifying fields, decoded, and where
+/// the large ones sit in the text (`None` when absent or `null`).
+struct Members {
+    schema_version: i64,
+    trace_id: String,
+    agent_id: Option<String>,
+    parent_trace_id: Option<String>,
+    input: Option<Range<usize>>,
+    output: Option<Range<usize>>,
+    metadata: Option<Range<usize>>,
+    steps: Option<Range<usize>>,
+}
+
+/// The top-level members of a JSON object that is known to be valid: keys
+/// are compared as written, strings are jumped with `memchr` to their
+/// closing quote, and a nested value ends where its brackets balance. Inside
+/// a component this is several times cheaper than serde's skipping, which
+/// checks every byte. `None` for anything it does not expect, including a
+/// member given twice (JSON allows it; the typed decode handles it).
+fn skim(text: &str) -> Option<Members> {
+    let b = text.as_bytes();
+    let mut m = Members {
+        schema_version: current_schema_version(),
+        trace_id: String::new(),
+        agent_id: None,
+        parent_trace_id: None,
+        input: None,
+        output: None,
+        metadata: None,
+        steps: None,
+    };
+    let mut seen = 0u8;
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return (skip_ws(b, i + 1) == b.len()).then_some(m);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(b, i + 1)?;
+        let key = &b[i + 1..key_end];
+        i = skip_ws(b, key_end + 1);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(b, i + 1);
+        let end = value_end(b, start)?;
+        let value = &text[start..end];
+        let span = (value != "null").then_some(start..end);
+        let bit = match key {
+            b"schema_version" => 1,
+            b"trace_id" => 2,
+            b"agent_id" => 4,
+            b"parent_trace_id" => 8,
+            b"input" => 16,
+            b"output" => 32,
+            b"metadata" => 64,
+            b"steps" => 128,
+            // An escaped key may spell a known one.
+            _ if key.contains(&b'\\') => return None,
+            _ => 0,
+        };
+        if seen & bit != 0 {
+            return None;
+        }
+        seen |= bit;
+        match bit {
+            1 => m.schema_version = serde_json::from_str(value).ok()?,
+            2 => m.trace_id = serde_json::from_str(value).ok()?,
+            4 => m.agent_id = serde_json::from_str(value).ok()?,
+            8 => m.parent_trace_id = serde_json::from_str(value).ok()?,
+            16 => m.input = span,
+            32 => m.output = span,
+            64 => m.metadata = span,
+            128 => m.steps = span,
+            _ => {}
+        }
+        i = skip_ws(b, end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return (skip_ws(b, i + 1) == b.len()).then_some(m),
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        i += 1;
+    }
+    i
+}
+
+/// The index of the quote that closes the string whose contents start at `i`.
+fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
+    loop {
+        i += memchr::memchr2(b'"', b'\\', b.get(i..)?)?;
+        if b[i] == b'"' {
+            return Some(i);
+        }
+        // A backslash and the character it escapes.
+        i += 2;
+    }
+}
+
+/// Where the value starting at `start` ends (one past its last byte).
+fn value_end(b: &[u8], start: usize) -> Option<usize> {
+    match *b.get(start)? {
+        b'"' => string_end(b, start + 1).map(|end| end + 1),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut i = start;
+            loop {
+                match *b.get(i)? {
+                    b'"' => i = string_end(b, i + 1)?,
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        _ => {
+            let len = b[start..].iter().position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t'))?;
+            (len > 0).then_some(start + len)
+        }
+    }
+}
+
 static NULL: Value = Value::Null;
 
 impl Trace {
@@ -102,25 +241,51 @@ impl Trace {
                 start..start + r.get().len()
             })
         };
+        let members = Members {
+            schema_version: scan.schema_version,
+            trace_id: scan.trace_id,
+            agent_id: scan.agent_id,
+            parent_trace_id: scan.parent_trace_id,
+            input: span(scan.input),
+            output: span(scan.output),
+            metadata: span(scan.metadata),
+            steps: span(scan.steps),
+        };
+        Trace::from_members(text, members)
+    }
+
+    /// Reads the trace text the engine hands a component. The engine has
+    /// validated it as JSON, so its top-level members are found by skimming
+    /// ([`skim`]) rather than by a typed decode that checks every byte. A
+    /// text the skim does not expect (not an object, a repeated member, an
+    /// escaped key) is read by [`Trace::from_string`], which then says what
+    /// is wrong with it.
+    pub(crate) fn from_engine(text: String) -> Result<Trace, PluginError> {
+        match skim(&text) {
+            Some(members) => Trace::from_members(text.into_boxed_str(), members),
+            None => Trace::from_string(text),
+        }
+    }
+
+    fn from_members(text: Box<str>, m: Members) -> Result<Trace, PluginError> {
         // The shapes the engine guarantees, checked now so that a trace that
         // is not one fails up front rather than on first access.
-        for (field, raw, open, kind) in [("steps", scan.steps, '[', "an array"), ("output", scan.output, '{', "an object")] {
-            if raw.is_some_and(|r| !r.get().starts_with(open)) {
+        for (field, span, open, kind) in [("steps", &m.steps, b'[', "an array"), ("output", &m.output, b'{', "an object")] {
+            if span.as_ref().is_some_and(|s| text.as_bytes()[s.start] != open) {
                 return Err(PluginError::UnsupportedTrace(format!(
                     "the trace could not be decoded: {field} must be {kind}"
                 )));
             }
         }
-        let (input, output, metadata, steps) = (span(scan.input), span(scan.output), span(scan.metadata), span(scan.steps));
         Ok(Trace {
-            schema_version: scan.schema_version,
-            trace_id: scan.trace_id,
-            agent_id: scan.agent_id,
-            parent_trace_id: scan.parent_trace_id,
-            input: Lazy::new(input),
-            output: Lazy::new(output),
-            metadata: Lazy::new(metadata),
-            steps: Lazy::new(steps),
+            schema_version: m.schema_version,
+            trace_id: m.trace_id,
+            agent_id: m.agent_id,
+            parent_trace_id: m.parent_trace_id,
+            input: Lazy::new(m.input),
+            output: Lazy::new(m.output),
+            metadata: Lazy::new(m.metadata),
+            steps: Lazy::new(m.steps),
             text,
         })
     }
@@ -289,6 +454,52 @@ impl attest_trace::TraceView for Trace {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// What a trace's scan found, to compare the two ways of scanning.
+    fn scanned(t: &Trace) -> (i64, &str, Option<&str>, Option<&str>, [Option<&str>; 4]) {
+        let part = |span: &Option<Range<usize>>| -> Option<&str> { span.clone().map(|r| &t.text[r]) };
+        let parts = [part(&t.input.span), part(&t.output.span), part(&t.metadata.span), part(&t.steps.span)];
+        (t.schema_version, t.trace_id.as_str(), t.agent_id.as_deref(), t.parent_trace_id.as_deref(), parts)
+    }
+
+    #[test]
+    fn the_skim_finds_what_the_typed_decode_finds() {
+        let skimmed = [
+            r#"{"schema_version":1,"trace_id":"t","agent_id":"a","input":{"q":"hi"},"steps":[{"type":"tool_call","name":"x","args":{"s":"]}\"{["}}],"output":{"message":"m"},"metadata":{"n":1.5e3}}"#,
+            "{ \"trace_id\" : \"t\\\"q\\\\\" ,\n\t\"output\" :\r\n{ \"message\" : \"a\\u005c\\\"\" } , \"steps\" : [ ] , \"extra\" : [[{}],{\"x\":[1,-2.5,true,null]}] }",
+            r#"{"trace_id":"t","input":null,"output":{"m":"é ✓ \u00e9"},"metadata":null,"steps":null,"agent_id":null,"parent_trace_id":"p"}"#,
+            r#"{"schema_version":2,"trace_id":"","output":{},"unknown":"x","n":-0,"b":false}"#,
+            r#"{}"#,
+            " { } ",
+            r#"{"output":"not an object"}"#,
+            r#"{"steps":{"not":"an array"}}"#,
+            r#"{"schema_version":1.5,"output":{}}"#,
+            r#"{"trace_id":5}"#,
+        ];
+        let typed_only = [
+            r#"{"trace_id":"a","trace_id":"b","output":{"m":1}}"#,
+            r#"{"trace\u005fid":"escaped key","output":{"m":1}}"#,
+            r#"{"output":{"message":"a","message":"b"},"output":{"m":2}}"#,
+            r#"[1, 2]"#,
+            r#"not json"#,
+            r#"{"trace_id":"t",}"#,
+            r#"{"trace_id":"t"} x"#,
+        ];
+        for text in skimmed.iter().chain(&typed_only) {
+            let (typed, fast) = (Trace::from_string(text.to_string()), Trace::from_engine(text.to_string()));
+            match (&typed, &fast) {
+                (Ok(typed), Ok(fast)) => assert_eq!(scanned(fast), scanned(typed), "{text}"),
+                (Err(typed), Err(fast)) => assert_eq!(fast, typed, "{text}"),
+                _ => panic!("{text}: the typed decode gives {typed:?}, the skim {fast:?}"),
+            }
+        }
+        for text in skimmed {
+            assert!(skim(text).is_some() || Trace::from_string(text.to_string()).is_err(), "skimmed: {text}");
+        }
+        for text in typed_only {
+            assert!(skim(text).is_none(), "left to the typed decode: {text}");
+        }
+    }
 
     #[test]
     fn repeated_members_read_as_their_last_value_as_in_the_engine() {
