@@ -83,7 +83,7 @@ fn main() {
     let noop = host.get("noop").expect("noop loaded");
     assert_eq!(noop.api_version, "0.2.0");
     let lean = host.get("noop-lean").expect("noop-lean loaded");
-    let one = vec!["{}".to_owned()];
+    let one = ["{}"];
     if profiling("noop") {
         spin_for_profiler(&mut || {
             noop.evaluate(&trace, &one, &call());
@@ -198,8 +198,8 @@ fn main() {
 
 /// Part 1: a trivial plugin's call, 0.2.0 against 0.1.0 and `noop-lean`,
 /// interleaved; then the other guest languages.
-fn per_call_overhead(trace: &str, one: &[String], noop: &Plugin, old: &Plugin, lean: &Plugin) {
-    let eight: Vec<String> = (0..8).map(|_| "{}".to_owned()).collect();
+fn per_call_overhead(trace: &str, one: &[&str], noop: &Plugin, old: &Plugin, lean: &Plugin) {
+    let eight = ["{}"; 8];
     let [per_call, per_call_old, per_call8, per_call_lean] = rounds([
         &mut || {
             let (out, _) = noop.evaluate(trace, one, &call());
@@ -262,7 +262,7 @@ fn compare_builds(
     other: &Path,
     cache: &Path,
     trace: &str,
-    one: &[String],
+    one: &[&str],
     engine: &std::sync::Arc<Engine>,
     [native_req, plugin_req]: [&RawValue; 2],
 ) {
@@ -384,7 +384,7 @@ fn guest_languages(trace: &str, rust_noop_us: f64) {
             println!("{lang} plugin {name}: not loaded: {:?}", warm.failures());
             continue;
         };
-        let configs = vec![config.to_owned()];
+        let configs = [config];
         let [t] = rounds_of(
             50,
             [&mut || {
@@ -417,7 +417,7 @@ fn embed_overhead(model: PathBuf, cache: &Path) {
     let trace = refund_trace().to_string();
     let text = refund_trace()["output"]["message"].as_str().unwrap().to_owned();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let one = vec!["{}".to_owned()];
+    let one = ["{}"];
     let [through_plugin, direct] = rounds_of(
         200,
         [

@@ -63,7 +63,7 @@ pub trait AssertionPlugin: fmt::Debug + Send + Sync {
     /// Evaluates one trace (its JSON text, as received) against each config;
     /// one answer per config, in order. A plugin that fails answers with
     /// failures, never with fewer answers.
-    fn evaluate(&self, trace_json: &str, configs: &[String], call: &PluginCall) -> Vec<PluginAnswer>;
+    fn evaluate(&self, trace_json: &str, configs: &[&str], call: &PluginCall) -> Vec<PluginAnswer>;
 }
 
 /// What a plugin's model calls (embeddings, judge) may spend and how long

@@ -375,7 +375,7 @@ fn dynamic(cx: &Context<'_>, fp: Fingerprint, id: &str, score: f64, soft: bool) 
 }
 
 /// One plugin, the positions of its checks in the suite, and their configs.
-type PluginCalls<'a> = (&'a Arc<dyn AssertionPlugin>, Vec<usize>, Vec<String>);
+type PluginCalls<'a> = (&'a Arc<dyn AssertionPlugin>, Vec<usize>, Vec<&'a str>);
 
 /// Runs every plugin check the caller did not answer, one sandboxed call per
 /// plugin; each answer with its share of the call's time. What plugins'
@@ -397,9 +397,9 @@ fn run_plugins(
         match by_plugin.iter_mut().find(|(pl, _, _)| Arc::ptr_eq(pl, &check.plugin)) {
             Some((_, at, configs)) => {
                 at.push(i);
-                configs.push(check.config.clone());
+                configs.push(check.config.as_str());
             }
-            None => by_plugin.push((&check.plugin, vec![i], vec![check.config.clone()])),
+            None => by_plugin.push((&check.plugin, vec![i], vec![check.config.as_str()])),
         }
     }
     if !by_plugin.is_empty() {
@@ -640,7 +640,7 @@ mod tests {
         fn id(&self) -> &str {
             "echo"
         }
-        fn evaluate(&self, _trace_json: &str, configs: &[String], call: &PluginCall) -> Vec<PluginAnswer> {
+        fn evaluate(&self, _trace_json: &str, configs: &[&str], call: &PluginCall) -> Vec<PluginAnswer> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             configs
                 .iter()

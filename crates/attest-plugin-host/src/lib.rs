@@ -771,7 +771,7 @@ impl AssertionPlugin for Plugin {
         &self.id
     }
 
-    fn evaluate(&self, trace_json: &str, configs: &[String], call: &PluginCall) -> Vec<PluginAnswer> {
+    fn evaluate(&self, trace_json: &str, configs: &[&str], call: &PluginCall) -> Vec<PluginAnswer> {
         let (answers, used) = Plugin::evaluate(self, trace_json, configs, call);
         if let Some(recorded) = self.recorded.get() {
             let mut recorded = recorded.lock().unwrap_or_else(|e| e.into_inner());
@@ -958,7 +958,7 @@ impl Plugin {
     /// A plugin that may call models is called once per config, so that each
     /// assertion carries exactly its own cost and its own share of the
     /// budget; the others get one call for all their configs.
-    pub fn evaluate(&self, trace: &str, configs: &[String], call: &PluginCall) -> (Vec<PluginAnswer>, CapabilityUse) {
+    pub fn evaluate(&self, trace: &str, configs: &[&str], call: &PluginCall) -> (Vec<PluginAnswer>, CapabilityUse) {
         let mut used = CapabilityUse::default();
         if configs.len() > 1 && self.uses_models() {
             let mut budget_left = call.budget_left;
@@ -979,7 +979,7 @@ impl Plugin {
         self.evaluate_once(trace, configs, call)
     }
 
-    fn evaluate_once(&self, trace: &str, configs: &[String], call: &PluginCall) -> (Vec<PluginAnswer>, CapabilityUse) {
+    fn evaluate_once(&self, trace: &str, configs: &[&str], call: &PluginCall) -> (Vec<PluginAnswer>, CapabilityUse) {
         let rt = match self.runtime() {
             Ok(rt) => rt,
             Err(why) => {

@@ -751,7 +751,7 @@ impl Sandbox {
         limits: &PluginLimits,
         time: CallTime,
         trace: &str,
-        configs: &[String],
+        configs: &[&str],
         capabilities: Option<Box<CallContext>>,
     ) -> (Result<Answer, Fault>, Option<Box<CallContext>>) {
         if time.limit.is_zero() {
@@ -1207,17 +1207,22 @@ enum RawError {
 
 /// Calls `evaluate`, whose signature every version shares; a wrong number
 /// of results is answered as such, and none of them is copied.
-fn evaluate_in(store: &mut Store<State>, plugin: &Prepared, trace: &str, configs: &[String]) -> wasmtime::Result<Answer> {
+fn evaluate_in(store: &mut Store<State>, plugin: &Prepared, trace: &str, configs: &[&str]) -> wasmtime::Result<Answer> {
     type Results = CountedList<Result<RawVerdict, RawError>>;
     let instance = plugin.pre.instantiate(&mut *store)?;
-    let func = instance.get_typed_func::<(&str, &[String]), (Results,)>(&mut *store, &plugin.evaluate)?;
+    let func = instance.get_typed_func::<(&str, &[&str]), (Results,)>(&mut *store, &plugin.evaluate)?;
     EXPECTED_RESULTS.with(|e| e.set(configs.len()));
     let (list,) = func.call(&mut *store, (trace, configs))?;
     let items = match list {
         CountedList::Items(items) => items,
         CountedList::WrongCount(n) => return Ok(Answer::WrongCount(n)),
     };
-    let text = |t: BoundedText<MAX_VERDICT_TEXT_BYTES>| crate::text::clip(&t.text, MAX_VERDICT_TEXT_CHARS);
+    // Clipped in place: the text was just copied out of the plugin's memory.
+    let text = |t: BoundedText<MAX_VERDICT_TEXT_BYTES>| {
+        let mut text = t.text;
+        crate::text::clip_in_place(&mut text, MAX_VERDICT_TEXT_CHARS);
+        text
+    };
     Ok(Answer::Results(
         items
             .into_iter()
