@@ -83,7 +83,7 @@ done
 target_dir="${CARGO_TARGET_DIR:-$here/target}"
 # simd128: wasm's 128-bit vectors, which the engine's runtime always has.
 # std and memchr then search text 16 bytes at a time instead of 4
-# (docs/benchmarks.md, "Searching text in a plugin").
+# (docs/benchmarks.md, "An ASCII search that looks first").
 echo "==> building ${#selected[@]} plugin(s) with $(/usr/bin/rustc --version) -> $here/dist"
 start=$(date +%s)
 CARGO_TARGET_DIR="$target_dir" \

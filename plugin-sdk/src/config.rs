@@ -5,7 +5,7 @@
 //! Schema, so a decoding error here means the schema and the Rust type
 //! disagree, or the config breaks a rule the schema cannot express (such
 //! as a target's syntax). Either way it is the assertion author's to fix,
-//! so it becomes `invalid-config`, naming the field (`field `rules[1].max``)
+//! so it becomes `invalid-config`, naming the field (`` field `rules[1].max` ``)
 //! in the config the assertion author wrote, since the JSON text serde's
 //! line and column refer to is the engine's, which the author never sees.
 

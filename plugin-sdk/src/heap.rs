@@ -44,7 +44,7 @@ const WASM_PAGE: usize = 64 * 1024;
 /// Each call writes to them; when the engine resets the instance, a page
 /// it wrote that also holds initial data is copied back from the
 /// component's image, while a page of zeros is only cleared, which is
-/// cheaper (docs/benchmarks.md, "Pages a call writes").
+/// cheaper (docs/benchmarks.md, "pages a call writes").
 #[repr(C, align(4096))]
 struct StaticHeap {
     arena: Arena<STATIC_HEAP_BYTES>,

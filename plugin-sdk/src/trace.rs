@@ -6,7 +6,8 @@
 //! engine's own construction is: an explicit `null` means "not provided",
 //! unknown step types are kept, and unknown fields are ignored.
 //!
-//! A [`Trace`] is decoded lazily. Building one only scans the text once and
+//! A [`Trace`] is decoded lazily. Building one only scans the text once (in
+//! a component, a skim of the engine's validated text) and
 //! decodes the small identifying fields; `input`, `output`, `metadata` and
 //! `steps` are each decoded the first time they are read. A plugin that
 //! checks `output.message` never pays for decoding the steps, and one that
@@ -210,7 +211,9 @@ fn value_end(b: &[u8], start: usize) -> Option<usize> {
             }
         }
         _ => {
-            let len = b[start..].iter().position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t'))?;
+            let len = b[start..]
+                .iter()
+                .position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t'))?;
             (len > 0).then_some(start + len)
         }
     }
@@ -458,8 +461,19 @@ mod tests {
     /// What a trace's scan found, to compare the two ways of scanning.
     fn scanned(t: &Trace) -> (i64, &str, Option<&str>, Option<&str>, [Option<&str>; 4]) {
         let part = |span: &Option<Range<usize>>| -> Option<&str> { span.clone().map(|r| &t.text[r]) };
-        let parts = [part(&t.input.span), part(&t.output.span), part(&t.metadata.span), part(&t.steps.span)];
-        (t.schema_version, t.trace_id.as_str(), t.agent_id.as_deref(), t.parent_trace_id.as_deref(), parts)
+        let parts = [
+            part(&t.input.span),
+            part(&t.output.span),
+            part(&t.metadata.span),
+            part(&t.steps.span),
+        ];
+        (
+            t.schema_version,
+            t.trace_id.as_str(),
+            t.agent_id.as_deref(),
+            t.parent_trace_id.as_deref(),
+            parts,
+        )
     }
 
     #[test]
@@ -494,7 +508,10 @@ mod tests {
             }
         }
         for text in skimmed {
-            assert!(skim(text).is_some() || Trace::from_string(text.to_string()).is_err(), "skimmed: {text}");
+            assert!(
+                skim(text).is_some() || Trace::from_string(text.to_string()).is_err(),
+                "skimmed: {text}"
+            );
         }
         for text in typed_only {
             assert!(skim(text).is_none(), "left to the typed decode: {text}");
