@@ -31,10 +31,14 @@ use core::ptr;
 
 use crate::arena::Arena;
 
-/// The static segment's size: a trace of a few hundred kilobytes, its
-/// decoded form and a batch of configs fit, so most calls never grow memory.
-/// It is zero-initialised data, so it adds nothing to the component's size.
-pub const STATIC_HEAP_BYTES: usize = 1 << 20;
+/// The static segment's size: a trace of tens of kilobytes, its decoded
+/// form and a batch of configs fit, so most calls never grow memory. It is
+/// zero-initialised data, so it adds nothing to the component's size; but
+/// it is part of the memory the engine's reset walks after every call, page
+/// by page, so a larger segment would make every call slower to spare a
+/// `memory.grow` only to calls on traces large enough that decoding them
+/// costs far more (docs/benchmarks.md, "A smaller memory to reset").
+pub const STATIC_HEAP_BYTES: usize = 256 * 1024;
 
 const WASM_PAGE: usize = 64 * 1024;
 

@@ -1751,6 +1751,30 @@ fn hostile_plugins_are_contained_and_builtins_still_pass() {
     assert!(r.iter().all(|x| x["status"] == json!("pass")), "{r:?}");
 }
 
+/// A plugin's own stack in linear memory is 128 KiB (`plugins/build.sh`),
+/// not Rust's 1 MiB, since the engine resets a plugin's whole memory after
+/// every call. The deepest trace the engine accepts still fits: the
+/// `contains` plugin decodes and prints an `output` value nested to the
+/// engine's limit, and passes.
+#[test]
+fn a_value_nested_as_deep_as_the_engine_accepts_fits_a_plugins_stack() {
+    let cache = fresh_cache();
+    let mut engine = start(cache.path(), &plugin_flags(&["contains"]));
+    let trace = |depth: usize| {
+        let mut deep = json!("needle");
+        for _ in 0..depth {
+            deep = json!([deep]);
+        }
+        json!({"schema_version": 1, "trace_id": "trc_deep", "output": {"message": "hi", "deep": deep}})
+    };
+    let assertions = json!([plugin("deep", "contains", json!({"target": "output.deep", "value": "needle"}))]);
+    // The engine's limit is 128 levels, the trace's own two included.
+    let err = expect_error(&engine.request(&evaluate_request(json!(1), trace(126), assertions.clone())), 1001);
+    assert!(err["message"].as_str().unwrap().contains("nesting too deep"), "{err}");
+    let r = evaluate(&mut engine, &trace(125), &assertions);
+    check(find(&r, "deep"), "pass", 1.0, &["output.deep contains 'needle'"]);
+}
+
 #[test]
 fn many_large_verdicts_still_fit_one_response_line() {
     let cache = fresh_cache();
