@@ -472,6 +472,9 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     ));
 
     if let Some(input) = &args.jsonl {
+        if let Some(p) = &publisher {
+            p.fail_fast_when_down();
+        }
         let complete = jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
         drop(tx);
         consumer.await?;
@@ -536,7 +539,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     listen::serve(listener, router, limits, signals.nth(1), signals.nth(2)).await;
     poller.abort();
     if let Some(p) = &publisher {
-        p.start_draining();
+        p.fail_fast_when_down();
     }
     eprintln!("attest-collect: draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();

@@ -381,9 +381,9 @@ pub struct Publisher {
     js: jetstream::Context,
     names: Names,
     failures: FailureLog,
-    /// Set when the collector drains: from then on a publish while the
-    /// connection is down fails at once (see [`Publisher::publish`]).
-    draining: std::sync::atomic::AtomicBool,
+    /// Set by [`Publisher::fail_fast_when_down`]: from then on a publish
+    /// while the connection is down fails at once.
+    fail_fast: std::sync::atomic::AtomicBool,
 }
 
 impl Publisher {
@@ -395,17 +395,20 @@ impl Publisher {
             js,
             names,
             failures: FailureLog::default(),
-            draining: std::sync::atomic::AtomicBool::new(false),
+            fail_fast: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// From now on, a publish while the connection is down fails at once
-    /// instead of waiting for an acknowledgement that cannot come: while
-    /// running, the client sends what it holds once it reconnects, but a
-    /// drain would wait the publish timeout for every queued trace (tens of
-    /// minutes with a full queue).
-    pub fn start_draining(&self) {
-        self.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+    /// instead of waiting for an acknowledgement that cannot come. A live
+    /// collector keeps waiting, since the client sends what it holds once it
+    /// reconnects. A drain does not: it would wait the publish timeout for
+    /// every queued trace (tens of minutes with a full queue). Nor does a
+    /// `--jsonl` run, which would wait it for every line left in its file;
+    /// such a run fails instead, and can be run again, since the stream's
+    /// duplicate window drops what it already published.
+    pub fn fail_fast_when_down(&self) {
+        self.fail_fast.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the connection to the NATS server is up at the moment.
@@ -423,10 +426,10 @@ impl Publisher {
         // One work message per trace: the same trace published again within
         // the duplicate window (a second collector, a re-run) is dropped.
         headers.insert("Nats-Msg-Id", header_id(item.trace_id()).as_str());
-        let sent = if self.draining.load(std::sync::atomic::Ordering::Relaxed) && !self.connected() {
+        let sent = if self.fail_fast.load(std::sync::atomic::Ordering::Relaxed) && !self.connected() {
             Err(PublishFailure {
                 too_large: false,
-                error: anyhow::anyhow!("not published: the NATS server is unreachable and the collector is shutting down"),
+                error: anyhow::anyhow!("not published: the NATS server is unreachable"),
             })
         } else {
             publish(&self.js, &self.names.traces_subject, headers, payload.into()).await

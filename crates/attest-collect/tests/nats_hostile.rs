@@ -858,3 +858,64 @@ async fn a_drain_with_the_nats_server_gone_fails_fast_and_exits_1() {
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("0 published, 8 publishes failed"), "{log}");
 }
+
+/// A `--jsonl` run whose NATS server goes away part-way fails the lines left
+/// at once, instead of waiting 10 s for each publish's acknowledgement,
+/// counts them, and exits 1 (run again, it publishes only what is missing:
+/// the stream's duplicate window drops the rest).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_jsonl_run_whose_nats_server_goes_away_fails_the_rest_fast_and_exits_1() {
+    use std::io::Write;
+    let Some(Setup { dir, nats, rules }) = Setup::start() else { return };
+    // The engine logs the NATS client's events; the harness does not.
+    if Evaluator::product() != Evaluator::Engine {
+        return;
+    }
+    // A FIFO, so that the test decides when the rest of the input comes.
+    let input = dir.path().join("traces.fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&input).status().unwrap().success());
+    let input_arg = input.to_str().unwrap();
+    let args = [
+        "collect",
+        "--rules",
+        &rules,
+        "--jsonl",
+        input_arg,
+        "--nats",
+        &nats.url,
+        "--concurrency",
+        "1",
+    ];
+    let mut collector = Proc::spawn_on(Evaluator::Engine, dir.path(), "collector", &args, &[]);
+    // Opening a FIFO to write waits for its reader: the collector, once connected.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = input.clone();
+    std::thread::spawn(move || tx.send(std::fs::OpenOptions::new().write(true).open(path)));
+    let mut fifo = rx
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("the collector did not open its input: {}", collector.stderr_text()))
+        .unwrap();
+    writeln!(fifo, "{}\n{}", trace("trc_1"), trace("trc_2")).unwrap();
+    let js = js(&nats.url).await;
+    let published = || async { js.get_stream("ATTEST_TRACES").await.unwrap().info().await.unwrap().state.messages };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while published().await < 2 {
+        let log = collector.stderr_text();
+        assert!(Instant::now() < deadline, "the first two traces were not published: {log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(nats);
+    collector.wait_for("event: disconnected", 20);
+    for i in 3..=8 {
+        writeln!(fifo, "{}", trace(&format!("trc_{i}"))).unwrap();
+    }
+    drop(fifo);
+    // Waiting for acknowledgements, one publish at a time, would take 60 s.
+    let t0 = Instant::now();
+    let code = collector.wait_exit(90);
+    let log = collector.stderr_text();
+    assert!(t0.elapsed() < Duration::from_secs(15), "took {:?}: {log}", t0.elapsed());
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("2 published (0 already in the stream), 6 publishes failed"), "{log}");
+    assert!(log.contains("not published: the NATS server is unreachable"), "{log}");
+}
