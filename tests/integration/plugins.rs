@@ -1768,7 +1768,8 @@ fn a_value_nested_as_deep_as_the_engine_accepts_fits_a_plugins_stack() {
         json!({"schema_version": 1, "trace_id": "trc_deep", "output": {"message": "hi", "deep": deep}})
     };
     let assertions = json!([plugin("deep", "contains", json!({"target": "output.deep", "value": "needle"}))]);
-    // The engine's limit is 128 levels, the trace's own two included.
+    // The engine accepts 127 levels of arrays and objects, the trace's own
+    // object and `output` included, and refuses the 128th.
     let err = expect_error(&engine.request(&evaluate_request(json!(1), trace(126), assertions.clone())), 1001);
     assert!(err["message"].as_str().unwrap().contains("nesting too deep"), "{err}");
     let r = evaluate(&mut engine, &trace(125), &assertions);

@@ -13,12 +13,13 @@ cd "$(dirname "$0")"
 # text search), and a 128 KiB stack instead of Rust's 1 MiB, since the engine
 # resets a plugin's whole memory after each call (a smaller memory is a
 # cheaper call; a stack that runs out traps).
+# (Cargo ignores these target flags when RUSTFLAGS is set.)
 wasm_flags="-C target-feature=+simd128 -C link-arg=-zstack-size=131072"
 
 if command -v rustup >/dev/null && rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
   echo "building with rustup's wasm32-wasip2 target"
   target_dir="${CARGO_TARGET_DIR:-target}"
-  CARGO_TARGET_WASM32_WASIP2_RUSTFLAGS="$wasm_flags" cargo build --release --target wasm32-wasip2
+  CARGO_TARGET_WASM32_WASIP2_RUSTFLAGS="${CARGO_TARGET_WASM32_WASIP2_RUSTFLAGS:-} $wasm_flags" cargo build --release --target wasm32-wasip2
   cp "$target_dir/wasm32-wasip2/release/{{crate}}.wasm" {{name}}.wasm
 else
   for f in /usr/bin/rustc /usr/bin/cargo /usr/lib/rustlib/src/rust/library/std; do
