@@ -87,11 +87,12 @@ target_dir="${CARGO_TARGET_DIR:-$here/target}"
 # A 128 KiB stack instead of Rust's 1 MiB: the engine's reset walks a plugin's
 # whole memory after each call, so a smaller memory is a cheaper call; a stack
 # that runs out traps (docs/benchmarks.md, "A smaller memory to reset").
+wasm_flags="-C target-feature=+simd128 -C link-arg=-zstack-size=131072"
 echo "==> building ${#selected[@]} plugin(s) with $(/usr/bin/rustc --version) -> $here/dist"
 start=$(date +%s)
 CARGO_TARGET_DIR="$target_dir" \
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER="$component_ld" \
-CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C link-arg=--wasm-ld-path=$wasm_ld -C target-feature=+simd128 -C link-arg=-zstack-size=131072" \
+CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C link-arg=--wasm-ld-path=$wasm_ld $wasm_flags" \
 RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \
   /usr/bin/cargo build --locked --release -Zbuild-std=std,panic_abort --target wasm32-unknown-unknown "${packages[@]}"
 echo "==> built in $(($(date +%s) - start)) s"
