@@ -449,6 +449,7 @@ mod tests {
             attributes: Map::new(),
             events: vec![],
             resource: Arc::new(Map::new()),
+            scope: "".into(),
             is_error: false,
             size_bytes: 100,
         }

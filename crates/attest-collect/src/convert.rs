@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::frameworks::Framework;
 use crate::otlp::Span;
 
 /// What a span is, once its convention is recognised.
@@ -119,6 +120,9 @@ pub enum Converted {
         /// Spans no chain of parents joins to the root (a missing
         /// intermediate span, a second local root): left out of `trace`.
         unreachable: usize,
+        /// Spans nested under a tool or model call that are no step of
+        /// their own: named in the trace's `metadata.nested_spans`.
+        nested: usize,
     },
     NoRoot,
     UnknownConvention,
@@ -126,10 +130,10 @@ pub enum Converted {
 
 /// A normalised chat message.
 #[derive(Debug, Clone, Default, PartialEq)]
-struct Message {
-    role: String,
-    content: String,
-    tool_calls: Vec<Value>,
+pub struct Message {
+    pub role: String,
+    pub content: String,
+    pub tool_calls: Vec<Value>,
 }
 
 impl Message {
@@ -146,20 +150,44 @@ struct Tree<'a> {
     spans: &'a [Span],
     children: HashMap<&'a str, Vec<usize>>,
     prices: &'a PriceTable,
+    framework: Framework,
+    root: usize,
     /// Spans already turned into steps: duplicate span ids or parent cycles
     /// (spans come from the network) must not make a span count twice.
     visited: std::cell::RefCell<Vec<bool>>,
+    /// Spans nested under a tool or model call that became no step of
+    /// their own (a model call inside a tool, say), by role and name.
+    nested: std::cell::RefCell<Vec<String>>,
 }
 
+/// What one (sub-)trace's own steps add up to. A sub-trace's tokens and cost
+/// stay its own: layer 7 sums every trace of a tree, so a parent that also
+/// counted its children's would count them twice.
 #[derive(Default)]
 struct Totals {
     input_tokens: u64,
     output_tokens: u64,
+    /// Whether any model call reported its usage: without one, the trace's
+    /// tokens are unknown, not 0.
+    counted: bool,
     cost_usd: f64,
     priced: bool,
     model: Option<String>,
     first_input: Option<String>,
     last_output: Option<String>,
+}
+
+impl Totals {
+    fn insert_into(&self, metadata: &mut Map<String, Value>) {
+        if self.counted {
+            metadata.insert("total_tokens".into(), json!(self.input_tokens.saturating_add(self.output_tokens)));
+            metadata.insert("input_tokens".into(), json!(self.input_tokens));
+            metadata.insert("output_tokens".into(), json!(self.output_tokens));
+        }
+        if self.priced {
+            metadata.insert("cost_usd".into(), json!(self.cost_usd));
+        }
+    }
 }
 
 /// The trace's root: a span without parent, else a span whose parent the
@@ -188,38 +216,36 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
     if spans.iter().all(|s| classify(s).0 == SpanRole::Unknown) {
         return Converted::UnknownConvention;
     }
+    let framework = Framework::detect(spans);
+    framework.rearrange(spans, &mut children);
     let tree = Tree {
         spans,
         children,
         prices,
+        framework,
+        root: root_idx,
         visited: std::cell::RefCell::new(vec![false; spans.len()]),
+        nested: std::cell::RefCell::new(Vec::new()),
     };
     let root = &spans[root_idx];
     let unreachable = spans.len() - tree.reachable(root_idx);
     // The outermost agent span is the trace's own agent; deeper agents become agent_call steps.
     let outer_agent = tree.first_agent(root_idx);
-    let agent_span = outer_agent.map(|i| &spans[i]);
-    let agent_id = agent_span.and_then(agent_name);
+    let agent_id = outer_agent.and_then(|i| tree.agent_name(i));
     let mut totals = Totals::default();
     let steps = tree.steps(root_idx, outer_agent, &mut totals, trace_id);
 
-    let input = span_input(root)
-        .or_else(|| agent_span.and_then(span_input))
+    let input = tree
+        .input_of(root)
+        .or_else(|| outer_agent.and_then(|i| tree.input_of(&spans[i])))
         .or(totals.first_input.clone());
-    let output = span_output(root)
-        .or_else(|| agent_span.and_then(span_output))
+    let output = outer_agent
+        .and_then(|i| tree.output_of(&spans[i]))
+        .or_else(|| tree.output_of(root))
         .or(totals.last_output.clone());
 
     let mut metadata = Map::new();
-    metadata.insert(
-        "total_tokens".into(),
-        json!(totals.input_tokens.saturating_add(totals.output_tokens)),
-    );
-    metadata.insert("input_tokens".into(), json!(totals.input_tokens));
-    metadata.insert("output_tokens".into(), json!(totals.output_tokens));
-    if totals.priced {
-        metadata.insert("cost_usd".into(), json!(totals.cost_usd));
-    }
+    totals.insert_into(&mut metadata);
     metadata.insert("latency_ms".into(), json!(root.duration_ms()));
     if let Some(m) = &totals.model {
         metadata.insert("model".into(), json!(m));
@@ -230,6 +256,15 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
         metadata.insert("service_name".into(), service.clone());
     }
     metadata.insert("root_span".into(), json!(root.name));
+    if framework != Framework::Generic {
+        metadata.insert("framework".into(), json!(framework.name()));
+    }
+    let nested = tree.nested.into_inner();
+    if !nested.is_empty() {
+        // Named, not dropped: the reader sees what the steps do not show.
+        let shown: Vec<&String> = nested.iter().take(16).collect();
+        metadata.insert("nested_spans".into(), json!({"count": nested.len(), "names": shown}));
+    }
 
     let mut trace = json!({
         "schema_version": 1,
@@ -257,6 +292,7 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
         trace,
         context,
         unreachable,
+        nested: nested.len(),
     }
 }
 
@@ -275,20 +311,31 @@ impl<'a> Tree<'a> {
             .unwrap_or(&[])
     }
 
+    /// The span's role: its convention's, as its framework reads it.
+    fn role(&self, idx: usize) -> SpanRole {
+        self.framework
+            .role(&self.spans[idx], classify(&self.spans[idx]).0, idx == self.root)
+    }
+
     /// How many spans the root and its descendants are (each span once,
     /// whatever cycles or repeated ids the links hold).
     fn reachable(&self, root: usize) -> usize {
+        self.descendants(root).count() + 1
+    }
+
+    /// The spans below `idx`, each once, depth first.
+    fn descendants(&self, idx: usize) -> impl Iterator<Item = usize> + '_ {
         let mut seen = vec![false; self.spans.len()];
-        let mut stack = vec![root];
-        let mut count = 0;
-        while let Some(i) = stack.pop() {
+        seen[idx] = true;
+        let mut stack: Vec<usize> = self.kids(idx).iter().rev().copied().collect();
+        std::iter::from_fn(move || loop {
+            let i = stack.pop()?;
             if std::mem::replace(&mut seen[i], true) {
                 continue;
             }
-            count += 1;
-            stack.extend(self.kids(i).iter().copied());
-        }
-        count
+            stack.extend(self.kids(i).iter().rev().copied());
+            return Some(i);
+        })
     }
 
     fn first_agent(&self, root: usize) -> Option<usize> {
@@ -298,7 +345,7 @@ impl<'a> Tree<'a> {
             if std::mem::replace(&mut seen[i], true) {
                 continue;
             }
-            if classify(&self.spans[i]).0 == SpanRole::Agent {
+            if self.role(i) == SpanRole::Agent {
                 return Some(i);
             }
             queue.extend(self.kids(i).iter().copied());
@@ -306,11 +353,41 @@ impl<'a> Tree<'a> {
         None
     }
 
+    /// An agent's name, also its `agent_id`, which the engine takes up to 1,024 bytes long.
+    fn agent_name(&self, idx: usize) -> Option<String> {
+        let span = &self.spans[idx];
+        let mut below = self.descendants(idx).map(|i| &self.spans[i]);
+        agent_name(span)
+            .or_else(|| self.framework.agent_name(span, &mut below).map(|n| clip_to(n, MAX_ID_BYTES)))
+            .or_else(|| {
+                // A framework's agent span that is named only by its span name.
+                (self.role(idx) == SpanRole::Agent && self.framework != Framework::Generic && !span.name.is_empty())
+                    .then(|| clip_to(span.name.clone(), MAX_ID_BYTES))
+            })
+    }
+
+    /// The user's message an agent or root span records, as its framework writes it.
+    fn input_of(&self, span: &Span) -> Option<String> {
+        match span.attr_str("input.value").map(|raw| self.framework.input_text(raw)) {
+            Some(Some(read)) => read,
+            _ => span_input(span),
+        }
+    }
+
+    /// The final answer an agent or root span records, as its framework writes it.
+    fn output_of(&self, span: &Span) -> Option<String> {
+        match span.attr_str("output.value").map(|raw| self.framework.output_text(raw)) {
+            Some(Some(read)) => read,
+            _ => span_output(span),
+        }
+    }
+
     /// Steps under `idx` in start order; `own_agent` is walked through rather than made a step.
     fn steps(&self, idx: usize, own_agent: Option<usize>, totals: &mut Totals, trace_id: &str) -> Vec<Value> {
         let mut out = Vec::new();
         let level = Level { trace_id, agents: 0 };
         self.walk(idx, own_agent, totals, &level, &mut out, 0);
+        fill_tool_args(&mut out);
         out
     }
 
@@ -320,10 +397,10 @@ impl<'a> Tree<'a> {
             return;
         }
         let span = &self.spans[idx];
-        let (role, _) = classify(span);
+        let role = self.role(idx);
         let step = match role {
             SpanRole::Llm => self.llm_step(span, totals),
-            SpanRole::Tool => tool_step(span),
+            SpanRole::Tool => self.tool_step(span),
             SpanRole::Retrieval => retrieval_step(span),
             // Agents nested deeper than sub-traces may go have their steps
             // taken into the deepest sub-trace allowed instead.
@@ -335,12 +412,75 @@ impl<'a> Tree<'a> {
                 return;
             }
         };
-        out.push(fit_result(step));
+        let step = if role == SpanRole::Agent {
+            step
+        } else {
+            let mut delegate = None;
+            self.walk_nested(idx, idx, totals, level, depth + 1, &mut delegate);
+            match delegate {
+                // An agent run as a tool is a delegation: its agent_call
+                // stands where the tool call would, with the tool's arguments.
+                Some(mut agent) if role == SpanRole::Tool => {
+                    agent["args"] = step["args"].clone();
+                    agent["metadata"]["tool_name"] = step["name"].clone();
+                    agent
+                }
+                Some(agent) => {
+                    out.push(fit_result(timed(step, span)));
+                    agent
+                }
+                None => step,
+            }
+        };
+        out.push(fit_result(timed(step, span)));
+    }
+
+    /// The spans under a tool, model call or retrieval (`under`): the first
+    /// agent among them becomes a sub-trace (`delegate`); the others are no
+    /// steps of their own, so they are named and counted, and their model
+    /// calls' tokens and cost still count, since they were spent.
+    fn walk_nested(&self, idx: usize, under: usize, totals: &mut Totals, level: &Level<'_>, depth: usize, delegate: &mut Option<Value>) {
+        if depth > 256 {
+            return;
+        }
+        for &k in self.kids(idx) {
+            // A span cannot hold itself: a repeated span id is no nesting.
+            if self.spans[k].span_id == self.spans[idx].span_id || self.visited.borrow()[k] {
+                continue;
+            }
+            let role = self.role(k);
+            if role == SpanRole::Agent && delegate.is_none() && level.agents < MAX_SUB_TRACE_DEPTH {
+                *delegate = Some(self.agent_step(k, totals, level, depth));
+                continue;
+            }
+            self.visited.borrow_mut()[k] = true;
+            let span = &self.spans[k];
+            let kind = match role {
+                SpanRole::Llm => {
+                    let (in_t, out_t, cost) = self.usage(span);
+                    totals.add_usage(in_t, out_t, cost);
+                    Some("llm_call")
+                }
+                SpanRole::Tool => Some("tool_call"),
+                SpanRole::Retrieval => Some("retrieval"),
+                SpanRole::Agent => Some("agent"),
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                self.nested.borrow_mut().push(format!(
+                    "{kind} {:?} under {:?}",
+                    prefix(&span.name, 128),
+                    prefix(&self.spans[under].name, 128)
+                ));
+            }
+            self.walk_nested(k, under, totals, level, depth + 1, delegate);
+        }
     }
 
     fn agent_step(&self, idx: usize, parent_totals: &mut Totals, level: &Level<'_>, depth: usize) -> Value {
         let span = &self.spans[idx];
-        let name = agent_name(span).unwrap_or_else(|| step_name(&span.name, "agent"));
+        self.visited.borrow_mut()[idx] = true;
+        let name = self.agent_name(idx).unwrap_or_else(|| step_name(&span.name, "agent"));
         let mut totals = Totals::default();
         let mut steps = Vec::new();
         // The sub-trace's id extends its parent's, so that each sub-trace
@@ -353,25 +493,29 @@ impl<'a> Tree<'a> {
         for &k in self.kids(idx) {
             self.walk(k, Some(idx), &mut totals, &inner, &mut steps, depth + 1);
         }
-        let input = span_input(span).or(totals.first_input.clone());
-        let output = span_output(span).or(totals.last_output.clone()).unwrap_or_default();
-        parent_totals.input_tokens = parent_totals.input_tokens.saturating_add(totals.input_tokens);
-        parent_totals.output_tokens = parent_totals.output_tokens.saturating_add(totals.output_tokens);
-        parent_totals.cost_usd += totals.cost_usd;
-        parent_totals.priced |= totals.priced;
+        fill_tool_args(&mut steps);
+        let input = self.input_of(span).or(totals.first_input.clone());
+        let output = self.output_of(span).or(totals.last_output.clone()).unwrap_or_default();
+        // The delegate's answer is the latest answer of the run so far.
+        if !output.is_empty() {
+            parent_totals.last_output = Some(output.clone());
+        }
+        if parent_totals.first_input.is_none() {
+            parent_totals.first_input = input.clone();
+        }
         if parent_totals.model.is_none() {
             parent_totals.model = totals.model.clone();
         }
-        let mut metadata = json!({
-            "total_tokens": totals.input_tokens.saturating_add(totals.output_tokens),
-            "latency_ms": span.duration_ms(),
-        });
-        if totals.priced {
-            metadata["cost_usd"] = json!(totals.cost_usd);
+        let mut metadata = Map::new();
+        totals.insert_into(&mut metadata);
+        metadata.insert("latency_ms".into(), json!(span.duration_ms()));
+        if let Some(m) = &totals.model {
+            metadata.insert("model".into(), json!(m));
         }
         json!({
             "type": "agent_call",
             "name": name,
+            "agent_id": name,
             "args": {"input": input},
             "result": {"output": output},
             "sub_trace": {
@@ -388,8 +532,8 @@ impl<'a> Tree<'a> {
         })
     }
 
-    fn llm_step(&self, span: &Span, totals: &mut Totals) -> Value {
-        let model = first_str(span, &["gen_ai.request.model", "gen_ai.response.model", "llm.model_name"]);
+    /// A model call's token counts (`None` when it reported none) and cost.
+    fn usage(&self, span: &Span) -> (Option<u64>, Option<u64>, Option<f64>) {
         let input_tokens = first_u64(
             span,
             &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"],
@@ -402,30 +546,47 @@ impl<'a> Tree<'a> {
                 "llm.token_count.completion",
             ],
         );
+        let cost = llm_model(span).and_then(|m| {
+            (input_tokens.is_some() || output_tokens.is_some())
+                .then(|| self.prices.cost(&m, input_tokens.unwrap_or(0), output_tokens.unwrap_or(0)))
+                .flatten()
+        });
+        (input_tokens, output_tokens, cost)
+    }
+
+    fn llm_step(&self, span: &Span, totals: &mut Totals) -> Value {
+        let model = llm_model(span);
+        let (input_tokens, output_tokens, cost) = self.usage(span);
         let inputs = input_messages(span);
-        let outputs = output_messages(span);
+        let mut outputs = output_messages(span);
+        if outputs.is_empty() {
+            outputs = self.framework.llm_outputs(span);
+        }
         let completion = outputs.iter().rev().find(|m| !m.content.is_empty()).map(|m| m.content.clone());
         let tool_calls: Vec<Value> = outputs.iter().flat_map(|m| m.tool_calls.clone()).collect();
         if totals.first_input.is_none() {
-            totals.first_input = inputs.iter().find(|m| m.role == "user").map(|m| m.content.clone());
+            totals.first_input = inputs.iter().rev().find(|m| m.role == "user").map(|m| m.content.clone());
         }
         if completion.is_some() {
             totals.last_output = completion.clone();
         }
-        let in_t = input_tokens.unwrap_or(0);
-        let out_t = output_tokens.unwrap_or(0);
-        totals.input_tokens = totals.input_tokens.saturating_add(in_t);
-        totals.output_tokens = totals.output_tokens.saturating_add(out_t);
+        totals.add_usage(input_tokens, output_tokens, cost);
         let mut metadata = step_metadata(span);
         if let Some(m) = &model {
             if totals.model.is_none() {
                 totals.model = Some(m.clone());
             }
-            if let Some(cost) = self.prices.cost(m, in_t, out_t) {
-                totals.cost_usd += cost;
-                totals.priced = true;
-                metadata["cost_usd"] = json!(cost);
-            }
+        }
+        if let Some(cost) = cost {
+            metadata["cost_usd"] = json!(cost);
+        }
+        let tokens = (input_tokens.is_some() || output_tokens.is_some())
+            .then(|| input_tokens.unwrap_or(0).saturating_add(output_tokens.unwrap_or(0)));
+        if let Some(t) = input_tokens {
+            metadata["input_tokens"] = json!(t);
+        }
+        if let Some(t) = output_tokens {
+            metadata["output_tokens"] = json!(t);
         }
         let provider = first_str(span, &["gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"]);
         let prompt = inputs
@@ -450,11 +611,105 @@ impl<'a> Tree<'a> {
             "result": {
                 "completion": completion,
                 "tool_calls": tool_calls,
-                "tokens": in_t.saturating_add(out_t),
+                "tokens": tokens,
                 "finish_reason": finish,
             },
             "metadata": metadata,
         })
+    }
+
+    fn tool_step(&self, span: &Span) -> Value {
+        let name = first_str(span, &["gen_ai.tool.name", "tool.name"]).unwrap_or_else(|| step_name(&span.name, "tool"));
+        let raw_args = first_value(span, &["gen_ai.tool.call.arguments", "input.value", "tool.parameters"]);
+        let args = raw_args
+            .as_ref()
+            .and_then(|v| self.framework.tool_args(v))
+            .or_else(|| raw_args.map(|v| as_object(v, "input")))
+            .unwrap_or_else(|| json!({}));
+        let raw_result = first_value(span, &["gen_ai.tool.call.result", "output.value"]);
+        let (result, call_id) = match raw_result.as_ref().and_then(|v| self.framework.tool_result(v)) {
+            Some((result, id)) => (result, id),
+            None => (raw_result.map(|v| as_object(v, "output")).unwrap_or_else(|| json!({})), None),
+        };
+        let mut metadata = step_metadata(span);
+        if let Some(id) = call_id.or_else(|| first_str(span, &["gen_ai.tool.call.id", "tool_call.id"])) {
+            metadata["tool_call_id"] = json!(id);
+        }
+        json!({"type": "tool_call", "name": name, "args": args, "result": result, "metadata": metadata})
+    }
+}
+
+impl Totals {
+    fn add_usage(&mut self, input_tokens: Option<u64>, output_tokens: Option<u64>, cost: Option<f64>) {
+        if input_tokens.is_some() || output_tokens.is_some() {
+            self.counted = true;
+            self.input_tokens = self.input_tokens.saturating_add(input_tokens.unwrap_or(0));
+            self.output_tokens = self.output_tokens.saturating_add(output_tokens.unwrap_or(0));
+        }
+        if let Some(c) = cost {
+            self.cost_usd += c;
+            self.priced = true;
+        }
+    }
+}
+
+fn llm_model(span: &Span) -> Option<String> {
+    first_str(span, &["gen_ai.request.model", "gen_ai.response.model", "llm.model_name"])
+}
+
+/// The step with the span's start and end, in Unix milliseconds (the
+/// timing checks of layer 7 read them).
+fn timed(mut step: Value, span: &Span) -> Value {
+    let ms = |nanos: u64| (nanos / 1_000) as f64 / 1_000.0;
+    step["started_at_ms"] = json!(ms(span.start_unix_nanos));
+    step["ended_at_ms"] = json!(ms(span.end_unix_nanos.max(span.start_unix_nanos)));
+    step
+}
+
+/// Tool steps whose span did not hold the arguments as an object (a
+/// framework that records a single argument bare) take them from the model's
+/// tool call they answer: by call id when known, else the first call of that
+/// name not yet answered.
+fn fill_tool_args(steps: &mut [Value]) {
+    let mut calls: Vec<(Option<String>, String, Value)> = Vec::new();
+    for step in steps.iter_mut() {
+        match step["type"].as_str() {
+            Some("llm_call") => {
+                for c in step["result"]["tool_calls"].as_array().into_iter().flatten() {
+                    let args = match &c["arguments"] {
+                        Value::String(s) => serde_json::from_str::<Value>(s).ok(),
+                        v @ Value::Object(_) => Some(v.clone()),
+                        _ => None,
+                    };
+                    if let (Some(name), Some(args @ Value::Object(_))) = (c["name"].as_str(), args) {
+                        calls.push((c["id"].as_str().map(str::to_owned), name.to_owned(), args));
+                    }
+                }
+            }
+            Some("tool_call") => {
+                let name = step["name"].as_str().unwrap_or("").to_owned();
+                let id = step["metadata"]["tool_call_id"].as_str().map(str::to_owned);
+                let pos = id
+                    .as_ref()
+                    .and_then(|id| calls.iter().position(|(cid, _, _)| cid.as_deref() == Some(id.as_str())))
+                    .or_else(|| calls.iter().position(|(_, n, _)| *n == name));
+                let Some(pos) = pos else { continue };
+                let (_, _, args) = calls.remove(pos);
+                let args_obj = &step["args"];
+                let bare = args_obj
+                    .as_object()
+                    .is_some_and(|o| o.is_empty() || (o.len() == 1 && o.contains_key("input") && !o["input"].is_object()));
+                if bare
+                    && args_obj.get("input").is_none_or(|v| {
+                        args.as_object()
+                            .is_some_and(|a| a.len() == 1 && a.values().any(|x| x == v || x.as_str() == v.as_str()))
+                    })
+                {
+                    step["args"] = args;
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -505,17 +760,6 @@ fn step_name(name: &str, fallback: &str) -> String {
     } else {
         name.to_owned()
     }
-}
-
-fn tool_step(span: &Span) -> Value {
-    let name = first_str(span, &["gen_ai.tool.name", "tool.name"]).unwrap_or_else(|| step_name(&span.name, "tool"));
-    let args = first_value(span, &["gen_ai.tool.call.arguments", "input.value", "tool.parameters"])
-        .map(|v| as_object(v, "input"))
-        .unwrap_or_else(|| json!({}));
-    let result = first_value(span, &["gen_ai.tool.call.result", "output.value"])
-        .map(|v| as_object(v, "output"))
-        .unwrap_or_else(|| json!({}));
-    json!({"type": "tool_call", "name": name, "args": args, "result": result, "metadata": step_metadata(span)})
 }
 
 fn retrieval_step(span: &Span) -> Value {
@@ -728,16 +972,25 @@ fn genai_message(v: &Value) -> Message {
 /// but `message.contents.{k}.message_content.type|text`: its text parts make
 /// the content, one line break apart, as GenAI parts do; image parts have no text.
 fn indexed_messages(span: &Span, prefix: &str) -> Vec<Message> {
+    // Indices need not start at 0 nor be contiguous (the OpenAI Agents
+    // instrumentation numbers a Responses API input from 1): every index the
+    // attributes name counts, in order.
+    let mut indices = std::collections::BTreeSet::new();
+    let head = format!("{prefix}.");
+    for key in span.attributes.keys() {
+        if let Some(i) = key
+            .strip_prefix(&head)
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|i| i.parse::<usize>().ok())
+        {
+            indices.insert(i);
+        }
+    }
     let mut out = Vec::new();
-    for i in 0..10_000 {
+    for i in indices {
         let p = format!("{prefix}.{i}.message.");
         let role = span.attr_str(&format!("{p}role"));
         let content = span.attr_str(&format!("{p}content"));
-        let first_call = format!("{p}tool_calls.0.tool_call.function.name");
-        let first_part = format!("{p}contents.0.message_content.type");
-        if role.is_none() && content.is_none() && !span.attributes.contains_key(&first_call) && !span.attributes.contains_key(&first_part) {
-            break;
-        }
         let content = match content {
             Some(c) => c.to_string(),
             None => content_parts(span, &p),
@@ -853,6 +1106,7 @@ mod tests {
             attributes: attrs.as_object().unwrap().clone(),
             events: vec![],
             resource: Arc::new(json!({"service.name": "svc"}).as_object().unwrap().clone()),
+            scope: "".into(),
             is_error: false,
             size_bytes: 1,
         }

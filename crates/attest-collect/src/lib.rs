@@ -18,6 +18,7 @@ pub mod cli;
 pub mod convert;
 pub mod distributed;
 pub mod elements;
+pub mod frameworks;
 pub mod jsonl_input;
 pub mod listen;
 pub mod metrics;

@@ -26,6 +26,9 @@ pub struct Metrics {
     /// Spans of evaluated traces that are not under the root (their parent
     /// never arrived), left out of the Attest trace.
     pub spans_unreachable: AtomicU64,
+    /// Spans under a tool or model call that became no step of their own,
+    /// named in the trace's `metadata.nested_spans`.
+    pub spans_nested: AtomicU64,
     pub traces_published: AtomicU64,
     /// Publishes the server dropped as duplicates (same trace id within the duplicate window).
     pub publish_duplicates: AtomicU64,
@@ -204,6 +207,12 @@ impl Metrics {
             "attest_collect_spans_unreachable_total",
             "Spans of evaluated traces left out because no chain of parents joins them to the root.",
             ld(&self.spans_unreachable),
+        );
+        counter(
+            &mut out,
+            "attest_collect_spans_nested_total",
+            "Spans under a tool or model call that became no step of their own (named in the trace's metadata.nested_spans).",
+            ld(&self.spans_nested),
         );
         counter(
             &mut out,

@@ -64,6 +64,9 @@ pub struct Span {
     pub events: Vec<SpanEvent>,
     /// Resource attributes (`service.name`, ...), shared by the spans of one resource.
     pub resource: Arc<Map<String, Value>>,
+    /// The instrumentation scope's name (`openinference.instrumentation.langchain`,
+    /// ...): how a framework's spans are recognised without the user naming it.
+    pub scope: Arc<str>,
     pub is_error: bool,
     /// Approximate memory held, used for the assembler's byte bounds.
     pub size_bytes: usize,
@@ -496,6 +499,7 @@ fn flatten(request: ExportTraceServiceRequest) -> Decoded {
         let resource_bytes = json_size(&resource);
         let mut traces_counted: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
         for scope_spans in resource_spans.scope_spans {
+            let scope: Arc<str> = scope_spans.scope.map(|s| s.name).unwrap_or_default().into();
             for span in scope_spans.spans {
                 if span.trace_id.len() != 16 || span.trace_id.iter().all(|b| *b == 0) {
                     out.rejected += 1;
@@ -555,6 +559,7 @@ fn flatten(request: ExportTraceServiceRequest) -> Decoded {
                     attributes,
                     events,
                     resource: resource.clone(),
+                    scope: scope.clone(),
                     is_error,
                     size_bytes,
                 });

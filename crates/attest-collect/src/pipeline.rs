@@ -75,8 +75,19 @@ impl Pipeline {
                 trace,
                 context,
                 unreachable,
+                nested,
             } => {
                 self.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
+                if nested > 0 {
+                    // A model call inside a tool, say: its tokens count, and
+                    // the trace names it, but it is no step of the agent's.
+                    self.metrics.spans_nested.fetch_add(nested as u64, Ordering::Relaxed);
+                    tracing::info!(
+                        trace_id = %crate::shown_id(&closed.trace_id),
+                        spans = nested,
+                        "spans nested under a tool or model call are no steps of their own; metadata.nested_spans names them"
+                    );
+                }
                 if unreachable > 0 {
                     // Spans whose parent never came (an exporter that lost
                     // it, a service not instrumented) are not in the steps;
@@ -418,6 +429,7 @@ mod tests {
             .clone(),
             events: vec![],
             resource: Arc::new(serde_json::Map::new()),
+            scope: "".into(),
             is_error: false,
             size_bytes: 1,
         };
@@ -471,6 +483,7 @@ mod tests {
             attributes: serde_json::json!({"gen_ai.tool.name": "x"}).as_object().unwrap().clone(),
             events: vec![],
             resource: Arc::new(serde_json::Map::new()),
+            scope: "".into(),
             is_error: false,
             size_bytes: 1,
         };
