@@ -120,7 +120,7 @@ enum Command {
     /// Score production traces: OTLP/HTTP ingest (or JSONL), trace assembly,
     /// sampling rules, results to the history, JSONL and metrics.
     #[command(allow_negative_numbers = true)]
-    Collect(attest_collect::CollectArgs),
+    Collect(Box<attest_collect::CollectArgs>),
     /// Evaluate assembled traces from NATS JetStream (scale-out of `collect`).
     #[command(allow_negative_numbers = true)]
     Worker(attest_collect::WorkerArgs),
@@ -472,7 +472,7 @@ fn run() -> ExitCode {
             };
             run_front_door(config, move |engine| async move {
                 let (evaluator, history) = attest_engine::collect_host::backends_with(engine, providers);
-                attest_collect::run_collect(args, evaluator, history).await
+                attest_collect::run_collect(*args, evaluator, history).await
             })
         }
         Command::Worker(args) => {

@@ -450,6 +450,7 @@ mod tests {
             events: vec![],
             resource: Arc::new(Map::new()),
             scope: "".into(),
+            log_event: false,
             is_error: false,
             size_bytes: 100,
         }

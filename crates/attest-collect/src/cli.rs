@@ -31,6 +31,11 @@ pub struct CollectArgs {
     /// OTLP/HTTP listen address (IP:PORT, or a host name such as localhost:4318).
     #[arg(long, default_value = "127.0.0.1:4318", value_parser = listen_addr)]
     pub otlp_http: SocketAddr,
+    /// OTLP/gRPC listen address (traces and GenAI log events), or `off`. Without the
+    /// flag, 127.0.0.1:4317 is served when it is free (a busy default port is
+    /// reported, not fatal); given explicitly, the address must be free.
+    #[arg(long, value_name = "ADDR|off", value_parser = grpc_addr)]
+    pub otlp_grpc: Option<GrpcListen>,
     /// Required to listen on a non-loopback address.
     #[arg(long)]
     pub listen_public: bool,
@@ -249,6 +254,51 @@ fn require_public(flag: &str, addr: SocketAddr, listen_public: bool, purpose: &s
         return Ok(());
     }
     bail!("{flag} {addr} is not a loopback address: pass --listen-public {purpose}")
+}
+
+/// Where OTLP/gRPC is served, when `--otlp-grpc` is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrpcListen {
+    At(SocketAddr),
+    Off,
+}
+
+/// The OTLP/gRPC port OpenTelemetry exporters send to by default.
+const DEFAULT_OTLP_GRPC: &str = "127.0.0.1:4317";
+
+fn grpc_addr(s: &str) -> Result<GrpcListen, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(GrpcListen::Off);
+    }
+    listen_addr(s).map(GrpcListen::At)
+}
+
+/// The OTLP/gRPC listener: the one asked for, or the default port when it is free.
+async fn grpc_listener(choice: Option<GrpcListen>, listen_public: bool) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    match choice {
+        Some(GrpcListen::Off) => Ok(None),
+        Some(GrpcListen::At(addr)) => {
+            require_public(
+                "--otlp-grpc",
+                addr,
+                listen_public,
+                "to accept traces from other hosts (and consider --bearer-token-env)",
+            )?;
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--otlp-grpc {addr}: cannot listen"))?;
+            Ok(Some(l))
+        }
+        None => match tokio::net::TcpListener::bind(DEFAULT_OTLP_GRPC).await {
+            Ok(l) => Ok(Some(l)),
+            Err(e) => {
+                eprintln!(
+                    "attest-collect: OTLP/gRPC is not served: the default {DEFAULT_OTLP_GRPC} cannot be used ({e}); pass --otlp-grpc ADDR to serve it elsewhere, or --otlp-grpc off"
+                );
+                Ok(None)
+            }
+        },
+    }
 }
 
 /// A listen address: `IP:PORT`, or `HOST:PORT` resolved to its first address.
@@ -517,6 +567,23 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     let local = listener.local_addr()?;
     // One line on stderr so that scripts (and tests) can find an ephemeral port.
     eprintln!("attest-collect: listening for OTLP/HTTP on http://{local}/v1/traces");
+    let grpc = match grpc_listener(args.otlp_grpc, args.listen_public).await? {
+        Some(l) => {
+            eprintln!("attest-collect: listening for OTLP/gRPC on {}", l.local_addr()?);
+            let limits = crate::grpc::Limits {
+                request_timeout: Duration::from_secs(args.request_timeout_secs),
+                streams_per_connection: u32::try_from(args.max_inflight_requests).unwrap_or(u32::MAX),
+            };
+            Some(tokio::spawn(crate::grpc::serve(
+                l,
+                state.clone(),
+                limits,
+                signals.nth(1),
+                listen::DRAIN_TIMEOUT,
+            )))
+        }
+        None => None,
+    };
 
     let poller = {
         let state = state.clone();
@@ -536,7 +603,11 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         drain_timeout: listen::DRAIN_TIMEOUT,
     };
     let router = server::router(state.clone(), request_timeout);
-    listen::serve(listener, router, limits, signals.nth(1), signals.nth(2)).await;
+    listen::serve(listener, router, limits, signals.nth(1), signals.nth(2), Some(metrics.clone())).await;
+    if let Some(grpc) = grpc {
+        // It stops at the same signal, with the same drain deadline.
+        let _ = grpc.await;
+    }
     poller.abort();
     if let Some(p) = &publisher {
         p.fail_fast_when_down();
@@ -809,6 +880,7 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
             listen::METRICS_ONLY,
             std::future::pending(),
             std::future::pending(),
+            None,
         ));
     }
     let rules = match (&args.rules, args.role) {
@@ -950,6 +1022,7 @@ mod tests {
             command: Sub,
         }
         #[derive(Subcommand, Debug)]
+        #[allow(clippy::large_enum_variant)]
         enum Sub {
             Collect(CollectArgs),
             Worker(WorkerArgs),

@@ -201,6 +201,9 @@ fn root_index(spans: &[Span]) -> Option<usize> {
 }
 
 pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted {
+    // GenAI events that came as log records join their spans first.
+    let joined = crate::logs::join(spans);
+    let spans = joined.as_deref().unwrap_or(spans);
     let Some(root_idx) = root_index(spans) else {
         return Converted::NoRoot;
     };
@@ -910,6 +913,10 @@ fn input_messages(span: &Span) -> Vec<Message> {
     if !oi.is_empty() {
         return oi;
     }
+    let events = event_messages(span, false);
+    if !events.is_empty() {
+        return events;
+    }
     legacy_genai(span, "gen_ai.prompt", "gen_ai.content.prompt")
 }
 
@@ -922,17 +929,65 @@ fn output_messages(span: &Span) -> Vec<Message> {
     if !oi.is_empty() {
         return oi;
     }
+    let events = event_messages(span, true);
+    if !events.is_empty() {
+        return events;
+    }
     legacy_genai(span, "gen_ai.completion", "gen_ai.content.completion")
 }
 
-/// Current GenAI conventions: a JSON array of `{role, parts: [{type, content | name, arguments | response}]}`.
+/// Current GenAI conventions: a JSON array of `{role, parts: [{type, content | name, arguments | response}]}`,
+/// as a span attribute or, sent as a log event (`gen_ai.client.inference.operation.details`), as an attribute of one of the span's events.
 fn genai_messages(span: &Span, key: &str) -> Vec<Message> {
-    let Some(raw) = span.attributes.get(key) else { return vec![] };
+    let Some(raw) = span
+        .attributes
+        .get(key)
+        .or_else(|| span.events.iter().find_map(|e| e.attributes.get(key)))
+    else {
+        return vec![];
+    };
     let parsed = match raw {
         Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(Value::Null),
         other => other.clone(),
     };
     parsed.as_array().map(|a| a.iter().map(genai_message).collect()).unwrap_or_default()
+}
+
+/// GenAI conventions up to 1.36 sent as one event per message
+/// (`gen_ai.user.message`, ..., `gen_ai.choice`), whose body is the message:
+/// the input messages, or with `output` the choices.
+fn event_messages(span: &Span, output: bool) -> Vec<Message> {
+    span.events
+        .iter()
+        .filter_map(|e| {
+            let role = match e.name.as_str() {
+                "gen_ai.choice" if output => "assistant",
+                "gen_ai.system.message" if !output => "system",
+                "gen_ai.user.message" if !output => "user",
+                "gen_ai.assistant.message" if !output => "assistant",
+                "gen_ai.tool.message" if !output => "tool",
+                _ => return None,
+            };
+            let body = e.attributes.get("body").cloned().unwrap_or(Value::Null);
+            let body = if output {
+                body.get("message").cloned().unwrap_or(body)
+            } else {
+                body
+            };
+            let mut m = genai_message(&body);
+            if m.role.is_empty() {
+                m.role = role.to_owned();
+            }
+            if let Some(calls) = body.get("tool_calls").and_then(Value::as_array) {
+                m.tool_calls.extend(
+                    calls
+                        .iter()
+                        .map(|c| json!({"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]})),
+                );
+            }
+            Some(m)
+        })
+        .collect()
 }
 
 fn genai_message(v: &Value) -> Message {
@@ -1107,6 +1162,7 @@ mod tests {
             events: vec![],
             resource: Arc::new(json!({"service.name": "svc"}).as_object().unwrap().clone()),
             scope: "".into(),
+            log_event: false,
             is_error: false,
             size_bytes: 1,
         }

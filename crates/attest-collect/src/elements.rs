@@ -27,6 +27,10 @@ enum Kind {
     AnyValue,
     ArrayValue,
     KeyValueList,
+    LogsRequest,
+    ResourceLogs,
+    ScopeLogs,
+    LogRecord,
 }
 
 impl Kind {
@@ -34,7 +38,7 @@ impl Kind {
     /// flattened into spans, beyond the text it carries.
     fn decoded_bytes(self) -> u64 {
         match self {
-            Kind::Span => 320,
+            Kind::Span | Kind::LogRecord => 320,
             Kind::Event | Kind::Link | Kind::KeyValue => 128,
             Kind::AnyValue => 64,
             _ => 96,
@@ -53,7 +57,13 @@ impl Kind {
             (ScopeSpans, 2) => Span,
             (Span, 11) => Event,
             (Span, 13) => Link,
-            (KeyValue, 2) | (ArrayValue, 1) => AnyValue,
+            (KeyValue, 2) | (ArrayValue, 1) | (LogRecord, 5) => AnyValue,
+            (LogsRequest, 1) => ResourceLogs,
+            (ResourceLogs, 1) => Resource,
+            (ResourceLogs, 2) => ScopeLogs,
+            (ScopeLogs, 1) => Scope,
+            (ScopeLogs, 2) => LogRecord,
+            (LogRecord, 6) => KeyValue,
             (AnyValue, 5) => ArrayValue,
             (AnyValue, 6) => KeyValueList,
             _ => return None,
@@ -75,6 +85,13 @@ pub struct TooMany;
 pub fn protobuf(body: &[u8], max: u64) -> Result<u64, TooMany> {
     let mut count = 0;
     walk(body, Kind::Request, 0, &mut count, max)?;
+    Ok(count)
+}
+
+/// The same estimate for a protobuf `ExportLogsServiceRequest`.
+pub fn protobuf_logs(body: &[u8], max: u64) -> Result<u64, TooMany> {
+    let mut count = 0;
+    walk(body, Kind::LogsRequest, 0, &mut count, max)?;
     Ok(count)
 }
 

@@ -63,6 +63,7 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl Future<Output = ()>,
     force: impl Future<Output = ()>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 ) {
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut connections = JoinSet::new();
@@ -91,12 +92,35 @@ pub async fn serve(
                 }
             },
         };
-        let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
-        let conn = graceful.watch(conn);
+        let watcher = graceful.watcher();
+        let http = http.clone();
+        let router = router.clone();
+        let metrics = metrics.clone();
+        let header_timeout = limits.header_timeout;
         connections.spawn(async move {
+            // An OTLP/gRPC exporter sent here opens with HTTP/2's preface,
+            // which an HTTP/1.1 server can only drop: it is counted and
+            // said, so that the exporter's setting can be fixed.
+            if let Some(m) = &metrics {
+                let mut first = [0u8; 12];
+                match tokio::time::timeout(header_timeout, stream.peek(&mut first)).await {
+                    Ok(Ok(n)) if n > 0 && b"PRI * HTTP/2".starts_with(&first[..n.min(12)]) => {
+                        m.unread(crate::metrics::Unread::GrpcOnHttpPort);
+                        drop(permit);
+                        return;
+                    }
+                    Ok(Ok(n)) if n > 0 => {}
+                    // Nothing within the header deadline, or the client left.
+                    _ => {
+                        drop(permit);
+                        return;
+                    }
+                }
+            }
+            let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
             // A header deadline or a client hanging up ends the connection;
             // neither concerns anyone else.
-            let _ = conn.await;
+            let _ = watcher.watch(conn).await;
             drop(permit);
         });
         // Finished connections are reaped as others arrive.
@@ -135,7 +159,7 @@ mod tests {
         let shutdown = async {
             let _ = stopped.await;
         };
-        let task = tokio::spawn(serve(listener, router, limits, shutdown, force));
+        let task = tokio::spawn(serve(listener, router, limits, shutdown, force, None));
         (addr, stop, task)
     }
 

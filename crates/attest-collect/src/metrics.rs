@@ -13,6 +13,10 @@ const LATENCY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0
 #[derive(Default)]
 pub struct Metrics {
     pub spans_received: AtomicU64,
+    /// GenAI events received as OTLP log records, joined to their spans.
+    pub log_events_received: AtomicU64,
+    /// Log records that are no GenAI event or name no span: not stored.
+    pub log_records_ignored: AtomicU64,
     pub traces_received: AtomicU64,
     pub traces_assembled: AtomicU64,
     pub traces_sampled: AtomicU64,
@@ -42,6 +46,8 @@ pub struct Metrics {
     /// Results messages a worker's sink failed to store and will be offered again.
     pub store_failures: AtomicU64,
     requests: Mutex<BTreeMap<(u16, &'static str), u64>>,
+    /// Requests for what `collect` does not read, by kind (see [`Unread`]).
+    unread: Mutex<BTreeMap<&'static str, u64>>,
     dropped: Mutex<BTreeMap<&'static str, u64>>,
     dropped_spans: Mutex<BTreeMap<&'static str, u64>>,
     results_dropped: Mutex<BTreeMap<&'static str, u64>>,
@@ -49,6 +55,36 @@ pub struct Metrics {
     results: Mutex<BTreeMap<(String, &'static str), u64>>,
     rule_events: Mutex<BTreeMap<(String, &'static str), u64>>,
     latency: Mutex<([u64; LATENCY_BUCKETS.len()], u64, f64)>,
+}
+
+/// What a request asked of `collect` that it does not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unread {
+    /// An OTLP/gRPC client on the OTLP/HTTP port (HTTP/2 prior knowledge,
+    /// or a gRPC method path).
+    GrpcOnHttpPort,
+    /// `/v1/metrics`: an OTLP metrics exporter.
+    OtlpMetrics,
+    /// Any other path.
+    UnknownPath,
+}
+
+impl Unread {
+    pub fn label(self) -> &'static str {
+        match self {
+            Unread::GrpcOnHttpPort => "grpc_on_http_port",
+            Unread::OtlpMetrics => "otlp_metrics",
+            Unread::UnknownPath => "unknown_path",
+        }
+    }
+
+    pub fn advice(self) -> &'static str {
+        match self {
+            Unread::GrpcOnHttpPort => "this looks like OTLP/gRPC on the OTLP/HTTP port; send gRPC to --otlp-grpc (default 127.0.0.1:4317) or set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+            Unread::OtlpMetrics => "OTLP metrics are not read by collect (only traces and GenAI log events): set OTEL_METRICS_EXPORTER=none, or point the metrics exporter elsewhere",
+            Unread::UnknownPath => "a request for a path collect does not serve: OTLP/HTTP traces go to POST /v1/traces, GenAI log events to POST /v1/logs, metrics are at GET /metrics",
+        }
+    }
 }
 
 fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K, n: u64) {
@@ -78,6 +114,24 @@ fn bump_rule(map: &Mutex<BTreeMap<(String, &'static str), u64>>, rule: &str, tag
 impl Metrics {
     pub fn request(&self, status: u16, encoding: &'static str) {
         bump(&self.requests, (status, encoding), 1);
+    }
+
+    /// Counts a request `collect` does not read, and says once per kind
+    /// what to change.
+    pub fn unread(&self, what: Unread) {
+        let first = {
+            let mut map = self.unread.lock().unwrap_or_else(|e| e.into_inner());
+            let n = map.entry(what.label()).or_insert(0);
+            *n += 1;
+            *n == 1
+        };
+        if first {
+            tracing::warn!(
+                kind = what.label(),
+                "{} (counted in attest_collect_unread_total; said once)",
+                what.advice()
+            );
+        }
     }
 
     pub fn dropped(&self, reason: &'static str, spans: u64) {
@@ -160,6 +214,18 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        counter(
+            &mut out,
+            "attest_collect_log_events_received_total",
+            "GenAI events received as OTLP log records, joined to their spans.",
+            ld(&self.log_events_received),
+        );
+        counter(
+            &mut out,
+            "attest_collect_log_records_ignored_total",
+            "OTLP log records that are no GenAI event or name no span: not stored.",
+            ld(&self.log_records_ignored),
+        );
         counter(
             &mut out,
             "attest_collect_spans_received_total",
@@ -271,6 +337,10 @@ impl Metrics {
         let _ = writeln!(out, "# HELP attest_collect_requests_total OTLP/HTTP export requests by response status.\n# TYPE attest_collect_requests_total counter");
         for ((status, enc), v) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "attest_collect_requests_total{{code=\"{status}\",encoding=\"{enc}\"}} {v}");
+        }
+        let _ = writeln!(out, "# HELP attest_collect_unread_total Requests for protocols, paths or signals collect does not read, by kind.\n# TYPE attest_collect_unread_total counter");
+        for (what, v) in self.unread.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "attest_collect_unread_total{{kind=\"{what}\"}} {v}");
         }
         let _ = writeln!(out, "# HELP attest_collect_traces_dropped_total Traces not evaluated, by reason.\n# TYPE attest_collect_traces_dropped_total counter");
         for (reason, v) in self.dropped.lock().unwrap_or_else(|e| e.into_inner()).iter() {

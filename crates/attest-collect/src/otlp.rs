@@ -67,6 +67,10 @@ pub struct Span {
     /// The instrumentation scope's name (`openinference.instrumentation.langchain`,
     /// ...): how a framework's spans are recognised without the user naming it.
     pub scope: Arc<str>,
+    /// Not a span: a GenAI event sent as an OTLP log record, on its way to
+    /// the span it belongs to (`parent_span_id`), whose events it joins
+    /// when the trace is converted ([`crate::logs`]).
+    pub log_event: bool,
     pub is_error: bool,
     /// Approximate memory held, used for the assembler's byte bounds.
     pub size_bytes: usize,
@@ -560,6 +564,7 @@ fn flatten(request: ExportTraceServiceRequest) -> Decoded {
                     events,
                     resource: resource.clone(),
                     scope: scope.clone(),
+                    log_event: false,
                     is_error,
                     size_bytes,
                 });
@@ -597,7 +602,7 @@ const ENTRY_BYTES: usize = 112;
 const ELEMENT_BYTES: usize = 32;
 
 /// Estimated memory of decoded attributes, for the assembler's byte limits.
-fn json_size(map: &Map<String, Value>) -> usize {
+pub(crate) fn json_size(map: &Map<String, Value>) -> usize {
     if map.is_empty() {
         return 0;
     }
@@ -614,7 +619,7 @@ fn value_size(v: &Value) -> usize {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
         s.push_str(&format!("{b:02x}"));
@@ -626,7 +631,7 @@ pub(crate) fn attributes_to_json(attributes: Vec<KeyValue>) -> Map<String, Value
     attributes.into_iter().map(|kv| (kv.key, any_to_json(kv.value))).collect()
 }
 
-fn any_to_json(value: Option<AnyValue>) -> Value {
+pub(crate) fn any_to_json(value: Option<AnyValue>) -> Value {
     match value.and_then(|v| v.value) {
         None => Value::Null,
         Some(any_value::Value::StringValue(s)) => Value::String(s),

@@ -430,6 +430,7 @@ mod tests {
             events: vec![],
             resource: Arc::new(serde_json::Map::new()),
             scope: "".into(),
+            log_event: false,
             is_error: false,
             size_bytes: 1,
         };
@@ -484,6 +485,7 @@ mod tests {
             events: vec![],
             resource: Arc::new(serde_json::Map::new()),
             scope: "".into(),
+            log_event: false,
             is_error: false,
             size_bytes: 1,
         };

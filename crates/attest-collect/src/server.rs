@@ -182,7 +182,8 @@ impl ReceiverState {
 pub fn router(state: Arc<ReceiverState>, request_timeout: std::time::Duration) -> Router {
     let metrics = state.metrics.clone();
     Router::new()
-        .route("/v1/traces", post(export))
+        .route("/v1/traces", post(export_traces))
+        .route("/v1/logs", post(export_logs))
         .route("/metrics", get(metrics_page))
         // A client that sends its body too slowly gets 408 instead of holding the request open.
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
@@ -200,6 +201,7 @@ pub fn router(state: Arc<ReceiverState>, request_timeout: std::time::Duration) -
             }
         }))
         .layer(axum::middleware::from_fn(status_bodies))
+        .layer(axum::Extension(state.metrics.clone()))
         .with_state(state)
 }
 
@@ -214,14 +216,33 @@ async fn status_bodies(request: axum::extract::Request, next: axum::middleware::
         .and_then(|v| v.to_str().ok())
         .and_then(Encoding::from_content_type)
         .unwrap_or(Encoding::Json);
+    let path = request.uri().path().to_owned();
+    let grpc = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    let metrics = request.extensions().get::<Arc<Metrics>>().cloned();
     let response = next.run(request).await;
+    if response.status() == StatusCode::NOT_FOUND {
+        if let Some(m) = &metrics {
+            m.request(404, "unknown");
+            m.unread(if grpc || path.starts_with("/opentelemetry.proto.") {
+                crate::metrics::Unread::GrpcOnHttpPort
+            } else if path == "/v1/metrics" {
+                crate::metrics::Unread::OtlpMetrics
+            } else {
+                crate::metrics::Unread::UnknownPath
+            });
+        }
+    }
     // gRPC codes: NOT_FOUND, UNIMPLEMENTED, DEADLINE_EXCEEDED.
     let (code, message) = match response.status() {
         StatusCode::NOT_FOUND => (
             5,
-            "no such path: OTLP/HTTP traces are POSTed to /v1/traces, metrics are at GET /metrics",
+            "no such path: OTLP/HTTP traces are POSTed to /v1/traces, GenAI log events to /v1/logs (OTLP metrics are not read; OTLP/gRPC goes to the --otlp-grpc port), metrics are at GET /metrics",
         ),
-        StatusCode::METHOD_NOT_ALLOWED => (12, "method not allowed: POST OTLP/HTTP traces to /v1/traces; GET /metrics"),
+        StatusCode::METHOD_NOT_ALLOWED => (12, "method not allowed: POST OTLP/HTTP traces to /v1/traces and log events to /v1/logs; GET /metrics"),
         StatusCode::REQUEST_TIMEOUT => (
             4,
             "the request was not read and answered within --request-timeout-secs; send smaller batches or retry",
@@ -239,7 +260,7 @@ async fn status_bodies(request: axum::extract::Request, next: axum::middleware::
 /// The token of an `Authorization: Bearer <token>` header. The scheme is
 /// case-insensitive (RFC 9110 §11.1: `bearer`, `BEARER`) and may be
 /// followed by several spaces.
-fn bearer_token(header: &str) -> Option<&str> {
+pub(crate) fn bearer_token(header: &str) -> Option<&str> {
     let (scheme, token) = header.trim().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim_start_matches(' '))
 }
@@ -272,7 +293,22 @@ fn enc_label(e: Encoding) -> &'static str {
     }
 }
 
-async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, body: Body) -> Response {
+async fn export_traces(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, body: Body) -> Response {
+    export(state, headers, body, Signal::Traces).await
+}
+
+async fn export_logs(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, body: Body) -> Response {
+    export(state, headers, body, Signal::Logs).await
+}
+
+/// Which OTLP signal an export request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Traces,
+    Logs,
+}
+
+async fn export(state: Arc<ReceiverState>, headers: HeaderMap, body: Body, signal: Signal) -> Response {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let Some(encoding) = Encoding::from_content_type(content_type) else {
         state.metrics.request(415, "unknown");
@@ -321,20 +357,10 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
         discard(body, limit);
         return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
     };
-    if state.publisher.as_ref().is_some_and(|p| !p.connected()) {
+    if let Some(why) = state.unavailable_reason() {
         drop((reserved, permit));
         discard(body, limit);
-        return unavailable(
-            &state,
-            encoding,
-            label,
-            "the NATS server is unreachable, so traces cannot be handed to the workers; retry later",
-        );
-    }
-    if state.ready.capacity() == 0 || state.queued_kib.available_permits() == 0 {
-        drop((reserved, permit));
-        discard(body, limit);
-        return unavailable(&state, encoding, label, "evaluation queue is full; retry later");
+        return unavailable(&state, encoding, label, why);
     }
     let body = match read_body(&state.inflight_kib, body, limit, &mut reserved).await {
         Ok(b) => b,
@@ -354,44 +380,128 @@ async fn export(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, bod
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let Ok(_decoding) = state.decoding.clone().acquire_owned().await else {
-        return overloaded(&state, encoding, label, "the receiver is shutting down; retry later");
+    let taken = match signal {
+        Signal::Traces => state.ingest(body, content_encoding, encoding).await,
+        Signal::Logs => state.ingest_logs(body, content_encoding, encoding).await,
     };
-    let max_bytes = state.max_request_bytes;
-    let decoded = tokio::task::spawn_blocking(move || {
-        otlp::decompress(&body, content_encoding.as_deref(), max_bytes).and_then(|raw| otlp::decode(&raw, encoding, max_bytes))
-    })
-    .await
-    .unwrap_or_else(|e| Err(otlp::BadPayload(format!("decoding the request failed: {e}"))));
-    let decoded = match decoded {
-        Ok(d) => d,
-        Err(e) => {
-            state.metrics.request(400, label);
-            state.metrics.dropped(crate::assemble::DropReason::Malformed.as_str(), 0);
-            return reply(StatusCode::BAD_REQUEST, encoding, otlp::error_body(encoding, 3, &e.0), None);
-        }
-    };
-    if decoded.rejected > 0 {
-        state.metrics.dropped_spans("invalid_id", decoded.rejected);
-    }
-    let accepted = decoded.spans.len() as u64;
-    state.metrics.spans_received.fetch_add(accepted, Ordering::Relaxed);
-    let queue_full = state.accept(decoded.spans, tokio::time::Instant::now() + state.queue_wait).await;
-    let (rejected, reason) = match queue_full {
-        0 => (decoded.rejected, decoded.reject_reason),
-        n => {
-            let full = format!(
-                "{n} spans were not evaluated: the evaluation queue (--queue-capacity, --max-queued-bytes) stayed full; send them again later or raise --queue-capacity, --max-queued-bytes or --concurrency"
-            );
-            let reason = match decoded.reject_reason {
-                Some(earlier) => format!("{earlier}; {full}"),
-                None => full,
+    match taken {
+        Ok((rejected, reason)) => {
+            state.metrics.request(200, label);
+            let body = match signal {
+                Signal::Traces => otlp::success_body(encoding, rejected, reason),
+                Signal::Logs => crate::logs::success_body(encoding, rejected, reason),
             };
-            (decoded.rejected + n, Some(reason))
+            reply(StatusCode::OK, encoding, body, None)
         }
-    };
-    state.metrics.request(200, label);
-    reply(StatusCode::OK, encoding, otlp::success_body(encoding, rejected, reason), None)
+        Err(Refusal::Overloaded(why)) => overloaded(&state, encoding, label, why),
+        Err(Refusal::Invalid(why)) => {
+            state.metrics.request(400, label);
+            reply(StatusCode::BAD_REQUEST, encoding, otlp::error_body(encoding, 3, &why), None)
+        }
+    }
+}
+
+/// Why an export whose body was read was not taken, whatever carried it.
+pub enum Refusal {
+    /// The receiver is shutting down; the exporter retries.
+    Overloaded(&'static str),
+    /// The payload cannot be read (answered 400 / `INVALID_ARGUMENT`).
+    Invalid(String),
+}
+
+impl ReceiverState {
+    /// Why no trace can be taken now, whoever sends it: the workers' NATS
+    /// server is unreachable, or the evaluation queue is full. Exporters
+    /// keep the batch and retry (503 / `UNAVAILABLE`).
+    pub fn unavailable_reason(&self) -> Option<&'static str> {
+        if self.publisher.as_ref().is_some_and(|p| !p.connected()) {
+            return Some("the NATS server is unreachable, so traces cannot be handed to the workers; retry later");
+        }
+        if self.ready.capacity() == 0 || self.queued_kib.available_permits() == 0 {
+            return Some("evaluation queue is full; retry later");
+        }
+        None
+    }
+
+    /// Like [`ReceiverState::ingest`], for a log request: its GenAI events
+    /// go to the assembler beside the spans they name.
+    pub async fn ingest_logs(
+        &self,
+        body: bytes::Bytes,
+        content_encoding: Option<String>,
+        encoding: Encoding,
+    ) -> Result<(u64, Option<String>), Refusal> {
+        let Ok(_decoding) = self.decoding.clone().acquire_owned().await else {
+            return Err(Refusal::Overloaded("the receiver is shutting down; retry later"));
+        };
+        let max_bytes = self.max_request_bytes;
+        let decoded = tokio::task::spawn_blocking(move || {
+            otlp::decompress(&body, content_encoding.as_deref(), max_bytes).and_then(|raw| crate::logs::decode(&raw, encoding, max_bytes))
+        })
+        .await
+        .unwrap_or_else(|e| Err(otlp::BadPayload(format!("decoding the request failed: {e}"))));
+        let decoded = decoded.map_err(|e| Refusal::Invalid(e.0))?;
+        self.metrics.log_records_ignored.fetch_add(decoded.ignored, Ordering::Relaxed);
+        self.metrics
+            .log_events_received
+            .fetch_add(decoded.events.len() as u64, Ordering::Relaxed);
+        let queue_full = self.accept(decoded.events, tokio::time::Instant::now() + self.queue_wait).await;
+        Ok(match queue_full {
+            0 => (0, None),
+            n => (
+                n,
+                Some(format!(
+                    "{n} GenAI events were not kept: the evaluation queue stayed full; send them again later"
+                )),
+            ),
+        })
+    }
+
+    /// Inflates and decodes an export's body off the async workers, and
+    /// hands its spans to the assembler. The answer: how many spans were
+    /// rejected, and why (an OTLP partial success).
+    pub async fn ingest(
+        &self,
+        body: bytes::Bytes,
+        content_encoding: Option<String>,
+        encoding: Encoding,
+    ) -> Result<(u64, Option<String>), Refusal> {
+        let Ok(_decoding) = self.decoding.clone().acquire_owned().await else {
+            return Err(Refusal::Overloaded("the receiver is shutting down; retry later"));
+        };
+        let max_bytes = self.max_request_bytes;
+        let decoded = tokio::task::spawn_blocking(move || {
+            otlp::decompress(&body, content_encoding.as_deref(), max_bytes).and_then(|raw| otlp::decode(&raw, encoding, max_bytes))
+        })
+        .await
+        .unwrap_or_else(|e| Err(otlp::BadPayload(format!("decoding the request failed: {e}"))));
+        let decoded = match decoded {
+            Ok(d) => d,
+            Err(e) => {
+                self.metrics.dropped(crate::assemble::DropReason::Malformed.as_str(), 0);
+                return Err(Refusal::Invalid(e.0));
+            }
+        };
+        if decoded.rejected > 0 {
+            self.metrics.dropped_spans("invalid_id", decoded.rejected);
+        }
+        let accepted = decoded.spans.len() as u64;
+        self.metrics.spans_received.fetch_add(accepted, Ordering::Relaxed);
+        let queue_full = self.accept(decoded.spans, tokio::time::Instant::now() + self.queue_wait).await;
+        Ok(match queue_full {
+            0 => (decoded.rejected, decoded.reject_reason),
+            n => {
+                let full = format!(
+                    "{n} spans were not evaluated: the evaluation queue (--queue-capacity, --max-queued-bytes) stayed full; send them again later or raise --queue-capacity, --max-queued-bytes or --concurrency"
+                );
+                let reason = match decoded.reject_reason {
+                    Some(earlier) => format!("{earlier}; {full}"),
+                    None => full,
+                };
+                (decoded.rejected + n, Some(reason))
+            }
+        })
+    }
 }
 
 /// What a request without `Content-Length` reserves before its first byte.

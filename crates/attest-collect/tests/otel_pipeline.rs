@@ -22,13 +22,33 @@ fn venv_python() -> Option<PathBuf> {
     }
 }
 
+/// How the instrumented agent exports.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Http,
+    Grpc,
+}
+
+/// Where the GenAI instrumentation puts message content.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Capture {
+    /// Span attributes (`span_only`).
+    Spans,
+    /// OTLP log events only (`event_only`), joined to their spans by the collector.
+    Events,
+}
+
 async fn run_convention(convention: &str) {
+    run(convention, Transport::Http, Capture::Spans).await;
+}
+
+async fn run(convention: &str, transport: Transport, capture: Capture) {
     let Some(python) = venv_python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results.jsonl");
     let traces = dir.path().join("traces.jsonl");
     // The product: `attest-engine collect`, scoring with the engine's own layers.
-    let collector = Collector::start_on(
+    let mut collector = Collector::start_on(
         Evaluator::product(),
         dir.path(),
         RULES,
@@ -39,21 +59,42 @@ async fn run_convention(convention: &str) {
             results.to_str().unwrap(),
             "--traces-out",
             traces.to_str().unwrap(),
+            "--otlp-grpc",
+            "127.0.0.1:0",
         ],
         &[],
     );
+    let endpoint = match transport {
+        Transport::Http => collector.url.clone(),
+        Transport::Grpc => collector.grpc_addr(),
+    };
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/agent.py");
     let out = Command::new(&python)
         .arg(&script)
-        .args([convention, &collector.url, "3"])
+        .args([convention, &endpoint, "3"])
         .env("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
-        .env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
+        .env(
+            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+            if capture == Capture::Events { "EVENT_ONLY" } else { "SPAN_ONLY" },
+        )
+        .env("AGENT_OTLP_PROTOCOL", if transport == Transport::Grpc { "grpc" } else { "http" })
+        .env("AGENT_LOG_EVENTS", if capture == Capture::Events { "1" } else { "0" })
         .output()
         .expect("run the instrumented agent");
     assert!(out.status.success(), "agent failed: {}", String::from_utf8_lossy(&out.stderr));
 
     collector.wait_metric("attest_collect_traces_evaluated_total", 3.0, 30).await;
     let metrics = collector.metrics().await;
+    let grpc_ok = support::metric(&metrics, "attest_collect_requests_total{code=\"200\",encoding=\"grpc\"}");
+    assert_eq!(grpc_ok > 0.0, transport == Transport::Grpc, "{metrics}");
+    if capture == Capture::Events {
+        // Two model calls per run, one operation-details event each.
+        assert_eq!(
+            support::metric(&metrics, "attest_collect_log_events_received_total"),
+            6.0,
+            "{metrics}"
+        );
+    }
     assert_eq!(support::metric(&metrics, "attest_collect_spans_received_total"), 12.0, "{metrics}");
     let (code, stderr) = collector.proc.terminate();
     assert_eq!(code, 0, "{stderr}");
@@ -102,4 +143,20 @@ async fn genai_conventions_from_the_opentelemetry_openai_instrumentation() {
 #[tokio::test]
 async fn openinference_conventions_from_the_openinference_openai_instrumentation() {
     run_convention("openinference").await;
+}
+
+#[tokio::test]
+async fn otlp_grpc_from_the_python_grpc_exporters() {
+    run("genai", Transport::Grpc, Capture::Spans).await;
+    run("openinference", Transport::Grpc, Capture::Spans).await;
+}
+
+#[tokio::test]
+async fn genai_messages_sent_as_log_events_over_http_are_joined_to_their_spans() {
+    run("genai", Transport::Http, Capture::Events).await;
+}
+
+#[tokio::test]
+async fn genai_messages_sent_as_log_events_over_grpc_are_joined_to_their_spans() {
+    run("genai", Transport::Grpc, Capture::Events).await;
 }

@@ -12,6 +12,7 @@ mod tool_evaluator;
 
 #[derive(Parser)]
 #[command(name = "attest-collect-testbin")]
+#[allow(clippy::large_enum_variant)]
 enum Command {
     Collect(attest_collect::CollectArgs),
     Worker(attest_collect::WorkerArgs),

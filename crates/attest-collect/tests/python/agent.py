@@ -7,7 +7,15 @@ The agent and tool spans are written the way agent frameworks write them,
 with the convention's own attribute names.
 
 usage: agent.py {genai|openinference} OTLP_ENDPOINT RUNS [console]
+
+AGENT_OTLP_PROTOCOL=grpc exports with the OTLP/gRPC exporters (ENDPOINT is
+then host:port) instead of OTLP/HTTP. With AGENT_LOG_EVENTS=1 the GenAI
+instrumentation also gets a logger provider exporting OTLP logs, for its
+message content sent as log events
+(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=event_only).
 """
+
+import os
 
 import json
 import sys
@@ -68,18 +76,41 @@ from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor  # noqa: E402
 
-provider = TracerProvider(resource=Resource.create({"service.name": "refund-service", "deployment.environment": "test"}))
+GRPC = os.environ.get("AGENT_OTLP_PROTOCOL") == "grpc"
+resource = Resource.create({"service.name": "refund-service", "deployment.environment": "test"})
+provider = TracerProvider(resource=resource)
 if CONSOLE:
     provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+elif GRPC:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
+    provider.add_span_processor(BatchSpanProcessor(GrpcSpanExporter(endpoint=ENDPOINT, insecure=True)))
 else:
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=ENDPOINT + "/v1/traces")))
 trace.set_tracer_provider(provider)
+logger_provider = None
+if os.environ.get("AGENT_LOG_EVENTS") == "1":
+    from opentelemetry._logs import set_logger_provider
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+    if GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+
+        log_exporter = OTLPLogExporter(endpoint=ENDPOINT, insecure=True)
+    else:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+        log_exporter = OTLPLogExporter(endpoint=ENDPOINT + "/v1/logs")
+    logger_provider = LoggerProvider(resource=resource)
+    logger_provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter))
+    set_logger_provider(logger_provider)
 tracer = trace.get_tracer("refund-agent")
 
 if CONVENTION == "genai":
     from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
 
-    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    OpenAIInstrumentor().instrument(tracer_provider=provider, logger_provider=logger_provider)
 else:
     from openinference.instrumentation.openai import OpenAIInstrumentor
     from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
@@ -159,5 +190,7 @@ for i in range(RUNS):
             answer = agent(question)
             span.set_attribute(SpanAttributes.OUTPUT_VALUE, answer)
 
+if logger_provider is not None:
+    logger_provider.shutdown()
 provider.shutdown()
 server.shutdown()

@@ -311,6 +311,16 @@ impl Collector {
         reqwest::get(format!("{}/metrics", self.url)).await.unwrap().text().await.unwrap()
     }
 
+    /// The OTLP/gRPC address (`host:port`) the collector said it listens on.
+    pub fn grpc_addr(&mut self) -> String {
+        let text = self.proc.wait_for("listening for OTLP/gRPC on ", 30);
+        text.lines()
+            .find_map(|l| l.split("listening for OTLP/gRPC on ").nth(1))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
     /// Waits until a metrics line starts with `prefix` and has a value >= `min`.
     pub async fn wait_metric(&self, prefix: &str, min: f64, secs: u64) -> String {
         let deadline = Instant::now() + Duration::from_secs(secs);
