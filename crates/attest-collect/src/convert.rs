@@ -459,6 +459,10 @@ impl<'a> Tree<'a> {
             self.visited.borrow_mut()[k] = true;
             let span = &self.spans[k];
             let kind = match role {
+                // A model call under a model call is the same call recorded
+                // twice (two instrumentations of one client): its tokens
+                // were counted with the outer one.
+                SpanRole::Llm if self.role(under) == SpanRole::Llm => Some("llm_call (the same call, instrumented twice)"),
                 SpanRole::Llm => {
                     let (in_t, out_t, cost) = self.usage(span);
                     totals.add_usage(in_t, out_t, cost);

@@ -136,6 +136,37 @@ where
     }
 }
 
+/// The OTLP metrics service, which `collect` does not read: its calls are
+/// refused with `UNIMPLEMENTED` and advice, and counted, so that a metrics
+/// exporter left on (`opentelemetry-instrument` turns one on by default) is
+/// seen rather than silently failing.
+#[derive(Clone)]
+pub struct MetricsRefusal {
+    state: Arc<ReceiverState>,
+}
+
+impl NamedService for MetricsRefusal {
+    const NAME: &'static str = "opentelemetry.proto.collector.metrics.v1.MetricsService";
+}
+
+impl<B> tonic::codegen::Service<http::Request<B>> for MetricsRefusal {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: http::Request<B>) -> Self::Future {
+        let what = crate::metrics::Unread::OtlpMetrics;
+        self.state.metrics.unread(what);
+        self.state.metrics.request(http_equivalent(Code::Unimplemented), LABEL);
+        let status = Status::unimplemented(what.advice());
+        Box::pin(async move { Ok(status.into_http()) })
+    }
+}
+
 fn gzip() -> EnabledCompressionEncodings {
     let mut e = EnabledCompressionEncodings::default();
     e.enable(CompressionEncoding::Gzip);
@@ -299,7 +330,8 @@ pub async fn serve(
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(TraceService::new(state.clone()))
-        .add_service(LogsService::new(state))
+        .add_service(LogsService::new(state.clone()))
+        .add_service(MetricsRefusal { state })
         .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listener), shutdown);
     // tonic waits for every call in progress after shutdown; a client
     // stalled mid-upload must not hold the process past the drain deadline.

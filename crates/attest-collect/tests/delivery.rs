@@ -106,15 +106,49 @@ async fn every_error_answer_is_a_google_rpc_status() {
     let json = [("content-type", "application/json"), ("authorization", "bearer s3cret")];
     let body = request(agent_trace(4, 1, "lookup_order")).encode_to_vec();
 
-    // Unknown path, in the request's encoding.
-    let r = post(&c.url, "/v1/logs", &proto, vec![]).await;
+    // A path collect does not serve (OTLP metrics), in the request's encoding.
+    let r = post(&c.url, "/v1/metrics", &proto, vec![]).await;
     assert_eq!(r.status(), 404);
     assert_eq!(r.headers()["content-type"], "application/x-protobuf");
     let s = Status::decode(r.bytes().await.unwrap()).unwrap();
     assert_eq!(s.code, 5, "NOT_FOUND: {s:?}");
-    let r = post(&c.url, "/v1/logs", &json, vec![]).await;
+    let r = post(&c.url, "/v1/metrics", &json, vec![]).await;
     let s: serde_json::Value = r.json().await.unwrap();
     assert_eq!(s["code"], 5, "{s}");
+    // Counted by kind, and said once with what to change.
+    let m = c.metrics().await;
+    assert_eq!(
+        support::metric(&m, "attest_collect_unread_total{kind=\"otlp_metrics\"}"),
+        2.0,
+        "{m}"
+    );
+    let r = post(
+        &c.url,
+        "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+        &[("content-type", "application/grpc")],
+        vec![],
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    let m = c.metrics().await;
+    assert_eq!(
+        support::metric(&m, "attest_collect_unread_total{kind=\"grpc_on_http_port\"}"),
+        1.0,
+        "{m}"
+    );
+    // A gRPC client speaks HTTP/2 from its first byte: the connection is
+    // closed, and counted the same way.
+    let addr = c.url.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest)).await;
+    let m = c.metrics().await;
+    assert_eq!(
+        support::metric(&m, "attest_collect_unread_total{kind=\"grpc_on_http_port\"}"),
+        2.0,
+        "{m}"
+    );
 
     // Wrong method; the Allow header stays.
     let r = reqwest::get(format!("{}/v1/traces", c.url)).await.unwrap();

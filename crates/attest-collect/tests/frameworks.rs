@@ -247,16 +247,23 @@ fn venv_python(fw: &Framework) -> Option<PathBuf> {
 
 /// Runs the framework against `attest-engine collect` over OTLP/HTTP and checks traces and verdicts.
 async fn live(name: &str) {
+    live_over(name, "http").await;
+}
+
+/// The same over `protocol`: `http` or `grpc`.
+async fn live_over(name: &str, protocol: &str) {
     let fw = framework(name);
     let Some(python) = venv_python(fw) else { return };
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results.jsonl");
     let traces = dir.path().join("traces.jsonl");
-    let collector = Collector::start_on(
+    let mut collector = Collector::start_on(
         Evaluator::product(),
         dir.path(),
         RULES,
         &[
+            "--otlp-grpc",
+            "127.0.0.1:0",
             "--settle-ms",
             "500",
             "--results-jsonl",
@@ -266,14 +273,21 @@ async fn live(name: &str) {
         ],
         &[],
     );
-    let record = std::env::var_os("ATTEST_RECORD_FRAMEWORK_FIXTURES").map(|_| {
-        std::fs::create_dir_all(fixture_dir()).unwrap();
-        fixture_dir().join(format!("{name}.otlp.pb"))
-    });
+    let endpoint = if protocol == "grpc" {
+        collector.grpc_addr()
+    } else {
+        collector.url.clone()
+    };
+    let record = std::env::var_os("ATTEST_RECORD_FRAMEWORK_FIXTURES")
+        .filter(|_| protocol == "http")
+        .map(|_| {
+            std::fs::create_dir_all(fixture_dir()).unwrap();
+            fixture_dir().join(format!("{name}.otlp.pb"))
+        });
     let mut cmd = Command::new(&python);
     cmd.current_dir(python_dir())
         .arg("frameworks.py")
-        .args([name, &collector.url, "http"])
+        .args([name, &endpoint, protocol])
         .env("PYTHONPATH", python_dir())
         .env_remove("OPENAI_API_KEY");
     if let Some(r) = &record {
@@ -364,6 +378,16 @@ macro_rules! framework_tests {
             from_fixture($name);
         }
     )*};
+}
+
+#[tokio::test]
+async fn openai_agents_over_otlp_grpc() {
+    live_over("agents-responses", "grpc").await;
+}
+
+#[tokio::test]
+async fn langgraph_over_otlp_grpc() {
+    live_over("langgraph", "grpc").await;
 }
 
 framework_tests! {

@@ -10,6 +10,7 @@ mod support;
 use std::path::PathBuf;
 use std::process::Command;
 
+use serde_json::Value;
 use support::{read_jsonl, Collector, Evaluator, RULES};
 
 fn venv_python() -> Option<PathBuf> {
@@ -159,4 +160,74 @@ async fn genai_messages_sent_as_log_events_over_http_are_joined_to_their_spans()
 #[tokio::test]
 async fn genai_messages_sent_as_log_events_over_grpc_are_joined_to_their_spans() {
     run("genai", Transport::Grpc, Capture::Events).await;
+}
+
+/// `opentelemetry-instrument` with its defaults (OTLP/gRPC; traces, metrics
+/// and logs exporters on), only the endpoint pointed at the collector: the
+/// GenAI instrumentation's model calls arrive, one trace each, with their
+/// messages from span attributes and log events alike, and the metrics the
+/// launcher also sends are refused, counted and explained.
+#[tokio::test]
+async fn zero_code_instrumentation_with_its_default_grpc_settings() {
+    let Some(python) = venv_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let traces = dir.path().join("traces.jsonl");
+    let mut collector = Collector::start_on(
+        Evaluator::product(),
+        dir.path(),
+        RULES,
+        &[
+            "--settle-ms",
+            "300",
+            "--traces-out",
+            traces.to_str().unwrap(),
+            "--otlp-grpc",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let grpc = collector.grpc_addr();
+    let launcher = python.with_file_name("opentelemetry-instrument");
+    let out = Command::new(&launcher)
+        .arg(&python)
+        .arg("zero_code.py")
+        .current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python"))
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{grpc}"))
+        .env("OTEL_SERVICE_NAME", "zero-code-app")
+        .env("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+        .env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_AND_EVENT")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .env_remove("OTEL_TRACES_EXPORTER")
+        .env_remove("OTEL_METRICS_EXPORTER")
+        .env_remove("OTEL_LOGS_EXPORTER")
+        .output()
+        .expect("run opentelemetry-instrument");
+    assert!(out.status.success(), "the app failed: {}", String::from_utf8_lossy(&out.stderr));
+    collector.wait_metric("attest_collect_traces_assembled_total", 2.0, 30).await;
+    let metrics = collector.metrics().await;
+    assert!(
+        support::metric(&metrics, "attest_collect_requests_total{code=\"200\",encoding=\"grpc\"}") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        support::metric(&metrics, "attest_collect_unread_total{kind=\"otlp_metrics\"}") >= 1.0,
+        "{metrics}"
+    );
+    let (code, stderr) = collector.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("OTLP metrics are not read by collect"), "{stderr}");
+    let traces = read_jsonl(&traces);
+    assert_eq!(traces.len(), 2, "one trace per model call: {traces:#?}");
+    for t in &traces {
+        assert_eq!(t["metadata"]["service_name"], "zero-code-app");
+        let step = &t["steps"][0];
+        assert_eq!(step["type"], "llm_call", "{t:#}");
+        assert_eq!(
+            step["args"]["messages"][0]["content"], "Please refund order ORD-7. [run zero]",
+            "{t:#}"
+        );
+        assert_eq!(t["metadata"]["total_tokens"], 52, "{t:#}");
+    }
+    let answers: Vec<&Value> = traces.iter().map(|t| &t["steps"][0]["result"]["completion"]).collect();
+    assert!(answers.contains(&&Value::from("Your refund is processed.")), "{answers:?}");
 }
