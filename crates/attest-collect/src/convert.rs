@@ -462,7 +462,7 @@ impl<'a> Tree<'a> {
                 // A model call under a model call is the same call recorded
                 // twice (two instrumentations of one client): its tokens
                 // were counted with the outer one.
-                SpanRole::Llm if self.role(under) == SpanRole::Llm => Some("llm_call (the same call, instrumented twice)"),
+                SpanRole::Llm if self.role(idx) == SpanRole::Llm => Some("llm_call (the same call, instrumented twice)"),
                 SpanRole::Llm => {
                     let (in_t, out_t, cost) = self.usage(span);
                     totals.add_usage(in_t, out_t, cost);
@@ -1300,6 +1300,112 @@ mod tests {
             panic!("not converted")
         };
         assert_eq!(trace["metadata"]["total_tokens"], u64::MAX);
+    }
+
+    fn agent(id: &str, parent: Option<&str>, name: &str, start: u64) -> Span {
+        span(
+            id,
+            parent,
+            &format!("invoke_agent {name}"),
+            start,
+            json!({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}),
+        )
+    }
+
+    fn chat(id: &str, parent: &str, start: u64, tokens: (u64, u64)) -> Span {
+        span(
+            id,
+            Some(parent),
+            "chat gpt-4o",
+            start,
+            json!({"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o", "gen_ai.usage.input_tokens": tokens.0, "gen_ai.usage.output_tokens": tokens.1}),
+        )
+    }
+
+    fn tool(id: &str, parent: &str, name: &str, start: u64) -> Span {
+        span(
+            id,
+            Some(parent),
+            &format!("execute_tool {name}"),
+            start,
+            json!({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name, "gen_ai.tool.call.arguments": "{\"q\": 1}"}),
+        )
+    }
+
+    #[test]
+    fn an_agent_run_as_a_tool_is_a_delegation_in_the_tools_place() {
+        let spans = vec![
+            agent("r", None, "boss", 0),
+            chat("l", "r", 1, (10, 0)),
+            tool("t", "r", "ask_refund_desk", 20),
+            agent("a", Some("t"), "refund-desk", 21),
+            tool("t2", "a", "lookup_order", 22),
+        ];
+        let Converted::Trace { trace, nested, .. } = convert("t", &spans, &prices()) else {
+            panic!()
+        };
+        assert_eq!(nested, 0);
+        let steps = trace["steps"].as_array().unwrap();
+        assert_eq!(steps.len(), 2, "{trace:#}");
+        let call = &steps[1];
+        assert_eq!(call["type"], "agent_call");
+        assert_eq!(call["agent_id"], "refund-desk");
+        assert_eq!(call["args"], json!({"q": 1}), "the tool's arguments");
+        assert_eq!(call["metadata"]["tool_name"], "ask_refund_desk");
+        assert_eq!(call["sub_trace"]["steps"][0]["name"], "lookup_order");
+        assert!(call["started_at_ms"].as_f64().unwrap() <= call["ended_at_ms"].as_f64().unwrap());
+    }
+
+    #[test]
+    fn a_model_call_inside_a_tool_is_named_and_its_tokens_count() {
+        let spans = vec![
+            agent("r", None, "boss", 0),
+            tool("t", "r", "summarise", 1),
+            chat("l", "t", 2, (10, 5)),
+            // Two instrumentations of one client: the same call twice.
+            chat("l2", "l", 3, (10, 5)),
+        ];
+        let Converted::Trace { trace, nested, .. } = convert("t", &spans, &prices()) else {
+            panic!()
+        };
+        assert_eq!(nested, 2);
+        assert_eq!(trace["steps"].as_array().unwrap().len(), 1, "{trace:#}");
+        assert_eq!(trace["metadata"]["total_tokens"], 15, "counted once: {trace:#}");
+        assert_eq!(trace["metadata"]["nested_spans"]["count"], 2);
+    }
+
+    #[test]
+    fn each_trace_of_a_tree_counts_its_own_tokens_so_the_tree_sums_each_once() {
+        let spans = vec![
+            agent("r", None, "boss", 0),
+            chat("l", "r", 1, (10, 0)),
+            agent("a", Some("r"), "helper", 2),
+            chat("l2", "a", 3, (20, 0)),
+        ];
+        let Converted::Trace { trace, .. } = convert("t", &spans, &prices()) else {
+            panic!()
+        };
+        assert_eq!(trace["metadata"]["total_tokens"], 10, "{trace:#}");
+        assert_eq!(trace["steps"][1]["sub_trace"]["metadata"]["total_tokens"], 20);
+    }
+
+    #[test]
+    fn a_trace_whose_model_calls_report_no_usage_has_no_token_count() {
+        let spans = vec![
+            agent("r", None, "boss", 0),
+            span(
+                "l",
+                Some("r"),
+                "chat",
+                1,
+                json!({"gen_ai.operation.name": "chat", "gen_ai.request.model": "m"}),
+            ),
+        ];
+        let Converted::Trace { trace, .. } = convert("t", &spans, &prices()) else {
+            panic!()
+        };
+        assert!(trace["metadata"].get("total_tokens").is_none(), "unknown, not 0: {trace:#}");
+        assert_eq!(trace["steps"][0]["result"]["tokens"], Value::Null);
     }
 
     #[test]
