@@ -69,10 +69,14 @@ struct FakeJudge {
 }
 
 impl Respond for FakeJudge {
-    fn respond(&self, _: &Request) -> ResponseTemplate {
+    fn respond(&self, req: &Request) -> ResponseTemplate {
+        // The verdict goes between the tags of the nonce the engine chose.
+        let text = String::from_utf8_lossy(&req.body);
+        let start = text.find("<verdict-").map_or(0, |i| i + "<verdict-".len());
+        let nonce: String = text[start..].chars().take_while(char::is_ascii_hexdigit).collect();
         ResponseTemplate::new(200)
             .set_body_json(json!({
-                "choices": [{"message": {"content": "{\"score\": 0.9, \"explanation\": \"fine\"}"}}],
+                "choices": [{"message": {"content": format!("<verdict-{nonce}>{{\"score\": 0.9, \"explanation\": \"fine\"}}</verdict-{nonce}>")}}],
                 "usage": {"prompt_tokens": 400, "completion_tokens": 20}
             }))
             .set_delay(self.latency)

@@ -55,7 +55,7 @@ fn serve(stream: TcpStream, mut rng: fastrand::Rng) -> std::io::Result<()> {
         let (status, reply) = if request_line.contains("/embeddings") {
             embeddings(&request, &mut rng)
         } else {
-            chat(&mut rng)
+            chat(&request, &mut rng)
         };
         if rng.u8(..50) == 0 {
             std::thread::sleep(Duration::from_millis(rng.u64(100..1500)));
@@ -97,18 +97,31 @@ fn embeddings(request: &Value, rng: &mut fastrand::Rng) -> (&'static str, Value)
     )
 }
 
-fn chat(rng: &mut fastrand::Rng) -> (&'static str, Value) {
-    let content = match rng.u8(..14) {
-        0 => json!({"score": 1.7, "explanation": "too high"}).to_string(),
-        1 => json!({"score": -3, "explanation": "too low"}).to_string(),
-        2 => r#"{"score": "0.9", "reason": "string score"}"#.to_string(),
-        3 => r#"{"score": 1e308}"#.to_string(),
+fn chat(request: &Value, rng: &mut fastrand::Rng) -> (&'static str, Value) {
+    // The verdict contract's nonce, from the engine's system message.
+    let text = request.to_string();
+    let start = text.find("<verdict-").map_or(0, |i| i + "<verdict-".len());
+    let nonce: String = text[start..].chars().take_while(char::is_ascii_hexdigit).collect();
+    let tagged = |body: String| format!("<verdict-{nonce}>{body}</verdict-{nonce}>");
+    let content = match rng.u8(..16) {
+        // Outside the contract: untagged, two verdicts, a guessed nonce.
+        12 => json!({"score": 0.5}).to_string(),
+        13 => format!(
+            "{} {}",
+            tagged(json!({"score": 0.1}).to_string()),
+            tagged(json!({"score": 0.9}).to_string())
+        ),
+        14 => "<verdict-0000000000000000>{\"score\": 1}</verdict-0000000000000000>".to_string(),
+        0 => tagged(json!({"score": 1.7, "explanation": "too high"}).to_string()),
+        1 => tagged(json!({"score": -3, "explanation": "too low"}).to_string()),
+        2 => tagged(r#"{"score": "0.9", "reason": "string score"}"#.to_string()),
+        3 => tagged(r#"{"score": 1e308}"#.to_string()),
         4 => "no verdict here".to_string(),
-        5 => json!({"score": 0.5, "explanation": "e".repeat(rng.usize(60_000..200_000))}).to_string(),
-        6 => r#"prefix {"score": NaN} {"score": 0.4}"#.to_string(),
+        5 => tagged(json!({"score": 0.5, "explanation": "e".repeat(rng.usize(60_000..200_000))}).to_string()),
+        6 => tagged(r#"prefix {"score": NaN} {"score": 0.4}"#.to_string()),
         7 => return ("429 Too Many Requests", json!({"error": {"message": "slow down"}})),
         8 => return ("200 OK", json!({"choices": []})),
-        _ => json!({"score": rng.f64(), "explanation": "fine \u{202e}"}).to_string(),
+        _ => tagged(json!({"score": rng.f64(), "explanation": "fine \u{202e}"}).to_string()),
     };
     (
         "200 OK",

@@ -323,7 +323,8 @@ fn a_garbage_reply_is_a_provider_error_not_a_zero() {
     let resp = e.request(&evaluate_request(json!(1), trace_with_output("GOOD"), json!([judge("j", "tone")])));
     assert_eq!(resp["error"]["code"], 2001, "{resp}");
     let msg = resp["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("no JSON object") && msg.contains("solid eight"), "{msg}");
+    assert!(msg.contains("no verdict between") && msg.contains("solid eight"), "{msg}");
+    assert_eq!(resp["error"]["data"]["retryable"], true, "{resp}");
 
     // A body that is not JSON at all is retried, then reported.
     let fake = Fake::start();
@@ -597,10 +598,11 @@ fn samples_report_the_median_and_flag_high_variance() {
     let fake = Fake::start();
     struct Cycle(AtomicUsize);
     impl Respond for Cycle {
-        fn respond(&self, _: &Request) -> ResponseTemplate {
+        fn respond(&self, req: &Request) -> ResponseTemplate {
+            let body: Value = serde_json::from_slice(&req.body).unwrap();
             let score = [0.9, 0.3, 0.8][self.0.fetch_add(1, Ordering::SeqCst) % 3];
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"choices": [{"message": {"content": format!("{{\"score\": {score}, \"reason\": \"r{score}\"}}")}}]}))
+            let text = verdict(&body, &format!("{{\"score\": {score}, \"reason\": \"r{score}\"}}"));
+            ResponseTemplate::new(200).set_body_json(json!({"choices": [{"message": {"content": text}}]}))
         }
     }
     fake.mount(Mock::given(path("/v1/chat/completions")).respond_with(Cycle(AtomicUsize::new(0))));
@@ -629,7 +631,7 @@ fn anthropic_is_a_second_judge_provider() {
             let body: Value = serde_json::from_slice(&req.body).unwrap();
             let score = judge_score(&body);
             ResponseTemplate::new(200).set_body_json(json!({
-                "content": [{"type": "text", "text": format!("{{\"score\": {score}, \"explanation\": \"claude saw it\"}}")}],
+                "content": [{"type": "text", "text": verdict(&body, &format!("{{\"score\": {score}, \"explanation\": \"claude saw it\"}}"))}],
                 "usage": {"input_tokens": 1000, "output_tokens": 100}
             }))
         }

@@ -65,9 +65,13 @@ fn message(body: &Value, role: &str) -> String {
         .to_owned()
 }
 
-fn reply(score: f64) -> ResponseTemplate {
+fn reply(body: &Value, score: f64) -> ResponseTemplate {
+    let text = common::fake_provider::verdict(
+        body,
+        &format!("{{\"score\": {score}, \"explanation\": \"the refund id is missing\"}}"),
+    );
     ResponseTemplate::new(200).set_body_json(json!({
-        "choices": [{"message": {"role": "assistant", "content": format!("{{\"score\": {score}, \"explanation\": \"the refund id is missing\"}}")}}],
+        "choices": [{"message": {"role": "assistant", "content": text}}],
         "usage": {"prompt_tokens": 1000, "completion_tokens": 100}
     }))
 }
@@ -90,7 +94,7 @@ impl Respond for ProbeAwareJudge {
         } else {
             0.6
         };
-        reply(score)
+        reply(&body, score)
     }
 }
 
@@ -98,9 +102,10 @@ impl Respond for ProbeAwareJudge {
 struct CyclingJudge(Arc<AtomicUsize>);
 
 impl Respond for CyclingJudge {
-    fn respond(&self, _req: &Request) -> ResponseTemplate {
+    fn respond(&self, req: &Request) -> ResponseTemplate {
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
         let n = self.0.fetch_add(1, Ordering::SeqCst);
-        reply([0.9, 0.3, 0.6][n % 3])
+        reply(&body, [0.9, 0.3, 0.6][n % 3])
     }
 }
 
@@ -111,13 +116,16 @@ impl Respond for LabelJudge {
     fn respond(&self, req: &Request) -> ResponseTemplate {
         let body: Value = serde_json::from_slice(&req.body).unwrap();
         let user = message(&body, "user");
-        reply(if user.contains("good") {
-            0.9
-        } else if user.contains("bad") {
-            0.1
-        } else {
-            0.5
-        })
+        reply(
+            &body,
+            if user.contains("good") {
+                0.9
+            } else if user.contains("bad") {
+                0.1
+            } else {
+                0.5
+            },
+        )
     }
 }
 
@@ -349,9 +357,12 @@ fn judge_metadata_reports_samples_and_variance() {
     assert!(text(j, "actual").starts_with("score 0.60: "), "{j}");
     assert!(text(j, "suggested_action").contains("lower spec.threshold to 0.60"), "{j}");
 
-    // The hash covers the system message exactly as sent, then the criteria.
+    // The hash covers the system message as sent, less the verdict contract
+    // whose nonce changes with every call, then the criteria.
     let sent = fake.judge_requests();
-    let system = message(&sent[0], "system");
+    let sent_system = message(&sent[0], "system");
+    let system = sent_system.split("\n\nEnd your reply with your verdict").next().unwrap();
+    assert_ne!(system, sent_system, "the contract was sent");
     let expected = attest_calibration::prompt_hash(&format!("{system}\nEvaluation criteria: gives the refund id"));
     assert_eq!(meta["prompt_hash"], json!(expected));
 }

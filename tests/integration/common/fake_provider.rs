@@ -102,13 +102,30 @@ pub fn judge_score(body: &Value) -> f64 {
     }
 }
 
+/// The verdict nonce the engine gave this request's reply contract
+/// (`<verdict-NONCE>` in its system message).
+pub fn nonce(body: &Value) -> String {
+    let text = body.to_string();
+    let start = text.find("<verdict-").expect("the engine asks for a tagged verdict") + "<verdict-".len();
+    text[start..].chars().take_while(char::is_ascii_hexdigit).collect()
+}
+
+/// `json` as a judge's verdict under the request's reply contract, after some talk.
+pub fn verdict(body: &Value, json: &str) -> String {
+    let n = nonce(body);
+    format!("Here is my verdict. <verdict-{n}>{json}</verdict-{n}>")
+}
+
 pub struct Judge;
 
 impl Respond for Judge {
     fn respond(&self, req: &Request) -> ResponseTemplate {
         let body: Value = serde_json::from_slice(&req.body).unwrap();
         let score = judge_score(&body);
-        let text = format!("Here is my verdict: {{\"score\": {score}, \"explanation\": \"fake judge saw the output\"}}");
+        let text = verdict(
+            &body,
+            &format!("{{\"score\": {score}, \"explanation\": \"fake judge saw the output\"}}"),
+        );
         ResponseTemplate::new(200).set_body_json(json!({
             "choices": [{"message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": 1000, "completion_tokens": 100}
