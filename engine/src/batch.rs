@@ -701,6 +701,7 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> R
     let mut reader = SuiteReader::with_capacity(wire.len());
     let mut planned = Vec::with_capacity(wire.len());
     let mut keys = Vec::with_capacity(wire.len());
+    let mut no_provider = None;
     for (i, w) in wire.iter().enumerate() {
         let id = reader.id(i, w.assertion_id.as_deref()).map_err(suite_error)?;
         if w.request_id
@@ -728,13 +729,14 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> R
             })
         })?;
         // A paid layer without its provider is a configuration error, found
-        // before anything is evaluated (and never worth retrying as is). The
-        // spec is checked first: a mistake in it is the user's to fix
-        // whatever the engine's configuration, and would otherwise show only
-        // once a provider is added.
-        if kind.is_paid() && providers == Providers::Required {
+        // before anything is evaluated (and never worth retrying as is). It
+        // is reported only once every spec of the batch compiled: a mistake
+        // in a spec is the user's to fix whatever the engine's configuration,
+        // wherever it stands in the batch, and would otherwise show only once
+        // a provider is added.
+        if kind.is_paid() && providers == Providers::Required && no_provider.is_none() {
             if let Some(missing) = engine.providers.missing_for(kind) {
-                return Err(provider_missing(missing, i, id, kind));
+                no_provider = Some(provider_missing(missing, i, id, kind));
             }
         }
         planned.push(evaluator::Planned {
@@ -746,6 +748,9 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> R
             request_id: w.request_id.as_deref().map(str::to_owned),
             spec_text: Cow::Borrowed(spec_text),
         });
+    }
+    if let Some(error) = no_provider {
+        return Err(error);
     }
     Ok(Plan {
         suite: Evaluator::from_planned(planned),
