@@ -528,7 +528,11 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &Plan<'_
         dynamic_window: engine.config.dynamic_window as u64,
         dynamic_min_samples: engine.config.dynamic_min_samples,
         short_circuit: engine.providers.short_circuit,
-        budget: engine.config.budget_usd.map(|b| (b, engine.sinks.cost_spent())),
+        // The ledger also counts calls whose answers came too late for any result.
+        budget: engine
+            .config
+            .budget_usd
+            .map(|b| (b, engine.sinks.cost_spent().max(engine.providers.ledger.spent()))),
     };
     let assertions = plan.suite.assertions();
     // Boxed: the evaluation's state is large, and every future that holds

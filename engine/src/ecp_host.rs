@@ -217,6 +217,7 @@ fn describe(e: crate::providers::ProviderError) -> String {
         ProviderError::Timeout => "the judge did not answer before the deadline (--eval-timeout)".into(),
         ProviderError::Failed { message, attempts } => format!("{message} (after {attempts} attempts)"),
         ProviderError::Unavailable { message, detail } => format!("{message}. {detail}"),
+        e @ ProviderError::BudgetSpent { .. } => format!("{e}; raise budget_usd to run more llm_judge checks"),
     }
 }
 

@@ -74,7 +74,7 @@ pub fn eval_error<'a>(e: EvalError, assertion: impl Fn(usize) -> (&'a str, Asser
                     num(budget),
                     spent
                 ),
-                "Paid assertions (embedding, llm_judge) are refused once a session's evaluated cost reaches budget_usd. Raise budget_usd in the config file or start a new engine session; layers 1-4, 7 and 8 still run.",
+                BUDGET_HINT,
             )
             .with_assertion(id)
             .with_field(format!("params.assertions[{index}]"))
@@ -87,6 +87,7 @@ pub fn eval_error<'a>(e: EvalError, assertion: impl Fn(usize) -> (&'a str, Asser
                     "Wait and retry. The engine retries 429, 5xx, time-outs and connection errors with exponential backoff (up to 3 attempts, honouring Retry-After) before surfacing this error; check the provider's status, URL, model and API key.".to_owned(),
                 ),
                 ProviderError::Unavailable { message, detail } => (message, detail),
+                e @ ProviderError::BudgetSpent { .. } => (e.to_string(), BUDGET_HINT.to_owned()),
                 ProviderError::Timeout => (
                     "the provider did not answer before the deadline".to_owned(),
                     "Check the provider's latency, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT).".to_owned(),
@@ -98,6 +99,9 @@ pub fn eval_error<'a>(e: EvalError, assertion: impl Fn(usize) -> (&'a str, Asser
         }
     }
 }
+
+/// What to do about a spent session budget.
+const BUDGET_HINT: &str = "Paid assertions (embedding, llm_judge) are refused once a session's evaluated cost reaches budget_usd. Raise budget_usd in the config file or start a new engine session; layers 1-4, 7 and 8 still run.";
 
 /// A trace text that is not JSON at all is `1001`.
 pub fn trace_not_json(e: &serde_json::Error) -> RpcError {
@@ -139,6 +143,11 @@ pub fn simulation_failed(e: ProviderError) -> RpcError {
             ErrorCode::ProviderError,
             format!("generate_user_message failed: {message}"),
             "Check LLM provider availability and retry.",
+        ),
+        e @ ProviderError::BudgetSpent { .. } => RpcError::new(
+            ErrorCode::AssertionError,
+            format!("generate_user_message refused: {e}"),
+            BUDGET_HINT,
         ),
         // Configuration, not a fault: retrying cannot help.
         ProviderError::Unavailable { message, detail } => RpcError::new(

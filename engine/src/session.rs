@@ -133,7 +133,7 @@ impl Engine {
                     None
                 }
             });
-        let providers = Arc::new(Providers::new(&config.providers));
+        let providers = Arc::new(Providers::new(&config.providers).with_budget(config.budget_usd));
         plugins.connect_models(Arc::new(crate::plugin_models::ProviderModels(providers.clone())));
         Engine {
             providers,

@@ -987,3 +987,88 @@ fn a_spec_error_wins_over_a_missing_provider_wherever_it_stands_in_the_batch() {
     let resp = e.request(&evaluate_request(json!(2), refund_trace(), json!([judge("ok", "default")])));
     assert_eq!(resp["error"]["code"], 2001, "{resp}");
 }
+
+/// [`Judge`]'s answers after `delay`, counting the calls that reached it.
+struct SlowJudge {
+    delay: Duration,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Respond for SlowJudge {
+    fn respond(&self, req: &Request) -> ResponseTemplate {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Judge.respond(req).set_delay(self.delay)
+    }
+}
+
+/// An engine with `budget_usd` (the judge's default model, gpt-4.1, is priced).
+fn engine_with_budget(fake: &Fake, budget: f64, extra: &[(&str, &str)]) -> (Engine, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("attest.toml");
+    std::fs::write(&config, format!("budget_usd = {budget}\n")).unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let mut env = vec![("ATTEST_CONFIG", config.as_str())];
+    env.extend_from_slice(extra);
+    (engine_for(fake, &env), dir)
+}
+
+#[test]
+fn concurrent_paid_requests_spend_no_more_than_the_budget_and_one_calls_worst_case() {
+    let fake = Fake::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    fake.mount(Mock::given(path("/v1/chat/completions")).respond_with(SlowJudge {
+        delay: Duration::from_millis(300),
+        calls: calls.clone(),
+    }));
+    // Each answer: 1,000 + 100 tokens at $2/$8 per million = $0.0028; the
+    // worst case reserved for a call is under $0.01.
+    let (mut e, _dir) = engine_with_budget(&fake, 0.01, &[]);
+    for n in 0..64 {
+        e.send(&evaluate_request(
+            json!(n),
+            trace_with_output("GOOD"),
+            json!([judge(&format!("j{n}"), "tone")]),
+        ));
+    }
+    let answers: Vec<Value> = (0..64).map(|_| e.recv()).collect();
+    let sent = calls.load(Ordering::SeqCst);
+    let refused = answers.iter().filter(|a| a["error"]["code"] == 1002).count();
+    assert!(
+        sent as f64 * 0.0028 <= 0.01 + 0.01,
+        "{sent} calls reached the provider against a $0.01 budget"
+    );
+    assert_eq!(
+        refused + sent,
+        64,
+        "every request not sent was refused for the budget: {answers:#?}"
+    );
+    let refusal = answers.iter().find(|a| a["error"]["code"] == 1002).unwrap();
+    assert!(refusal["error"]["message"].as_str().unwrap().contains("budget"), "{refusal}");
+}
+
+#[test]
+fn calls_cut_off_at_a_deadline_are_counted_against_the_budget() {
+    let fake = Fake::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    fake.mount(Mock::given(path("/v1/chat/completions")).respond_with(SlowJudge {
+        delay: Duration::from_secs(3),
+        calls: calls.clone(),
+    }));
+    // Each call times out at the 500 ms deadline, and may have been served
+    // and billed all the same: it counts at its worst case, so a $0.02
+    // budget is spent after a few of them, though no answer ever came.
+    let (mut e, _dir) = engine_with_budget(&fake, 0.02, &[("ATTEST_EVAL_TIMEOUT", "500ms")]);
+    let mut codes = Vec::new();
+    for n in 0..12 {
+        let resp = e.request(&evaluate_request(
+            json!(n),
+            trace_with_output("GOOD"),
+            json!([judge(&format!("j{n}"), "tone")]),
+        ));
+        codes.push(resp["error"]["code"].as_i64().unwrap_or(0));
+    }
+    assert_eq!(codes[0], 3002, "{codes:?}");
+    assert!(codes.contains(&1002), "abandoned calls were never counted: {codes:?}");
+    let sent = calls.load(Ordering::SeqCst);
+    assert!(sent < 12, "{sent} calls were sent: {codes:?}");
+}

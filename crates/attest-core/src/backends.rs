@@ -27,6 +27,9 @@ pub enum ProviderError {
     /// No provider is configured for this layer (→ `2001`); `detail` says
     /// how to enable one.
     Unavailable { message: String, detail: String },
+    /// The session's cost budget has no room for the call's worst-case
+    /// cost (→ `1002`): the call was not sent.
+    BudgetSpent { budget: f64, spent: f64 },
 }
 
 impl std::fmt::Display for ProviderError {
@@ -36,6 +39,12 @@ impl std::fmt::Display for ProviderError {
             ProviderError::Failed { message, attempts: 1 } => write!(f, "{message}"),
             ProviderError::Failed { message, attempts } => write!(f, "{message} (after {attempts} attempts)"),
             ProviderError::Unavailable { message, .. } => write!(f, "{message}"),
+            ProviderError::BudgetSpent { budget, spent } => {
+                write!(
+                    f,
+                    "the session's cost budget of ${budget} is spent (${spent:.6} so far, with calls in flight reserved)"
+                )
+            }
         }
     }
 }

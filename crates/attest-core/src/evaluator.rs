@@ -583,6 +583,8 @@ async fn run_paid(
             pending: pending.len(),
             cost: cost_spent,
         }),
+        // Refused by the session's ledger before it was sent.
+        Some((index, ProviderError::BudgetSpent { budget, spent })) => Err(EvalError::BudgetSpent { index, budget, spent }),
         Some((index, error)) => Err(EvalError::Provider {
             index,
             error,

@@ -377,6 +377,7 @@ impl CallContext {
                 left.as_millis()
             ))),
             Ok(Err(ProviderError::Unavailable { message, detail })) => Err(CallError::Unavailable(format!("{message}. {detail}"))),
+            Ok(Err(e @ ProviderError::BudgetSpent { .. })) => Err(CallError::BudgetExhausted(e.to_string())),
             Ok(Err(e)) => Err(CallError::Unavailable(e.to_string())),
         }
     }

@@ -61,6 +61,13 @@ pub struct Price {
     pub output_per_mtok: f64,
 }
 
+impl Price {
+    /// What `usage` costs at this price, in USD.
+    pub fn cost(&self, usage: Usage) -> f64 {
+        (usage.input_tokens as f64 * self.input_per_mtok + usage.output_tokens as f64 * self.output_per_mtok) / 1_000_000.0
+    }
+}
+
 /// Tokens a provider call used, as the provider reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Usage {
@@ -137,6 +144,94 @@ pub struct Providers {
     pub short_circuit: bool,
     pub judge_samples: u32,
     pub judge_bias_probes: Vec<attest_core::layers::Probe>,
+    /// What paid calls have spent and hold reserved, against the session's budget.
+    pub ledger: Arc<Ledger>,
+}
+
+/// The session's spending on paid calls, kept as reservations: before a
+/// call is sent its worst-case cost (prices × its prompt's bytes, a bound
+/// on its input tokens, plus its output-token limit) is reserved; when its
+/// answer arrives the reservation is settled with the real cost; a call
+/// never sent gives its reservation back. A call cut off at a deadline may
+/// still have been served and billed, so it is counted at its worst case.
+/// Calls are admitted while what is spent and reserved is under the
+/// budget, so the total never passes the budget by more than one call's
+/// worst case, however many calls run at once (plugins' included).
+#[derive(Debug, Default)]
+pub struct Ledger {
+    budget: Option<f64>,
+    state: std::sync::Mutex<Spend>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Spend {
+    spent: f64,
+    reserved: f64,
+}
+
+/// A call's place in the [`Ledger`], given back if it is never settled.
+pub struct Reservation {
+    ledger: Arc<Ledger>,
+    worst: f64,
+    settled: bool,
+}
+
+impl Ledger {
+    pub fn new(budget: Option<f64>) -> Ledger {
+        Ledger {
+            budget,
+            state: Default::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Spend> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserves `worst` USD for a call, or refuses it when the budget is spent.
+    pub fn reserve(self: &Arc<Self>, worst: f64) -> Result<Reservation, ProviderError> {
+        let mut s = self.lock();
+        if let Some(budget) = self.budget {
+            if s.spent + s.reserved >= budget {
+                return Err(ProviderError::BudgetSpent { budget, spent: s.spent });
+            }
+        }
+        s.reserved += worst;
+        Ok(Reservation {
+            ledger: self.clone(),
+            worst,
+            settled: false,
+        })
+    }
+
+    /// USD spent by settled calls (abandoned ones at their worst case).
+    pub fn spent(&self) -> f64 {
+        self.lock().spent
+    }
+
+    /// USD reserved by calls in flight.
+    pub fn reserved(&self) -> f64 {
+        self.lock().reserved
+    }
+}
+
+impl Reservation {
+    /// The call ended: what it cost replaces what was reserved for it.
+    pub fn settle(mut self, cost: f64) {
+        let mut s = self.ledger.lock();
+        s.reserved = (s.reserved - self.worst).max(0.0);
+        s.spent += cost;
+        self.settled = true;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.settled {
+            let mut s = self.ledger.lock();
+            s.reserved = (s.reserved - self.worst).max(0.0);
+        }
+    }
 }
 
 impl Providers {
@@ -189,7 +284,27 @@ impl Providers {
             short_circuit: c.short_circuit,
             judge_samples: c.judge_samples,
             judge_bias_probes: c.judge_bias_probes.clone(),
+            ledger: Arc::new(Ledger::default()),
         }
+    }
+
+    /// The providers under a session cost budget (`budget_usd`), enforced
+    /// per call by the [`Ledger`].
+    pub fn with_budget(mut self, budget: Option<f64>) -> Providers {
+        self.ledger = Arc::new(Ledger::new(budget));
+        self
+    }
+
+    /// The most a call to `model` can cost: every byte of its input a token,
+    /// and its output at its token limit.
+    fn worst_cost(&self, model: &str, input_bytes: usize, max_output_tokens: u32) -> f64 {
+        self.cost(
+            model,
+            Usage {
+                input_tokens: input_bytes as u64,
+                output_tokens: u64::from(max_output_tokens),
+            },
+        )
     }
 
     pub fn has_embedder(&self) -> bool {
@@ -223,9 +338,7 @@ impl Providers {
 
     /// What a call to `model` cost, from the price table (0 when unknown).
     pub fn cost(&self, model: &str, usage: Usage) -> f64 {
-        self.prices.get(model).map_or(0.0, |p| {
-            (usage.input_tokens as f64 * p.input_per_mtok + usage.output_tokens as f64 * p.output_per_mtok) / 1_000_000.0
-        })
+        self.prices.get(model).map_or(0.0, |p| p.cost(usage))
     }
 
     /// Embeds `texts` with the configured embedder (`model` overrides a
@@ -262,8 +375,18 @@ impl Providers {
             let batch: Vec<&str> = todo.iter().map(|i| texts[*i]).collect();
             let fresh = match embedder {
                 Embedder::Remote { endpoint, .. } => {
-                    let (v, usage) = openai::embed(&self.embedding_http, endpoint, &model_name, &batch, deadline).await?;
+                    let worst = self.worst_cost(&model_name, batch.iter().map(|t| t.len()).sum(), 0);
+                    let reservation = self.ledger.reserve(worst)?;
+                    let (v, usage) = match openai::embed(&self.embedding_http, endpoint, &model_name, &batch, deadline).await {
+                        Ok(answer) => answer,
+                        Err(ProviderError::Timeout) => {
+                            reservation.settle(worst);
+                            return Err(ProviderError::Timeout);
+                        }
+                        Err(e) => return Err(e),
+                    };
                     cost = self.cost(&model_name, usage);
+                    reservation.settle(cost);
                     v
                 }
                 Embedder::Local(l) => l.embed(&batch, deadline).await?,
@@ -284,13 +407,49 @@ impl Providers {
     }
 
     /// One chat completion from the judge provider; returns it and its cost.
+    ///
+    /// The call runs as a task of its own holding its budget reservation and
+    /// its concurrency slot: a caller that gives up (a plugin's deadline, a
+    /// batch's) does not end the call early, and what it cost is counted
+    /// when it ends.
     pub async fn complete(&self, judge: &Judge, chat: &Chat<'_>, deadline: Instant) -> Result<(Completion, f64), ProviderError> {
-        let c = match judge.kind {
-            JudgeKind::OpenAi => openai::chat(&self.judge_http, &judge.endpoint, chat, deadline).await?,
-            JudgeKind::Anthropic => anthropic::chat(&self.judge_http, &judge.endpoint, chat, deadline).await?,
-        };
-        let cost = self.cost(chat.model, c.usage);
-        Ok((c, cost))
+        let input_bytes: usize = chat.messages.iter().map(|m| m.to_string().len()).sum();
+        let worst = self.worst_cost(chat.model, input_bytes, chat.max_tokens);
+        let reservation = self.ledger.reserve(worst)?;
+        let http = self.judge_http.clone();
+        let endpoint = judge.endpoint.clone();
+        let kind = judge.kind;
+        let model = chat.model.to_owned();
+        let messages = chat.messages.clone();
+        let (temperature, max_tokens) = (chat.temperature, chat.max_tokens);
+        let price = self.prices.get(chat.model).copied();
+        let call = tokio::spawn(async move {
+            let chat = Chat {
+                model: &model,
+                messages,
+                temperature,
+                max_tokens,
+            };
+            let answer = match kind {
+                JudgeKind::OpenAi => openai::chat(&http, &endpoint, &chat, deadline).await,
+                JudgeKind::Anthropic => anthropic::chat(&http, &endpoint, &chat, deadline).await,
+            };
+            match answer {
+                Ok(c) => {
+                    let cost = price.map_or(0.0, |p| p.cost(c.usage));
+                    reservation.settle(cost);
+                    Ok((c, cost))
+                }
+                // Cut off: the provider may have served and billed it.
+                Err(ProviderError::Timeout) => {
+                    reservation.settle(worst);
+                    Err(ProviderError::Timeout)
+                }
+                Err(e) => Err(e),
+            }
+        });
+        call.await
+            .unwrap_or_else(|e| Err(ProviderError::failed(format!("the judge call failed: {e}"), 1)))
     }
 }
 

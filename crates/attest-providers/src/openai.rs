@@ -7,6 +7,7 @@ use super::{Chat, Completion, ProviderError, Usage};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+#[derive(Clone)]
 pub struct Endpoint {
     pub base_url: String,
     pub api_key: Option<String>,
