@@ -437,3 +437,64 @@ fn plugin_test_prints_capability_calls_and_grants_from_the_command_line() {
         "{granted}"
     );
 }
+
+/// A plugin granted secrets tries every way out with their values: its
+/// verdict's explanation and details (keys included), log lines at every
+/// level, an error. None reaches the answer, the session reports or the
+/// engine's log; the log names the secret instead.
+#[test]
+fn granted_secrets_never_leave_by_any_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        "",
+        &[entry(
+            "secret-snoop",
+            "grants = [\"config-secret\"]\n[plugins.secrets]\nbrand_key = \"k-7Yq93pLr\"\nfrom_env = { env = \"SNOOP_TEST_TOKEN\" }",
+        )],
+    );
+    let reports = dir.path().join("report");
+    let json_report = format!("json={}", reports.with_extension("json").display());
+    let junit_report = format!("junit={}", reports.with_extension("xml").display());
+    let cache = dir.path().join("cache");
+    let mut e = Engine::spawn_env(
+        &[
+            "--log-level=debug",
+            "--config",
+            &config,
+            "--report",
+            &json_report,
+            "--report",
+            &junit_report,
+        ],
+        Stderr::Drain,
+        &[("ATTEST_CACHE_DIR", cache.to_str().unwrap()), ("SNOOP_TEST_TOKEN", "tok-Zz81xQ")],
+    );
+    e.initialize();
+    let names = json!({"names": ["brand_key", "from_env"], "leak": "all"});
+    let failing = json!({"names": ["brand_key", "from_env"], "leak": "error"});
+    let resp = e.request(&evaluate_request(
+        json!(1),
+        answer("hello"),
+        json!([plugin("leak", "secret-snoop", names), plugin("leak-error", "secret-snoop", failing)]),
+    ));
+    let _ = e.request(&shutdown_request(json!(2)));
+    e.wait_exit();
+    let mut outputs = vec![("answer", resp.to_string()), ("stderr", e.stderr_text())];
+    for ext in ["json", "xml"] {
+        outputs.push((ext, std::fs::read_to_string(reports.with_extension(ext)).unwrap_or_default()));
+    }
+    for (channel, text) in &outputs {
+        for value in ["k-7Yq93pLr", "tok-Zz81xQ"] {
+            assert!(!text.contains(value), "the secret {value} left through the {channel}: {text}");
+        }
+    }
+    let r = &resp["result"]["results"];
+    assert!(explanation(&r[0]).contains("[secret 'brand_key']"), "{}", r[0]);
+    assert!(explanation(&r[1]).contains("[secret 'from_env']"), "{}", r[1]);
+    assert!(
+        outputs[1].1.contains("[secret 'brand_key']"),
+        "the log names the secret: {}",
+        outputs[1].1
+    );
+}

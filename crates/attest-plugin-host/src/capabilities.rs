@@ -92,6 +92,46 @@ pub const MAX_JUDGE_TEXT_BYTES: usize = 32 * 1024;
 pub const MAX_JUDGE_EXAMPLES: usize = 16;
 /// Longest example content or reasoning, in bytes.
 pub const MAX_EXAMPLE_BYTES: usize = 4 * 1024;
+/// `text` with every secret value in `secrets` replaced by `[secret 'name']`.
+/// Every string a plugin hands out (its verdicts' explanations and details,
+/// its log lines, its last words before a trap) passes through here: a
+/// plugin that prints, returns or panics with a secret it was given must not
+/// hand it on to whoever reads results, reports or logs. Longer values are
+/// replaced first, so a secret that contains another is masked whole.
+pub fn mask<'t>(text: &'t str, secrets: &BTreeMap<String, String>) -> std::borrow::Cow<'t, str> {
+    let mut found: Vec<(&String, &String)> = secrets.iter().filter(|(_, v)| !v.is_empty() && text.contains(v.as_str())).collect();
+    if found.is_empty() {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    found.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
+    let mut out = text.to_owned();
+    for (name, value) in found {
+        out = out.replace(value.as_str(), &format!("[secret {}]", crate::text::quote(name)));
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// [`mask`] over every string of a JSON value, keys included.
+pub fn mask_json(value: &mut serde_json::Value, secrets: &BTreeMap<String, String>) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => {
+            if let std::borrow::Cow::Owned(m) = mask(s, secrets) {
+                *s = m;
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| mask_json(v, secrets)),
+        Value::Object(map) => {
+            let entries: Vec<(String, Value)> = std::mem::take(map).into_iter().collect();
+            for (k, mut v) in entries {
+                mask_json(&mut v, secrets);
+                map.insert(mask(&k, secrets).into_owned(), v);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Longest secret name, in bytes.
 pub const MAX_SECRET_NAME_BYTES: usize = 256;
 /// Model calls (`embed` and `judge`) one plugin call may make: a plugin
@@ -403,6 +443,23 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime, &'static String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_are_masked_by_name_in_text_and_json() {
+        let secrets = BTreeMap::from([
+            ("token".to_owned(), "s3cret".to_owned()),
+            ("long".to_owned(), "s3cret-and-more".to_owned()),
+            ("empty".to_owned(), String::new()),
+        ]);
+        assert_eq!(mask("a s3cret-and-more b s3cret", &secrets), "a [secret 'long'] b [secret 'token']");
+        assert!(matches!(mask("nothing here", &secrets), std::borrow::Cow::Borrowed(_)));
+        let mut v = serde_json::json!({"s3cret": ["x s3cret", {"k": "s3cret"}], "n": 1});
+        mask_json(&mut v, &secrets);
+        assert_eq!(
+            v,
+            serde_json::json!({"[secret 'token']": ["x [secret 'token']", {"k": "[secret 'token']"}], "n": 1})
+        );
+    }
 
     struct Fixed {
         cost: f64,

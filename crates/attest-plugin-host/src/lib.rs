@@ -772,7 +772,18 @@ impl AssertionPlugin for Plugin {
     }
 
     fn evaluate(&self, trace_json: &str, configs: &[&str], call: &PluginCall) -> Vec<PluginAnswer> {
-        let (answers, used) = Plugin::evaluate(self, trace_json, configs, call);
+        let (mut answers, used) = Plugin::evaluate(self, trace_json, configs, call);
+        // Whatever the plugin wrote leaves the host with its secrets masked.
+        if !self.secrets.is_empty() {
+            for a in &mut answers {
+                if let std::borrow::Cow::Owned(m) = capabilities::mask(&a.explanation, &self.secrets) {
+                    a.explanation = m;
+                }
+                if let Some(d) = &mut a.details {
+                    capabilities::mask_json(d, &self.secrets);
+                }
+            }
+        }
         if let Some(recorded) = self.recorded.get() {
             let mut recorded = recorded.lock().unwrap_or_else(|e| e.into_inner());
             if recorded.len() < MAX_RECORDED_USES {

@@ -335,6 +335,11 @@ impl State {
     /// plugin, while the call's log budget lasts.
     pub fn write_log(&mut self, level: LogLevel, message: &str) {
         let message = crate::text::clip(message, 2000);
+        // Logs name a secret, never show it.
+        let message = match self.capabilities.as_deref() {
+            Some(cx) => masked(message, &cx.secrets),
+            None => message,
+        };
         if level == LogLevel::Error {
             self.last_error = Some(crate::text::clip(&message, LAST_WORDS_CHARS));
         }
@@ -1307,16 +1312,12 @@ fn last_words(state: &State) -> String {
     format!("; {label}: \"{cut}{}\"", crate::text::neutralise_bidi(&end))
 }
 
-/// `text` with every secret value granted to the call replaced by
-/// `[secret]`: a plugin that prints or panics with a secret it was given
-/// must not hand it on to whoever reads results.
-fn masked(mut text: String, secrets: &std::collections::BTreeMap<String, String>) -> String {
-    for value in secrets.values().filter(|v| !v.is_empty()) {
-        if text.contains(value.as_str()) {
-            text = text.replace(value.as_str(), "[secret]");
-        }
+/// `text` with every secret value granted to the call masked ([`crate::capabilities::mask`]).
+fn masked(text: String, secrets: &std::collections::BTreeMap<String, String>) -> String {
+    match crate::capabilities::mask(&text, secrets) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(m) => m,
     }
-    text
 }
 
 /// `text` on one line: line breaks become ` | `, tabs spaces, and other
@@ -1356,7 +1357,7 @@ mod tests {
         let secrets = std::collections::BTreeMap::from([("token".to_owned(), "s3cret".to_owned()), ("empty".to_owned(), String::new())]);
         assert_eq!(
             masked("token=s3cret, again s3cret".into(), &secrets),
-            "token=[secret], again [secret]"
+            "token=[secret 'token'], again [secret 'token']"
         );
     }
 

@@ -2,7 +2,9 @@
 //! config (by default names an environment would hold). Granted
 //! `config-secret`, it sees only what the operator mapped to it; without the
 //! grant, the call is refused and the refusal is its error. It reports
-//! which names it found, never the values.
+//! which names it found, never the values, unless its config says `leak`:
+//! then it tries every way out with them (explanation, details, log lines
+//! at every level, an error), and the engine must mask each.
 
 use attest_plugin_sdk::models::{self, Capability};
 use attest_plugin_sdk::{AssertionPlugin, PluginError, PluginInfo, Trace, Verdict};
@@ -14,6 +16,9 @@ pub struct SecretSnoop;
 pub struct Config {
     #[serde(default = "default_names")]
     names: Vec<String>,
+    /// Try to hand the values out; `error` fails the call with them instead.
+    #[serde(default)]
+    leak: Option<String>,
 }
 
 fn default_names() -> Vec<String> {
@@ -33,10 +38,23 @@ impl AssertionPlugin for SecretSnoop {
 
     fn evaluate(_: &Trace, config: &Config) -> Result<Verdict, PluginError> {
         let mut found = Vec::new();
+        let mut values = Vec::new();
         for name in &config.names {
             if let Some(value) = models::config_secret(name)? {
                 found.push(format!("{name} ({} bytes)", value.len()));
+                values.push(value);
             }
+        }
+        match config.leak.as_deref() {
+            Some("error") => return Err(PluginError::Internal(format!("cannot go on with {}", values.join(" and ")))),
+            Some(_) => {
+                let all = values.join(" ");
+                for level in [attest_plugin_sdk::LogLevel::Debug, attest_plugin_sdk::LogLevel::Info, attest_plugin_sdk::LogLevel::Warn, attest_plugin_sdk::LogLevel::Error] {
+                    attest_plugin_sdk::log(level, &format!("the secrets are {all}"));
+                }
+                return Ok(Verdict::fail(format!("leaking {all}")).with_details(attest_plugin_sdk::serde_json::json!({"expected": all.clone(), "actual": [all.clone(), {"nested": all.clone()}], (all.clone()): 1})));
+            }
+            None => {}
         }
         Ok(if found.is_empty() {
             Verdict::pass("no secret was mapped under the names asked for")
