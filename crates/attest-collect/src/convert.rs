@@ -29,6 +29,11 @@ pub enum SpanRole {
 pub enum Convention {
     GenAi,
     OpenInference,
+    /// OpenLLMetry (`traceloop.span.kind`, `traceloop.entity.*`); its LLM
+    /// spans are GenAI spans.
+    Traceloop,
+    /// MLflow tracing (`mlflow.spanType`, `mlflow.spanInputs`/`mlflow.spanOutputs`).
+    MlFlow,
 }
 
 pub fn classify(span: &Span) -> (SpanRole, Option<Convention>) {
@@ -41,6 +46,26 @@ pub fn classify(span: &Span) -> (SpanRole, Option<Convention>) {
             _ => SpanRole::Passthrough,
         };
         return (role, Some(Convention::OpenInference));
+    }
+    // OpenLLMetry (Traceloop): workflows and tasks hold the steps.
+    if let Some(kind) = span.attr_str("traceloop.span.kind") {
+        let role = match kind {
+            "agent" => SpanRole::Agent,
+            "tool" => SpanRole::Tool,
+            _ => SpanRole::Passthrough,
+        };
+        return (role, Some(Convention::Traceloop));
+    }
+    // MLflow tracing.
+    if let Some(kind) = span.attr_str("mlflow.spanType") {
+        let role = match kind.to_ascii_uppercase().as_str() {
+            "LLM" | "CHAT_MODEL" => SpanRole::Llm,
+            "TOOL" => SpanRole::Tool,
+            "RETRIEVER" => SpanRole::Retrieval,
+            "AGENT" => SpanRole::Agent,
+            _ => SpanRole::Passthrough,
+        };
+        return (role, Some(Convention::MlFlow));
     }
     if let Some(op) = span.attr_str("gen_ai.operation.name") {
         let role = match op {
@@ -626,14 +651,33 @@ impl<'a> Tree<'a> {
     }
 
     fn tool_step(&self, span: &Span) -> Value {
-        let name = first_str(span, &["gen_ai.tool.name", "tool.name"]).unwrap_or_else(|| step_name(&span.name, "tool"));
-        let raw_args = first_value(span, &["gen_ai.tool.call.arguments", "input.value", "tool.parameters"]);
+        let name =
+            first_str(span, &["gen_ai.tool.name", "tool.name", "traceloop.entity.name"]).unwrap_or_else(|| step_name(&span.name, "tool"));
+        let raw_args = first_value(
+            span,
+            &[
+                "gen_ai.tool.call.arguments",
+                "input.value",
+                "traceloop.entity.input",
+                "mlflow.spanInputs",
+                "tool.parameters",
+            ],
+        )
+        .map(unwrap_call_input);
         let args = raw_args
             .as_ref()
             .and_then(|v| self.framework.tool_args(v))
             .or_else(|| raw_args.map(|v| as_object(v, "input")))
             .unwrap_or_else(|| json!({}));
-        let raw_result = first_value(span, &["gen_ai.tool.call.result", "output.value"]);
+        let raw_result = first_value(
+            span,
+            &[
+                "gen_ai.tool.call.result",
+                "output.value",
+                "traceloop.entity.output",
+                "mlflow.spanOutputs",
+            ],
+        );
         let (result, call_id) = match raw_result.as_ref().and_then(|v| self.framework.tool_result(v)) {
             Some((result, id)) => (result, id),
             None => (raw_result.map(|v| as_object(v, "output")).unwrap_or_else(|| json!({})), None),
@@ -657,6 +701,22 @@ impl Totals {
             self.cost_usd += c;
             self.priced = true;
         }
+    }
+}
+
+/// Traceloop records a decorated function's call as `{"args": [...], "kwargs": {...}}`:
+/// its keyword arguments are the tool's arguments.
+fn unwrap_call_input(v: Value) -> Value {
+    let parsed = match &v {
+        Value::String(s) if s.trim_start().starts_with('{') => serde_json::from_str::<Value>(s).ok(),
+        Value::Object(_) => Some(v.clone()),
+        _ => None,
+    };
+    match parsed {
+        Some(Value::Object(o)) if o.len() == 2 && o.contains_key("args") && o.get("kwargs").is_some_and(Value::is_object) => {
+            o.get("kwargs").cloned().unwrap_or(v)
+        }
+        _ => v,
     }
 }
 
@@ -730,18 +790,21 @@ fn step_metadata(span: &Span) -> Value {
 
 /// An agent's name, also its `agent_id`, which the engine takes up to 1,024 bytes long.
 fn agent_name(span: &Span) -> Option<String> {
-    first_str(span, &["gen_ai.agent.name", "agent.name", "gen_ai.agent.id"])
-        .or_else(|| {
-            // `invoke_agent {name}` is the GenAI span name when the attribute is missing.
-            span.name.strip_prefix("invoke_agent ").map(str::to_string)
-        })
-        .or_else(|| {
-            // OpenInference sets no name attribute of its own on AGENT spans
-            // (its tracer's `@agent(name=...)` names the span): the span
-            // name is the agent's name.
-            (classify(span) == (SpanRole::Agent, Some(Convention::OpenInference)) && !span.name.is_empty()).then(|| span.name.clone())
-        })
-        .map(|n| clip_to(n, MAX_ID_BYTES))
+    first_str(
+        span,
+        &["gen_ai.agent.name", "agent.name", "gen_ai.agent.id", "traceloop.entity.name"],
+    )
+    .or_else(|| {
+        // `invoke_agent {name}` is the GenAI span name when the attribute is missing.
+        span.name.strip_prefix("invoke_agent ").map(str::to_string)
+    })
+    .or_else(|| {
+        // OpenInference sets no name attribute of its own on AGENT spans
+        // (its tracer's `@agent(name=...)` names the span): the span
+        // name is the agent's name.
+        (classify(span) == (SpanRole::Agent, Some(Convention::OpenInference)) && !span.name.is_empty()).then(|| span.name.clone())
+    })
+    .map(|n| clip_to(n, MAX_ID_BYTES))
 }
 
 /// `s` cut to at most `max` bytes, on a character boundary.
@@ -1406,6 +1469,77 @@ mod tests {
         };
         assert!(trace["metadata"].get("total_tokens").is_none(), "unknown, not 0: {trace:#}");
         assert_eq!(trace["steps"][0]["result"]["tokens"], Value::Null);
+    }
+
+    #[test]
+    fn openllmetry_and_mlflow_span_shapes() {
+        let traceloop = vec![
+            span(
+                "w",
+                None,
+                "refund.workflow",
+                0,
+                json!({"traceloop.span.kind": "workflow", "traceloop.entity.name": "refund"}),
+            ),
+            span(
+                "a",
+                Some("w"),
+                "refund-agent.agent",
+                1,
+                json!({"traceloop.span.kind": "agent", "traceloop.entity.name": "refund-agent"}),
+            ),
+            span(
+                "l",
+                Some("a"),
+                "openai.chat",
+                2,
+                json!({"gen_ai.system": "openai", "gen_ai.request.model": "gpt-4o", "gen_ai.usage.prompt_tokens": 7, "gen_ai.usage.completion_tokens": 3}),
+            ),
+            span(
+                "t",
+                Some("a"),
+                "lookup_order.tool",
+                3,
+                json!({"traceloop.span.kind": "tool", "traceloop.entity.name": "lookup_order",
+                       "traceloop.entity.input": "{\"args\": [], \"kwargs\": {\"order_id\": \"ORD-7\"}}",
+                       "traceloop.entity.output": "{\"status\": \"delivered\"}"}),
+            ),
+        ];
+        let Converted::Trace { trace, .. } = convert("t", &traceloop, &prices()) else {
+            panic!()
+        };
+        assert_eq!(trace["agent_id"], "refund-agent", "{trace:#}");
+        let steps = trace["steps"].as_array().unwrap();
+        assert_eq!(steps.len(), 2, "{trace:#}");
+        assert_eq!(steps[1]["name"], "lookup_order");
+        assert_eq!(steps[1]["args"], json!({"order_id": "ORD-7"}));
+        assert_eq!(steps[1]["result"], json!({"status": "delivered"}));
+        assert_eq!(trace["metadata"]["total_tokens"], 10);
+
+        let mlflow = vec![
+            span("r", None, "Agent", 0, json!({"mlflow.spanType": "AGENT"})),
+            span("c", Some("r"), "ChatModel", 1, json!({"mlflow.spanType": "CHAT_MODEL"})),
+            span(
+                "t",
+                Some("r"),
+                "lookup_order",
+                2,
+                json!({"mlflow.spanType": "TOOL", "mlflow.spanInputs": "{\"order_id\": \"ORD-7\"}", "mlflow.spanOutputs": "\"delivered\""}),
+            ),
+            span("d", Some("r"), "kb", 3, json!({"mlflow.spanType": "RETRIEVER"})),
+        ];
+        let Converted::Trace { trace, .. } = convert("t", &mlflow, &prices()) else {
+            panic!()
+        };
+        let kinds: Vec<&str> = trace["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["llm_call", "tool_call", "retrieval"], "{trace:#}");
+        assert_eq!(trace["steps"][1]["args"], json!({"order_id": "ORD-7"}));
+        assert_eq!(trace["steps"][1]["result"], json!({"output": "delivered"}));
     }
 
     #[test]

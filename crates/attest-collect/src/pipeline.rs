@@ -120,6 +120,15 @@ impl Pipeline {
             Converted::UnknownConvention => {
                 self.metrics
                     .dropped(DropReason::UnknownConvention.as_str(), closed.spans.len() as u64);
+                // Said once, with what to change; every one is counted above.
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    let root = closed.spans.iter().find(|s| s.is_local_root()).map_or("", |s| s.name.as_str());
+                    tracing::warn!(
+                        root_span = %crate::bounded(root, 128),
+                        "a trace with no span of a convention collect reads (GenAI gen_ai.*, OpenInference openinference.span.kind, Traceloop traceloop.span.kind, MLflow mlflow.spanType) was not evaluated; instrument the LLM client or agent framework (docs/continuous.md, Agent frameworks); counted as traces_dropped_total{{reason=\"unknown_convention\"}}, said once"
+                    );
+                });
                 None
             }
         }
