@@ -317,6 +317,14 @@ pub enum LogLevel {
     Error,
 }
 
+/// Longest log line kept, in characters.
+pub const LOG_LINE_CHARS: usize = 2000;
+/// Most bytes of a log line copied out of a plugin's memory: the
+/// [`LOG_LINE_CHARS`] characters kept, at four bytes each at most. A longer
+/// line is cut while it is copied, so a plugin logging lines of megabytes
+/// costs the engine no more than this per line.
+pub const LOG_LINE_BYTES: usize = LOG_LINE_CHARS * 4;
+
 impl State {
     /// Serves a capability call, or refuses it when the plugin requested no
     /// capability at all.
@@ -334,7 +342,7 @@ impl State {
     /// `host.log`: the line goes to the engine's log, attributed to the
     /// plugin, while the call's log budget lasts.
     pub fn write_log(&mut self, level: LogLevel, message: &str) {
-        let message = crate::text::clip(message, 2000);
+        let message = crate::text::clip(message, LOG_LINE_CHARS);
         // Logs name a secret, never show it.
         let message = match self.capabilities.as_deref() {
             Some(cx) => masked(message, &cx.secrets),
