@@ -423,6 +423,26 @@ impl ReceiverState {
         None
     }
 
+    /// Inflates a body and decodes it with `decode` on the blocking pool,
+    /// one request per core at a time, so that decoding a large request never
+    /// stalls the async workers that answer other requests and `/metrics`.
+    async fn decode<T: Send + 'static>(
+        &self,
+        body: bytes::Bytes,
+        content_encoding: Option<String>,
+        decode: impl FnOnce(&[u8], usize) -> Result<T, otlp::BadPayload> + Send + 'static,
+    ) -> Result<Result<T, otlp::BadPayload>, Refusal> {
+        let Ok(_decoding) = self.decoding.clone().acquire_owned().await else {
+            return Err(Refusal::Overloaded("the receiver is shutting down; retry later"));
+        };
+        let max_bytes = self.max_request_bytes;
+        Ok(tokio::task::spawn_blocking(move || {
+            otlp::decompress(&body, content_encoding.as_deref(), max_bytes).and_then(|raw| decode(&raw, max_bytes))
+        })
+        .await
+        .unwrap_or_else(|e| Err(otlp::BadPayload(format!("decoding the request failed: {e}")))))
+    }
+
     /// Like [`ReceiverState::ingest`], for a log request: its GenAI events
     /// go to the assembler beside the spans they name.
     pub async fn ingest_logs(
@@ -431,16 +451,10 @@ impl ReceiverState {
         content_encoding: Option<String>,
         encoding: Encoding,
     ) -> Result<(u64, Option<String>), Refusal> {
-        let Ok(_decoding) = self.decoding.clone().acquire_owned().await else {
-            return Err(Refusal::Overloaded("the receiver is shutting down; retry later"));
-        };
-        let max_bytes = self.max_request_bytes;
-        let decoded = tokio::task::spawn_blocking(move || {
-            otlp::decompress(&body, content_encoding.as_deref(), max_bytes).and_then(|raw| crate::logs::decode(&raw, encoding, max_bytes))
-        })
-        .await
-        .unwrap_or_else(|e| Err(otlp::BadPayload(format!("decoding the request failed: {e}"))));
-        let decoded = decoded.map_err(|e| Refusal::Invalid(e.0))?;
+        let decoded = self
+            .decode(body, content_encoding, move |raw, max| crate::logs::decode(raw, encoding, max))
+            .await?
+            .map_err(|e| Refusal::Invalid(e.0))?;
         self.metrics.log_records_ignored.fetch_add(decoded.ignored, Ordering::Relaxed);
         self.metrics
             .log_events_received
@@ -466,15 +480,9 @@ impl ReceiverState {
         content_encoding: Option<String>,
         encoding: Encoding,
     ) -> Result<(u64, Option<String>), Refusal> {
-        let Ok(_decoding) = self.decoding.clone().acquire_owned().await else {
-            return Err(Refusal::Overloaded("the receiver is shutting down; retry later"));
-        };
-        let max_bytes = self.max_request_bytes;
-        let decoded = tokio::task::spawn_blocking(move || {
-            otlp::decompress(&body, content_encoding.as_deref(), max_bytes).and_then(|raw| otlp::decode(&raw, encoding, max_bytes))
-        })
-        .await
-        .unwrap_or_else(|e| Err(otlp::BadPayload(format!("decoding the request failed: {e}"))));
+        let decoded = self
+            .decode(body, content_encoding, move |raw, max| otlp::decode(raw, encoding, max))
+            .await?;
         let decoded = match decoded {
             Ok(d) => d,
             Err(e) => {

@@ -317,6 +317,28 @@ pub enum LogLevel {
     Error,
 }
 
+/// Links `host.log` of the contract version whose interface is `interface`
+/// over its bindings' own: the message is copied out of the plugin's memory
+/// only up to [`LOG_LINE_BYTES`] bytes. `L` is that version's log level.
+pub(super) fn link_log<L>(linker: &mut wasmtime::component::Linker<State>, interface: &str, level: fn(L) -> LogLevel) -> anyhow::Result<()>
+where
+    L: wasmtime::component::ComponentType + wasmtime::component::Lift + Send + Sync + 'static,
+{
+    linker.allow_shadowing(true);
+    let linked = linker.instance(interface).and_then(|mut host| {
+        host.func_wrap(
+            "log",
+            move |mut cx: wasmtime::StoreContextMut<'_, State>, (l, message): (L, BoundedText<LOG_LINE_BYTES>)| -> wasmtime::Result<()> {
+                cx.data_mut().write_log(level(l), &message.text);
+                Ok(())
+            },
+        )
+    });
+    linker.allow_shadowing(false);
+    linked?;
+    Ok(())
+}
+
 /// Longest log line kept, in characters.
 pub const LOG_LINE_CHARS: usize = 2000;
 /// Most bytes of a log line copied out of a plugin's memory: the

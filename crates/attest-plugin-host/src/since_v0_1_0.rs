@@ -9,9 +9,9 @@
 //! has kept its shape since 0.1.0, so its results are lifted in one place
 //! ([`super::sandbox`]).
 
-use super::sandbox::{BoundedText, Fault, Info, LogLevel, State, LOG_LINE_BYTES, MAX_INFO_BYTES, MAX_SCHEMA_BYTES};
+use super::sandbox::{BoundedText, Fault, Info, LogLevel, State, MAX_INFO_BYTES, MAX_SCHEMA_BYTES};
 use wasmtime::component::{ComponentExportIndex, ComponentType, HasSelf, Instance, InstancePre, Lift, Linker};
-use wasmtime::{Store, StoreContextMut};
+use wasmtime::Store;
 
 wasmtime::component::bindgen!({
     path: "../../wit/since_v0.1.0",
@@ -24,7 +24,7 @@ pub const MIN_VERSION: (u64, u64, u64) = (0, 1, 0);
 /// Links this version's imports (`host.log`).
 pub fn add_to_linker(linker: &mut Linker<State>) -> anyhow::Result<()> {
     AssertionPlugin::add_to_linker::<State, HasSelf<State>>(linker, |s| s)?;
-    link_log(linker)
+    super::sandbox::link_log(linker, "attest:plugin/host@0.1.0", log_level)
 }
 
 /// Checks that a linked component exports this world's functions with this
@@ -35,7 +35,7 @@ pub fn check_exports(pre: &InstancePre<State>) -> anyhow::Result<()> {
 }
 
 impl attest::plugin::host::Host for State {
-    // Linked by hand instead ([`link_log`]), to cut long lines while they are copied.
+    // Linked by hand instead (`sandbox::link_log`), to cut long lines while they are copied.
     fn log(&mut self, level: attest::plugin::host::LogLevel, message: String) {
         self.write_log(log_level(level), &message);
     }
@@ -49,26 +49,6 @@ fn log_level(level: attest::plugin::host::LogLevel) -> LogLevel {
         Level::Warn => LogLevel::Warn,
         Level::Error => LogLevel::Error,
     }
-}
-
-/// `host.log`, linked over the bindings' own: the message is copied out of
-/// the plugin's memory only up to [`LOG_LINE_BYTES`] bytes.
-fn link_log(linker: &mut Linker<State>) -> anyhow::Result<()> {
-    linker.allow_shadowing(true);
-    let linked = linker.instance("attest:plugin/host@0.1.0").and_then(|mut host| {
-        host.func_wrap(
-            "log",
-            |mut cx: StoreContextMut<'_, State>,
-             (level, message): (attest::plugin::host::LogLevel, BoundedText<LOG_LINE_BYTES>)|
-             -> wasmtime::Result<()> {
-                cx.data_mut().write_log(log_level(level), &message.text);
-                Ok(())
-            },
-        )
-    });
-    linker.allow_shadowing(false);
-    linked?;
-    Ok(())
 }
 
 impl attest::plugin::types::Host for State {}

@@ -49,7 +49,12 @@ impl AssertionPlugin for SecretSnoop {
             Some("error") => return Err(PluginError::Internal(format!("cannot go on with {}", values.join(" and ")))),
             Some(_) => {
                 let all = values.join(" ");
-                for level in [attest_plugin_sdk::LogLevel::Debug, attest_plugin_sdk::LogLevel::Info, attest_plugin_sdk::LogLevel::Warn, attest_plugin_sdk::LogLevel::Error] {
+                for level in [
+                    attest_plugin_sdk::LogLevel::Debug,
+                    attest_plugin_sdk::LogLevel::Info,
+                    attest_plugin_sdk::LogLevel::Warn,
+                    attest_plugin_sdk::LogLevel::Error,
+                ] {
                     attest_plugin_sdk::log(level, &format!("the secrets are {all}"));
                 }
                 return Ok(Verdict::fail(format!("leaking {all}")).with_details(attest_plugin_sdk::serde_json::json!({"expected": all.clone(), "actual": [all.clone(), {"nested": all.clone()}], (all.clone()): 1})));
