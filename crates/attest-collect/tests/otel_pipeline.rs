@@ -231,3 +231,62 @@ async fn zero_code_instrumentation_with_its_default_grpc_settings() {
     let answers: Vec<&Value> = traces.iter().map(|t| &t["steps"][0]["result"]["completion"]).collect();
     assert!(answers.contains(&&Value::from("Your refund is processed.")), "{answers:?}");
 }
+
+/// gRPC refusals carry gRPC's own codes, as an exporter reads them
+/// (`grpcio`, raw messages): a message that is no OTLP request is
+/// `INVALID_ARGUMENT`, a missing bearer token `UNAUTHENTICATED`; gzip is
+/// accepted. Each is counted with the HTTP status it stands for.
+#[tokio::test]
+async fn grpc_refusals_use_grpc_codes() {
+    let Some(python) = venv_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut collector = Collector::start_on(
+        Evaluator::product(),
+        dir.path(),
+        RULES,
+        &["--otlp-grpc", "127.0.0.1:0", "--bearer-token-env", "GRPC_TEST_TOKEN"],
+        &[("GRPC_TEST_TOKEN", "s3cret")],
+    );
+    let addr = collector.grpc_addr();
+    let script = r#"
+import sys, grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+addr = sys.argv[1]
+ch = grpc.insecure_channel(addr)
+export = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+auth = [("authorization", "Bearer s3cret")]
+def code(body, metadata, **kw):
+    try:
+        export(body, metadata=metadata, timeout=10, **kw)
+        return "OK"
+    except grpc.RpcError as e:
+        return e.code().name
+def trace(i):
+    s = Span(trace_id=bytes([i + 1]) * 16, span_id=bytes([i + 1]) * 8, name="invoke_agent a", start_time_unix_nano=1, end_time_unix_nano=2)
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[s])])]).SerializeToString()
+print(code(trace(0), []))
+print(code(b"\xff\xff\xff", auth))
+print(code(trace(1), auth, compression=grpc.Compression.Gzip))
+"#;
+    let out = Command::new(&python).arg("-c").arg(script).arg(&addr).output().expect("run grpcio");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_owned).collect();
+    assert_eq!(lines[0], "UNAUTHENTICATED", "{lines:?}");
+    assert_eq!(lines[1], "INVALID_ARGUMENT", "{lines:?}");
+    assert_eq!(lines[2], "OK", "gzip: {lines:?}");
+    let metrics = collector.metrics().await;
+    assert!(
+        support::metric(&metrics, "attest_collect_requests_total{code=\"401\",encoding=\"grpc\"}") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        support::metric(&metrics, "attest_collect_requests_total{code=\"400\",encoding=\"grpc\"}") >= 1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        support::metric(&metrics, "attest_collect_spans_received_total"),
+        1.0,
+        "the gzip one: {metrics}"
+    );
+}
