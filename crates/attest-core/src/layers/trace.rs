@@ -11,6 +11,26 @@ use crate::trace::Trace;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 
+/// The first sub-agent below `trace` (depth first) that called `tool`, and
+/// the path of its sub-trace.
+fn called_below(trace: &Trace, tool: &str) -> Option<(String, String)> {
+    fn walk(t: &Trace, tool: &str, path: &str, depth: usize) -> Option<(String, String)> {
+        if depth > 8 {
+            return None;
+        }
+        t.steps.iter().enumerate().find_map(|(i, s)| {
+            let sub = s.sub_trace.as_deref()?;
+            let here = format!("{path}.steps[{i}].sub_trace");
+            if sub.tool_steps().any(|(_, c)| c.name == tool) {
+                let agent = sub.agent_id.clone().unwrap_or_else(|| s.name.clone());
+                return Some((agent, here));
+            }
+            walk(sub, tool, &here, depth + 1)
+        })
+    }
+    walk(trace, tool, "trace", 0)
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum TraceCheck {
     /// The tools appear in this order, gaps allowed.
@@ -71,12 +91,23 @@ impl TraceCheck {
     pub fn evaluate(&self, trace: &Trace) -> Verdict {
         let calls: Vec<(usize, &str)> = trace.tool_steps().map(|(i, s)| (i, s.name.as_str())).collect();
         let names: Vec<&str> = calls.iter().map(|(_, n)| *n).collect();
-        self.decide(&calls, &names).on_failure(|| self.evidence(&calls, &names))
+        self.decide(&calls, &names).on_failure(|| self.evidence(trace, &calls, &names))
     }
 
     /// Expected tools and the observed sequence, for a failed check; the
     /// path names the offending step when one call is at fault.
-    fn evidence(&self, calls: &[(usize, &str)], names: &[&str]) -> Evidence {
+    fn evidence(&self, trace: &Trace, calls: &[(usize, &str)], names: &[&str]) -> Evidence {
+        // A tool this trace never called may have been called by a sub-agent:
+        // then the agent works, and the check is in the wrong place.
+        let not_called = |tool: &str| {
+            match called_below(trace, tool) {
+            Some((agent, path)) => format!(
+                "`{tool}` was not called by this agent but by its sub-agent {} (at {path}): layer 3 checks the trace's own steps; check the whole tree with layer 7 (trace_tree, check all_tools_called), or match a rule on that agent.",
+                quote(&agent)
+            ),
+            None => format!("`{tool}` was never called: make the agent call it, or drop it from spec.tools."),
+        }
+        };
         let arrow = |tools: &[&str]| {
             if tools.is_empty() {
                 "(no tool calls)".to_owned()
@@ -114,10 +145,7 @@ impl TraceCheck {
                     }
                 }
                 let (hint, culprit) = match unmatched {
-                    Some(j) if !names.contains(&tools[j].as_str()) => (
-                        format!("`{}` was never called: make the agent call it, or drop it from spec.tools.", tools[j]),
-                        None,
-                    ),
+                    Some(j) if !names.contains(&tools[j].as_str()) => (not_called(&tools[j]), None),
                     Some(j) if tools[..j].contains(&tools[j]) => (
                         format!(
                             "`{}` is expected again after `{}` but was not called again: make the agent call it once more, or drop the repeat from spec.tools.",
@@ -166,14 +194,16 @@ impl TraceCheck {
             TraceCheck::RequiredTools(tools) => {
                 let called: HashSet<&str> = names.iter().copied().collect();
                 let missing: Vec<&str> = tools.iter().map(String::as_str).filter(|t| !called.contains(t)).collect();
-                (
-                    format!("required_tools: {}", owned(tools).join(", ")),
-                    format!(
+                let (below, never): (Vec<&str>, Vec<&str>) = missing.iter().partition(|m| called_below(trace, m).is_some());
+                let mut hint = Vec::new();
+                if !never.is_empty() {
+                    hint.push(format!(
                         "Make the agent call {} (never called), or drop it from spec.tools.",
-                        missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")
-                    ),
-                    None,
-                )
+                        never.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")
+                    ));
+                }
+                hint.extend(below.iter().map(|m| not_called(m)));
+                (format!("required_tools: {}", owned(tools).join(", ")), hint.join(" "), None)
             }
             TraceCheck::ForbiddenTools(tools) => {
                 let forbidden: HashSet<&str> = tools.iter().map(String::as_str).collect();
@@ -379,6 +409,30 @@ mod tests {
         parse_trace(&RawValue::from_string(v.to_string()).unwrap(), &Limits::default())
             .unwrap()
             .trace
+    }
+
+    #[test]
+    fn a_tool_a_sub_agent_called_is_not_called_never_called() {
+        let t = trace(json!([
+            {"type": "llm_call", "name": "route"},
+            {"type": "agent_call", "name": "refund-agent", "sub_trace": {
+                "schema_version": 1, "trace_id": "t:1", "agent_id": "refund-agent", "output": {"message": "done"},
+                "steps": [{"type": "tool_call", "name": "lookup_order"}]}}
+        ]));
+        for check in [
+            TraceCheck::RequiredTools(vec!["lookup_order".into(), "escalate".into()]),
+            TraceCheck::ContainsInOrder(vec!["lookup_order".into()]),
+        ] {
+            let v = check.evaluate(&t);
+            let hint = v.evidence.as_ref().and_then(|e| e.hint.clone()).unwrap_or_default();
+            assert!(
+                hint.contains("by its sub-agent 'refund-agent' (at trace.steps[1].sub_trace)"),
+                "{hint}"
+            );
+            assert!(hint.contains("all_tools_called"), "{hint}");
+        }
+        let v = TraceCheck::RequiredTools(vec!["escalate".into()]).evaluate(&t);
+        assert!(v.evidence.unwrap().hint.unwrap().contains("`escalate` (never called)"));
     }
 
     fn refund() -> Trace {
