@@ -108,10 +108,13 @@ def test_layer6_judge_failure_renders_score_and_audit_trail(attest) -> None:
     assert got["actual"].startswith("score 0.20"), block
     assert got["judge"].startswith("gpt-4.1 / helpfulness @ 2026-11.1"), block
     # The hash is the SDK's own prompt_hash over the prompt as sent: the
-    # system message the provider received, then the assertion's criteria.
+    # system message the provider received, less the verdict contract whose
+    # nonce is new with every call, then the assertion's criteria.
     requests = paid.sent(nonce, "/v1/chat/completions")
     assert requests, "the judge was asked"
-    system = requests[0]["body"]["messages"][0]["content"]
+    sent = requests[0]["body"]["messages"][0]["content"]
+    system = sent.split("\n\nEnd your reply with your verdict")[0]
+    assert system != sent, "the verdict contract was sent"
     assert got["prompt"] == "#" + prompt_hash(system + "\nEvaluation criteria: answers the refund request"), block
 
 

@@ -724,7 +724,7 @@ fn parse_reply(text: &str, nonce: &str) -> Result<Reply, String> {
     let close = format!("</verdict-{nonce}>");
     let count = text.matches(&open).count();
     if count == 0 {
-        return Err(format!("no verdict between the {open} tags"));
+        return Err(format!("no verdict, a JSON object with a numeric score, between the {open} tags"));
     }
     if count > 1 {
         return Err(format!("{count} verdicts between {open} tags; the contract allows one"));
