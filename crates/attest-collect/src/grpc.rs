@@ -127,11 +127,25 @@ where
         };
         let state = self.state.clone();
         Box::pin(async move {
+            // Taken before the message is read, as for HTTP: a call waiting
+            // for its upload holds its place like any other.
+            let Ok(_permit) = state.inflight.try_acquire() else {
+                state.metrics.request(http_equivalent(Code::ResourceExhausted), LABEL);
+                return Ok(retry(Code::ResourceExhausted, "too many export requests in flight; retry later", 1).into_http());
+            };
             let max = state.max_request_bytes;
             let mut grpc = Grpc::new(RawCodec)
                 .apply_compression_config(gzip(), EnabledCompressionEncodings::default())
                 .apply_max_message_size_config(Some(max), Some(max));
-            Ok(grpc.unary(Export { state, signal }, req).await)
+            Ok(grpc
+                .unary(
+                    Export {
+                        state: state.clone(),
+                        signal,
+                    },
+                    req,
+                )
+                .await)
         })
     }
 }
@@ -206,9 +220,6 @@ async fn export(state: &ReceiverState, signal: Signal, request: Request<Bytes>) 
         }
     }
     let body = request.into_inner();
-    let Ok(_permit) = state.inflight.try_acquire() else {
-        return Err(retry(Code::ResourceExhausted, "too many export requests in flight; retry later", 1));
-    };
     // tonic has read the message whole (at most --max-request-bytes): it
     // holds its share of the in-flight budget while it is decoded.
     let Ok(_reserved) = state.inflight_kib.try_acquire_many(kib(body.len())) else {
