@@ -323,7 +323,10 @@ fn a_garbage_reply_is_a_provider_error_not_a_zero() {
     let resp = e.request(&evaluate_request(json!(1), trace_with_output("GOOD"), json!([judge("j", "tone")])));
     assert_eq!(resp["error"]["code"], 2001, "{resp}");
     let msg = resp["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("no verdict") && msg.contains("numeric score") && msg.contains("solid eight"), "{msg}");
+    assert!(
+        msg.contains("no verdict") && msg.contains("numeric score") && msg.contains("solid eight"),
+        "{msg}"
+    );
     assert_eq!(resp["error"]["data"]["retryable"], true, "{resp}");
 
     // A body that is not JSON at all is retried, then reported.
