@@ -769,7 +769,7 @@ fn fill_tool_args(steps: &mut [Value]) {
                 if bare
                     && args_obj.get("input").is_none_or(|v| {
                         args.as_object()
-                            .is_some_and(|a| a.len() == 1 && a.values().any(|x| x == v || x.as_str() == v.as_str()))
+                            .is_some_and(|a| a.len() == 1 && a.values().any(|x| x == v || v.as_str() == Some(scalar_string(x).as_str())))
                     })
                 {
                     step["args"] = args;
@@ -1450,6 +1450,23 @@ mod tests {
         };
         assert_eq!(trace["metadata"]["total_tokens"], 10, "{trace:#}");
         assert_eq!(trace["steps"][1]["sub_trace"]["metadata"]["total_tokens"], 20);
+    }
+
+    #[test]
+    fn a_bare_tool_input_takes_the_model_calls_arguments_only_when_it_is_their_one_value() {
+        let call = |args: &str| json!({"type": "llm_call", "name": "chat", "result": {"tool_calls": [{"id": "c1", "name": "t", "arguments": args}]}});
+        let tool = |input: Value| json!({"type": "tool_call", "name": "t", "args": {"input": input}, "metadata": {}});
+        for (input, args, want) in [
+            (json!("ORD-7"), r#"{"order_id": "ORD-7"}"#, json!({"order_id": "ORD-7"})),
+            (json!("7"), r#"{"n": 7}"#, json!({"n": 7})),
+            // Another value, or two arguments: the span's own record stays.
+            (json!(7), r#"{"n": 8}"#, json!({"input": 7})),
+            (json!("ORD-7"), r#"{"a": "ORD-7", "b": 1}"#, json!({"input": "ORD-7"})),
+        ] {
+            let mut steps = vec![call(args), tool(input)];
+            fill_tool_args(&mut steps);
+            assert_eq!(steps[1]["args"], want, "{args}");
+        }
     }
 
     #[test]
