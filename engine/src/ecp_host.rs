@@ -157,6 +157,7 @@ impl GradingHost for EngineGradingHost {
                 messages,
                 temperature: request.temperature,
                 max_tokens: 1024,
+                verdict_nonce: None,
             };
             let deadline = tokio::time::Instant::now() + self.engine.config.eval_timeout;
             let (completion, cost) = providers

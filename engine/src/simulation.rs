@@ -167,6 +167,7 @@ pub async fn generate(providers: &Providers, params: Option<&RawValue>, deadline
         messages,
         temperature: p.persona.temperature.unwrap_or(0.7),
         max_tokens: p.persona.max_tokens.filter(|m| *m > 0).unwrap_or(300),
+        verdict_nonce: None,
     };
     let (c, _cost) = providers.complete(judge, &chat, deadline).await.map_err(simulation_failed)?;
     let mut message = c.text.trim().to_owned();

@@ -113,7 +113,7 @@ def test_layer6_judge_failure_renders_score_and_audit_trail(attest) -> None:
     requests = paid.sent(nonce, "/v1/chat/completions")
     assert requests, "the judge was asked"
     sent = requests[0]["body"]["messages"][0]["content"]
-    system = sent.split("\n\nEnd your reply with your verdict")[0]
+    system = sent.split("\n\nYour verdict is one JSON object")[0]
     assert system != sent, "the verdict contract was sent"
     assert got["prompt"] == "#" + prompt_hash(system + "\nEvaluation criteria: answers the refund request"), block
 

@@ -361,7 +361,7 @@ fn judge_metadata_reports_samples_and_variance() {
     // whose nonce changes with every call, then the criteria.
     let sent = fake.judge_requests();
     let sent_system = message(&sent[0], "system");
-    let system = sent_system.split("\n\nEnd your reply with your verdict").next().unwrap();
+    let system = sent_system.split("\n\nYour verdict is one JSON object").next().unwrap();
     assert_ne!(system, sent_system, "the contract was sent");
     let expected = attest_calibration::prompt_hash(&format!("{system}\nEvaluation criteria: gives the refund id"));
     assert_eq!(meta["prompt_hash"], json!(expected));

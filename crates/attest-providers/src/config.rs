@@ -40,6 +40,7 @@ pub struct FileJudge {
     pub samples: Option<u32>,
     /// Bias probes run on every judge assertion that names none itself.
     pub bias_probes: Option<Vec<String>>,
+    pub structured_output: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -76,6 +77,9 @@ pub struct JudgeConfig {
     pub base_url: String,
     pub api_key: Option<String>,
     pub model: String,
+    /// Verdicts asked for as a JSON schema (OpenAI-compatible) or a tool
+    /// call (Anthropic); when off, only the nonce-tagged reply contract.
+    pub structured_output: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -267,6 +271,17 @@ impl ProvidersConfig {
                     base_url: check_url(base_url.as_deref().unwrap_or(default_url), &base_url_origin)?,
                     api_key: api_key.or(fallback_key),
                     model: e("ATTEST_JUDGE_MODEL").or(fj.model).unwrap_or_else(|| default_model.into()),
+                    structured_output: match e("ATTEST_JUDGE_STRUCTURED_OUTPUT") {
+                        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                            "1" | "true" | "yes" | "on" => true,
+                            "0" | "false" | "no" | "off" => false,
+                            _ => bail!(
+                                "ATTEST_JUDGE_STRUCTURED_OUTPUT: '{}' is not a switch; use true or false",
+                                clip(&v, 60)
+                            ),
+                        },
+                        None => fj.structured_output.unwrap_or(true),
+                    },
                 })
             }
             None => None,

@@ -82,14 +82,37 @@ pub struct Chat<'a> {
     pub messages: Vec<serde_json::Value>,
     pub temperature: f64,
     pub max_tokens: u32,
+    /// Set when the reply is a judge's verdict: the call's nonce. A judge
+    /// with structured output asks for the verdict in the provider's own
+    /// out-of-band form (an OpenAI JSON schema that requires the nonce, an
+    /// Anthropic tool call), which no text the judge quotes can produce.
+    pub verdict_nonce: Option<&'a str>,
 }
 
 pub struct Completion {
     pub text: String,
+    /// A verdict the provider returned as a tool call's input, apart from
+    /// the reply's text.
+    pub verdict: Option<serde_json::Value>,
     pub usage: Usage,
 }
 
 pub use attest_core::backends::ProviderError;
+
+/// The JSON schema of a judge's verdict: a score in [0, 1], a short
+/// explanation, and the call's nonce echoed back.
+fn verdict_schema(nonce: &str) -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "score": {"type": "number"},
+            "explanation": {"type": "string"},
+            "verdict_id": {"type": "string", "enum": [nonce]},
+        },
+        "required": ["score", "explanation", "verdict_id"],
+        "additionalProperties": false,
+    })
+}
 
 /// Embeddings and what they cost.
 pub struct Embedded {
@@ -118,6 +141,9 @@ pub struct Judge {
     pub kind: JudgeKind,
     endpoint: Endpoint,
     pub model: String,
+    /// Ask for verdicts in the provider's structured form (`[judge]
+    /// structured_output`); off for servers that refuse it.
+    pub structured: bool,
 }
 
 impl Judge {
@@ -278,6 +304,7 @@ impl Providers {
                     api_key: j.api_key.clone(),
                 },
                 model: j.model.clone(),
+                structured: j.structured_output,
             }),
             cache,
             prices: c.prices.clone(),
@@ -422,6 +449,7 @@ impl Providers {
         let model = chat.model.to_owned();
         let messages = chat.messages.clone();
         let (temperature, max_tokens) = (chat.temperature, chat.max_tokens);
+        let verdict_nonce = chat.verdict_nonce.filter(|_| judge.structured).map(str::to_owned);
         let price = self.prices.get(chat.model).copied();
         let call = tokio::spawn(async move {
             let chat = Chat {
@@ -429,6 +457,7 @@ impl Providers {
                 messages,
                 temperature,
                 max_tokens,
+                verdict_nonce: verdict_nonce.as_deref(),
             };
             let answer = match kind {
                 JudgeKind::OpenAi => openai::chat(&http, &endpoint, &chat, deadline).await,

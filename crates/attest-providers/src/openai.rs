@@ -64,12 +64,21 @@ pub async fn embed(
 
 /// One chat completion with a system and a user message.
 pub async fn chat(http: &HttpClient, ep: &Endpoint, chat: &Chat<'_>, deadline: Instant) -> Result<Completion, ProviderError> {
-    let body = json!({
+    let mut body = json!({
         "model": chat.model,
         "messages": chat.messages,
         "temperature": chat.temperature,
         "max_tokens": chat.max_tokens,
     });
+    if let Some(nonce) = chat.verdict_nonce {
+        // Structured outputs: the reply's content is exactly one object of
+        // this schema, and the nonce it must echo is in no text the judge reads
+        // as data.
+        body["response_format"] = json!({
+            "type": "json_schema",
+            "json_schema": {"name": "verdict", "strict": true, "schema": super::verdict_schema(nonce)},
+        });
+    }
     let reply = http
         .post_json("judge", &ep.url("chat/completions"), &ep.headers(), &body, deadline)
         .await?;
@@ -79,6 +88,7 @@ pub async fn chat(http: &HttpClient, ep: &Endpoint, chat: &Chat<'_>, deadline: I
         .ok_or_else(|| ProviderError::failed("judge provider sent an unexpected reply: no choices[0].message.content", 1))?;
     Ok(Completion {
         text: text.to_owned(),
+        verdict: None,
         usage: Usage {
             input_tokens: reply.pointer("/usage/prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
             output_tokens: reply.pointer("/usage/completion_tokens").and_then(Value::as_u64).unwrap_or(0),

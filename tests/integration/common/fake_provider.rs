@@ -116,16 +116,33 @@ pub fn verdict(body: &Value, json: &str) -> String {
     format!("Here is my verdict. <verdict-{n}>{json}</verdict-{n}>")
 }
 
+/// The nonce a structured-output request requires the verdict to echo:
+/// the one value its JSON schema (OpenAI) or verdict tool (Anthropic) allows
+/// for `verdict_id`.
+pub fn schema_nonce(body: &Value) -> Option<String> {
+    let schema = body
+        .pointer("/response_format/json_schema/schema")
+        .or_else(|| body.pointer("/tools/0/input_schema"))?;
+    schema.pointer("/properties/verdict_id/enum/0")?.as_str().map(str::to_owned)
+}
+
+/// A judge's answer: the whole reply is the verdict object when the request
+/// asks for structured output (as a model held to the schema answers), else
+/// the tagged contract.
+pub fn answer(body: &Value, score: f64, explanation: &str) -> String {
+    match schema_nonce(body) {
+        Some(n) => json!({"score": score, "explanation": explanation, "verdict_id": n}).to_string(),
+        None => verdict(body, &json!({"score": score, "explanation": explanation}).to_string()),
+    }
+}
+
 pub struct Judge;
 
 impl Respond for Judge {
     fn respond(&self, req: &Request) -> ResponseTemplate {
         let body: Value = serde_json::from_slice(&req.body).unwrap();
         let score = judge_score(&body);
-        let text = verdict(
-            &body,
-            &format!("{{\"score\": {score}, \"explanation\": \"fake judge saw the output\"}}"),
-        );
+        let text = answer(&body, score, "fake judge saw the output");
         ResponseTemplate::new(200).set_body_json(json!({
             "choices": [{"message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": 1000, "completion_tokens": 100}
