@@ -3016,6 +3016,40 @@ fn result_floods_are_counted_before_copying_and_logs_are_budgeted() {
     assert!(dropped.iter().all(|l| l.contains("\"dropped\":19900")), "{dropped:?}");
 }
 
+/// Peak memory an engine grows by while 8 concurrent `flood` calls each
+/// build one line of `line_bytes` in the plugin and log it `lines` times.
+fn flood_growth_mib(lines: u64, line_bytes: u64) -> u64 {
+    let cache = fresh_cache();
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = start_with_memory_limit(cache.path(), dir.path(), "flood", 256);
+    // Warm: the plugin is compiled and one instance has run.
+    evaluate(&mut engine, &refund_trace(), &json!([plugin("warm", "flood", json!({}))]));
+    let base = engine.proc_status_kb("VmHWM");
+    let calls = 8;
+    for i in 0..calls {
+        let config = json!({"log_lines": lines, "line_bytes": line_bytes});
+        engine.send(&evaluate_request(json!(i), refund_trace(), json!([plugin("p", "flood", config)])));
+    }
+    for _ in 0..calls {
+        let resp = engine.recv();
+        assert_eq!(resp["result"]["results"][0]["status"], "pass", "{resp}");
+    }
+    (engine.proc_status_kb("VmHWM") - base) / 1024
+}
+
+#[test]
+fn a_log_flood_of_huge_lines_is_clipped_before_it_is_copied() {
+    // The same plugins build the same 40 MiB lines; one set logs each of
+    // them three times. Logging must cost the host no copy of the lines.
+    let line_bytes = 40 << 20;
+    let quiet = flood_growth_mib(0, line_bytes);
+    let loud = flood_growth_mib(3, line_bytes);
+    assert!(
+        loud <= quiet + 64,
+        "logging 8 × 3 lines of 40 MiB grew peak memory by {loud} MiB, against {quiet} MiB for building them"
+    );
+}
+
 #[test]
 fn slow_plugin_requests_leave_slots_for_plain_requests() {
     // Every general slot is taken by a spinning plugin request; a plain

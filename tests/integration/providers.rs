@@ -1126,3 +1126,37 @@ fn calls_cut_off_at_a_deadline_are_counted_against_the_budget() {
     let sent = calls.load(Ordering::SeqCst);
     assert!(sent < 12, "{sent} calls were sent: {codes:?}");
 }
+
+#[test]
+fn a_provider_that_echoes_the_api_key_never_shows_it() {
+    const KEY: &str = "sk-live-0123456789abcdef";
+    let fake = Fake::start();
+    // One provider refuses the key and quotes it; another quotes it in a
+    // reply that breaks the verdict contract.
+    fake.mount(Mock::given(path("/v1/embeddings")).respond_with(
+        ResponseTemplate::new(401).set_body_json(json!({"error": {"message": format!("Incorrect API key provided: {KEY}")}})),
+    ));
+    fake.mount(
+        Mock::given(path("/v1/chat/completions")).respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"choices": [{"message": {"role": "assistant", "content": format!("your key is {KEY}")}}]})),
+        ),
+    );
+    let mut e = engine_for(&fake, &[("ATTEST_JUDGE_API_KEY", KEY), ("ATTEST_EMBEDDING_API_KEY", KEY)]);
+    let mut answers = String::new();
+    for a in [
+        json!([judge("j", "default")]),
+        json!([{"assertion_id": "e", "type": "embedding", "spec": {"reference": "refund", "threshold": 0.5}}]),
+    ] {
+        let resp = e.request(&evaluate_request(json!(1), refund_trace(), a));
+        assert!(resp.get("error").is_some(), "{resp}");
+        answers.push_str(&resp.to_string());
+    }
+    e.close_stdin();
+    std::thread::sleep(Duration::from_millis(300));
+    let log = e.stderr_text();
+    for (channel, text) in [("answers", &answers), ("log", &log)] {
+        assert!(!text.contains(KEY), "the key leaked in the {channel}: {text}");
+    }
+    assert!(answers.contains("[secret '"), "the masked key is named: {answers}");
+}

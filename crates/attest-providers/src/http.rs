@@ -108,10 +108,13 @@ impl HttpClient {
     ) -> Result<Value, ProviderError> {
         let mut attempt = 1;
         loop {
-            let failure = match self.attempt(url, headers, body, deadline).await {
+            let mut failure = match self.attempt(url, headers, body, deadline).await {
                 Ok(v) => return Ok(v),
                 Err(f) => f,
             };
+            // A provider may echo the credential it was sent (in an error body,
+            // or a URL in a transport error): it never reaches a log or an answer.
+            failure.message = mask_credentials(&failure.message, headers);
             if failure.deadline {
                 return Err(ProviderError::Timeout);
             }
@@ -246,6 +249,22 @@ async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, Failure> {
     Ok(out)
 }
 
+/// `text` with every credential sent in `headers` (a bearer token, an API
+/// key header) replaced by a name for it.
+pub(crate) fn mask_credentials(text: &str, headers: &[Header]) -> String {
+    let mut out = text.to_owned();
+    for (name, value) in headers {
+        if !matches!(*name, "authorization" | "x-api-key") {
+            continue;
+        }
+        let secret = value.strip_prefix("Bearer ").unwrap_or(value).trim();
+        if secret.len() >= 4 && out.contains(secret) {
+            out = out.replace(secret, &format!("[secret '{name}']"));
+        }
+    }
+    out
+}
+
 /// The provider's own error message when it sent one, else the body, clipped.
 fn error_text(body: &[u8]) -> String {
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
@@ -292,6 +311,19 @@ mod tests {
             assert!(b3 >= BASE_BACKOFF * 2 && b3 <= BASE_BACKOFF * 4);
             assert!(backoff(30) <= MAX_BACKOFF);
         }
+    }
+
+    #[test]
+    fn credentials_are_masked_in_failures() {
+        let headers = vec![
+            ("authorization", "Bearer sk-test-123456".to_owned()),
+            ("x-api-key", "ak-987654".to_owned()),
+        ];
+        let said = "Incorrect API key provided: sk-test-123456 (and ak-987654)";
+        assert_eq!(
+            mask_credentials(said, &headers),
+            "Incorrect API key provided: [secret 'authorization'] (and [secret 'x-api-key'])"
+        );
     }
 
     #[test]

@@ -152,6 +152,12 @@ impl Judge {
     pub fn base_url(&self) -> &str {
         &self.endpoint.base_url
     }
+
+    /// `text` (a reply quoted in an error) with the judge's API key masked.
+    pub fn mask(&self, text: &str) -> String {
+        let headers: Vec<http::Header> = self.endpoint.api_key.iter().map(|k| ("x-api-key", k.clone())).collect();
+        http::mask_credentials(text, &headers)
+    }
 }
 
 /// How to give the engine an embedder (the `detail` of a missing one).

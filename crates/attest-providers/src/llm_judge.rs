@@ -471,7 +471,7 @@ impl JudgeCheck {
                 ProviderError::failed(
                     format!(
                         "the judge's reply broke the verdict contract ({why}); asking again may succeed: {}",
-                        quote(&c.text)
+                        quote(&judge.mask(&c.text))
                     ),
                     1,
                 )
