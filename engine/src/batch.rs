@@ -438,6 +438,11 @@ impl Suite {
         self.plan.suite.may_block()
     }
 
+    /// The most the paid assertions can cost on a trace of `trace_bytes`.
+    pub fn worst_cost(&self, trace_bytes: usize) -> f64 {
+        self.plan.suite.worst_cost(trace_bytes)
+    }
+
     /// [`Suite::evaluate`], choosing which effects it has.
     pub async fn evaluate_with(
         &self,

@@ -128,6 +128,10 @@ impl attest_collect::Suite for RuleSuite {
     fn paid_calls(&self) -> u32 {
         self.kinds.iter().filter(|k| k.is_paid()).count() as u32
     }
+
+    fn worst_cost_usd(&self, trace_bytes: usize) -> f64 {
+        self.suite.worst_cost(trace_bytes)
+    }
 }
 
 /// Writes production results into the result history, once per key.

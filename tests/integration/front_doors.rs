@@ -262,3 +262,60 @@ fn commands_that_read_no_engine_configuration_run_whatever_it_holds() {
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("configuration error"));
 }
+
+/// The fake judge's answers after a pause, each billed 2,000 + 300 tokens
+/// ($0.0064 at gpt-4.1's prices).
+struct PricedJudge;
+
+impl wiremock::Respond for PricedJudge {
+    fn respond(&self, req: &wiremock::Request) -> wiremock::ResponseTemplate {
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        let text = fake_provider::answer(&body, 0.9, "fine");
+        wiremock::ResponseTemplate::new(200)
+            .set_body_json(json!({
+                "choices": [{"message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 2000, "completion_tokens": 300}
+            }))
+            .set_delay(std::time::Duration::from_millis(200))
+    }
+}
+
+#[test]
+fn a_rules_daily_budget_holds_with_many_traces_in_flight() {
+    let fake = fake_provider::Fake::start();
+    fake.mount(wiremock::Mock::given(wiremock::matchers::path("/v1/chat/completions")).respond_with(PricedJudge));
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    let budget = 0.005;
+    std::fs::write(
+        &rules,
+        format!("rules:\n  - name: judged\n    budget: {{usd_per_day: {budget}}}\n    assertions:\n      - {{assertion_id: j, type: llm_judge, spec: {{rubric: helpfulness}}}}\n"),
+    )
+    .unwrap();
+    let traces = dir.path().join("traces.jsonl");
+    let text: String = (0..40)
+        .map(|i| format!("{}\n", trace(&format!("t{i}"), &["lookup_order"], "Your refund is on its way.")))
+        .collect();
+    std::fs::write(&traces, text).unwrap();
+    let results = dir.path().join("results.jsonl");
+    let out = command()
+        .args(["--log-level=warn", "collect", "--otlp-http", "127.0.0.1:0", "--otlp-grpc", "off"])
+        .args(["--rules", rules.to_str().unwrap(), "--jsonl", traces.to_str().unwrap()])
+        .args(["--results-jsonl", results.to_str().unwrap(), "--concurrency", "16"])
+        .env("ATTEST_CACHE_DIR", dir.path().join("cache"))
+        .env("ATTEST_JUDGE_BASE_URL", fake.v1())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let rows = lines(&results);
+    let spent: f64 = rows.iter().map(|r| r["cost_usd"].as_f64().unwrap()).sum();
+    let calls = fake.requests().len();
+    assert!(!rows.is_empty() && rows.len() < 40, "{} of 40 traces judged", rows.len());
+    assert_eq!(calls, rows.len(), "every call sent is a result counted");
+    // One evaluation's worst case at gpt-4.1's prices: a prompt of a few KiB
+    // and 400 reply tokens is under $0.02.
+    assert!(
+        spent <= budget + 0.02,
+        "{calls} calls spent ${spent:.4} against a ${budget} day with 16 traces in flight"
+    );
+}

@@ -129,6 +129,12 @@ pub trait Suite: Send + Sync + 'static {
     fn paid_calls(&self) -> u32 {
         0
     }
+
+    /// The most one evaluation of a trace of `trace_bytes` (compact JSON) can
+    /// cost in USD: what the rule's `usd_per_day` reserves before it runs.
+    fn worst_cost_usd(&self, _trace_bytes: usize) -> f64 {
+        0.0
+    }
 }
 
 /// Identity of a result: evaluating the same trace again yields the same key,

@@ -51,6 +51,23 @@ impl WorkItem {
     pub fn trace_id(&self) -> &str {
         self.trace["trace_id"].as_str().unwrap_or("")
     }
+
+    /// The trace's size as compact JSON, counted without building the text.
+    pub fn trace_bytes(&self) -> usize {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0 += b.len();
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut n = Count(0);
+        let _ = serde_json::to_writer(&mut n, &self.trace);
+        n.0
+    }
 }
 
 pub struct Pipeline {
@@ -198,12 +215,16 @@ impl Pipeline {
         let mut rules_evaluated = 0u64;
         for rule in self.selected_rules(item) {
             let name = &rule.name;
-            if let Some(budget) = &rule.budget {
-                if !budget.try_reserve(rule.suite.paid_calls()) {
-                    self.metrics.rule_event(name, "budget_exhausted");
-                    continue;
-                }
-            }
+            let hold = match &rule.budget {
+                Some(budget) => match budget.try_reserve(rule.suite.paid_calls(), rule.suite.worst_cost_usd(item.trace_bytes())) {
+                    Some(hold) => Some(hold),
+                    None => {
+                        self.metrics.rule_event(name, "budget_exhausted");
+                        continue;
+                    }
+                },
+                None => None,
+            };
             let started = Instant::now();
             let outcomes = match rule.suite.evaluate(&item.trace).await {
                 Ok(o) => o,
@@ -225,8 +246,8 @@ impl Pipeline {
             };
             self.metrics.observe_latency(started.elapsed());
             rules_evaluated += 1;
-            if let Some(budget) = &rule.budget {
-                budget.spend(outcomes.iter().map(|o| o.cost_usd).sum());
+            if let Some(hold) = hold {
+                hold.settle(outcomes.iter().map(|o| o.cost_usd).sum());
             }
             let evaluated_at = crate::now_rfc3339();
             for o in outcomes {

@@ -129,7 +129,13 @@ pub fn sampled(trace_id: &str, rate: f64) -> bool {
     x < rate
 }
 
-/// Per-rule spending limits for paid layers.
+/// Per-rule spending limits for paid layers, kept as reservations: before a
+/// rule runs on a trace, its paid calls take their place in the minute's
+/// count and its worst-case cost is reserved against the day's; when the
+/// evaluation ends the reservation is settled with what it really cost. An
+/// evaluation is admitted while what the day spent and holds reserved is
+/// under `usd_per_day`, so however many traces run at once, a day never
+/// passes it by more than one evaluation's worst case.
 pub struct Budget {
     spec: BudgetSpec,
     state: Mutex<BudgetState>,
@@ -139,6 +145,18 @@ struct BudgetState {
     calls: VecDeque<(Instant, u32)>,
     day: u64,
     usd_today: f64,
+    /// Worst cases of evaluations in flight, by the day they were reserved on.
+    reserved: f64,
+}
+
+/// One evaluation's place in a [`Budget`]. Dropped unsettled (the
+/// evaluation failed or was abandoned, and its calls may have been billed),
+/// it is counted at its worst case.
+pub struct BudgetHold<'a> {
+    budget: &'a Budget,
+    day: u64,
+    worst: f64,
+    settled: bool,
 }
 
 impl Budget {
@@ -149,6 +167,7 @@ impl Budget {
                 calls: VecDeque::new(),
                 day: 0,
                 usd_today: 0.0,
+                reserved: 0.0,
             }),
         }
     }
@@ -160,12 +179,14 @@ impl Budget {
             .unwrap_or(0)
     }
 
-    /// Reserves `calls` paid calls; false when the minute or day budget is spent.
-    pub fn try_reserve(&self, calls: u32) -> bool {
-        if calls == 0 {
-            return true;
-        }
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+    fn lock(&self) -> std::sync::MutexGuard<'_, BudgetState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserves `calls` paid calls and `worst_usd`; `None` when the minute's
+    /// calls or the day's dollars are spent or held.
+    pub fn try_reserve(&self, calls: u32, worst_usd: f64) -> Option<BudgetHold<'_>> {
+        let mut s = self.lock();
         let now = Instant::now();
         while s
             .calls
@@ -178,25 +199,61 @@ impl Budget {
         if s.day != day {
             s.day = day;
             s.usd_today = 0.0;
+            s.reserved = 0.0;
         }
-        if let Some(limit) = self.spec.usd_per_day {
-            if s.usd_today >= limit {
-                return false;
+        if calls > 0 {
+            if let Some(limit) = self.spec.usd_per_day {
+                if s.usd_today + s.reserved >= limit {
+                    return None;
+                }
             }
-        }
-        if let Some(limit) = self.spec.judge_calls_per_minute {
-            let used: u32 = s.calls.iter().map(|(_, c)| *c).sum();
-            if used + calls > limit {
-                return false;
+            if let Some(limit) = self.spec.judge_calls_per_minute {
+                let used: u32 = s.calls.iter().map(|(_, c)| *c).sum();
+                if used + calls > limit {
+                    return None;
+                }
             }
+            s.calls.push_back((now, calls));
         }
-        s.calls.push_back((now, calls));
-        true
+        let worst = worst_usd.max(0.0);
+        s.reserved += worst;
+        Some(BudgetHold {
+            budget: self,
+            day,
+            worst,
+            settled: false,
+        })
     }
 
-    pub fn spend(&self, usd: f64) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.usd_today += usd;
+    /// USD spent today by settled evaluations, and USD held by those in flight.
+    pub fn today_usd(&self) -> (f64, f64) {
+        let s = self.lock();
+        (s.usd_today, s.reserved)
+    }
+
+    fn release(&self, day: u64, worst: f64, cost: f64) {
+        let mut s = self.lock();
+        // A reservation of a day that has ended belongs to no budget now.
+        if s.day == day {
+            s.reserved = (s.reserved - worst).max(0.0);
+            s.usd_today += cost;
+        }
+    }
+}
+
+impl BudgetHold<'_> {
+    /// The evaluation ended: what it cost replaces what was reserved.
+    pub fn settle(mut self, cost_usd: f64) {
+        self.settled = true;
+        self.budget.release(self.day, self.worst, cost_usd.max(0.0));
+    }
+}
+
+impl Drop for BudgetHold<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.budget.release(self.day, self.worst, self.worst);
+        }
     }
 }
 
@@ -504,16 +561,37 @@ mod tests {
             judge_calls_per_minute: Some(3),
             usd_per_day: Some(1.0),
         });
-        assert!(b.try_reserve(2));
-        assert!(!b.try_reserve(2));
-        assert!(b.try_reserve(1));
-        assert!(b.try_reserve(0), "free suites are never limited");
+        let first = b.try_reserve(2, 0.0);
+        assert!(first.is_some());
+        assert!(b.try_reserve(2, 0.0).is_none());
+        assert!(b.try_reserve(1, 0.0).is_some());
+        assert!(b.try_reserve(0, 0.0).is_some(), "free suites are never limited");
         let b = Budget::new(BudgetSpec {
             judge_calls_per_minute: None,
             usd_per_day: Some(1.0),
         });
-        assert!(b.try_reserve(1));
-        b.spend(1.5);
-        assert!(!b.try_reserve(1));
+        b.try_reserve(1, 0.5).unwrap().settle(1.5);
+        assert!(b.try_reserve(1, 0.5).is_none());
+    }
+
+    #[test]
+    fn evaluations_in_flight_hold_their_worst_case() {
+        let b = Budget::new(BudgetSpec {
+            judge_calls_per_minute: None,
+            usd_per_day: Some(1.0),
+        });
+        // Admitted while spent + held < 1.0: 0, 0.3, 0.6, 0.9 held.
+        let held: Vec<_> = (0..10).map_while(|_| b.try_reserve(1, 0.3)).collect();
+        assert_eq!(held.len(), 4, "the day can pass its budget by one worst case at most");
+        let mut held = held.into_iter();
+        held.next().unwrap().settle(0.1);
+        held.next().unwrap().settle(0.1);
+        assert_eq!(b.today_usd().0, 0.2);
+        // A failed evaluation may have been billed: counted at its worst.
+        drop(held.next());
+        assert!((b.today_usd().0 - 0.5).abs() < 1e-9);
+        assert!((b.today_usd().1 - 0.3).abs() < 1e-9);
+        drop(held);
+        assert!(b.try_reserve(1, 0.3).is_some());
     }
 }

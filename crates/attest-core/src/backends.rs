@@ -64,6 +64,13 @@ impl ProviderError {
 /// provider, returns the verdict and its cost in USD.
 pub trait PaidCheck: fmt::Debug + Send + Sync {
     fn evaluate<'a>(&'a self, trace: &'a Trace, deadline: Instant) -> BoxFuture<'a, Result<(Verdict, f64), ProviderError>>;
+
+    /// The most one evaluation on a trace of `trace_bytes` can cost in USD
+    /// (every call it may make, each at its prompt's bound and its output
+    /// limit): what a budget reserves before the evaluation starts.
+    fn worst_cost(&self, _trace_bytes: usize) -> f64 {
+        0.0
+    }
 }
 
 /// A loaded assertion plugin (layer 8).

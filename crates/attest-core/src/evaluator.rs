@@ -183,6 +183,18 @@ impl Evaluator {
         self.suite.iter().any(Planned::may_block)
     }
 
+    /// The most the paid assertions can cost on a trace of `trace_bytes`
+    /// (see [`PaidCheck::worst_cost`]).
+    pub fn worst_cost(&self, trace_bytes: usize) -> f64 {
+        self.suite
+            .iter()
+            .map(|p| match &p.compiled.check {
+                Check::Paid(c) => c.worst_cost(trace_bytes),
+                _ => 0.0,
+            })
+            .sum()
+    }
+
     /// Evaluates the suite on `trace` (`trace_json`: its text as received,
     /// which plugins read).
     pub async fn evaluate(&self, trace_json: &str, trace: Arc<Trace>, cx: &Context<'_>) -> Result<Evaluation, EvalError> {

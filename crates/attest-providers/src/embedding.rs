@@ -39,6 +39,12 @@ impl EmbeddingCheck {
 
     /// Embeds the target and the reference and compares them. Returns the
     /// verdict and its cost.
+    /// The most one evaluation can cost: the target text (at most the
+    /// trace) and the reference, embedded remotely at the model's price.
+    pub fn worst_cost(&self, providers: &Providers, trace_bytes: usize) -> f64 {
+        providers.worst_embedding_cost(self.model.as_deref(), trace_bytes + self.reference.len())
+    }
+
     pub async fn evaluate(&self, trace: &Trace, providers: &Providers, deadline: Instant) -> Result<(Verdict, f64), ProviderError> {
         let t = self.target.as_str();
         let text = match target_text(&self.target, trace) {

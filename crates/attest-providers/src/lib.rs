@@ -330,7 +330,7 @@ impl Providers {
 
     /// The most a call to `model` can cost: every byte of its input a token,
     /// and its output at its token limit.
-    fn worst_cost(&self, model: &str, input_bytes: usize, max_output_tokens: u32) -> f64 {
+    pub(crate) fn worst_cost(&self, model: &str, input_bytes: usize, max_output_tokens: u32) -> f64 {
         self.cost(
             model,
             Usage {
@@ -338,6 +338,15 @@ impl Providers {
                 output_tokens: u64::from(max_output_tokens),
             },
         )
+    }
+
+    /// [`Providers::worst_cost`] of embedding `input_bytes` with `model` (or
+    /// the configured one); nothing for the local model.
+    pub(crate) fn worst_embedding_cost(&self, model: Option<&str>, input_bytes: usize) -> f64 {
+        match &self.embedder {
+            Ok(Embedder::Remote { model: default, .. }) => self.worst_cost(model.unwrap_or(default), input_bytes, 0),
+            _ => 0.0,
+        }
     }
 
     pub fn has_embedder(&self) -> bool {
@@ -546,11 +555,19 @@ impl PaidCheck for Asking<embedding::EmbeddingCheck> {
     fn evaluate<'a>(&'a self, trace: &'a Trace, deadline: tokio::time::Instant) -> BoxFuture<'a, Result<(Verdict, f64), ProviderError>> {
         Box::pin(self.check.evaluate(trace, &self.providers, deadline))
     }
+
+    fn worst_cost(&self, trace_bytes: usize) -> f64 {
+        self.check.worst_cost(&self.providers, trace_bytes)
+    }
 }
 
 impl PaidCheck for Asking<llm_judge::JudgeCheck> {
     fn evaluate<'a>(&'a self, trace: &'a Trace, deadline: tokio::time::Instant) -> BoxFuture<'a, Result<(Verdict, f64), ProviderError>> {
         Box::pin(self.check.evaluate(trace, &self.providers, deadline))
+    }
+
+    fn worst_cost(&self, trace_bytes: usize) -> f64 {
+        self.check.worst_cost(&self.providers, trace_bytes)
     }
 }
 

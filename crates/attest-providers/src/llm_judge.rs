@@ -287,6 +287,27 @@ impl JudgeCheck {
         Ok((verdict, judged.cost))
     }
 
+    /// The most judging one trace of `trace_bytes` can cost: every sample of
+    /// the verdict and of each probe, each at the prompt's bound (the marked
+    /// blocks are clipped, so a big trace costs no more than their limits)
+    /// and the reply's token limit.
+    pub fn worst_cost(&self, providers: &Providers, trace_bytes: usize) -> f64 {
+        let Ok(judge) = providers.judge() else { return 0.0 };
+        let model = self.model.as_deref().unwrap_or(&judge.model);
+        let samples = self.samples.unwrap_or(providers.judge_samples) as usize;
+        let probes = if self.unprobed {
+            0
+        } else if self.bias_probes.is_empty() {
+            providers.judge_bias_probes.len()
+        } else {
+            self.bias_probes.len()
+        };
+        // Characters are at most 4 bytes; a token is at least one byte.
+        let shown = trace_bytes.min(4 * (MAX_OUTPUT_CHARS + MAX_INPUT_CHARS + MAX_CONTEXT_CHARS));
+        let prompt = shown + self.system_message().len() + self.prompt_text().len() + 1024;
+        (samples * (1 + probes)) as f64 * providers.worst_cost(model, prompt, MAX_REPLY_TOKENS)
+    }
+
     /// Judges `shown` with this assertion's rubric or prompt, runs its bias
     /// probes, and gathers the audit trail. Every call goes through the
     /// verdict cache, the provider's retries and the cost accounting.
