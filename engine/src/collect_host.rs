@@ -12,7 +12,7 @@ use crate::history::{Row, Rows, SpecDigest};
 use crate::layers::AssertionType;
 use crate::protocol::{ErrorCode, RpcError};
 use crate::session::Engine;
-use attest_collect::{AssertionOutcome, BoxFuture, EvalError, ResultRecord, RuleError};
+use attest_collect::{AssertionOutcome, BoxFuture, Durability, EvalError, ResultRecord, RuleError};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -105,7 +105,9 @@ impl attest_collect::Suite for RuleSuite {
             };
             let result = result.map_err(|e| EvalError {
                 message: format!("{} ({}): {}", e.code.code(), e.code.error_type(), e.message),
-                retryable: matches!(e.code, ErrorCode::ProviderError | ErrorCode::Timeout),
+                // A provider that refused the request itself (a 4xx) is no
+                // reason to deliver the trace again.
+                retryable: matches!(e.code, ErrorCode::ProviderError | ErrorCode::Timeout) && e.retryable != Some(false),
                 trace_refused: e.code == ErrorCode::InvalidTrace,
             })?;
             Ok(result
@@ -134,6 +136,10 @@ impl attest_collect::Suite for RuleSuite {
     }
 }
 
+/// Longest a sink waits for the history to commit a batch before it gives
+/// the batch's messages back for redelivery.
+const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Writes production results into the result history, once per key.
 pub struct HistoryResults {
     engine: Arc<Engine>,
@@ -147,7 +153,7 @@ impl HistoryResults {
 }
 
 impl attest_collect::HistorySink for HistoryResults {
-    fn record<'a>(&'a self, results: &'a [ResultRecord]) -> BoxFuture<'a, anyhow::Result<()>> {
+    fn record<'a>(&'a self, results: &'a [ResultRecord], durability: Durability) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
             let Some(history) = &self.engine.sinks.history else {
                 return Ok(());
@@ -164,15 +170,29 @@ impl attest_collect::HistorySink for HistoryResults {
                     score: r.score,
                 });
             }
-            for ((trace_id, agent_id), rows) in by_trace {
-                history.record(Rows {
+            let batch: Vec<Rows> = by_trace
+                .into_iter()
+                .map(|((trace_id, agent_id), rows)| Rows {
                     trace_id: trace_id.to_owned(),
                     agent_id: agent_id.map(str::to_owned),
                     rows,
                     keyed: true,
-                });
+                })
+                .collect();
+            if durability == Durability::Queued {
+                for rows in batch {
+                    history.record(rows);
+                }
+                return Ok(());
             }
-            Ok(())
+            // Committed before this returns: a sink acks its messages only
+            // after every store has what they carried.
+            let engine = self.engine.clone();
+            tokio::task::spawn_blocking(move || match &engine.sinks.history {
+                Some(h) => h.record_committed(batch, std::time::Instant::now() + COMMIT_TIMEOUT),
+                None => Ok(()),
+            })
+            .await?
         })
     }
 

@@ -216,7 +216,7 @@ fn describe(e: crate::providers::ProviderError) -> String {
     use crate::providers::ProviderError;
     match e {
         ProviderError::Timeout => "the judge did not answer before the deadline (--eval-timeout)".into(),
-        ProviderError::Failed { message, attempts } => format!("{message} (after {attempts} attempts)"),
+        ProviderError::Failed { message, attempts, .. } => format!("{message} (after {attempts} attempts)"),
         ProviderError::Unavailable { message, detail } => format!("{message}. {detail}"),
         e @ ProviderError::BudgetSpent { .. } => format!("{e}; raise budget_usd to run more llm_judge checks"),
     }

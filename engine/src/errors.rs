@@ -81,8 +81,20 @@ pub fn eval_error<'a>(e: EvalError, assertion: impl Fn(usize) -> (&'a str, Asser
         }
         EvalError::Provider { index, error, .. } => {
             let (id, kind) = assertion(index);
+            let mut permanent = false;
             let (message, detail) = match error {
-                ProviderError::Failed { message, attempts } => (
+                ProviderError::Failed {
+                    message,
+                    attempts,
+                    permanent: true,
+                } => {
+                    permanent = true;
+                    (
+                        format!("{message}{}", if attempts > 1 { format!(" (after {attempts} attempts)") } else { String::new() }),
+                        "The provider refused the request itself, so retrying it unchanged cannot succeed: check the provider's URL, model name, API key and quota.".to_owned(),
+                    )
+                }
+                ProviderError::Failed { message, attempts, .. } => (
                     format!("{message}{}", if attempts > 1 { format!(" (after {attempts} attempts)") } else { String::new() }),
                     "Wait and retry. The engine retries 429, 5xx, time-outs and connection errors with exponential backoff (up to 3 attempts, honouring Retry-After) before surfacing this error; check the provider's status, URL, model and API key.".to_owned(),
                 ),
@@ -93,9 +105,14 @@ pub fn eval_error<'a>(e: EvalError, assertion: impl Fn(usize) -> (&'a str, Asser
                     "Check the provider's latency, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT).".to_owned(),
                 ),
             };
-            RpcError::new(ErrorCode::ProviderError, format!("assertion {} ({}): {message}", quote(id), kind.name()), detail)
+            let e = RpcError::new(ErrorCode::ProviderError, format!("assertion {} ({}): {message}", quote(id), kind.name()), detail)
                 .with_assertion(id)
-                .with_field(format!("params.assertions[{index}]"))
+                .with_field(format!("params.assertions[{index}]"));
+            if permanent {
+                e.not_retryable()
+            } else {
+                e
+            }
         }
     }
 }

@@ -839,7 +839,7 @@ pub(crate) async fn handle_item(
     };
     match evaluated {
         Ok(records) => {
-            if let Err(e) = pipeline.store(&records).await {
+            if let Err(e) = pipeline.store(&records, crate::Durability::Queued).await {
                 // Counted by the sink; said at most once per interval, as a
                 // stalled file fails every trace.
                 static LOG: std::sync::LazyLock<LogThrottle> = std::sync::LazyLock::new(LogThrottle::default);
@@ -885,7 +885,10 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
     }
     let rules = match (&args.rules, args.role) {
         (Some(p), _) => Arc::new(RuleSet::load(p, evaluator.as_ref())?),
-        (None, WorkerRole::Sink) => Arc::new(RuleSet { rules: vec![] }),
+        (None, WorkerRole::Sink) => Arc::new(RuleSet {
+            rules: vec![],
+            version: String::new(),
+        }),
         (None, WorkerRole::Evaluate) => bail!("--rules is required for --role evaluate"),
     };
     if args.role == WorkerRole::Evaluate {

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer, stream, AckKind};
-use futures::StreamExt;
+use futures::future::join_all;
+use futures::{FutureExt as _, StreamExt};
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -585,11 +586,12 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     )
     .await?;
     eprintln!(
-        "attest-collect worker: evaluating from {} (consumer {})",
-        names.traces_stream, names.workers_consumer
+        "attest-collect worker: evaluating from {} (consumer {}, rules version {})",
+        names.traces_stream, names.workers_consumer, pipeline.rules.version
     );
     let fault_after: Option<u64> = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse().ok());
     let published = Arc::new(AtomicU64::new(0));
+    let mismatch_log = Arc::new(crate::writer::LogThrottle::default());
     let sem = Arc::new(Semaphore::new(args.concurrency));
     let mut tasks = JoinSet::new();
     let signals = crate::cli::Signals::install()?;
@@ -641,6 +643,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
                 None => sem.clone().acquire_owned().await?,
             };
             let ctx = WorkerCtx {
+                mismatch_log: mismatch_log.clone(),
                 js: js.clone(),
                 names: names.clone(),
                 pipeline: pipeline.clone(),
@@ -732,8 +735,13 @@ impl Delivery {
 
     /// Gives the message back for another delivery a second from now.
     async fn nak(&self) {
+        self.nak_after(Duration::from_secs(1)).await;
+    }
+
+    /// Gives the message back for another delivery `delay` from now.
+    async fn nak_after(&self, delay: Duration) {
         self.stop_progress().await;
-        let _ = self.msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+        let _ = self.msg.ack_with(AckKind::Nak(Some(delay))).await;
     }
 
     /// Acknowledges the message and waits for the server to confirm it.
@@ -760,7 +768,12 @@ impl Drop for Delivery {
     }
 }
 
+/// How long a message selected under other rules waits before it is
+/// offered again: long enough for a worker with the same rules to take it.
+const RULES_MISMATCH_DELAY: Duration = Duration::from_secs(5);
+
 struct WorkerCtx {
+    mismatch_log: Arc<crate::writer::LogThrottle>,
     js: jetstream::Context,
     names: Names,
     pipeline: Arc<Pipeline>,
@@ -788,6 +801,29 @@ impl WorkerCtx {
         let shown = crate::shown_id(&trace_id);
         if delivered > 1 {
             eprintln!("attest-collect worker: redelivery {delivered} of trace {shown}");
+        }
+        if let Some(theirs) = item.rules_version.as_deref().filter(|v| *v != self.pipeline.rules.version) {
+            // Scored here, the trace would get another verdict than the
+            // collector's rules meant, or none for a rule this worker lacks.
+            let ours = &self.pipeline.rules.version;
+            metrics.rules_mismatches.fetch_add(1, Ordering::Relaxed);
+            let why = format!(
+                "selected under rules version {} but this worker runs {ours}",
+                crate::bounded(theirs, 64)
+            );
+            if delivered > self.max_deliver {
+                return self
+                    .dead_letter(delivery, &trace_id, delivered, &format!("maximum deliveries reached: {why}"))
+                    .await;
+            }
+            if let Some(unshown) = self.mismatch_log.hit() {
+                eprintln!(
+                    "attest-collect worker: trace {shown} {why}; given back for a worker with the same rules (counted in attest_collect_rules_mismatch_total){}",
+                    crate::writer::unshown(unshown)
+                );
+            }
+            delivery.nak_after(RULES_MISMATCH_DELAY).await;
+            return Ok(());
         }
         if delivered > self.max_deliver {
             return self.dead_letter(delivery, &trace_id, delivered, "maximum deliveries reached").await;
@@ -977,6 +1013,46 @@ pub fn record_problem(r: &ResultRecord) -> Option<String> {
     None
 }
 
+/// Most results messages a sink stores in one write.
+const SINK_BATCH: usize = 256;
+
+/// The results of one message off the results stream that may be stored;
+/// `None` for a message that is not a result list (counted and logged).
+/// Records whose ids the engine would refuse are counted and left out.
+fn sink_records(msg: &jetstream::Message, pipeline: &Pipeline) -> Option<Vec<ResultRecord>> {
+    let records = match serde_json::from_slice::<Vec<ResultRecord>>(&msg.payload) {
+        Ok(r) => r,
+        Err(e) => {
+            pipeline.metrics.dropped("malformed_results", 0);
+            eprintln!(
+                "attest-collect sink: a results message ({} bytes) is not a result list, dropped: {}",
+                msg.payload.len(),
+                crate::bounded(&e.to_string(), 300)
+            );
+            return None;
+        }
+    };
+    let total = records.len();
+    let mut refused = 0u64;
+    let mut first_problem = None;
+    let records: Vec<ResultRecord> = records
+        .into_iter()
+        .filter(|r| match record_problem(r) {
+            None => true,
+            Some(p) => {
+                refused += 1;
+                first_problem.get_or_insert((p, crate::shown_id(&r.key.trace_id)));
+                false
+            }
+        })
+        .collect();
+    if let Some((p, trace)) = first_problem {
+        pipeline.metrics.results_dropped("id_too_long", refused);
+        eprintln!("attest-collect sink: {refused} of {total} results in a message not stored ({p}; trace {trace})");
+    }
+    Some(records)
+}
+
 /// Results sink loop: results stream → sinks, ack after they are stored.
 pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Result<()> {
     let js = connect(&args.nats, &args.nats_opts).await?;
@@ -1006,47 +1082,41 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
     tokio::pin!(shutdown);
     let store_failures = crate::writer::LogThrottle::default();
     loop {
-        let msg = tokio::select! {
+        let first = tokio::select! {
             _ = &mut shutdown => break,
             m = messages.next() => m,
         };
-        let Some(msg) = msg else { break };
-        let Ok(msg) = msg else { continue };
-        let records = match serde_json::from_slice::<Vec<ResultRecord>>(&msg.payload) {
-            Ok(r) => r,
-            Err(e) => {
-                // Not something a worker publishes: counted, and terminated so
-                // that it is not delivered again.
-                pipeline.metrics.dropped("malformed_results", 0);
-                eprintln!(
-                    "attest-collect sink: a results message ({} bytes) is not a result list, dropped: {}",
-                    msg.payload.len(),
-                    crate::bounded(&e.to_string(), 300)
-                );
-                let _ = msg.ack_with(AckKind::Term).await;
-                continue;
+        let Some(first) = first else { break };
+        // What else has arrived is stored with it, in one write per store,
+        // and acked after that write: one commit per batch, not per message.
+        let mut batch: Vec<jetstream::Message> = first.into_iter().collect();
+        while batch.len() < SINK_BATCH {
+            match messages.next().now_or_never() {
+                Some(Some(Ok(m))) => batch.push(m),
+                Some(Some(Err(_))) => continue,
+                _ => break,
             }
-        };
-        let total = records.len();
-        let mut refused = 0u64;
-        let mut first_problem = None;
-        let records: Vec<ResultRecord> = records
-            .into_iter()
-            .filter(|r| match record_problem(r) {
-                None => true,
-                Some(p) => {
-                    refused += 1;
-                    first_problem.get_or_insert((p, crate::shown_id(&r.key.trace_id)));
-                    false
+        }
+        let mut records = Vec::new();
+        let mut kept = Vec::with_capacity(batch.len());
+        // An empty list (or one whose every record was refused) is not an evaluation.
+        let mut evaluations = 0;
+        for msg in batch {
+            match sink_records(&msg, &pipeline) {
+                Some(r) => {
+                    evaluations += u64::from(!r.is_empty());
+                    records.extend(r);
+                    kept.push(msg);
                 }
-            })
-            .collect();
-        if let Some((p, trace)) = first_problem {
-            pipeline.metrics.results_dropped("id_too_long", refused);
-            eprintln!("attest-collect sink: {refused} of {total} results in a message not stored ({p}; trace {trace})");
+                // Not something a worker publishes: terminated so that it
+                // is not delivered again.
+                None => {
+                    let _ = msg.ack_with(AckKind::Term).await;
+                }
+            }
         }
         if !records.is_empty() {
-            if let Err(e) = pipeline.store(&records).await {
+            if let Err(e) = pipeline.store(&records, crate::Durability::Committed).await {
                 // Every attempt is counted; the log says it at most once per
                 // interval, as a failing file fails every message.
                 pipeline.metrics.store_failures.fetch_add(1, Ordering::Relaxed);
@@ -1056,14 +1126,12 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
                         crate::writer::unshown(n)
                     );
                 }
-                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                join_all(kept.iter().map(|m| m.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))))).await;
                 continue;
             }
-            // An empty list (or one whose every record was refused) is not
-            // an evaluation.
-            pipeline.metrics.traces_evaluated.fetch_add(1, Ordering::Relaxed);
+            pipeline.metrics.traces_evaluated.fetch_add(evaluations, Ordering::Relaxed);
         }
-        let _ = msg.double_ack().await;
+        join_all(kept.iter().map(|m| m.double_ack())).await;
     }
     pipeline.flush().await?;
     Ok(())

@@ -194,13 +194,25 @@ impl ResultRecord {
 /// a trace can be evaluated again (redelivery, re-scoring), and a key already
 /// stored must not be counted twice.
 pub trait HistorySink: Send + Sync + 'static {
-    /// Stores the results of one (trace, rule) evaluation; returns once they are durable.
-    fn record<'a>(&'a self, results: &'a [ResultRecord]) -> BoxFuture<'a, anyhow::Result<()>>;
+    /// Stores results; returns once they are as durable as `durability` asks.
+    fn record<'a>(&'a self, results: &'a [ResultRecord], durability: Durability) -> BoxFuture<'a, anyhow::Result<()>>;
 
     /// Makes everything recorded so far durable (called on drain).
     fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async { Ok(()) })
     }
+}
+
+/// What a store has done with results when [`HistorySink::record`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Handed to the store's writer, which commits them shortly: for the
+    /// collector, which answered its exporter when the spans arrived and
+    /// must not hold evaluation on a store.
+    Queued,
+    /// Committed: for a sink, which acks the messages that carried them
+    /// only afterwards.
+    Committed,
 }
 
 /// RFC 3339 (UTC, milliseconds) for a Unix time in nanoseconds.

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub open_traces: AtomicU64,
     pub open_bytes: AtomicU64,
     pub redeliveries: AtomicU64,
+    /// Work messages refused because they were selected under other rules.
+    pub rules_mismatches: AtomicU64,
     pub dead_lettered: AtomicU64,
     /// Results messages a worker's sink failed to store and will be offered again.
     pub store_failures: AtomicU64,
@@ -297,6 +299,12 @@ impl Metrics {
             "attest_collect_redeliveries_total",
             "Work messages received again after a failed or unacknowledged attempt.",
             ld(&self.redeliveries),
+        );
+        counter(
+            &mut out,
+            "attest_collect_rules_mismatch_total",
+            "Work messages a worker gave back because a collector selected them under a rules file other than this worker's.",
+            ld(&self.rules_mismatches),
         );
         counter(
             &mut out,

@@ -45,6 +45,10 @@ pub const UNKNOWN_RULE: &str = "(unknown)";
 pub struct WorkItem {
     pub trace: Value,
     pub rules: Vec<String>,
+    /// [`RuleSet::version`] of the rules that selected the trace; absent
+    /// from messages of collectors that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules_version: Option<String>,
 }
 
 impl WorkItem {
@@ -184,7 +188,11 @@ impl Pipeline {
             return None;
         }
         self.metrics.traces_sampled.fetch_add(1, Ordering::Relaxed);
-        Some(WorkItem { trace, rules })
+        Some(WorkItem {
+            trace,
+            rules,
+            rules_version: Some(self.rules.version.clone()),
+        })
     }
 
     /// Evaluates every selected rule. A retryable failure of any rule fails the
@@ -313,10 +321,10 @@ impl Pipeline {
     /// file does not keep them from the history); counts them by rule and
     /// status once every sink stored them (a worker's sink offers them again
     /// after a failure). Errs with the first sink's failure.
-    pub async fn store(&self, records: &[ResultRecord]) -> anyhow::Result<()> {
+    pub async fn store(&self, records: &[ResultRecord], durability: crate::Durability) -> anyhow::Result<()> {
         let mut first = None;
         for sink in self.sinks.iter() {
-            if let Err(e) = sink.record(records).await {
+            if let Err(e) = sink.record(records, durability).await {
                 first.get_or_insert(e);
             }
         }
@@ -398,6 +406,7 @@ mod tests {
         WorkItem {
             trace: serde_json::json!({"trace_id": format!("t{i}"), "output": {}}),
             rules: vec!["judged".into()],
+            rules_version: None,
         }
     }
 
@@ -431,6 +440,7 @@ mod tests {
         let item = WorkItem {
             trace: serde_json::json!({"trace_id": "t", "output": {}}),
             rules,
+            rules_version: None,
         };
         let records = p.evaluate(&item, 1).await.unwrap();
         assert_eq!(records.len(), 1, "one rule, one assertion: evaluated once");
@@ -491,6 +501,7 @@ mod tests {
             let item = WorkItem {
                 trace: serde_json::json!({"trace_id": format!("t{i}"), "output": {}}),
                 rules: vec!["one".into(), "two".into()],
+                rules_version: None,
             };
             assert_eq!(p.evaluate(&item, 1).await.unwrap().len(), 2);
         }

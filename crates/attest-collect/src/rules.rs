@@ -260,6 +260,10 @@ impl Drop for BudgetHold<'_> {
 /// All rules of a file, in file order.
 pub struct RuleSet {
     pub rules: Vec<Rule>,
+    /// The rules file's version: a digest of what it holds, carried by every
+    /// work message so that a worker never scores a trace by rules other
+    /// than those that selected it.
+    pub version: String,
 }
 
 impl std::fmt::Debug for RuleSet {
@@ -309,6 +313,10 @@ impl RuleSet {
             serde_json::from_str(text).map_err(|e| RulesFileError(format!("not valid JSON: {e}")))?
         } else {
             crate::parse_yaml(text).map_err(|e| RulesFileError(format!("not valid YAML: {e}")))?
+        };
+        let version = {
+            let digest = Sha256::digest(value.to_string().as_bytes());
+            digest[..8].iter().map(|b| format!("{b:02x}")).collect::<String>()
         };
         let file: FileSpec = serde_json::from_value(value)
             .map_err(|e| RulesFileError(format!("{e}; the top level must be an object with one key, `rules`, a list")))?;
@@ -426,7 +434,7 @@ impl RuleSet {
                 budget: spec.budget.map(Budget::new),
             });
         }
-        Ok(RuleSet { rules })
+        Ok(RuleSet { rules, version })
     }
 
     pub fn get(&self, name: &str) -> Option<&Rule> {

@@ -285,7 +285,9 @@ impl JsonlSink {
 }
 
 impl HistorySink for JsonlSink {
-    fn record<'a>(&'a self, results: &'a [ResultRecord]) -> BoxFuture<'a, anyhow::Result<()>> {
+    /// How long it waits is the sink's own [`Wait`], chosen with the
+    /// process's role, whatever `durability` the caller names.
+    fn record<'a>(&'a self, results: &'a [ResultRecord], _durability: crate::Durability) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(self.write(results))
     }
 
@@ -308,7 +310,7 @@ mod tests {
 
     /// Queues the results and waits for them to be written.
     async fn write(s: &JsonlSink, results: &[ResultRecord]) {
-        s.record(results).await.unwrap();
+        s.record(results, crate::Durability::Committed).await.unwrap();
         s.flush().await.unwrap();
     }
 
@@ -397,10 +399,18 @@ mod tests {
     async fn a_write_that_fails_is_not_remembered_and_is_written_when_offered_again() {
         let metrics = Arc::new(Metrics::default());
         let s = JsonlSink::open(Path::new("/dev/full"), metrics.clone(), Wait::Written(Duration::from_secs(5))).unwrap();
-        let e = s.record(&[rec("t1", "a")]).await.unwrap_err().to_string();
+        let e = s
+            .record(&[rec("t1", "a")], crate::Durability::Committed)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--results-jsonl /dev/full: writing 1 result lines failed"), "{e}");
         assert_eq!(s.counts(), (0, 0), "forgotten: a retry writes it");
-        let e = s.record(&[rec("t1", "a")]).await.unwrap_err().to_string();
+        let e = s
+            .record(&[rec("t1", "a")], crate::Durability::Committed)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("failed"), "{e}");
     }
 }

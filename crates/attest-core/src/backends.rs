@@ -23,7 +23,9 @@ pub enum ProviderError {
     /// The request's evaluation deadline passed (→ `3002`).
     Timeout,
     /// The provider failed, after `attempts` attempts (→ `2001`).
-    Failed { message: String, attempts: u32 },
+    /// `permanent`: it refused the request itself (an HTTP 4xx other than
+    /// 408 and 429), so asking again the same way cannot succeed.
+    Failed { message: String, attempts: u32, permanent: bool },
     /// No provider is configured for this layer (→ `2001`); `detail` says
     /// how to enable one.
     Unavailable { message: String, detail: String },
@@ -36,8 +38,8 @@ impl std::fmt::Display for ProviderError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ProviderError::Timeout => write!(f, "the provider did not answer before the deadline"),
-            ProviderError::Failed { message, attempts: 1 } => write!(f, "{message}"),
-            ProviderError::Failed { message, attempts } => write!(f, "{message} (after {attempts} attempts)"),
+            ProviderError::Failed { message, attempts: 1, .. } => write!(f, "{message}"),
+            ProviderError::Failed { message, attempts, .. } => write!(f, "{message} (after {attempts} attempts)"),
             ProviderError::Unavailable { message, .. } => write!(f, "{message}"),
             ProviderError::BudgetSpent { budget, spent } => {
                 write!(
@@ -56,6 +58,16 @@ impl ProviderError {
         ProviderError::Failed {
             message: message.into(),
             attempts,
+            permanent: false,
+        }
+    }
+
+    /// The provider refused the request itself: no retry can help.
+    pub fn refused(message: impl Into<String>, attempts: u32) -> ProviderError {
+        ProviderError::Failed {
+            message: message.into(),
+            attempts,
+            permanent: true,
         }
     }
 }

@@ -110,6 +110,8 @@ enum Query {
 enum Msg {
     Rows(Rows),
     Query(Query),
+    /// Rows to write now, with the answer whether their transaction committed.
+    Commit(Vec<Rows>, SyncSender<Result<(), String>>),
     /// The engine is done: write what is queued and stop.
     Close,
 }
@@ -213,6 +215,28 @@ impl History {
         }
         if was < HIGH_WATERMARK && was + n >= HIGH_WATERMARK {
             self.writer.unpark();
+        }
+    }
+
+    /// Writes `rows` now and returns once their transaction has committed
+    /// (blocking, until `deadline`): for callers that acknowledge what they
+    /// store, such as a sink that acks a message only after its results are
+    /// durable. Never dropped for a full queue; an error says it was not
+    /// committed.
+    pub fn record_committed(&self, rows: Vec<Rows>, deadline: Instant) -> anyhow::Result<()> {
+        if rows.iter().all(|r| r.rows.is_empty()) {
+            return Ok(());
+        }
+        let (reply, answer) = sync_channel(1);
+        self.shared.urgent.fetch_add(1, Ordering::AcqRel);
+        self.tx
+            .send(Msg::Commit(rows, reply))
+            .map_err(|_| anyhow::anyhow!("history writer has stopped"))?;
+        self.writer.unpark();
+        match answer.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(result) => result.map_err(|e| anyhow::anyhow!("the result history did not commit: {e}")),
+            Err(RecvTimeoutError::Timeout) => Err(anyhow::Error::new(Unanswered)),
+            Err(RecvTimeoutError::Disconnected) => Err(anyhow::anyhow!("history writer has stopped")),
         }
     }
 

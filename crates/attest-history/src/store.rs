@@ -371,8 +371,15 @@ impl Writer {
                     // Queries are answered after the rows queued before them.
                     Ok(Msg::Query(q)) => {
                         shared.urgent.fetch_sub(1, Ordering::AcqRel);
-                        self.write(&mut rows);
+                        let _ = self.write(&mut rows);
                         self.answer(q);
+                    }
+                    // Written with what is queued, in one transaction, and
+                    // answered with whether it committed.
+                    Ok(Msg::Commit(batch, reply)) => {
+                        shared.urgent.fetch_sub(1, Ordering::AcqRel);
+                        rows.extend(batch);
+                        let _ = reply.send(self.write(&mut rows));
                     }
                     Ok(Msg::Close) | Err(TryRecvError::Disconnected) => {
                         closed = true;
@@ -381,7 +388,7 @@ impl Writer {
                     Err(TryRecvError::Empty) => break,
                 }
             }
-            self.write(&mut rows);
+            let _ = self.write(&mut rows);
             if closed {
                 return;
             }
@@ -399,9 +406,9 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, pending: &mut Vec<Rows>) {
+    fn write(&mut self, pending: &mut Vec<Rows>) -> Result<(), String> {
         if pending.is_empty() {
-            return;
+            return Ok(());
         }
         let at = now_ms();
         if self.interned.full() {
@@ -485,11 +492,13 @@ impl Writer {
                     self.prune();
                     self.written_since_prune = 0;
                 }
+                Ok(())
             }
             Err(e) => {
                 // A rolled-back transaction may have taken interned ids with it.
                 self.interned = Interned::default();
-                tracing::error!(error = %e, "cannot write result history")
+                tracing::error!(error = %e, "cannot write result history");
+                Err(e.to_string())
             }
         }
     }

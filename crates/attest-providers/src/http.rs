@@ -119,7 +119,10 @@ impl HttpClient {
                 return Err(ProviderError::Timeout);
             }
             let err = |detail: String| ProviderError::failed(format!("{what} provider {detail}"), attempt);
-            if !failure.retryable || attempt >= MAX_ATTEMPTS {
+            if !failure.retryable {
+                return Err(ProviderError::refused(format!("{what} provider {}", failure.message), attempt));
+            }
+            if attempt >= MAX_ATTEMPTS {
                 return Err(err(failure.message));
             }
             let wait = failure.retry_after.unwrap_or_else(|| backoff(attempt));
