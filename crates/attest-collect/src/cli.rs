@@ -806,6 +806,10 @@ async fn consume(
     }
 }
 
+/// First and longest pause before a refused publish is tried again.
+const PUBLISH_RETRY_FIRST: Duration = Duration::from_millis(200);
+const PUBLISH_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// Evaluates and stores one selected trace, or publishes it for the workers.
 /// The evaluation is given up when `hurry` asks; storing results that exist
 /// is never cut short, so no trace is stored in part, and neither is
@@ -817,20 +821,44 @@ pub(crate) async fn handle_item(
     hurry: &mut Hurry,
 ) -> Handled {
     if let Some(p) = publisher {
-        // Not given up once started: the message may be in the stream
-        // already, for a worker to evaluate, while its ack is awaited (at
-        // most the publish timeout).
-        match p.publish(&item).await {
-            Ok(duplicate) => {
-                pipeline.metrics.traces_published.fetch_add(1, Ordering::Relaxed);
-                if duplicate {
-                    pipeline.metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
+        // The exporter was answered when the spans arrived, so a trace the
+        // server refuses or stalls on is kept, holding its place in the
+        // bounded queue, and offered again until the server takes it or
+        // stopping is asked for (then it is counted as dropped). Meanwhile the
+        // receiver answers 503, and a full queue refuses more.
+        let mut wait = PUBLISH_RETRY_FIRST;
+        loop {
+            // An attempt is not given up once started: the message may be
+            // in the stream already while its ack is awaited (at most the
+            // publish timeout).
+            match p.publish(&item).await {
+                Ok(duplicate) => {
+                    pipeline.metrics.traces_published.fetch_add(1, Ordering::Relaxed);
+                    if duplicate {
+                        pipeline.metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Handled::Done;
+                }
+                // Logged, throttled, by the publisher.
+                // Too large, a `--jsonl` run (which nothing can hurry), or a
+                // drain with the server gone: counted as lost. A `--jsonl` run
+                // fails then, and can be run again, since the stream's
+                // duplicate window drops what it already published.
+                Err(f) if f.too_large || hurry.0.is_none() || p.given_up() => {
+                    pipeline.metrics.dropped("publish_failed", 0);
+                    return Handled::Done;
+                }
+                Err(_) => {
+                    pipeline.metrics.publish_retries.fetch_add(1, Ordering::Relaxed);
+                    tokio::select! {
+                        biased;
+                        () = hurry.asked() => return Handled::Abandoned,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                    wait = (wait * 2).min(PUBLISH_RETRY_MAX);
                 }
             }
-            // Logged, throttled, by the publisher.
-            Err(_) => pipeline.metrics.dropped("publish_failed", 0),
         }
-        return Handled::Done;
     }
     let evaluated = tokio::select! {
         biased;

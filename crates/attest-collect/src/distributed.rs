@@ -338,8 +338,9 @@ pub fn results_msg_id(trace_id: &str, records: &[ResultRecord]) -> String {
 /// Why a publish failed; `too_large` when the message (headers included)
 /// is over the server's `max_payload`, which no retry can fix.
 #[derive(Debug)]
-struct PublishFailure {
-    too_large: bool,
+pub(crate) struct PublishFailure {
+    /// Over the server's max_payload: no retry can succeed.
+    pub(crate) too_large: bool,
     error: anyhow::Error,
 }
 
@@ -377,6 +378,10 @@ async fn publish(
     }
 }
 
+/// How long a failed publish keeps the receiver refusing when no later
+/// publish says otherwise.
+const REFUSING_FOR: Duration = Duration::from_secs(30);
+
 /// A collector's handle for publishing selected traces.
 pub struct Publisher {
     js: jetstream::Context,
@@ -385,6 +390,9 @@ pub struct Publisher {
     /// Set by [`Publisher::fail_fast_when_down`]: from then on a publish
     /// while the connection is down fails at once.
     fail_fast: std::sync::atomic::AtomicBool,
+    /// When the last publish failed, if none has worked since: while the
+    /// server refuses or stalls, the receiver answers 503.
+    failing_since: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Publisher {
@@ -397,6 +405,7 @@ impl Publisher {
             names,
             failures: FailureLog::default(),
             fail_fast: std::sync::atomic::AtomicBool::new(false),
+            failing_since: std::sync::Mutex::new(None),
         })
     }
 
@@ -412,6 +421,22 @@ impl Publisher {
         self.fail_fast.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Whether the server has refused or stalled the last publish (JetStream
+    /// out of resources, an ack that never came) with none working since.
+    /// Traces that failed are offered again by their handlers, whose next
+    /// attempt clears this; a failure older than [`REFUSING_FOR`] no longer
+    /// counts, so the receiver never stays closed on stale news.
+    pub fn refusing(&self) -> bool {
+        let since = *self.failing_since.lock().unwrap_or_else(|e| e.into_inner());
+        since.is_some_and(|t| t.elapsed() < REFUSING_FOR)
+    }
+
+    /// Whether a failed publish is not worth trying again: stopping (or a
+    /// `--jsonl` run) while the server is unreachable.
+    pub fn given_up(&self) -> bool {
+        self.fail_fast.load(std::sync::atomic::Ordering::Relaxed) && !self.connected()
+    }
+
     /// Whether the connection to the NATS server is up at the moment.
     pub fn connected(&self) -> bool {
         self.js.client().connection_state() == async_nats::connection::State::Connected
@@ -420,9 +445,13 @@ impl Publisher {
     /// Publishes a selected trace; returns true when the server already had
     /// it (duplicate). A failure is logged here, throttled ([`FailureLog`]);
     /// the caller counts it.
-    pub async fn publish(&self, item: &WorkItem) -> anyhow::Result<bool> {
+    pub(crate) async fn publish(&self, item: &WorkItem) -> Result<bool, PublishFailure> {
         let payload = serde_json::to_vec(item)
-            .inspect_err(|e| tracing::warn!(trace_id = %crate::shown_id(item.trace_id()), error = %e, "encoding a work message failed"))?;
+            .inspect_err(|e| tracing::warn!(trace_id = %crate::shown_id(item.trace_id()), error = %e, "encoding a work message failed"))
+            .map_err(|e| PublishFailure {
+                too_large: true,
+                error: e.into(),
+            })?;
         let mut headers = async_nats::HeaderMap::new();
         // One work message per trace: the same trace published again within
         // the duplicate window (a second collector, a re-run) is dropped.
@@ -435,6 +464,12 @@ impl Publisher {
         } else {
             publish(&self.js, &self.names.traces_subject, headers, payload.into()).await
         };
+        let failing = match &sent {
+            Ok(_) => None,
+            Err(f) if f.too_large => *self.failing_since.lock().unwrap_or_else(|e| e.into_inner()),
+            Err(_) => Some(std::time::Instant::now()),
+        };
+        *self.failing_since.lock().unwrap_or_else(|e| e.into_inner()) = failing;
         match sent {
             Ok(duplicate) => {
                 if let Some(unshown) = self.failures.recovered() {
@@ -454,7 +489,7 @@ impl Publisher {
                     ),
                     None => {}
                 }
-                Err(f.error)
+                Err(f)
             }
         }
     }

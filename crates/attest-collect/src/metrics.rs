@@ -42,6 +42,9 @@ pub struct Metrics {
     pub open_traces: AtomicU64,
     pub open_bytes: AtomicU64,
     pub redeliveries: AtomicU64,
+    /// Publishes of a work message tried again after the server refused or
+    /// stalled on one.
+    pub publish_retries: AtomicU64,
     /// Work messages refused because they were selected under other rules.
     pub rules_mismatches: AtomicU64,
     pub dead_lettered: AtomicU64,
@@ -299,6 +302,12 @@ impl Metrics {
             "attest_collect_redeliveries_total",
             "Work messages received again after a failed or unacknowledged attempt.",
             ld(&self.redeliveries),
+        );
+        counter(
+            &mut out,
+            "attest_collect_publish_retries_total",
+            "Work messages offered again after the NATS server refused or did not acknowledge a publish (the trace is kept meanwhile).",
+            ld(&self.publish_retries),
         );
         counter(
             &mut out,

@@ -417,6 +417,9 @@ impl ReceiverState {
         if self.publisher.as_ref().is_some_and(|p| !p.connected()) {
             return Some("the NATS server is unreachable, so traces cannot be handed to the workers; retry later");
         }
+        if self.publisher.as_ref().is_some_and(|p| p.refusing()) {
+            return Some("the NATS server is not taking traces (JetStream refused or did not acknowledge a publish), so they cannot be handed to the workers; retry later");
+        }
         if self.ready.capacity() == 0 || self.queued_kib.available_permits() == 0 {
             return Some("evaluation queue is full; retry later");
         }

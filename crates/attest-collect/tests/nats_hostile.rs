@@ -919,3 +919,83 @@ async fn a_jsonl_run_whose_nats_server_goes_away_fails_the_rest_fast_and_exits_1
     assert!(log.contains("2 published (0 already in the stream), 6 publishes failed"), "{log}");
     assert!(log.contains("not published: the NATS server is unreachable"), "{log}");
 }
+
+/// A full JetStream store: the collector never answers 200 for a trace it
+/// then drops. Refused publishes keep their traces and the receiver answers
+/// 503 (with the reason) until the store has room; then every trace that
+/// was answered 200 reaches the stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_stream_turns_exports_to_503_and_loses_no_accepted_trace() {
+    use async_nats::jetstream::consumer;
+    use futures::StreamExt;
+    use prost::Message;
+    let Some(bin) = nats_server_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start(&bin, dir.path());
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &["--nats", &nats.url, "--settle-ms", "100", "--nats-stream-bytes", "1048576"],
+    );
+    // About 40 KB each: the 1 MiB work stream holds some 25.
+    let tool = "t".repeat(4000);
+    let mut accepted = std::collections::BTreeSet::new();
+    let mut refused = None;
+    for trace in 1..=200u8 {
+        let body = support::otlp::request(support::otlp::agent_trace(trace, 10, &tool)).encode_to_vec();
+        let r = support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+        match r.status().as_u16() {
+            200 => {
+                accepted.insert(trace);
+            }
+            503 => {
+                assert!(r.headers().get("retry-after").is_some());
+                refused = Some(String::from_utf8_lossy(&r.bytes().await.unwrap()).into_owned());
+                break;
+            }
+            other => panic!("export of trace {trace}: HTTP {other}"),
+        }
+        // Let each trace settle and be offered to the stream in turn.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let refused = refused.expect("a full stream never turned exports away");
+    assert!(refused.contains("not taking traces"), "{refused}");
+    assert!(accepted.len() >= 20, "only {} accepted before the stream filled", accepted.len());
+    // Room is made: a consumer takes (and so removes) the work messages.
+    let js = js(&nats.url).await;
+    let stream = js.get_stream("ATTEST_TRACES").await.unwrap();
+    let taker: consumer::PullConsumer = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("attest-workers".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < accepted.len() && Instant::now() < deadline {
+        let mut batch = taker
+            .fetch()
+            .max_messages(50)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .unwrap();
+        while let Some(Ok(m)) = batch.next().await {
+            let item: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            seen.insert(item["trace"]["trace_id"].as_str().unwrap().to_owned());
+            m.ack().await.unwrap();
+        }
+    }
+    let m = c.metrics().await;
+    assert_eq!(seen.len(), accepted.len(), "traces answered 200 never reached the stream; {m}");
+    assert_eq!(
+        metric(&m, "attest_collect_traces_dropped_total{reason=\"publish_failed\"}"),
+        0.0,
+        "{m}"
+    );
+    assert!(metric(&m, "attest_collect_publish_retries_total") >= 1.0, "{m}");
+    let (code, log) = c.proc.terminate();
+    assert_eq!(code, 0, "{log}");
+}
