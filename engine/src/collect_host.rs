@@ -108,7 +108,7 @@ impl attest_collect::Suite for RuleSuite {
                 // A provider that refused the request itself (a 4xx) is no
                 // reason to deliver the trace again.
                 retryable: matches!(e.code, ErrorCode::ProviderError | ErrorCode::Timeout) && e.retryable != Some(false),
-                trace_refused: e.code == ErrorCode::InvalidTrace,
+                trace_refused: e.code == ErrorCode::InvalidTrace || (e.code == ErrorCode::ProviderError && e.retryable == Some(false)),
             })?;
             Ok(result
                 .results

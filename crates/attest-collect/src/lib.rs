@@ -93,8 +93,10 @@ pub struct EvalError {
     pub message: String,
     /// True when trying again later may succeed (provider outage, rate limit).
     pub retryable: bool,
-    /// True when the trace itself is refused (it breaks the trace format):
-    /// no retry and no other worker can evaluate it.
+    /// True when no retry and no other worker can evaluate it: the trace
+    /// breaks the trace format, or a provider refuses the request itself
+    /// (a 4xx: a wrong model name, a bad key), which only a change of
+    /// configuration can fix.
     #[serde(default)]
     pub trace_refused: bool,
 }

@@ -46,6 +46,103 @@ pub struct Limits {
     pub drain_timeout: Duration,
 }
 
+/// A connection whose writes must make progress within `limit`: a client
+/// that never reads its answer fills its socket buffer, and the write that
+/// then waits for it fails after `limit` instead of holding the connection
+/// (and its place under `max_connections`) forever.
+struct WriteDeadline<S> {
+    inner: S,
+    limit: Duration,
+    /// Set while a write waits; cleared by any progress.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        WriteDeadline {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// After a write returned `Pending`: an error once the wait passes the limit.
+    fn check(&mut self, cx: &mut std::task::Context<'_>) -> std::io::Result<()> {
+        let limit = self.limit;
+        let timer = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client did not read its answer within the request deadline",
+            )),
+            std::task::Poll::Pending => Ok(()),
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.settle(polled, cx)
+    }
+
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.settle(polled, cx)
+    }
+
+    fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.settle(polled, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.settle(polled, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+impl<S> WriteDeadline<S> {
+    fn settle<T>(
+        &mut self,
+        polled: std::task::Poll<std::io::Result<T>>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        match polled {
+            std::task::Poll::Pending => match self.check(cx) {
+                Ok(()) => std::task::Poll::Pending,
+                Err(e) => std::task::Poll::Ready(Err(e)),
+            },
+            done => {
+                self.stalled = None;
+                done
+            }
+        }
+    }
+}
+
 /// The worker's metrics endpoint: a scraper or two, never many.
 pub const METRICS_ONLY: Limits = Limits {
     max_connections: 64,
@@ -117,7 +214,8 @@ pub async fn serve(
                     }
                 }
             }
-            let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+            let io = WriteDeadline::new(stream, header_timeout);
+            let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
             // A header deadline or a client hanging up ends the connection;
             // neither concerns anyone else.
             let _ = watcher.watch(conn).await;

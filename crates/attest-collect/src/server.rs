@@ -273,7 +273,21 @@ fn render(metrics: &Metrics) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render()).into_response()
 }
 
-async fn metrics_page(State(state): State<Arc<ReceiverState>>) -> Response {
+/// `/metrics` beside the receiver: behind the same token as the exports
+/// when one is set, since the counters name rules, agents' traffic and
+/// failures.
+async fn metrics_page(State(state): State<Arc<ReceiverState>>, headers: HeaderMap) -> Response {
+    if let Some(token) = &state.bearer_token {
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+        if bearer_token(given) != Some(token.as_str()) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "missing or wrong bearer token in the Authorization header (the receiver's token guards /metrics too)\n",
+            )
+                .into_response();
+        }
+    }
     state.update_gauges();
     render(&state.metrics)
 }
@@ -348,10 +362,14 @@ async fn export(state: Arc<ReceiverState>, headers: HeaderMap, body: Body, signa
         discard(body, limit);
         return overloaded(&state, encoding, label, "too many export requests in flight; retry later");
     };
-    // What a request holds across its waits is its body as sent. A
+    // What a request holds across its waits is its body as it arrives: a
+    // declared length is no promise, and uploads that declare 32 MiB and
+    // send nothing must not take the budget from those that send. A
     // compressed body is inflated only while it is decoded, which does not
     // wait (docs/continuous.md).
-    let first = declared.map_or(UNSIZED_FIRST_BYTES.min(limit), |n| n as usize);
+    let first = declared
+        .map_or(UNSIZED_FIRST_BYTES, |n| (n as usize).min(UNSIZED_FIRST_BYTES))
+        .min(limit);
     let Ok(mut reserved) = state.inflight_kib.try_acquire_many(kib(first)) else {
         drop(permit);
         discard(body, limit);
@@ -369,6 +387,16 @@ async fn export(state: Arc<ReceiverState>, headers: HeaderMap, body: Body, signa
             drop((reserved, permit));
             discard(rest, limit - read);
             return overloaded(&state, encoding, label, "too many export request bytes in flight; retry later");
+        }
+        Err(BodyError::TooSlow) => {
+            drop((reserved, permit));
+            state.metrics.request(408, label);
+            let msg = format!(
+                "the request body arrived more slowly than {} KiB/s after its first {} s; its share of the receiver's budget is given to others: send it again faster, or in smaller batches",
+                MIN_UPLOAD_BYTES_PER_SEC / 1024,
+                MIN_UPLOAD_GRACE.as_secs()
+            );
+            return reply(StatusCode::REQUEST_TIMEOUT, encoding, otlp::error_body(encoding, 4, &msg), None);
         }
         Err(BodyError::Failed(e)) => {
             state.metrics.request(400, label);
@@ -527,6 +555,8 @@ enum BodyError {
     Overloaded { rest: Body, read: usize },
     /// The connection failed while it was read.
     Failed(String),
+    /// It arrived more slowly than the minimum upload rate.
+    TooSlow,
 }
 
 /// Reads a request body of at most `limit` bytes. Bytes beyond what
@@ -544,7 +574,16 @@ async fn read_body<'a>(
 ) -> Result<bytes::Bytes, BodyError> {
     use http_body_util::BodyExt;
     let mut buf = bytes::BytesMut::with_capacity((reserved.num_permits() * 1024).min(limit));
-    while let Some(frame) = body.frame().await {
+    let started = tokio::time::Instant::now();
+    loop {
+        // A body must keep arriving at [`MIN_UPLOAD_BYTES_PER_SEC`] once its
+        // grace has passed: a client trickling bytes holds the budget for
+        // seconds, not for the whole request deadline.
+        let due = MIN_UPLOAD_GRACE + Duration::from_secs_f64(buf.len() as f64 / MIN_UPLOAD_BYTES_PER_SEC as f64);
+        let Ok(frame) = tokio::time::timeout_at(started + due, body.frame()).await else {
+            return Err(BodyError::TooSlow);
+        };
+        let Some(frame) = frame else { break };
         let frame = frame.map_err(|e| BodyError::Failed(e.to_string()))?;
         let Ok(data) = frame.into_data() else { continue };
         let len = buf.len() + data.len();
@@ -570,6 +609,11 @@ async fn read_body<'a>(
     drop(reserved.split(unused));
     Ok(buf.freeze())
 }
+
+/// How long a body may take before it must arrive at the minimum rate.
+const MIN_UPLOAD_GRACE: Duration = Duration::from_secs(2);
+/// The slowest upload kept once its grace has passed, in bytes per second.
+const MIN_UPLOAD_BYTES_PER_SEC: u64 = 64 * 1024;
 
 /// Longest a refused request's body is read for, to be thrown away.
 const DISCARD_TIMEOUT: Duration = Duration::from_secs(10);

@@ -227,8 +227,9 @@ async fn a_stalled_upload_does_not_hold_shutdown_and_a_second_signal_cuts_it_sho
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results.jsonl");
     let args = ["--settle-ms", "60000", "--results-jsonl", results.to_str().unwrap()];
-    // One SIGTERM: the upload gets the drain deadline (5 s), not the
-    // request deadline (30 s); the trace accepted before is evaluated.
+    // One SIGTERM: the stalled upload is cut at its upload grace (2 s of no
+    // progress), within the drain deadline (5 s) and long before the request
+    // deadline (30 s); the trace accepted before is evaluated.
     let c = Collector::start(dir.path(), RULES, &args);
     let body = request(agent_trace(5, 1, "lookup_order")).encode_to_vec();
     let r = post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
@@ -239,8 +240,7 @@ async fn a_stalled_upload_does_not_hold_shutdown_and_a_second_signal_cuts_it_sho
     proc.signal("TERM");
     assert_eq!(proc.wait_exit(20), 0, "{}", proc.stderr_text());
     let took = t0.elapsed();
-    assert!(took < Duration::from_secs(10), "took {took:?}");
-    assert!(took >= Duration::from_secs(4), "did not wait for the upload: {took:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
     assert_eq!(read_jsonl(&results).len(), 3, "the accepted trace was evaluated");
 
     // A second signal ends the wait at once.

@@ -280,6 +280,9 @@ impl Drop for Proc {
 pub struct Collector {
     pub proc: Proc,
     pub url: String,
+    /// The bearer token the collector was given (`--bearer-token-env`),
+    /// which guards `/metrics` too.
+    pub token: Option<String>,
 }
 
 impl Collector {
@@ -304,11 +307,21 @@ impl Collector {
             .unwrap()
             .trim_end_matches("/v1/traces")
             .to_string();
-        Collector { proc, url }
+        let token = extra
+            .iter()
+            .position(|a| *a == "--bearer-token-env")
+            .and_then(|i| extra.get(i + 1))
+            .and_then(|var| env.iter().find(|(k, _)| k == var))
+            .map(|(_, v)| v.to_string());
+        Collector { proc, url, token }
     }
 
     pub async fn metrics(&self) -> String {
-        reqwest::get(format!("{}/metrics", self.url)).await.unwrap().text().await.unwrap()
+        let mut get = reqwest::Client::new().get(format!("{}/metrics", self.url));
+        if let Some(t) = &self.token {
+            get = get.bearer_auth(t);
+        }
+        get.send().await.unwrap().text().await.unwrap()
     }
 
     /// The OTLP/gRPC address (`host:port`) the collector said it listens on.
