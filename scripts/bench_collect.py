@@ -60,6 +60,7 @@ class Run:
         self.engine, self.work, self.history = engine, work, history
         self.env = dict(os.environ, ATTEST_CACHE_DIR=str(work / "cache"))
         self.procs: list[subprocess.Popen] = []
+        self.cpu: dict[str, float] = {}
 
     def cmd(self, *args: str) -> list[str]:
         return [self.engine, "--log-level=warn", *([] if self.history else ["--no-history"]), *args]
@@ -67,18 +68,53 @@ class Run:
     def spawn(self, args: list[str], name: str) -> subprocess.Popen:
         p = subprocess.Popen(args, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=open(self.work / f"{name}.stderr", "w"))
+        p.name = name
         self.procs.append(p)
         return p
 
-    def stop(self) -> None:
+    def exited(self, p: subprocess.Popen) -> int | None:
+        """`p`'s exit code once it has ended (its CPU time kept), else None."""
+        if p.name not in self.cpu:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if not pid:
+                return None
+            self.cpu[p.name] = usage.ru_utime + usage.ru_stime
+            p.returncode = os.waitstatus_to_exitcode(status)
+        return p.returncode
+
+    def stop(self) -> dict[str, float]:
+        """Stops every process; returns each one's CPU seconds (user + system)."""
         for p in self.procs:
-            if p.poll() is None:
+            if p.name not in self.cpu and self.exited(p) is None:
                 p.terminate()
         for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            if p.name not in self.cpu:
+                self.cpu[p.name] = reap(p)
+        return self.cpu
+
+
+def reap(p: subprocess.Popen) -> float:
+    """Waits for `p` (killing it after 30 s) and returns its CPU seconds."""
+    deadline = time.time() + 30
+    while True:
+        pid, _, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            p.returncode = 0
+            return usage.ru_utime + usage.ru_stime
+        if time.time() > deadline:
+            p.kill()
+            _, _, usage = os.wait4(p.pid, 0)
+            p.returncode = -9
+            return usage.ru_utime + usage.ru_stime
+        time.sleep(0.02)
+
+
+CPU: dict[str, list[float]] = {}
+
+
+def note_cpu(scenario: str, cpu: dict[str, float], n: int) -> None:
+    for name, secs in cpu.items():
+        CPU.setdefault(f"{scenario}: {name}", []).append(secs * 1e6 / n)
 
 
 def embedded(engine: str, work: Path, rules: Path, traces: Path, n: int, history: bool) -> float:
@@ -86,30 +122,20 @@ def embedded(engine: str, work: Path, rules: Path, traces: Path, n: int, history
     out = work / "results.jsonl"
     t0 = time.perf_counter()
     p = run.spawn(run.cmd("collect", "--rules", str(rules), "--jsonl", str(traces), "--results-jsonl", str(out)), "collect")
-    code = p.wait()
+    cpu = reap(p)
     elapsed = time.perf_counter() - t0
-    if code != 0 or lines(out) != n * len(ASSERTIONS):
-        sys.exit(f"embedded run failed (exit {code}, {lines(out)} results):\n{(work / 'collect.stderr').read_text()[-3000:]}")
+    if lines(out) != n * len(ASSERTIONS):
+        sys.exit(f"embedded run failed ({lines(out)} results):\n{(work / 'collect.stderr').read_text()[-3000:]}")
+    if not history:
+        note_cpu("embedded", {"collect": cpu}, n)
     return elapsed
 
 
 def distributed(engine: str, nats: str, work: Path, rules: Path, traces: Path, n: int, workers: int, history: bool) -> float:
-    port = free_port()
-    server = subprocess.Popen([nats, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(work / "js")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"nats://127.0.0.1:{port}"
+    server, url = start_nats(nats, work)
     run = Run(engine, work, history)
     out = work / "results.jsonl"
     try:
-        deadline = time.time() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    sys.exit("nats-server did not start")
-                time.sleep(0.05)
         t0 = time.perf_counter()
         run.spawn(run.cmd("worker", "--role", "sink", "--nats", url, "--results-jsonl", str(out)), "sink")
         for w in range(workers):
@@ -118,15 +144,46 @@ def distributed(engine: str, nats: str, work: Path, rules: Path, traces: Path, n
         want = n * len(ASSERTIONS)
         deadline = time.time() + 600
         while lines(out) < want:
-            if time.time() > deadline or (collector.poll() not in (None, 0)):
+            if time.time() > deadline or (run.exited(collector) not in (None, 0)):
                 sys.exit(f"distributed run stalled at {lines(out)}/{want}: {(work / 'collect.stderr').read_text()[-2000:]}")
             time.sleep(0.01)
         elapsed = time.perf_counter() - t0
     finally:
-        run.stop()
+        cpu = run.stop()
         server.terminate()
-        server.wait()
+        cpu["nats-server"] = reap(server)
+    if not history:
+        note_cpu(f"NATS, {workers} worker(s)", cpu, n)
     return elapsed
+
+
+def start_nats(nats: str, work: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    server = subprocess.Popen([nats, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(work / "js")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return server, f"nats://127.0.0.1:{port}"
+        except OSError:
+            if time.time() > deadline:
+                sys.exit("nats-server did not start")
+            time.sleep(0.05)
+
+
+def floor(floor_bin: str, nats: str, work: Path, n: int, work_bytes: int, result_bytes: int) -> dict:
+    """The broker's own ceiling: the same flow of messages of the same sizes, no evaluation."""
+    server, url = start_nats(nats, work)
+    try:
+        out = subprocess.run([floor_bin, url, str(n), str(work_bytes), str(result_bytes), "1"],
+                             capture_output=True, text=True, timeout=600, check=True)
+    finally:
+        server.terminate()
+        server_cpu = reap(server)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r["server_cpu_us_per_message"] = server_cpu * 1e6 / n
+    return r
 
 
 def main() -> None:
@@ -136,6 +193,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--nats-server", default=shutil.which("nats-server") or "/usr/sbin/nats-server")
     ap.add_argument("--skip-nats", action="store_true")
+    ap.add_argument("--floor", help="the nats_floor example binary (target/release/examples/nats_floor): also measure the broker's own ceiling")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="attest-bench-collect-") as d:
         base = Path(d)
@@ -163,6 +221,27 @@ def main() -> None:
                     shutil.rmtree(work)
             off, on = statistics.median(times[False]), statistics.median(times[True])
             print(f"| {name} | {args.traces / off:,.0f} | {args.traces / on:,.0f} | {on / off:.2f} |", flush=True)
+        if args.floor and not args.skip_nats:
+            # The sizes of the product's messages: a work message is the trace
+            # and its rule names; a results message, the trace's 8 records.
+            work_bytes = len(json.dumps({"trace": trace(0), "rules": ["refund"], "rules_version": "0" * 16}))
+            result_bytes = len(ASSERTIONS) * 330
+            floors = []
+            for r in range(args.runs):
+                work = base / f"floor-{r}"
+                work.mkdir()
+                floors.append(floor(args.floor, args.nats_server, work, args.traces, work_bytes, result_bytes))
+                shutil.rmtree(work)
+            best = sorted(floors, key=lambda f: f["per_second"])[len(floors) // 2]
+            print(f"| broker floor (async-nats, {work_bytes} B work / {result_bytes} B results messages, no evaluation) | {best['per_second']:,.0f} | | |")
+            CPU["broker floor: client (publisher + worker + sink in one process)"] = [best["cpu_us_per_message"]]
+            CPU["broker floor: nats-server"] = [best["server_cpu_us_per_message"]]
+        print()
+        print("CPU per trace, history off (median, µs):")
+        print("| process | µs per trace |")
+        print("|---|---:|")
+        for name, values in CPU.items():
+            print(f"| {name} | {statistics.median(values):,.0f} |")
 
 
 if __name__ == "__main__":

@@ -734,7 +734,14 @@ async fn consume(
     concurrency: usize,
     hurry: Hurry,
 ) {
-    let sem = Arc::new(Semaphore::new(concurrency));
+    // Publishing waits on the broker, not the CPU: many publishes are kept
+    // in flight (each still bounded by the queue it came from).
+    let window = if publisher.is_some() {
+        concurrency.max(PUBLISH_WINDOW)
+    } else {
+        concurrency
+    };
+    let sem = Arc::new(Semaphore::new(window));
     let mut tasks = JoinSet::new();
     // The spans of each trace dropped for shutdown, wherever it is found.
     let mut dropped: Vec<u64> = Vec::new();
@@ -805,6 +812,10 @@ async fn consume(
         pipeline.metrics.dropped("shutdown", spans);
     }
 }
+
+/// Work messages a collector has published and awaits the server's
+/// acknowledgement of, at most (at least `--concurrency`).
+pub(crate) const PUBLISH_WINDOW: usize = 256;
 
 /// First and longest pause before a refused publish is tried again.
 const PUBLISH_RETRY_FIRST: Duration = Duration::from_millis(200);

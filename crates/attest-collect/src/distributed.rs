@@ -627,17 +627,23 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     let fault_after: Option<u64> = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse().ok());
     let published = Arc::new(AtomicU64::new(0));
     let mismatch_log = Arc::new(crate::writer::LogThrottle::default());
-    let sem = Arc::new(Semaphore::new(args.concurrency));
+    // Messages held at once, and evaluations run at once, apart: a message
+    // whose results wait for the server's publish acknowledgement, or whose
+    // own ack is in flight, holds a place in the window but no evaluation
+    // slot, so round trips to the broker overlap with evaluation instead of
+    // bounding it.
+    let sem = Arc::new(Semaphore::new(args.concurrency.max(WORKER_WINDOW)));
+    let evaluating = Arc::new(Semaphore::new(args.concurrency));
     let mut tasks = JoinSet::new();
     let signals = crate::cli::Signals::install()?;
     let shutdown = signals.nth(1);
     tokio::pin!(shutdown);
     'pull: loop {
         // Ask the server for exactly as many messages as there are free
-        // evaluation slots. A message delivered to this worker is handled
-        // (and progress-acked) at once; none waits in a client-side buffer
-        // for a slot, where its ack wait would run out and the server would
-        // redeliver it, or dead-letter a healthy trace, while nothing failed.
+        // places in the window. A message delivered to this worker is held
+        // (and progress-acked) at once; none waits in a client-side buffer,
+        // where its ack wait would run out and the server would redeliver
+        // it, or dead-letter a healthy trace, while nothing failed.
         let first = tokio::select! {
             _ = &mut shutdown => break,
             p = sem.clone().acquire_owned() => p?,
@@ -678,6 +684,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
                 None => sem.clone().acquire_owned().await?,
             };
             let ctx = WorkerCtx {
+                evaluating: evaluating.clone(),
                 mismatch_log: mismatch_log.clone(),
                 js: js.clone(),
                 names: names.clone(),
@@ -720,6 +727,10 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     }
     Ok(())
 }
+
+/// Most work messages a worker holds at once (at least `--concurrency`):
+/// those being evaluated and those whose results or ack are on their way.
+const WORKER_WINDOW: usize = 256;
 
 /// Longest a worker waits at SIGTERM for its evaluations to finish.
 const WORKER_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -808,6 +819,8 @@ impl Drop for Delivery {
 const RULES_MISMATCH_DELAY: Duration = Duration::from_secs(5);
 
 struct WorkerCtx {
+    /// Evaluations running at once (`--concurrency`).
+    evaluating: Arc<Semaphore>,
     mismatch_log: Arc<crate::writer::LogThrottle>,
     js: jetstream::Context,
     names: Names,
@@ -869,6 +882,7 @@ impl WorkerCtx {
         // to another thread while it runs (see the engine's rule suites):
         // progress acks and the NATS connection keep being served.
         let pipeline = self.pipeline.clone();
+        let slot = self.evaluating.clone().acquire_owned().await?;
         // Aborted with this task when the worker gives up at shutdown, so
         // that an abandoned evaluation makes no more provider calls.
         let evaluation =
@@ -876,6 +890,7 @@ impl WorkerCtx {
                 async move { pipeline.evaluate_or_fail(&item, delivered as u64).await },
             ));
         let evaluated = evaluation.await;
+        drop(slot);
         let outcome = match evaluated {
             Ok(outcome) => outcome,
             Err(e) => {

@@ -57,7 +57,13 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
     }
     let (tx, mut rx) = mpsc::channel::<(u64, Line)>(256);
     let reader_task = tokio::task::spawn_blocking(move || read_lines(reader, tx));
-    let sem = Arc::new(Semaphore::new(concurrency));
+    // Publishes wait on the broker, not the CPU: many are kept in flight.
+    let window = if publisher.is_some() {
+        concurrency.max(crate::cli::PUBLISH_WINDOW)
+    } else {
+        concurrency
+    };
+    let sem = Arc::new(Semaphore::new(window));
     let mut tasks = JoinSet::new();
     let started = Instant::now();
     let mut last_progress = Instant::now();

@@ -85,9 +85,10 @@ fn check_defaults(schema: &Value, path: &mut String, depth: usize, problems: &mu
         path.push('/');
         path.push_str(key);
         if let Some(default) = sub.get("default") {
-            let validator = jsonschema::options().with_draft(jsonschema::Draft::Draft202012).build(sub);
+            let validator = attest_core::layers::schema::validator(sub, jsonschema::Draft::Draft202012);
             if let Ok(validator) = validator {
-                for e in validator.iter_errors(default).take(3) {
+                let (errors, _) = attest_core::layers::schema::errors_of(&validator, default, 0);
+                for e in errors.iter().take(3) {
                     // The error's place inside the default, after the property's.
                     let message = crate::text::clip(&e.to_string(), 200);
                     problems.push(format!("at {path}{}: {message}", e.instance_path()));

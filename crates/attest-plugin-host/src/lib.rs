@@ -650,23 +650,20 @@ fn described_plugin(
         id: info.id.clone(),
         why: format!("is not JSON: {e}"),
     })?;
-    let validator = jsonschema::options()
-        .with_draft(jsonschema::Draft::Draft202012)
-        .build(&config_schema)
-        .map_err(|e| {
-            // Where in the schema: the message alone names only the value.
-            // (An unresolvable `$ref` has no place; its message names it.)
-            let at = e.instance_path().to_string();
-            let at = if at.is_empty() {
-                String::new()
-            } else {
-                format!(", at {}", crate::text::clip(&at, 200))
-            };
-            LoadError::BadSchema {
-                id: info.id.clone(),
-                why: format!("is not a valid JSON Schema{at}: {}", crate::text::clip(&e.to_string(), 300)),
-            }
-        })?;
+    let validator = attest_core::layers::schema::validator(&config_schema, jsonschema::Draft::Draft202012).map_err(|e| {
+        // Where in the schema: the message alone names only the value.
+        // (An unresolvable `$ref` has no place; its message names it.)
+        let at = e.instance_path().to_string();
+        let at = if at.is_empty() {
+            String::new()
+        } else {
+            format!(", at {}", crate::text::clip(&at, 200))
+        };
+        LoadError::BadSchema {
+            id: info.id.clone(),
+            why: format!("is not a valid JSON Schema{at}: {}", crate::text::clip(&e.to_string(), 300)),
+        }
+    })?;
     let loaded = std::sync::OnceLock::new();
     if let Some(runtime) = runtime {
         let _ = loaded.set(Ok(runtime));
@@ -950,11 +947,21 @@ impl Plugin {
     pub fn check_config(&self, config: &Value) -> Result<(), String> {
         // The schema's size only decides whether errors are listed; a
         // compact rendering of it is a fair stand-in for its text.
+        use attest_core::layers::schema::{describe_errors, errors_of, within_steps, VALIDATION_STEPS};
         let schema_bytes = self.config_schema.to_string().len();
-        let (errors, _) = attest_core::layers::schema::errors_of(&self.validator, config, schema_bytes);
-        let errors = attest_core::layers::schema::describe_errors(&errors);
+        match within_steps(VALIDATION_STEPS, || self.validator.is_valid(config)) {
+            Some(true) => return Ok(()),
+            Some(false) => {}
+            None => {
+                return Err(format!(
+                    "the config could not be checked: the plugin's config schema entered {VALIDATION_STEPS} subschemas without an answer"
+                ))
+            }
+        }
+        let (errors, _) = errors_of(&self.validator, config, schema_bytes);
+        let errors = describe_errors(&errors);
         if errors.is_empty() {
-            Ok(())
+            Err("the config does not match the plugin's config schema (its errors are not listed: the schema branches recursively)".into())
         } else {
             Err(errors.join("; "))
         }

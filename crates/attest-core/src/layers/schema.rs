@@ -41,11 +41,105 @@ const MAX_LISTED_SCHEMA_BYTES: usize = 64 * 1024;
 /// them before handing any out), so a large array failing per item would
 /// hold millions. A large value or schema gets its first error only, which
 /// the validator finds without building the rest.
+///
+/// Both walks are bounded by [`EXPLAIN_STEPS`]: a schema that branches
+/// recursively (`anyOf` arms that each `$ref` back) makes them exponential in
+/// the value's depth, where `is_valid` is not (it remembers what it has
+/// checked). Past the budget the errors are not listed (an empty list).
 pub fn errors_of<'i>(validator: &'i Validator, value: &'i Value, schema_bytes: usize) -> (Vec<jsonschema::ValidationError<'i>>, bool) {
     if nodes_up_to(value, MAX_LISTED_NODES) < MAX_LISTED_NODES && schema_bytes <= MAX_LISTED_SCHEMA_BYTES {
-        (validator.iter_errors(value).collect(), true)
-    } else {
-        (validator.validate(value).err().into_iter().collect(), false)
+        if let Some(all) = within_steps(EXPLAIN_STEPS, || validator.iter_errors(value).collect()) {
+            return (all, true);
+        }
+    }
+    let first = within_steps(EXPLAIN_STEPS, || validator.validate(value).err().into_iter().collect());
+    (first.unwrap_or_default(), false)
+}
+
+/// Subschemas a validation may enter before it is stopped: `is_valid`, which
+/// gives the verdict, and each walk that lists errors for the explanation.
+/// A million steps take well under a second.
+pub const VALIDATION_STEPS: u64 = 1_000_000;
+const EXPLAIN_STEPS: u64 = 200_000;
+
+/// The keyword every subschema of a compiled schema carries (see
+/// [`instrument`]): it counts the subschemas a validation enters.
+const STEP_KEYWORD: &str = "$attest-step";
+
+thread_local! {
+    /// Steps left to the validation running on this thread; unlimited
+    /// outside [`within_steps`].
+    static STEPS_LEFT: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
+}
+
+/// Unwinds a validation out of the schema crate when its steps run out. It
+/// goes through `resume_unwind`, which runs no panic hook: nothing is logged.
+struct StepsSpent;
+
+struct Step;
+
+impl Step {
+    fn tick() {
+        let left = STEPS_LEFT.with(|s| {
+            let left = s.get().saturating_sub(1);
+            s.set(left);
+            left
+        });
+        if left == 0 {
+            std::panic::resume_unwind(Box::new(StepsSpent));
+        }
+    }
+}
+
+impl<'i> jsonschema::Keyword<'i> for Step {
+    fn validate(&self, _: &'i Value) -> Result<(), jsonschema::ValidationError<'i>> {
+        Step::tick();
+        Ok(())
+    }
+
+    fn is_valid(&self, _: &'i Value) -> bool {
+        Step::tick();
+        true
+    }
+}
+
+/// Runs `f`, a validation with an instrumented validator, within `steps`;
+/// `None` when they ran out.
+pub fn within_steps<T>(steps: u64, f: impl FnOnce() -> T) -> Option<T> {
+    let before = STEPS_LEFT.with(|s| s.replace(steps));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    STEPS_LEFT.with(|s| s.set(before));
+    match result {
+        Ok(v) => Some(v),
+        Err(payload) if payload.is::<StepsSpent>() => None,
+        Err(payload) => std::panic::resume_unwind(payload),
+    }
+}
+
+/// `schema` with [`STEP_KEYWORD`] in every subschema, so that a validation
+/// counts each subschema it enters. Only places that hold schemas get it:
+/// `const`, `enum`, `default` and `examples` hold data, and the maps of
+/// `properties`, `$defs` and the like hold names.
+fn instrument(schema: &mut Value, names: bool) {
+    match schema {
+        Value::Object(m) => {
+            for (k, v) in m.iter_mut() {
+                if !names && matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "$vocabulary") {
+                    continue;
+                }
+                let holds_names = !names
+                    && matches!(
+                        k.as_str(),
+                        "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" | "dependencies"
+                    );
+                instrument(v, holds_names);
+            }
+            if !names {
+                m.insert(STEP_KEYWORD.to_owned(), Value::Bool(true));
+            }
+        }
+        Value::Array(a) if !names => a.iter_mut().for_each(|v| instrument(v, false)),
+        _ => {}
     }
 }
 
@@ -217,15 +311,7 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Arc<Validator>, usize
         // The draft is already chosen; dropping `$schema` lets non-canonical spellings compile.
         m.remove("$schema");
     }
-    let validator = jsonschema::options()
-        .with_draft(draft)
-        .with_pattern_options(
-            jsonschema::PatternOptions::regex()
-                .size_limit(REGEX_SIZE_LIMIT)
-                .dfa_size_limit(REGEX_DFA_CACHE_BYTES),
-        )
-        .build(&body)
-        .map_err(|e| {
+    let validator = validator(&body, draft).map_err(|e| {
         SpecError::new(
             "spec.schema",
             format!("malformed JSON Schema: {}", clip(&e.to_string(), 300)),
@@ -235,6 +321,24 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Arc<Validator>, usize
     let validator = Arc::new(validator);
     cache().insert(key, (validator.clone(), patterns));
     Ok((validator, patterns, text_bytes))
+}
+
+/// The one way the engine builds a JSON Schema validator (layer 1's
+/// assertions, plugins' config schemas): RE2 patterns within `regex_match`'s
+/// bounds, remote `$ref`s never fetched, and every subschema counting its
+/// steps, so that [`within_steps`] bounds a validation whatever the schema.
+pub fn validator(schema: &Value, draft: Draft) -> Result<Validator, jsonschema::ValidationError<'static>> {
+    let mut body = schema.clone();
+    instrument(&mut body, false);
+    jsonschema::options()
+        .with_draft(draft)
+        .with_keyword(STEP_KEYWORD, |_, _, _| Ok(Box::new(Step)))
+        .with_pattern_options(
+            jsonschema::PatternOptions::regex()
+                .size_limit(REGEX_SIZE_LIMIT)
+                .dfa_size_limit(REGEX_DFA_CACHE_BYTES),
+        )
+        .build(&body)
 }
 
 /// The first validation errors, each as `at <instance path>: <message>`.
@@ -308,10 +412,31 @@ impl SchemaCheck {
                 )
             }
         };
-        if self.validator.is_valid(&value) {
-            return Verdict::pass(format!("{t} matches schema (draft {}).", self.draft));
+        match within_steps(VALIDATION_STEPS, || self.validator.is_valid(&value)) {
+            Some(true) => return Verdict::pass(format!("{t} matches schema (draft {}).", self.draft)),
+            Some(false) => {}
+            None => {
+                return Verdict::fail(format!(
+                    "{t} could not be validated: the schema entered {VALIDATION_STEPS} subschemas without an answer (a schema whose branches each refer back to it costs twice as much for every level of nesting)."
+                ))
+                .with(
+                    Evidence::new(format!("{t} matching the schema"), "validation stopped at its step budget")
+                        .at(t)
+                        .hint("Give the recursive part of the schema one branch per level (anyOf/oneOf arms that each $ref back double the work at every level), or bound the depth of the data."),
+                )
+            }
         }
         let (errors, all) = errors_of(&self.validator, &value, self.text_bytes);
+        if errors.is_empty() {
+            return Verdict::fail(format!(
+                "{t} failed schema validation (its errors are not listed: finding them would take more than {EXPLAIN_STEPS} steps of a schema that branches recursively)."
+            ))
+            .with(
+                Evidence::new(format!("{t} matching the schema"), "does not match")
+                    .at(t)
+                    .hint("Validate the value against the schema locally to see where it fails, or give the recursive part of the schema one branch per level."),
+            );
+        }
         let more = match (all, errors.len().saturating_sub(MAX_REPORTED_ERRORS)) {
             (false, _) => " (further errors, if any, not listed: the value or the schema is large)".to_owned(),
             (true, 0) => String::new(),
@@ -387,6 +512,48 @@ mod tests {
         .unwrap();
         let v = c.evaluate(&trace());
         assert!(v.passed, "{}", v.explanation);
+    }
+
+    /// A ~150-byte schema whose two `anyOf` arms both recurse, over an array
+    /// nested 60 deep: `is_valid` answers (it remembers), and listing the
+    /// errors, exponential in the depth, stops at its step budget.
+    #[test]
+    fn a_recursive_schema_bomb_stays_within_its_steps() {
+        let bomb = json!({"$defs": {"a": {"anyOf": [
+            {"type": "array", "items": {"$ref": "#/$defs/a"}},
+            {"type": "array", "items": {"$ref": "#/$defs/a"}, "minItems": 1}
+        ]}}, "$ref": "#/$defs/a"});
+        let check = compile(json!({"target": "output.structured", "schema": bomb})).unwrap();
+        for depth in [3, 60] {
+            let mut value = json!(1);
+            for _ in 0..depth {
+                value = json!([value]);
+            }
+            let t = trace_with(value);
+            let started = std::time::Instant::now();
+            let v = check.evaluate(&t);
+            assert!(!v.passed);
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "depth {depth}: {:?}",
+                started.elapsed()
+            );
+            if depth == 60 {
+                assert!(v.explanation.contains("not listed"), "{}", v.explanation);
+            } else {
+                assert!(v.explanation.contains("is not valid under any of the"), "{}", v.explanation);
+            }
+        }
+        // Data is not instrumented: a `const` object still compares as written.
+        let exact = compile(json!({"target": "output.structured", "schema": {"const": {"a": 1}}})).unwrap();
+        assert!(exact.evaluate(&trace_with(json!({"a": 1}))).passed);
+    }
+
+    fn trace_with(structured: Value) -> Trace {
+        let v = json!({"schema_version": 1, "trace_id": "t", "output": {"message": "m", "structured": structured}});
+        parse_trace(&RawValue::from_string(v.to_string()).unwrap(), &Limits::default())
+            .unwrap()
+            .trace
     }
 
     #[test]
