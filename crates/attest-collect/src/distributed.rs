@@ -652,6 +652,16 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
         while let Ok(p) = sem.clone().try_acquire_owned() {
             permits.push(p);
         }
+        if permits.len() < WORKER_WINDOW / 8 {
+            // A few places free: let messages in hand finish for a moment, so
+            // that one pull asks for many. Each pull is a round trip and a
+            // subscription on the server; one per message would cost the
+            // broker more than the evaluation costs the worker.
+            tokio::time::sleep(PULL_GATHER).await;
+            while let Ok(p) = sem.clone().try_acquire_owned() {
+                permits.push(p);
+            }
+        }
         let batch = tokio::select! {
             _ = &mut shutdown => break,
             b = consumer.batch().max_messages(permits.len()).expires(PULL_EXPIRES).messages() => b,
@@ -731,6 +741,9 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
 /// Most work messages a worker holds at once (at least `--concurrency`):
 /// those being evaluated and those whose results or ack are on their way.
 const WORKER_WINDOW: usize = 256;
+
+/// How long a worker with few free places waits for more before it pulls.
+const PULL_GATHER: Duration = Duration::from_millis(2);
 
 /// Longest a worker waits at SIGTERM for its evaluations to finish.
 const WORKER_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
