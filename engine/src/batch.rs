@@ -101,6 +101,8 @@ pub struct AssertionResult {
     pub explanation: String,
     pub cost: f64,
     pub duration_ms: u64,
+    /// Echoed when the assertion carried one; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
     /// Set when the result was served from the `request_id` cache.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -599,14 +601,16 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &Plan<'_
 /// A lower bound on the serialised result of `plan`: every result with an
 /// empty explanation.
 fn smallest_answer(plan: &Plan<'_>) -> usize {
-    // `{"assertion_id":"","status":"hard_fail","score":0.0,"explanation":"","cost":0.0,"duration_ms":0,"request_id":null}`
-    // (`fit` drops `layer` and `type` before giving up).
-    const EMPTY_RESULT_BYTES: usize = 110;
+    // `{"assertion_id":"","status":"hard_fail","score":0.0,"explanation":"","cost":0.0,"duration_ms":0}`,
+    // and `,"request_id":"…"` when one was sent (`fit` drops `layer` and
+    // `type` before giving up).
+    const EMPTY_RESULT_BYTES: usize = 92;
+    const REQUEST_ID_KEY_BYTES: usize = r#","request_id":"""#.len();
     const ENVELOPE: usize = r#"{"results":[],"total_cost":0.0,"total_duration_ms":0}"#.len();
     ENVELOPE
         + plan
             .iter()
-            .map(|(p, k)| EMPTY_RESULT_BYTES + p.id.len() + k.request_id.as_ref().map_or(0, |r| r.len()) + 1)
+            .map(|(p, k)| EMPTY_RESULT_BYTES + p.id.len() + k.request_id.as_ref().map_or(0, |r| REQUEST_ID_KEY_BYTES + r.len()) + 1)
             .sum::<usize>()
 }
 

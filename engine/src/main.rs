@@ -36,7 +36,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     /// debug, info, warn or error (structured JSON lines on stderr; default
     /// info, warn for eval, calibrate and plugin check/test).
-    #[arg(long, global = true, value_name = "LEVEL")]
+    #[arg(long, global = true, value_name = "LEVEL", value_parser = clap::builder::PossibleValuesParser::new(["debug", "info", "warn", "error"]), ignore_case = true)]
     log_level: Option<String>,
     /// TOML configuration file.
     #[arg(long, global = true, value_name = "FILE")]

@@ -396,7 +396,7 @@ async fn handle_one(
 ) -> Option<Vec<u8>> {
     let req = match request {
         Ok(r) => r,
-        Err(rejected) => return Some(error_line(&rejected.id, &rejected.error)),
+        Err(rejected) => return Some(error_line_within(&rejected.id, &rejected.error, budget)),
     };
     let Request { id, method, params } = req;
     let method = match method {
@@ -443,8 +443,28 @@ async fn handle_one(
                 "The answer does not fit the response line it has (64 KiB, shared equally between the members of a JSON-RPC batch). Send this request on its own line.",
             ),
         ),
-        Err(e) => error_line(id, &e),
+        Err(e) => error_line_within(id, &e, budget),
     })
+}
+
+/// [`error_line`], shortened to fit `budget` bytes (a batch member's share
+/// of the line): the message and detail are clipped further until it fits,
+/// keeping the code, the error type and the field named.
+fn error_line_within(id: &RawValue, e: &RpcError, budget: usize) -> Vec<u8> {
+    let line = error_line(id, e);
+    if line.len() <= budget {
+        return line;
+    }
+    let mut short = e.clone();
+    for chars in [300, 120, 48] {
+        short.message = crate::text::clip(&e.message, chars);
+        short.detail = crate::text::clip(&e.detail, chars);
+        let line = error_line(id, &short);
+        if line.len() <= budget {
+            return line;
+        }
+    }
+    error_line(id, &short)
 }
 
 fn to_raw<T: Serialize>(value: &T) -> Result<Box<RawValue>, RpcError> {

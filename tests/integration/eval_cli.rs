@@ -272,7 +272,11 @@ fn invalid_trace_exits_2() {
     let (code, v) = eval_json(&trace, &assertions);
     assert_eq!(code, Some(2));
     assert_eq!(v[0]["error"]["code"], json!(1001));
-    assert_eq!(v[0]["error"]["message"], json!("trace missing required field: trace_id"));
+    assert_eq!(
+        v[0]["error"]["message"],
+        json!("trace missing required field: trace_id — Every trace must include a non-empty trace_id string."),
+        "the fix follows what went wrong"
+    );
     assert_eq!(v[0]["error"]["data"]["error_type"], json!("INVALID_TRACE"));
     assert_eq!(v[0]["error"]["data"]["field"], json!("trace.trace_id"));
 }
@@ -638,9 +642,13 @@ fn jsonl_with_several_traces() {
     assert_eq!(code, Some(2));
     assert_eq!(statuses(&v[0]), ["pass"; 5]);
     assert_eq!(v[1]["error"]["code"], json!(1001));
-    assert_eq!(
-        v[1]["error"]["message"],
-        json!("unsupported schema_version 9; engine supports versions 0 to 1")
+    assert!(
+        v[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("unsupported schema_version 9; engine supports versions 0 to 1 — "),
+        "{}",
+        v[1]
     );
 }
 

@@ -127,6 +127,20 @@ impl RpcError {
     }
 }
 
+impl RpcError {
+    /// The message as SDKs print it: what went wrong, then what to do about
+    /// it and the valid choices, which `detail` holds. SDKs show `message`
+    /// alone (attest-ai 0.9 prints nothing of `data`), so a fix left in
+    /// `detail` would never reach the user. `detail` keeps the whole text.
+    pub fn shown_message(&self) -> std::borrow::Cow<'_, str> {
+        let fix = self.detail.trim();
+        if fix.is_empty() || self.message.contains(fix) {
+            return std::borrow::Cow::Borrowed(&self.message);
+        }
+        std::borrow::Cow::Owned(format!("{} — {fix}", self.message))
+    }
+}
+
 impl fmt::Display for RpcError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({}): {}", self.code.code(), self.code.error_type(), self.message)
@@ -153,7 +167,7 @@ impl Serialize for RpcError {
         }
         // Every part may echo the request: bound each here, in the one place
         // errors are written, so no error line can outgrow an SDK's reader.
-        let message = crate::text::clip(&self.message, MAX_MESSAGE_CHARS);
+        let message = crate::text::clip(&self.shown_message(), MAX_MESSAGE_CHARS);
         let detail = crate::text::clip(&self.detail, MAX_DETAIL_CHARS);
         let assertion_id = self.assertion_id.as_deref().map(|a| crate::text::clip(a, MAX_ECHOED_ID_CHARS));
         let field = self.field.as_deref().map(|f| crate::text::clip(f, MAX_ECHOED_ID_CHARS));
@@ -520,7 +534,7 @@ mod tests {
         let line = String::from_utf8(error_line(&null_id(), &e)).unwrap();
         assert_eq!(
             line,
-            r#"{"jsonrpc":"2.0","id":null,"error":{"code":3002,"message":"m","data":{"error_type":"TIMEOUT","retryable":true,"detail":"d","field":"trace"}}}"#
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":3002,"message":"m — d","data":{"error_type":"TIMEOUT","retryable":true,"detail":"d","field":"trace"}}}"#
         );
     }
 }

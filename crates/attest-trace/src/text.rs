@@ -190,6 +190,11 @@ pub fn num(x: f64) -> String {
 /// are lowercased and searched as `str::contains` does, which stays linear.
 const MAX_IN_PLACE_NEEDLE: usize = 32;
 
+/// `n` with its noun in the right number: "1 time", "3 times".
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Whether `hay` contains `needle` with case ignored: exactly
 /// `hay.to_lowercase().contains(&needle.to_lowercase())`, the comparison
 /// the engine's case-insensitive checks make. When both are ASCII (where

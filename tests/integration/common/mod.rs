@@ -565,6 +565,21 @@ pub fn expect_error(resp: &Value, code: i64) -> Value {
         other => panic!("unexpected code {other}"),
     };
     assert_eq!(err["data"]["error_type"], json!(error_type), "{resp}");
+    // SDKs print `message` alone: what to do (the detail) follows what went
+    // wrong in it. Checked here, then taken off for the callers' checks of
+    // what went wrong.
+    let mut err = err;
+    let message = err["message"].as_str().unwrap_or("").to_owned();
+    let detail = err["data"]["detail"].as_str().unwrap_or("").trim().to_owned();
+    if let Some(what) = message.strip_suffix(&format!(" — {detail}")) {
+        err["message"] = json!(what);
+    } else {
+        // Clipped at its bound, or the message said it already.
+        assert!(
+            detail.is_empty() || message.contains(&detail) || message.chars().count() >= 1000,
+            "the fix is not in the message: {resp}"
+        );
+    }
     // 2001 is retryable unless the backend is not configured at all.
     if code != 2001 {
         assert_eq!(err["data"]["retryable"], json!(code == 3002), "{resp}");

@@ -181,7 +181,8 @@ impl TraceTreeCheck {
                     format!("depth {} at {}", tree.depth(), tree.agent_path(deepest)),
                     tree.agent_path(deepest),
                     format!(
-                        "Flatten the delegation chain to {max} levels (let a parent call the deepest agent directly), or raise max_depth."
+                        "Flatten the delegation chain to {} (let a parent call the deepest agent directly), or raise max_depth.",
+                        crate::text::count(*max as u64, "level", "levels")
                     ),
                 )
             }
