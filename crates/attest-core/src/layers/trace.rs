@@ -176,7 +176,7 @@ impl TraceCheck {
             TraceCheck::LoopDetection { tool, max } => {
                 let n = names.iter().filter(|n| **n == tool).count();
                 (
-                    format!("`{tool}` called at most {}", crate::text::count(*max as u64, "time", "times")),
+                    format!("`{tool}` called at most {}", crate::text::count(*max, "time", "times")),
                     format!("`{tool}` ran {}: stop the agent retrying it (cache its result or add a stop condition), or raise max_repetitions to {n}.", crate::text::count(n as u64, "time", "times")),
                     usize::try_from(*max).ok().and_then(|m| nth_call(tool, m)),
                 )

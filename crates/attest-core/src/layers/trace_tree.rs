@@ -182,7 +182,7 @@ impl TraceTreeCheck {
                     tree.agent_path(deepest),
                     format!(
                         "Flatten the delegation chain to {} (let a parent call the deepest agent directly), or raise max_depth.",
-                        crate::text::count(*max as u64, "level", "levels")
+                        crate::text::count(*max, "level", "levels")
                     ),
                 )
             }
