@@ -117,30 +117,44 @@ pub fn within_steps<T>(steps: u64, f: impl FnOnce() -> T) -> Option<T> {
 }
 
 /// `schema` with [`STEP_KEYWORD`] in every subschema, so that a validation
-/// counts each subschema it enters. Only places that hold schemas get it:
-/// `const`, `enum`, `default` and `examples` hold data, and the maps of
-/// `properties`, `$defs` and the like hold names.
-fn instrument(schema: &mut Value, names: bool) {
-    match schema {
-        Value::Object(m) => {
-            for (k, v) in m.iter_mut() {
-                if !names && matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "$vocabulary") {
-                    continue;
+/// counts each subschema it enters. Only the keywords that hold schemas are
+/// followed: everything else (`const`, `enum`, `required`,
+/// `dependentRequired`, annotations, unknown keywords) is data or names, and
+/// is left as written.
+fn instrument(schema: &mut Value) {
+    let Value::Object(m) = schema else { return };
+    for (k, v) in m.iter_mut() {
+        match k.as_str() {
+            "additionalProperties"
+            | "additionalItems"
+            | "contains"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "propertyNames"
+            | "unevaluatedItems"
+            | "unevaluatedProperties"
+            | "contentSchema" => instrument(v),
+            "items" => match v {
+                Value::Array(a) => a.iter_mut().for_each(instrument),
+                other => instrument(other),
+            },
+            "allOf" | "anyOf" | "oneOf" | "prefixItems" => {
+                if let Value::Array(a) = v {
+                    a.iter_mut().for_each(instrument);
                 }
-                let holds_names = !names
-                    && matches!(
-                        k.as_str(),
-                        "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" | "dependencies"
-                    );
-                instrument(v, holds_names);
             }
-            if !names {
-                m.insert(STEP_KEYWORD.to_owned(), Value::Bool(true));
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" | "dependencies" => {
+                if let Value::Object(named) = v {
+                    // `dependencies` may also map a name to a list of names.
+                    named.values_mut().for_each(instrument);
+                }
             }
+            _ => {}
         }
-        Value::Array(a) if !names => a.iter_mut().for_each(|v| instrument(v, false)),
-        _ => {}
     }
+    m.insert(STEP_KEYWORD.to_owned(), Value::Bool(true));
 }
 
 /// The nodes of `v` (itself, and every value inside it), counted up to `max`.
@@ -329,7 +343,7 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Arc<Validator>, usize
 /// steps, so that [`within_steps`] bounds a validation whatever the schema.
 pub fn validator(schema: &Value, draft: Draft) -> Result<Validator, jsonschema::ValidationError<'static>> {
     let mut body = schema.clone();
-    instrument(&mut body, false);
+    instrument(&mut body);
     jsonschema::options()
         .with_draft(draft)
         .with_keyword(STEP_KEYWORD, |_, _, _| Ok(Box::new(Step)))
