@@ -43,6 +43,9 @@ const MAX_CACHED_SPEC_BYTES: usize = 64 * 1024;
 /// every trace compiles each once.
 pub struct BatchCaches {
     compiled: Cache<SpecKey, Arc<CompiledAssertion>, CompiledWeight>,
+    /// Assertions compiled so far (cache misses), for the tests that show a
+    /// suite is compiled once.
+    pub compiles: std::sync::atomic::AtomicU64,
 }
 
 /// Weighs compiled assertions by their estimated memory, and at least an
@@ -89,6 +92,7 @@ impl BatchCaches {
                     floor: config.compiled_cache_bytes / compiled_entries as u64,
                 },
             ),
+            compiles: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -789,6 +793,7 @@ fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<
         ),
     })?;
     let compiled = Arc::new(CompiledAssertion::compile(kind, Some(&spec), engine)?);
+    engine.caches.compiles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if cacheable {
         let key = SpecKey {
             kind,
@@ -997,6 +1002,42 @@ pub fn first_unknown_member(assertions: &[Value]) -> Option<Typo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The largest batch the protocol allows, 512 distinct checks of every
+    /// layer 1–4 kind (regexes with Unicode classes among them), sent twice
+    /// as an SDK sends a suite: each is compiled once, and all of them stay
+    /// in the default compiled cache.
+    #[tokio::test]
+    async fn a_512_check_suite_is_compiled_once_within_the_default_cache() {
+        let engine = Engine::new(crate::config::Config {
+            history: None,
+            ..Default::default()
+        });
+        let assertions: Vec<Value> = (0..512)
+            .map(|i| {
+                let spec = match i % 4 {
+                    0 => serde_json::json!({"target": "output.message", "check": "regex_match", "value": format!(r"\p{{L}}+ order {i} \d{{{}}}[\w\-]*", i % 9 + 1)}),
+                    1 => serde_json::json!({"target": "output.message", "check": "regex_match", "value": format!("refund[ -]?id {i}")}),
+                    2 => serde_json::json!({"target": "output.structured", "schema": {"type": "object", "properties": {"id": {"type": "string", "pattern": format!("^RFD-[0-9]{{{}}}$|^X{i}$", i % 7 + 1)}}}}),
+                    _ => serde_json::json!({"target": "output.message", "check": "contains", "value": format!("refund {i}")}),
+                };
+                let kind = if i % 4 == 2 { "schema" } else { "content" };
+                serde_json::json!({"assertion_id": format!("a{i}"), "type": kind, "spec": spec})
+            })
+            .collect();
+        let trace = r#"{"schema_version": 1, "trace_id": "t", "output": {"message": "Your refund order 123 is done.", "structured": {"id": "RFD-1"}}}"#;
+        for _ in 0..2 {
+            let suite = Suite::compile(&engine, &assertions).unwrap();
+            let deadline = Instant::now() + std::time::Duration::from_secs(60);
+            let result = suite.evaluate(&engine, trace, deadline).await.unwrap();
+            assert_eq!(result.results.len(), 512);
+        }
+        assert_eq!(
+            engine.caches.compiles.load(std::sync::atomic::Ordering::Relaxed),
+            512,
+            "each check compiled once"
+        );
+    }
 
     fn failed(i: usize, text_len: usize) -> AssertionResult {
         let long = "x".repeat(text_len);

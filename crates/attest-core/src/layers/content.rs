@@ -62,12 +62,31 @@ enum Rule {
 struct Pattern {
     written: String,
     regex: Regex,
-    kept: std::sync::Mutex<Vec<regex_automata::meta::Cache>>,
+    /// Warm search caches, each with the bytes it held when it was kept.
+    kept: std::sync::Mutex<Vec<(regex_automata::meta::Cache, usize)>>,
 }
 
 /// Search caches a regex keeps between uses: enough for two searches at
 /// once to reuse their warm lazy DFAs.
 const KEPT_CACHES: usize = 2;
+
+/// Bytes of warm search caches all regexes together keep between uses. A
+/// cache is kept only while the total has room, else dropped after its
+/// search; so what compiled regexes hold beyond their programs is bounded
+/// here once, and a compiled check is weighed by its program alone (a
+/// simple pattern's program is a few KiB, where its caches at their largest
+/// would be 2.5 MiB).
+pub const KEPT_CACHE_BUDGET: usize = 64 * 1024 * 1024;
+
+/// The bytes [`KEPT_CACHE_BUDGET`] bounds, across every pattern.
+static KEPT_CACHE_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Drop for Pattern {
+    fn drop(&mut self) {
+        let kept = self.kept.get_mut().map(|k| k.iter().map(|(_, n)| n).sum::<usize>()).unwrap_or(0);
+        KEPT_CACHE_BYTES.fetch_sub(kept, std::sync::atomic::Ordering::AcqRel);
+    }
+}
 
 /// Texts from this size up are searched at most one per core at a time.
 /// Such a search can hold several MiB of state while it runs (a pattern that
@@ -117,12 +136,27 @@ impl Drop for LargeSearch {
 impl Pattern {
     fn find(&self, hay: &[u8]) -> Option<regex_automata::Match> {
         let _slot = (hay.len() >= LARGE_TEXT_BYTES).then(LargeSearch::acquire);
+        use std::sync::atomic::Ordering;
         let kept = self.kept.lock().ok().and_then(|mut k| k.pop());
-        let mut cache = kept.unwrap_or_else(|| self.regex.create_cache());
+        let mut cache = match kept {
+            Some((cache, bytes)) => {
+                KEPT_CACHE_BYTES.fetch_sub(bytes, Ordering::AcqRel);
+                cache
+            }
+            None => self.regex.create_cache(),
+        };
         let found = self.regex.search_with(&mut cache, &regex_automata::Input::new(hay));
         if let Ok(mut kept) = self.kept.lock() {
-            if kept.len() < KEPT_CACHES {
-                kept.push(cache);
+            let bytes = cache.memory_usage();
+            let room = KEPT_CACHE_BYTES
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n + bytes <= KEPT_CACHE_BUDGET).then_some(n + bytes)
+                })
+                .is_ok();
+            if kept.len() < KEPT_CACHES && room {
+                kept.push((cache, bytes));
+            } else if room {
+                KEPT_CACHE_BYTES.fetch_sub(bytes, Ordering::AcqRel);
             }
         }
         found
@@ -484,10 +518,10 @@ impl ContentCheck {
     }
 
     /// Memory this check holds, for cache accounting: the compiled program
-    /// plus its kept search caches at their largest.
+    /// (its warm search caches are bounded apart, by [`KEPT_CACHE_BUDGET`]).
     pub fn memory_bytes(&self) -> usize {
         match &self.rule {
-            Rule::RegexMatch(p) => p.regex.memory_usage() + KEPT_CACHES * REGEX_CACHE_BYTES + p.written.len(),
+            Rule::RegexMatch(p) => p.regex.memory_usage() + p.written.len() + 256,
             Rule::Contains(n) | Rule::NotContains(n) => n.written.len() + n.compared.len(),
             Rule::KeywordAll(ns) | Rule::KeywordAny(ns) | Rule::Forbidden(ns) => {
                 ns.automaton.memory_usage() + ns.iter().map(|n| n.written.len() + n.compared.len() + 48).sum::<usize>()
@@ -566,10 +600,14 @@ fn oversized(field: &str, pattern: &str, size: Size) -> SpecError {
 /// Refuses a JSON Schema `pattern` (at `field`) that a `regex_match` would
 /// refuse for its size, before the schema compiler spends seconds on it.
 /// Its syntax is the schema compiler's to judge.
-pub(crate) fn check_schema_pattern(field: &str, pattern: &str) -> Result<(), SpecError> {
+/// Checks a schema's pattern against `regex_match`'s bounds; returns the
+/// bytes its compiled program holds (0 for one that does not compile: the
+/// schema compiler refuses it, naming why).
+pub(crate) fn check_schema_pattern(field: &str, pattern: &str) -> Result<usize, SpecError> {
     match build_regex(pattern, true) {
         Err(Refusal::Oversized(size)) => Err(oversized(field, pattern, size)),
-        Err(Refusal::Invalid(_)) | Ok(_) => Ok(()),
+        Err(Refusal::Invalid(_)) => Ok(0),
+        Ok(regex) => Ok(regex.memory_usage()),
     }
 }
 

@@ -9,7 +9,7 @@
 //! size bounds as `regex_match` (no lookaround, no backreferences), so a
 //! schema cannot smuggle in a pattern that layer 4 would refuse.
 
-use super::content::{REGEX_CACHE_BYTES, REGEX_DFA_CACHE_BYTES, REGEX_SIZE_LIMIT};
+use super::content::REGEX_SIZE_LIMIT;
 use super::{Evidence, Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::clip;
@@ -186,6 +186,8 @@ pub struct SchemaCheck {
     schema: Arc<Value>,
     /// How many `pattern`/`patternProperties` the schema holds.
     patterns: usize,
+    /// Bytes their compiled programs hold.
+    program_bytes: usize,
     /// Length of the schema's canonical text.
     text_bytes: usize,
 }
@@ -231,26 +233,37 @@ fn supported_drafts() -> String {
     "Supported $schema values: https://json-schema.org/draft/2020-12/schema (default, also without /schema), https://json-schema.org/draft/2019-09/schema, http://json-schema.org/draft-07/schema#, http://json-schema.org/draft-06/schema#, http://json-schema.org/draft-04/schema#.".into()
 }
 
-/// Estimated bytes a compiled schema holds: its tree (a multiple of its
-/// text) plus, per pattern, a full program and lazy-DFA cache.
-fn schema_bytes(text_bytes: usize, patterns: usize) -> u64 {
-    // Each pattern: its program, and a full search cache for each regex thread
-    // (the only threads that run schema validations with patterns).
-    let per_pattern = REGEX_SIZE_LIMIT as u64 / 4 + (crate::watchdog::THREADS * REGEX_CACHE_BYTES) as u64;
-    (text_bytes as u64) * 8 + (patterns as u64) * per_pattern
+/// Capacity of a schema pattern's lazy-DFA cache. Smaller than a
+/// `regex_match`'s: schema patterns are short field formats, and each keeps
+/// a cache per regex thread.
+const SCHEMA_DFA_CACHE_BYTES: usize = 64 * 1024;
+/// A schema pattern's search cache at its largest: forward and reverse lazy
+/// DFAs and the rest of the engine's scratch state.
+const SCHEMA_PATTERN_CACHE_BYTES: usize = 2 * SCHEMA_DFA_CACHE_BYTES + 64 * 1024;
+
+/// Bytes a compiled schema holds: its tree (a multiple of its text), its
+/// patterns' programs as compiled, and for each pattern a search cache at
+/// its largest for each regex thread (the only threads that run schema
+/// validations with patterns).
+fn schema_bytes(text_bytes: usize, patterns: usize, program_bytes: usize) -> u64 {
+    let caches = (patterns * crate::watchdog::THREADS * SCHEMA_PATTERN_CACHE_BYTES) as u64;
+    (text_bytes as u64) * 8 + program_bytes as u64 + caches
 }
 
 #[derive(Clone)]
 struct SchemaWeight;
 
-impl quick_cache::Weighter<String, (Arc<Validator>, usize)> for SchemaWeight {
-    fn weight(&self, key: &String, value: &(Arc<Validator>, usize)) -> u64 {
+/// A compiled schema: its validator, its patterns, their programs' bytes.
+type Compiled = (Arc<Validator>, usize, usize);
+
+impl quick_cache::Weighter<String, Compiled> for SchemaWeight {
+    fn weight(&self, key: &String, value: &Compiled) -> u64 {
         // At least an equal share, so the entry bound holds too.
-        schema_bytes(key.len(), value.1).max(SCHEMA_CACHE_BYTES / SCHEMA_CACHE_ENTRIES as u64)
+        schema_bytes(key.len(), value.1, value.2).max(SCHEMA_CACHE_BYTES / SCHEMA_CACHE_ENTRIES as u64)
     }
 }
 
-type SchemaCache = Cache<String, (Arc<Validator>, usize), SchemaWeight>;
+type SchemaCache = Cache<String, Compiled, SchemaWeight>;
 
 fn cache() -> &'static SchemaCache {
     static CACHE: OnceLock<SchemaCache> = OnceLock::new();
@@ -298,12 +311,12 @@ fn patterns<'s>(schema: &'s Value, names: bool, at: &mut String, out: &mut Vec<(
     }
 }
 
-fn compile_schema(schema: &Value, draft: Draft) -> Result<(Arc<Validator>, usize, usize), SpecError> {
+fn compile_schema(schema: &Value, draft: Draft) -> Result<(Compiled, usize), SpecError> {
     // Canonical text: serde_json maps are ordered, so key order does not matter.
     let key = format!("{draft:?}{schema}");
     let text_bytes = key.len();
-    if let Some((v, patterns)) = cache().get(&key) {
-        return Ok((v, patterns, text_bytes));
+    if let Some(hit) = cache().get(&key) {
+        return Ok((hit, text_bytes));
     }
     if text_bytes > MAX_SCHEMA_BYTES {
         return Err(SpecError::new(
@@ -316,8 +329,9 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Arc<Validator>, usize
     // schema compiler, which would otherwise spend seconds on a huge one.
     let mut found = Vec::new();
     patterns(schema, false, &mut "spec.schema".to_owned(), &mut found);
+    let mut program_bytes = 0;
     for (at, pattern) in &found {
-        crate::layers::content::check_schema_pattern(at, pattern)?;
+        program_bytes += crate::layers::content::check_schema_pattern(at, pattern)?;
     }
     let patterns = found.len();
     let mut body = schema.clone();
@@ -332,9 +346,9 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Arc<Validator>, usize
             "Fix the schema so it is valid for its draft (remote $refs are not fetched; inline them under $defs). Patterns use RE2 syntax, as regex_match does: no lookaround or backreferences, and at most 1 MiB compiled.",
         )
     })?;
-    let validator = Arc::new(validator);
-    cache().insert(key, (validator.clone(), patterns));
-    Ok((validator, patterns, text_bytes))
+    let compiled = (Arc::new(validator), patterns, program_bytes);
+    cache().insert(key, compiled.clone());
+    Ok((compiled, text_bytes))
 }
 
 /// The one way the engine builds a JSON Schema validator (layer 1's
@@ -350,7 +364,7 @@ pub fn validator(schema: &Value, draft: Draft) -> Result<Validator, jsonschema::
         .with_pattern_options(
             jsonschema::PatternOptions::regex()
                 .size_limit(REGEX_SIZE_LIMIT)
-                .dfa_size_limit(REGEX_DFA_CACHE_BYTES),
+                .dfa_size_limit(SCHEMA_DFA_CACHE_BYTES),
         )
         .build(&body)
 }
@@ -388,13 +402,14 @@ impl SchemaCheck {
             ));
         }
         let (draft, draft_name) = draft_of(schema)?;
-        let (validator, patterns, text_bytes) = compile_schema(schema, draft)?;
+        let ((validator, patterns, program_bytes), text_bytes) = compile_schema(schema, draft)?;
         Ok(SchemaCheck {
             target,
             draft: draft_name,
             validator,
             schema: Arc::new(schema.clone()),
             patterns,
+            program_bytes,
             text_bytes,
         })
     }
@@ -411,7 +426,7 @@ impl SchemaCheck {
 
     /// Estimated memory held, for cache accounting.
     pub fn memory_bytes(&self) -> usize {
-        schema_bytes(self.text_bytes, self.patterns) as usize
+        schema_bytes(self.text_bytes, self.patterns, self.program_bytes) as usize
     }
 
     pub fn evaluate(&self, trace: &Trace) -> Verdict {
