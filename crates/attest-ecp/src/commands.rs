@@ -91,6 +91,12 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
             return Ok(1);
         }
     };
+    for name in &args.env.pass_env {
+        if let Err(why) = crate::transport::check_env_name(name) {
+            eprintln!("error: --pass-env {name:?}: {why}");
+            return Ok(1);
+        }
+    }
     let opts = RunOptions {
         rpc_timeout,
         max_duration,
@@ -98,6 +104,8 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
         agent_limits: args.limits.agent_limits(),
         progress: !args.quiet,
         verbose: args.verbose,
+        pass_env: args.env.pass_env.clone(),
+        inherit_env: args.env.inherit_env,
     };
     let outcome = runner::run(&manifest, host.as_ref(), &opts).await;
     let (passed, total) = outcome.tally();
@@ -185,6 +193,7 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
     let mut checks = Vec::new();
     let env = AgentEnv {
         pass: args.pass_env.clone(),
+        inherit: args.inherit_env,
         limits: args.limits.agent_limits(),
         ..AgentEnv::default()
     };

@@ -100,7 +100,23 @@ pub struct RunArgs {
     #[arg(long, short = 'v')]
     pub verbose: bool,
     #[command(flatten)]
+    pub env: AgentEnvArgs,
+    #[command(flatten)]
     pub limits: AgentLimitArgs,
+}
+
+/// Which of the runtime's environment variables a spawned agent gets.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Agent environment")]
+pub struct AgentEnvArgs {
+    /// Pass this variable of the runtime's environment to the agent, beyond the basic set and the
+    /// model providers' credentials and settings passed by default (repeatable; a glob such as
+    /// 'MYAPP_*' passes every match).
+    #[arg(long = "pass-env", value_name = "NAME|GLOB")]
+    pub pass_env: Vec<String>,
+    /// Pass the runtime's whole environment to the agent, as the reference runtime does.
+    #[arg(long)]
+    pub inherit_env: bool,
 }
 
 /// What each process of a spawned agent may use (Linux).
@@ -144,9 +160,14 @@ pub struct ConformanceArgs {
     /// Seconds to wait for each call (default: ECP_RPC_TIMEOUT or 30).
     #[arg(long)]
     pub timeout: Option<f64>,
-    /// An environment variable to pass to a spawned agent, beyond the sanitized set (repeatable).
-    #[arg(long = "pass-env", value_name = "NAME")]
+    /// Pass this variable of the runtime's environment to the agent, beyond the basic set and the
+    /// model providers' credentials and settings passed by default (repeatable; a glob such as
+    /// 'MYAPP_*' passes every match).
+    #[arg(long = "pass-env", value_name = "NAME|GLOB")]
     pub pass_env: Vec<String>,
+    /// Pass the runtime's whole environment to the agent, as the reference runtime does.
+    #[arg(long)]
+    pub inherit_env: bool,
     #[command(flatten)]
     pub limits: AgentLimitArgs,
 }

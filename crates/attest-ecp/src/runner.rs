@@ -115,6 +115,10 @@ pub struct RunOptions {
     pub progress: bool,
     /// Progress lines give the reason of passing checks too.
     pub verbose: bool,
+    /// Variables to pass beyond the manifest's `pass_env` (`--pass-env`).
+    pub pass_env: Vec<String>,
+    /// Pass the whole environment (`--inherit-env`).
+    pub inherit_env: bool,
 }
 
 /// Progress on stderr (stdout may carry the JSON report): a line per
@@ -302,7 +306,8 @@ pub async fn run(manifest: &Manifest, host: &dyn GradingHost, opts: &RunOptions)
         deadline: opts.max_duration.map(|d| start + d),
         env: AgentEnv {
             set: manifest.env.clone(),
-            pass: manifest.pass_env.clone(),
+            pass: manifest.pass_env.iter().chain(&opts.pass_env).cloned().collect(),
+            inherit: opts.inherit_env,
             limits: opts.agent_limits,
         },
         agent_info: Mutex::new(None),

@@ -32,10 +32,104 @@ pub const STDERR_KEEP_BYTES: usize = 64 * 1024;
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Environment variables a spawned agent inherits from the runtime; anything
-/// else must be named in the manifest (`env:` or `pass_env:`).
+/// else must be named in the manifest (`env:` or `pass_env:`), with
+/// `--pass-env`, or with `--inherit-env`.
 pub const ENV_ALLOWLIST: &[&str] = &[
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM",
 ];
+
+/// The model providers' credentials and settings that agent frameworks
+/// (the OpenAI and Anthropic SDKs, LangChain, PydanticAI, CrewAI, LiteLLM)
+/// read from the environment by default, and the proxy and CA settings
+/// their HTTP clients read: passed to every agent, so that a manifest
+/// written for the reference runtime, which passes the whole environment,
+/// runs unchanged. Names, or globs with `*`.
+pub const ENV_PROVIDER_DEFAULTS: &[&str] = &[
+    "OPENAI_*",
+    "AZURE_OPENAI_*",
+    "ANTHROPIC_*",
+    "GOOGLE_API_KEY",
+    "GEMINI_API_KEY",
+    "MISTRAL_API_KEY",
+    "GROQ_API_KEY",
+    "COHERE_API_KEY",
+    "CO_API_KEY",
+    "TOGETHER_API_KEY",
+    "FIREWORKS_API_KEY",
+    "DEEPSEEK_API_KEY",
+    "XAI_API_KEY",
+    "OPENROUTER_API_KEY",
+    "OLLAMA_HOST",
+    "HF_TOKEN",
+    "HUGGINGFACEHUB_API_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+];
+
+/// Whether `name` matches `pattern`, a name or a glob whose `*` stands for
+/// any run of characters.
+pub fn env_matches(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = name.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    for (i, part) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            return rest.ends_with(part);
+        }
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
+impl AgentEnv {
+    /// Whether the runtime's variable `name` goes to the agent.
+    pub fn passes(&self, name: &str) -> bool {
+        self.inherit
+            || ENV_ALLOWLIST.contains(&name)
+            || ENV_PROVIDER_DEFAULTS.iter().any(|p| env_matches(p, name))
+            || self.pass.iter().any(|p| env_matches(p, name))
+    }
+
+    /// The runtime's variables that look like credentials or settings an
+    /// agent may need (`*_API_KEY`, `*_TOKEN`, `*_BASE_URL`, …) and that
+    /// were withheld from it: named when an agent fails.
+    pub fn withheld(&self) -> Vec<String> {
+        const LIKELY: [&str; 8] = [
+            "*_API_KEY",
+            "*_KEY",
+            "*_TOKEN",
+            "*_SECRET*",
+            "*_BASE_URL",
+            "*_URL",
+            "*_ENDPOINT",
+            "*_HOST",
+        ];
+        let mut names: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| !self.passes(k) && !self.set.contains_key(k) && LIKELY.iter().any(|p| env_matches(p, k)))
+            .collect();
+        names.sort();
+        names.truncate(10);
+        names
+    }
+}
 
 /// Whether `name` can name an environment variable: the environment is a
 /// list of `NAME=value` C strings, so a name that is empty or holds `=` or a
@@ -102,7 +196,10 @@ impl CallError {
 #[derive(Debug, Clone, Default)]
 pub struct AgentEnv {
     pub set: BTreeMap<String, String>,
+    /// Names or globs of the runtime's variables to pass (`pass_env:`, `--pass-env`).
     pub pass: Vec<String>,
+    /// Pass the runtime's whole environment (`--inherit-env`).
+    pub inherit: bool,
     pub limits: AgentLimits,
 }
 
@@ -211,7 +308,19 @@ pub struct StdioAgent {
     /// Ids of calls that failed before their answer was read.
     abandoned: BTreeSet<i64>,
     reaped: bool,
+    /// Likely credentials and settings the agent was started without, to
+    /// name if it fails.
+    withheld: Vec<String>,
+    /// Lines on stdout that were not JSON (library warnings, prints), passed
+    /// over as the reference runtime does; and the first few, to show.
+    stray_lines: u64,
+    stray_first: Vec<String>,
 }
+
+/// Non-JSON stdout lines passed over within one call before the call
+/// fails: an agent printing without end cannot hold a call to its deadline
+/// while the runtime reads.
+const MAX_STRAY_LINES_PER_CALL: usize = 10_000;
 
 /// Words a target may start with that name no program: shell builtins and
 /// reserved words. `exec` before one would look for a program of that name.
@@ -242,8 +351,8 @@ impl StdioAgent {
         let mut cmd = tokio::process::Command::new("/bin/sh");
         cmd.arg("-c").arg(shell_line(target));
         cmd.env_clear();
-        for k in ENV_ALLOWLIST.iter().copied().chain(env.pass.iter().map(String::as_str)) {
-            if let Some(v) = std::env::var_os(k) {
+        for (k, v) in std::env::vars_os() {
+            if k.to_str().is_some_and(|name| env.passes(name)) {
                 cmd.env(k, v);
             }
         }
@@ -322,17 +431,28 @@ impl StdioAgent {
             next_id: 0,
             abandoned: BTreeSet::new(),
             reaped: false,
+            withheld: env.withheld(),
+            stray_lines: 0,
+            stray_first: Vec::new(),
         })
     }
 
     pub fn stderr_tail(&self) -> String {
         let t = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
         let text = String::from_utf8_lossy(&t.buf).into_owned();
-        if t.dropped > 0 {
+        let text = if t.dropped > 0 {
             format!("[{} earlier bytes dropped]\n{text}", t.dropped)
         } else {
             text
+        };
+        if self.stray_lines == 0 {
+            return text;
         }
+        format!(
+            "[the agent wrote {} line(s) on stdout that are not JSON-RPC; they were passed over (stdout is for protocol messages: log to stderr). The first: {}]\n{text}",
+            self.stray_lines,
+            self.stray_first.join(" | ")
+        )
     }
 
     fn stderr_note(&self) -> String {
@@ -359,7 +479,15 @@ impl StdioAgent {
                 // What the agent wrote to stderr before it exited may still be
                 // in the pipe: read it now, so that the error can show it.
                 self.drain_stderr(Duration::from_millis(500)).await;
-                format!(" (agent exited: {status})")
+                let withheld = if self.withheld.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; it was started without {} from the runtime's environment: if it needs them, pass them with --pass-env NAME, pass_env: in the manifest, or --inherit-env",
+                        self.withheld.join(", ")
+                    )
+                };
+                format!(" (agent exited: {status}{withheld})")
             }
             _ => String::new(),
         }
@@ -410,6 +538,7 @@ impl StdioAgent {
             }
             Err(_) => return Err(self.timed_out(method, timeout)),
         }
+        let mut stray_in_call = 0usize;
         loop {
             let ev = match tokio::time::timeout_at(deadline, self.lines.recv()).await {
                 Ok(Some(ev)) => ev,
@@ -424,11 +553,22 @@ impl StdioAgent {
                     }
                     let parsed: Value = match agent_json(trimmed) {
                         Ok(v) => v,
+                        // A library's warning or a stray print: passed over, as
+                        // the reference runtime does, counted and shown in the
+                        // report beside the agent's stderr.
+                        Err(AgentJsonError::Json(e)) if (e.is_syntax() || e.is_eof()) && stray_in_call < MAX_STRAY_LINES_PER_CALL => {
+                            stray_in_call += 1;
+                            self.stray_lines += 1;
+                            if self.stray_first.len() < 3 {
+                                self.stray_first.push(format!("{:?}", clip(trimmed, 200)));
+                            }
+                            continue;
+                        }
                         Err(AgentJsonError::Json(e)) if e.is_syntax() || e.is_eof() => {
                             return Err(CallError::new(
                                 ExitReason::ProtocolError,
                                 format!(
-                                    "protocol violation: the agent wrote a line on stdout that is not JSON-RPC ({e}): {:?} (stdout carries protocol messages only; log to stderr)",
+                                    "protocol violation: the agent wrote {MAX_STRAY_LINES_PER_CALL} lines on stdout that are not JSON-RPC within one call, the last ({e}): {:?} (stdout carries protocol messages only; log to stderr)",
                                     clip(trimmed, 300)
                                 ),
                             ))
