@@ -1456,6 +1456,8 @@ for line in sys.stdin:
         print("42"); print("[1, 2]"); print("null")
     if mode == "text":
         print("starting up...")
+    if mode == "slow":
+        import time; time.sleep(1)
     answer_id = req["id"] - 1 if mode == "lag" else req["id"]
     answer = json.dumps({"jsonrpc": "2.0", "id": answer_id, "result": {"answered": req["id"]}})
     print(answer, flush=True)
@@ -1478,13 +1480,33 @@ for line in sys.stdin:
     }
 
     #[tokio::test]
+    async fn stray_stdout_text_is_passed_over_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = scripted_agent(dir.path());
+        let answer = agent
+            .call("agent/step", json!({"mode": "text"}), Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert_eq!(answer["result"]["answered"], 1, "{answer}");
+        let tail = agent.stderr_tail();
+        assert!(
+            tail.contains("1 line(s) on stdout that are not JSON-RPC") && tail.contains("starting up..."),
+            "{tail}"
+        );
+        agent.stop().await;
+    }
+
+    #[tokio::test]
     async fn the_late_answer_of_a_failed_call_is_not_taken_for_the_next_ones() {
         let dir = tempfile::tempdir().unwrap();
         let mut agent = scripted_agent(dir.path());
         let t = Duration::from_secs(20);
-        // A stray text line fails the call; the agent's answer to it follows.
-        let e = agent.call("agent/step", json!({"mode": "text"}), t).await.unwrap_err();
-        assert_eq!(e.reason, ExitReason::ProtocolError, "{e}");
+        // A call given up at its timeout; the agent's answer to it follows.
+        let e = agent
+            .call("agent/step", json!({"mode": "slow"}), Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, ExitReason::Timeout, "{e}");
         let answer = agent.call("agent/reset", json!({}), t).await.unwrap();
         assert_eq!(answer["result"]["answered"], 2, "{answer}");
         agent.stop().await;

@@ -28,6 +28,12 @@ use std::sync::OnceLock;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser, Tag};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
+/// Deepest nesting of lists and mappings a document may have. PyYAML
+/// builds values recursively and stops near 1,000 levels (Python's
+/// recursion limit); the values here are dropped and compared recursively,
+/// so a deeper document would exhaust the stack.
+pub const MAX_DEPTH: usize = 256;
+
 /// Most values one document may hold once its aliases are expanded.
 pub const MAX_NODES: usize = 1_000_000;
 /// Most bytes of scalar text one document may hold once its aliases are
@@ -51,7 +57,20 @@ pub fn load(text: &str) -> Result<Value, String> {
 
 fn parse(text: &str) -> Result<Value, String> {
     let mut builder = Builder::default();
-    Parser::new_from_str(text).load(&mut builder, true).map_err(|e| e.to_string())?;
+    // Events are pulled one at a time: the parser's own `load` recurses once
+    // per level of nesting, and block sequences on one line (`- - - 1`) are
+    // bounded by nothing, so 25,000 of them in a 50 KB file would overflow
+    // the stack. The builder refuses nesting past MAX_DEPTH, and reading
+    // stops at its first error.
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        let (ev, mark) = parser.next_token().map_err(|e| e.to_string())?;
+        let end = ev == Event::StreamEnd;
+        builder.on_event(ev, mark);
+        if end || builder.error.is_some() {
+            break;
+        }
+    }
     if let Some(e) = builder.error {
         return Err(e);
     }
@@ -257,6 +276,10 @@ impl MarkedEventReceiver for Builder {
                 }
                 None => self.fail(mark, "an alias names an anchor that is not defined before it"),
             },
+            Event::SequenceStart(..) | Event::MappingStart(..) if self.stack.len() >= MAX_DEPTH => self.fail(
+                mark,
+                format!("the document nests deeper than {MAX_DEPTH} levels of lists and mappings; no manifest needs that many: flatten it"),
+            ),
             Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
                 items: Vec::new(),
                 anchor,
@@ -414,6 +437,24 @@ fn real(text: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_document_nested_past_the_limit_is_refused_not_a_stack_overflow() {
+        for (open, close) in [("[", "]"), ("{a: ", "}")] {
+            let deep = format!("{}1{}", open.repeat(25_000), close.repeat(25_000));
+            // The scanner refuses deep flow collections itself.
+            let e = load(&deep).unwrap_err();
+            assert!(
+                e.contains("nests deeper than 256 levels") || e.contains("recursion limit exceeded"),
+                "{e}"
+            );
+        }
+        // Block sequences on one line (`- - - 1`), which the scanner does not bound.
+        let e = load(&format!("{}1", "- ".repeat(25_000))).unwrap_err();
+        assert!(e.contains("nests deeper than 256 levels"), "{e}");
+        let fine = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        assert!(load(&fine).is_ok());
+    }
     use serde_json::json;
 
     #[test]
