@@ -135,6 +135,82 @@ fn walk(mut buf: &[u8], kind: Kind, depth: usize, count: &mut u64, max: u64) -> 
     Ok(())
 }
 
+/// Attribute values nested deeper than this (lists in lists, maps in maps)
+/// are clipped: the decoder's recursion limit (100 messages, three per level
+/// of `kvlist_value`) would otherwise refuse the whole request for one
+/// attribute, and no check reads that deep.
+pub const MAX_VALUE_DEPTH: usize = 16;
+
+/// What a value nested past [`MAX_VALUE_DEPTH`] becomes.
+pub const CLIPPED_VALUE: &str = "[clipped: nested deeper than 16 levels]";
+
+/// `body`, a protobuf `ExportTraceServiceRequest` (`logs`: an
+/// `ExportLogsServiceRequest`), with every attribute value nested deeper
+/// than [`MAX_VALUE_DEPTH`] replaced by the string [`CLIPPED_VALUE`];
+/// `None` when nothing was that deep. Each message is rewritten only where a
+/// clipped value changed its length; the rest is copied as it came.
+pub fn clip_deep_values(body: &[u8], logs: bool) -> Option<Vec<u8>> {
+    let mut clipped = false;
+    let kind = if logs { Kind::LogsRequest } else { Kind::Request };
+    let out = rewrite(body, kind, 0, &mut clipped);
+    clipped.then_some(out)
+}
+
+fn rewrite(mut buf: &[u8], kind: Kind, values: usize, clipped: &mut bool) -> Vec<u8> {
+    use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, WireType};
+    if matches!(kind, Kind::AnyValue) && values > MAX_VALUE_DEPTH {
+        *clipped = true;
+        let mut out = Vec::with_capacity(CLIPPED_VALUE.len() + 2);
+        encode_key(1, WireType::LengthDelimited, &mut out);
+        encode_varint(CLIPPED_VALUE.len() as u64, &mut out);
+        out.extend_from_slice(CLIPPED_VALUE.as_bytes());
+        return out;
+    }
+    let values = values + usize::from(matches!(kind, Kind::AnyValue));
+    let mut out = Vec::with_capacity(buf.len());
+    while !buf.is_empty() {
+        let start = buf;
+        let Ok((field, wire)) = decode_key(&mut buf) else { break };
+        match wire {
+            WireType::LengthDelimited => {
+                let Ok(len) = decode_varint(&mut buf) else { break };
+                let Some(len) = usize::try_from(len).ok().filter(|&l| l <= buf.len()) else {
+                    break;
+                };
+                let (inner, rest) = buf.split_at(len);
+                buf = rest;
+                match kind.child(field) {
+                    Some(child) => {
+                        let inner = rewrite(inner, child, values, clipped);
+                        encode_key(field, WireType::LengthDelimited, &mut out);
+                        encode_varint(inner.len() as u64, &mut out);
+                        out.extend_from_slice(&inner);
+                    }
+                    None => out.extend_from_slice(&start[..start.len() - buf.len()]),
+                }
+                continue;
+            }
+            WireType::Varint => {
+                if decode_varint(&mut buf).is_err() {
+                    break;
+                }
+            }
+            WireType::SixtyFourBit | WireType::ThirtyTwoBit => {
+                let n = if wire == WireType::SixtyFourBit { 8 } else { 4 };
+                if n > buf.len() {
+                    break;
+                }
+                buf = &buf[n..];
+            }
+            WireType::StartGroup | WireType::EndGroup => break,
+        }
+        out.extend_from_slice(&start[..start.len() - buf.len()]);
+    }
+    // A malformed tail is kept as it came, for the decoder to name.
+    out.extend_from_slice(buf);
+    out
+}
+
 /// Counts the objects and arrays in a JSON body (each span, event, link,
 /// attribute and value is one), up to `max`.
 pub fn json(body: &[u8], max: u64) -> Result<u64, TooMany> {
@@ -215,6 +291,58 @@ mod tests {
         assert_eq!(protobuf(&[0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f], 10), Ok(0));
         assert_eq!(protobuf(&[0xff], 10), Ok(0));
         assert_eq!(protobuf(b"", 10), Ok(0));
+    }
+
+    #[test]
+    fn values_nested_past_the_limit_are_clipped_and_the_rest_kept() {
+        let mut deep = AnyValue {
+            value: Some(any_value::Value::StringValue("bottom".into())),
+        };
+        for _ in 0..40 {
+            deep = AnyValue {
+                value: Some(any_value::Value::KvlistValue(
+                    opentelemetry_proto::tonic::common::v1::KeyValueList {
+                        values: vec![KeyValue {
+                            key: "k".into(),
+                            value: Some(deep),
+                            ..Default::default()
+                        }],
+                    },
+                )),
+            };
+        }
+        let span = Span {
+            trace_id: vec![1; 16],
+            span_id: vec![2; 8],
+            name: "deep".into(),
+            attributes: vec![
+                KeyValue {
+                    key: "deep".into(),
+                    value: Some(deep),
+                    ..Default::default()
+                },
+                attribute("plain", any_value::Value::StringValue("kept".into())),
+            ],
+            ..Default::default()
+        };
+        let body = request(vec![span]).encode_to_vec();
+        assert!(
+            ExportTraceServiceRequest::decode(body.as_slice()).is_err(),
+            "too deep for the decoder"
+        );
+        let clipped = clip_deep_values(&body, false).expect("something was clipped");
+        let decoded = ExportTraceServiceRequest::decode(clipped.as_slice()).unwrap();
+        let span = &decoded.resource_spans[0].scope_spans[0].spans[0];
+        assert_eq!(span.name, "deep");
+        assert_eq!(
+            span.attributes[1].value,
+            Some(AnyValue {
+                value: Some(any_value::Value::StringValue("kept".into()))
+            })
+        );
+        assert!(format!("{:?}", span.attributes[0]).contains(CLIPPED_VALUE));
+        // A shallow request is left alone.
+        assert_eq!(clip_deep_values(&request(vec![Span::default()]).encode_to_vec(), false), None);
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub fn decode(body: &[u8], encoding: Encoding, max_request_bytes: usize) -> Resu
         )));
     }
     let request = match encoding {
-        Encoding::Protobuf => ExportLogsServiceRequest::decode(body)
+        Encoding::Protobuf => crate::otlp::decode_clipping::<ExportLogsServiceRequest>(body, true)
             .map_err(|e| BadPayload(format!("body is not an OTLP ExportLogsServiceRequest protobuf: {e}")))?,
         Encoding::Json => serde_json::from_slice::<ExportLogsServiceRequest>(body).map_err(|e| {
             BadPayload(format!(

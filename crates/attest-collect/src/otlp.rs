@@ -162,11 +162,25 @@ pub fn decode(body: &[u8], encoding: Encoding, max_request_bytes: usize) -> Resu
         )));
     }
     let request = match encoding {
-        Encoding::Protobuf => ExportTraceServiceRequest::decode(body)
+        Encoding::Protobuf => decode_clipping::<ExportTraceServiceRequest>(body, false)
             .map_err(|e| BadPayload(format!("body is not an OTLP ExportTraceServiceRequest protobuf: {e}")))?,
         Encoding::Json => decode_json(body)?,
     };
     Ok(flatten(request))
+}
+
+/// Decodes a protobuf request; one the decoder refuses for nesting (an
+/// attribute value deeper than its recursion limit) is decoded again with
+/// such values clipped ([`crate::elements::clip_deep_values`]), so that one
+/// attribute does not cost the whole batch.
+pub(crate) fn decode_clipping<T: Message + Default>(body: &[u8], logs: bool) -> Result<T, prost::DecodeError> {
+    match T::decode(body) {
+        Err(e) if e.to_string().contains("recursion limit") => match crate::elements::clip_deep_values(body, logs) {
+            Some(clipped) => T::decode(clipped.as_slice()),
+            None => Err(e),
+        },
+        other => other,
+    }
 }
 
 /// OTLP/JSON: an object (serde would also take a list of its fields).

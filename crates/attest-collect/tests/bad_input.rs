@@ -1073,3 +1073,43 @@ async fn clients_that_never_read_their_answers_cannot_lock_exporters_out() {
     let (code, stderr) = c.proc.terminate();
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// One attribute nested past the protobuf decoder's recursion limit costs
+/// its own depth, not the whole batch: it is clipped, and the request's
+/// traces are evaluated.
+#[tokio::test]
+async fn a_deeply_nested_attribute_is_clipped_not_fatal_to_the_batch() {
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue, KeyValueList};
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.jsonl");
+    let c = Collector::start(
+        dir.path(),
+        RULES,
+        &["--settle-ms", "100", "--results-jsonl", results.to_str().unwrap()],
+    );
+    let mut deep = AnyValue {
+        value: Some(any_value::Value::StringValue("bottom".into())),
+    };
+    for _ in 0..60 {
+        deep = AnyValue {
+            value: Some(any_value::Value::KvlistValue(KeyValueList {
+                values: vec![KeyValue {
+                    key: "k".into(),
+                    value: Some(deep),
+                    ..Default::default()
+                }],
+            })),
+        };
+    }
+    let mut spans = agent_trace(7, 2, "lookup_order");
+    spans[1].attributes.push(KeyValue {
+        key: "deep".into(),
+        value: Some(deep),
+        ..Default::default()
+    });
+    let r = post(&c.url, "application/x-protobuf", None, request(spans).encode_to_vec()).await;
+    assert_eq!(r.status(), 200);
+    assert!(support::wait_lines(&results, 3, 20) >= 3, "the trace was evaluated");
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+}
