@@ -173,6 +173,46 @@ fn a_slow_regex_scan_is_answered_at_the_deadline_and_shutdown_is_not_held() {
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
 
+/// 64 requests over half-megabyte texts at once: large searches run a few
+/// at a time, and a request that cannot get its turn before its deadline is
+/// answered `3002` then, never late (the SDK would read a late answer as the
+/// next request's).
+#[test]
+fn sixty_four_big_text_requests_are_all_answered_by_their_deadline() {
+    let deadline = Duration::from_secs(3);
+    let mut e = Engine::spawn_args(&["--log-level=warn", "--eval-timeout", "3s"]);
+    e.initialize();
+    let output = "refund issued for order ".repeat(20_800);
+    let assertions: Vec<Value> = (0..8)
+        .map(|i| content(&format!("r{i}"), "regex_match", &format!("order \\d{{{}}}|refund[ ]+{i}x", i + 1)))
+        .collect();
+    let t0 = Instant::now();
+    for i in 0..64 {
+        let trace = json!({"schema_version": 1, "trace_id": format!("big{i}"), "output": {"message": output}});
+        e.send(&evaluate_request(json!(i), trace, json!(assertions)));
+    }
+    let sent = t0.elapsed();
+    let (mut answered, mut timed_out) = (0, 0);
+    for _ in 0..64 {
+        let line = e.recv_bytes_within(Duration::from_secs(60));
+        let r: Value = serde_json::from_slice(&line).unwrap();
+        match r.get("error") {
+            Some(_) => {
+                expect_error(&r, 3002);
+                timed_out += 1;
+            }
+            None => answered += 1,
+        }
+        // Each request's clock starts when it is read; the last was sent at `sent`.
+        assert!(
+            t0.elapsed() < sent + deadline + Duration::from_secs(3),
+            "an answer came {:?} after the last request, past its {deadline:?} deadline ({answered} answered, {timed_out} timed out so far)",
+            t0.elapsed() - sent
+        );
+    }
+    still_serving(&mut e);
+}
+
 #[test]
 fn echoed_input_never_makes_a_line_over_64_kib() {
     let mut e = Engine::spawn();

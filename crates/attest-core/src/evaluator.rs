@@ -259,7 +259,15 @@ async fn evaluate(
             None => {
                 let (status, verdict) = match guarded.as_mut().and_then(|g| g[i].take()) {
                     Some(done) => done,
-                    None => p.compiled.evaluate(&trace),
+                    None => match crate::layers::content::within_deadline(cx.deadline, || p.compiled.evaluate(&trace)) {
+                        Some(done) => done,
+                        None => {
+                            return Err(EvalError::Timeout {
+                                done: i,
+                                total: suite.len(),
+                            })
+                        }
+                    },
                 };
                 (status, verdict, None, 0, 0.0)
             }

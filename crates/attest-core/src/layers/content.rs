@@ -105,6 +105,25 @@ const LARGE_TEXT_BYTES: usize = 256 * 1024;
 /// A slot among the large searches running at once (see [`LARGE_TEXT_BYTES`]).
 struct LargeSearch;
 
+thread_local! {
+    /// The deadline of the evaluation running on this thread, if it set one
+    /// (see [`within_deadline`]), and whether a search was given up for it.
+    static SEARCH_DEADLINE: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+    static SEARCH_GIVEN_UP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, an evaluation of checks, where a large search waits for its
+/// slot no later than `deadline`; `None` when one gave up waiting, so that
+/// the request is answered `3002` at its deadline rather than late (64
+/// requests over half-megabyte texts would otherwise queue past it).
+pub fn within_deadline<T>(deadline: std::time::Instant, f: impl FnOnce() -> T) -> Option<T> {
+    let before = SEARCH_DEADLINE.with(|d| d.replace(Some(deadline)));
+    SEARCH_GIVEN_UP.with(|g| g.set(false));
+    let out = f();
+    SEARCH_DEADLINE.with(|d| d.set(before));
+    (!SEARCH_GIVEN_UP.with(|g| g.replace(false))).then_some(out)
+}
+
 impl LargeSearch {
     fn slots() -> &'static (std::sync::Mutex<usize>, std::sync::Condvar) {
         static SLOTS: std::sync::OnceLock<(std::sync::Mutex<usize>, std::sync::Condvar)> = std::sync::OnceLock::new();
@@ -114,14 +133,27 @@ impl LargeSearch {
         })
     }
 
-    fn acquire() -> LargeSearch {
+    /// A slot, waited for until the evaluation's deadline at most (see
+    /// [`within_deadline`]); `None` when it passed first.
+    fn acquire() -> Option<LargeSearch> {
+        let deadline = SEARCH_DEADLINE.with(std::cell::Cell::get);
         let (free, freed) = Self::slots();
         let mut free = free.lock().unwrap_or_else(|p| p.into_inner());
         while *free == 0 {
-            free = freed.wait(free).unwrap_or_else(|p| p.into_inner());
+            free = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        SEARCH_GIVEN_UP.with(|g| g.set(true));
+                        return None;
+                    }
+                    freed.wait_timeout(free, left).unwrap_or_else(|p| p.into_inner()).0
+                }
+                None => freed.wait(free).unwrap_or_else(|p| p.into_inner()),
+            };
         }
         *free -= 1;
-        LargeSearch
+        Some(LargeSearch)
     }
 }
 
@@ -135,7 +167,13 @@ impl Drop for LargeSearch {
 
 impl Pattern {
     fn find(&self, hay: &[u8]) -> Option<regex_automata::Match> {
-        let _slot = (hay.len() >= LARGE_TEXT_BYTES).then(LargeSearch::acquire);
+        let _slot = if hay.len() >= LARGE_TEXT_BYTES {
+            // The deadline passed while waiting: the evaluator answers 3002
+            // for the request, whatever this search would have found.
+            Some(LargeSearch::acquire()?)
+        } else {
+            None
+        };
         use std::sync::atomic::Ordering;
         let kept = self.kept.lock().ok().and_then(|mut k| k.pop());
         let mut cache = match kept {
@@ -634,6 +672,40 @@ fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every large-search slot taken (others' long scans): a search under a
+    /// deadline gives up waiting at the deadline and says so, instead of
+    /// answering whenever a slot frees.
+    #[test]
+    fn a_large_search_waits_for_a_slot_no_later_than_its_deadline() {
+        let taken: Vec<LargeSearch> = std::iter::from_fn(|| {
+            let (free, _) = LargeSearch::slots();
+            let any = *free.lock().unwrap() > 0;
+            any.then(|| LargeSearch::acquire().unwrap())
+        })
+        .collect();
+        let p = compile_regex("refund", true).unwrap();
+        let hay = "x".repeat(LARGE_TEXT_BYTES);
+        let started = std::time::Instant::now();
+        let deadline = started + std::time::Duration::from_millis(200);
+        assert_eq!(
+            within_deadline(deadline, || p.find(hay.as_bytes())),
+            None,
+            "gave up at the deadline"
+        );
+        let waited = started.elapsed();
+        assert!(
+            waited >= std::time::Duration::from_millis(190) && waited < std::time::Duration::from_secs(2),
+            "{waited:?}"
+        );
+        drop(taken);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        assert_eq!(
+            within_deadline(deadline, || p.find(hay.as_bytes()).is_some()),
+            Some(false),
+            "a free slot searches"
+        );
+    }
     use crate::trace::{parse_trace, Limits};
     use serde_json::json;
     use serde_json::value::RawValue;
