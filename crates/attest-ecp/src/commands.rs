@@ -111,23 +111,32 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
     let (passed, total) = outcome.tally();
     let failed = total - passed;
     let json_report = report::json_report(&outcome, &manifest);
+    // Where each report went, said after the summary.
+    let mut written = Vec::new();
     if let Some(p) = &args.report {
         write_file(p, &report::html(&outcome, &manifest), "HTML report")?;
+        written.push(("HTML report", p));
     }
     if let Some(p) = &args.json_out {
         write_file(p, &serde_json::to_string_pretty(&json_report)?, "JSON report")?;
+        written.push(("JSON report", p));
     }
     if let Some(p) = &args.audit_out {
         write_file(p, &(serde_json::to_string_pretty(&json_report["audit"])? + "\n"), "audit record")?;
+        written.push(("audit record", p));
     }
     if let Some(p) = &args.junit {
         write_file(p, &report::junit(&outcome, &manifest)?, "JUnit report")?;
+        written.push(("JUnit report", p));
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json_report)?);
     }
     if !args.quiet {
         eprintln!("{passed}/{total} checks passed; exit reason: {}", outcome.exit_reason.as_str());
+        for (what, path) in written {
+            eprintln!("{what} written to {}", path.display());
+        }
     }
     let fail_on_error = !args.no_fail_on_error || args.fail_on_error;
     Ok(if fail_on_error && failed > 0 { 2 } else { 0 })

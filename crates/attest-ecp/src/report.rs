@@ -220,7 +220,15 @@ pub fn html(outcome: &RunOutcome, manifest: &Manifest) -> String {
         "<p><span class=\"{}\">{passed}/{total} checks passed</span></p>\n",
         if passed == total { "pass" } else { "fail" }
     ));
-    for s in &outcome.scenarios {
+    // Scenarios with a failed check first, where a reader looks; each group
+    // keeps the manifest's order.
+    let failed = |s: &&crate::runner::ScenarioRecord| s.steps.iter().flat_map(|st| &st.checks).any(|c| !c.passed);
+    let ordered = outcome
+        .scenarios
+        .iter()
+        .filter(failed)
+        .chain(outcome.scenarios.iter().filter(|s| !failed(s)));
+    for s in ordered {
         let sp = s.steps.iter().flat_map(|st| &st.checks).filter(|c| c.passed).count();
         let stot: usize = s.steps.iter().map(|st| st.checks.len()).sum();
         h.push_str(&format!(
@@ -474,7 +482,7 @@ mod tests {
             stderr: String::new(),
             wall_ms: 1.0,
         };
-        let outcome = crate::runner::RunOutcome {
+        let mut outcome = crate::runner::RunOutcome {
             run_id: "r".into(),
             scenarios: vec![
                 scenario(
@@ -518,6 +526,11 @@ mod tests {
         assert!(!page.chars().any(|c| c.is_control() && !"\n\r\t".contains(c)), "{page}");
         assert!(page.contains("<h2>sec\\u{1b}ond</h2>"), "{page}");
         assert!(page.contains("<td>because \\u{7}</td>"), "{page}");
+        // Failures first, whatever the manifest's order.
+        outcome.scenarios.reverse();
+        let page = html(&outcome, &manifest);
+        let (failing, passing) = (page.find("<h2>first</h2>").unwrap(), page.find("<h2>sec").unwrap());
+        assert!(failing < passing, "the failing scenario is listed first");
     }
 
     #[test]

@@ -483,6 +483,10 @@ fn provider_settings_pass_by_default_and_more_is_passed_on_request() {
     let m = manifest(dir.path(), &agent_cmd, &steps("<unset>"));
     let (code, report, stderr) = run_json(dir.path(), &m, &["--pass-env", "MYAPP_*"], &env);
     assert_eq!(code, 0, "{stderr}\n{report:#}");
+    assert!(
+        stderr.contains("JSON report written to "),
+        "run says where its reports went: {stderr}"
+    );
     let m = manifest(dir.path(), &agent_cmd, &steps("hunter2"));
     let (code, report, stderr) = run_json(dir.path(), &m, &["--inherit-env"], &env);
     assert_eq!(code, 0, "{stderr}\n{report:#}");
