@@ -58,19 +58,7 @@ impl WorkItem {
 
     /// The trace's size as compact JSON, counted without building the text.
     pub fn trace_bytes(&self) -> usize {
-        struct Count(usize);
-        impl std::io::Write for Count {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0 += b.len();
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let mut n = Count(0);
-        let _ = serde_json::to_writer(&mut n, &self.trace);
-        n.0
+        attest_trace::text::compact_len(&self.trace)
     }
 }
 
