@@ -1032,6 +1032,10 @@ mod tests {
             let result = suite.evaluate(&engine, trace, deadline).await.unwrap();
             assert_eq!(result.results.len(), 512);
         }
+        // With room to spare: the cache is sharded, and a shard fuller than
+        // the rest would evict before the whole is full.
+        let (weight, capacity) = (engine.caches.compiled.weight(), engine.caches.compiled.capacity());
+        assert!(weight * 10 <= capacity * 6, "512 checks weigh {weight} bytes of the {capacity}");
         assert_eq!(
             engine.caches.compiles.load(std::sync::atomic::Ordering::Relaxed),
             512,

@@ -83,15 +83,16 @@ impl Unanswered {
 }
 
 /// What an abandoned request is answered. Short: a batch member's answer
-/// must fit the share of the line its batch was admitted with.
+/// must fit the share of the line its batch was admitted with, so the
+/// message already says what to do (the detail is not repeated after it).
 fn abandoned(drain_timeout: Duration) -> RpcError {
     RpcError::new(
         ErrorCode::Timeout,
         format!(
-            "request abandoned: the engine shut down before it finished (drain_timeout {} ms)",
+            "request abandoned: the engine shut down before it finished (drain_timeout {} ms). Send it to a new engine.",
             drain_timeout.as_millis()
         ),
-        "Its work was not completed. Send it to a new engine; if this recurs, send less work per request or raise drain_timeout.",
+        "Send it to a new engine.",
     )
 }
 

@@ -236,10 +236,10 @@ fn supported_drafts() -> String {
 /// Capacity of a schema pattern's lazy-DFA cache. Smaller than a
 /// `regex_match`'s: schema patterns are short field formats, and each keeps
 /// a cache per regex thread.
-const SCHEMA_DFA_CACHE_BYTES: usize = 64 * 1024;
+const SCHEMA_DFA_CACHE_BYTES: usize = 32 * 1024;
 /// A schema pattern's search cache at its largest: forward and reverse lazy
 /// DFAs and the rest of the engine's scratch state.
-const SCHEMA_PATTERN_CACHE_BYTES: usize = 2 * SCHEMA_DFA_CACHE_BYTES + 64 * 1024;
+const SCHEMA_PATTERN_CACHE_BYTES: usize = 2 * SCHEMA_DFA_CACHE_BYTES + 32 * 1024;
 
 /// Bytes a compiled schema holds: its tree (a multiple of its text), its
 /// patterns' programs as compiled, and for each pattern a search cache at
