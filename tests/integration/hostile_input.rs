@@ -271,13 +271,14 @@ fn oversized_json_rpc_batches_are_refused_before_anything_runs() {
     assert!(err["message"].as_str().unwrap().contains("batch too large"), "{r}");
     let members: Vec<Value> = (0..2000).map(|i| plugin_request(json!(i))).collect();
     expect_error(&raw_exchange(&mut e, &Value::Array(members).to_string()), -32600);
-    // 100 members whose answers cannot share one line: each refused unrun.
-    let members: Vec<Value> = (0..100)
+    // 128 members whose answers cannot share one line (about 500 bytes each,
+    // too few for five results): each refused unrun.
+    let members: Vec<Value> = (0..128)
         .map(|i| evaluate_request(json!(i), refund_trace(), refund_assertions()))
         .collect();
     let r = raw_exchange(&mut e, &Value::Array(members).to_string());
     let answers = r.as_array().unwrap_or_else(|| panic!("expected an array: {r}"));
-    assert_eq!(answers.len(), 100);
+    assert_eq!(answers.len(), 128);
     for (i, a) in answers.iter().enumerate() {
         assert_eq!(a["id"], json!(i));
         expect_error(a, 1002);
