@@ -848,14 +848,7 @@ fn results_are_in_request_order_with_request_id_echoed() {
     );
     for r in results {
         let obj = r.as_object().unwrap();
-        for key in [
-            "assertion_id",
-            "status",
-            "score",
-            "explanation",
-            "cost",
-            "duration_ms",
-        ] {
+        for key in ["assertion_id", "status", "score", "explanation", "cost", "duration_ms"] {
             assert!(obj.contains_key(key), "result lacks {key}: {r}");
         }
         // Echoed when the assertion carried one; omitted, never null, when not.
