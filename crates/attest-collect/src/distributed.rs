@@ -464,12 +464,12 @@ impl Publisher {
         } else {
             publish(&self.js, &self.names.traces_subject, headers, payload.into()).await
         };
-        let failing = match &sent {
-            Ok(_) => None,
-            Err(f) if f.too_large => *self.failing_since.lock().unwrap_or_else(|e| e.into_inner()),
-            Err(_) => Some(std::time::Instant::now()),
-        };
-        *self.failing_since.lock().unwrap_or_else(|e| e.into_inner()) = failing;
+        // A message too large says nothing of the server, which stays as it was.
+        match &sent {
+            Ok(_) => *self.failing_since.lock().unwrap_or_else(|e| e.into_inner()) = None,
+            Err(f) if f.too_large => {}
+            Err(_) => *self.failing_since.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now()),
+        }
         match sent {
             Ok(duplicate) => {
                 if let Some(unshown) = self.failures.recovered() {

@@ -211,13 +211,10 @@ impl UnaryService<Bytes> for Export {
 }
 
 async fn export(state: &ReceiverState, signal: Signal, request: Request<Bytes>) -> Result<Bytes, Status> {
-    if let Some(token) = &state.bearer_token {
-        let given = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
-        if crate::server::bearer_token(given) != Some(token.as_str()) {
-            return Err(Status::unauthenticated(
-                "missing or wrong bearer token in the authorization metadata",
-            ));
-        }
+    if !state.authorized(request.metadata().get("authorization").and_then(|v| v.to_str().ok())) {
+        return Err(Status::unauthenticated(
+            "missing or wrong bearer token in the authorization metadata",
+        ));
     }
     let body = request.into_inner();
     // tonic has read the message whole (at most --max-request-bytes): it

@@ -265,6 +265,11 @@ pub(crate) fn bearer_token(header: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim_start_matches(' '))
 }
 
+/// A request's `Authorization` header, as text.
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+}
+
 pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
     Router::new().route("/metrics", get(move || async move { render(&metrics) }))
 }
@@ -277,16 +282,13 @@ fn render(metrics: &Metrics) -> Response {
 /// when one is set, since the counters name rules, agents' traffic and
 /// failures.
 async fn metrics_page(State(state): State<Arc<ReceiverState>>, headers: HeaderMap) -> Response {
-    if let Some(token) = &state.bearer_token {
-        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
-        if bearer_token(given) != Some(token.as_str()) {
-            return (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                "missing or wrong bearer token in the Authorization header (the receiver's token guards /metrics too)\n",
-            )
-                .into_response();
-        }
+    if !state.authorized(authorization(&headers)) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "missing or wrong bearer token in the Authorization header (the receiver's token guards /metrics too)\n",
+        )
+            .into_response();
     }
     state.update_gauges();
     render(&state.metrics)
@@ -340,13 +342,10 @@ async fn export(state: Arc<ReceiverState>, headers: HeaderMap, body: Body, signa
         );
     };
     let label = enc_label(encoding);
-    if let Some(token) = &state.bearer_token {
-        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
-        if bearer_token(given) != Some(token.as_str()) {
-            state.metrics.request(401, label);
-            let body = otlp::error_body(encoding, 16, "missing or wrong bearer token in the Authorization header");
-            return reply(StatusCode::UNAUTHORIZED, encoding, body, None);
-        }
+    if !state.authorized(authorization(&headers)) {
+        state.metrics.request(401, label);
+        let body = otlp::error_body(encoding, 16, "missing or wrong bearer token in the Authorization header");
+        return reply(StatusCode::UNAUTHORIZED, encoding, body, None);
     }
     let limit = state.max_request_bytes;
     let declared = headers
@@ -438,6 +437,14 @@ pub enum Refusal {
 }
 
 impl ReceiverState {
+    /// Whether a request with this `authorization` (header or gRPC
+    /// metadata) may be served: any, when no token is set.
+    pub fn authorized(&self, authorization: Option<&str>) -> bool {
+        self.bearer_token
+            .as_deref()
+            .is_none_or(|token| bearer_token(authorization.unwrap_or("")) == Some(token))
+    }
+
     /// Why no trace can be taken now, whoever sends it: the workers' NATS
     /// server is unreachable, or the evaluation queue is full. Exporters
     /// keep the batch and retry (503 / `UNAVAILABLE`).
