@@ -6,7 +6,7 @@
 
 use crate::logging::Level;
 use crate::plugins::PluginSpec;
-use crate::providers::config::parse_duration;
+use crate::providers::config::{parse_bool, parse_duration};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -694,14 +694,6 @@ fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::
         }
     }
     Ok(l)
-}
-
-fn parse_bool(s: &str) -> Result<bool> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" | "" => Ok(false),
-        other => bail!("'{other}' is not a boolean; use true or false"),
-    }
 }
 
 #[cfg(test)]

@@ -147,8 +147,9 @@ pub const CLIPPED_VALUE: &str = "[clipped: nested deeper than 16 levels]";
 /// `body`, a protobuf `ExportTraceServiceRequest` (`logs`: an
 /// `ExportLogsServiceRequest`), with every attribute value nested deeper
 /// than [`MAX_VALUE_DEPTH`] replaced by the string [`CLIPPED_VALUE`];
-/// `None` when nothing was that deep. Each message is rewritten only where a
-/// clipped value changed its length; the rest is copied as it came.
+/// `None` when nothing was that deep. Messages of the request's own shape
+/// are encoded again (their lengths may change); unknown fields and scalars
+/// are copied as they came.
 pub fn clip_deep_values(body: &[u8], logs: bool) -> Option<Vec<u8>> {
     let mut clipped = false;
     let kind = if logs { Kind::LogsRequest } else { Kind::Request };

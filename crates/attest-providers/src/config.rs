@@ -272,14 +272,7 @@ impl ProvidersConfig {
                     api_key: api_key.or(fallback_key),
                     model: e("ATTEST_JUDGE_MODEL").or(fj.model).unwrap_or_else(|| default_model.into()),
                     structured_output: match e("ATTEST_JUDGE_STRUCTURED_OUTPUT") {
-                        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                            "1" | "true" | "yes" | "on" => true,
-                            "0" | "false" | "no" | "off" => false,
-                            _ => bail!(
-                                "ATTEST_JUDGE_STRUCTURED_OUTPUT: '{}' is not a switch; use true or false",
-                                clip(&v, 60)
-                            ),
-                        },
+                        Some(v) => parse_bool(&v).context("ATTEST_JUDGE_STRUCTURED_OUTPUT")?,
                         None => fj.structured_output.unwrap_or(true),
                     },
                 })
@@ -414,6 +407,16 @@ pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// `30s`, `1500ms`, `2m`, or a bare number of seconds; at most
 /// [`MAX_DURATION`] (100 years).
+/// A switch from the environment: `1`/`true`/`yes`/`on` or
+/// `0`/`false`/`no`/`off` (any case; empty is off).
+pub fn parse_bool(s: &str) -> anyhow::Result<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        other => bail!("'{}' is not a boolean; use true or false", clip(other, 60)),
+    }
+}
+
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
     let s = s.trim();
     let d = match s.parse::<f64>() {

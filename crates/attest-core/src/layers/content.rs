@@ -117,10 +117,17 @@ thread_local! {
 /// the request is answered `3002` at its deadline rather than late (64
 /// requests over half-megabyte texts would otherwise queue past it).
 pub fn within_deadline<T>(deadline: std::time::Instant, f: impl FnOnce() -> T) -> Option<T> {
-    let before = SEARCH_DEADLINE.with(|d| d.replace(Some(deadline)));
+    /// Puts the thread's deadline back however `f` ends, a panic included:
+    /// a stale deadline would make a later search on this thread give up.
+    struct Restore(Option<std::time::Instant>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SEARCH_DEADLINE.with(|d| d.set(self.0));
+        }
+    }
+    let _restore = Restore(SEARCH_DEADLINE.with(|d| d.replace(Some(deadline))));
     SEARCH_GIVEN_UP.with(|g| g.set(false));
     let out = f();
-    SEARCH_DEADLINE.with(|d| d.set(before));
     (!SEARCH_GIVEN_UP.with(|g| g.replace(false))).then_some(out)
 }
 
