@@ -91,11 +91,9 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
             return Ok(1);
         }
     };
-    for name in &args.env.pass_env {
-        if let Err(why) = crate::transport::check_env_name(name) {
-            eprintln!("error: --pass-env {name:?}: {why}");
-            return Ok(1);
-        }
+    if let Err(e) = args.env.check() {
+        eprintln!("error: {e}");
+        return Ok(1);
     }
     let opts = RunOptions {
         rpc_timeout,
@@ -193,16 +191,14 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
             return Ok(1);
         }
     };
-    for name in &args.pass_env {
-        if let Err(why) = crate::transport::check_env_name(name) {
-            eprintln!("error: --pass-env {name:?}: {why}");
-            return Ok(1);
-        }
+    if let Err(e) = args.env.check() {
+        eprintln!("error: {e}");
+        return Ok(1);
     }
     let mut checks = Vec::new();
     let env = AgentEnv {
-        pass: args.pass_env.clone(),
-        inherit: args.inherit_env,
+        pass: args.env.pass_env.clone(),
+        inherit: args.env.inherit_env,
         limits: args.limits.agent_limits(),
         ..AgentEnv::default()
     };

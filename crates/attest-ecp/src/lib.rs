@@ -119,6 +119,16 @@ pub struct AgentEnvArgs {
     pub inherit_env: bool,
 }
 
+impl AgentEnvArgs {
+    /// Every `--pass-env` entry can name a variable; else the error to print.
+    pub fn check(&self) -> Result<(), String> {
+        for name in &self.pass_env {
+            transport::check_env_name(name).map_err(|why| format!("--pass-env {name:?}: {why}"))?;
+        }
+        Ok(())
+    }
+}
+
 /// What each process of a spawned agent may use (Linux).
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentLimitArgs {
@@ -160,14 +170,8 @@ pub struct ConformanceArgs {
     /// Seconds to wait for each call (default: ECP_RPC_TIMEOUT or 30).
     #[arg(long)]
     pub timeout: Option<f64>,
-    /// Pass this variable of the runtime's environment to the agent, beyond the basic set and the
-    /// model providers' credentials and settings passed by default (repeatable; a glob such as
-    /// 'MYAPP_*' passes every match).
-    #[arg(long = "pass-env", value_name = "NAME|GLOB")]
-    pub pass_env: Vec<String>,
-    /// Pass the runtime's whole environment to the agent, as the reference runtime does.
-    #[arg(long)]
-    pub inherit_env: bool,
+    #[command(flatten)]
+    pub env: AgentEnvArgs,
     #[command(flatten)]
     pub limits: AgentLimitArgs,
 }
