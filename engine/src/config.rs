@@ -144,8 +144,9 @@ pub struct FileConfig {
     pub plugins: Vec<FilePlugin>,
     /// Cache directory (`""` disables caching).
     pub cache_dir: Option<PathBuf>,
-    /// Result history on (default) or off.
-    pub history: Option<bool>,
+    /// Result history on (default), off, or in a shared PostgreSQL
+    /// database (`"postgres://…"`).
+    pub history: Option<HistorySetting>,
     /// History database file (default `<cache_dir>/history.sqlite3`).
     pub history_path: Option<PathBuf>,
     pub history_max_rows: Option<u64>,
@@ -326,6 +327,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "cache directory (compiled plugins, result history, provider cache and calibrations); default ~/.attest/cache",
     ),
     ("ATTEST_HISTORY", "false to switch the result history off"),
+    (
+        "ATTEST_HISTORY_URL",
+        "postgres://user:password@host/db to keep the result history in a shared PostgreSQL database",
+    ),
     ("ATTEST_DRIFT_ALERTS", "true to send drift_alert notifications on stdout"),
     ("ATTEST_DRIFT_WEBHOOK_URL", "POST drift alerts (JSON) to this http(s) URL"),
     ("ATTEST_EMBEDDING_PROVIDER", "auto | openai | local | off"),
@@ -482,15 +487,38 @@ impl Config {
             c.cache_dir = (!dir.as_os_str().is_empty()).then_some(dir);
         }
 
+        let (file_on, file_url) = match &file.history {
+            None => (true, None),
+            Some(HistorySetting::On(on)) => (*on, None),
+            Some(HistorySetting::Url(url)) => {
+                if !crate::history::Location::is_postgres_url(url) {
+                    bail!(
+                        "history must be true, false, or a PostgreSQL URL (postgres://user:password@host/db); the history file's path goes in history_path"
+                    );
+                }
+                (true, Some(url.clone()))
+            }
+        };
         let history_on = match env("ATTEST_HISTORY") {
             Some(v) => parse_bool(&v).context("ATTEST_HISTORY")?,
-            None => file.history.unwrap_or(true),
+            None => file_on,
         } && !overrides.no_history;
-        let history_path = file
-            .history_path
-            .as_ref()
-            .map(|p| base.join(p))
-            .or_else(|| c.cache_dir.as_ref().map(|d| d.join("history.sqlite3")));
+        let history_url = match env("ATTEST_HISTORY_URL").filter(|v| !v.is_empty()) {
+            Some(url) if !crate::history::Location::is_postgres_url(&url) => {
+                bail!("ATTEST_HISTORY_URL must be a PostgreSQL URL (postgres://user:password@host/db); for a file set history_path in the config file")
+            }
+            Some(url) => Some(url),
+            None => file_url,
+        };
+        let history_location = match history_url {
+            Some(url) => Some(crate::history::Location::Postgres(url)),
+            None => file
+                .history_path
+                .as_ref()
+                .map(|p| base.join(p))
+                .or_else(|| c.cache_dir.as_ref().map(|d| d.join("history.sqlite3")))
+                .map(crate::history::Location::File),
+        };
         let max_age = match &file.history_max_age {
             Some(v) => parse_duration(v).with_context(|| src("history_max_age"))?,
             None => Duration::from_secs(90 * 24 * 3600),
@@ -499,13 +527,15 @@ impl Config {
             bail!("history_max_age must be greater than zero (set history = false to switch history off)");
         }
         let max_bytes = mib("history_max_mib", file.history_max_mib, 1, DEFAULT_HISTORY_BYTES)?;
-        c.history = history_path.filter(|_| history_on).map(|path| crate::history::HistoryConfig {
-            path,
-            max_rows: file.history_max_rows.unwrap_or(1_000_000),
-            max_age,
-            max_bytes,
-            wait_when_behind: false,
-        });
+        c.history = history_location
+            .filter(|_| history_on)
+            .map(|location| crate::history::HistoryConfig {
+                location,
+                max_rows: file.history_max_rows.unwrap_or(1_000_000),
+                max_age,
+                max_bytes,
+                wait_when_behind: false,
+            });
         c.dynamic_min_samples = file.dynamic_min_samples.unwrap_or(c.dynamic_min_samples);
         c.dynamic_window = file.dynamic_window.unwrap_or(c.dynamic_window);
         c.drift_alerts = match env("ATTEST_DRIFT_ALERTS") {
@@ -580,6 +610,32 @@ impl Config {
             bail!("max_explanation_chars must be at least 64, got {}", c.max_explanation_chars);
         }
         Ok(c)
+    }
+}
+
+/// `history` in the config file: a switch, or where a shared store lives.
+#[derive(Debug, Clone)]
+pub enum HistorySetting {
+    On(bool),
+    Url(String),
+}
+
+impl<'de> Deserialize<'de> for HistorySetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = HistorySetting;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false, or a PostgreSQL URL (\"postgres://user:password@host/db\")")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<HistorySetting, E> {
+                Ok(HistorySetting::On(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HistorySetting, E> {
+                Ok(HistorySetting::Url(v.to_owned()))
+            }
+        }
+        d.deserialize_any(Visitor)
     }
 }
 
@@ -815,6 +871,51 @@ mod tests {
             (c.compiled_cache_bytes, c.max_inflight_bytes, c.idempotency_cache_entries),
             (2 << 20, 16 << 20, 5)
         );
+    }
+
+    #[test]
+    fn the_history_is_a_file_a_shared_database_or_off() {
+        use crate::history::Location;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("attest.toml");
+        let load = |text: &str, vars: &[(&str, &str)]| {
+            std::fs::write(&path, text).unwrap();
+            let o = Overrides {
+                config_path: Some(path.clone()),
+                ..Overrides::default()
+            };
+            Config::load(&o, env(vars)).map_err(|e| format!("{e:#}"))
+        };
+        let location = |c: Config| c.history.map(|h| h.location);
+        let url = "postgres://attest:pw@db/attest";
+        assert_eq!(
+            location(load(&format!("history = \"{url}\""), &[]).unwrap()),
+            Some(Location::Postgres(url.into()))
+        );
+        assert_eq!(
+            location(load("history_path = \"h.sqlite3\"", &[("ATTEST_HISTORY_URL", url)]).unwrap()),
+            Some(Location::Postgres(url.into())),
+            "the variable wins over the file"
+        );
+        assert_eq!(
+            location(load(&format!("history = \"{url}\""), &[("ATTEST_HISTORY", "false")]).unwrap()),
+            None
+        );
+        assert_eq!(
+            location(load("history = true\nhistory_path = \"h.sqlite3\"", &[]).unwrap()),
+            Some(Location::File(dir.path().join("h.sqlite3")))
+        );
+        let e = load("history = \"~/h.sqlite3\"", &[]).unwrap_err();
+        assert!(
+            e.contains("history must be true, false, or a PostgreSQL URL") && e.contains("history_path"),
+            "{e}"
+        );
+        let e = load("history = 3", &[]).unwrap_err();
+        assert!(e.contains("true, false, or a PostgreSQL URL"), "{e}");
+        let e = load("", &[("ATTEST_HISTORY_URL", "mysql://x")]).unwrap_err();
+        assert!(e.contains("ATTEST_HISTORY_URL must be a PostgreSQL URL"), "{e}");
+        // The password stays out of what is shown.
+        assert_eq!(Location::Postgres(url.into()).to_string(), "postgres://attest:***@db/attest");
     }
 
     #[test]

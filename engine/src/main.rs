@@ -585,6 +585,16 @@ where
     let Some(engine) = load_engine(config) else {
         return ExitCode::from(2);
     };
+    // A service that records results must not run on without the store it
+    // was told to record them in (the stdio engine goes on, answering
+    // query_drift with what to fix).
+    if let (Some(wanted), None) = (&engine.config.history, &engine.sinks.history) {
+        eprintln!(
+            "attest-engine: cannot open the result history {} (see the error above); fix it, or run with --no-history",
+            wanted.location
+        );
+        return ExitCode::from(2);
+    }
     let engine = Arc::new(engine);
     let code = runtime.block_on(front(engine.clone()));
     engine.finish();

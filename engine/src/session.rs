@@ -115,11 +115,11 @@ impl Engine {
         };
         let history = config.history.as_ref().and_then(|h| match History::open(h) {
             Ok(history) => {
-                tracing::info!(path = %h.path.display(), "result history open");
+                tracing::info!(store = %h.location, "result history open");
                 Some(history)
             }
             Err(e) => {
-                tracing::error!(path = %h.path.display(), error = %e, "cannot open the result history; query_drift and dynamic thresholds are unavailable");
+                tracing::error!(store = %h.location, error = %format!("{e:#}"), "cannot open the result history; query_drift and dynamic thresholds are unavailable");
                 None
             }
         });

@@ -319,3 +319,53 @@ fn a_rules_daily_budget_holds_with_many_traces_in_flight() {
         "{calls} calls spent ${spent:.4} against a ${budget} day with 16 traces in flight"
     );
 }
+
+#[test]
+fn collect_writes_a_shared_postgres_history_once_per_result() {
+    let Some(pg) = attest_test_support::PostgresServer::start() else {
+        return;
+    };
+    let url = pg.database("attest");
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let traces = dir.path().join("traces.jsonl");
+    let good = trace("t-good", &["lookup_order", "process_refund"], "Your refund is on its way.");
+    let bad = trace("t-bad", &["process_refund", "lookup_order"], "Done.");
+    std::fs::write(&traces, format!("{good}\n{bad}\n")).unwrap();
+    let run = |url: &str| {
+        command()
+            .args(["--log-level=warn", "collect", "--otlp-http", "127.0.0.1:0"])
+            .args(["--rules", rules.to_str().unwrap(), "--jsonl", traces.to_str().unwrap()])
+            .env("ATTEST_CACHE_DIR", dir.path().join("cache"))
+            .env("ATTEST_HISTORY_URL", url)
+            .output()
+            .expect("running attest-engine collect")
+    };
+    for _ in 0..2 {
+        let out = run(&url);
+        assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(
+        pg.psql(
+            "attest",
+            "SELECT trace_id || ' ' || assertion_id || ' ' || status FROM attest_results ORDER BY trace_id, assertion_id"
+        ),
+        "t-bad refund-flow/amount-schema pass\nt-bad refund-flow/mentions-refund hard_fail\nt-bad refund-flow/ordered hard_fail\n\
+         t-good refund-flow/amount-schema pass\nt-good refund-flow/mentions-refund pass\nt-good refund-flow/ordered pass\n",
+        "each result once, across two runs"
+    );
+    let mut e = Engine::spawn_env(&["--log-level=warn"], Stderr::Drain, &[("ATTEST_HISTORY_URL", &url)]);
+    e.initialize();
+    let r = e.request(&rpc(json!("d"), "query_drift", json!({"assertion_id": "refund-flow/ordered"})));
+    assert_eq!(expect_result(&r)["report"]["count"], json!(2), "{r}");
+    // A service told to record results does not start without its store.
+    let out = run("postgres://attest:s3cret@127.0.0.1:9/attest");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot open the result history postgres://attest:***@127.0.0.1:9/attest") && err.contains("--no-history"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+}

@@ -1148,3 +1148,66 @@ fn the_submitted_result_store_keeps_the_newest_within_its_byte_bound() {
         "{log}"
     );
 }
+
+// ---------------------------------------------------------------- the shared PostgreSQL store
+
+#[test]
+fn engines_sharing_a_postgres_history_see_each_others_results() {
+    let Some(pg) = attest_test_support::PostgresServer::start() else {
+        return;
+    };
+    let url = pg.database("attest");
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &format!("history = \"{url}\"\ndynamic_min_samples = 4\ndynamic_window = 5\n"));
+    // Two engines, as two test runners or two machines of a fleet would be.
+    let mut a = spawn_in(&dir.path().join("a"), &["--config", &config], &[]);
+    let mut b = spawn_in(&dir.path().join("b"), &[], &[("ATTEST_HISTORY_URL", &url)]);
+    a.initialize();
+    b.initialize();
+    for (i, k) in [2, 1, 2].into_iter().enumerate() {
+        evaluate_one(&mut a, kw_trace("low", k), kw(&format!("seed{i}"), json!({})));
+    }
+    // Each engine writes in the background (within 100 ms when idle); a
+    // question is answered after the asking engine's own results are
+    // written, so asking is also how a test waits for them.
+    let r = query_drift(&mut a, json!({"assertion_id": "seed0"}));
+    assert_eq!(expect_result(&r)["report"]["count"], json!(3), "{r}");
+    evaluate_one(&mut b, kw_trace("low", 1), kw("seed3", json!({})));
+    let r = query_drift(&mut b, json!({"assertion_id": "seed3"}));
+    assert_eq!(expect_result(&r)["report"]["count"], json!(4), "{r}");
+    // Engine a reads what b wrote: 4 earlier scores, newest first .25 .5 .25 .5.
+    let r = evaluate_one(&mut a, kw_trace("low", 1), kw("dyn", json!({"threshold": "dynamic"})));
+    assert_eq!(r["status"], json!("pass"), "{r}");
+    assert!(
+        r["explanation"].as_str().unwrap().contains("mean 0.3750 - 2 x stddev 0.1250 = 0.1250 over the last 4 scores"),
+        "{r}"
+    );
+    let r = query_drift(&mut a, json!({"assertion_id": "seed3"}));
+    let report = expect_result(&r)["report"].clone();
+    assert_eq!(report["count"], json!(5), "{r}");
+    assert_eq!(
+        report["fingerprint"],
+        json!(fingerprint(&kw_spec(json!({})), Some("low"))),
+        "the same fingerprint as the file store reports"
+    );
+    // Nothing went to a history file.
+    for engine in ["a", "b"] {
+        assert!(!dir.path().join(engine).join("history.sqlite3").exists());
+    }
+    assert_eq!(pg.psql("attest", "SELECT count(*) FROM attest_results"), "5\n");
+}
+
+#[test]
+fn an_unreachable_postgres_history_leaves_the_stdio_engine_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = spawn_in(
+        dir.path(),
+        &[],
+        &[("ATTEST_HISTORY_URL", "postgres://attest:s3cret@127.0.0.1:9/attest")],
+    );
+    e.initialize();
+    let r = evaluate_one(&mut e, kw_trace("bot", 3), kw("k", json!({})));
+    assert_eq!((r["status"].as_str(), r["score"].as_f64()), (Some("hard_fail"), Some(0.75)), "{r}");
+    let r = query_drift(&mut e, json!({"assertion_id": "k"}));
+    assert_eq!(r["error"]["code"], json!(2001), "{r}");
+}

@@ -209,6 +209,17 @@ fn nats_prefix(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+fn sink_name(s: &str) -> Result<String, String> {
+    const RULE: &str = "use 1 to 32 ASCII letters, digits, '_' or '-' (postgres, archive-jsonl)";
+    if s.is_empty() || s.len() > 32 {
+        return Err(format!("the name is {} bytes; {RULE}", s.len()));
+    }
+    if let Some(c) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))) {
+        return Err(format!("{c:?} is not allowed; {RULE}"));
+    }
+    Ok(s.to_string())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum WorkerRole {
     /// Evaluate traces from the work stream, publish results.
@@ -233,6 +244,12 @@ pub struct WorkerArgs {
     /// With `--role sink`: append results to this file.
     #[arg(long)]
     pub results_jsonl: Option<PathBuf>,
+    /// With `--role sink`: which group of sinks this is. Each name has its
+    /// own durable consumer and gets every result (one group per store: the
+    /// shared PostgreSQL history, a JSONL archive); sinks with the same name
+    /// share the work. 1 to 32 ASCII letters, digits, '_' or '-'.
+    #[arg(long, value_parser = sink_name)]
+    pub sink_name: Option<String>,
     #[command(flatten)]
     pub nats_opts: NatsOptions,
     /// Traces evaluated at once by this worker (1 to 1024).

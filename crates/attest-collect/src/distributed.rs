@@ -1122,10 +1122,15 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
     let names = Names::new(&args.nats_opts.nats_prefix);
     ensure_streams(&js, &names, &args.nats_opts).await?;
     let stream = js.get_stream(&names.results_stream).await?;
+    // Each group of sinks reads every result through a consumer of its own.
+    let consumer_name = match &args.sink_name {
+        Some(group) => format!("{}-{group}", names.sink_consumer),
+        None => names.sink_consumer.clone(),
+    };
     let consumer = durable_consumer(
         &stream,
         consumer::pull::Config {
-            durable_name: Some(names.sink_consumer.clone()),
+            durable_name: Some(consumer_name.clone()),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: Duration::from_secs(args.nats_opts.ack_wait_secs),
             ..Default::default()
@@ -1139,7 +1144,10 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
         .messages()
         .await
         .map_err(|e| nats("pulling from the results stream", e))?;
-    eprintln!("attest-collect worker: writing results from {}", names.results_stream);
+    eprintln!(
+        "attest-collect worker: writing results from {} (consumer {consumer_name})",
+        names.results_stream
+    );
     let signals = crate::cli::Signals::install()?;
     let shutdown = signals.nth(1);
     tokio::pin!(shutdown);

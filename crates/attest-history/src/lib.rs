@@ -1,6 +1,10 @@
 //! Result history: every evaluated result and every `submit_plugin_result`,
-//! kept in SQLite under the cache directory, for `query_drift` and dynamic
-//! thresholds.
+//! kept for `query_drift` and dynamic thresholds, in one of two stores:
+//!
+//! - an embedded SQLite file under the cache directory (the default; see
+//!   [`store`]), for one machine;
+//! - a shared PostgreSQL database (`history = "postgres://…"`; see
+//!   [`postgres`]), which every process of a fleet writes and reads.
 //!
 //! Writes never happen on the request path: a batch's rows go into a bounded
 //! queue and one writer thread inserts them in large transactions. The same
@@ -14,12 +18,13 @@
 //! Continuous evaluation writes a result per assertion per trace, so the
 //! file stores a batch per row (see [`store`]).
 
+mod postgres;
 mod store;
 
 pub use attest_core::drift::{dynamic_status, mean_stddev, DriftReport, DriftStatus, Fingerprint, SpecDigest, BAND_PASS, BAND_SOFT};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, sync_channel, RecvTimeoutError, Sender, SyncSender};
+use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -35,10 +40,52 @@ const HIGH_WATERMARK: usize = 200_000;
 /// How often the writer looks at the queue when nothing wakes it sooner.
 const IDLE_FLUSH: Duration = Duration::from_millis(100);
 
+/// Where the history lives.
+#[derive(Clone, PartialEq)]
+pub enum Location {
+    /// An SQLite file, shared by the engines of one machine.
+    File(PathBuf),
+    /// A PostgreSQL connection string (`postgres://user:password@host/db`
+    /// or `host=… dbname=…`), shared by a fleet.
+    Postgres(String),
+}
+
+impl Location {
+    /// Whether `value` names a PostgreSQL database rather than a file.
+    pub fn is_postgres_url(value: &str) -> bool {
+        value.starts_with("postgres://") || value.starts_with("postgresql://")
+    }
+
+    /// The SQLite file, if that is where the history lives.
+    pub fn file(&self) -> Option<&std::path::Path> {
+        match self {
+            Location::File(path) => Some(path),
+            Location::Postgres(_) => None,
+        }
+    }
+}
+
+/// Shown in logs and errors: the file, or the database URL without its
+/// password.
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::File(path) => write!(f, "{}", path.display()),
+            Location::Postgres(url) => f.write_str(&postgres::without_password(url)),
+        }
+    }
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
 /// Where and how long history is kept.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HistoryConfig {
-    pub path: PathBuf,
+    pub location: Location,
     pub max_rows: u64,
     pub max_age: Duration,
     /// Bytes the store's pages in use may take; past it the oldest results
@@ -103,8 +150,8 @@ pub enum Subject {
 /// A question for the writer thread, answered after every row queued before it.
 enum Query {
     /// Most recent scores of a fingerprint, newest first.
-    Recent(Fingerprint, u64, SyncSender<rusqlite::Result<Vec<f64>>>),
-    Drift(Subject, u64, SyncSender<rusqlite::Result<DriftReport>>),
+    Recent(Fingerprint, u64, SyncSender<anyhow::Result<Vec<f64>>>),
+    Drift(Subject, u64, SyncSender<anyhow::Result<DriftReport>>),
 }
 
 enum Msg {
@@ -134,7 +181,7 @@ pub struct History {
     /// cleared once a wait runs out, so a writer that cannot keep up costs
     /// one wait, not one per batch.
     waits: std::sync::atomic::AtomicBool,
-    pub path: PathBuf,
+    pub location: Location,
 }
 
 /// What the writer reads to decide whether to write now.
@@ -148,32 +195,51 @@ struct Shared {
 
 impl History {
     /// Opens (or creates) the store and starts its writer thread.
+    ///
+    /// A PostgreSQL store is connected to and migrated here, within
+    /// [`postgres::CONNECT_TIMEOUT`]: a database that cannot be reached is
+    /// an error now, not a stream of failed writes later.
     pub fn open(config: &HistoryConfig) -> anyhow::Result<History> {
-        if let Some(dir) = config.path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let conn = store::open_connection(&config.path)?;
         let (tx, rx) = channel();
         let shared = Arc::new(Shared::default());
-        let mut writer = store::Writer::new(conn, config.clone());
-        writer.prune();
         let state = shared.clone();
         // A server's writer runs only on CPU nothing else wants; a one-shot
         // command, which waits for it, needs it to run.
         let idle = !config.wait_when_behind;
-        let handle = std::thread::Builder::new().name("attest-history".into()).spawn(move || {
-            if idle {
-                store::lower_thread_priority();
+        let spawn = std::thread::Builder::new().name("attest-history".into());
+        let handle = match &config.location {
+            Location::File(path) => {
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                let conn = store::open_connection(path)?;
+                let mut writer = store::Writer::new(conn, config.clone());
+                writer.prune();
+                spawn.spawn(move || {
+                    if idle {
+                        store::lower_thread_priority();
+                    }
+                    run_writer(writer, &rx, &state)
+                })?
             }
-            writer.run(&rx, &state)
-        })?;
+            Location::Postgres(url) => {
+                let mut writer = postgres::Writer::connect(url, config.clone())?;
+                writer.prune();
+                spawn.spawn(move || {
+                    if idle {
+                        store::lower_thread_priority();
+                    }
+                    run_writer(writer, &rx, &state)
+                })?
+            }
+        };
         Ok(History {
             tx,
             writer: handle.thread().clone(),
             shared,
             dropped: AtomicU64::new(0),
             waits: std::sync::atomic::AtomicBool::new(config.wait_when_behind),
-            path: config.path.clone(),
+            location: config.location.clone(),
         })
     }
 
@@ -242,7 +308,7 @@ impl History {
 
     /// Asks the writer, which answers after writing every row queued before
     /// the question; gives up at `deadline` (the writer then answers no one).
-    fn ask<T>(&self, deadline: Instant, query: impl FnOnce(SyncSender<rusqlite::Result<T>>) -> Query) -> anyhow::Result<T> {
+    fn ask<T>(&self, deadline: Instant, query: impl FnOnce(SyncSender<anyhow::Result<T>>) -> Query) -> anyhow::Result<T> {
         let (reply, answer) = sync_channel(1);
         self.shared.urgent.fetch_add(1, Ordering::AcqRel);
         self.tx
@@ -250,7 +316,7 @@ impl History {
             .map_err(|_| anyhow::anyhow!("history writer has stopped"))?;
         self.writer.unpark();
         match answer.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(result) => Ok(result?),
+            Ok(result) => result,
             Err(RecvTimeoutError::Timeout) => Err(anyhow::Error::new(Unanswered)),
             Err(RecvTimeoutError::Disconnected) => Err(anyhow::anyhow!("history writer has stopped")),
         }
@@ -289,6 +355,74 @@ impl Drop for History {
         self.shared.urgent.fetch_add(1, Ordering::AcqRel);
         let _ = self.tx.send(Msg::Close);
         self.writer.unpark();
+    }
+}
+
+/// What a store does for the writer thread, which owns it.
+trait Backend {
+    /// Writes `pending` in one transaction (emptying it) and says whether
+    /// it committed; applies retention when it is due.
+    fn write(&mut self, pending: &mut Vec<Rows>) -> Result<(), String>;
+    /// Answers a question; everything queued before it is written.
+    fn answer(&mut self, query: Query);
+}
+
+/// The writer thread: looks at the queue every [`IDLE_FLUSH`] (sooner when
+/// woken) and writes what it finds, answering questions and commits in
+/// queue order.
+fn run_writer(mut store: impl Backend, rx: &Receiver<Msg>, shared: &Shared) {
+    // Whether the last look stopped at a full write with rows still queued.
+    let mut more = false;
+    loop {
+        if !more {
+            std::thread::park_timeout(IDLE_FLUSH);
+            if shared.queued_rows.load(Ordering::Acquire) == 0 && shared.urgent.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+        }
+        more = false;
+        let mut rows = Vec::new();
+        // Rows taken off the queue no longer count in it, so a writer that
+        // took all it found while producers kept up would hold without
+        // bound: it writes at most this much at a time.
+        let mut taken = 0;
+        let mut closed = false;
+        loop {
+            if taken >= HIGH_WATERMARK {
+                more = true;
+                break;
+            }
+            match rx.try_recv() {
+                Ok(Msg::Rows(r)) => {
+                    let weight = r.weight();
+                    shared.queued_rows.fetch_sub(weight, Ordering::AcqRel);
+                    taken += weight;
+                    rows.push(r);
+                }
+                // Questions are answered after the rows queued before them.
+                Ok(Msg::Query(q)) => {
+                    shared.urgent.fetch_sub(1, Ordering::AcqRel);
+                    let _ = store.write(&mut rows);
+                    store.answer(q);
+                }
+                // Written with what is queued, in one transaction, and
+                // answered with whether it committed.
+                Ok(Msg::Commit(batch, reply)) => {
+                    shared.urgent.fetch_sub(1, Ordering::AcqRel);
+                    rows.extend(batch);
+                    let _ = reply.send(store.write(&mut rows));
+                }
+                Ok(Msg::Close) | Err(TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        let _ = store.write(&mut rows);
+        if closed {
+            return;
+        }
     }
 }
 

@@ -18,13 +18,11 @@
 //! A batch of eight results is one row and one index entry instead of eight
 //! of each, which is what keeps recording every result close to free.
 
-use super::{now_ms, DriftReport, Fingerprint, HistoryConfig, Msg, Query, Row, Rows, Shared, SpecDigest, Subject};
+use super::{now_ms, DriftReport, Fingerprint, HistoryConfig, Query, Row, Rows, SpecDigest, Subject};
 use attest_trace::Status;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, TryRecvError};
 
 /// Current layout of the history file (`PRAGMA user_version`). Version 0 kept
 /// a row per result with its fingerprint and assertion id inline; version 2
@@ -338,70 +336,17 @@ impl Writer {
             results: None,
         }
     }
+}
 
-    pub(super) fn run(mut self, rx: &Receiver<Msg>, shared: &Shared) {
-        // Whether the last look stopped at a full write with rows still queued.
-        let mut more = false;
-        loop {
-            if !more {
-                std::thread::park_timeout(super::IDLE_FLUSH);
-                if shared.queued_rows.load(Ordering::Acquire) == 0 && shared.urgent.load(Ordering::Acquire) == 0 {
-                    continue;
-                }
-            }
-            more = false;
-            let mut rows = Vec::new();
-            // Rows taken off the queue no longer count in it, so a writer
-            // that took all it found while producers kept up would hold
-            // without bound: it writes at most this much at a time.
-            let mut taken = 0;
-            let mut closed = false;
-            loop {
-                if taken >= super::HIGH_WATERMARK {
-                    more = true;
-                    break;
-                }
-                match rx.try_recv() {
-                    Ok(Msg::Rows(r)) => {
-                        let weight = r.weight();
-                        shared.queued_rows.fetch_sub(weight, Ordering::AcqRel);
-                        taken += weight;
-                        rows.push(r);
-                    }
-                    // Queries are answered after the rows queued before them.
-                    Ok(Msg::Query(q)) => {
-                        shared.urgent.fetch_sub(1, Ordering::AcqRel);
-                        let _ = self.write(&mut rows);
-                        self.answer(q);
-                    }
-                    // Written with what is queued, in one transaction, and
-                    // answered with whether it committed.
-                    Ok(Msg::Commit(batch, reply)) => {
-                        shared.urgent.fetch_sub(1, Ordering::AcqRel);
-                        rows.extend(batch);
-                        let _ = reply.send(self.write(&mut rows));
-                    }
-                    Ok(Msg::Close) | Err(TryRecvError::Disconnected) => {
-                        closed = true;
-                        break;
-                    }
-                    Err(TryRecvError::Empty) => break,
-                }
-            }
-            let _ = self.write(&mut rows);
-            if closed {
-                return;
-            }
-        }
-    }
-
-    fn answer(&self, q: Query) {
+impl super::Backend for Writer {
+    fn answer(&mut self, q: Query) {
         match q {
             Query::Recent(fp, limit, reply) => {
-                let _ = reply.send(self.latest(fp, limit).map(|hits| hits.into_iter().map(|h| h.score).collect()));
+                let scores = self.latest(fp, limit).map(|hits| hits.into_iter().map(|h| h.score).collect());
+                let _ = reply.send(scores.map_err(Into::into));
             }
             Query::Drift(subject, window, reply) => {
-                let _ = reply.send(self.drift(subject, window));
+                let _ = reply.send(self.drift(subject, window).map_err(Into::into));
             }
         }
     }
@@ -502,7 +447,9 @@ impl Writer {
             }
         }
     }
+}
 
+impl Writer {
     /// Enforces the age, result-count and byte limits. Results removed for
     /// the byte bound leave part-filled pages behind, so it looks again (a
     /// few times at most) while the store is still over it.
@@ -902,7 +849,7 @@ mod tests {
 
     fn config(dir: &Path) -> HistoryConfig {
         HistoryConfig {
-            path: dir.join("history.sqlite3"),
+            location: Location::File(dir.join("history.sqlite3")),
             max_rows: 1_000,
             max_age: Duration::from_secs(3600),
             max_bytes: 1 << 30,
@@ -915,7 +862,7 @@ mod tests {
     fn legacy_file(tables: &str, fill: impl FnOnce(&Connection)) -> (tempfile::TempDir, HistoryConfig) {
         let dir = tempfile::tempdir().unwrap();
         let c = config(dir.path());
-        let conn = Connection::open(&c.path).unwrap();
+        let conn = Connection::open(c.location.file().unwrap()).unwrap();
         conn.execute_batch(tables).unwrap();
         fill(&conn);
         (dir, c)
@@ -1046,11 +993,11 @@ mod tests {
             }
             h.flush(soon());
         }
-        let before = used(&c.path);
+        let before = used(c.location.file().unwrap());
         assert!(before > 600 << 10, "the store took {before} bytes");
         c.max_bytes = 256 << 10;
         drop(History::open(&c).unwrap());
-        let after = used(&c.path);
+        let after = used(c.location.file().unwrap());
         assert!(after <= 256 << 10, "over the bound after retention: {after} bytes");
         let kept = History::open(&c).unwrap().recent_scores(fp, 5_000, soon()).unwrap().len();
         assert!(kept > 100 && kept < 2_000, "the newest results fit, the oldest went: kept {kept}");
@@ -1071,9 +1018,9 @@ mod tests {
         }
         c.max_bytes = 256 << 10;
         drop(History::open(&c).unwrap());
-        let after = used(&c.path);
+        let after = used(c.location.file().unwrap());
         assert!(after <= 256 << 10, "keyed history over the bound after retention: {after} bytes");
-        let conn = Connection::open(&c.path).unwrap();
+        let conn = Connection::open(c.location.file().unwrap()).unwrap();
         let (results, keys): (i64, i64) = conn
             .query_row(
                 "SELECT (SELECT COALESCE(SUM(size), 0) FROM batches), (SELECT COUNT(*) FROM result_keys)",
@@ -1105,7 +1052,7 @@ mod tests {
             }
         }
         drop(History::open(&c).unwrap());
-        let conn = Connection::open(&c.path).unwrap();
+        let conn = Connection::open(c.location.file().unwrap()).unwrap();
         let keys: Vec<String> = conn
             .prepare("SELECT trace_id FROM result_keys ORDER BY trace_id")
             .unwrap()
@@ -1159,7 +1106,7 @@ mod tests {
         let r = h.drift(Subject::AssertionId("x2".into()), 2, soon()).unwrap();
         assert_eq!((r.count, r.latest_score), (2, 0.6));
         // Three distinct member lists were stored, five batches.
-        let conn = Connection::open(&config(dir.path()).path).unwrap();
+        let conn = Connection::open(config(dir.path()).location.file().unwrap()).unwrap();
         let count = |table: &str| -> i64 { conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0)).unwrap() };
         h.flush(soon());
         assert_eq!((count("suites"), count("batches")), (3, 5));
@@ -1201,7 +1148,7 @@ mod tests {
         );
         assert_eq!(h.recent_scores(Fingerprint::new(&d, Some("bot")), 10, soon()).unwrap(), vec![0.2]);
         h.flush(soon());
-        let conn = Connection::open(&c.path).unwrap();
+        let conn = Connection::open(c.location.file().unwrap()).unwrap();
         let kept: i64 = conn.query_row("SELECT SUM(size) FROM batches", [], |r| r.get(0)).unwrap();
         assert_eq!(kept, 2);
         // Interned rows no batch uses are gone too.
@@ -1249,7 +1196,7 @@ mod tests {
         h.record(batch("t2", vec![row("new", spec, 0.8)]));
         assert_eq!(h.recent_scores(fp, 10, soon()).unwrap(), vec![0.8, 0.6, 0.4, 0.2]);
         h.flush(soon());
-        let conn = Connection::open(&c.path).unwrap();
+        let conn = Connection::open(c.location.file().unwrap()).unwrap();
         let (status, kind): (i64, String) = conn
             .query_row(
                 "SELECT unicode(substr(b.results, 1, 1)), f.assertion_type FROM batches b

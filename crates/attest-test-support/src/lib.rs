@@ -10,6 +10,9 @@
 
 use std::io::Write;
 
+mod postgres;
+pub use postgres::PostgresServer;
+
 /// The variable that turns every skip into a failure.
 pub const REQUIRE_ALL: &str = "ATTEST_TESTS_REQUIRE_ALL";
 
