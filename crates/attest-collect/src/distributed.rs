@@ -598,6 +598,72 @@ async fn durable_consumer(
     }
 }
 
+/// How often a worker or sink checks that its durable consumer is in step
+/// with its stream.
+const CONSUMER_CHECK: Duration = Duration::from_secs(2);
+
+/// Stops a background task when its owner returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Recreates the durable consumer when its stream was reset beneath it.
+///
+/// A server that lost part of its store (a disk that filled while it wrote,
+/// then a restart) can come back with a stream whose sequence numbers start
+/// again below what the consumer had delivered: the consumer then sees no
+/// new message as pending, and every trace published from then on would sit
+/// in the stream unread. Two signs are watched for: the consumer has
+/// delivered past the stream's last message, or (on the work-queue stream,
+/// which deletes each message once it is acked) the stream holds a message
+/// at or below the consumer's ack floor, at two looks in a row (one look
+/// can race an ack). Either way the consumer is deleted and made again, so
+/// it delivers what the stream holds; results redelivered by it are stored
+/// once (keyed writes).
+async fn keep_consumer_in_step(stream: jetstream::stream::Stream, config: consumer::pull::Config, work_queue: bool, pipeline: Arc<Pipeline>) {
+    let name = config.durable_name.clone().unwrap_or_default();
+    // The stream's first sequence the last time it looked stuck.
+    let mut stuck_at: Option<u64> = None;
+    let mut tick = tokio::time::interval(CONSUMER_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (Ok(info), Ok(have)) = (stream.get_info().await, stream.consumer_info(&name).await) else {
+            continue;
+        };
+        // The consumer is read second: the stream can only have grown.
+        let state = &info.state;
+        let behind = have.delivered.stream_sequence > state.last_sequence;
+        let stuck = work_queue && state.messages > 0 && state.first_sequence <= have.ack_floor.stream_sequence;
+        let stuck_twice = stuck && stuck_at == Some(state.first_sequence);
+        stuck_at = stuck.then_some(state.first_sequence);
+        if !(behind || stuck_twice) {
+            continue;
+        }
+        tracing::warn!(
+            consumer = %name,
+            stream = %info.config.name,
+            consumer_delivered = have.delivered.stream_sequence,
+            stream_first = state.first_sequence,
+            stream_last = state.last_sequence,
+            stream_messages = state.messages,
+            "the stream was reset beneath its durable consumer (a server that lost part of its store); making the consumer again so that it delivers what the stream holds"
+        );
+        pipeline.metrics.consumer_resets.fetch_add(1, Ordering::Relaxed);
+        // Another worker may be doing the same: whichever deletes second
+        // finds nothing to delete, and creating is idempotent.
+        let _ = stream.delete_consumer(&name).await;
+        if let Err(e) = stream.get_or_create_consumer::<consumer::pull::Config>(&name, config.clone()).await {
+            tracing::error!(consumer = %name, error = %e, "cannot make the durable consumer again; will retry");
+        }
+        stuck_at = None;
+    }
+}
+
 /// Evaluation worker loop; returns on SIGTERM after in-flight messages finish.
 pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Result<()> {
     let js = connect(&args.nats, &args.nats_opts).await?;
@@ -607,19 +673,17 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     let ack_wait = Duration::from_secs(args.nats_opts.ack_wait_secs);
     let max_deliver = args.nats_opts.max_deliver;
     let stream = js.get_stream(&names.traces_stream).await?;
-    let consumer = durable_consumer(
-        &stream,
-        consumer::pull::Config {
-            durable_name: Some(names.workers_consumer.clone()),
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait,
-            // One delivery more than allowed attempts: that last one only moves the message to the dead-letter subject.
-            max_deliver: max_deliver + 1,
-            ..Default::default()
-        },
-        "the workers' consumer",
-    )
-    .await?;
+    let config = consumer::pull::Config {
+        durable_name: Some(names.workers_consumer.clone()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait,
+        // One delivery more than allowed attempts: that last one only moves the message to the dead-letter subject.
+        max_deliver: max_deliver + 1,
+        ..Default::default()
+    };
+    let consumer = durable_consumer(&stream, config.clone(), "the workers' consumer").await?;
+    let watch = tokio::spawn(keep_consumer_in_step(stream, config, true, pipeline.clone()));
+    let _stop_watching = AbortOnDrop(watch);
     eprintln!(
         "attest-collect worker: evaluating from {} (consumer {}, rules version {})",
         names.traces_stream, names.workers_consumer, pipeline.rules.version
@@ -674,9 +738,15 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
                 continue;
             }
         };
+        // The server ends a pull when it expires; a server that restarted
+        // meanwhile has forgotten the pull and never ends it, so the worker
+        // stops waiting a moment after it would have.
+        let pull_over = tokio::time::sleep(PULL_EXPIRES + PULL_GRACE);
+        tokio::pin!(pull_over);
         loop {
             let msg = tokio::select! {
                 _ = &mut shutdown => break 'pull,
+                _ = &mut pull_over => break,
                 m = batch.next() => m,
             };
             let Some(msg) = msg else { break };
@@ -741,6 +811,10 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
 /// Most work messages a worker holds at once (at least `--concurrency`):
 /// those being evaluated and those whose results or ack are on their way.
 const WORKER_WINDOW: usize = 256;
+
+/// How long past [`PULL_EXPIRES`] a worker waits for the server to end a
+/// pull before it gives up on it and pulls again.
+const PULL_GRACE: Duration = Duration::from_secs(1);
 
 /// How long a worker with few free places waits for more before it pulls.
 const PULL_GATHER: Duration = Duration::from_millis(2);
@@ -1127,23 +1201,24 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
         Some(group) => format!("{}-{group}", names.sink_consumer),
         None => names.sink_consumer.clone(),
     };
-    let consumer = durable_consumer(
-        &stream,
-        consumer::pull::Config {
-            durable_name: Some(consumer_name.clone()),
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(args.nats_opts.ack_wait_secs),
-            ..Default::default()
-        },
-        "the results sink consumer",
-    )
-    .await?;
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(256)
-        .messages()
-        .await
-        .map_err(|e| nats("pulling from the results stream", e))?;
+    let config = consumer::pull::Config {
+        durable_name: Some(consumer_name.clone()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(args.nats_opts.ack_wait_secs),
+        ..Default::default()
+    };
+    let consumer = durable_consumer(&stream, config.clone(), "the results sink consumer").await?;
+    let watch = tokio::spawn(keep_consumer_in_step(stream, config, false, pipeline.clone()));
+    let _stop_watching = AbortOnDrop(watch);
+    let open = || async {
+        consumer
+            .stream()
+            .max_messages_per_batch(256)
+            .messages()
+            .await
+            .map_err(|e| nats("pulling from the results stream", e))
+    };
+    let mut messages = open().await?;
     eprintln!(
         "attest-collect worker: writing results from {} (consumer {consumer_name})",
         names.results_stream
@@ -1157,7 +1232,19 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
             _ = &mut shutdown => break,
             m = messages.next() => m,
         };
-        let Some(first) = first else { break };
+        let Some(first) = first else {
+            // The pull ended (the consumer was recreated, the connection
+            // was lost for good): pull again, unless stopping.
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+            match open().await {
+                Ok(m) => messages = m,
+                Err(e) => eprintln!("attest-collect sink: {e:#}; trying again"),
+            }
+            continue;
+        };
         // What else has arrived is stored with it, in one write per store,
         // and acked after that write: one commit per batch, not per message.
         let mut batch: Vec<jetstream::Message> = first.into_iter().collect();

@@ -47,6 +47,8 @@ pub struct Metrics {
     pub publish_retries: AtomicU64,
     /// Work messages refused because they were selected under other rules.
     pub rules_mismatches: AtomicU64,
+    /// Durable consumers made again because their stream was reset beneath them.
+    pub consumer_resets: AtomicU64,
     pub dead_lettered: AtomicU64,
     /// Results messages a worker's sink failed to store and will be offered again.
     pub store_failures: AtomicU64,
@@ -314,6 +316,12 @@ impl Metrics {
             "attest_collect_rules_mismatch_total",
             "Work messages a worker gave back because a collector selected them under a rules file other than this worker's.",
             ld(&self.rules_mismatches),
+        );
+        counter(
+            &mut out,
+            "attest_collect_consumer_resets_total",
+            "Durable consumers this process made again because the NATS server came back with their stream reset beneath them (its store was damaged).",
+            ld(&self.consumer_resets),
         );
         counter(
             &mut out,
