@@ -42,8 +42,61 @@ pub struct CollectEvaluator {
 
 struct RuleSuite {
     engine: Arc<Engine>,
+    all: Assertions,
+    /// The assertions that make no paid call, when the rule has both kinds:
+    /// what is kept of a trace whose judge or embedding calls keep failing.
+    free: Option<Assertions>,
+}
+
+/// A compiled list of assertions and each one's type.
+struct Assertions {
     suite: Suite,
     kinds: Vec<AssertionType>,
+}
+
+impl Assertions {
+    fn compile(engine: &Engine, assertions: &[Value], providers: Providers) -> Result<Assertions, RpcError> {
+        let suite = Suite::compile_with(engine, assertions, providers)?;
+        let kinds = suite.kinds().collect();
+        Ok(Assertions { suite, kinds })
+    }
+
+    async fn evaluate(&self, engine: &Engine, trace: &Value) -> Result<Vec<AssertionOutcome>, EvalError> {
+        let text = trace.to_string();
+        let deadline = Instant::now() + engine.config.eval_timeout;
+        let run = self.suite.evaluate_with(engine, &text, deadline, Effects::ResultsOnly);
+        // A rule whose evaluation may hold its thread (a plugin spinning to
+        // its deadline) runs where the runtime hands this worker's role to
+        // another thread meanwhile: the receiver, `/metrics` and a worker's
+        // NATS acks keep being served.
+        let runtime = tokio::runtime::Handle::current();
+        let result = if self.suite.may_block() && runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            tokio::task::block_in_place(|| runtime.block_on(run))
+        } else {
+            run.await
+        };
+        let result = result.map_err(|e| EvalError {
+            message: format!("{} ({}): {}", e.code.code(), e.code.error_type(), e.message),
+            // A provider that refused the request itself (a 4xx) is no
+            // reason to deliver the trace again.
+            retryable: matches!(e.code, ErrorCode::ProviderError | ErrorCode::Timeout) && e.retryable != Some(false),
+            trace_refused: e.code == ErrorCode::InvalidTrace || (e.code == ErrorCode::ProviderError && e.retryable == Some(false)),
+        })?;
+        Ok(result
+            .results
+            .into_iter()
+            .zip(&self.kinds)
+            .map(|(r, kind)| AssertionOutcome {
+                assertion_id: r.assertion_id,
+                assertion_type: kind.name().to_owned(),
+                status: r.status,
+                score: r.score,
+                explanation: r.explanation,
+                cost_usd: r.cost,
+                duration_ms: r.duration_ms,
+            })
+            .collect())
+    }
 }
 
 impl attest_collect::Evaluator for CollectEvaluator {
@@ -56,15 +109,25 @@ impl attest_collect::Evaluator for CollectEvaluator {
         if let Some(t) = crate::batch::first_unknown_member(assertions) {
             return Err(typo(t));
         }
-        let suite = Suite::compile_with(&self.engine, assertions, self.providers).map_err(rule_error)?;
-        if let Some(t) = suite.first_unread_key() {
+        let all = Assertions::compile(&self.engine, assertions, self.providers).map_err(rule_error)?;
+        if let Some(t) = all.suite.first_unread_key() {
             return Err(typo(t));
         }
-        let kinds = suite.kinds().collect();
+        let free: Vec<Value> = assertions
+            .iter()
+            .zip(&all.kinds)
+            .filter(|(_, kind)| !kind.is_paid())
+            .map(|(a, _)| a.clone())
+            .collect();
+        let free = if free.is_empty() || free.len() == assertions.len() {
+            None
+        } else {
+            Some(Assertions::compile(&self.engine, &free, self.providers).map_err(rule_error)?)
+        };
         Ok(Arc::new(RuleSuite {
             engine: self.engine.clone(),
-            suite,
-            kinds,
+            all,
+            free,
         }))
     }
 
@@ -89,50 +152,20 @@ fn rule_error(e: RpcError) -> RuleError {
 
 impl attest_collect::Suite for RuleSuite {
     fn evaluate<'a>(&'a self, trace: &'a Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
-        Box::pin(async move {
-            let text = trace.to_string();
-            let deadline = Instant::now() + self.engine.config.eval_timeout;
-            let run = self.suite.evaluate_with(&self.engine, &text, deadline, Effects::ResultsOnly);
-            // A rule whose evaluation may hold its thread (a plugin spinning
-            // to its deadline) runs where the runtime hands this worker's
-            // role to another thread meanwhile: the receiver, `/metrics` and
-            // a worker's NATS acks keep being served.
-            let runtime = tokio::runtime::Handle::current();
-            let result = if self.suite.may_block() && runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-                tokio::task::block_in_place(|| runtime.block_on(run))
-            } else {
-                run.await
-            };
-            let result = result.map_err(|e| EvalError {
-                message: format!("{} ({}): {}", e.code.code(), e.code.error_type(), e.message),
-                // A provider that refused the request itself (a 4xx) is no
-                // reason to deliver the trace again.
-                retryable: matches!(e.code, ErrorCode::ProviderError | ErrorCode::Timeout) && e.retryable != Some(false),
-                trace_refused: e.code == ErrorCode::InvalidTrace || (e.code == ErrorCode::ProviderError && e.retryable == Some(false)),
-            })?;
-            Ok(result
-                .results
-                .into_iter()
-                .zip(&self.kinds)
-                .map(|(r, kind)| AssertionOutcome {
-                    assertion_id: r.assertion_id,
-                    assertion_type: kind.name().to_owned(),
-                    status: r.status,
-                    score: r.score,
-                    explanation: r.explanation,
-                    cost_usd: r.cost,
-                    duration_ms: r.duration_ms,
-                })
-                .collect())
-        })
+        Box::pin(self.all.evaluate(&self.engine, trace))
+    }
+
+    fn evaluate_free<'a>(&'a self, trace: &'a Value) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>> {
+        let free = self.free.as_ref()?;
+        Some(Box::pin(free.evaluate(&self.engine, trace)))
     }
 
     fn paid_calls(&self) -> u32 {
-        self.kinds.iter().filter(|k| k.is_paid()).count() as u32
+        self.all.kinds.iter().filter(|k| k.is_paid()).count() as u32
     }
 
     fn worst_cost_usd(&self, trace_bytes: usize) -> f64 {
-        self.suite.worst_cost(trace_bytes)
+        self.all.suite.worst_cost(trace_bytes)
     }
 }
 

@@ -1158,7 +1158,10 @@ fn engines_sharing_a_postgres_history_see_each_others_results() {
     };
     let url = pg.database("attest");
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &format!("history = \"{url}\"\ndynamic_min_samples = 4\ndynamic_window = 5\n"));
+    let config = config_file(
+        dir.path(),
+        &format!("history = \"{url}\"\ndynamic_min_samples = 4\ndynamic_window = 5\n"),
+    );
     // Two engines, as two test runners or two machines of a fleet would be.
     let mut a = spawn_in(&dir.path().join("a"), &["--config", &config], &[]);
     let mut b = spawn_in(&dir.path().join("b"), &[], &[("ATTEST_HISTORY_URL", &url)]);
@@ -1179,7 +1182,10 @@ fn engines_sharing_a_postgres_history_see_each_others_results() {
     let r = evaluate_one(&mut a, kw_trace("low", 1), kw("dyn", json!({"threshold": "dynamic"})));
     assert_eq!(r["status"], json!("pass"), "{r}");
     assert!(
-        r["explanation"].as_str().unwrap().contains("mean 0.3750 - 2 x stddev 0.1250 = 0.1250 over the last 4 scores"),
+        r["explanation"]
+            .as_str()
+            .unwrap()
+            .contains("mean 0.3750 - 2 x stddev 0.1250 = 0.1250 over the last 4 scores"),
         "{r}"
     );
     let r = query_drift(&mut a, json!({"assertion_id": "seed3"}));

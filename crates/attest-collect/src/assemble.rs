@@ -130,6 +130,12 @@ pub struct Events<P = ()> {
     /// Spans not added because their trace holds a span with the same id
     /// already (an exporter's retry).
     pub duplicates: u64,
+    /// This export's spans that will not be evaluated, and the first
+    /// reason: their trace went over a bound (with the spans this export
+    /// had added to it), or was closed before they came. What the answer
+    /// reports as rejected (an OTLP partial success).
+    pub rejected: u64,
+    pub rejected_reason: Option<DropReason>,
 }
 
 impl<P> Default for Events<P> {
@@ -138,6 +144,8 @@ impl<P> Default for Events<P> {
             ready: Vec::new(),
             placed: Vec::new(),
             dropped: Vec::new(),
+            rejected: 0,
+            rejected_reason: None,
             refused: Vec::new(),
             duplicates: 0,
         }
@@ -204,6 +212,13 @@ impl Assembler {
         let mut events = Events::default();
         // Traces numbered from here on were opened by this export.
         let first_own = self.next_seq;
+        // Spans this export added to each trace, so that a trace dropped
+        // for a bound rejects this export's part of it.
+        let mut added_here: HashMap<String, u64> = HashMap::new();
+        let reject = |events: &mut Events<P>, spans: u64, reason: DropReason| {
+            events.rejected += spans;
+            events.rejected_reason.get_or_insert(reason);
+        };
         for span in spans {
             if let Some(reason) = self.closed.get(&span.trace_id) {
                 // Spans of a trace dropped for its size keep that reason; spans of
@@ -214,6 +229,7 @@ impl Assembler {
                     _ => DropReason::LateSpan,
                 };
                 push_spans_drop(&mut events, &span.trace_id, reason, 1);
+                reject(&mut events, 1, reason);
                 continue;
             }
             if self.open.get(&span.trace_id).is_some_and(|t| t.span_ids.contains(&span.span_id)) {
@@ -248,9 +264,11 @@ impl Assembler {
                 };
                 let dropped = self.remove(&trace_id).map(|t| t.spans.len() as u64).unwrap_or(0);
                 push_drop(&mut events, &trace_id, reason, dropped + 1);
+                reject(&mut events, 1 + added_here.remove(&trace_id).unwrap_or(0), reason);
                 self.remember_closed(trace_id, reason);
                 continue;
             }
+            *added_here.entry(trace_id.clone()).or_default() += 1;
             let had_root = entry.has_root;
             entry.span_ids.insert(span.span_id.clone());
             entry.spans.push(span);
@@ -259,6 +277,9 @@ impl Assembler {
             entry.last_arrival = now;
             self.bytes += size;
             if !self.enforce_bounds(&mut events, first_own, &mut admit) {
+                if let Some(n) = added_here.get_mut(&trace_id) {
+                    *n -= 1;
+                }
                 events.refused.extend(self.take_back(&trace_id, had_root));
             }
         }

@@ -572,6 +572,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         // Rounded up, as each request's reservation is: a budget equal to
         // --max-request-bytes always admits a full-size request.
         inflight_kib: server::kib_budget(args.max_inflight_bytes),
+        fairness: crate::fair::Fairness::new(args.max_inflight_requests, server::kib(args.max_inflight_bytes) as usize),
         // Half the request deadline: the answer must still reach the
         // exporter before it gives up and sends everything again.
         queue_wait: Duration::from_secs(args.request_timeout_secs) / 2,
@@ -891,10 +892,19 @@ pub(crate) async fn handle_item(
     let evaluated = tokio::select! {
         biased;
         () = hurry.asked() => return Handled::Abandoned,
-        evaluated = pipeline.evaluate(&item, 1) => evaluated,
+        // One process has no one to hand the trace on to: its only attempt
+        // is its last, and what succeeded is kept.
+        evaluated = pipeline.evaluate(&item, 1, true) => evaluated,
     };
     match evaluated {
-        Ok(records) => {
+        Ok(crate::pipeline::Evaluated { records, failure }) => {
+            if let Some(e) = failure {
+                eprintln!(
+                    "attest-collect: evaluation of {} failed in part ({} results kept): {e}",
+                    crate::shown_id(item.trace_id()),
+                    records.len()
+                );
+            }
             if let Err(e) = pipeline.store(&records, crate::Durability::Queued).await {
                 // Counted by the sink; said at most once per interval, as a
                 // stalled file fails every trace.

@@ -38,6 +38,9 @@ pub struct Names {
     pub dead_stream: String,
     pub workers_consumer: String,
     pub sink_consumer: String,
+    pub prefix: String,
+    /// Stream of the errors of failed attempts at work messages.
+    pub attempts_stream: String,
 }
 
 impl Names {
@@ -52,6 +55,8 @@ impl Names {
             dead_stream: format!("{up}_DEAD"),
             workers_consumer: format!("{prefix}-workers").replace('.', "_"),
             sink_consumer: format!("{prefix}-results-sink").replace('.', "_"),
+            attempts_stream: format!("{up}_ATTEMPTS"),
+            prefix: prefix.to_owned(),
         }
     }
 }
@@ -624,7 +629,12 @@ impl Drop for AbortOnDrop {
 /// can race an ack). Either way the consumer is deleted and made again, so
 /// it delivers what the stream holds; results redelivered by it are stored
 /// once (keyed writes).
-async fn keep_consumer_in_step(stream: jetstream::stream::Stream, config: consumer::pull::Config, work_queue: bool, pipeline: Arc<Pipeline>) {
+async fn keep_consumer_in_step(
+    stream: jetstream::stream::Stream,
+    config: consumer::pull::Config,
+    work_queue: bool,
+    pipeline: Arc<Pipeline>,
+) {
     let name = config.durable_name.clone().unwrap_or_default();
     // The stream's first sequence the last time it looked stuck.
     let mut stuck_at: Option<u64> = None;
@@ -689,6 +699,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
         names.traces_stream, names.workers_consumer, pipeline.rules.version
     );
     let fault_after: Option<u64> = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse().ok());
+    let attempts = Arc::new(AttemptLog::open(&js, &names, &args.nats_opts).await);
     let published = Arc::new(AtomicU64::new(0));
     let mismatch_log = Arc::new(crate::writer::LogThrottle::default());
     // Messages held at once, and evaluations run at once, apart: a message
@@ -764,6 +775,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
                 None => sem.clone().acquire_owned().await?,
             };
             let ctx = WorkerCtx {
+                attempts: attempts.clone(),
                 evaluating: evaluating.clone(),
                 mismatch_log: mismatch_log.clone(),
                 js: js.clone(),
@@ -906,6 +918,7 @@ impl Drop for Delivery {
 const RULES_MISMATCH_DELAY: Duration = Duration::from_secs(5);
 
 struct WorkerCtx {
+    attempts: Arc<AttemptLog>,
     /// Evaluations running at once (`--concurrency`).
     evaluating: Arc<Semaphore>,
     mismatch_log: Arc<crate::writer::LogThrottle>,
@@ -915,6 +928,99 @@ struct WorkerCtx {
     max_deliver: i64,
     fault_after: Option<u64>,
     published: Arc<AtomicU64>,
+}
+
+/// The error of each failed attempt at a work message, for its dead letter:
+/// a redelivered message is the same message, so what went wrong before is
+/// kept beside it, in the stream `<PREFIX>_ATTEMPTS` (one message per work
+/// message, on the subject `<prefix>.attempts.<its sequence>`, replaced at
+/// each failure), until the message is done or dead-lettered, or
+/// [`ATTEMPT_LOG_AGE`] passes.
+struct AttemptLog {
+    /// `None` when the stream cannot be had (a server or account without
+    /// room for it): dead letters then carry only the last error.
+    stream: Option<jetstream::stream::Stream>,
+    js: jetstream::Context,
+    subject: String,
+}
+
+/// How long an attempt's error is kept at most.
+const ATTEMPT_LOG_AGE: Duration = Duration::from_secs(24 * 3600);
+/// Errors kept per message: the latest ones.
+const ATTEMPT_LOG_ENTRIES: usize = 16;
+
+impl AttemptLog {
+    async fn open(js: &jetstream::Context, names: &Names, opts: &NatsOptions) -> AttemptLog {
+        let subject = format!("{}.attempts", names.prefix);
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: names.attempts_stream.clone(),
+                subjects: vec![format!("{subject}.*")],
+                storage: stream::StorageType::File,
+                num_replicas: opts.nats_replicas,
+                max_messages_per_subject: 1,
+                max_age: ATTEMPT_LOG_AGE,
+                max_message_size: 8 << 10,
+                max_bytes: 64 << 20,
+                discard: stream::DiscardPolicy::Old,
+                ..Default::default()
+            })
+            .await;
+        let stream = match stream {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(stream = %names.attempts_stream, error = %e, "no stream for the errors of failed attempts; dead letters will carry only the last error");
+                None
+            }
+        };
+        AttemptLog {
+            stream,
+            js: js.clone(),
+            subject,
+        }
+    }
+
+    fn subject(&self, msg: &jetstream::Message) -> Option<String> {
+        msg.info().ok().map(|i| format!("{}.{}", self.subject, i.stream_sequence))
+    }
+
+    /// The errors kept for `msg`, oldest first.
+    async fn read(&self, msg: &jetstream::Message) -> Vec<String> {
+        let (Some(stream), Some(subject)) = (&self.stream, self.subject(msg)) else {
+            return Vec::new();
+        };
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(m) => serde_json::from_slice(&m.payload).unwrap_or_default(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Adds the error of attempt `delivered` (best effort: a lost entry
+    /// costs the dead letter a line, not the trace).
+    async fn record(&self, msg: &jetstream::Message, delivered: i64, error: &str) {
+        let Some(subject) = self.subject(msg).filter(|_| self.stream.is_some()) else {
+            return;
+        };
+        let mut errors = self.read(msg).await;
+        errors.push(format!("attempt {delivered}: {}", header_text(error)));
+        let from = errors.len().saturating_sub(ATTEMPT_LOG_ENTRIES);
+        let value = serde_json::to_vec(&errors[from..]).unwrap_or_default();
+        let sent = match self.js.publish(subject, value.into()).await {
+            Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, "cannot keep an attempt's error");
+        }
+    }
+
+    /// Forgets the errors kept for `msg`.
+    async fn forget(&self, msg: &jetstream::Message) {
+        let (Some(stream), Some(subject)) = (&self.stream, self.subject(msg)) else {
+            return;
+        };
+        let _ = stream.purge().filter(subject).await;
+    }
 }
 
 /// Header room kept free when a too-large message is cut to dead-letter it.
@@ -972,32 +1078,39 @@ impl WorkerCtx {
         let slot = self.evaluating.clone().acquire_owned().await?;
         // Aborted with this task when the worker gives up at shutdown, so
         // that an abandoned evaluation makes no more provider calls.
-        let evaluation =
-            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
-                async move { pipeline.evaluate_or_fail(&item, delivered as u64).await },
-            ));
+        // The last delivery that evaluates: a failure now is for good, and
+        // what succeeded is kept.
+        let last_attempt = delivered >= self.max_deliver;
+        let evaluation = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+            pipeline.evaluate(&item, delivered as u64, last_attempt).await
+        }));
         let evaluated = evaluation.await;
         drop(slot);
         let outcome = match evaluated {
             Ok(outcome) => outcome,
             Err(e) => {
+                self.attempts.record(msg, delivered, &format!("internal error: {e}")).await;
                 delivery.nak().await;
                 anyhow::bail!("trace {shown}: the evaluation stopped with an internal error (will be redelivered): {e}");
             }
         };
-        let records = match outcome {
-            Ok(r) => r,
-            Err(e) if e.retryable => {
+        let crate::pipeline::Evaluated { records, failure } = match outcome {
+            Ok(evaluated) => evaluated,
+            Err(e) => {
+                self.attempts.record(msg, delivered, &e.message).await;
                 delivery.nak().await;
                 anyhow::bail!("trace {shown}: retryable evaluation failure (will be redelivered): {e}");
             }
-            Err(e) => return self.dead_letter(delivery, &trace_id, delivered, &e.message).await,
         };
         if records.is_empty() {
             // No rule produced a result (unknown rules, spent budgets,
             // failures that are not the trace's — each counted): there is
             // nothing to store.
+            if let Some(e) = failure {
+                return self.dead_letter(delivery, &trace_id, delivered, &e.message).await;
+            }
             delivery.ack().await.map_err(|e| anyhow::anyhow!("ack of {shown}: {e}"))?;
+            self.forget_attempts(delivery, delivered).await;
             return Ok(());
         }
         let payload = serde_json::to_vec(&records)?;
@@ -1029,8 +1142,21 @@ impl WorkerCtx {
             eprintln!("attest-collect worker: {FAULT_ENV}={n}: exiting after publishing results of {shown}, before acking");
             std::process::exit(70);
         }
+        // What succeeded is stored; what failed for good goes to the dead
+        // letters, to be replayed once its cause is fixed.
+        if let Some(e) = failure {
+            return self.dead_letter(delivery, &trace_id, delivered, &e.message).await;
+        }
         delivery.ack().await.map_err(|e| anyhow::anyhow!("ack of {shown}: {e}"))?;
+        self.forget_attempts(delivery, delivered).await;
         Ok(())
+    }
+
+    /// Drops the errors kept for a message that is done after all.
+    async fn forget_attempts(&self, delivery: &Delivery, delivered: i64) {
+        if delivered > 1 {
+            self.attempts.forget(&delivery.msg).await;
+        }
     }
 
     /// Moves a work message to the dead-letter subject. A message too large
@@ -1048,6 +1174,10 @@ impl WorkerCtx {
         // message another worker then dead-letters again, leaves one dead
         // letter, not two (within the stream's duplicate window).
         let dead_id = msg.info().ok().map(|info| dead_letter_id(info.stream, info.stream_sequence));
+        // Earlier attempts' errors, then this one's.
+        let mut attempts = self.attempts.read(msg).await;
+        attempts.push(format!("attempt {delivered}: {}", header_text(why)));
+        let attempts = serde_json::to_string(&attempts).unwrap_or_default();
         let headers = |truncated: Option<usize>| {
             let mut headers = async_nats::HeaderMap::new();
             if let Some(id) = &dead_id {
@@ -1055,6 +1185,7 @@ impl WorkerCtx {
             }
             headers.insert("Attest-Dead-Reason", header_text(why).as_str());
             headers.insert("Attest-Deliveries", delivered.to_string().as_str());
+            headers.insert("Attest-Attempt-Errors", attempts.as_str());
             if !trace_id.is_empty() {
                 headers.insert("Attest-Trace-Id", header_id(trace_id).as_str());
             }
@@ -1080,6 +1211,7 @@ impl WorkerCtx {
                     self.pipeline.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 }
                 delivery.term().await.map_err(|e| anyhow::anyhow!("term: {e}"))?;
+                self.attempts.forget(msg).await;
                 let already = if duplicate {
                     " (it was there already, from an earlier delivery)"
                 } else {

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod convert;
 pub mod distributed;
 pub mod elements;
+pub mod fair;
 pub mod frameworks;
 pub mod grpc;
 pub mod jsonl_input;
@@ -125,6 +126,13 @@ pub trait Evaluator: Send + Sync + 'static {
 /// A compiled rule: evaluates Attest traces (the shape of Attest protocol v1 §3).
 pub trait Suite: Send + Sync + 'static {
     fn evaluate<'a>(&'a self, trace: &'a serde_json::Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>;
+
+    /// The results of only the assertions that make no paid model call:
+    /// what is kept of a trace whose paid assertions fail for good. `None`
+    /// when there is no such assertion, or nothing but.
+    fn evaluate_free<'a>(&'a self, _trace: &'a serde_json::Value) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>> {
+        None
+    }
 
     /// Paid model calls (judge or embedding) one evaluation makes at most; the
     /// per-rule budget is checked against it before evaluating. 0 = free layers only.

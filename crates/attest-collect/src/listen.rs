@@ -176,7 +176,7 @@ pub async fn serve(
                 Err(_) => break,
             },
         };
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(s) => s,
@@ -215,7 +215,10 @@ pub async fn serve(
                 }
             }
             let io = WriteDeadline::new(stream, header_timeout);
-            let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
+            // Every request of the connection knows its client, for the
+            // per-client shares of the receiver's budgets (fair.rs).
+            let service = tower_layer::Layer::layer(&axum::Extension(crate::fair::Peer(peer.ip())), router);
+            let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
             // A header deadline or a client hanging up ends the connection;
             // neither concerns anyone else.
             let _ = watcher.watch(conn).await;

@@ -62,6 +62,17 @@ impl WorkItem {
     }
 }
 
+/// What evaluating a work item gave: the results, and what failed for good.
+#[derive(Debug)]
+pub struct Evaluated {
+    pub records: Vec<ResultRecord>,
+    /// Rules that could not score the trace and will not on another attempt
+    /// (their assertions that make no paid call are in `records`). A worker
+    /// stores the records, then moves the trace to the dead-letter subject
+    /// with this reason, to be replayed once the cause is fixed.
+    pub failure: Option<EvalError>,
+}
+
 pub struct Pipeline {
     pub rules: Arc<RuleSet>,
     pub metrics: Arc<Metrics>,
@@ -183,31 +194,20 @@ impl Pipeline {
         })
     }
 
-    /// Evaluates every selected rule. A retryable failure of any rule fails the
-    /// whole item (the caller retries it; result keys make the retry idempotent);
-    /// other failures and budget refusals are counted and skip that rule.
-    pub async fn evaluate(&self, item: &WorkItem, delivery: u64) -> Result<Vec<ResultRecord>, EvalError> {
-        self.evaluate_rules(item, delivery).await.map(|(records, _)| records)
-    }
-
-    /// [`Pipeline::evaluate`], failing when the trace itself is refused and
-    /// no rule produced a result: for a worker, such a trace belongs on the
-    /// dead-letter subject, not acked as done. Failures of the worker's own
-    /// making (a spent budget) are not the trace's, and do not fail it.
-    pub async fn evaluate_or_fail(&self, item: &WorkItem, delivery: u64) -> Result<Vec<ResultRecord>, EvalError> {
-        match self.evaluate_rules(item, delivery).await? {
-            (records, Some(refused)) if records.is_empty() => Err(refused),
-            (records, _) => Ok(records),
-        }
-    }
-
-    /// The results of the rules an item names, and the first rule's refusal
-    /// of the trace itself, if any (every failure is counted and logged).
-    async fn evaluate_rules(&self, item: &WorkItem, delivery: u64) -> Result<(Vec<ResultRecord>, Option<EvalError>), EvalError> {
+    /// Evaluates every selected rule.
+    ///
+    /// A retryable failure of any rule fails the whole item, for the caller
+    /// to try again (result keys make the retry idempotent), unless this is
+    /// the `last_attempt`. A rule that fails for good (on the last attempt,
+    /// or refusing the trace itself: an invalid trace, a provider refusing
+    /// the request) still gives the results of its assertions that make no
+    /// paid call, and its failure is reported in [`Evaluated::failure`].
+    /// Other failures and budget refusals are counted and skip that rule.
+    pub async fn evaluate(&self, item: &WorkItem, delivery: u64, last_attempt: bool) -> Result<Evaluated, EvalError> {
         let trace_id = item.trace_id().to_string();
         let agent_id = item.trace["agent_id"].as_str().map(str::to_string);
         let mut records = Vec::new();
-        let mut first_failure = None;
+        let mut failures: Vec<EvalError> = Vec::new();
         let mut rules_evaluated = 0u64;
         for rule in self.selected_rules(item) {
             let name = &rule.name;
@@ -222,27 +222,42 @@ impl Pipeline {
                 None => None,
             };
             let started = Instant::now();
+            // Whether the paid assertions failed: their spending is then
+            // unknown, and the reservation stands at its worst case.
+            let mut paid_failed = false;
             let outcomes = match rule.suite.evaluate(&item.trace).await {
                 Ok(o) => o,
-                Err(e) if e.retryable => {
+                Err(e) if e.retryable && !last_attempt => {
                     self.metrics.rule_event(name, "eval_error_retryable");
                     return Err(e);
                 }
                 Err(e) => {
                     self.metrics.rule_event(name, "eval_error");
                     tracing::warn!(rule = %name, trace_id = %crate::shown_id(&trace_id), error = %e, "evaluation failed");
-                    if e.trace_refused {
-                        first_failure.get_or_insert(EvalError {
-                            message: format!("rule {name}: {}", e.message),
-                            ..e
-                        });
+                    if !(e.trace_refused || e.retryable) {
+                        continue;
                     }
-                    continue;
+                    failures.push(EvalError {
+                        message: format!("rule {name}: {}", e.message),
+                        ..e
+                    });
+                    paid_failed = true;
+                    // What does not depend on the failing provider is kept.
+                    match rule.suite.evaluate_free(&item.trace) {
+                        Some(free) => match free.await {
+                            Ok(o) => o,
+                            Err(e) => {
+                                tracing::warn!(rule = %name, trace_id = %crate::shown_id(&trace_id), error = %e, "the rule's free assertions failed too");
+                                continue;
+                            }
+                        },
+                        None => continue,
+                    }
                 }
             };
             self.metrics.observe_latency(started.elapsed());
             rules_evaluated += 1;
-            if let Some(hold) = hold {
+            if let Some(hold) = hold.filter(|_| !paid_failed) {
                 hold.settle(outcomes.iter().map(|o| o.cost_usd).sum());
             }
             let evaluated_at = crate::now_rfc3339();
@@ -271,7 +286,11 @@ impl Pipeline {
             self.metrics.traces_evaluated.fetch_add(1, Ordering::Relaxed);
             self.metrics.rule_evaluations.fetch_add(rules_evaluated, Ordering::Relaxed);
         }
-        Ok((records, first_failure))
+        let failure = failures.into_iter().reduce(|mut first, next| {
+            first.message = format!("{}; {}", first.message, next.message);
+            first
+        });
+        Ok(Evaluated { records, failure })
     }
 
     /// The rules of this process an item names, each once, in the item's
@@ -403,7 +422,7 @@ mod tests {
         let p = pipeline("{judge_calls_per_minute: 2}");
         let mut evaluated = 0;
         for i in 0..5 {
-            evaluated += p.evaluate(&item(i), 1).await.unwrap().len();
+            evaluated += p.evaluate(&item(i), 1, false).await.unwrap().records.len();
         }
         assert_eq!(evaluated, 2, "two calls per minute");
         assert!(p
@@ -414,7 +433,7 @@ mod tests {
         let p = pipeline("{usd_per_day: 1.0}");
         let mut evaluated = 0;
         for i in 0..5 {
-            evaluated += p.evaluate(&item(i), 1).await.unwrap().len();
+            evaluated += p.evaluate(&item(i), 1, false).await.unwrap().records.len();
         }
         assert_eq!(evaluated, 3, "$0.40 each: the third crosses $1, the fourth is refused");
     }
@@ -430,7 +449,7 @@ mod tests {
             rules,
             rules_version: None,
         };
-        let records = p.evaluate(&item, 1).await.unwrap();
+        let records = p.evaluate(&item, 1, false).await.unwrap().records;
         assert_eq!(records.len(), 1, "one rule, one assertion: evaluated once");
         assert_eq!(p.metrics.traces_evaluated.load(Ordering::Relaxed), 1);
         assert_eq!(p.metrics.rule_evaluations.load(Ordering::Relaxed), 1);
@@ -491,7 +510,7 @@ mod tests {
                 rules: vec!["one".into(), "two".into()],
                 rules_version: None,
             };
-            assert_eq!(p.evaluate(&item, 1).await.unwrap().len(), 2);
+            assert_eq!(p.evaluate(&item, 1, false).await.unwrap().records.len(), 2);
         }
         assert_eq!(p.metrics.traces_evaluated.load(Ordering::Relaxed), 3);
         assert_eq!(p.metrics.rule_evaluations.load(Ordering::Relaxed), 6);

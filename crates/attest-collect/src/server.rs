@@ -45,6 +45,8 @@ pub struct ReceiverState {
     /// sent without (chunked, as the JavaScript exporters send) reserves as
     /// its body arrives, so slow uploads cannot hold unbounded memory.
     pub inflight_kib: Semaphore,
+    /// Each client's share of `inflight` and `inflight_kib` (fair.rs).
+    pub fairness: crate::fair::Fairness,
     /// Requests being inflated and decoded at once: one per core, on the
     /// blocking pool, so that decoding a large request never stalls the
     /// async workers that answer other requests and `/metrics`.
@@ -112,12 +114,15 @@ impl ReceiverState {
     /// closes, waiting until `until` for room in the evaluation queue: for
     /// the export's own traces closed early, and for the earlier traces its
     /// spans would push out. Returns the export's spans that got no room in
-    /// time (counted as `queue_full`), which its answer reports as rejected.
-    pub async fn accept(&self, spans: Vec<crate::otlp::Span>, until: tokio::time::Instant) -> u64 {
+    /// time (counted as `queue_full`), and its spans dropped for a bound or
+    /// for coming after their trace closed; its answer reports both.
+    pub async fn accept(&self, spans: Vec<crate::otlp::Span>, until: tokio::time::Instant) -> Accepted {
         let mut pending = spans;
         // A place taken ahead for the trace that blocked the last attempt.
         let mut spare: Option<Place<'_>> = None;
         let mut rejected = 0;
+        let mut dropped = 0;
+        let mut dropped_reason = None;
         loop {
             let mut events = {
                 let mut a = self.assembler.lock().unwrap_or_else(|e| e.into_inner());
@@ -128,6 +133,8 @@ impl ReceiverState {
             };
             drop(spare.take());
             self.metrics.spans_duplicate.fetch_add(events.duplicates, Ordering::Relaxed);
+            dropped += events.rejected;
+            dropped_reason = dropped_reason.or(events.rejected_reason);
             pending = std::mem::take(&mut events.refused);
             rejected += self.dispatch(events, until).await;
             if pending.is_empty() {
@@ -146,7 +153,11 @@ impl ReceiverState {
             }
         }
         self.update_gauges();
-        rejected
+        Accepted {
+            queue_full: rejected,
+            dropped,
+            dropped_reason,
+        }
     }
 
     /// Queues closed traces: placed ones at once, the export's own waiting
@@ -309,12 +320,22 @@ fn enc_label(e: Encoding) -> &'static str {
     }
 }
 
-async fn export_traces(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, body: Body) -> Response {
-    export(state, headers, body, Signal::Traces).await
+async fn export_traces(
+    State(state): State<Arc<ReceiverState>>,
+    peer: Option<axum::Extension<crate::fair::Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    export(state, peer.map(|p| p.0), headers, body, Signal::Traces).await
 }
 
-async fn export_logs(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, body: Body) -> Response {
-    export(state, headers, body, Signal::Logs).await
+async fn export_logs(
+    State(state): State<Arc<ReceiverState>>,
+    peer: Option<axum::Extension<crate::fair::Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    export(state, peer.map(|p| p.0), headers, body, Signal::Logs).await
 }
 
 /// Which OTLP signal an export request carries.
@@ -324,7 +345,7 @@ pub enum Signal {
     Logs,
 }
 
-async fn export(state: Arc<ReceiverState>, headers: HeaderMap, body: Body, signal: Signal) -> Response {
+async fn export(state: Arc<ReceiverState>, peer: Option<crate::fair::Peer>, headers: HeaderMap, body: Body, signal: Signal) -> Response {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let Some(encoding) = Encoding::from_content_type(content_type) else {
         state.metrics.request(415, "unknown");
@@ -355,6 +376,27 @@ async fn export(state: Arc<ReceiverState>, headers: HeaderMap, body: Body, signa
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large(&state, encoding, label);
     }
+    let first = declared
+        .map_or(UNSIZED_FIRST_BYTES, |n| (n as usize).min(UNSIZED_FIRST_BYTES))
+        .min(limit);
+    // A client over its share leaves the rest of the budget to others.
+    let _share = match peer {
+        Some(crate::fair::Peer(ip)) => {
+            match state.fairness.admit(
+                ip,
+                kib(first) as usize,
+                state.inflight.available_permits(),
+                state.inflight_kib.available_permits(),
+            ) {
+                Ok(hold) => Some(hold),
+                Err(why) => {
+                    discard(body, limit);
+                    return overloaded(&state, encoding, label, why);
+                }
+            }
+        }
+        None => None,
+    };
     // Both limits are taken before the body is read: a request waiting for
     // its upload holds its share of memory like any other.
     let Ok(permit) = state.inflight.try_acquire() else {
@@ -366,9 +408,6 @@ async fn export(state: Arc<ReceiverState>, headers: HeaderMap, body: Body, signa
     // send nothing must not take the budget from those that send. A
     // compressed body is inflated only while it is decoded, which does not
     // wait (docs/continuous.md).
-    let first = declared
-        .map_or(UNSIZED_FIRST_BYTES, |n| (n as usize).min(UNSIZED_FIRST_BYTES))
-        .min(limit);
     let Ok(mut reserved) = state.inflight_kib.try_acquire_many(kib(first)) else {
         drop(permit);
         discard(body, limit);
@@ -497,7 +536,10 @@ impl ReceiverState {
         self.metrics
             .log_events_received
             .fetch_add(decoded.events.len() as u64, Ordering::Relaxed);
-        let queue_full = self.accept(decoded.events, tokio::time::Instant::now() + self.queue_wait).await;
+        let queue_full = self
+            .accept(decoded.events, tokio::time::Instant::now() + self.queue_wait)
+            .await
+            .queue_full;
         Ok(match queue_full {
             0 => (0, None),
             n => (
@@ -533,20 +575,39 @@ impl ReceiverState {
         }
         let accepted = decoded.spans.len() as u64;
         self.metrics.spans_received.fetch_add(accepted, Ordering::Relaxed);
-        let queue_full = self.accept(decoded.spans, tokio::time::Instant::now() + self.queue_wait).await;
-        Ok(match queue_full {
-            0 => (decoded.rejected, decoded.reject_reason),
-            n => {
-                let full = format!(
-                    "{n} spans were not evaluated: the evaluation queue (--queue-capacity, --max-queued-bytes) stayed full; send them again later or raise --queue-capacity, --max-queued-bytes or --concurrency"
-                );
-                let reason = match decoded.reject_reason {
-                    Some(earlier) => format!("{earlier}; {full}"),
-                    None => full,
-                };
-                (decoded.rejected + n, Some(reason))
-            }
-        })
+        let accepted = self.accept(decoded.spans, tokio::time::Instant::now() + self.queue_wait).await;
+        let mut reasons: Vec<String> = decoded.reject_reason.into_iter().collect();
+        if let Some(reason) = accepted.dropped_reason.filter(|_| accepted.dropped > 0) {
+            reasons.push(format!("{} spans were dropped: {}", accepted.dropped, dropped_why(reason)));
+        }
+        if accepted.queue_full > 0 {
+            reasons.push(format!(
+                "{} spans were not evaluated: the evaluation queue (--queue-capacity, --max-queued-bytes) stayed full; send them again later or raise --queue-capacity, --max-queued-bytes or --concurrency",
+                accepted.queue_full
+            ));
+        }
+        let rejected = decoded.rejected + accepted.dropped + accepted.queue_full;
+        Ok((rejected, (!reasons.is_empty()).then(|| reasons.join("; "))))
+    }
+}
+
+/// What [`ReceiverState::accept`] did with an export's spans.
+pub struct Accepted {
+    /// Spans that got no room in the evaluation queue in time.
+    pub queue_full: u64,
+    /// Spans dropped by the assembler, and the first reason.
+    pub dropped: u64,
+    pub dropped_reason: Option<crate::assemble::DropReason>,
+}
+
+/// Why spans were dropped, for an exporter's partial-success message.
+fn dropped_why(reason: crate::assemble::DropReason) -> &'static str {
+    use crate::assemble::DropReason;
+    match reason {
+        DropReason::TooManySpans => "their trace has more spans than --max-trace-spans allows",
+        DropReason::TraceTooLarge => "their trace is larger than --max-trace-bytes allows",
+        DropReason::LateSpan => "their trace was already evaluated or dropped (they came after --settle-ms; raise it if the spans of one trace arrive that far apart)",
+        _ => "their trace was dropped",
     }
 }
 

@@ -189,21 +189,38 @@ async fn trace_limits_are_counted_outcomes() {
             results.to_str().unwrap(),
         ],
     );
+    // The answer's partial success: (rejected spans, message).
     let send = |spans| {
         let url = c.url.clone();
         async move {
             let r = post(&url, "application/x-protobuf", None, request(spans).encode_to_vec()).await;
             assert_eq!(r.status(), 200);
+            let body = r.bytes().await.unwrap();
+            let answer = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse::decode(body).unwrap();
+            answer
+                .partial_success
+                .map(|p| (p.rejected_spans, p.error_message))
+                .unwrap_or_default()
         }
     };
     // Exactly at the span limit: evaluated.
-    send(agent_trace(1, 9_999, "lookup_order")).await;
-    // One span over: dropped whole, counted.
-    send(agent_trace(2, 10_000, "lookup_order")).await;
+    assert_eq!(send(agent_trace(1, 9_999, "lookup_order")).await.0, 0);
+    // One span over: dropped whole, counted, and the exporter told.
+    let (rejected, why) = send(agent_trace(2, 10_000, "lookup_order")).await;
+    assert_eq!(rejected, 10_001);
+    assert!(
+        why.contains("10001 spans were dropped") && why.contains("--max-trace-spans"),
+        "{why}"
+    );
     // Over the byte limit.
     let mut big = agent_trace(3, 1, "lookup_order");
     big[1].attributes.push(kv("gen_ai.tool.call.result", &"x".repeat(17_000_000)));
-    send(big).await;
+    let (rejected, why) = send(big).await;
+    assert_eq!(rejected, 2);
+    assert!(why.contains("--max-trace-bytes"), "{why}");
+    // A span of a trace already dropped is rejected too.
+    let (rejected, _) = send(agent_trace(2, 1, "lookup_order").split_off(1)).await;
+    assert_eq!(rejected, 1);
     // No root span ever arrives.
     send(agent_trace(4, 2, "lookup_order").split_off(1)).await;
     // Spans of no known convention.
@@ -224,7 +241,7 @@ async fn trace_limits_are_counted_outcomes() {
     );
     assert_eq!(
         metric(&m, r#"attest_collect_spans_dropped_total{reason="too_many_spans"}"#),
-        10_001.0,
+        10_002.0,
         "{m}"
     );
     assert_eq!(
@@ -816,6 +833,59 @@ async fn uploads_still_arriving_count_toward_the_request_and_byte_limits() {
         1.0,
         "{m}"
     );
+    let (code, stderr) = c.proc.terminate();
+    assert_eq!(code, 0, "{stderr}");
+}
+
+/// One client (127.0.0.1) holding slow uploads cannot take the receiver's
+/// whole request budget from another (127.0.0.2), a well-behaved exporter.
+#[tokio::test]
+async fn one_client_cannot_take_the_whole_budget_from_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collector::start(dir.path(), RULES, &["--max-inflight-requests", "8"]);
+    let addr = c.url.trim_start_matches("http://").to_string();
+    let good = || request(agent_trace(3, 1, "lookup_order")).encode_to_vec();
+    let exporter = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let export = || async {
+        exporter
+            .post(format!("{}/v1/traces", c.url))
+            .header("content-type", "application/x-protobuf")
+            .body(good())
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(export().await, 200);
+    // The hog opens as many uploads as there are slots, and sends nothing more.
+    let mut hog = Vec::new();
+    for _ in 0..8 {
+        hog.push(start_upload(&addr, 100_000).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Two of them were refused at once, naming why (which two depends on
+    // the order the connections were served in)...
+    let mut refused = Vec::new();
+    for upload in &mut hog {
+        use tokio::io::AsyncReadExt;
+        let mut answer = vec![0u8; 512];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(200), upload.read(&mut answer)).await {
+            refused.push(String::from_utf8_lossy(&answer[..n]).to_string());
+        }
+    }
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    for answer in &refused {
+        assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+        assert!(answer.contains("more than half of the receiver's requests in flight"), "{answer}");
+    }
+    // ...so the exporter is still served while the hog holds six.
+    for _ in 0..3 {
+        assert_eq!(export().await, 200);
+    }
+    drop(hog);
     let (code, stderr) = c.proc.terminate();
     assert_eq!(code, 0, "{stderr}");
 }

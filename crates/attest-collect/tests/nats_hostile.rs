@@ -179,7 +179,7 @@ async fn trace_ids_with_line_breaks_are_published_evaluated_and_dead_lettered() 
     // header and in the log.
     let log = w.wait_for("moved to attest.dead", 30);
     assert!(
-        log.contains("trace trc_fail%0D%0AX-Evil:%201 moved to attest.dead (maximum deliveries reached)"),
+        log.contains("trace trc_fail%0D%0AX-Evil:%201 moved to attest.dead (rule refund-tools: test evaluator: provider unavailable)"),
         "{log}"
     );
     assert!(!log.contains("X-Evil: 1"), "a raw id reached the log:\n{log}");
@@ -998,4 +998,119 @@ async fn a_full_stream_turns_exports_to_503_and_loses_no_accepted_trace() {
     assert!(metric(&m, "attest_collect_publish_retries_total") >= 1.0, "{m}");
     let (code, log) = c.proc.terminate();
     assert_eq!(code, 0, "{log}");
+}
+
+/// A judge that answers every call with a 500.
+fn failing_judge() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 65536];
+                // Read the request (headers and body arrive together here).
+                let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
+                let _ = conn.read(&mut buf);
+                let body = r#"{"error":{"message":"the judge is overloaded"}}"#;
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    format!("http://{addr}/v1")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trace_whose_judge_keeps_failing_keeps_its_built_in_results_and_its_dead_letter_says_why_each_time() {
+    if support::engine_bin().is_none() {
+        attest_test_support::missing::<()>(
+            "ATTEST_ENGINE_BIN is not set",
+            "set it to target/debug/attest-engine (scripts/test does)",
+        );
+        return;
+    }
+    let Some(s) = Setup::start() else { return };
+    let dir = s.dir.path();
+    // Every built-in check passes, so the judge is asked (a failed one
+    // would short-circuit it).
+    let rules = rules_file(
+        dir,
+        r#"
+rules:
+  - name: refund-tools
+    match: {agent_id: refund-agent}
+    assertions:
+      - {assertion_id: uses-lookup, type: trace, spec: {check: required_tools, tools: [lookup_order]}}
+      - {assertion_id: says-refund, type: content, spec: {target: output.message, check: contains, value: refund}}
+      - {assertion_id: polite, type: llm_judge, spec: {target: output.message, rubric: tone}}
+"#,
+    );
+    let results = dir.join("results.jsonl");
+    let judge = failing_judge();
+    let env = [
+        ("ATTEST_JUDGE_BASE_URL", judge.as_str()),
+        ("ATTEST_JUDGE_API_KEY", "test-key"),
+        ("ATTEST_PROVIDER_CACHE", "false"),
+    ];
+    let common = ["--nats", s.nats.url.as_str(), "--ack-wait-secs", "30", "--max-deliver", "3"];
+    let mut sink = Proc::spawn_on(
+        Evaluator::Engine,
+        dir,
+        "sink",
+        &[
+            &["worker", "--role", "sink", "--results-jsonl", results.to_str().unwrap()][..],
+            &common,
+        ]
+        .concat(),
+        &[],
+    );
+    sink.wait_for("writing results from", 30);
+    let mut w = Proc::spawn_on(
+        Evaluator::Engine,
+        dir,
+        "worker",
+        &[&["worker", "--rules", &rules][..], &common].concat(),
+        &env,
+    );
+    w.wait_for("evaluating from", 30);
+    let input = dir.join("traces.jsonl");
+    std::fs::write(&input, format!("{}\n", trace("trc_poison"))).unwrap();
+    let mut c = Proc::spawn_on(
+        Evaluator::Engine,
+        dir,
+        "collector",
+        &[&["collect", "--rules", &rules, "--jsonl", input.to_str().unwrap()][..], &common].concat(),
+        &[],
+    );
+    assert_eq!(c.wait_exit(60), 0, "{}", c.stderr_text());
+    let log = w.wait_for("trace trc_poison moved to attest.dead", 120);
+    // The built-in assertions' results are stored, once; the judge's is not.
+    assert_eq!(wait_lines(&results, 2, 30), 2);
+    std::thread::sleep(Duration::from_secs(1));
+    let stored = read_jsonl(&results);
+    let mut ids: Vec<&str> = stored.iter().map(|r| r["assertion_id"].as_str().unwrap()).collect();
+    ids.sort();
+    assert_eq!(ids, ["says-refund", "uses-lookup"], "{stored:?}");
+    let dead = dead_letters(&js(&s.nats.url).await).await;
+    assert_eq!(dead.len(), 1, "{log}");
+    let errors: Vec<String> = serde_json::from_str(dead[0].0.get("Attest-Attempt-Errors").unwrap().as_str()).unwrap();
+    assert_eq!(errors.len(), 3, "one error per attempt: {errors:?}");
+    for (i, e) in errors.iter().enumerate() {
+        assert!(e.starts_with(&format!("attempt {}: ", i + 1)), "{errors:?}");
+        assert!(e.contains("500") || e.contains("overloaded"), "{errors:?}");
+    }
+    assert!(
+        dead[0].0.get("Attest-Dead-Reason").unwrap().as_str().contains("rule refund-tools"),
+        "{:?}",
+        dead[0].0
+    );
+    let (code, _) = w.terminate();
+    assert_eq!(code, 0);
+    let (code, _) = sink.terminate();
+    assert_eq!(code, 0);
 }
