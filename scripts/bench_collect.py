@@ -11,11 +11,13 @@ times, from the first process start until every result is in the sink:
   (`worker --role sink`), W evaluation workers, and `collect --jsonl --nats`
   publishing; until the sink has written N x 8 result lines.
 
-Each scenario runs with the result history on (a fresh SQLite file) and off
+Each scenario runs with the result history on (a fresh SQLite file, or with
+`--history-url` the shared PostgreSQL store, emptied before each run) and off
 (`--no-history`), alternating, and reports medians.
 
     python3 scripts/bench_collect.py --engine target/release/attest-engine \
-        [--traces 20000] [--runs 3] [--nats-server /usr/sbin/nats-server]
+        [--traces 20000] [--runs 3] [--nats-server /usr/sbin/nats-server] \
+        [--history-url postgres://attest@127.0.0.1:5432/bench --psql /usr/bin/psql]
 """
 from __future__ import annotations
 
@@ -55,10 +57,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The shared PostgreSQL history, when measured (--history-url).
+HISTORY_URL: str | None = None
+PSQL = "psql"
+
+
+def empty_shared_history() -> None:
+    if HISTORY_URL:
+        subprocess.run([PSQL, HISTORY_URL, "-q", "-c", "TRUNCATE attest_results"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 class Run:
     def __init__(self, engine: str, work: Path, history: bool):
         self.engine, self.work, self.history = engine, work, history
         self.env = dict(os.environ, ATTEST_CACHE_DIR=str(work / "cache"))
+        if history and HISTORY_URL:
+            self.env["ATTEST_HISTORY_URL"] = HISTORY_URL
+            empty_shared_history()
         self.procs: list[subprocess.Popen] = []
         self.cpu: dict[str, float] = {}
 
@@ -194,7 +210,11 @@ def main() -> None:
     ap.add_argument("--nats-server", default=shutil.which("nats-server") or "/usr/sbin/nats-server")
     ap.add_argument("--skip-nats", action="store_true")
     ap.add_argument("--floor", help="the nats_floor example binary (target/release/examples/nats_floor): also measure the broker's own ceiling")
+    ap.add_argument("--history-url", help="history on = this PostgreSQL database (emptied before each run) instead of a SQLite file")
+    ap.add_argument("--psql", default=shutil.which("psql") or "psql")
     args = ap.parse_args()
+    global HISTORY_URL, PSQL
+    HISTORY_URL, PSQL = args.history_url, args.psql
     with tempfile.TemporaryDirectory(prefix="attest-bench-collect-") as d:
         base = Path(d)
         rules = base / "rules.json"
@@ -208,7 +228,8 @@ def main() -> None:
             for workers in (1, 2):
                 scenarios.append((f"NATS, {workers} worker{'s' if workers > 1 else ''}",
                                   lambda w, h, k=workers: distributed(args.engine, args.nats_server, w, rules, traces, args.traces, k, h)))
-        print(f"{args.traces} traces x {len(ASSERTIONS)} layer 1-4 assertions; median of {args.runs} alternating runs; until every result is in the sink")
+        where = "the shared PostgreSQL history" if args.history_url else "a SQLite history file"
+        print(f"{args.traces} traces x {len(ASSERTIONS)} layer 1-4 assertions; median of {args.runs} alternating runs; until every result is in the sink; history on = {where}")
         print("| mode | history off (traces/s) | history on (traces/s) | history-on time / off |")
         print("|---|---:|---:|---:|")
         for name, fn in scenarios:

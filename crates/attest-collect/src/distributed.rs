@@ -817,7 +817,14 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
         tasks.shutdown().await;
         eprintln!("attest-collect worker: {left} evaluations abandoned; their messages will be delivered again after the ack wait");
     }
+    // Acks are not waited for: what is still buffered goes out before exit.
+    flush(&js).await;
     Ok(())
+}
+
+/// Sends what the client still buffers (acks), for at most a few seconds.
+async fn flush(js: &jetstream::Context) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), js.client().flush()).await;
 }
 
 /// Most work messages a worker holds at once (at least `--concurrency`):
@@ -890,9 +897,14 @@ impl Delivery {
     }
 
     /// Acknowledges the message and waits for the server to confirm it.
+    /// A plain ack, not waited for: its results are in the results stream
+    /// already, so an ack the server never gets costs one more evaluation
+    /// after the ack wait, whose results the stream's duplicate window and
+    /// the sinks' keys absorb. Waiting for the server's confirmation would
+    /// cost a reply per trace, for nothing.
     async fn ack(&self) -> Result<(), async_nats::Error> {
         self.stop_progress().await;
-        self.msg.double_ack().await
+        self.msg.ack().await
     }
 
     /// Tells the server never to deliver the message again, and waits for it to confirm.
@@ -1421,8 +1433,11 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
             }
             pipeline.metrics.traces_evaluated.fetch_add(evaluations, Ordering::Relaxed);
         }
-        join_all(kept.iter().map(|m| m.double_ack())).await;
+        // Plain acks: a lost one redelivers results the stores hold already,
+        // which their keys make a no-op.
+        join_all(kept.iter().map(|m| m.ack())).await;
     }
+    flush(&js).await;
     pipeline.flush().await?;
     Ok(())
 }
