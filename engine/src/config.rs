@@ -33,6 +33,9 @@ pub struct Config {
     /// Estimated bytes the compiled-assertion cache may hold (regex
     /// programs and their DFA caches count in full).
     pub compiled_cache_bytes: u64,
+    /// Estimated bytes the compiled-schema cache may hold (layer 1's
+    /// validators, their patterns' programs and search caches).
+    pub schema_cache_bytes: u64,
     /// Bytes the `request_id` result cache may hold.
     pub idempotency_cache_bytes: u64,
     /// Bytes the `submit_plugin_result` store may hold.
@@ -92,6 +95,7 @@ impl Default for Config {
             idempotency_cache_entries: 10_000,
             compiled_cache_entries: 4_096,
             compiled_cache_bytes: 128 * 1024 * 1024,
+            schema_cache_bytes: crate::layers::schema::DEFAULT_SCHEMA_CACHE_BYTES,
             idempotency_cache_bytes: 32 * 1024 * 1024,
             plugin_results_bytes: 32 * 1024 * 1024,
             session_log_bytes: 64 * 1024 * 1024,
@@ -127,6 +131,7 @@ pub struct FileConfig {
     pub idempotency_cache_entries: Option<usize>,
     pub compiled_cache_entries: Option<usize>,
     pub compiled_cache_mib: Option<u64>,
+    pub schema_cache_mib: Option<u64>,
     pub idempotency_cache_mib: Option<u64>,
     pub plugin_results_mib: Option<usize>,
     pub session_log_mib: Option<usize>,
@@ -410,6 +415,7 @@ impl Config {
         let mib_usize =
             |key: &str, v: Option<usize>, min: u64, default: usize| mib(key, v.map(|m| m as u64), min, default as u64).map(|b| b as usize);
         c.compiled_cache_bytes = mib("compiled_cache_mib", file.compiled_cache_mib, 1, c.compiled_cache_bytes)?;
+        c.schema_cache_bytes = mib("schema_cache_mib", file.schema_cache_mib, 1, c.schema_cache_bytes)?;
         c.idempotency_cache_bytes = mib("idempotency_cache_mib", file.idempotency_cache_mib, 1, c.idempotency_cache_bytes)?;
         c.plugin_results_bytes = mib_usize("plugin_results_mib", file.plugin_results_mib, 1, c.plugin_results_bytes)?;
         c.session_log_bytes = mib_usize("session_log_mib", file.session_log_mib, 1, c.session_log_bytes)?;
@@ -850,6 +856,7 @@ mod tests {
             ("max_plugin_results = 0", "max_plugin_results in"),
             ("compiled_cache_mib = 0", "compiled_cache_mib in"),
             ("compiled_cache_mib = 9223372036854775807", "compiled_cache_mib in"),
+            ("schema_cache_mib = 0", "schema_cache_mib in"),
             ("idempotency_cache_mib = 2000000", "idempotency_cache_mib in"),
             ("plugin_results_mib = 0", "plugin_results_mib in"),
             ("session_log_mib = 0", "session_log_mib in"),
@@ -866,10 +873,15 @@ mod tests {
             e.contains("between 16 and 1048576 (MiB), got 8; leave it out for the default, 384"),
             "{e}"
         );
-        let c = load("compiled_cache_mib = 2\nmax_inflight_mib = 16\nidempotency_cache_entries = 5").unwrap();
+        let c = load("compiled_cache_mib = 2\nmax_inflight_mib = 16\nidempotency_cache_entries = 5\nschema_cache_mib = 3").unwrap();
         assert_eq!(
-            (c.compiled_cache_bytes, c.max_inflight_bytes, c.idempotency_cache_entries),
-            (2 << 20, 16 << 20, 5)
+            (
+                c.compiled_cache_bytes,
+                c.max_inflight_bytes,
+                c.idempotency_cache_entries,
+                c.schema_cache_bytes
+            ),
+            (2 << 20, 16 << 20, 5, 3 << 20)
         );
     }
 

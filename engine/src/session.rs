@@ -109,6 +109,10 @@ impl Engine {
     }
 
     pub fn with_plugins(config: Config, plugins: PluginHost) -> Engine {
+        // The schema cache is the process's: the first engine's setting holds.
+        if !crate::layers::schema::set_cache_bytes(config.schema_cache_bytes) {
+            tracing::debug!("the compiled-schema cache was made already; schema_cache_mib applies to the next process");
+        }
         let limits = Limits {
             strict_step_types: config.strict_step_types,
             ..Limits::default()

@@ -25,7 +25,25 @@ use std::sync::{Arc, OnceLock};
 /// `enum` of objects), so a 10 MB one would take gigabytes.
 pub const MAX_SCHEMA_BYTES: usize = 1024 * 1024;
 const SCHEMA_CACHE_ENTRIES: usize = 1024;
-const SCHEMA_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// The compiled-schema cache's byte bound unless configured
+/// ([`set_cache_bytes`]).
+pub const DEFAULT_SCHEMA_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// The bound the cache is made with (`schema_cache_mib`).
+static SCHEMA_CACHE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(DEFAULT_SCHEMA_CACHE_BYTES);
+
+/// Sets the compiled-schema cache's byte bound; effective when the cache is
+/// first used, so the engine sets it at start-up. Whether it took effect.
+pub fn set_cache_bytes(bytes: u64) -> bool {
+    if CACHE.get().is_some() {
+        return false;
+    }
+    SCHEMA_CACHE_BYTES.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+    true
+}
+
+fn cache_bytes() -> u64 {
+    SCHEMA_CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
 /// How many validation errors an explanation lists.
 const MAX_REPORTED_ERRORS: usize = 3;
 /// Values with fewer nodes than this, validated against schemas of at most
@@ -259,15 +277,16 @@ type Compiled = (Arc<Validator>, usize, usize);
 impl quick_cache::Weighter<String, Compiled> for SchemaWeight {
     fn weight(&self, key: &String, value: &Compiled) -> u64 {
         // At least an equal share, so the entry bound holds too.
-        schema_bytes(key.len(), value.1, value.2).max(SCHEMA_CACHE_BYTES / SCHEMA_CACHE_ENTRIES as u64)
+        schema_bytes(key.len(), value.1, value.2).max(cache_bytes() / SCHEMA_CACHE_ENTRIES as u64)
     }
 }
 
 type SchemaCache = Cache<String, Compiled, SchemaWeight>;
 
+static CACHE: OnceLock<SchemaCache> = OnceLock::new();
+
 fn cache() -> &'static SchemaCache {
-    static CACHE: OnceLock<SchemaCache> = OnceLock::new();
-    CACHE.get_or_init(|| Cache::with_weighter(SCHEMA_CACHE_ENTRIES, SCHEMA_CACHE_BYTES, SchemaWeight))
+    CACHE.get_or_init(|| Cache::with_weighter(SCHEMA_CACHE_ENTRIES, cache_bytes(), SchemaWeight))
 }
 
 /// The regexes the schema holds, each `pattern` and each key of a
