@@ -91,13 +91,14 @@ where
         "engine started"
     );
 
+    // `shutdown` needs no evaluation slot: with every slot taken by long
+    // requests it must still be read and start the drain, or the drain
+    // limit would not bound the exit.
+    let control = Arc::new(Semaphore::new(1));
     let ended = loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
-            _ = engine.draining.cancelled() => break Ended::Shutdown,
-            _ = signals.recv() => break Ended::Signal,
-            _ = out.closed() => break Ended::OutputClosed,
-        };
+        // One line is read ahead of the slots: it waits below for a slot
+        // (holding its memory share), and input is not read further
+        // meanwhile, unless it is `shutdown`.
         let line = tokio::select! {
             l = reader.next() => l,
             _ = engine.draining.cancelled() => break Ended::Shutdown,
@@ -129,6 +130,14 @@ where
             _ = signals.recv() => break Ended::Signal,
         };
         let shutdown = is_shutdown(&bytes);
+        let slots = if shutdown { &control } else { &permits };
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("semaphore is never closed"),
+            // A line already read is answered: after a shutdown, with 3003.
+            _ = engine.draining.cancelled() => slots.clone().acquire_many_owned(0).await.expect("semaphore is never closed"),
+            _ = signals.recv() => break Ended::Signal,
+            _ = out.closed() => break Ended::OutputClosed,
+        };
         let admission = engine.admit();
         if shutdown {
             engine.begin_shutdown(admission.seq);
@@ -157,6 +166,8 @@ where
         "stopping: draining in-flight requests"
     );
     tracker.close();
+    // Long checks still running at the end of the drain stop there.
+    crate::layers::content::abandon_at(std::time::Instant::now() + engine.config.drain_timeout);
     // `shutdown` itself waits up to the drain timeout before answering; allow it to.
     let grace = engine.config.drain_timeout + std::time::Duration::from_secs(5);
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {

@@ -106,7 +106,7 @@ impl std::fmt::Display for EvalError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             EvalError::Timeout { done, total } => write!(f, "the deadline passed with {done} of {total} assertions evaluated"),
-            EvalError::RegexTimeout => write!(f, "regex checks did not finish before the deadline"),
+            EvalError::RegexTimeout => write!(f, "regex or schema checks did not finish before the deadline"),
             EvalError::PaidTimeout { pending, .. } => {
                 write!(f, "{pending} paid assertions were still waiting for their provider at the deadline")
             }
@@ -474,9 +474,10 @@ fn bounded_details(details: Option<Value>) -> Option<Value> {
 }
 
 /// Built-in checks whose regex work on this trace could outlast the
-/// deadline are run ahead as guarded work on the regex threads, and schema
-/// checks with patterns always run there (see `watchdog`); `None` when no
-/// check needs it.
+/// deadline are run ahead as guarded work on the regex threads; schema
+/// checks with patterns (from the blocking pool) and recursive schemas
+/// (from anywhere) always run there (see `watchdog`); `None` when no check
+/// needs it.
 async fn guarded_verdicts(
     suite: &[Planned],
     trace: &Arc<Trace>,
@@ -495,9 +496,9 @@ async fn guarded_verdicts(
         // are as many as the cores, so their regex caches are bounded already.
         .filter(|(_, p)| {
             if guarded {
-                p.compiled.scan_weight() > 0
+                p.compiled.scan_weight() > 0 || p.compiled.may_run_long()
             } else {
-                p.compiled.needs_regex_thread() && crate::lane::on_pool()
+                (p.compiled.needs_regex_thread() && crate::lane::on_pool()) || p.compiled.may_run_long()
             }
         })
         .map(|(i, p)| (i, p.compiled.clone()))
@@ -509,16 +510,21 @@ async fn guarded_verdicts(
     let work = move || {
         let mut out: Vec<Option<(Status, Verdict)>> = (0..n).map(|_| None).collect();
         for (i, c) in jobs {
-            out[i] = Some(c.evaluate(&trace));
+            // A long validation stops at the deadline rather than finish
+            // for no one (see `schema::Step`).
+            out[i] = Some(crate::layers::content::within_deadline(deadline, || c.evaluate(&trace))?);
         }
-        out
+        Some(out)
     };
     let verdicts = if guarded {
         crate::watchdog::run(deadline, work).await
     } else {
         crate::watchdog::run_short(deadline, work).await
     };
-    verdicts.map(Some).map_err(|_| EvalError::RegexTimeout)
+    match verdicts {
+        Ok(Some(v)) => Ok(Some(v)),
+        _ => Err(EvalError::RegexTimeout),
+    }
 }
 
 /// Settles every pending (paid) assertion: skipped when a layer 1–4

@@ -112,6 +112,28 @@ thread_local! {
     static SEARCH_GIVEN_UP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// When the process gives up on every evaluation still running: the end of
+/// its drain at shutdown ([`abandon_at`]).
+static ABANDON_AT: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Gives up every evaluation still running at `when` (the end of the
+/// drain): long checks stop there and their requests are answered `3002`,
+/// so the drain limit bounds the exit whatever is running. Set once.
+pub fn abandon_at(when: std::time::Instant) {
+    let _ = ABANDON_AT.set(when);
+}
+
+/// Whether the evaluation on this thread is past its deadline or the
+/// drain's end; if so, it is marked given up (see [`within_deadline`]).
+/// For long computations to check every so often.
+pub(crate) fn past_deadline(now: std::time::Instant) -> bool {
+    let past = SEARCH_DEADLINE.with(std::cell::Cell::get).is_some_and(|d| now >= d) || ABANDON_AT.get().is_some_and(|d| now >= *d);
+    if past {
+        SEARCH_GIVEN_UP.with(|g| g.set(true));
+    }
+    past
+}
+
 /// Runs `f`, an evaluation of checks, where a large search waits for its
 /// slot no later than `deadline`; `None` when one gave up waiting, so that
 /// the request is answered `3002` at its deadline rather than late (64
@@ -143,7 +165,10 @@ impl LargeSearch {
     /// A slot, waited for until the evaluation's deadline at most (see
     /// [`within_deadline`]); `None` when it passed first.
     fn acquire() -> Option<LargeSearch> {
-        let deadline = SEARCH_DEADLINE.with(std::cell::Cell::get);
+        let deadline = match (SEARCH_DEADLINE.with(std::cell::Cell::get), ABANDON_AT.get()) {
+            (Some(d), Some(a)) => Some(d.min(*a)),
+            (d, a) => d.or(a.copied()),
+        };
         let (free, freed) = Self::slots();
         let mut free = free.lock().unwrap_or_else(|p| p.into_inner());
         while *free == 0 {

@@ -244,6 +244,13 @@ impl NativeCheck {
         matches!(self, NativeCheck::Schema(c) if c.has_patterns())
     }
 
+    /// Whether one evaluation may take up to a step budget of CPU (a schema
+    /// that refers to itself): it runs on the regex threads from any
+    /// thread, so that it never holds an async worker (see `watchdog`).
+    pub fn may_run_long(&self) -> bool {
+        matches!(self, NativeCheck::Schema(c) if c.is_recursive())
+    }
+
     /// Estimated memory the compiled check holds beyond its own struct
     /// (compiled patterns and schemas), for cache accounting.
     pub fn memory_bytes(&self) -> usize {
@@ -342,6 +349,11 @@ impl CompiledAssertion {
     /// threads that use them (see `watchdog`).
     pub fn needs_regex_thread(&self) -> bool {
         matches!(&self.check, Check::Native(c) if c.needs_regex_thread())
+    }
+
+    /// See [`NativeCheck::may_run_long`].
+    pub fn may_run_long(&self) -> bool {
+        matches!(&self.check, Check::Native(c) if c.may_run_long())
     }
 
     /// Estimated memory this compiled assertion holds, for cache accounting.

@@ -96,6 +96,9 @@ struct StepsSpent;
 
 struct Step;
 
+/// Steps between looks at the clock: a few microseconds of validation.
+const STEPS_PER_CLOCK_LOOK: u64 = 4096;
+
 impl Step {
     fn tick() {
         let left = STEPS_LEFT.with(|s| {
@@ -103,7 +106,11 @@ impl Step {
             s.set(left);
             left
         });
-        if left == 0 {
+        // Past the request's deadline (or the drain's end) the validation
+        // stops too, and the request is answered `3002` (see
+        // `content::within_deadline`): a step budget bounds the work, the
+        // clock bounds the wait.
+        if left == 0 || (left.is_multiple_of(STEPS_PER_CLOCK_LOOK) && super::content::past_deadline(std::time::Instant::now())) {
             std::panic::resume_unwind(Box::new(StepsSpent));
         }
     }
@@ -208,6 +215,10 @@ pub struct SchemaCheck {
     program_bytes: usize,
     /// Length of the schema's canonical text.
     text_bytes: usize,
+    /// Whether the schema refers to itself (`$ref` and kin): its
+    /// validation can branch at every level of the data, up to the step
+    /// budget, so it runs off the async workers (see `watchdog`).
+    recursive: bool,
 }
 
 const DRAFTS: &[(&str, Draft, &str)] = &[
@@ -287,6 +298,18 @@ static CACHE: OnceLock<SchemaCache> = OnceLock::new();
 
 fn cache() -> &'static SchemaCache {
     CACHE.get_or_init(|| Cache::with_weighter(SCHEMA_CACHE_ENTRIES, cache_bytes(), SchemaWeight))
+}
+
+/// Whether `schema` holds a reference (`$ref`, `$dynamicRef`,
+/// `$recursiveRef`) anywhere.
+fn refers(schema: &Value) -> bool {
+    match schema {
+        Value::Object(m) => m
+            .iter()
+            .any(|(k, v)| matches!(k.as_str(), "$ref" | "$dynamicRef" | "$recursiveRef") || refers(v)),
+        Value::Array(a) => a.iter().any(refers),
+        _ => false,
+    }
 }
 
 /// The regexes the schema holds, each `pattern` and each key of a
@@ -426,11 +449,18 @@ impl SchemaCheck {
             target,
             draft: draft_name,
             validator,
+            recursive: refers(schema),
             schema: Arc::new(schema.clone()),
             patterns,
             program_bytes,
             text_bytes,
         })
+    }
+
+    /// Whether the schema refers to itself, so that one validation may take
+    /// up to its step budget.
+    pub fn is_recursive(&self) -> bool {
+        self.recursive
     }
 
     /// Bytes of regex program a validation may walk per byte of input.
