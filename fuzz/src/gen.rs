@@ -669,6 +669,28 @@ impl Gen {
         self.request("evaluate_batch", json!({"trace": trace, "assertions": assertions}))
     }
 
+    /// A small schema whose `anyOf`/`oneOf` arms all refer back to it,
+    /// over an array nested up to 40 deep: naive validation doubles its
+    /// work at every level (the engine bounds it by steps and the clock).
+    fn recursive_schema_request(&mut self) -> Value {
+        let mut trace = self.trace(0, None);
+        let depth = self.rng.usize(5..41);
+        let mut value = if self.chance(0.5) { json!(1) } else { json!([]) };
+        for _ in 0..depth {
+            value = json!([value]);
+        }
+        trace["output"]["data"] = value;
+        let combinator = *self.pick(&["anyOf", "oneOf", "allOf"]);
+        let arms = self.rng.usize(2..4);
+        let arm = |i: usize| json!({"type": "array", "minItems": i, "items": {"$ref": "#/$defs/n"}});
+        let schema = json!({"$defs": {"n": {combinator: (0..arms).map(arm).collect::<Vec<_>>()}}, "$ref": "#/$defs/n"});
+        let n = self.rng.usize(1..4);
+        let assertions: Vec<Value> = (0..n)
+            .map(|i| json!({"assertion_id": format!("deep_{i}"), "type": "schema", "spec": {"target": "output.data", "schema": schema}}))
+            .collect();
+        self.request("evaluate_batch", json!({"trace": trace, "assertions": assertions}))
+    }
+
     fn batch_member(&mut self) -> Value {
         match self.rng.u8(..12) {
             0 => json!(self.rng.u8(..)),
@@ -871,10 +893,17 @@ impl Gen {
                 }],
             ),
             810..=899 => ("framing", vec![self.framing_line()]),
-            900..=949 => (
+            900..=929 => (
                 "hostile_regex",
                 vec![{
                     let v = self.hostile_regex_request();
+                    self.render(&v)
+                }],
+            ),
+            930..=949 => (
+                "hostile_schema",
+                vec![{
+                    let v = self.recursive_schema_request();
                     self.render(&v)
                 }],
             ),
