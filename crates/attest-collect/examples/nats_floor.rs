@@ -8,9 +8,9 @@
 //! - a publisher sends N work messages of `--bytes` each, deduplicated by
 //!   `Nats-Msg-Id`, keeping up to 256 publish acknowledgements in flight;
 //! - workers fetch batches, publish one results message of `--result-bytes`
-//!   per work message, wait for those acknowledgements, then double-ack the
-//!   work messages;
-//! - a sink fetches results in batches and double-acks them.
+//!   per work message, wait for those acknowledgements, then ack the work
+//!   messages (plain acks, as the product sends);
+//! - a sink fetches results in batches and acks them.
 //!
 //! It prints one JSON line: messages per second and the process's CPU time
 //! per message. `scripts/bench_collect.py --floor` runs it beside the product.
@@ -114,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
                 for a in futures::future::join_all(acks).await {
                     a?;
                 }
-                for r in futures::future::join_all(held.iter().map(|m| m.double_ack())).await {
+                for r in futures::future::join_all(held.iter().map(|m| m.ack())).await {
                     r.map_err(|e| anyhow::anyhow!("{e}"))?;
                 }
                 done.fetch_add(held.len(), std::sync::atomic::Ordering::Relaxed);
@@ -143,7 +143,7 @@ async fn main() -> anyhow::Result<()> {
                     _ => break,
                 }
             }
-            for r in futures::future::join_all(batch.iter().map(|m| m.double_ack())).await {
+            for r in futures::future::join_all(batch.iter().map(|m| m.ack())).await {
                 r.map_err(|e| anyhow::anyhow!("{e}"))?;
             }
             stored += batch.len();
