@@ -126,7 +126,28 @@ where
             }
         };
         let state = self.state.clone();
+        let peer = req
+            .extensions()
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|info| info.remote_addr())
+            .map(|addr| addr.ip());
         Box::pin(async move {
+            // A client over its share of the requests in flight leaves the
+            // rest to others, as over HTTP (fair.rs); its bytes are known
+            // only once tonic has read the message.
+            let _share = match peer {
+                Some(ip) => match state
+                    .fairness
+                    .admit(ip, 0, state.inflight.available_permits(), state.inflight_kib.available_permits())
+                {
+                    Ok(hold) => Some(hold),
+                    Err(why) => {
+                        state.metrics.request(http_equivalent(Code::ResourceExhausted), LABEL);
+                        return Ok(retry(Code::ResourceExhausted, why, 1).into_http());
+                    }
+                },
+                None => None,
+            };
             // Taken before the message is read, as for HTTP: a call waiting
             // for its upload holds its place like any other.
             let Ok(_permit) = state.inflight.try_acquire() else {
