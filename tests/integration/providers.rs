@@ -821,6 +821,22 @@ fn the_local_model_embeds_without_any_network() {
     assert_eq!(r[1]["status"], "hard_fail");
     assert_eq!(r[0]["cost"], 0.0);
     assert!(r[0]["explanation"].as_str().unwrap().contains("(all-MiniLM-L6-v2)"), "{}", r[0]);
+    assert!(
+        !r[0]["explanation"].as_str().unwrap().contains("tokens the model reads"),
+        "{}",
+        r[0]
+    );
+    // The evidence shows the agent's text beside the similarity.
+    assert!(r[0]["actual"].as_str().unwrap().contains("refund"), "{}", r[0]);
+    // The model reads 256 tokens at most: a longer output says it was cut.
+    let mut long = refund_trace();
+    long["output"]["message"] = json!("Your refund was processed and will arrive soon. ".repeat(60));
+    let resp = e.request(&evaluate_request(json!(3), long, json!([similar("long", paraphrase, 0.5)])));
+    let why = results(&resp)[0]["explanation"].as_str().unwrap().to_owned();
+    assert!(
+        why.contains("output.message is longer than the 256 tokens the model reads: only its beginning was compared"),
+        "{why}"
+    );
     // A model the local engine does not have is a clear 2001.
     let mut other = similar("other", "x", 0.5);
     other["spec"]["model"] = json!("text-embedding-3-large");

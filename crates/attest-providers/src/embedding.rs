@@ -76,6 +76,23 @@ impl EmbeddingCheck {
         } else if e.cached == 1 {
             explanation.push_str(" One embedding came from the cache.");
         }
+        // The local model reads only the beginning of a long text: say so,
+        // since the rest could not have moved the score.
+        match (e.truncated.first() == Some(&true), e.truncated.get(1) == Some(&true)) {
+            (true, true) => explanation.push_str(&format!(
+                " Both texts are longer than the {} tokens the model reads: only their beginnings were compared.",
+                crate::local::MAX_TOKENS
+            )),
+            (true, false) => explanation.push_str(&format!(
+                " {t} is longer than the {} tokens the model reads: only its beginning was compared.",
+                crate::local::MAX_TOKENS
+            )),
+            (false, true) => explanation.push_str(&format!(
+                " The reference is longer than the {} tokens the model reads: only its beginning was compared.",
+                crate::local::MAX_TOKENS
+            )),
+            (false, false) => {}
+        }
         Ok((
             Verdict {
                 passed,
@@ -87,7 +104,7 @@ impl EmbeddingCheck {
             .with({
                 let ev = Evidence::new(
                     format!("cosine similarity ≥ {} to {}", num(self.threshold), quote(&clip(&self.reference, 120))),
-                    format!("similarity {:.4} ({})", sim, e.model),
+                    format!("{} (similarity {:.4}, {})", quote(&clip(&text, 120)), sim, e.model),
                 )
                 .at(t);
                 if passed {

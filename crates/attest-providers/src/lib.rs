@@ -122,6 +122,10 @@ pub struct Embedded {
     pub cached: usize,
     /// The model that produced them, for explanations.
     pub model: String,
+    /// For each text, whether the model saw only its beginning (the local
+    /// model reads at most `local::MAX_TOKENS` tokens); all `false` for an
+    /// API, which reports no such thing.
+    pub truncated: Vec<bool>,
 }
 
 enum Embedder {
@@ -440,11 +444,16 @@ impl Providers {
                 vectors[i] = Some(v);
             }
         }
+        let truncated = match embedder {
+            Embedder::Local(l) => l.truncates(texts).await,
+            Embedder::Remote { .. } => vec![false; texts.len()],
+        };
         Ok(Embedded {
             vectors: vectors.into_iter().map(Option::unwrap_or_default).collect(),
             cost,
             cached,
             model: model_name,
+            truncated,
         })
     }
 
@@ -498,6 +507,24 @@ impl Providers {
 }
 
 impl LocalEmbedder {
+    /// Which of `texts` the model reads only the beginning of; all `false`
+    /// when that cannot be told (the model is not loaded, tokenising failed).
+    async fn truncates(&self, texts: &[&str]) -> Vec<bool> {
+        let Some(Ok(model)) = self.model.get().cloned() else {
+            return vec![false; texts.len()];
+        };
+        let owned: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
+        let n = owned.len();
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
+            model.truncates(&refs)
+        })
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| vec![false; n])
+    }
+
     async fn embed(&self, texts: &[&str], deadline: Instant) -> Result<Vec<Vec<f32>>, ProviderError> {
         let model = self
             .model

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use tokenizers::{PaddingParams, Tokenizer, TruncationParams};
 
 /// Longest input in tokens; sentence-transformers trains MiniLM at 256.
-const MAX_TOKENS: usize = 256;
+pub const MAX_TOKENS: usize = 256;
 
 /// The files a model directory must hold.
 pub const REQUIRED_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
@@ -60,6 +60,16 @@ impl LocalModel {
             .context("cannot map model.safetensors")?;
         let model = BertModel::load(vb, &config).context("model.safetensors does not match config.json")?;
         Ok(LocalModel { model, tokenizer })
+    }
+
+    /// For each text, whether the model sees only its first [`MAX_TOKENS`]
+    /// tokens (tokenizing only: no inference).
+    pub fn truncates(&self, texts: &[&str]) -> Result<Vec<bool>> {
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| anyhow::anyhow!("tokenisation failed: {e}"))?;
+        Ok(encodings.iter().map(|e| !e.get_overflowing().is_empty()).collect())
     }
 
     /// One unit-length vector per text.
