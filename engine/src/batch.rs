@@ -46,6 +46,89 @@ pub struct BatchCaches {
     /// Assertions compiled so far (cache misses), for the tests that show a
     /// suite is compiled once.
     pub compiles: std::sync::atomic::AtomicU64,
+    /// KiB of compiled checks that requests in flight hold outside the
+    /// cache (see [`Reserved`]).
+    in_flight: Arc<tokio::sync::Semaphore>,
+}
+
+/// Memory the compiled checks of requests in flight may hold outside the
+/// compiled cache: 64 requests of 30 regexes near the size limit would
+/// otherwise hold 2 GB at once.
+pub const IN_FLIGHT_COMPILED_BYTES: usize = 256 * 1024 * 1024;
+const IN_FLIGHT_COMPILED_KIB: u32 = (IN_FLIGHT_COMPILED_BYTES / 1024) as u32;
+
+/// What one request's freshly compiled checks hold of the in-flight
+/// budget. Each check compiled outside the cache takes its share as it is
+/// compiled; when the budget has no more, the plan stops, and the request
+/// waits (until its deadline) for as much as it found it needs, then plans
+/// again. A request that needs more than the whole budget runs alone with
+/// all of it. Given back when the request ends.
+pub(crate) struct Reserved {
+    budget: Arc<tokio::sync::Semaphore>,
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
+    used_kib: u32,
+    /// What the last plan found it needs, when the budget ran out.
+    wanted_kib: u32,
+}
+
+impl Reserved {
+    fn new(budget: Arc<tokio::sync::Semaphore>) -> Reserved {
+        Reserved {
+            budget,
+            held: None,
+            used_kib: 0,
+            wanted_kib: 0,
+        }
+    }
+
+    fn held_kib(&self) -> u32 {
+        self.held.as_ref().map_or(0, |p| p.num_permits() as u32)
+    }
+
+    /// Counts `bytes` of a freshly compiled check; false when the budget
+    /// has no room for them.
+    fn take(&mut self, bytes: usize) -> bool {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX).max(1);
+        let want = self.used_kib.saturating_add(kib);
+        if want > self.held_kib() && self.held_kib() < IN_FLIGHT_COMPILED_KIB {
+            let more = (want - self.held_kib()).min(IN_FLIGHT_COMPILED_KIB - self.held_kib());
+            match self.budget.clone().try_acquire_many_owned(more) {
+                Ok(p) => match &mut self.held {
+                    Some(h) => h.merge(p),
+                    None => self.held = Some(p),
+                },
+                Err(_) => {
+                    self.wanted_kib = want;
+                    return false;
+                }
+            }
+        }
+        // Holding the whole budget, a request runs alone: it may go past it.
+        self.used_kib = want;
+        true
+    }
+
+    /// Starts a new plan, keeping what is held.
+    fn restart(&mut self) {
+        self.used_kib = 0;
+    }
+
+    /// Waits (until `deadline`) to hold what the last plan needed; false
+    /// when the deadline came first.
+    async fn wait_for_room(&mut self, deadline: Instant) -> bool {
+        let want = self.wanted_kib.min(IN_FLIGHT_COMPILED_KIB);
+        // What is held goes back while waiting, so that two requests each
+        // holding part of the budget cannot wait on each other.
+        let all = want.max(self.held_kib());
+        self.held = None;
+        match tokio::time::timeout_at(deadline.into(), self.budget.clone().acquire_many_owned(all)).await {
+            Ok(Ok(p)) => {
+                self.held = Some(p);
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Weighs compiled assertions by their estimated memory, and at least an
@@ -93,6 +176,7 @@ impl BatchCaches {
                 },
             ),
             compiles: std::sync::atomic::AtomicU64::new(0),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT_COMPILED_KIB as usize)),
         }
     }
 }
@@ -347,7 +431,24 @@ pub async fn evaluate(
     for w in &parsed.warnings {
         tracing::warn!(trace_id = %parsed.trace.trace_id, "{w}");
     }
-    let plan = plan(engine, wire?, Providers::Required)?;
+    let wire = wire?;
+    let mut reserved = Reserved::new(engine.caches.in_flight.clone());
+    let plan = loop {
+        reserved.restart();
+        if let Some(plan) = plan(engine, &wire, Providers::Required, Some(&mut reserved))? {
+            break plan;
+        }
+        if !reserved.wait_for_room(deadline).await {
+            return Err(RpcError::new(
+                ErrorCode::Timeout,
+                "the batch's checks could not be compiled before the deadline: the compiled checks of the requests in flight hold the engine's budget for them",
+                format!(
+                    "Requests in flight may hold {} MiB of freshly compiled checks (large regexes, schemas); send fewer at once, reuse the same specs (compiled checks are cached), or raise --eval-timeout.",
+                    IN_FLIGHT_COMPILED_BYTES >> 20
+                ),
+            ));
+        }
+    };
     let how = Run {
         deadline,
         answer_bytes,
@@ -391,7 +492,9 @@ impl Suite {
             .enumerate()
             .map(|(i, item)| LooseEnvelope::parse(i, item))
             .collect::<Result<Vec<_>, _>>()?;
-        let plan = plan(engine, wire, providers)?.into_owned();
+        let plan = plan(engine, &wire, providers, None)?
+            .expect("a plan without a budget always completes")
+            .into_owned();
         Ok(Suite { plan })
     }
 
@@ -714,7 +817,14 @@ pub enum Providers {
 }
 
 /// Checks every assertion's envelope and compiles its spec, before anything runs.
-fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> Result<Plan<'a>, RpcError> {
+/// The batch's plan; `None` when `reserved` is given and the in-flight
+/// budget for compiled checks ran out (see [`Reserved`]).
+fn plan<'a>(
+    engine: &Engine,
+    wire: &[Envelope<'a>],
+    providers: Providers,
+    mut reserved: Option<&mut Reserved>,
+) -> Result<Option<Plan<'a>>, RpcError> {
     let mut reader = SuiteReader::with_capacity(wire.len());
     let mut planned = Vec::with_capacity(wire.len());
     let mut keys = Vec::with_capacity(wire.len());
@@ -737,7 +847,7 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> R
         }
         let kind = reader.kind(i, id, w.kind.as_deref()).map_err(suite_error)?;
         let spec_text = w.spec.map_or("null", |s| s.get());
-        let compiled = compile(engine, kind, spec_text).map_err(|error| {
+        let (compiled, fresh) = compile(engine, kind, spec_text).map_err(|error| {
             suite_error(SuiteError::Spec {
                 index: i,
                 id: id.to_owned(),
@@ -745,6 +855,11 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> R
                 error,
             })
         })?;
+        // Compiled checks count against the budget as they are made, so a
+        // plan that does not fit stops before it holds more.
+        if fresh && reserved.as_deref_mut().is_some_and(|r| !r.take(compiled.memory_bytes())) {
+            return Ok(None);
+        }
         // A paid layer without its provider is a configuration error, found
         // before anything is evaluated (and never worth retrying as is). It
         // is reported only once every spec of the batch compiled: a mistake
@@ -769,17 +884,18 @@ fn plan<'a>(engine: &Engine, wire: Vec<Envelope<'a>>, providers: Providers) -> R
     if let Some(error) = no_provider {
         return Err(error);
     }
-    Ok(Plan {
+    Ok(Some(Plan {
         suite: Evaluator::from_planned(planned),
         keys,
-    })
+    }))
 }
 
-fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<CompiledAssertion>, SpecError> {
+/// The compiled assertion, and whether it was compiled now (not cached).
+fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<(Arc<CompiledAssertion>, bool), SpecError> {
     let cacheable = spec_text.len() <= MAX_CACHED_SPEC_BYTES;
     if cacheable {
         if let Some(hit) = engine.caches.compiled.get(&SpecKeyRef { kind, text: spec_text }) {
-            return Ok(hit);
+            return Ok((hit, false));
         }
     }
     // The request was read as raw text, which checks only syntax: a number
@@ -801,7 +917,7 @@ fn compile(engine: &Engine, kind: AssertionType, spec_text: &str) -> Result<Arc<
         };
         engine.caches.compiled.insert(key, compiled.clone());
     }
-    Ok(compiled)
+    Ok((compiled, true))
 }
 
 /// Appended to an explanation whose plugin details were left out of an answer.

@@ -95,8 +95,9 @@ def test_layer5_embedding_failure_renders_threshold_and_score(attest) -> None:
     block = render_only_failure(attest, expect(paid.trace_with(message, "diag_emb")).output_similar_to(paid.REFERENCE, threshold=0.8))
     got = check_block(block, "L5 embedding")
     assert got["expected"].startswith("cosine similarity ≥ 0.8"), block
-    assert got["actual"].startswith("similarity "), block
-    assert float(got["actual"].split()[1]) < 0.8, block
+    # The agent's text, then the similarity and the model.
+    assert got["actual"].startswith("'" + message[:20]), block
+    assert float(got["actual"].split("(similarity ")[1].split(",")[0]) < 0.8, block
 
 
 def test_layer6_judge_failure_renders_score_and_audit_trail(attest) -> None:

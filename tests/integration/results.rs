@@ -323,7 +323,8 @@ fn embedding_results_carry_threshold_and_score() {
     assert_eq!((sim["layer"].as_u64(), text(sim, "type")), (Some(5), "embedding"));
     assert_eq!(text(sim, "threshold_source"), "static");
     assert!(text(sim, "expected").starts_with("cosine similarity ≥ 0.8"), "{sim}");
-    assert!(text(sim, "actual").starts_with("similarity 0.0000"), "{sim}");
+    assert!(text(sim, "actual").contains("(similarity 0.0000, "), "{sim}");
+    assert!(text(sim, "actual").starts_with('\''), "the agent's text comes first: {sim}");
     assert!(text(sim, "suggested_action").contains("spec.reference"), "{sim}");
 }
 
