@@ -58,7 +58,7 @@ pub fn eval_error<'a>(e: EvalError, assertion: impl Fn(usize) -> (&'a str, Asser
             "{done} of {total} assertions finished before the deadline. Reduce the batch size or trace size, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT)."
         )),
         EvalError::RegexTimeout => timed_out(
-            "Regex checks (regex_match, schema pattern) over this trace did not finish before the deadline. Use simpler patterns, target a smaller field than the whole trace, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT).".into(),
+            "Regex checks (regex_match, schema pattern), or a schema that refers to itself, did not finish over this trace before the deadline. Use simpler patterns, give a recursive schema one branch per level, target a smaller field than the whole trace, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT).".into(),
         ),
         EvalError::PaidTimeout { pending, .. } => timed_out(format!(
             "{pending} LLM-backed assertions (layers 5-6) were still waiting for their provider at the deadline. Reduce the batch size, check the provider's latency, or raise the engine timeout with --eval-timeout (or ATTEST_EVAL_TIMEOUT)."
