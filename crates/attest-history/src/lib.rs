@@ -207,32 +207,22 @@ impl History {
         // command, which waits for it, needs it to run.
         let idle = !config.wait_when_behind;
         let spawn = std::thread::Builder::new().name("attest-history".into());
-        let handle = match &config.location {
+        let mut writer: Box<dyn Backend + Send> = match &config.location {
             Location::File(path) => {
                 if let Some(dir) = path.parent() {
                     std::fs::create_dir_all(dir)?;
                 }
-                let conn = store::open_connection(path)?;
-                let mut writer = store::Writer::new(conn, config.clone());
-                writer.prune();
-                spawn.spawn(move || {
-                    if idle {
-                        store::lower_thread_priority();
-                    }
-                    run_writer(writer, &rx, &state)
-                })?
+                Box::new(store::Writer::new(store::open_connection(path)?, config.clone()))
             }
-            Location::Postgres(url) => {
-                let mut writer = postgres::Writer::connect(url, config.clone())?;
-                writer.prune();
-                spawn.spawn(move || {
-                    if idle {
-                        store::lower_thread_priority();
-                    }
-                    run_writer(writer, &rx, &state)
-                })?
-            }
+            Location::Postgres(url) => Box::new(postgres::Writer::connect(url, config.clone())?),
         };
+        writer.prune();
+        let handle = spawn.spawn(move || {
+            if idle {
+                store::lower_thread_priority();
+            }
+            run_writer(writer, &rx, &state)
+        })?;
         Ok(History {
             tx,
             writer: handle.thread().clone(),
@@ -360,19 +350,35 @@ impl Drop for History {
 
 /// What a store does for the writer thread, which owns it.
 trait Backend {
-    /// Writes `pending` in one transaction (emptying it) and says whether
-    /// it committed; applies retention when it is due.
-    fn write(&mut self, pending: &mut Vec<Rows>) -> Result<(), String>;
+    /// Writes `pending` in one transaction (emptying it); the results it
+    /// wrote, or why it did not commit.
+    fn write(&mut self, pending: &mut Vec<Rows>) -> Result<u64, String>;
     /// Answers a question; everything queued before it is written.
     fn answer(&mut self, query: Query);
+    /// Enforces the age, result-count and byte limits.
+    fn prune(&mut self);
 }
+
+/// Retention is enforced after this many results written (and at start-up).
+const PRUNE_EVERY_ROWS: u64 = 50_000;
 
 /// The writer thread: looks at the queue every [`IDLE_FLUSH`] (sooner when
 /// woken) and writes what it finds, answering questions and commits in
 /// queue order.
-fn run_writer(mut store: impl Backend, rx: &Receiver<Msg>, shared: &Shared) {
+fn run_writer(mut store: Box<dyn Backend + Send>, rx: &Receiver<Msg>, shared: &Shared) {
     // Whether the last look stopped at a full write with rows still queued.
     let mut more = false;
+    let mut since_prune = 0u64;
+    // Writes, and applies retention when it is due.
+    let mut write = |store: &mut Box<dyn Backend + Send>, rows: &mut Vec<Rows>| -> Result<(), String> {
+        let n = store.write(rows)?;
+        since_prune += n;
+        if since_prune >= PRUNE_EVERY_ROWS {
+            store.prune();
+            since_prune = 0;
+        }
+        Ok(())
+    };
     loop {
         if !more {
             std::thread::park_timeout(IDLE_FLUSH);
@@ -402,7 +408,7 @@ fn run_writer(mut store: impl Backend, rx: &Receiver<Msg>, shared: &Shared) {
                 // Questions are answered after the rows queued before them.
                 Ok(Msg::Query(q)) => {
                     shared.urgent.fetch_sub(1, Ordering::AcqRel);
-                    let _ = store.write(&mut rows);
+                    let _ = write(&mut store, &mut rows);
                     store.answer(q);
                 }
                 // Written with what is queued, in one transaction, and
@@ -410,7 +416,7 @@ fn run_writer(mut store: impl Backend, rx: &Receiver<Msg>, shared: &Shared) {
                 Ok(Msg::Commit(batch, reply)) => {
                     shared.urgent.fetch_sub(1, Ordering::AcqRel);
                     rows.extend(batch);
-                    let _ = reply.send(store.write(&mut rows));
+                    let _ = reply.send(write(&mut store, &mut rows));
                 }
                 Ok(Msg::Close) | Err(TryRecvError::Disconnected) => {
                     closed = true;
@@ -419,7 +425,7 @@ fn run_writer(mut store: impl Backend, rx: &Receiver<Msg>, shared: &Shared) {
                 Err(TryRecvError::Empty) => break,
             }
         }
-        let _ = store.write(&mut rows);
+        let _ = write(&mut store, &mut rows);
         if closed {
             return;
         }

@@ -33,8 +33,6 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections one process holds at most: the writer's, and the rest for
 /// questions answered while it writes.
 pub(super) const POOL_SIZE: usize = 4;
-/// Retention is enforced after this many results written (and at start-up).
-const PRUNE_EVERY_ROWS: u64 = 50_000;
 /// Results per INSERT statement.
 const ROWS_PER_INSERT: usize = 10_000;
 /// Key of the advisory lock that serialises migrations across a fleet.
@@ -86,7 +84,6 @@ pub(super) struct Writer {
     rt: tokio::runtime::Runtime,
     pool: Pool,
     config: HistoryConfig,
-    written_since_prune: u64,
 }
 
 impl Writer {
@@ -138,12 +135,7 @@ impl Writer {
                 ),
             }
         })?;
-        Ok(Writer {
-            rt,
-            pool,
-            config,
-            written_since_prune: 0,
-        })
+        Ok(Writer { rt, pool, config })
     }
 
     /// Enforces the age, result-count and byte limits across the whole
@@ -195,9 +187,13 @@ impl Writer {
 }
 
 impl Backend for Writer {
-    fn write(&mut self, pending: &mut Vec<Rows>) -> Result<(), String> {
+    fn prune(&mut self) {
+        Writer::prune(self)
+    }
+
+    fn write(&mut self, pending: &mut Vec<Rows>) -> Result<u64, String> {
         if pending.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let batch = std::mem::take(pending);
         let pool = self.pool.clone();
@@ -218,14 +214,7 @@ impl Backend for Writer {
             }
         });
         match result {
-            Ok(n) => {
-                self.written_since_prune += n;
-                if self.written_since_prune >= PRUNE_EVERY_ROWS {
-                    self.prune();
-                    self.written_since_prune = 0;
-                }
-                Ok(())
-            }
+            Ok(n) => Ok(n),
             Err(e) => {
                 tracing::error!(error = %e, "cannot write result history");
                 Err(e)

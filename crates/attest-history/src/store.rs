@@ -235,8 +235,6 @@ fn bytes_in_use(conn: &Connection) -> rusqlite::Result<u64> {
     Ok(pages.max(0) as u64 * page_size.max(0) as u64)
 }
 
-/// Retention is enforced after this many results written (and at start-up).
-const PRUNE_EVERY_ROWS: u64 = 50_000;
 /// Entries each interning map may hold (about 100 bytes each, plus a
 /// suite's members).
 const MAX_INTERNED: usize = 100_000;
@@ -319,7 +317,6 @@ struct Ready<'a> {
 pub(super) struct Writer {
     conn: Connection,
     config: HistoryConfig,
-    written_since_prune: u64,
     interned: Interned,
     /// Results in the file, counted at the first pruning and kept up to
     /// date, so retention scans the file only when there is something to cut.
@@ -331,7 +328,6 @@ impl Writer {
         Writer {
             conn,
             config,
-            written_since_prune: 0,
             interned: Interned::default(),
             results: None,
         }
@@ -339,6 +335,10 @@ impl Writer {
 }
 
 impl super::Backend for Writer {
+    fn prune(&mut self) {
+        Writer::prune(self)
+    }
+
     fn answer(&mut self, q: Query) {
         match q {
             Query::Recent(fp, limit, reply) => {
@@ -351,9 +351,9 @@ impl super::Backend for Writer {
         }
     }
 
-    fn write(&mut self, pending: &mut Vec<Rows>) -> Result<(), String> {
+    fn write(&mut self, pending: &mut Vec<Rows>) -> Result<u64, String> {
         if pending.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let at = now_ms();
         if self.interned.full() {
@@ -432,12 +432,7 @@ impl super::Backend for Writer {
                 if let Some(total) = &mut self.results {
                     *total += n as i64;
                 }
-                self.written_since_prune += n;
-                if self.written_since_prune >= PRUNE_EVERY_ROWS {
-                    self.prune();
-                    self.written_since_prune = 0;
-                }
-                Ok(())
+                Ok(n)
             }
             Err(e) => {
                 // A rolled-back transaction may have taken interned ids with it.
