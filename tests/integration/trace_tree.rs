@@ -294,3 +294,24 @@ fn validate_trace_tree_reports_structure_and_every_problem() {
     );
     assert_eq!(err["data"]["field"], json!("trace.schema_version"));
 }
+
+/// A failed data flow shows what the receiving agent got, not the tree.
+#[test]
+fn a_failed_data_flow_shows_what_the_receiving_agent_got() {
+    let mut e = engine();
+    let mut trace = multi_agent_trace();
+    trace["steps"][2]["sub_trace"]["input"] = json!({"notes": {"city": "Lyon"}});
+    let results = evaluate(
+        &mut e,
+        trace,
+        json!([tree(
+            "flow",
+            json!({"check": "cross_agent_data_flow", "from_agent": "researcher", "to_agent": "writer", "field": "findings"})
+        )]),
+    );
+    let r = &results[0];
+    assert_eq!(r["status"], json!("hard_fail"), "{r}");
+    let actual = r["actual"].as_str().unwrap();
+    assert!(actual.starts_with("input of `writer`: ") && actual.contains("Lyon"), "{r}");
+    assert!(r["trace_node_path"].as_str().unwrap().ends_with("> input"), "{r}");
+}

@@ -203,15 +203,28 @@ impl TraceTreeCheck {
                     ),
                 )
             }
-            TraceTreeCheck::CrossAgentDataFlow { from, to, field } => (
-                format!("`{to}` receives `{}` produced by `{from}`", field.text),
-                tree_shape(),
-                path_of(to),
-                format!(
-                    "Pass `{}` from `{from}`'s output into `{to}`'s input, or name the field the agents actually share.",
-                    field.text
-                ),
-            ),
+            TraceTreeCheck::CrossAgentDataFlow { from, to, field } => {
+                // What the receiving agent got, where it has an input; the
+                // tree's shape when it has none (or no trace at all).
+                let received = tree
+                    .traces_of(to)
+                    .find_map(|n| n.trace.input.as_ref())
+                    .map(|input| format!("input of `{to}`: {}", clip(&crate::text::render(input), 200)));
+                let at = if received.is_some() {
+                    format!("{} > input", path_of(to))
+                } else {
+                    path_of(to)
+                };
+                (
+                    format!("`{to}` receives `{}` produced by `{from}`", field.text),
+                    received.unwrap_or_else(tree_shape),
+                    at,
+                    format!(
+                        "Pass `{}` from `{from}`'s output into `{to}`'s input, or name the field the agents actually share.",
+                        field.text
+                    ),
+                )
+            }
             TraceTreeCheck::FollowsTransitions(allowed) => {
                 let pairs: Vec<String> = allowed.iter().map(|(a, b)| format!("{a} → {b}")).collect();
                 let seen: Vec<String> = tree
