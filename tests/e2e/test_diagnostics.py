@@ -64,7 +64,7 @@ def test_layer1_schema_failure_renders_keyword_and_value(attest) -> None:
     block = render_only_failure(attest, expect(TRACES["refund"]).output_field_matches_schema("structured", schema))
     got = check_block(block, "L1 schema")
     assert got["expected"].startswith("maximum: 0.9"), block
-    assert got["actual"] == "/confidence = 0.95", block
+    assert got["actual"] == "output.structured.confidence = 0.95", block
 
 
 def test_layer2_constraint_failure_renders_bound_and_value(attest) -> None:

@@ -214,8 +214,8 @@ fn every_free_layer_says_what_it_expected_and_found() {
     let schema = by_id(&rs, "schema");
     assert_eq!((schema["layer"].as_u64(), text(schema, "type")), (Some(1), "schema"));
     assert!(text(schema, "expected").starts_with("maximum: 1"), "{schema}");
-    assert_eq!(text(schema, "actual"), "/confidence = 1.7");
-    assert_eq!(text(schema, "trace_node_path"), "output.structured/confidence");
+    assert_eq!(text(schema, "actual"), "output.structured.confidence = 1.7");
+    assert_eq!(text(schema, "trace_node_path"), "output.structured.confidence");
     assert!(text(schema, "suggested_action").contains("`maximum`"), "{schema}");
 
     let cost = by_id(&rs, "cost");

@@ -529,6 +529,25 @@ impl SchemaCheck {
     }
 }
 
+/// `pointer` (a JSON pointer into the value at `target`) in the target
+/// path notation: `.name` for a key, `[n]` for an array index, and
+/// `["key"]` for a key that is not a plain name.
+fn dotted(target: &str, pointer: &str) -> String {
+    let mut out = target.to_owned();
+    for raw in pointer.split('/').skip(1) {
+        let token = raw.replace("~1", "/").replace("~0", "~");
+        if !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()) {
+            out.push_str(&format!("[{token}]"));
+        } else if !token.is_empty() && token.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-') {
+            out.push('.');
+            out.push_str(&token);
+        } else {
+            out.push_str(&format!("[{}]", serde_json::Value::String(token)));
+        }
+    }
+    out
+}
+
 /// The first violated keyword with its limit, and the offending value with its path.
 fn violation(target: &str, schema: &Value, e: &jsonschema::ValidationError<'_>) -> Evidence {
     let keyword_path = e.schema_path().to_string();
@@ -537,25 +556,18 @@ fn violation(target: &str, schema: &Value, e: &jsonschema::ValidationError<'_>) 
         .find(|s| !s.is_empty() && s.parse::<usize>().is_err())
         .unwrap_or("schema");
     let instance_path = e.instance_path().to_string();
-    let at = if instance_path.is_empty() {
-        target.to_owned()
-    } else {
-        format!("{target}{instance_path}")
-    };
+    // In the target's own notation (`output.structured.confidence`,
+    // `output.items[0]`), not a JSON pointer glued onto it.
+    let at = dotted(target, &instance_path);
     // The keyword's own value is its limit (`maximum: 1`, `required: [...]`);
     // keywords without one at that pointer are described by the message.
     let limit = match schema.pointer(&keyword_path) {
         Some(v) if !v.is_object() => clip(&v.to_string(), 160),
         _ => clip(&e.to_string(), 160),
     };
-    let shown = if instance_path.is_empty() {
-        "(root)"
-    } else {
-        instance_path.as_str()
-    };
     Evidence::new(
         format!("{keyword}: {limit} (schema {keyword_path})"),
-        format!("{shown} = {}", clip(&e.instance().to_string(), 160)),
+        format!("{at} = {}", clip(&e.instance().to_string(), 160)),
     )
     .at(at.clone())
     .hint(format!(
@@ -658,7 +670,15 @@ mod tests {
             "{}",
             v.explanation
         );
-        assert_eq!(v.evidence.unwrap().path.as_deref(), Some("output.items/0"));
+        assert_eq!(v.evidence.unwrap().path.as_deref(), Some("output.items[0]"));
+    }
+
+    #[test]
+    fn paths_are_shown_in_the_target_notation() {
+        assert_eq!(dotted("output.structured", ""), "output.structured");
+        assert_eq!(dotted("output.structured", "/confidence"), "output.structured.confidence");
+        assert_eq!(dotted("output", "/items/0/name"), "output.items[0].name");
+        assert_eq!(dotted("output", "/a b/x~1y"), r#"output["a b"]["x/y"]"#);
     }
 
     #[test]
