@@ -763,6 +763,17 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    /// `text` written as the config file at `path`, loaded with `vars` as
+    /// the environment; errors with their causes.
+    fn load_file(path: &std::path::Path, text: &str, vars: &[(&str, &str)]) -> Result<Config, String> {
+        std::fs::write(path, text).unwrap();
+        let o = Overrides {
+            config_path: Some(path.to_owned()),
+            ..Overrides::default()
+        };
+        Config::load(&o, env(vars)).map_err(|e| format!("{e:#}"))
+    }
+
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| m.get(k).cloned()
@@ -842,14 +853,7 @@ mod tests {
     fn sizes_of_zero_or_past_a_tebibyte_are_refused_by_key() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("attest.toml");
-        let load = |text: &str| {
-            std::fs::write(&path, text).unwrap();
-            let o = Overrides {
-                config_path: Some(path.clone()),
-                ..Overrides::default()
-            };
-            Config::load(&o, env(&[])).map_err(|e| format!("{e:#}"))
-        };
+        let load = |text: &str| load_file(&path, text, &[]);
         for (text, needle) in [
             ("idempotency_cache_entries = 0", "idempotency_cache_entries in"),
             ("compiled_cache_entries = 0", "compiled_cache_entries in"),
@@ -890,14 +894,7 @@ mod tests {
         use crate::history::Location;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("attest.toml");
-        let load = |text: &str, vars: &[(&str, &str)]| {
-            std::fs::write(&path, text).unwrap();
-            let o = Overrides {
-                config_path: Some(path.clone()),
-                ..Overrides::default()
-            };
-            Config::load(&o, env(vars)).map_err(|e| format!("{e:#}"))
-        };
+        let load = |text: &str, vars: &[(&str, &str)]| load_file(&path, text, vars);
         let location = |c: Config| c.history.map(|h| h.location);
         let url = "postgres://attest:pw@db/attest";
         assert_eq!(
@@ -935,14 +932,7 @@ mod tests {
         use crate::plugins::capabilities::Capability;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("attest.toml");
-        let load = |text: &str, vars: &[(&str, &str)]| {
-            std::fs::write(&path, text).unwrap();
-            let o = Overrides {
-                config_path: Some(path.clone()),
-                ..Overrides::default()
-            };
-            Config::load(&o, env(vars)).map_err(|e| format!("{e:#}"))
-        };
+        let load = |text: &str, vars: &[(&str, &str)]| load_file(&path, text, vars);
         let c = load(
             "[[plugins]]\npath = \"a.wasm\"\ngrants = [\"judge\", \"config-secret\", \"judge\"]\n[plugins.secrets]\nk = \"v\"\nt = { env = \"TOKEN\" }\n[[plugins]]\npath = \"b.wasm\"\n",
             &[("TOKEN", "tok")],

@@ -35,12 +35,18 @@ fn trace(id: &str, tools: &[&str], message: &str) -> Value {
 }
 
 fn collect(dir: &Path, args: &[&str]) -> std::process::Output {
-    command()
-        .args(["--log-level=warn", "collect", "--otlp-http", "127.0.0.1:0"])
+    collect_env(dir, args, &[])
+}
+
+fn collect_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = command();
+    cmd.args(["--log-level=warn", "collect", "--otlp-http", "127.0.0.1:0"])
         .args(args)
-        .env("ATTEST_CACHE_DIR", dir.join("cache"))
-        .output()
-        .expect("running attest-engine collect")
+        .env("ATTEST_CACHE_DIR", dir.join("cache"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("running attest-engine collect")
 }
 
 fn lines(path: &Path) -> Vec<Value> {
@@ -333,15 +339,8 @@ fn collect_writes_a_shared_postgres_history_once_per_result() {
     let good = trace("t-good", &["lookup_order", "process_refund"], "Your refund is on its way.");
     let bad = trace("t-bad", &["process_refund", "lookup_order"], "Done.");
     std::fs::write(&traces, format!("{good}\n{bad}\n")).unwrap();
-    let run = |url: &str| {
-        command()
-            .args(["--log-level=warn", "collect", "--otlp-http", "127.0.0.1:0"])
-            .args(["--rules", rules.to_str().unwrap(), "--jsonl", traces.to_str().unwrap()])
-            .env("ATTEST_CACHE_DIR", dir.path().join("cache"))
-            .env("ATTEST_HISTORY_URL", url)
-            .output()
-            .expect("running attest-engine collect")
-    };
+    let args = ["--rules", rules.to_str().unwrap(), "--jsonl", traces.to_str().unwrap()];
+    let run = |url: &str| collect_env(dir.path(), &args, &[("ATTEST_HISTORY_URL", url)]);
     for _ in 0..2 {
         let out = run(&url);
         assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use attest_test_support::PostgresServer;
 use prost::Message;
-use support::otlp::{kv, request};
+use support::otlp::{agent_trace_of, request};
 use support::{engine_bin, nats_server_bin, Evaluator, NatsServer, Proc, RULES, TEST_STORE};
 
 /// Results per trace under [`RULES`].
@@ -106,39 +106,7 @@ struct Sent {
 
 /// One OTLP request holding trace `i`: an agent root span and a tool call.
 fn trace_body(i: usize) -> Vec<u8> {
-    let trace_id = trace_bytes(i);
-    let span = |id: u64, parent: Option<u64>, name: &str, attrs| opentelemetry_proto::tonic::trace::v1::Span {
-        trace_id: trace_id.to_vec(),
-        span_id: id.to_be_bytes().to_vec(),
-        parent_span_id: parent.map(|p| p.to_be_bytes().to_vec()).unwrap_or_default(),
-        name: name.into(),
-        start_time_unix_nano: 1_700_000_000_000_000_000 + id,
-        end_time_unix_nano: 1_700_000_000_000_000_500 + id,
-        attributes: attrs,
-        ..Default::default()
-    };
-    request(vec![
-        span(
-            1,
-            None,
-            "invoke_agent refund-agent",
-            vec![
-                kv("gen_ai.operation.name", "invoke_agent"),
-                kv("gen_ai.agent.name", "refund-agent"),
-                kv(
-                    "gen_ai.output.messages",
-                    r#"[{"role":"assistant","parts":[{"type":"text","content":"refund sent"}]}]"#,
-                ),
-            ],
-        ),
-        span(
-            2,
-            Some(1),
-            "execute_tool",
-            vec![kv("gen_ai.operation.name", "execute_tool"), kv("gen_ai.tool.name", "lookup_order")],
-        ),
-    ])
-    .encode_to_vec()
+    request(agent_trace_of(trace_bytes(i), 1, "lookup_order")).encode_to_vec()
 }
 
 fn trace_bytes(i: usize) -> [u8; 16] {

@@ -123,7 +123,7 @@ impl Writer {
             .build()?;
         rt.block_on(async {
             let opened = tokio::time::timeout(CONNECT_TIMEOUT, async {
-                let mut client = pool.get().await.map_err(|e| connect_error(&shown, &e))?;
+                let mut client = pool.get().await.map_err(|e| connect_error(&shown, e))?;
                 migrate(&mut client).await
             })
             .await;
@@ -198,7 +198,7 @@ impl Backend for Writer {
         let batch = std::mem::take(pending);
         let pool = self.pool.clone();
         let result = self.rt.block_on(async move {
-            let mut client = pool.get().await.map_err(|e| e.to_string())?;
+            let mut client = pool.get().await.map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
             match tokio::time::timeout(STATEMENT_TIMEOUT, insert(&mut client, &batch)).await {
                 Ok(Ok(n)) => Ok(n),
                 Ok(Err(e)) => {
@@ -213,13 +213,7 @@ impl Backend for Writer {
                 }
             }
         });
-        match result {
-            Ok(n) => Ok(n),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot write result history");
-                Err(e)
-            }
-        }
+        result.inspect_err(|e| tracing::error!(error = %e, "cannot write result history"))
     }
 
     fn answer(&mut self, query: Query) {
@@ -263,15 +257,10 @@ fn tls() -> anyhow::Result<tokio_postgres_rustls::MakeRustlsConnect> {
 }
 
 /// What to tell the user when the first connection fails.
-fn connect_error(shown: &str, e: &deadpool_postgres::PoolError) -> anyhow::Error {
-    let text = format!("{e}");
-    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    let mut full = text.clone();
-    while let Some(s) = source {
-        full.push_str(": ");
-        full.push_str(&s.to_string());
-        source = s.source();
-    }
+fn connect_error(shown: &str, e: deadpool_postgres::PoolError) -> anyhow::Error {
+    // With its causes: the pool's own message ("error creating a new
+    // object") says nothing of what to fix.
+    let full = format!("{:#}", anyhow::Error::new(e));
     let hint = if full.contains("certificate") || full.contains("UnknownIssuer") {
         "the server's TLS certificate is not trusted by this machine: add its CA to the system's trust store, or add sslmode=disable on a network you trust"
     } else if full.contains("password") || full.contains("authentication") {

@@ -13,6 +13,14 @@ use std::io::Write;
 mod postgres;
 pub use postgres::PostgresServer;
 
+/// A loopback port nothing listens on now (for a server a test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 /// The variable that turns every skip into a failure.
 pub const REQUIRE_ALL: &str = "ATTEST_TESTS_REQUIRE_ALL";
 

@@ -67,7 +67,7 @@ impl PostgresServer {
             let ok = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir).status();
             assert!(ok.is_ok_and(|s| s.success()), "chown {} to postgres", dir.display());
         }
-        let port = free_port();
+        let port = crate::free_port();
         let server = PostgresServer {
             bin,
             dir,
@@ -98,23 +98,28 @@ impl PostgresServer {
         self.dir.join("data")
     }
 
-    /// Runs one of the server's programs (as `postgres` under root); panics
-    /// with its output when it fails.
-    fn run(&self, program: &str, args: &[&str]) {
+    /// One of the server's programs, run as `postgres` under root.
+    fn command(&self, program: &str) -> Command {
         let exe = self.bin.join(program);
-        let mut cmd = if self.as_postgres {
+        if self.as_postgres {
             let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c.args(["-u", "postgres", "--"]).arg(exe);
             c
         } else {
-            Command::new(&exe)
-        };
-        let out = cmd
+            Command::new(exe)
+        }
+    }
+
+    /// Runs one of the server's programs; panics with its output when it
+    /// fails.
+    fn run(&self, program: &str, args: &[&str]) {
+        let out = self
+            .command(program)
             .args(args)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+            .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
         assert!(
             out.status.success(),
             "{program} {args:?} failed: {}{}",
@@ -186,27 +191,12 @@ impl PostgresServer {
 impl Drop for PostgresServer {
     fn drop(&mut self) {
         let data = self.data();
-        let exe = self.bin.join("pg_ctl");
-        let mut cmd = if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
-            c
-        } else {
-            Command::new(&exe)
-        };
-        let _ = cmd
+        let _ = self
+            .command("pg_ctl")
             .args(["-D", data.to_str().unwrap_or_default(), "-m", "immediate", "-w", "stop"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A loopback port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }

@@ -72,10 +72,7 @@ pub fn nats_server_bin() -> Option<PathBuf> {
     )
 }
 
-/// A loopback port nothing listens on at the moment.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+pub use attest_test_support::free_port;
 
 /// The JetStream store a test server gets. Left to itself, the server may
 /// use 75% of the disk that is free when it starts, so on a nearly full disk
@@ -392,8 +389,13 @@ pub mod otlp {
     }
 
     pub fn span(trace: u8, id: u64, parent: Option<u64>, name: &str, attrs: Vec<KeyValue>) -> Span {
+        span_of([trace; 16], id, parent, name, attrs)
+    }
+
+    /// [`span`] in a trace with any 16-byte id.
+    pub fn span_of(trace_id: [u8; 16], id: u64, parent: Option<u64>, name: &str, attrs: Vec<KeyValue>) -> Span {
         Span {
-            trace_id: vec![trace; 16],
+            trace_id: trace_id.to_vec(),
             span_id: (id + 1).to_be_bytes().to_vec(),
             parent_span_id: parent.map(|p| (p + 1).to_be_bytes().to_vec()).unwrap_or_default(),
             name: name.into(),
@@ -406,7 +408,12 @@ pub mod otlp {
 
     /// An agent trace: invoke_agent root plus `tools` execute_tool spans (GenAI conventions).
     pub fn agent_trace(trace: u8, tools: usize, tool_name: &str) -> Vec<Span> {
-        let mut spans = vec![span(
+        agent_trace_of([trace; 16], tools, tool_name)
+    }
+
+    /// [`agent_trace`] with any 16-byte trace id.
+    pub fn agent_trace_of(trace: [u8; 16], tools: usize, tool_name: &str) -> Vec<Span> {
+        let mut spans = vec![span_of(
             trace,
             0,
             None,
@@ -421,7 +428,7 @@ pub mod otlp {
             ],
         )];
         for i in 0..tools {
-            spans.push(span(
+            spans.push(span_of(
                 trace,
                 i as u64 + 1,
                 Some(0),
