@@ -38,9 +38,10 @@ pub struct Names {
     pub dead_stream: String,
     pub workers_consumer: String,
     pub sink_consumer: String,
-    pub prefix: String,
-    /// Stream of the errors of failed attempts at work messages.
+    /// Stream and subject prefix of the errors of failed attempts at work
+    /// messages (see `AttemptLog`).
     pub attempts_stream: String,
+    pub attempts_subject: String,
 }
 
 impl Names {
@@ -56,7 +57,7 @@ impl Names {
             workers_consumer: format!("{prefix}-workers").replace('.', "_"),
             sink_consumer: format!("{prefix}-results-sink").replace('.', "_"),
             attempts_stream: format!("{up}_ATTEMPTS"),
-            prefix: prefix.to_owned(),
+            attempts_subject: format!("{prefix}.attempts"),
         }
     }
 }
@@ -963,7 +964,7 @@ const ATTEMPT_LOG_ENTRIES: usize = 16;
 
 impl AttemptLog {
     async fn open(js: &jetstream::Context, names: &Names, opts: &NatsOptions) -> AttemptLog {
-        let subject = format!("{}.attempts", names.prefix);
+        let subject = names.attempts_subject.clone();
         let stream = js
             .get_or_create_stream(stream::Config {
                 name: names.attempts_stream.clone(),
@@ -1017,11 +1018,8 @@ impl AttemptLog {
         errors.push(format!("attempt {delivered}: {}", header_text(error)));
         let from = errors.len().saturating_sub(ATTEMPT_LOG_ENTRIES);
         let value = serde_json::to_vec(&errors[from..]).unwrap_or_default();
-        let sent = match self.js.publish(subject, value.into()).await {
-            Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = sent {
+        // Bounded like every publish (PUBLISH_TIMEOUT).
+        if let Err(e) = publish(&self.js, &subject, async_nats::HeaderMap::new(), value.into()).await {
             tracing::debug!(error = %e, "cannot keep an attempt's error");
         }
     }
