@@ -19,6 +19,7 @@
 //! file stores a batch per row (see [`store`]).
 
 mod postgres;
+pub mod read;
 mod store;
 
 pub use attest_core::drift::{dynamic_status, mean_stddev, DriftReport, DriftStatus, Fingerprint, SpecDigest, BAND_PASS, BAND_SOFT};
@@ -95,7 +96,17 @@ pub struct HistoryConfig {
     /// one-shot commands (`eval`), whose results are all there is to record.
     /// A server keeps it off, so no request waits for the disk.
     pub wait_when_behind: bool,
+    /// Non-passing evaluations whose explanations and trace are kept (0:
+    /// none); past it the oldest go first.
+    pub kept_evaluations: u64,
+    /// Compressed bytes those may take; past it the oldest go first.
+    pub kept_bytes: u64,
 }
+
+/// Non-passing evaluations kept with their trace, by default.
+pub const DEFAULT_KEPT_EVALUATIONS: u64 = 10_000;
+/// Compressed bytes they may take, by default.
+pub const DEFAULT_KEPT_BYTES: u64 = 256 << 20;
 
 /// How long a waiting [`History::record`] waits for the writer before it
 /// drops the rows after all.
@@ -111,6 +122,90 @@ pub struct Row {
     pub assertion_type: &'static str,
     pub status: attest_trace::Status,
     pub score: f64,
+    /// USD spent on it (paid layers); 0 for the free ones.
+    pub cost: f64,
+}
+
+/// The run a batch belongs to: a test session, an `eval` command, a
+/// collector or worker process, or an ECP run. The viewer lists runs and
+/// compares two.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    /// Unique among runs (the writer interns it).
+    pub key: String,
+    pub kind: RunKind,
+    /// What a person recognises it by: the SDK and its version, the
+    /// command's files, the manifest.
+    pub label: String,
+}
+
+/// Which front door a run came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunKind {
+    Session,
+    Eval,
+    Collect,
+    Ecp,
+}
+
+impl RunKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RunKind::Session => "session",
+            RunKind::Eval => "eval",
+            RunKind::Collect => "collect",
+            RunKind::Ecp => "ecp",
+        }
+    }
+}
+
+/// What a non-passing evaluation keeps beyond its statuses and scores, so
+/// that a person can see why: each result's explanation and evidence, and
+/// the trace it judged. Stored compressed and bounded
+/// ([`HistoryConfig::kept_evaluations`], [`HistoryConfig::kept_bytes`]).
+#[derive(Debug, Clone, Default)]
+pub struct Kept {
+    /// The trace as it was sent (JSON text), when the front door has it.
+    pub trace: Option<String>,
+    /// One per row, in row order.
+    pub details: Vec<Detail>,
+}
+
+/// One result's explanation and evidence, as answered.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Detail {
+    pub explanation: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_node_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actual: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    /// The judge's audit trail (model, rubric version, samples, variance,
+    /// bias probes), for `llm_judge` results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<serde_json::Value>,
+}
+
+impl Kept {
+    /// Bytes it holds before compression.
+    fn bytes(&self) -> usize {
+        self.trace.as_ref().map_or(0, String::len)
+            + self
+                .details
+                .iter()
+                .map(|d| {
+                    d.explanation.len()
+                        + [&d.trace_node_path, &d.expected, &d.actual, &d.hint]
+                            .iter()
+                            .map(|s| s.as_ref().map_or(0, String::len))
+                            .sum::<usize>()
+                        + d.judge.as_ref().map_or(0, |_| 512)
+                })
+                .sum::<usize>()
+    }
 }
 
 /// The rows of one batch (or one submission), sharing trace and agent.
@@ -124,15 +219,19 @@ pub struct Rows {
     /// than once, and must count once. Test runs legitimately re-run traces,
     /// so their rows are not keyed.
     pub keyed: bool,
+    pub run: Option<Arc<Run>>,
+    /// Set by front doors for an evaluation with a non-passing result.
+    pub kept: Option<Box<Kept>>,
 }
 
 impl Rows {
     /// What these rows count for in the queue: one unit per row, plus one
-    /// per [`ROW_BYTES`] of the ids they carry.
+    /// per [`ROW_BYTES`] of the ids and kept text they carry.
     fn weight(&self) -> usize {
         let ids = self.trace_id.len()
             + self.agent_id.as_ref().map_or(0, String::len)
-            + self.rows.iter().map(|r| r.assertion_id.len()).sum::<usize>();
+            + self.rows.iter().map(|r| r.assertion_id.len()).sum::<usize>()
+            + self.kept.as_ref().map_or(0, |k| k.bytes());
         self.rows.len() + ids / ROW_BYTES
     }
 }

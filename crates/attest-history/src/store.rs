@@ -27,7 +27,8 @@ use std::path::Path;
 /// Current layout of the history file (`PRAGMA user_version`). Version 0 kept
 /// a row per result with its fingerprint and assertion id inline; version 2
 /// a row per result with both interned.
-const SCHEMA_VERSION: i64 = 3;
+/// Version 3 had no runs, costs or kept evaluations.
+pub(super) const SCHEMA_VERSION: i64 = 4;
 
 /// Bytes of one packed result: a status byte and a little-endian `f64` score.
 pub(super) const RESULT_BYTES: usize = 9;
@@ -65,9 +66,30 @@ const TABLES: &str = "
         suite INTEGER NOT NULL,
         trace_id TEXT NOT NULL,
         size INTEGER NOT NULL,
-        results BLOB NOT NULL
+        results BLOB NOT NULL,
+        -- The run it belongs to (`runs`), if the front door said.
+        run INTEGER,
+        -- Each member's cost as a little-endian f64, when any cost anything.
+        costs BLOB
     );
     CREATE INDEX IF NOT EXISTS batches_by_suite ON batches (suite, id);
+    CREATE TABLE IF NOT EXISTS runs (
+        id INTEGER PRIMARY KEY,
+        run_key TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL,
+        label TEXT NOT NULL,
+        started_at_ms INTEGER NOT NULL
+    );
+    -- Non-passing evaluations with what explains them: the members'
+    -- details (JSON) and the trace (JSON text), each deflated.
+    CREATE TABLE IF NOT EXISTS kept (
+        id INTEGER PRIMARY KEY,
+        batch INTEGER NOT NULL,
+        details BLOB NOT NULL,
+        trace BLOB,
+        bytes INTEGER NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS kept_by_batch ON kept (batch);
     -- Keyed results (continuous evaluation) already recorded.
     CREATE TABLE IF NOT EXISTS result_keys (
         trace_id TEXT NOT NULL,
@@ -111,6 +133,10 @@ fn open_connection_once(path: &Path) -> rusqlite::Result<Connection> {
     if version == SCHEMA_VERSION {
         tx.commit()?;
         return Ok(conn);
+    }
+    if version == 3 {
+        // Version 3 is version 4 without runs, costs and kept evaluations.
+        tx.execute_batch("ALTER TABLE batches ADD COLUMN run INTEGER; ALTER TABLE batches ADD COLUMN costs BLOB;")?;
     }
     let has_column = |column: &str| -> rusqlite::Result<bool> {
         tx.query_row(
@@ -242,7 +268,7 @@ const MAX_INTERNED: usize = 100_000;
 const MAX_INTERNED_SUITE_BYTES: usize = 16 << 20;
 /// Bytes of agent and assertion ids the interning maps may hold as keys.
 const MAX_INTERNED_KEY_BYTES: usize = 16 << 20;
-/// Batches per multi-row INSERT (5 parameters each; SQLite allows 32,766).
+/// Batches per multi-row INSERT (7 parameters each; SQLite allows 32,766).
 const BATCHES_PER_INSERT: usize = 256;
 
 /// Row ids of fingerprints, assertion ids and suites already in the file,
@@ -259,6 +285,7 @@ struct Interned {
     /// Bytes of the agent ids and assertion ids held as keys.
     key_bytes: usize,
     last: Option<LastSuite>,
+    runs: HashMap<String, i64>,
 }
 
 /// The last unkeyed batch's assertions and their suite. A test suite or a
@@ -302,6 +329,7 @@ impl Interned {
             || self.suites.len() > MAX_INTERNED
             || self.suite_bytes > MAX_INTERNED_SUITE_BYTES
             || self.key_bytes > MAX_INTERNED_KEY_BYTES
+            || self.runs.len() > MAX_INTERNED
     }
 }
 
@@ -311,6 +339,8 @@ struct Ready<'a> {
     trace_id: &'a str,
     size: i64,
     results: Vec<u8>,
+    run: Option<i64>,
+    costs: Option<Vec<u8>>,
 }
 
 /// The writer thread's state: the connection and what it has interned.
@@ -321,6 +351,8 @@ pub(super) struct Writer {
     /// Results in the file, counted at the first pruning and kept up to
     /// date, so retention scans the file only when there is something to cut.
     results: Option<i64>,
+    /// Kept evaluations in the file, likewise.
+    kept: Option<KeptTotals>,
 }
 
 impl Writer {
@@ -330,6 +362,7 @@ impl Writer {
             config,
             interned: Interned::default(),
             results: None,
+            kept: None,
         }
     }
 }
@@ -360,10 +393,13 @@ impl super::Backend for Writer {
             self.interned = Interned::default();
         }
         let interned = &mut self.interned;
+        let keep = KeptBounds::of(&self.config);
+        let kept_totals = &mut self.kept;
         let result = (|| -> rusqlite::Result<u64> {
             // Immediate, for the same reason as in `prune`.
             let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let mut n = 0;
+            let mut kept_any = false;
             {
                 let mut key =
                     tx.prepare_cached("INSERT OR IGNORE INTO result_keys (trace_id, assertion_id, recorded_at_ms) VALUES (?1, ?2, ?3)")?;
@@ -371,12 +407,17 @@ impl super::Backend for Writer {
                 // Each assertion id's latest fingerprint, set once per transaction.
                 let mut latest: HashMap<i64, i64> = HashMap::new();
                 let mut members = Vec::new();
+                // The rows of the batch at hand that are written (keyed rows
+                // already recorded are not).
+                let mut written: Vec<usize> = Vec::new();
                 for batch in pending.iter() {
                     let mut results = Vec::with_capacity(batch.rows.len() * RESULT_BYTES);
+                    written.clear();
                     let suite = match interned.last.as_ref().and_then(|last| last.suite_of(batch)) {
                         Some(suite) => {
-                            for r in &batch.rows {
+                            for (i, r) in batch.rows.iter().enumerate() {
                                 pack_result(&mut results, r.status, r.score);
+                                written.push(i);
                             }
                             suite
                         }
@@ -386,7 +427,7 @@ impl super::Backend for Writer {
                                 interned.last = None;
                             }
                             members.clear();
-                            for r in &batch.rows {
+                            for (i, r) in batch.rows.iter().enumerate() {
                                 if batch.keyed && key.execute(params![batch.trace_id, r.assertion_id, at])? == 0 {
                                     // Already recorded by an earlier delivery of this trace.
                                     continue;
@@ -396,6 +437,7 @@ impl super::Backend for Writer {
                                 latest.insert(assertion, fp);
                                 members.push((fp, assertion));
                                 pack_result(&mut results, r.status, r.score);
+                                written.push(i);
                             }
                             if members.is_empty() {
                                 continue;
@@ -407,6 +449,14 @@ impl super::Backend for Writer {
                             suite
                         }
                     };
+                    let costs = written
+                        .iter()
+                        .any(|&i| batch.rows[i].cost > 0.0)
+                        .then(|| written.iter().flat_map(|&i| batch.rows[i].cost.to_le_bytes()).collect());
+                    let run = match &batch.run {
+                        Some(run) => Some(intern_run(&tx, interned, run, at)?),
+                        None => None,
+                    };
                     let size = results.len() / RESULT_BYTES;
                     n += size as u64;
                     ready.push(Ready {
@@ -414,14 +464,30 @@ impl super::Backend for Writer {
                         trace_id: &batch.trace_id,
                         size: size as i64,
                         results,
+                        run,
+                        costs,
                     });
-                    if ready.len() == BATCHES_PER_INSERT {
+                    let kept = batch.kept.as_deref().filter(|_| keep.on());
+                    if ready.len() == BATCHES_PER_INSERT || kept.is_some() {
                         insert_batches(&tx, at, &ready)?;
                         ready.clear();
+                    }
+                    if let Some(kept) = kept {
+                        // The batch just inserted, alone or last.
+                        let batch_id = tx.last_insert_rowid();
+                        let bytes = insert_kept(&tx, batch_id, kept, &written)?;
+                        if let Some(t) = kept_totals.as_mut() {
+                            t.count += 1;
+                            t.bytes += bytes;
+                        }
+                        kept_any = true;
                     }
                 }
                 insert_batches(&tx, at, &ready)?;
                 repoint_assertions(&tx, latest)?;
+            }
+            if kept_any {
+                bound_kept(&tx, keep, kept_totals)?;
             }
             tx.commit()?;
             Ok(n)
@@ -437,11 +503,102 @@ impl super::Backend for Writer {
             Err(e) => {
                 // A rolled-back transaction may have taken interned ids with it.
                 self.interned = Interned::default();
+                self.kept = None;
                 tracing::error!(error = %e, "cannot write result history");
                 Err(e.to_string())
             }
         }
     }
+}
+
+/// The kept evaluations' bounds.
+#[derive(Clone, Copy)]
+struct KeptBounds {
+    count: u64,
+    bytes: u64,
+}
+
+impl KeptBounds {
+    fn of(config: &HistoryConfig) -> KeptBounds {
+        KeptBounds {
+            count: config.kept_evaluations,
+            bytes: config.kept_bytes,
+        }
+    }
+
+    fn on(self) -> bool {
+        self.count > 0 && self.bytes > 0
+    }
+}
+
+/// What the kept evaluations hold, counted once and kept up to date.
+#[derive(Clone, Copy, Default)]
+pub(super) struct KeptTotals {
+    count: u64,
+    bytes: u64,
+}
+
+/// A kept trace larger than this, compressed, is left out (its evaluation's
+/// details are still kept).
+pub const MAX_KEPT_TRACE_BYTES: usize = 4 << 20;
+
+fn deflate(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+    // Writing to a Vec cannot fail.
+    let _ = enc.write_all(bytes);
+    enc.finish().unwrap_or_default()
+}
+
+/// Inflates what [`deflate`] wrote, never past `max` bytes.
+pub(super) fn inflate(bytes: &[u8], max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::DeflateDecoder::new(bytes).take(max).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Stores the details of the `written` rows of a kept evaluation, and its
+/// trace; the compressed bytes it took.
+fn insert_kept(tx: &Connection, batch: i64, kept: &super::Kept, written: &[usize]) -> rusqlite::Result<u64> {
+    let details: Vec<&super::Detail> = written.iter().filter_map(|&i| kept.details.get(i)).collect();
+    let details = deflate(&serde_json::to_vec(&details).unwrap_or_default());
+    let trace = kept
+        .trace
+        .as_deref()
+        .map(|t| deflate(t.as_bytes()))
+        .filter(|t| t.len() <= MAX_KEPT_TRACE_BYTES);
+    let bytes = (details.len() + trace.as_ref().map_or(0, Vec::len)) as u64;
+    tx.prepare_cached("INSERT INTO kept (batch, details, trace, bytes) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![batch, details, trace, bytes as i64])?;
+    Ok(bytes)
+}
+
+/// Drops the oldest kept evaluations past either bound.
+fn bound_kept(tx: &Connection, bounds: KeptBounds, totals: &mut Option<KeptTotals>) -> rusqlite::Result<()> {
+    let t = match *totals {
+        Some(t) => t,
+        None => tx.query_row("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM kept", [], |r| {
+            Ok(KeptTotals {
+                count: r.get::<_, i64>(0)? as u64,
+                bytes: r.get::<_, i64>(1)? as u64,
+            })
+        })?,
+    };
+    if t.count > bounds.count || t.bytes > bounds.bytes {
+        // The newest that fit both bounds stay.
+        tx.execute(
+            "DELETE FROM kept WHERE id <= (SELECT id FROM
+               (SELECT id, COUNT(*) OVER w AS newer, SUM(bytes) OVER w AS newer_bytes FROM kept
+                WINDOW w AS (ORDER BY id DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+             WHERE newer > ?1 OR newer_bytes > ?2 ORDER BY id DESC LIMIT 1)",
+            params![bounds.count as i64, bounds.bytes as i64],
+        )?;
+        *totals = None;
+    } else {
+        *totals = Some(t);
+    }
+    Ok(())
 }
 
 impl Writer {
@@ -547,7 +704,10 @@ impl Writer {
                     "DELETE FROM suites WHERE id NOT IN (SELECT suite FROM batches);
                      DELETE FROM suite_members WHERE suite NOT IN (SELECT id FROM suites);
                      DELETE FROM assertions WHERE id NOT IN (SELECT assertion FROM suite_members);
-                     DELETE FROM fingerprints WHERE id NOT IN (SELECT fingerprint FROM suite_members);",
+                     DELETE FROM fingerprints WHERE id NOT IN (SELECT fingerprint FROM suite_members);
+                     DELETE FROM kept WHERE batch < (SELECT COALESCE(MIN(id), 0) FROM batches)
+                        OR NOT EXISTS (SELECT 1 FROM batches);
+                     DELETE FROM runs WHERE id NOT IN (SELECT run FROM batches WHERE run IS NOT NULL);",
                 )?;
             }
             tx.commit()?;
@@ -556,6 +716,7 @@ impl Writer {
         match result {
             Ok((deleted, left, over_bytes)) => {
                 self.results = Some(left);
+                self.kept = None;
                 if deleted > 0 {
                     tracing::info!(deleted_rows = deleted, results_kept = left, "history retention applied");
                 }
@@ -661,19 +822,22 @@ struct Hit {
 /// Rewrites batch `id` to hold only its newest `keep` results (the last
 /// members), so retention keeps exactly the newest `max_rows` results.
 fn keep_newest_results(tx: &Transaction, interned: &mut Interned, id: i64, keep: usize) -> rusqlite::Result<()> {
-    let (members, results): (Vec<u8>, Vec<u8>) = tx.query_row(
-        "SELECT s.members, b.results FROM batches b JOIN suites s ON s.id = b.suite WHERE b.id = ?1",
+    let (members, results, costs): (Vec<u8>, Vec<u8>, Option<Vec<u8>>) = tx.query_row(
+        "SELECT s.members, b.results, b.costs FROM batches b JOIN suites s ON s.id = b.suite WHERE b.id = ?1",
         params![id],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
     let members = unpack_members(&members);
     let from = members.len().saturating_sub(keep);
     let suite = intern_suite(tx, interned, &members[from..])?;
     let results = results.get(from * RESULT_BYTES..).unwrap_or_default();
+    let costs = costs.map(|c| c.get(from * 8..).unwrap_or_default().to_vec());
     tx.execute(
-        "UPDATE batches SET suite = ?2, size = ?3, results = ?4 WHERE id = ?1",
-        params![id, suite, (members.len() - from) as i64, results],
+        "UPDATE batches SET suite = ?2, size = ?3, results = ?4, costs = ?5 WHERE id = ?1",
+        params![id, suite, (members.len() - from) as i64, results, costs],
     )?;
+    // Its kept details no longer line up with its members.
+    tx.execute("DELETE FROM kept WHERE batch = ?1", params![id])?;
     Ok(())
 }
 
@@ -686,7 +850,7 @@ fn pack_members(members: &[(i64, i64)]) -> Vec<u8> {
     key
 }
 
-fn unpack_members(key: &[u8]) -> Vec<(i64, i64)> {
+pub(super) fn unpack_members(key: &[u8]) -> Vec<(i64, i64)> {
     key.chunks_exact(16)
         .map(|c| {
             let (fp, assertion) = c.split_at(8);
@@ -766,6 +930,21 @@ fn intern_assertion(tx: &Connection, interned: &mut Interned, assertion_id: &str
     Ok(id)
 }
 
+/// The row id of a run, inserting it the first time it is seen.
+fn intern_run(tx: &Connection, interned: &mut Interned, run: &super::Run, at: i64) -> rusqlite::Result<i64> {
+    if let Some(id) = interned.runs.get(&run.key) {
+        return Ok(*id);
+    }
+    tx.prepare_cached("INSERT OR IGNORE INTO runs (run_key, kind, label, started_at_ms) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![run.key, run.kind.name(), run.label, at])?;
+    let id = tx
+        .prepare_cached("SELECT id FROM runs WHERE run_key = ?1")?
+        .query_row(params![run.key], |r| r.get(0))?;
+    interned.key_bytes += run.key.len();
+    interned.runs.insert(run.key.clone(), id);
+    Ok(id)
+}
+
 /// Points each assertion id at the fingerprint of its latest result.
 fn repoint_assertions(tx: &Connection, latest: HashMap<i64, i64>) -> rusqlite::Result<()> {
     let mut repoint = tx.prepare_cached("UPDATE assertions SET fingerprint = ?2 WHERE id = ?1 AND fingerprint <> ?2")?;
@@ -780,14 +959,14 @@ fn insert_batches(tx: &Connection, at: i64, ready: &[Ready]) -> rusqlite::Result
     if ready.is_empty() {
         return Ok(());
     }
-    let mut sql = String::from("INSERT INTO batches (recorded_at_ms, suite, trace_id, size, results) VALUES ");
+    let mut sql = String::from("INSERT INTO batches (recorded_at_ms, suite, trace_id, size, results, run, costs) VALUES ");
     for i in 0..ready.len() {
-        sql.push_str(if i == 0 { "(?,?,?,?,?)" } else { ",(?,?,?,?,?)" });
+        sql.push_str(if i == 0 { "(?,?,?,?,?,?,?)" } else { ",(?,?,?,?,?,?,?)" });
     }
     let mut stmt = tx.prepare_cached(&sql)?;
-    let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(ready.len() * 5);
+    let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(ready.len() * 7);
     for b in ready {
-        values.extend_from_slice(&[&at, &b.suite, &b.trace_id, &b.size, &b.results]);
+        values.extend_from_slice(&[&at, &b.suite, &b.trace_id, &b.size, &b.results, &b.run, &b.costs]);
     }
     stmt.execute(values.as_slice())?;
     Ok(())
@@ -810,12 +989,15 @@ mod tests {
             assertion_type: "content",
             status: attest_trace::Status::Pass,
             score: 1.0,
+            cost: 0.0,
         };
         let rows = |trace_id: &str, ids: &[&str]| Rows {
             trace_id: trace_id.into(),
             agent_id: None,
             rows: ids.iter().map(|id| row(id)).collect(),
             keyed: false,
+            run: None,
+            kept: None,
         };
         assert_eq!(rows("t", &["a", "b"]).weight(), 2);
         // A 1 KiB trace id counts as ten more rows, so the queue's bound
@@ -849,6 +1031,8 @@ mod tests {
             max_age: Duration::from_secs(3600),
             max_bytes: 1 << 30,
             wait_when_behind: false,
+            kept_evaluations: crate::DEFAULT_KEPT_EVALUATIONS,
+            kept_bytes: crate::DEFAULT_KEPT_BYTES,
         }
     }
 
@@ -866,6 +1050,8 @@ mod tests {
     fn rows(id: &str, spec: SpecDigest, scores: &[f64]) -> Rows {
         Rows {
             keyed: false,
+            run: None,
+            kept: None,
             trace_id: "t".into(),
             agent_id: None,
             rows: scores
@@ -876,6 +1062,7 @@ mod tests {
                     assertion_type: "content",
                     status: attest_trace::Status::Pass,
                     score,
+                    cost: 0.0,
                 })
                 .collect(),
         }
@@ -1065,12 +1252,15 @@ mod tests {
             assertion_type: "content",
             status: Status::Pass,
             score,
+            cost: 0.0,
         }
     }
 
     fn batch(trace_id: &str, members: Vec<Row>) -> Rows {
         Rows {
             keyed: false,
+            run: None,
+            kept: None,
             trace_id: trace_id.into(),
             agent_id: Some("bot".into()),
             rows: members,

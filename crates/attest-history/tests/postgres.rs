@@ -16,12 +16,16 @@ fn config(url: &str) -> HistoryConfig {
         max_age: Duration::from_secs(3600),
         max_bytes: 1 << 30,
         wait_when_behind: false,
+        kept_evaluations: attest_history::DEFAULT_KEPT_EVALUATIONS,
+        kept_bytes: attest_history::DEFAULT_KEPT_BYTES,
     }
 }
 
 fn rows(trace: &str, id: &str, spec: SpecDigest, scores: &[f64], keyed: bool) -> Rows {
     Rows {
         keyed,
+        run: None,
+        kept: None,
         trace_id: trace.into(),
         agent_id: Some("agent".into()),
         rows: scores
@@ -36,6 +40,7 @@ fn rows(trace: &str, id: &str, spec: SpecDigest, scores: &[f64], keyed: bool) ->
                     attest_trace::Status::HardFail
                 },
                 score,
+                cost: 0.0,
             })
             .collect(),
     }
