@@ -686,6 +686,7 @@ async fn run(engine: &Engine, trace_raw: &RawValue, trace: Trace, plan: &Plan<'_
     engine.sinks.record(
         &Evaluation {
             trace: &trace,
+            trace_raw: trace_raw.get(),
             assertions: plan.iter().map(|(p, k)| (p, k.request_id.as_deref(), &*k.spec_text)).collect(),
             fresh: &fresh,
             results: &results,

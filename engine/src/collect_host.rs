@@ -8,8 +8,8 @@
 //! which is the name `query_drift` takes for production drift.
 
 use crate::batch::{Effects, Providers, Suite};
-use crate::history::{Row, Rows, SpecDigest};
-use crate::layers::AssertionType;
+use crate::history::{Detail, Kept, Row, Rows, SpecDigest};
+use crate::layers::{AssertionType, Status};
 use crate::protocol::{ErrorCode, RpcError};
 use crate::session::Engine;
 use attest_collect::{AssertionOutcome, BoxFuture, Durability, EvalError, ResultRecord, RuleError};
@@ -191,25 +191,49 @@ impl attest_collect::HistorySink for HistoryResults {
             let Some(history) = &self.engine.sinks.history else {
                 return Ok(());
             };
-            let mut by_trace: BTreeMap<(&str, Option<&str>), Vec<Row>> = BTreeMap::new();
+            let mut by_trace: BTreeMap<(&str, Option<&str>), Vec<&ResultRecord>> = BTreeMap::new();
             for r in results {
-                let name = format!("{}/{}", r.key.rule, r.key.assertion_id);
-                let kind = AssertionType::parse(&r.assertion_type).map_or("plugin", AssertionType::name);
-                by_trace.entry((&r.key.trace_id, r.agent_id.as_deref())).or_default().push(Row {
-                    spec: SpecDigest::submitted(&name),
-                    assertion_id: name,
-                    assertion_type: kind,
-                    status: r.status,
-                    score: r.score,
-                });
+                by_trace.entry((&r.key.trace_id, r.agent_id.as_deref())).or_default().push(r);
             }
+            let run = Some(self.engine.sinks.run());
             let batch: Vec<Rows> = by_trace
                 .into_iter()
-                .map(|((trace_id, agent_id), rows)| Rows {
-                    trace_id: trace_id.to_owned(),
-                    agent_id: agent_id.map(str::to_owned),
-                    rows,
-                    keyed: true,
+                .map(|((trace_id, agent_id), records)| {
+                    // A failing trace keeps its explanations; the trace itself
+                    // is in `--traces-out`, which the viewer also reads.
+                    let kept = records.iter().any(|r| r.status != Status::Pass).then(|| {
+                        Box::new(Kept {
+                            trace: None,
+                            details: records
+                                .iter()
+                                .map(|r| Detail {
+                                    explanation: r.explanation.clone(),
+                                    ..Detail::default()
+                                })
+                                .collect(),
+                        })
+                    });
+                    Rows {
+                        trace_id: trace_id.to_owned(),
+                        agent_id: agent_id.map(str::to_owned),
+                        rows: records
+                            .iter()
+                            .map(|r| {
+                                let name = format!("{}/{}", r.key.rule, r.key.assertion_id);
+                                Row {
+                                    spec: SpecDigest::submitted(&name),
+                                    assertion_id: name,
+                                    assertion_type: AssertionType::parse(&r.assertion_type).map_or("plugin", AssertionType::name),
+                                    status: r.status,
+                                    score: r.score,
+                                    cost: r.cost_usd,
+                                }
+                            })
+                            .collect(),
+                        keyed: true,
+                        run: run.clone(),
+                        kept,
+                    }
                 })
                 .collect();
             if durability == Durability::Queued {

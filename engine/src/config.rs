@@ -156,6 +156,11 @@ pub struct FileConfig {
     pub history_path: Option<PathBuf>,
     pub history_max_rows: Option<u64>,
     pub history_max_mib: Option<u64>,
+    /// Non-passing evaluations kept with their explanations and trace for
+    /// `attest-engine view` (0: none).
+    pub history_kept_evaluations: Option<u64>,
+    /// Compressed MiB those may take (0: none).
+    pub history_kept_mib: Option<u64>,
     #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub history_max_age: Option<String>,
     pub dynamic_min_samples: Option<usize>,
@@ -533,6 +538,12 @@ impl Config {
             bail!("history_max_age must be greater than zero (set history = false to switch history off)");
         }
         let max_bytes = mib("history_max_mib", file.history_max_mib, 1, DEFAULT_HISTORY_BYTES)?;
+        let kept_evaluations = file.history_kept_evaluations;
+        // 0 switches kept evaluations off, as `history_kept_evaluations = 0` does.
+        let kept_bytes = match file.history_kept_mib {
+            Some(0) => 0,
+            other => mib("history_kept_mib", other, 1, crate::history::DEFAULT_KEPT_BYTES)?,
+        };
         c.history = history_location
             .filter(|_| history_on)
             .map(|location| crate::history::HistoryConfig {
@@ -541,6 +552,8 @@ impl Config {
                 max_age,
                 max_bytes,
                 wait_when_behind: false,
+                kept_evaluations: kept_evaluations.unwrap_or(crate::history::DEFAULT_KEPT_EVALUATIONS),
+                kept_bytes,
             });
         c.dynamic_min_samples = file.dynamic_min_samples.unwrap_or(c.dynamic_min_samples);
         c.dynamic_window = file.dynamic_window.unwrap_or(c.dynamic_window);

@@ -13,7 +13,7 @@
 //! or `OPENAI_BASE_URL`, `OPENAI_API_KEY`), so existing manifests keep working.
 
 use crate::batch::{Effects, Suite};
-use crate::history::{Row, Rows, SpecDigest};
+use crate::history::{Detail, Kept, Row, Rows, SpecDigest};
 use crate::layers::Status;
 use crate::providers::Chat;
 use crate::session::Engine;
@@ -41,7 +41,9 @@ pub struct EngineGradingHost {
 }
 
 impl EngineGradingHost {
-    pub fn new(engine: Arc<Engine>) -> EngineGradingHost {
+    /// `label` names the run in the history (the manifest it runs).
+    pub fn new(engine: Arc<Engine>, label: String) -> EngineGradingHost {
+        engine.sinks.start_run(crate::history::RunKind::Ecp, label);
         let fallback_judge = match engine.providers.judge() {
             Ok(_) => None,
             Err(_) => attest_ecp::OpenAiJudgeHost::from_env().ok(),
@@ -199,14 +201,30 @@ impl GradingHost for EngineGradingHost {
                             _ => Status::Pass,
                         },
                         score: c.score.clamp(0.0, 1.0),
+                        cost: 0.0,
                     }
                 })
-                .collect();
+                .collect::<Vec<Row>>();
+            let kept = rows.iter().any(|r| r.status != Status::Pass).then(|| {
+                Box::new(Kept {
+                    trace: None,
+                    details: results
+                        .iter()
+                        .map(|c| Detail {
+                            explanation: c.reasoning.clone(),
+                            trace_node_path: (!c.field.is_empty()).then(|| c.field.clone()),
+                            ..Detail::default()
+                        })
+                        .collect(),
+                })
+            });
             history.record(Rows {
                 trace_id: format!("{}/{scenario}/{step}", self.run_id),
                 agent_id: None,
                 rows,
                 keyed: false,
+                run: Some(self.engine.sinks.run()),
+                kept,
             });
         })
     }

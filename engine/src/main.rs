@@ -468,6 +468,10 @@ fn run() -> ExitCode {
             let Some(engine) = load_engine(config) else {
                 return ExitCode::from(2);
             };
+            engine.sinks.start_run(
+                attest_engine::history::RunKind::Eval,
+                format!("eval {} {}", trace.display(), assertions.display()),
+            );
             match eval_cmd::run(&engine, &inputs, format.into(), &mut std::io::stdout().lock()) {
                 Ok(code) => ExitCode::from(code as u8),
                 Err(e) => {
@@ -483,14 +487,22 @@ fn run() -> ExitCode {
                 Some(_) => attest_engine::batch::Providers::Elsewhere,
                 None => attest_engine::batch::Providers::Required,
             };
+            let label = format!("collect --rules {}", args.rules.display());
             run_front_door(config, move |engine| async move {
+                engine.sinks.start_run(attest_engine::history::RunKind::Collect, label);
                 let (evaluator, history) = attest_engine::collect_host::backends_with(engine, providers);
                 attest_collect::run_collect(*args, evaluator, history).await
             })
         }
         Command::Worker(args) => {
             logging::init(config.log_level);
+            let label = match (args.role, &args.sink_name) {
+                (attest_collect::WorkerRole::Sink, Some(name)) => format!("worker --role sink --sink-name {name}"),
+                (attest_collect::WorkerRole::Sink, None) => "worker --role sink".to_owned(),
+                (attest_collect::WorkerRole::Evaluate, _) => "worker --role evaluate".to_owned(),
+            };
             run_front_door(config, |engine| async move {
+                engine.sinks.start_run(attest_engine::history::RunKind::Collect, label);
                 let (evaluator, history) = attest_engine::collect_host::backends(engine);
                 attest_collect::run_worker(args, evaluator, history).await
             })
@@ -507,8 +519,12 @@ fn run() -> ExitCode {
             };
             logging::init(level);
             let config = attest_engine::ecp_host::config_for(&cmd, config);
+            let label = match &cmd.action {
+                attest_ecp::EcpAction::Run(r) => format!("ecp run {}", r.manifest.display()),
+                _ => "ecp".to_owned(),
+            };
             run_front_door(config, |engine| async move {
-                let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine));
+                let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine, label));
                 attest_ecp::run_command(cmd, host).await
             })
         }

@@ -17,11 +17,12 @@ use crate::alerts::Webhook;
 use crate::batch::{AssertionResult, Effects, MAX_DETAILS_BYTES};
 use crate::config::Config;
 use crate::evaluator::{Outcome, Planned};
-use crate::history::{DriftReport, History, Row, Rows, SpecDigest};
+use crate::history::{Detail, DriftReport, History, Kept, Row, Rows, Run, RunKind, SpecDigest};
 use crate::layers::AssertionType;
 use crate::plugin_results::{PluginResult, PluginResults};
 use crate::report::{LoggedBatch, ReportedResult, SessionLog};
 use crate::text::quote;
+use crate::layers::Status;
 use crate::trace::Trace;
 use quick_cache::sync::Cache;
 use std::collections::hash_map::{DefaultHasher, Entry};
@@ -30,9 +31,36 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// A run with a key no other run has: the time, the process and a count.
+fn new_run(kind: RunKind, label: String) -> Arc<Run> {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    Arc::new(Run {
+        key: format!("{}-{at}-{}-{}", kind.name(), std::process::id(), RUNS.fetch_add(1, Ordering::Relaxed)),
+        kind,
+        label,
+    })
+}
+
+/// What the history keeps of a result that explains it.
+pub fn detail_of(r: &AssertionResult) -> Detail {
+    Detail {
+        explanation: r.explanation.clone(),
+        trace_node_path: r.evidence.trace_node_path.clone(),
+        expected: r.evidence.expected.clone(),
+        actual: r.evidence.actual.clone(),
+        hint: r.evidence.suggested_action.clone(),
+        judge: r.evidence.judge_metadata.as_ref().and_then(|j| serde_json::to_value(j).ok()),
+    }
+}
+
 /// One evaluated batch, as the sinks see it.
 pub struct Evaluation<'a> {
     pub trace: &'a Trace,
+    /// The trace as it was sent, kept in the history when a result fails.
+    pub trace_raw: &'a str,
     /// Each assertion, with its `request_id` and spec text.
     pub assertions: Vec<(&'a Planned, Option<&'a str>, &'a str)>,
     /// What the evaluator concluded (`None`: answered from the `request_id` cache).
@@ -107,6 +135,8 @@ pub struct Sinks {
     evaluated: AtomicU64,
     /// What paid assertions have cost this session, in USD (f64 bits).
     cost: AtomicU64,
+    /// The run the history files this engine's results under.
+    run: std::sync::RwLock<Arc<Run>>,
 }
 
 struct CachedResult {
@@ -153,7 +183,24 @@ impl Sinks {
             webhook,
             evaluated: AtomicU64::new(0),
             cost: AtomicU64::new(0),
+            run: std::sync::RwLock::new(new_run(RunKind::Session, "attest-engine session".into())),
         }
+    }
+
+    /// Files the results recorded from now on under a new run.
+    pub fn start_run(&self, kind: RunKind, label: String) {
+        *self.run.write().unwrap_or_else(|e| e.into_inner()) = new_run(kind, label);
+    }
+
+    /// Names the current run (a session, once the SDK said who it is).
+    pub fn label_run(&self, label: String) {
+        let mut run = self.run.write().unwrap_or_else(|e| e.into_inner());
+        *run = Arc::new(Run { label, ..(**run).clone() });
+    }
+
+    /// The run results are filed under now.
+    pub fn run(&self) -> Arc<Run> {
+        self.run.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The results the `request_id` cache already holds, by position; a
@@ -234,20 +281,30 @@ impl Sinks {
             }
         }
         if let Some(history) = &self.history {
+            let recorded = || fresh().filter(|(_, o, _)| !o.skipped);
+            // A failing evaluation keeps what explains it, for people to look at.
+            let kept = recorded().any(|(_, _, r)| r.status != Status::Pass).then(|| {
+                Box::new(Kept {
+                    trace: Some(e.trace_raw.to_owned()),
+                    details: recorded().map(|(_, _, r)| detail_of(r)).collect(),
+                })
+            });
             history.record(Rows {
                 keyed: false,
                 trace_id: e.trace.trace_id.clone(),
                 agent_id: e.trace.agent_id.clone(),
-                rows: fresh()
-                    .filter(|(_, o, _)| !o.skipped)
+                rows: recorded()
                     .map(|((planned, _, _), o, result)| Row {
                         assertion_id: planned.id.clone(),
                         spec: planned.compiled.spec_digest,
                         assertion_type: planned.kind.name(),
                         status: result.status,
                         score: o.score,
+                        cost: o.cost,
                     })
                     .collect(),
+                run: Some(self.run()),
+                kept,
             });
         }
         if self.session_log.enabled() {
@@ -291,7 +348,18 @@ impl Sinks {
                     assertion_type: "plugin",
                     status: record.status,
                     score: record.score,
+                    cost: 0.0,
                 }],
+                run: Some(self.run()),
+                kept: (record.status != Status::Pass).then(|| {
+                    Box::new(Kept {
+                        trace: None,
+                        details: vec![Detail {
+                            explanation: record.explanation.clone(),
+                            ..Detail::default()
+                        }],
+                    })
+                }),
             });
         }
         self.plugin_results.record(record);
