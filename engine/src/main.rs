@@ -124,6 +124,10 @@ enum Command {
     /// Evaluate assembled traces from NATS JetStream (scale-out of `collect`).
     #[command(allow_negative_numbers = true)]
     Worker(attest_collect::WorkerArgs),
+    /// Look at the result history in a browser: pass rates, scores over
+    /// time, failing evaluations with their traces, runs compared.
+    /// Read-only; listens on 127.0.0.1:8787.
+    View(attest_view::ViewArgs),
     /// Drive agents over the Evaluation Context Protocol from YAML manifests.
     Ecp(attest_ecp::EcpCommand),
     /// Create, check and test WebAssembly plugins.
@@ -506,6 +510,30 @@ fn run() -> ExitCode {
                 let (evaluator, history) = attest_engine::collect_host::backends(engine);
                 attest_collect::run_worker(args, evaluator, history).await
             })
+        }
+        Command::View(args) => {
+            logging::init(config.log_level);
+            // The file the engine writes, whether or not history is on now.
+            let default = match config.history.as_ref().map(|h| &h.location) {
+                Some(attest_engine::history::Location::File(path)) => Some(path.clone()),
+                // Refused in run_view, naming the database.
+                Some(attest_engine::history::Location::Postgres(_)) if args.history.is_none() => {
+                    eprintln!("attest-engine view: the configured history is a PostgreSQL database, which the viewer does not read yet: give --history PATH of a history file");
+                    return ExitCode::from(2);
+                }
+                _ => config.cache_dir.as_ref().map(|d| d.join("history.sqlite3")),
+            };
+            let runtime = match async_runtime() {
+                Ok(runtime) => runtime,
+                Err(code) => return code,
+            };
+            match runtime.block_on(attest_view::run_view(args, default)) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => {
+                    eprintln!("attest-engine view: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
         }
         Command::Ecp(cmd) => {
             // `-q` silences progress; the engine's own info lines (the

@@ -1,0 +1,172 @@
+//! `attest-engine view`: a local web viewer over the result history.
+//!
+//! It reads the history file read-only and serves pages rendered on the
+//! server (minijinja templates, autoescaped; charts drawn by plotters as
+//! SVG), with no script and nothing fetched from elsewhere: the stylesheet
+//! is built into the binary. It listens on loopback unless told otherwise,
+//! and anywhere else only with a token.
+//!
+//! - `pages.rs`: the pages and the queries behind them;
+//! - `charts.rs`: the SVG charts;
+//! - `tree.rs`: a kept trace as a bounded tree of steps.
+
+mod charts;
+mod pages;
+mod tree;
+
+use anyhow::Context as _;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// `attest-engine view`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ViewArgs {
+    /// The history file to read (default: the one the engine writes, from
+    /// attest.toml's history_path or <cache_dir>/history.sqlite3).
+    #[arg(long, value_name = "PATH")]
+    pub history: Option<String>,
+    /// Where to listen (IP:PORT). Loopback unless --bearer-token-env is given.
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    pub addr: SocketAddr,
+    /// Environment variable holding the token a browser must present
+    /// (`?token=…` once, then a cookie) or a client sends as
+    /// `Authorization: Bearer …`. Required to listen beyond loopback.
+    #[arg(long = "bearer-token-env", value_name = "VAR")]
+    pub bearer_token_env: Option<String>,
+    /// Newest scores per assertion its drift status is judged over.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(2..=1000))]
+    pub window: u16,
+}
+
+/// What every request shares.
+pub(crate) struct App {
+    pub(crate) pages: pages::Pages,
+    token: Option<String>,
+}
+
+/// Runs the viewer until SIGINT or SIGTERM. `default_history` is the file
+/// the engine's configuration names, used when `--history` is not given.
+pub async fn run_view(args: ViewArgs, default_history: Option<PathBuf>) -> anyhow::Result<i32> {
+    let history = match args.history.as_deref() {
+        Some(url) if attest_history::Location::is_postgres_url(url) => anyhow::bail!(
+            "--history {}: the viewer reads the SQLite history file; a PostgreSQL history is read by query_drift and dynamic thresholds, not yet by view. Give the path of a history file",
+            attest_history::Location::Postgres(url.to_owned())
+        ),
+        Some(path) => PathBuf::from(path),
+        None => default_history.context(
+            "no history file to read: give --history PATH, or set history_path (or cache_dir) in attest.toml",
+        )?,
+    };
+    let token = match &args.bearer_token_env {
+        Some(var) => Some(
+            std::env::var(var)
+                .ok()
+                .filter(|t| !t.is_empty())
+                .with_context(|| format!("--bearer-token-env {var}: the environment variable is not set or empty"))?,
+        ),
+        None => None,
+    };
+    if !args.addr.ip().is_loopback() && token.is_none() {
+        anyhow::bail!(
+            "--addr {} is not a loopback address: the viewer shows traces and results, so beyond this machine it needs a token; pass --bearer-token-env VAR with the token in VAR, or listen on 127.0.0.1",
+            args.addr
+        );
+    }
+    let pages = pages::Pages::open(&history, usize::from(args.window))?;
+    let app = Arc::new(App { pages, token });
+    let router = pages::routes()
+        .layer(axum::middleware::from_fn_with_state(app.clone(), guard))
+        .with_state(app);
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .with_context(|| format!("--addr {}: cannot listen there", args.addr))?;
+    let local = listener.local_addr()?;
+    // The one line a person (or a test) reads to find the page.
+    eprintln!("attest-engine view: serving {} on http://{local}/", history.display());
+    axum::serve(listener, router).with_graceful_shutdown(shutdown()).await?;
+    Ok(0)
+}
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+const COOKIE: &str = "attest_view_token";
+
+/// Compares in time independent of where they differ.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Read-only, token-checked, with headers that keep the page to itself.
+async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    if req.method() != axum::http::Method::GET && req.method() != axum::http::Method::HEAD {
+        return (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "GET, HEAD")], "the viewer is read-only: only GET").into_response();
+    }
+    if let Some(token) = &app.token {
+        let presented = |v: &str| same(v, token);
+        let bearer = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(presented);
+        let cookie = req
+            .headers()
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|c| c.trim().strip_prefix(COOKIE)?.strip_prefix('='))
+            .any(presented);
+        let query = req
+            .uri()
+            .query()
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .filter_map(|kv| kv.strip_prefix("token="))
+            .any(presented);
+        if query {
+            // Once from the link, then from the cookie: the token leaves the
+            // address bar (and the history) at once.
+            let path = req.uri().path().to_owned();
+            let mut r = axum::response::Redirect::to(&path).into_response();
+            if let Ok(v) = HeaderValue::from_str(&format!("{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/")) {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            return r;
+        }
+        if !bearer && !cookie {
+            return (
+                StatusCode::UNAUTHORIZED,
+                "this viewer needs its token: open the link with ?token=… once, or send Authorization: Bearer …",
+            )
+                .into_response();
+        }
+    }
+    let mut r = next.run(req).await;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    );
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    r
+}
