@@ -310,8 +310,11 @@ impl Engine {
             missing.push(format!("… and {} more", unknown.len() - MAX_LISTED));
         }
         tracing::info!(sdk_name = %p.sdk_name, sdk_version = %p.sdk_version, protocol_version = p.protocol_version, missing = missing.len(), "session initialized");
-        self.sinks
-            .label_run(format!("{} {}", crate::text::clip(&p.sdk_name, 64), crate::text::clip(&p.sdk_version, 32)));
+        self.sinks.label_run(format!(
+            "{} {}",
+            crate::text::clip(&p.sdk_name, 64),
+            crate::text::clip(&p.sdk_version, 32)
+        ));
         Ok(InitializeResult {
             engine_version: ENGINE_VERSION,
             protocol_version: PROTOCOL_VERSION,

@@ -19,10 +19,10 @@ use crate::config::Config;
 use crate::evaluator::{Outcome, Planned};
 use crate::history::{Detail, DriftReport, History, Kept, Row, Rows, Run, RunKind, SpecDigest};
 use crate::layers::AssertionType;
+use crate::layers::Status;
 use crate::plugin_results::{PluginResult, PluginResults};
 use crate::report::{LoggedBatch, ReportedResult, SessionLog};
 use crate::text::quote;
-use crate::layers::Status;
 use crate::trace::Trace;
 use quick_cache::sync::Cache;
 use std::collections::hash_map::{DefaultHasher, Entry};
@@ -38,7 +38,12 @@ fn new_run(kind: RunKind, label: String) -> Arc<Run> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     Arc::new(Run {
-        key: format!("{}-{at}-{}-{}", kind.name(), std::process::id(), RUNS.fetch_add(1, Ordering::Relaxed)),
+        key: format!(
+            "{}-{at}-{}-{}",
+            kind.name(),
+            std::process::id(),
+            RUNS.fetch_add(1, Ordering::Relaxed)
+        ),
         kind,
         label,
     })

@@ -239,7 +239,9 @@ impl Reader {
     }
 
     fn fingerprints(&self) -> rusqlite::Result<HashMap<i64, FingerprintRow>> {
-        let mut stmt = self.conn.prepare("SELECT id, fingerprint, agent_id, COALESCE(assertion_type, '') FROM fingerprints")?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, fingerprint, agent_id, COALESCE(assertion_type, '') FROM fingerprints")?;
         let rows = stmt.query_map([], |r| {
             let fp: Vec<u8> = r.get(1)?;
             Ok((
@@ -320,7 +322,9 @@ impl Reader {
         while let Some(r) = rows.next()? {
             let batch: i64 = r.get(0)?;
             let at: i64 = r.get(1)?;
-            let Some(members) = suites.get(&r.get::<_, i64>(2)?) else { continue };
+            let Some(members) = suites.get(&r.get::<_, i64>(2)?) else {
+                continue;
+            };
             let run: Option<i64> = r.get(3)?;
             let results = r.get_ref(4)?.as_blob()?;
             let costs = r.get_ref(5)?.as_blob_or_null()?;
@@ -576,7 +580,9 @@ impl Reader {
         let mut rows = stmt.query(params![a, b])?;
         while let Some(r) = rows.next()? {
             let run: i64 = r.get(0)?;
-            let Some(members) = suites.get(&r.get::<_, i64>(1)?) else { continue };
+            let Some(members) = suites.get(&r.get::<_, i64>(1)?) else {
+                continue;
+            };
             let results = r.get_ref(2)?.as_blob()?;
             let kept: Option<i64> = r.get(3)?;
             for (pos, &(fp, _)) in members.iter().enumerate() {

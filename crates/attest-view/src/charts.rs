@@ -44,7 +44,12 @@ pub fn sparkline(days: &[(i64, u64, u64)]) -> String {
             .margin(3)
             .build_cartesian_2d(first as f64 - 0.5..last as f64 + 0.5, -0.05f64..1.05f64)?;
         chart.draw_series(LineSeries::new(rates.iter().map(|&(d, r)| (d as f64, r)), LINE.stroke_width(2)))?;
-        chart.draw_series(rates.iter().filter(|&&(_, r)| r >= 1.0).map(|&(d, r)| Circle::new((d as f64, r), 2, LINE.filled())))?;
+        chart.draw_series(
+            rates
+                .iter()
+                .filter(|&&(_, r)| r >= 1.0)
+                .map(|&(d, r)| Circle::new((d as f64, r), 2, LINE.filled())),
+        )?;
         // A day with a failure gets a cross, not only a colour.
         chart.draw_series(
             rates
@@ -99,7 +104,13 @@ pub fn scores(points: &[Scored]) -> String {
             .x_labels(n.clamp(2, 8))
             .x_desc("result (oldest to newest)")
             // Results are whole numbers: ticks between them go unlabelled.
-            .x_label_formatter(&|x| if x.fract() == 0.0 { format!("{}", *x as i64 + 1) } else { String::new() })
+            .x_label_formatter(&|x| {
+                if x.fract() == 0.0 {
+                    format!("{}", *x as i64 + 1)
+                } else {
+                    String::new()
+                }
+            })
             .draw()?;
         let banded: Vec<(usize, (f64, f64))> = points.iter().enumerate().filter_map(|(i, p)| Some((i, p.band?))).collect();
         if !banded.is_empty() {
@@ -108,7 +119,10 @@ pub fn scores(points: &[Scored]) -> String {
             outline.extend(banded.iter().rev().map(|&(i, (lo, _))| (i as f64, lo.max(-0.02))));
             chart.draw_series(std::iter::once(Polygon::new(outline, BAND.mix(0.35).filled())))?;
         }
-        chart.draw_series(LineSeries::new(points.iter().enumerate().map(|(i, p)| (i as f64, p.score)), LINE.stroke_width(2)))?;
+        chart.draw_series(LineSeries::new(
+            points.iter().enumerate().map(|(i, p)| (i as f64, p.score)),
+            LINE.stroke_width(2),
+        ))?;
         chart.draw_series(
             points
                 .iter()
@@ -130,7 +144,9 @@ pub fn scores(points: &[Scored]) -> String {
     let below = points.iter().filter(|p| p.band.is_some_and(|(lo, _)| p.score < lo)).count();
     titled(
         svg,
-        &format!("scores of the last {n} result(s), oldest to newest: {failed} did not pass, {below} fell below the dynamic-threshold band"),
+        &format!(
+            "scores of the last {n} result(s), oldest to newest: {failed} did not pass, {below} fell below the dynamic-threshold band"
+        ),
     )
 }
 

@@ -117,7 +117,12 @@ fn same(a: &str, b: &str) -> bool {
 /// Read-only, token-checked, with headers that keep the page to itself.
 async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     if req.method() != axum::http::Method::GET && req.method() != axum::http::Method::HEAD {
-        return (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "GET, HEAD")], "the viewer is read-only: only GET").into_response();
+        return (
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(header::ALLOW, "GET, HEAD")],
+            "the viewer is read-only: only GET",
+        )
+            .into_response();
     }
     if let Some(token) = &app.token {
         let presented = |v: &str| same(v, token);
@@ -164,7 +169,9 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
     );
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));

@@ -95,7 +95,10 @@ pub fn routes() -> Router<Arc<App>> {
 
 async fn style() -> Response {
     (
-        [(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")],
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=3600"),
+        ],
         include_str!("../assets/style.css"),
     )
         .into_response()
@@ -119,7 +122,10 @@ async fn blocking(app: Arc<App>, page: impl FnOnce(&Pages) -> anyhow::Result<Res
 
 fn time(ms: i64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_seconds(t).to_string().replace('T', " ").replace('Z', " UTC")
+    humantime::format_rfc3339_seconds(t)
+        .to_string()
+        .replace('T', " ")
+        .replace('Z', " UTC")
 }
 
 fn status_word(s: Status) -> &'static str {
@@ -195,7 +201,10 @@ async fn overview(State(app): State<Arc<App>>, Query(q): Query<OverviewQuery>) -
         let snap = p.snapshot()?;
         let search = q.q.unwrap_or_default().chars().take(MAX_SEARCH).collect::<String>();
         let needle = search.to_lowercase();
-        let status = q.status.filter(|s| STATUS_FILTERS.contains(&s.as_str())).unwrap_or_else(|| "all".into());
+        let status = q
+            .status
+            .filter(|s| STATUS_FILTERS.contains(&s.as_str()))
+            .unwrap_or_else(|| "all".into());
         let kind = q.kind.filter(|k| !k.is_empty()).map(|k| k.chars().take(64).collect::<String>());
         let sort = q.sort.filter(|s| SORTS.contains(&s.as_str())).unwrap_or_else(|| "name".into());
         let desc = q.dir.as_deref() == Some("desc");
@@ -224,7 +233,9 @@ async fn overview(State(app): State<Arc<App>>, Query(q): Query<OverviewQuery>) -
                 "results" => a.total.cmp(&b.total),
                 "latest" => a.latest_ms.cmp(&b.latest_ms),
                 "cost" => a.cost.total_cmp(&b.cost),
-                "drift" => (a.drift == attest_history::DriftStatus::DriftDetected).cmp(&(b.drift == attest_history::DriftStatus::DriftDetected)),
+                "drift" => {
+                    (a.drift == attest_history::DriftStatus::DriftDetected).cmp(&(b.drift == attest_history::DriftStatus::DriftDetected))
+                }
                 _ => a.name.cmp(&b.name),
             };
             let o = o.then(a.name.cmp(&b.name)).then(a.id.cmp(&b.id));
@@ -236,12 +247,21 @@ async fn overview(State(app): State<Arc<App>>, Query(q): Query<OverviewQuery>) -
         });
         let pages = shown.len().div_ceil(PAGE_ROWS).max(1);
         let page = q.page.unwrap_or(1).clamp(1, pages);
-        let rows: Vec<Row> = shown.iter().skip((page - 1) * PAGE_ROWS).take(PAGE_ROWS).map(|a| Row::of(a)).collect();
+        let rows: Vec<Row> = shown
+            .iter()
+            .skip((page - 1) * PAGE_ROWS)
+            .take(PAGE_ROWS)
+            .map(|a| Row::of(a))
+            .collect();
         let (pass, soft, fail) = snap
             .assertions
             .iter()
             .fold((0, 0, 0), |(p, s, f), a| (p + a.pass, s + a.soft, f + a.fail));
-        let drifting = snap.assertions.iter().filter(|a| a.drift == attest_history::DriftStatus::DriftDetected).count();
+        let drifting = snap
+            .assertions
+            .iter()
+            .filter(|a| a.drift == attest_history::DriftStatus::DriftDetected)
+            .count();
         Ok(p.render(
             "overview.html",
             context! {
@@ -293,7 +313,11 @@ async fn assertion(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) ->
         let Some(summary) = snap.assertions.iter().find(|a| a.id == id).cloned() else {
             return Ok(p.missing(format!("no assertion {id} in this history")));
         };
-        let page = p.reader.lock().unwrap_or_else(|e| e.into_inner()).assertion(id, Some(summary.clone()), p.window)?;
+        let page = p
+            .reader
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .assertion(id, Some(summary.clone()), p.window)?;
         // Oldest first for the chart, each with the band the dynamic
         // threshold had before it: mean ± 2 standard deviations of the
         // `window` scores before.
@@ -487,14 +511,23 @@ struct CompareQuery {
 async fn compare(State(app): State<Arc<App>>, Query(q): Query<CompareQuery>) -> Response {
     blocking(app, move |p| {
         let snap = p.snapshot()?;
-        let find = |v: &Option<String>| v.as_deref().and_then(|s| s.trim().parse::<i64>().ok()).and_then(|id| snap.runs.iter().find(|r| r.id == id));
+        let find = |v: &Option<String>| {
+            v.as_deref()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .and_then(|id| snap.runs.iter().find(|r| r.id == id))
+        };
         let (Some(a), Some(b)) = (find(&q.a), find(&q.b)) else {
             return Ok(p.missing(
                 "two runs to compare: choose them on the Runs page (compare?a=RUN&b=RUN, with run numbers from that page)".into(),
             ));
         };
         let cmp = p.reader.lock().unwrap_or_else(|e| e.into_inner()).compare(a.id, b.id)?;
-        let name = |fp: i64| snap.assertions.iter().find(|s| s.id == fp).map_or_else(|| format!("assertion {fp}"), |s| s.name.clone());
+        let name = |fp: i64| {
+            snap.assertions
+                .iter()
+                .find(|s| s.id == fp)
+                .map_or_else(|| format!("assertion {fp}"), |s| s.name.clone())
+        };
         let mut newly_failing = Vec::new();
         let mut fixed = Vec::new();
         let mut still_failing = Vec::new();
@@ -502,7 +535,8 @@ async fn compare(State(app): State<Arc<App>>, Query(q): Query<CompareQuery>) -> 
         let mut only_b = Vec::new();
         let mut deltas = Vec::new();
         for (fp, x, y) in &cmp.rows {
-            let failing = |r: &attest_history::read::InRun| r.latest_status.is_some_and(|s| s != Status::Pass);
+            // Failing in a run: any of its results there did not pass.
+            let failing = |r: &attest_history::read::InRun| r.non_passing > 0;
             let row = |kept: Option<i64>| {
                 context! {
                     id => fp,
@@ -511,8 +545,8 @@ async fn compare(State(app): State<Arc<App>>, Query(q): Query<CompareQuery>) -> 
                     b_status => y.and_then(|r| r.latest_status).map(status_word),
                     a_mean => x.map(|r| format!("{:.3}", r.mean())),
                     b_mean => y.map(|r| format!("{:.3}", r.mean())),
-                    a_results => x.map(|r| r.results),
-                    b_results => y.map(|r| r.results),
+                    a_failed => x.map(|r| format!("{} of {} not passing", r.non_passing, r.results)),
+                    b_failed => y.map(|r| format!("{} of {} not passing", r.non_passing, r.results)),
                     delta => x.zip(*y).map(|(x, y)| format!("{:+.3}", y.mean() - x.mean())),
                     kept,
                 }

@@ -6,11 +6,13 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// Steps shown at most; the rest are counted.
-pub const MAX_NODES: usize = 2_000;
+pub const MAX_NODES: usize = 1_000;
 /// Sub-traces followed at most.
 pub const MAX_DEPTH: usize = 32;
 /// Bytes of one value shown (pretty JSON).
 pub const MAX_VALUE_BYTES: usize = 8 * 1024;
+/// Bytes of all values on one page; past it values are only sized.
+pub const MAX_PAGE_VALUE_BYTES: usize = 512 * 1024;
 
 /// A value as shown: its text, clipped.
 #[derive(Debug, Serialize)]
@@ -20,15 +22,24 @@ pub struct Shown {
     pub clipped_from: Option<usize>,
 }
 
-fn shown(v: &Value) -> Shown {
+/// What the page has left to show.
+struct Budget {
+    nodes: usize,
+    bytes: usize,
+}
+
+fn shown(v: &Value, budget: &mut Budget) -> Shown {
     let text = serde_json::to_string_pretty(v).unwrap_or_default();
-    if text.len() <= MAX_VALUE_BYTES {
+    let room = MAX_VALUE_BYTES.min(budget.bytes);
+    if text.len() <= room {
+        budget.bytes -= text.len();
         return Shown { text, clipped_from: None };
     }
-    let mut end = MAX_VALUE_BYTES;
+    let mut end = room;
     while !text.is_char_boundary(end) {
         end -= 1;
     }
+    budget.bytes -= end;
     Shown {
         text: text[..end].to_owned(),
         clipped_from: Some(text.len()),
@@ -100,17 +111,24 @@ pub fn build(trace: &str, pointed: &[Vec<usize>]) -> Option<TraceView> {
     let v: Value = serde_json::from_str(trace).ok()?;
     let obj = v.as_object()?;
     let text = |k: &str| obj.get(k).and_then(Value::as_str).map(|s| short(s, 256));
-    let mut budget = MAX_NODES;
+    let mut budget = Budget {
+        nodes: MAX_NODES,
+        bytes: MAX_PAGE_VALUE_BYTES,
+    };
     let mut omitted = 0;
+    // The trace's own input and output come before its steps' values.
+    let input = obj.get("input").map(|v| shown(v, &mut budget));
+    let output = obj.get("output").map(|v| shown(v, &mut budget));
+    let metadata = obj.get("metadata").map(|v| shown(v, &mut budget));
     let steps = nodes(obj.get("steps"), &mut Vec::new(), 0, pointed, &mut budget, &mut omitted);
     Some(TraceView {
         trace_id: text("trace_id").unwrap_or_default(),
         agent_id: text("agent_id"),
-        input: obj.get("input").map(shown),
-        output: obj.get("output").map(shown),
-        metadata: obj.get("metadata").map(shown),
+        input,
+        output,
+        metadata,
         steps,
-        shown: MAX_NODES - budget,
+        shown: MAX_NODES - budget.nodes,
         omitted,
     })
 }
@@ -120,7 +138,7 @@ fn nodes(
     at: &mut Vec<usize>,
     depth: usize,
     pointed: &[Vec<usize>],
-    budget: &mut usize,
+    budget: &mut Budget,
     omitted: &mut usize,
 ) -> Vec<Node> {
     let Some(steps) = steps.and_then(Value::as_array) else {
@@ -128,16 +146,19 @@ fn nodes(
     };
     let mut out = Vec::new();
     for (i, step) in steps.iter().enumerate() {
-        if *budget == 0 || depth >= MAX_DEPTH {
-            *omitted += count(step) + steps.len() - i - 1;
+        if budget.nodes == 0 || depth >= MAX_DEPTH {
+            *omitted += steps[i..].iter().map(count).sum::<usize>();
             break;
         }
-        *budget -= 1;
+        budget.nodes -= 1;
         at.push(i);
         let text = |k: &str| step.get(k).and_then(Value::as_str).map(|s| short(s, 256));
         let timing = |k: &str| step.get(k).and_then(Value::as_f64);
         let sub = step.get("sub_trace");
         let mut sub_omitted = 0;
+        // Its own values before its sub-trace's.
+        let args = step.get("args").map(|v| shown(v, budget));
+        let result = step.get("result").map(|v| shown(v, budget));
         let children = nodes(sub.and_then(|s| s.get("steps")), at, depth + 1, pointed, budget, &mut sub_omitted);
         *omitted += sub_omitted;
         // The deepest step a path names is the one marked.
@@ -149,8 +170,8 @@ fn nodes(
             name: text("name").unwrap_or_default(),
             agent: text("agent_id").or_else(|| sub.and_then(|s| s.get("agent_id")).and_then(Value::as_str).map(|s| short(s, 256))),
             duration_ms: timing("ended_at_ms").zip(timing("started_at_ms")).map(|(e, s)| e - s),
-            args: step.get("args").map(shown),
-            result: step.get("result").map(shown),
+            args,
+            result,
             highlighted,
             children,
             omitted: sub_omitted,
@@ -205,5 +226,9 @@ mod tests {
         assert!(view.steps[3].highlighted && !view.steps[2].highlighted);
         let args = view.steps[0].args.as_ref().unwrap();
         assert!(args.text.len() <= MAX_VALUE_BYTES && args.clipped_from.unwrap() > 20_000);
+        // The page's values together stay within their budget.
+        let total: usize = view.steps.iter().flat_map(|n| &n.args).map(|a| a.text.len()).sum();
+        assert!(total <= MAX_PAGE_VALUE_BYTES, "{total}");
+        assert!(view.steps[MAX_NODES - 1].args.as_ref().unwrap().text.is_empty());
     }
 }

@@ -1,0 +1,361 @@
+//! `attest-engine view` in a real browser: a history filled through the real
+//! binary (two test sessions, a dynamic threshold that drifts, hostile trace
+//! content, a `collect` run and an ECP run), served by the real binary, and
+//! driven in Debian's headless Chromium with playwright-core
+//! (`tests/viewer/check.mjs`). Screenshots of every page go to
+//! `target/viewer-screenshots/`.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const WORKSPACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+
+/// The keywords of the drifting assertion; a message with `k` of them scores `k / 4`.
+const KW: [&str; 4] = ["alpha", "beta", "gamma", "delta"];
+
+fn config(dir: &Path) -> PathBuf {
+    let path = dir.join("attest.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "history_path = \"{}\"\ndynamic_min_samples = 4\ndynamic_window = 6\n",
+            dir.join("history.sqlite3").display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn session(cfg: &Path, sdk_version: &str) -> Engine {
+    let mut cmd = command();
+    cmd.env("ATTEST_CONFIG", cfg).arg("--log-level=warn");
+    let mut e = Engine::spawn_command(cmd);
+    let mut params = init_params();
+    params["sdk_version"] = json!(sdk_version);
+    let r = e.request(&initialize_request(json!(1), params));
+    assert!(r.get("result").is_some(), "{r}");
+    e
+}
+
+fn trace(id: &str, message: &str) -> Value {
+    json!({
+        "schema_version": 1,
+        "trace_id": id,
+        "agent_id": "support-bot",
+        "input": {"user_message": "refund ORD-1"},
+        "steps": [
+            {"type": "llm_call", "name": "plan", "args": {"model": "gpt-4.1"}, "result": {"completion": "look it up"}},
+            {"type": "tool_call", "name": "lookup_order", "args": {"order_id": "ORD-1"}, "result": {"status": "delivered"}},
+            {"type": "tool_call", "name": "process_refund", "args": {"order_id": "ORD-1"}, "result": {"refund_id": "RFD-1"}}
+        ],
+        "output": {"message": message}
+    })
+}
+
+/// Hostile content: markup in every string the page shows, a 1 MB string,
+/// sub-traces as deep as the engine takes them, and more steps than the
+/// page shows.
+fn hostile_trace(id: &str) -> Value {
+    let mut t = trace(id, "<script>document.title='pwned'</script> refund issued");
+    t["steps"][1]["name"] = json!("<img src=x onerror=alert(1)>");
+    t["steps"][1]["result"] = json!({"blob": "A".repeat(1_000_000)});
+    let mut sub = json!({"schema_version": 1, "trace_id": format!("{id}-leaf"), "agent_id": "leaf", "steps": [{"type": "tool_call", "name": "leaf_tool"}], "output": {"message": "<b>leaf</b>"}});
+    for depth in 0..4 {
+        sub = json!({"schema_version": 1, "trace_id": format!("{id}-d{depth}"), "agent_id": format!("a{depth}"),
+                     "steps": [{"type": "agent_call", "name": format!("delegate{depth}"), "sub_trace": sub}], "output": {"message": "ok"}});
+    }
+    let steps = t["steps"].as_array_mut().unwrap();
+    steps.push(json!({"type": "agent_call", "name": "delegate", "sub_trace": sub}));
+    steps.extend(
+        (0..2500).map(
+            |i| json!({"type": "retrieval", "name": format!("chunk{i}"), "args": {"deep": (0..60).fold(json!("x"), |v, _| json!([v]))}}),
+        ),
+    );
+    t
+}
+
+fn assertions() -> Value {
+    json!([
+        {"assertion_id": "tone", "type": "content", "spec": {"target": "output.message", "check": "not_contains", "value": "<script>"}},
+        {"assertion_id": "no_refund_tool", "type": "trace", "spec": {"check": "forbidden_tools", "tools": ["process_refund"], "soft": true}},
+        {"assertion_id": "drifty", "type": "content", "spec": {"target": "output.message", "check": "keyword_all", "values": KW, "threshold": "dynamic"}}
+    ])
+}
+
+/// Statuses of one `evaluate_batch`, by assertion id.
+fn evaluate(e: &mut Engine, id: &str, t: Value) -> Vec<(String, String)> {
+    let r = e.request(&evaluate_request(json!(id), t, assertions()));
+    let results = r["result"]["results"].as_array().unwrap_or_else(|| panic!("{r}"));
+    results
+        .iter()
+        .map(|r| {
+            (
+                r["assertion_id"].as_str().unwrap().to_owned(),
+                r["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn message(found: usize) -> String {
+    format!("{} refund issued", KW[..found].join(" "))
+}
+
+/// What the test sent, to hold the page to.
+#[derive(Default)]
+struct Sent {
+    /// (assertion, status) of every session result.
+    session: Vec<(String, String)>,
+}
+
+fn fill(dir: &Path) -> Sent {
+    let cfg = config(dir);
+    let mut sent = Sent::default();
+    // Run 1: everything keyword-rich, nothing hostile.
+    let mut a = session(&cfg, "0.9.0-run1");
+    for i in 0..8 {
+        sent.session
+            .extend(evaluate(&mut a, &format!("a{i}"), trace(&format!("trc_a{i}"), &message(4))));
+    }
+    a.close_stdin();
+    a.wait_exit();
+    // Run 2: the drifting assertion falls to one keyword in four, and one
+    // trace is hostile.
+    let mut b = session(&cfg, "0.9.0-run2");
+    for i in 0..4 {
+        sent.session
+            .extend(evaluate(&mut b, &format!("b{i}"), trace(&format!("trc_b{i}"), &message(1))));
+    }
+    sent.session.extend(evaluate(&mut b, "hostile", hostile_trace("trc_hostile")));
+    b.close_stdin();
+    b.wait_exit();
+
+    // A collect run over the example traces.
+    let rules = dir.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "rules:\n  - name: refund-flow\n    assertions:\n      - {assertion_id: ordered, type: trace, spec: {check: contains_in_order, tools: [lookup_order, process_refund]}}\n      - {assertion_id: short, type: constraint, spec: {field: steps.length, operator: lte, value: 1}}\n",
+    )
+    .unwrap();
+    let out = command()
+        .env("ATTEST_CONFIG", &cfg)
+        .args(["--log-level=warn", "collect", "--rules"])
+        .arg(&rules)
+        .arg("--jsonl")
+        .arg(Path::new(WORKSPACE).join("examples/traces.jsonl"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "collect: {}", String::from_utf8_lossy(&out.stderr));
+
+    // An ECP run of the example manifest (a standard-library agent).
+    let out = command()
+        .env("ATTEST_CONFIG", &cfg)
+        .current_dir(WORKSPACE)
+        .args(["--log-level=warn", "ecp", "run", "--manifest", "examples/ecp/manifest.yaml", "-q"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        matches!(out.status.code(), Some(0 | 2)),
+        "ecp run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sent
+}
+
+struct Viewer {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Viewer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn view(history: &Path, extra: &[&str]) -> Viewer {
+    let mut child = command()
+        .args(["view", "--addr", "127.0.0.1:0", "--history"])
+        .arg(history)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .trim_end_matches('/')
+        .to_owned();
+    Viewer { child, url }
+}
+
+fn node_modules() -> Option<PathBuf> {
+    let dir = std::env::var_os("VIEWER_NODE_MODULES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(WORKSPACE).join("target/viewer-node/node_modules"));
+    dir.join("playwright-core").is_dir().then_some(dir)
+}
+
+fn count(conn: &rusqlite::Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+#[test]
+fn the_viewer_shows_the_store_in_a_real_browser() {
+    let chromium = PathBuf::from(std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()));
+    if !chromium.exists() {
+        return attest_test_support::missing("Chromium is not installed", "apt-get install chromium").unwrap_or(());
+    }
+    let Some(modules) = node_modules() else {
+        return attest_test_support::missing(
+            "playwright-core is not installed",
+            "scripts/test installs it into target/viewer-node (npm install --prefix target/viewer-node playwright-core)",
+        )
+        .unwrap_or(());
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sent = fill(dir.path());
+    let history = dir.path().join("history.sqlite3");
+
+    // The store's own numbers, read with SQL.
+    let conn = rusqlite::Connection::open(&history).unwrap();
+    let results = count(&conn, "SELECT SUM(size) FROM batches");
+    let runs = count(&conn, "SELECT COUNT(*) FROM runs");
+    let kept = count(&conn, "SELECT COUNT(*) FROM kept");
+    let kinds: Vec<String> = conn
+        .prepare("SELECT kind FROM runs ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(kinds, ["session", "session", "collect", "ecp"]);
+    let of = |id: &str, status: &str| sent.session.iter().filter(|(a, s)| a == id && s == status).count();
+    // The drifting assertion passed all through run 1 and failed in run 2
+    // once its dynamic threshold had learned run 1's scores.
+    let drifty: Vec<&str> = sent
+        .session
+        .iter()
+        .filter(|(a, _)| a == "drifty")
+        .map(|(_, s)| s.as_str())
+        .collect();
+    assert!(
+        drifty[..8].iter().all(|s| *s == "pass") && drifty[8..].contains(&"hard_fail"),
+        "{drifty:?}"
+    );
+
+    let screenshots = Path::new(WORKSPACE).join("target/viewer-screenshots");
+    std::fs::create_dir_all(&screenshots).unwrap();
+    let viewer = view(&history, &[]);
+    let expect = json!({
+        "results": results,
+        "runs": runs,
+        "kept": kept,
+        "tone": {"total": of("tone", "pass") + of("tone", "hard_fail"), "fail": of("tone", "hard_fail")},
+        "drifty": {"total": 13, "pass": of("drifty", "pass"), "fail": of("drifty", "hard_fail")},
+    });
+    let out = Command::new("node")
+        .arg(Path::new(WORKSPACE).join("tests/viewer/check.mjs"))
+        .env("VIEWER_URL", &viewer.url)
+        .env("VIEWER_EXPECT", expect.to_string())
+        .env("VIEWER_SCREENSHOTS", &screenshots)
+        .env("NODE_PATH", &modules)
+        .env("PLAYWRIGHT_CORE", modules.join("playwright-core/index.mjs"))
+        .env("CHROMIUM", &chromium)
+        .output()
+        .expect("running node");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the browser checks failed:\n{log}");
+    assert!(log.contains("all viewer checks passed"), "{log}");
+    for page in ["overview", "assertion", "evaluation", "runs", "compare"] {
+        assert!(screenshots.join(format!("{page}.png")).is_file(), "{page}.png");
+    }
+}
+
+#[test]
+fn beyond_loopback_the_viewer_needs_a_token_and_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut s = session(&cfg, "0.9.0");
+    evaluate(&mut s, "x", trace("trc_x", &message(4)));
+    s.close_stdin();
+    s.wait_exit();
+    let history = dir.path().join("history.sqlite3");
+    let out = command()
+        .args(["view", "--addr", "0.0.0.0:0", "--history"])
+        .arg(&history)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not a loopback address") && err.contains("--bearer-token-env"),
+        "{err}"
+    );
+
+    let mut child = command()
+        .env("VIEW_TOKEN", "s3cret-token")
+        .args(["view", "--addr", "127.0.0.1:0", "--bearer-token-env", "VIEW_TOKEN", "--history"])
+        .arg(&history)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    let get = |path: &str, headers: &[(&str, &str)]| {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-o", "/dev/null", "-w", "%{http_code}"]);
+        for (k, v) in headers {
+            c.args(["-H", &format!("{k}: {v}")]);
+        }
+        String::from_utf8(c.arg(format!("{url}{path}")).output().unwrap().stdout).unwrap()
+    };
+    assert_eq!(get("/", &[]), "401");
+    assert_eq!(get("/", &[("Authorization", "Bearer wrong")]), "401");
+    assert_eq!(get("/", &[("Authorization", "Bearer s3cret-token")]), "200");
+    assert_eq!(get("/", &[("Cookie", "attest_view_token=s3cret-token")]), "200");
+    // The token in the link is swapped for a cookie at once.
+    assert_eq!(get("/runs?token=s3cret-token", &[]), "303");
+    // Read-only.
+    let post = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "POST",
+            "-H",
+            "Authorization: Bearer s3cret-token",
+        ])
+        .arg(format!("{url}/"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&post.stdout), "405");
+    let _ = child.kill();
+    let _ = child.wait();
+    std::thread::sleep(Duration::from_millis(10));
+}
