@@ -359,3 +359,25 @@ fn beyond_loopback_the_viewer_needs_a_token_and_checks_it() {
     let _ = child.wait();
     std::thread::sleep(Duration::from_millis(10));
 }
+
+/// The README's quick start: the example history opens as it is in the
+/// repository (read-only, in the current layout) and shows its results.
+#[test]
+fn the_example_history_opens_as_the_readme_says() {
+    let example = Path::new(WORKSPACE).join("examples/history.sqlite3");
+    let viewer = view(&example, &[]);
+    let out = Command::new("curl").args(["-s", &format!("{}/", viewer.url)]).output().unwrap();
+    let page = String::from_utf8_lossy(&out.stdout);
+    let results: u64 = page
+        .split("id=\"stat-results\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no result count on the page: {page}"));
+    assert!(results > 0, "{page}");
+    let runs = page.split("id=\"stat-runs\">").nth(1).and_then(|r| r.split('<').next()).unwrap();
+    assert_eq!(runs, "5", "three eval runs, a collect run and an ECP run");
+    drop(viewer);
+    // Nothing was written beside it.
+    assert!(!Path::new(WORKSPACE).join("examples/history.sqlite3-wal").exists());
+}
