@@ -469,7 +469,9 @@ impl Reader {
                 m
             });
             let mut stmt = self.conn.prepare_cached(
-                "SELECT k.id, b.recorded_at_ms, b.trace_id, b.suite, b.results, k.details FROM kept k JOIN batches b ON b.id = k.batch
+                // From the kept evaluations, newest first (CROSS JOIN keeps
+                // SQLite from walking the assertion's every batch instead).
+                "SELECT k.id, b.recorded_at_ms, b.trace_id, b.suite, b.results, k.details FROM kept k CROSS JOIN batches b ON b.id = k.batch
                  WHERE b.suite IN (SELECT suite FROM suite_members WHERE fingerprint = ?1) ORDER BY k.id DESC LIMIT 500",
             )?;
             let mut rows = stmt.query(params![fp])?;
@@ -572,19 +574,25 @@ impl Reader {
     pub fn compare(&self, a: i64, b: i64) -> anyhow::Result<Comparison> {
         let tx = self.conn.unchecked_transaction()?;
         let suites = self.suites()?;
+        // Kept evaluations are bounded (10,000 by default): looked up in
+        // memory rather than once per batch.
+        let kept_of: HashMap<i64, i64> = {
+            let mut stmt = self.conn.prepare("SELECT batch, MAX(id) FROM kept GROUP BY batch")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
         let mut by: BTreeMap<i64, (Option<InRun>, Option<InRun>)> = BTreeMap::new();
-        let mut stmt = self.conn.prepare(
-            "SELECT b.run, b.suite, b.results, (SELECT MAX(k.id) FROM kept k WHERE k.batch = b.id)
-             FROM batches b WHERE b.run IN (?1, ?2) ORDER BY b.id",
-        )?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT b.id, b.run, b.suite, b.results FROM batches b WHERE b.run IN (?1, ?2) ORDER BY b.id")?;
         let mut rows = stmt.query(params![a, b])?;
         while let Some(r) = rows.next()? {
-            let run: i64 = r.get(0)?;
-            let Some(members) = suites.get(&r.get::<_, i64>(1)?) else {
+            let kept = kept_of.get(&r.get::<_, i64>(0)?).copied();
+            let run: i64 = r.get(1)?;
+            let Some(members) = suites.get(&r.get::<_, i64>(2)?) else {
                 continue;
             };
-            let results = r.get_ref(2)?.as_blob()?;
-            let kept: Option<i64> = r.get(3)?;
+            let results = r.get_ref(3)?.as_blob()?;
             for (pos, &(fp, _)) in members.iter().enumerate() {
                 let Some((status, score)) = result_at(results, pos) else { break };
                 let sides = by.entry(fp).or_default();
