@@ -94,6 +94,7 @@ impl Assertions {
                 explanation: r.explanation,
                 cost_usd: r.cost,
                 duration_ms: r.duration_ms,
+                trace_node_path: r.evidence.trace_node_path,
             })
             .collect())
     }

@@ -182,9 +182,6 @@ impl GradingHost for EngineGradingHost {
 
     fn record<'a>(&'a self, scenario: &'a str, step: usize, results: &'a [CheckResult]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Some(history) = &self.engine.sinks.history else {
-                return;
-            };
             let rows = results
                 .iter()
                 .enumerate()
@@ -218,6 +215,22 @@ impl GradingHost for EngineGradingHost {
                         .collect(),
                 })
             });
+            if let Some(export) = self.engine.sinks.export() {
+                for (row, c) in rows.iter().zip(results) {
+                    export.send(attest_collect::export::Event {
+                        trace_id: format!("{}/{scenario}/{step}", self.run_id),
+                        span_id: None,
+                        name: row.assertion_id.clone(),
+                        score: Some(row.score),
+                        status: Some(row.status),
+                        explanation: c.reasoning.clone(),
+                        error_type: None,
+                    });
+                }
+            }
+            let Some(history) = &self.engine.sinks.history else {
+                return;
+            };
             history.record(Rows {
                 trace_id: format!("{}/{scenario}/{step}", self.run_id),
                 agent_id: None,

@@ -91,6 +91,8 @@ enum Command {
         /// markdown=<path> (repeatable; also accepted before the subcommand).
         #[arg(long = "report", value_name = "KIND=PATH")]
         reports: Vec<String>,
+        #[command(flatten)]
+        export: attest_collect::export::ExportArgs,
     },
     /// Run the LLM judge over human-labelled records and report agreement
     /// (see docs/calibration.md).
@@ -442,7 +444,11 @@ fn run() -> ExitCode {
             )
         }
         Command::Eval {
-            trace, assertions, format, ..
+            trace,
+            assertions,
+            format,
+            export,
+            ..
         } => {
             logging::init(one_shot_level(&config));
             // A one-shot run's results are all it has to record: wait for
@@ -476,13 +482,32 @@ fn run() -> ExitCode {
                 attest_engine::history::RunKind::Eval,
                 format!("eval {} {}", trace.display(), assertions.display()),
             );
-            match eval_cmd::run(&engine, &inputs, format.into(), &mut std::io::stdout().lock()) {
+            let exporter = match export
+                .endpoint
+                .as_deref()
+                .map(|e| attest_collect::export::OtlpExport::start(e, export.protocol, "eval"))
+            {
+                None => None,
+                Some(Ok(x)) => Some(Arc::new(x)),
+                Some(Err(e)) => {
+                    eprintln!("attest-engine eval: {e:#}");
+                    return ExitCode::from(2);
+                }
+            };
+            if let Some(x) = &exporter {
+                engine.sinks.export_to(x.clone());
+            }
+            let code = match eval_cmd::run(&engine, &inputs, format.into(), &mut std::io::stdout().lock()) {
                 Ok(code) => ExitCode::from(code as u8),
                 Err(e) => {
                     eprintln!("attest-engine eval: {e:#}");
                     ExitCode::from(2)
                 }
+            };
+            if let Some(x) = exporter {
+                attest_engine::eval_cmd::finish_export(&x);
             }
+            code
         }
         Command::Collect(args) => {
             logging::init(config.log_level);
@@ -551,9 +576,36 @@ fn run() -> ExitCode {
                 attest_ecp::EcpAction::Run(r) => format!("ecp run {}", r.manifest.display()),
                 _ => "ecp".to_owned(),
             };
+            let exporter = match &cmd.action {
+                attest_ecp::EcpAction::Run(attest_ecp::RunArgs {
+                    export_otlp: Some(endpoint),
+                    export_otlp_protocol,
+                    ..
+                }) => {
+                    let protocol = match export_otlp_protocol.as_str() {
+                        "grpc" => attest_collect::export::Protocol::Grpc,
+                        _ => attest_collect::export::Protocol::Http,
+                    };
+                    match attest_collect::export::OtlpExport::start(endpoint, protocol, "ecp") {
+                        Ok(x) => Some(Arc::new(x)),
+                        Err(e) => {
+                            eprintln!("attest-engine ecp: {e:#}");
+                            return ExitCode::from(1);
+                        }
+                    }
+                }
+                _ => None,
+            };
             run_front_door(config, |engine| async move {
+                if let Some(x) = &exporter {
+                    engine.sinks.export_to(x.clone());
+                }
                 let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine, label));
-                attest_ecp::run_command(cmd, host).await
+                let code = attest_ecp::run_command(cmd, host).await;
+                if let Some(x) = exporter {
+                    tokio::task::spawn_blocking(move || attest_engine::eval_cmd::finish_export(&x)).await?;
+                }
+                code
             })
         }
         Command::Calibrate {

@@ -142,6 +142,8 @@ pub struct Sinks {
     cost: AtomicU64,
     /// The run the history files this engine's results under.
     run: std::sync::RwLock<Arc<Run>>,
+    /// `--export-otlp`: every result as an OpenTelemetry event.
+    export: std::sync::OnceLock<Arc<attest_collect::export::OtlpExport>>,
 }
 
 struct CachedResult {
@@ -189,7 +191,18 @@ impl Sinks {
             evaluated: AtomicU64::new(0),
             cost: AtomicU64::new(0),
             run: std::sync::RwLock::new(new_run(RunKind::Session, "attest-engine session".into())),
+            export: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sends every result recorded from now on to `export` too.
+    pub fn export_to(&self, export: Arc<attest_collect::export::OtlpExport>) {
+        let _ = self.export.set(export);
+    }
+
+    /// The exporter, when results are exported.
+    pub fn export(&self) -> Option<&Arc<attest_collect::export::OtlpExport>> {
+        self.export.get()
     }
 
     /// Files the results recorded from now on under a new run.
@@ -280,6 +293,28 @@ impl Sinks {
             return;
         }
         self.evaluated.fetch_add(e.results.len() as u64, Ordering::Relaxed);
+        if let Some(export) = self.export.get() {
+            // Read only when some result points into the trace.
+            let parsed = e
+                .results
+                .iter()
+                .any(|r| r.evidence.trace_node_path.is_some())
+                .then(|| serde_json::from_str::<serde_json::Value>(e.trace_raw).ok())
+                .flatten();
+            for (_, _, r) in fresh() {
+                export.send(attest_collect::export::Event {
+                    trace_id: e.trace.trace_id.clone(),
+                    span_id: parsed
+                        .as_ref()
+                        .and_then(|t| attest_collect::convert::span_of(t, r.evidence.trace_node_path.as_deref())),
+                    name: r.assertion_id.clone(),
+                    score: Some(r.score),
+                    status: Some(r.status),
+                    explanation: r.explanation.clone(),
+                    error_type: None,
+                });
+            }
+        }
         if let Some(webhook) = &self.webhook {
             for alert in e.alerts {
                 webhook.send(alert.clone());

@@ -61,6 +61,8 @@ pub struct CollectArgs {
     pub nats: Option<String>,
     #[command(flatten)]
     pub nats_opts: NatsOptions,
+    #[command(flatten)]
+    pub export: crate::export::ExportArgs,
     /// Quiet time after the last span of a trace (with its root) before it is evaluated.
     #[arg(long, default_value_t = 2000)]
     pub settle_ms: u64,
@@ -252,6 +254,9 @@ pub struct WorkerArgs {
     pub sink_name: Option<String>,
     #[command(flatten)]
     pub nats_opts: NatsOptions,
+    /// With `--role sink`: also send each result as an OpenTelemetry event.
+    #[command(flatten)]
+    pub export: crate::export::ExportArgs,
     /// Traces evaluated at once by this worker (1 to 1024).
     #[arg(long, default_value_t = 4, value_parser = at_least_one::<MAX_CONCURRENCY, usize>)]
     pub concurrency: usize,
@@ -359,10 +364,13 @@ fn load_prices(path: &Option<PathBuf>) -> anyhow::Result<PriceTable> {
 /// before it drops (and counts) a trace's results.
 const JSONL_RESULTS_WAIT: Duration = Duration::from_secs(60);
 
-/// The result sinks: `--results-jsonl` (see [`Wait`] for `wait`), then the history.
+/// The result sinks: `--results-jsonl` (see [`Wait`] for `wait`), the
+/// history, then `--export-otlp` (whose counts `/metrics` shows).
 fn sinks(
     results_jsonl: &Option<PathBuf>,
     history: Option<Arc<dyn HistorySink>>,
+    export: &crate::export::ExportArgs,
+    front_door: &str,
     metrics: &Arc<Metrics>,
     wait: Wait,
 ) -> anyhow::Result<crate::SharedSinks> {
@@ -373,6 +381,11 @@ fn sinks(
     }
     if let Some(h) = history {
         v.push(h);
+    }
+    if let Some(endpoint) = &export.endpoint {
+        let exporter = crate::export::OtlpExport::start(endpoint, export.protocol, front_door)?;
+        let _ = metrics.export.set(exporter.stats.clone());
+        v.push(Arc::new(exporter));
     }
     Ok(Arc::new(v))
 }
@@ -438,6 +451,9 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             bail!("{name} must be at least 1");
         }
     }
+    if let (Some(_), Some(e)) = (&args.nats, &args.export.endpoint) {
+        bail!("--export-otlp {e}: with --nats this collector evaluates nothing; give --export-otlp to the sink (`worker --role sink`), which stores the workers' results");
+    }
     if let (Some(_), Some(p)) = (&args.nats, &args.results_jsonl) {
         bail!(
             "--results-jsonl {}: with --nats this collector evaluates nothing; the workers evaluate and `worker --role sink --results-jsonl FILE` writes the results: drop --results-jsonl here and give it to the sink",
@@ -473,8 +489,8 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     }
     // A backfill's results leave only through a sink or NATS: the metrics
     // endpoint is not served while --jsonl runs.
-    if args.jsonl.is_some() && args.results_jsonl.is_none() && args.nats.is_none() && history.is_none() {
-        bail!("--jsonl with history off has nowhere to put its results: pass --results-jsonl FILE, --nats URL, or turn history back on");
+    if args.jsonl.is_some() && args.results_jsonl.is_none() && args.nats.is_none() && history.is_none() && args.export.endpoint.is_none() {
+        bail!("--jsonl with history off has nowhere to put its results: pass --results-jsonl FILE, --export-otlp URL, --nats URL, or turn history back on");
     }
     let bearer_token = match &args.bearer_token_env {
         None => None,
@@ -512,6 +528,8 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         sinks: sinks(
             &args.results_jsonl,
             history,
+            &args.export,
+            "collect",
             &metrics,
             if args.jsonl.is_some() {
                 Wait::Room(JSONL_RESULTS_WAIT)
@@ -546,6 +564,9 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         drop(tx);
         consumer.await?;
         let flushed = flushed(&pipeline).await;
+        if let Some(export) = metrics.export.get() {
+            eprintln!("attest-collect: --export-otlp: {}", export.summary());
+        }
         return Ok(if complete && flushed { 0 } else { 1 });
     }
 
@@ -958,6 +979,9 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
         (None, WorkerRole::Evaluate) => bail!("--rules is required for --role evaluate"),
     };
     if args.role == WorkerRole::Evaluate {
+        if let Some(e) = &args.export.endpoint {
+            bail!("--export-otlp {e}: an evaluating worker publishes its results to the results stream, and a sink (--role sink) stores them; give --export-otlp to the sink instead");
+        }
         if let Some(p) = &args.results_jsonl {
             bail!(
                 "--results-jsonl {}: an evaluating worker publishes its results to the results stream, and a sink (--role sink) writes them; give --results-jsonl to the sink instead",
@@ -973,7 +997,14 @@ pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history
     let confirm = Duration::from_secs(args.nats_opts.ack_wait_secs) / 2;
     let pipeline = Arc::new(Pipeline {
         rules,
-        sinks: sinks(&args.results_jsonl, history, &metrics, Wait::Written(confirm))?,
+        sinks: sinks(
+            &args.results_jsonl,
+            history,
+            &args.export,
+            "worker",
+            &metrics,
+            Wait::Written(confirm),
+        )?,
         metrics,
         prices: Arc::new(PriceTable::default()),
         trace_archive: None,

@@ -284,6 +284,9 @@ pub fn convert(trace_id: &str, spans: &[Span], prices: &PriceTable) -> Converted
         metadata.insert("service_name".into(), service.clone());
     }
     metadata.insert("root_span".into(), json!(root.name));
+    // The agent's span (the root's when no span names an agent): what an
+    // exported evaluation event points at when its assertion names no step.
+    metadata.insert("span_id".into(), json!(outer_agent.map_or(&root.span_id, |i| &spans[i].span_id)));
     if framework != Framework::Generic {
         metadata.insert("framework".into(), json!(framework.name()));
     }
@@ -778,6 +781,29 @@ fn fill_tool_args(steps: &mut [Value]) {
             _ => {}
         }
     }
+}
+
+/// The span an assertion's result is about in an assembled trace: the step
+/// its `trace_node_path` names (`steps[2].sub_trace.steps[0]…`), else the
+/// trace's agent span.
+pub fn span_of(trace: &Value, trace_node_path: Option<&str>) -> Option<String> {
+    let mut at = trace;
+    let mut found = trace.pointer("/metadata/span_id");
+    let mut rest = trace_node_path.unwrap_or_default();
+    while let Some(i) = rest.find("steps[") {
+        rest = &rest[i + 6..];
+        let Some(end) = rest.find(']') else { break };
+        let Some(step) = rest[..end].parse::<usize>().ok().and_then(|n| at.get("steps")?.get(n)) else {
+            break;
+        };
+        found = step.pointer("/metadata/span_id").or(found);
+        rest = &rest[end..];
+        match step.get("sub_trace") {
+            Some(sub) if rest.starts_with("].sub_trace.") => at = sub,
+            _ => break,
+        }
+    }
+    found.and_then(Value::as_str).map(str::to_owned)
 }
 
 fn step_metadata(span: &Span) -> Value {

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod convert;
 pub mod distributed;
 pub mod elements;
+pub mod export;
 pub mod fair;
 pub mod frameworks;
 pub mod grpc;
@@ -63,6 +64,9 @@ pub struct AssertionOutcome {
     pub cost_usd: f64,
     #[serde(default)]
     pub duration_ms: u64,
+    /// Where in the trace the result points (`steps[2]`, `output.message`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_node_path: Option<String>,
 }
 
 /// A rules file's assertions refused by the evaluator: where, what, and what is accepted.
@@ -174,6 +178,10 @@ pub struct ResultRecord {
     pub evaluated_at: String,
     /// Delivery attempt that produced it (1 unless a worker redelivery happened).
     pub delivery: u64,
+    /// The span the result is about: the step's an assertion points at,
+    /// else the agent's (hex; for `--export-otlp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
 }
 
 #[cfg(test)]
@@ -196,6 +204,7 @@ impl ResultRecord {
             agent_id: Some("agent".into()),
             evaluated_at: "2026-01-01T00:00:00.000Z".into(),
             delivery: 1,
+            span_id: None,
         }
     }
 }

@@ -12,6 +12,8 @@ const LATENCY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0
 
 #[derive(Default)]
 pub struct Metrics {
+    /// `--export-otlp`'s counts, when it is on.
+    pub export: std::sync::OnceLock<std::sync::Arc<crate::export::ExportStats>>,
     pub spans_received: AtomicU64,
     /// GenAI events received as OTLP log records, joined to their spans.
     pub log_events_received: AtomicU64,
@@ -425,6 +427,9 @@ impl Metrics {
             "attest_collect_evaluation_seconds_sum {}\nattest_collect_evaluation_seconds_count {}",
             h.2, h.1
         );
+        if let Some(export) = self.export.get() {
+            out.push_str(&export.render());
+        }
         out
     }
 }

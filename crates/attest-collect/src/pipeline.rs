@@ -277,6 +277,7 @@ impl Pipeline {
                     agent_id: agent_id.clone(),
                     evaluated_at: evaluated_at.clone(),
                     delivery,
+                    span_id: crate::convert::span_of(&item.trace, o.trace_node_path.as_deref()),
                 });
             }
         }
@@ -383,6 +384,7 @@ mod tests {
                     explanation: "ok".into(),
                     cost_usd: 0.4,
                     duration_ms: 1,
+                    trace_node_path: None,
                 }])
             })
         }

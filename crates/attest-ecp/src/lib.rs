@@ -99,6 +99,13 @@ pub struct RunArgs {
     /// Progress lines give the reason of every check, not only failed ones.
     #[arg(long, short = 'v')]
     pub verbose: bool,
+    /// Send every graded check as a `gen_ai.evaluation.result` OpenTelemetry event to this OTLP
+    /// endpoint (http://host:4318; http://host:4317 with --export-otlp-protocol grpc).
+    #[arg(long, value_name = "URL")]
+    pub export_otlp: Option<String>,
+    /// The endpoint's protocol: http (protobuf) or grpc.
+    #[arg(long, value_parser = ["http", "grpc"], default_value = "http", requires = "export_otlp")]
+    pub export_otlp_protocol: String,
     #[command(flatten)]
     pub env: AgentEnvArgs,
     #[command(flatten)]

@@ -124,6 +124,7 @@ impl Suite for ToolSuite {
                         explanation,
                         cost_usd: 0.0,
                         duration_ms: 0,
+                        trace_node_path: None,
                     }
                 })
                 .collect())
