@@ -284,6 +284,30 @@ fn the_viewer_shows_the_store_in_a_real_browser() {
     for page in ["overview", "assertion", "evaluation", "runs", "compare"] {
         assert!(screenshots.join(format!("{page}.png")).is_file(), "{page}.png");
     }
+    drop(viewer);
+
+    // A failing collect evaluation: the history kept its explanations, and
+    // its trace is read from the traces file given with --traces (the one
+    // `collect --jsonl` read; `--traces-out` files have the same lines).
+    let kept_collect: i64 = count(
+        &conn,
+        "SELECT k.id FROM kept k JOIN batches b ON b.id = k.batch JOIN runs r ON r.id = b.run WHERE r.kind = 'collect' LIMIT 1",
+    );
+    let traces_out = Path::new(WORKSPACE).join("examples/traces.jsonl");
+    let page = |viewer: &Viewer| {
+        let out = Command::new("curl")
+            .args(["-s", &format!("{}/evaluation/{kept_collect}", viewer.url)])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let without = page(&view(&history, &[]));
+    assert!(without.contains("attest-engine view --traces FILE"), "{without}");
+    let with = page(&view(&history, &["--traces", traces_out.to_str().unwrap()]));
+    assert!(
+        with.contains("From the <code>--traces</code> file") && with.contains("process_refund"),
+        "{with}"
+    );
 }
 
 #[test]

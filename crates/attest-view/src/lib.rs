@@ -38,6 +38,10 @@ pub struct ViewArgs {
     /// `Authorization: Bearer …`. Required to listen beyond loopback.
     #[arg(long = "bearer-token-env", value_name = "VAR")]
     pub bearer_token_env: Option<String>,
+    /// A `--traces-out` file of `collect` (repeatable): a failing evaluation
+    /// whose trace the history did not keep shows it from here.
+    #[arg(long = "traces", value_name = "FILE")]
+    pub traces: Vec<PathBuf>,
     /// Newest scores per assertion its drift status is judged over.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(2..=1000))]
     pub window: u16,
@@ -77,7 +81,12 @@ pub async fn run_view(args: ViewArgs, default_history: Option<PathBuf>) -> anyho
             args.addr
         );
     }
-    let pages = pages::Pages::open(&history, usize::from(args.window))?;
+    for t in &args.traces {
+        if !t.is_file() {
+            anyhow::bail!("--traces {}: not a file; give a file `collect --traces-out` wrote", t.display());
+        }
+    }
+    let pages = pages::Pages::open(&history, usize::from(args.window), args.traces.clone())?;
     let app = Arc::new(App { pages, token });
     let router = pages::routes()
         .layer(axum::middleware::from_fn_with_state(app.clone(), guard))

@@ -28,10 +28,58 @@ pub struct Pages {
     env: Environment<'static>,
     window: usize,
     file: String,
+    /// `--traces` files, searched for traces the history did not keep.
+    traces: Vec<std::path::PathBuf>,
+}
+
+/// Bytes of `--traces` files read to find one trace; past it the search
+/// gives up (the page says so).
+pub const MAX_TRACE_SEARCH_BYTES: u64 = 512 << 20;
+
+/// The newest line of `files` whose trace has id `trace_id`, reading at most
+/// [`MAX_TRACE_SEARCH_BYTES`] in all and lines of at most 16 MiB.
+fn find_trace(files: &[std::path::PathBuf], trace_id: &str) -> Option<String> {
+    use std::io::BufRead;
+    let needle = format!("\"trace_id\":{}", serde_json::to_string(trace_id).ok()?);
+    let mut budget = MAX_TRACE_SEARCH_BYTES;
+    let mut found = None;
+    for path in files {
+        let Ok(file) = std::fs::File::open(path) else { continue };
+        let mut reader = std::io::BufReader::new(file);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let Ok(n) = std::io::Read::take(&mut reader, (16 << 20).min(budget)).read_until(b'\n', &mut line) else {
+                break;
+            };
+            if n == 0 {
+                break;
+            }
+            budget = budget.saturating_sub(n as u64);
+            if memchr_find(&line, needle.as_bytes()) {
+                let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+                // The top-level id, not a sub-trace's.
+                if serde_json::from_str::<serde_json::Value>(&text)
+                    .ok()
+                    .is_some_and(|v| v["trace_id"] == trace_id)
+                {
+                    found = Some(text);
+                }
+            }
+            if budget == 0 {
+                return found;
+            }
+        }
+    }
+    found
+}
+
+fn memchr_find(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 impl Pages {
-    pub fn open(history: &Path, window: usize) -> anyhow::Result<Pages> {
+    pub fn open(history: &Path, window: usize, traces: Vec<std::path::PathBuf>) -> anyhow::Result<Pages> {
         let reader = Reader::open(history)?;
         let mut env = Environment::new();
         for (name, source) in [
@@ -52,6 +100,7 @@ impl Pages {
             env,
             window,
             file: history.display().to_string(),
+            traces,
         })
     }
 
@@ -415,7 +464,12 @@ async fn evaluation(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -
             .map(tree::step_indexes)
             .filter(|p| !p.is_empty())
             .collect();
-        let trace = e.trace.as_deref().map(|t| tree::build(t, &pointed));
+        // A trace the history did not keep may be in a --traces file.
+        let from_file = match &e.trace {
+            None if !p.traces.is_empty() => find_trace(&p.traces, &e.trace_id),
+            _ => None,
+        };
+        let trace = e.trace.as_deref().or(from_file.as_deref()).map(|t| tree::build(t, &pointed));
         let snap = p.snapshot()?;
         let run = e.run.and_then(|r| snap.runs.iter().find(|x| x.id == r));
         // What did not pass first, hard failures before soft ones.
@@ -451,7 +505,9 @@ async fn evaluation(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -
                 run => run.map(|r| context! { id => r.id, label => &r.label, kind => &r.kind }),
                 members,
                 failing,
-                trace_kept => e.trace.is_some(),
+                trace_kept => e.trace.is_some() || from_file.is_some(),
+                trace_from_file => from_file.is_some(),
+                searched => !p.traces.is_empty(),
                 trace_unreadable => matches!(trace, Some(None)),
                 trace => trace.flatten(),
                 max_nodes => tree::MAX_NODES,
