@@ -12,7 +12,6 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 const WORKSPACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
@@ -183,7 +182,14 @@ impl Drop for Viewer {
 }
 
 fn view(history: &Path, extra: &[&str]) -> Viewer {
+    view_with(history, extra, &[])
+}
+
+/// `attest-engine view` on a free loopback port, with `env`; its address
+/// is read from the line it prints.
+fn view_with(history: &Path, extra: &[&str], env: &[(&str, &str)]) -> Viewer {
     let mut child = command()
+        .envs(env.iter().copied())
         .args(["view", "--addr", "127.0.0.1:0", "--history"])
         .arg(history)
         .args(extra)
@@ -332,22 +338,8 @@ fn beyond_loopback_the_viewer_needs_a_token_and_checks_it() {
         "{err}"
     );
 
-    let mut child = command()
-        .env("VIEW_TOKEN", "s3cret-token")
-        .args(["view", "--addr", "127.0.0.1:0", "--bearer-token-env", "VIEW_TOKEN", "--history"])
-        .arg(&history)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .trim_end_matches('/')
-        .to_owned();
+    let viewer = view_with(&history, &["--bearer-token-env", "VIEW_TOKEN"], &[("VIEW_TOKEN", "s3cret-token")]);
+    let url = viewer.url.clone();
     let get = |path: &str, headers: &[(&str, &str)]| {
         let mut c = Command::new("curl");
         c.args(["-s", "-o", "/dev/null", "-w", "%{http_code}"]);
@@ -379,9 +371,6 @@ fn beyond_loopback_the_viewer_needs_a_token_and_checks_it() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&post.stdout), "405");
-    let _ = child.kill();
-    let _ = child.wait();
-    std::thread::sleep(Duration::from_millis(10));
 }
 
 /// The README's quick start: the example history opens as it is in the

@@ -315,7 +315,7 @@ async fn grpc_listener(choice: Option<GrpcListen>, listen_public: bool) -> anyho
             Ok(l) => Ok(Some(l)),
             Err(e) => {
                 eprintln!(
-                    "attest-collect: OTLP/gRPC is not served: the default {DEFAULT_OTLP_GRPC} cannot be used ({e}); pass --otlp-grpc ADDR to serve it elsewhere, or --otlp-grpc off"
+                    "attest-engine collect: OTLP/gRPC is not served: the default {DEFAULT_OTLP_GRPC} cannot be used ({e}); pass --otlp-grpc ADDR to serve it elsewhere, or --otlp-grpc off"
                 );
                 Ok(None)
             }
@@ -565,7 +565,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         consumer.await?;
         let flushed = flushed(&pipeline).await;
         if let Some(export) = metrics.export.get() {
-            eprintln!("attest-collect: --export-otlp: {}", export.summary());
+            eprintln!("attest-engine collect: --export-otlp: {}", export.summary());
         }
         return Ok(if complete && flushed { 0 } else { 1 });
     }
@@ -605,10 +605,10 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
         .with_context(|| format!("--otlp-http {}: cannot listen", args.otlp_http))?;
     let local = listener.local_addr()?;
     // One line on stderr so that scripts (and tests) can find an ephemeral port.
-    eprintln!("attest-collect: listening for OTLP/HTTP on http://{local}/v1/traces");
+    eprintln!("attest-engine collect: listening for OTLP/HTTP on http://{local}/v1/traces");
     let grpc = match grpc_listener(args.otlp_grpc, args.listen_public).await? {
         Some(l) => {
-            eprintln!("attest-collect: listening for OTLP/gRPC on {}", l.local_addr()?);
+            eprintln!("attest-engine collect: listening for OTLP/gRPC on {}", l.local_addr()?);
             let limits = crate::grpc::Limits {
                 request_timeout: Duration::from_secs(args.request_timeout_secs),
                 streams_per_connection: u32::try_from(args.max_inflight_requests).unwrap_or(u32::MAX),
@@ -651,7 +651,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     if let Some(p) = &publisher {
         p.fail_fast_when_down();
     }
-    eprintln!("attest-collect: draining open traces");
+    eprintln!("attest-engine collect: draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();
     for d in events.dropped {
         d.count(&metrics);
@@ -699,7 +699,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
             let _ = abandon.send(true);
             consumer.await?;
             eprintln!(
-                "attest-collect: second signal: {} traces still queued or being evaluated {:?} after it were abandoned (traces_dropped_total{{reason=\"shutdown\"}})",
+                "attest-engine collect: second signal: {} traces still queued or being evaluated {:?} after it were abandoned (traces_dropped_total{{reason=\"shutdown\"}})",
                 metrics.dropped_count("shutdown"),
                 listen::DRAIN_TIMEOUT
             );
@@ -708,7 +708,7 @@ pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, histo
     let flushed = flushed(&pipeline).await;
     let publishes_failed = metrics.dropped_count("publish_failed");
     eprintln!(
-        "attest-collect: drained; {} traces evaluated ({} rule evaluations), {} evaluations failed, {} published, {} publishes failed",
+        "attest-engine collect: drained; {} traces evaluated ({} rule evaluations), {} evaluations failed, {} published, {} publishes failed",
         metrics.traces_evaluated.load(Ordering::Relaxed),
         metrics.rule_evaluations.load(Ordering::Relaxed),
         metrics.rule_event_count("eval_error") + metrics.dropped_count("evaluation_failed"),
@@ -726,7 +726,7 @@ async fn flushed(pipeline: &Pipeline) -> bool {
     match pipeline.flush().await {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("attest-collect: {e:#}");
+            eprintln!("attest-engine collect: {e:#}");
             false
         }
     }
@@ -921,7 +921,7 @@ pub(crate) async fn handle_item(
         Ok(crate::pipeline::Evaluated { records, failure }) => {
             if let Some(e) = failure {
                 eprintln!(
-                    "attest-collect: evaluation of {} failed in part ({} results kept): {e}",
+                    "attest-engine collect: evaluation of {} failed in part ({} results kept): {e}",
                     crate::shown_id(item.trace_id()),
                     records.len()
                 );
@@ -932,7 +932,7 @@ pub(crate) async fn handle_item(
                 static LOG: std::sync::LazyLock<LogThrottle> = std::sync::LazyLock::new(LogThrottle::default);
                 if let Some(n) = LOG.hit() {
                     eprintln!(
-                        "attest-collect: storing results of {} failed: {e:#}{}",
+                        "attest-engine collect: storing results of {} failed: {e:#}{}",
                         crate::shown_id(item.trace_id()),
                         crate::writer::unshown(n)
                     );
@@ -941,7 +941,10 @@ pub(crate) async fn handle_item(
         }
         Err(e) => {
             pipeline.metrics.dropped("evaluation_failed", 0);
-            eprintln!("attest-collect: evaluation of {} failed: {e}", crate::shown_id(item.trace_id()));
+            eprintln!(
+                "attest-engine collect: evaluation of {} failed: {e}",
+                crate::shown_id(item.trace_id())
+            );
         }
     }
     Handled::Done

@@ -593,7 +593,7 @@ async fn durable_consumer(
     match stream.update_consumer(config).await {
         Ok(c) => {
             eprintln!(
-                "attest-collect worker: durable consumer {name} had {had}; updated to this worker's {wants} (--max-deliver / --ack-wait-secs)"
+                "attest-engine worker: durable consumer {name} had {had}; updated to this worker's {wants} (--max-deliver / --ack-wait-secs)"
             );
             Ok(c)
         }
@@ -696,7 +696,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     let watch = tokio::spawn(keep_consumer_in_step(stream, config, true, pipeline.clone()));
     let _stop_watching = AbortOnDrop(watch);
     eprintln!(
-        "attest-collect worker: evaluating from {} (consumer {}, rules version {})",
+        "attest-engine worker: evaluating from {} (consumer {}, rules version {})",
         names.traces_stream, names.workers_consumer, pipeline.rules.version
     );
     let fault_after: Option<u64> = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse().ok());
@@ -745,7 +745,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
         let mut batch = match batch {
             Ok(b) => b,
             Err(e) => {
-                eprintln!("attest-collect worker: pull error: {e}");
+                eprintln!("attest-engine worker: pull error: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
@@ -765,7 +765,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
             let msg = match msg {
                 Ok(m) => m,
                 Err(e) => {
-                    eprintln!("attest-collect worker: pull error: {e}");
+                    eprintln!("attest-engine worker: pull error: {e}");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     break;
                 }
@@ -792,7 +792,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
                 let result = ctx.handle(&delivery).await;
                 delivery.stop_progress().await;
                 if let Err(e) = result {
-                    eprintln!("attest-collect worker: {e:#}");
+                    eprintln!("attest-engine worker: {e:#}");
                 }
             });
         }
@@ -802,7 +802,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     // Finished tasks are joined first, so the count is of evaluations still running.
     while tasks.try_join_next().is_some() {}
     eprintln!(
-        "attest-collect worker: draining {} in-flight evaluations (at most {} s; a second signal stops waiting)",
+        "attest-engine worker: draining {} in-flight evaluations (at most {} s; a second signal stops waiting)",
         tasks.len(),
         WORKER_DRAIN_TIMEOUT.as_secs()
     );
@@ -816,7 +816,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
         // stream when the ack wait runs out and another worker takes them.
         let left = tasks.len();
         tasks.shutdown().await;
-        eprintln!("attest-collect worker: {left} evaluations abandoned; their messages will be delivered again after the ack wait");
+        eprintln!("attest-engine worker: {left} evaluations abandoned; their messages will be delivered again after the ack wait");
     }
     // Acks are not waited for: what is still buffered goes out before exit.
     flush(&js).await;
@@ -1051,7 +1051,7 @@ impl WorkerCtx {
         let trace_id = item.trace_id().to_string();
         let shown = crate::shown_id(&trace_id);
         if delivered > 1 {
-            eprintln!("attest-collect worker: redelivery {delivered} of trace {shown}");
+            eprintln!("attest-engine worker: redelivery {delivered} of trace {shown}");
         }
         if let Some(theirs) = item.rules_version.as_deref().filter(|v| *v != self.pipeline.rules.version) {
             // Scored here, the trace would get another verdict than the
@@ -1069,7 +1069,7 @@ impl WorkerCtx {
             }
             if let Some(unshown) = self.mismatch_log.hit() {
                 eprintln!(
-                    "attest-collect worker: trace {shown} {why}; given back for a worker with the same rules (counted in attest_collect_rules_mismatch_total){}",
+                    "attest-engine worker: trace {shown} {why}; given back for a worker with the same rules (counted in attest_collect_rules_mismatch_total){}",
                     crate::writer::unshown(unshown)
                 );
             }
@@ -1135,13 +1135,13 @@ impl WorkerCtx {
                 // the duplicate window: a redelivery after a crash before the ack.
                 metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
                 eprintln!(
-                    "attest-collect worker: results of trace {shown} were already in {} (same message id within the duplicate window); not stored twice",
+                    "attest-engine worker: results of trace {shown} were already in {} (same message id within the duplicate window); not stored twice",
                     self.names.results_stream
                 );
             }
             Err(f) if f.too_large => {
                 let max = self.js.client().max_payload();
-                eprintln!("attest-collect worker: results of trace {shown} are {size} bytes, over the server's max_payload of {max} bytes; they cannot be published");
+                eprintln!("attest-engine worker: results of trace {shown} are {size} bytes, over the server's max_payload of {max} bytes; they cannot be published");
                 let why = format!("results are {size} bytes, over the server's max_payload of {max} bytes");
                 return self.dead_letter(delivery, &trace_id, delivered, &why).await;
             }
@@ -1149,7 +1149,7 @@ impl WorkerCtx {
         }
         let n = self.published.fetch_add(1, Ordering::SeqCst) + 1;
         if self.fault_after == Some(n) {
-            eprintln!("attest-collect worker: {FAULT_ENV}={n}: exiting after publishing results of {shown}, before acking");
+            eprintln!("attest-engine worker: {FAULT_ENV}={n}: exiting after publishing results of {shown}, before acking");
             std::process::exit(70);
         }
         // What succeeded is stored; what failed for good goes to the dead
@@ -1228,7 +1228,7 @@ impl WorkerCtx {
                     ""
                 };
                 eprintln!(
-                    "attest-collect worker: trace {shown} moved to {}{already} ({})",
+                    "attest-engine worker: trace {shown} moved to {}{already} ({})",
                     self.names.dead_subject,
                     header_text(why)
                 );
@@ -1304,7 +1304,7 @@ fn sink_records(msg: &jetstream::Message, pipeline: &Pipeline) -> Option<Vec<Res
         Err(e) => {
             pipeline.metrics.dropped("malformed_results", 0);
             eprintln!(
-                "attest-collect sink: a results message ({} bytes) is not a result list, dropped: {}",
+                "attest-engine worker --role sink: a results message ({} bytes) is not a result list, dropped: {}",
                 msg.payload.len(),
                 crate::bounded(&e.to_string(), 300)
             );
@@ -1327,7 +1327,7 @@ fn sink_records(msg: &jetstream::Message, pipeline: &Pipeline) -> Option<Vec<Res
         .collect();
     if let Some((p, trace)) = first_problem {
         pipeline.metrics.results_dropped("id_too_long", refused);
-        eprintln!("attest-collect sink: {refused} of {total} results in a message not stored ({p}; trace {trace})");
+        eprintln!("attest-engine worker --role sink: {refused} of {total} results in a message not stored ({p}; trace {trace})");
     }
     Some(records)
 }
@@ -1362,7 +1362,7 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
     };
     let mut messages = open().await?;
     eprintln!(
-        "attest-collect worker: writing results from {} (consumer {consumer_name})",
+        "attest-engine worker: writing results from {} (consumer {consumer_name})",
         names.results_stream
     );
     let signals = crate::cli::Signals::install()?;
@@ -1383,7 +1383,7 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
             }
             match open().await {
                 Ok(m) => messages = m,
-                Err(e) => eprintln!("attest-collect sink: {e:#}; trying again"),
+                Err(e) => eprintln!("attest-engine worker --role sink: {e:#}; trying again"),
             }
             continue;
         };
@@ -1422,7 +1422,7 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
                 pipeline.metrics.store_failures.fetch_add(1, Ordering::Relaxed);
                 if let Some(n) = store_failures.hit() {
                     eprintln!(
-                        "attest-collect sink: storing failed, will retry: {e:#}{}",
+                        "attest-engine worker --role sink: storing failed, will retry: {e:#}{}",
                         crate::writer::unshown(n)
                     );
                 }

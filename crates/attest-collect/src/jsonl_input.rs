@@ -51,7 +51,7 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
         .collect();
     if !blind.is_empty() {
         eprintln!(
-            "attest-collect: --jsonl: rule(s) {} match on span or resource attributes, which traces read from a file do not carry; they select no trace here (they do on live OTLP input)",
+            "attest-engine collect: --jsonl: rule(s) {} match on span or resource attributes, which traces read from a file do not carry; they select no trace here (they do on live OTLP input)",
             blind.join(", ")
         );
     }
@@ -74,7 +74,7 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
             Line::Malformed(why) => {
                 malformed += 1;
                 pipeline.metrics.dropped(DropReason::Malformed.as_str(), 0);
-                eprintln!("attest-collect: --jsonl line {line_no}: {why}");
+                eprintln!("attest-engine collect: --jsonl line {line_no}: {why}");
             }
             Line::Trace(trace) => {
                 pipeline.metrics.traces_received.fetch_add(1, Ordering::Relaxed);
@@ -110,7 +110,7 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
     let failed = progress(pipeline, lines, malformed, started);
     if crashed > 0 {
         // A panic is logged where it happened; the run must not pass.
-        eprintln!("attest-collect: --jsonl: {crashed} traces stopped with an internal error (see the log)");
+        eprintln!("attest-engine collect: --jsonl: {crashed} traces stopped with an internal error (see the log)");
     }
     Ok(malformed == 0 && failed == 0 && crashed == 0)
 }
@@ -126,7 +126,7 @@ fn progress(pipeline: &Pipeline, lines: u64, malformed: u64, started: Instant) -
     let publish_failed = m.dropped_count("publish_failed");
     let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-3);
     eprintln!(
-        "attest-collect: --jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {eval_failed} evaluations failed, {published} published ({duplicates} already in the stream), {publish_failed} publishes failed"
+        "attest-engine collect: --jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {eval_failed} evaluations failed, {published} published ({duplicates} already in the stream), {publish_failed} publishes failed"
     );
     eval_failed + publish_failed
 }

@@ -249,7 +249,7 @@ impl FileWriter {
         self.shared.lose("queue_full", lines);
         if let Some(unshown_n) = self.shared.log.hit() {
             eprintln!(
-                "attest-collect: {} {}: the write queue is full ({QUEUE_ENTRIES} writes or {} MiB; the file or the pipe's reader takes lines slower than they come): {lines} {} dropped{}",
+                "attest-engine: {} {}: the write queue is full ({QUEUE_ENTRIES} writes or {} MiB; the file or the pipe's reader takes lines slower than they come): {lines} {} dropped{}",
                 self.shared.output.flag(),
                 self.shared.shown,
                 QUEUE_BYTES >> 20,
@@ -281,7 +281,7 @@ impl FileWriter {
             let pending = self.shared.queued_lines.load(Ordering::Acquire);
             self.shared.lose("shutdown", pending);
             eprintln!(
-                "attest-collect: {flag} {shown}: {pending} {} still queued were not written within {timeout:?} (the file or the pipe's reader is stalled)",
+                "attest-engine: {flag} {shown}: {pending} {} still queued were not written within {timeout:?} (the file or the pipe's reader is stalled)",
                 self.shared.output.what()
             );
         } else if let Some(file) = &self.sync {
@@ -337,7 +337,7 @@ fn write_loop(mut file: std::fs::File, rx: mpsc::Receiver<Entry>, shared: &Share
             }
             if let Some(unshown_n) = shared.log.hit() {
                 eprintln!(
-                    "attest-collect: {} {}: writing {} {} failed: {e}{}",
+                    "attest-engine: {} {}: writing {} {} failed: {e}{}",
                     shared.output.flag(),
                     shared.shown,
                     entry.lines,

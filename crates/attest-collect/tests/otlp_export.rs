@@ -237,7 +237,7 @@ async fn a_backend_killed_mid_run_loses_events_only_within_the_bounds_and_counts
     );
     let summary = stderr
         .lines()
-        .find_map(|l| l.strip_prefix("attest-collect: --export-otlp: "))
+        .find_map(|l| l.strip_prefix("attest-engine collect: --export-otlp: "))
         .unwrap_or_else(|| panic!("no export summary: {stderr}"));
     let number = |word: &str| -> u64 {
         let before = summary.split(word).next().unwrap();

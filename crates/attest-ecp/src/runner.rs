@@ -152,8 +152,11 @@ impl Tally {
 }
 
 impl Progress {
+    /// Colour only on a terminal, and never when `NO_COLOR` is set to
+    /// anything (no-color.org).
     pub fn new(enabled: bool) -> Progress {
-        Progress::to(enabled, enabled && std::io::stderr().is_terminal())
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Progress::to(enabled, enabled && !no_color && std::io::stderr().is_terminal())
     }
 
     fn to(enabled: bool, terminal: bool) -> Progress {
