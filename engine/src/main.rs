@@ -561,14 +561,13 @@ fn run() -> ExitCode {
             }
         }
         Command::Ecp(cmd) => {
-            // `-q` silences progress; the engine's own info lines (the
-            // history it opened) would be the same noise, unless a level
-            // was asked for.
-            let quiet = matches!(&cmd.action, attest_ecp::EcpAction::Run(r) if r.quiet);
-            let level = if quiet && !config.log_level_chosen {
-                logging::Level::Warn
-            } else {
+            // A person reads `ecp`'s progress lines: the engine's own info
+            // lines (the history it opened) are JSON noise above them, so
+            // only warnings and errors show unless a level was asked for.
+            let level = if config.log_level_chosen {
                 config.log_level
+            } else {
+                logging::Level::Warn
             };
             logging::init(level);
             let config = attest_engine::ecp_host::config_for(&cmd, config);

@@ -341,25 +341,22 @@ fn the_readme_quick_start_runs_offline() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = tempfile::tempdir().unwrap();
     let (report, junit) = (dir.path().join("report.html"), dir.path().join("junit.xml"));
+    // As the README writes it: no log level given.
     let run = Command::new(&engine)
-        .args([
-            "--log-level=warn",
-            "ecp",
-            "run",
-            "--manifest",
-            "examples/ecp/manifest.yaml",
-            "--report",
-        ])
+        .args(["ecp", "run", "--manifest", "examples/ecp/manifest.yaml", "--report"])
         .arg(&report)
         .arg("--junit")
         .arg(&junit)
         .current_dir(&root)
         .env("ATTEST_CACHE_DIR", dir.path().join("cache"))
+        .env_remove("ATTEST_LOG_LEVEL")
         .output()
         .expect("attest-engine runs");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("5/5 checks passed"), "{stderr}");
+    // A person reads these lines: no JSON log line among them.
+    assert!(stderr.lines().all(|l| !l.starts_with('{')), "{stderr}");
     assert!(std::fs::read_to_string(&junit)
         .unwrap()
         .contains(r#"tests="2" failures="0" errors="0""#));
