@@ -36,25 +36,25 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     /// debug, info, warn or error (structured JSON lines on stderr; default
     /// info, warn for eval, calibrate and plugin check/test).
-    #[arg(long, global = true, value_name = "LEVEL", value_parser = clap::builder::PossibleValuesParser::new(["debug", "info", "warn", "error"]), ignore_case = true)]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "LEVEL", value_parser = clap::builder::PossibleValuesParser::new(["debug", "info", "warn", "error"]), ignore_case = true)]
     log_level: Option<String>,
     /// TOML configuration file.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "FILE")]
     config: Option<PathBuf>,
     /// Per-request evaluation deadline, e.g. 30s, 1500ms, 2m (default 25s).
-    #[arg(long, global = true, value_name = "DURATION")]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "DURATION")]
     eval_timeout: Option<String>,
     /// Requests `serve` evaluates at once (default 64; collect and worker take --concurrency).
-    #[arg(long, global = true, value_name = "N")]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "N")]
     max_concurrent_requests: Option<usize>,
     /// Reject steps whose type is not llm_call, tool_call, retrieval or agent_call.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     strict_step_types: bool,
     /// Load a WebAssembly plugin component (repeatable).
-    #[arg(long = "plugin", global = true, value_name = "FILE")]
+    #[arg(long = "plugin", global = true, help_heading = "Global options", value_name = "FILE")]
     plugins: Vec<PathBuf>,
     /// Load every .wasm file in this directory as a plugin.
-    #[arg(long, global = true, value_name = "DIR")]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "DIR")]
     plugin_dir: Option<PathBuf>,
     /// Write a session report at shutdown or end of input: junit=<path>,
     /// json=<path> or markdown=<path> (repeatable).
@@ -62,7 +62,7 @@ struct Cli {
     #[arg(long = "report", value_name = "KIND=PATH")]
     reports: Vec<String>,
     /// Do not record results in the history store.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     no_history: bool,
     #[command(subcommand)]
     command: Option<Command>,

@@ -26,95 +26,96 @@ use crate::{distributed, jsonl_input, listen, Evaluator, HistorySink};
 #[derive(Debug, Clone, clap::Args)]
 pub struct CollectArgs {
     /// Rules file (YAML, or JSON with a .json extension).
-    #[arg(long)]
+    #[arg(help_heading = "Input", long)]
     pub rules: PathBuf,
     /// OTLP/HTTP listen address (IP:PORT, or a host name such as localhost:4318).
-    #[arg(long, default_value = "127.0.0.1:4318", value_parser = listen_addr)]
+    #[arg(help_heading = "Input", long, default_value = "127.0.0.1:4318", value_parser = listen_addr)]
     pub otlp_http: SocketAddr,
     /// OTLP/gRPC listen address (traces and GenAI log events), or `off`. Without the
     /// flag, 127.0.0.1:4317 is served when it is free (a busy default port is
     /// reported, not fatal); given explicitly, the address must be free.
-    #[arg(long, value_name = "ADDR|off", value_parser = grpc_addr)]
+    #[arg(help_heading = "Input", long, value_name = "ADDR|off", value_parser = grpc_addr)]
     pub otlp_grpc: Option<GrpcListen>,
     /// Required to listen on a non-loopback address.
-    #[arg(long)]
+    #[arg(help_heading = "Input", long)]
     pub listen_public: bool,
     /// Bearer token required on export requests (read from the environment so it stays out of `ps`).
-    #[arg(long = "bearer-token-env", value_name = "VAR")]
+    #[arg(help_heading = "Input", long = "bearer-token-env", value_name = "VAR")]
     pub bearer_token_env: Option<String>,
     /// Read Attest traces, one JSON object per line, from a file or `-` (stdin),
     /// evaluate them and exit; the OTLP receiver is not started.
-    #[arg(long, value_name = "FILE|-")]
+    #[arg(help_heading = "Input", long, value_name = "FILE|-")]
     pub jsonl: Option<String>,
     /// Append one line per assertion result to this file (idempotent per trace, rule, assertion).
-    #[arg(long)]
+    #[arg(help_heading = "Results", long)]
     pub results_jsonl: Option<PathBuf>,
     /// Append every assembled Attest trace to this file, one per line (re-score it later with `--jsonl`).
-    #[arg(long)]
+    #[arg(help_heading = "Results", long)]
     pub traces_out: Option<PathBuf>,
     /// Model prices (YAML/JSON: `models: {NAME: {input_per_million, output_per_million}}`).
-    #[arg(long)]
+    #[arg(help_heading = "Results", long)]
     pub prices: Option<PathBuf>,
     /// Publish selected traces to this NATS JetStream server instead of evaluating here
     /// (nats://HOST:PORT; from ATTEST_NATS_URL when not given, which keeps credentials off the command line).
-    #[arg(long, env = "ATTEST_NATS_URL", hide_env_values = true)]
+    #[arg(help_heading = "NATS JetStream", long, env = "ATTEST_NATS_URL", hide_env_values = true)]
     pub nats: Option<String>,
     #[command(flatten)]
     pub nats_opts: NatsOptions,
     #[command(flatten)]
     pub export: crate::export::ExportArgs,
     /// Quiet time after the last span of a trace (with its root) before it is evaluated.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 2000)]
     pub settle_ms: u64,
     /// A trace whose root span never arrives is dropped this long after its last span.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 30_000)]
     pub orphan_timeout_ms: u64,
     /// Traces being assembled at once; past it the oldest is closed early
     /// (evaluated if its root is there, else dropped).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 10_000)]
     pub max_open_traces: usize,
     /// Estimated memory of the traces being assembled (see docs/continuous.md
     /// for the estimate); past it the oldest is closed early.
-    #[arg(long, default_value_t = 256 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 256 << 20)]
     pub max_open_bytes: usize,
     /// Estimated memory of one trace; a larger trace is dropped as trace_too_large.
-    #[arg(long, default_value_t = 16 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 16 << 20)]
     pub max_trace_bytes: usize,
     /// Bytes of closed traces waiting for evaluation or being evaluated;
     /// past it, traces are refused as with a full queue.
-    #[arg(long, default_value_t = 256 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 256 << 20)]
     pub max_queued_bytes: usize,
     /// Spans of one trace; a trace with more is dropped as too_many_spans.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 10_000)]
     pub max_trace_spans: usize,
     /// Largest export request body, after gzip inflation.
-    #[arg(long, default_value_t = 32 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 32 << 20)]
     pub max_request_bytes: usize,
     /// Deadline for reading and answering one export request (408 past it; 1 to 86400).
-    #[arg(long, default_value_t = 30, value_parser = at_least_one::<MAX_REQUEST_TIMEOUT_SECS, u64>)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 30, value_parser = at_least_one::<MAX_REQUEST_TIMEOUT_SECS, u64>)]
     pub request_timeout_secs: u64,
     /// Export requests handled at once, uploads included; more get 429.
-    #[arg(long, default_value_t = 64)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 64)]
     pub max_inflight_requests: usize,
     /// Client connections open at once; more wait to be accepted. Each must
     /// send a request's headers within --request-timeout-secs.
-    #[arg(long, default_value_t = 512)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 512)]
     pub max_connections: usize,
     /// Request body bytes being received or decoded at once (each request
     /// reserves its Content-Length; one without reserves 64 KiB, doubling as
     /// its body arrives); more get 429.
-    #[arg(long, default_value_t = 256 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 256 << 20)]
     pub max_inflight_bytes: usize,
     /// Closed traces waiting for evaluation; when full, export requests get 503.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 1024)]
     pub queue_capacity: usize,
     /// Traces evaluated at once (1 to 1024).
-    #[arg(long, default_value_t = 4, value_parser = at_least_one::<MAX_CONCURRENCY, usize>)]
+    #[arg(help_heading = "Evaluation", long, default_value_t = 4, value_parser = at_least_one::<MAX_CONCURRENCY, usize>)]
     pub concurrency: usize,
 }
 
 /// NATS JetStream names and settings shared by collectors and workers.
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "NATS JetStream")]
 pub struct NatsOptions {
     /// Subject prefix; streams are `<PREFIX>_TRACES`, `<PREFIX>_RESULTS`, `<PREFIX>_DEAD` (upper-cased).
     /// ASCII letters, digits, `_` and `-`, in dot-separated tokens (at most 64 bytes).
@@ -235,22 +236,22 @@ pub enum WorkerRole {
 pub struct WorkerArgs {
     /// NATS server with JetStream to take work (or, with `--role sink`, results) from
     /// (nats://HOST:PORT; from ATTEST_NATS_URL when not given, which keeps credentials off the command line).
-    #[arg(long, env = "ATTEST_NATS_URL", hide_env_values = true)]
+    #[arg(help_heading = "Worker", long, env = "ATTEST_NATS_URL", hide_env_values = true)]
     pub nats: String,
     /// What this worker does.
-    #[arg(long, value_enum, default_value_t = WorkerRole::Evaluate)]
+    #[arg(help_heading = "Worker", long, value_enum, default_value_t = WorkerRole::Evaluate)]
     pub role: WorkerRole,
     /// Rules file; the same file as the collectors'.
-    #[arg(long, required_if_eq("role", "evaluate"))]
+    #[arg(help_heading = "Worker", long, required_if_eq("role", "evaluate"))]
     pub rules: Option<PathBuf>,
     /// With `--role sink`: append results to this file.
-    #[arg(long)]
+    #[arg(help_heading = "Worker", long)]
     pub results_jsonl: Option<PathBuf>,
     /// With `--role sink`: which group of sinks this is. Each name has its
     /// own durable consumer and gets every result (one group per store: the
     /// shared PostgreSQL history, a JSONL archive); sinks with the same name
     /// share the work. 1 to 32 ASCII letters, digits, '_' or '-'.
-    #[arg(long, value_parser = sink_name)]
+    #[arg(help_heading = "Worker", long, value_parser = sink_name)]
     pub sink_name: Option<String>,
     #[command(flatten)]
     pub nats_opts: NatsOptions,
@@ -258,13 +259,13 @@ pub struct WorkerArgs {
     #[command(flatten)]
     pub export: crate::export::ExportArgs,
     /// Traces evaluated at once by this worker (1 to 1024).
-    #[arg(long, default_value_t = 4, value_parser = at_least_one::<MAX_CONCURRENCY, usize>)]
+    #[arg(help_heading = "Worker", long, default_value_t = 4, value_parser = at_least_one::<MAX_CONCURRENCY, usize>)]
     pub concurrency: usize,
     /// Serve `/metrics` on this address (IP:PORT, or a host name such as localhost:9464).
-    #[arg(long, value_parser = listen_addr)]
+    #[arg(help_heading = "Worker", long, value_parser = listen_addr)]
     pub metrics_addr: Option<SocketAddr>,
     /// Required for a `--metrics-addr` that is not a loopback address.
-    #[arg(long)]
+    #[arg(help_heading = "Worker", long)]
     pub listen_public: bool,
 }
 

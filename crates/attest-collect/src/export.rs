@@ -48,6 +48,7 @@ pub enum Protocol {
 
 /// `--export-otlp` and its protocol, shared by every front door that has them.
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Export to OpenTelemetry")]
 pub struct ExportArgs {
     /// Send every result as a `gen_ai.evaluation.result` OpenTelemetry event to this OTLP endpoint
     /// (http://host:4318 for OTLP/HTTP, http://host:4317 with --export-otlp-protocol grpc).
