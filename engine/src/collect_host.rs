@@ -81,6 +81,7 @@ impl Assertions {
             // reason to deliver the trace again.
             retryable: matches!(e.code, ErrorCode::ProviderError | ErrorCode::Timeout) && e.retryable != Some(false),
             trace_refused: e.code == ErrorCode::InvalidTrace || (e.code == ErrorCode::ProviderError && e.retryable == Some(false)),
+            error_type: Some(e.code.error_type().to_owned()),
         })?;
         Ok(result
             .results

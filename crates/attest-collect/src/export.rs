@@ -299,6 +299,18 @@ impl HistorySink for OtlpExport {
         Box::pin(async { Ok(()) })
     }
 
+    fn evaluation_failed(&self, trace: &serde_json::Value, rule: &str, error: &crate::EvalError) {
+        self.send(Event {
+            trace_id: trace["trace_id"].as_str().unwrap_or_default().to_owned(),
+            span_id: crate::convert::span_of(trace, None),
+            name: rule.to_owned(),
+            score: None,
+            status: None,
+            explanation: error.message.clone(),
+            error_type: Some(error.error_type.clone().unwrap_or_else(|| "EVALUATION_ERROR".into())),
+        });
+    }
+
     fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
             // Polled rather than waited on: a runtime thread never blocks.

@@ -104,6 +104,10 @@ pub struct EvalError {
     /// configuration can fix.
     #[serde(default)]
     pub trace_refused: bool,
+    /// What failed, in the evaluator's words (`TIMEOUT`, `PROVIDER_ERROR`):
+    /// the `error.type` of the event `--export-otlp` sends for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<String>,
 }
 
 impl std::fmt::Display for EvalError {
@@ -215,6 +219,10 @@ impl ResultRecord {
 pub trait HistorySink: Send + Sync + 'static {
     /// Stores results; returns once they are as durable as `durability` asks.
     fn record<'a>(&'a self, results: &'a [ResultRecord], durability: Durability) -> BoxFuture<'a, anyhow::Result<()>>;
+
+    /// A rule's evaluation of `trace` failed for good (no verdict; what
+    /// did not depend on the failing provider is still recorded).
+    fn evaluation_failed(&self, _trace: &serde_json::Value, _rule: &str, _error: &EvalError) {}
 
     /// Makes everything recorded so far durable (called on drain).
     fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {

@@ -234,6 +234,9 @@ impl Pipeline {
                 Err(e) => {
                     self.metrics.rule_event(name, "eval_error");
                     tracing::warn!(rule = %name, trace_id = %crate::shown_id(&trace_id), error = %e, "evaluation failed");
+                    for sink in self.sinks.iter() {
+                        sink.evaluation_failed(&item.trace, name, &e);
+                    }
                     if !(e.trace_refused || e.retryable) {
                         continue;
                     }

@@ -328,3 +328,58 @@ fn eval_and_ecp_run_export_their_results_too() {
         .unwrap()
         .starts_with("ecp/Refund request/")));
 }
+
+/// An evaluation that fails for good is an event too: `error.type` set, no
+/// score, on the rule.
+#[test]
+fn a_failed_evaluation_is_an_event_with_its_error_type() {
+    let Some(python) = venv_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(&python, dir.path());
+    let input = dir.path().join("traces.jsonl");
+    let line = |id: &str| {
+        format!("{{\"schema_version\":1,\"trace_id\":\"{id}\",\"agent_id\":\"refund-agent\",\"steps\":[{{\"type\":\"tool_call\",\"name\":\"lookup_order\"}}],\"output\":{{\"message\":\"refund sent\"}}}}\n")
+    };
+    std::fs::write(&input, format!("{}{}", line("trc_ok"), line("trc_broken"))).unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, support::RULES).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_attest-collect-testbin"))
+        .args(["collect", "--rules"])
+        .arg(&rules)
+        .arg("--jsonl")
+        .arg(&input)
+        .args(["--export-otlp", &format!("http://127.0.0.1:{}", receiver.http)])
+        .env("ATTEST_COLLECT_TEST_FAIL_TRACE", "trc_broken")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("attest-engine collect: --export-otlp: "), "{stderr}");
+    let events = receiver.events();
+    let failed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["attributes"]["attest.trace_id"] == "trc_broken")
+        .collect();
+    assert_eq!(failed.len(), 1, "{events:#?}");
+    let a = &failed[0]["attributes"];
+    assert_eq!(a["error.type"], "PROVIDER_ERROR");
+    assert_eq!(a["gen_ai.evaluation.name"], "refund-tools");
+    assert!(
+        a["gen_ai.evaluation.explanation"]
+            .as_str()
+            .unwrap()
+            .contains("provider unavailable"),
+        "{a}"
+    );
+    assert!(
+        a.get("gen_ai.evaluation.score.value").is_none() && a.get("gen_ai.evaluation.score.label").is_none(),
+        "{a}"
+    );
+    assert_eq!(failed[0]["severity_number"], 13);
+    // The other trace's results are there as usual.
+    assert_eq!(
+        events.iter().filter(|e| e["attributes"]["attest.trace_id"] == "trc_ok").count(),
+        3,
+        "{events:#?}"
+    );
+}

@@ -97,6 +97,7 @@ impl Suite for ToolSuite {
                     message: "test evaluator: provider unavailable".into(),
                     retryable: true,
                     trace_refused: false,
+                    error_type: Some("PROVIDER_ERROR".into()),
                 });
             }
             let mut used = Vec::new();
