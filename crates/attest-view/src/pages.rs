@@ -238,7 +238,13 @@ struct OverviewQuery {
     kind: Option<String>,
     sort: Option<String>,
     dir: Option<String>,
-    page: Option<usize>,
+    /// Read leniently: a page that is not a number is the first.
+    page: Option<String>,
+}
+
+/// A `page` parameter as a page number (1 when it is none).
+fn page_number(page: Option<&str>) -> usize {
+    page.and_then(|p| p.trim().parse().ok()).unwrap_or(1)
 }
 
 /// Sortable columns of the overview.
@@ -295,7 +301,7 @@ async fn overview(State(app): State<Arc<App>>, Query(q): Query<OverviewQuery>) -
             }
         });
         let pages = shown.len().div_ceil(PAGE_ROWS).max(1);
-        let page = q.page.unwrap_or(1).clamp(1, pages);
+        let page = page_number(q.page.as_deref()).clamp(1, pages);
         let rows: Vec<Row> = shown
             .iter()
             .skip((page - 1) * PAGE_ROWS)
@@ -521,7 +527,7 @@ async fn evaluation(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -
 
 #[derive(Deserialize, Default)]
 struct RunsQuery {
-    page: Option<usize>,
+    page: Option<String>,
 }
 
 fn run_row(r: &attest_history::read::RunSummary) -> minijinja::Value {
@@ -545,7 +551,7 @@ async fn runs(State(app): State<Arc<App>>, Query(q): Query<RunsQuery>) -> Respon
     blocking(app, move |p| {
         let snap = p.snapshot()?;
         let pages = snap.runs.len().div_ceil(PAGE_ROWS).max(1);
-        let page = q.page.unwrap_or(1).clamp(1, pages);
+        let page = page_number(q.page.as_deref()).clamp(1, pages);
         let rows: Vec<_> = snap.runs.iter().skip((page - 1) * PAGE_ROWS).take(PAGE_ROWS).map(run_row).collect();
         // The two newest, compared, is what people ask first.
         let newest = snap.runs.first().map(|r| r.id);
