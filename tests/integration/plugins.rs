@@ -3044,8 +3044,12 @@ fn a_log_flood_of_huge_lines_is_clipped_before_it_is_copied() {
     let line_bytes = 40 << 20;
     let quiet = flood_growth_mib(0, line_bytes);
     let loud = flood_growth_mib(3, line_bytes);
+    // One host copy of one line per call would add 8 × 40 = 320 MiB; the
+    // peak also moves with how many of the 8 calls happen to overlap (up to
+    // 77 MiB seen on a loaded 2-core machine), so 128 MiB of slack tells a
+    // copy from that noise.
     assert!(
-        loud <= quiet + 64,
+        loud <= quiet + 128,
         "logging 8 × 3 lines of 40 MiB grew peak memory by {loud} MiB, against {quiet} MiB for building them"
     );
 }
