@@ -7,8 +7,8 @@
 //! other page reads a bounded slice: an assertion's newest results, one
 //! kept evaluation, two runs.
 
-use super::store::{inflate, RESULT_BYTES};
-use super::{Detail, DriftReport, DriftStatus};
+use super::store::{cost_at, inflate, result_at};
+use super::{Detail, DriftReport, DriftStatus, Fingerprint};
 use attest_trace::Status;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde::Serialize;
@@ -56,6 +56,10 @@ pub struct AssertionSummary {
 }
 
 impl AssertionSummary {
+    pub fn drifting(&self) -> bool {
+        self.drift == DriftStatus::DriftDetected
+    }
+
     pub fn pass_rate(&self) -> f64 {
         if self.total == 0 {
             0.0
@@ -185,26 +189,13 @@ struct FingerprintRow {
     kind: String,
 }
 
-fn status_of(code: u8) -> Status {
-    match code {
-        0 => Status::Pass,
-        1 => Status::SoftFail,
-        _ => Status::HardFail,
-    }
-}
-
-/// The (status, score) of member `pos` of a packed batch.
-fn result_at(results: &[u8], pos: usize) -> Option<(Status, f64)> {
-    let start = pos.checked_mul(RESULT_BYTES)?;
-    let bytes = results.get(start..start + RESULT_BYTES)?;
-    Some((status_of(bytes[0]), f64::from_le_bytes(bytes[1..].try_into().ok()?)))
-}
-
-fn cost_at(costs: Option<&[u8]>, pos: usize) -> f64 {
-    costs
-        .and_then(|c| c.get(pos * 8..pos * 8 + 8))
-        .and_then(|b| b.try_into().ok())
-        .map_or(0.0, f64::from_le_bytes)
+/// A kept evaluation's details, as [`super::store`] wrote them (empty if
+/// they cannot be read).
+fn details_of(deflated: &[u8]) -> Vec<Detail> {
+    inflate(deflated, MAX_TRACE_BYTES)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
 const DAY_MS: i64 = 86_400_000;
@@ -247,7 +238,9 @@ impl Reader {
             Ok((
                 r.get::<_, i64>(0)?,
                 FingerprintRow {
-                    hex: fp.iter().map(|b| format!("{b:02x}")).collect(),
+                    hex: <[u8; 16]>::try_from(fp.as_slice())
+                        .map(|f| Fingerprint(f).hex())
+                        .unwrap_or_default(),
                     agent: r.get(2)?,
                     kind: r.get(3)?,
                 },
@@ -275,6 +268,25 @@ impl Reader {
             .query_row(params![assertion], |r| r.get(0))
             .optional()?
             .unwrap_or_default())
+    }
+
+    /// The assertion type of a fingerprint.
+    fn kind_of(&self, fp: i64) -> rusqlite::Result<String> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT COALESCE(assertion_type, '') FROM fingerprints WHERE id = ?1")?
+            .query_row(params![fp], |r| r.get(0))
+            .optional()?
+            .unwrap_or_default())
+    }
+
+    /// A run's kind and label.
+    pub fn run(&self, id: i64) -> anyhow::Result<Option<(String, String)>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT kind, label FROM runs WHERE id = ?1")?
+            .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?)
     }
 
     /// Sums the whole history; `window` scores per assertion decide its drift.
@@ -480,10 +492,7 @@ impl Reader {
                     break;
                 }
                 let results = r.get_ref(4)?.as_blob()?;
-                let details: Vec<Detail> = inflate(r.get_ref(5)?.as_blob()?, MAX_TRACE_BYTES)
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok())
-                    .unwrap_or_default();
+                let details = details_of(r.get_ref(5)?.as_blob()?);
                 for &pos in positions.get(&r.get::<_, i64>(3)?).into_iter().flatten() {
                     if let Some((status, score)) = result_at(results, pos).filter(|(s, _)| *s != Status::Pass) {
                         failures.push(Failure {
@@ -537,18 +546,14 @@ impl Reader {
         let Some((batch, at_ms, trace_id, run, results, costs, members, details, trace)) = row else {
             return Ok(None);
         };
-        let fingerprints = self.fingerprints()?;
-        let details: Vec<Detail> = inflate(&details, MAX_TRACE_BYTES)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        let details = details_of(&details);
         let mut out = Vec::new();
         for (pos, (fp, assertion)) in super::store::unpack_members(&members).into_iter().enumerate() {
             let Some((status, score)) = result_at(&results, pos) else { break };
             out.push(Member {
                 assertion: fp,
                 name: self.name_of(assertion)?,
-                kind: fingerprints.get(&fp).map(|f| f.kind.clone()).unwrap_or_default(),
+                kind: self.kind_of(fp)?,
                 status,
                 score,
                 cost: cost_at(costs.as_deref(), pos),

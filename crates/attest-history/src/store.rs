@@ -222,16 +222,38 @@ fn status_code(status: Status) -> u8 {
     }
 }
 
+fn status_of(code: u8) -> Status {
+    match code {
+        0 => Status::Pass,
+        1 => Status::SoftFail,
+        _ => Status::HardFail,
+    }
+}
+
 fn pack_result(out: &mut Vec<u8>, status: Status, score: f64) {
     out.push(status_code(status));
     out.extend_from_slice(&score.to_le_bytes());
 }
 
+/// The (status, score) of the result at `pos` in a packed batch.
+pub(super) fn result_at(results: &[u8], pos: usize) -> Option<(Status, f64)> {
+    let start = pos.checked_mul(RESULT_BYTES)?;
+    let bytes = results.get(start..start.checked_add(RESULT_BYTES)?)?;
+    Some((status_of(bytes[0]), f64::from_le_bytes(bytes[1..].try_into().ok()?)))
+}
+
 /// The score of the result at `pos` in a packed batch.
 fn score_at(results: &[u8], pos: usize) -> Option<f64> {
-    let start = pos.checked_mul(RESULT_BYTES)? + 1;
-    let bytes = results.get(start..start + 8)?;
-    Some(f64::from_le_bytes(bytes.try_into().ok()?))
+    result_at(results, pos).map(|(_, score)| score)
+}
+
+/// The cost of the result at `pos`, from a batch's `costs` (absent: nothing
+/// in the batch cost anything).
+pub(super) fn cost_at(costs: Option<&[u8]>, pos: usize) -> f64 {
+    costs
+        .and_then(|c| c.get(pos.checked_mul(8)?..pos.checked_mul(8)?.checked_add(8)?))
+        .and_then(|b| b.try_into().ok())
+        .map_or(0.0, f64::from_le_bytes)
 }
 
 /// Gives the calling thread the lowest CPU priority: Linux's `SCHED_IDLE`
