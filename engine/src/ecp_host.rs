@@ -215,10 +215,11 @@ impl GradingHost for EngineGradingHost {
                         .collect(),
                 })
             });
+            let trace_id = format!("{}/{scenario}/{step}", self.run_id);
             if let Some(export) = self.engine.sinks.export() {
                 for (row, c) in rows.iter().zip(results) {
                     export.send(attest_collect::export::Event {
-                        trace_id: format!("{}/{scenario}/{step}", self.run_id),
+                        trace_id: trace_id.clone(),
                         span_id: None,
                         name: row.assertion_id.clone(),
                         score: Some(row.score),
@@ -232,7 +233,7 @@ impl GradingHost for EngineGradingHost {
                 return;
             };
             history.record(Rows {
-                trace_id: format!("{}/{scenario}/{step}", self.run_id),
+                trace_id,
                 agent_id: None,
                 rows,
                 keyed: false,

@@ -562,15 +562,3 @@ fn write_evidence(a: &AssertionResult, out: &mut impl std::io::Write) -> Result<
     writeln!(out, "    took     {} ms", a.duration_ms)?;
     Ok(())
 }
-
-/// Sends what `--export-otlp` still holds (10 s at most) and says on stderr
-/// what was lost, if anything.
-pub fn finish_export(export: &attest_collect::export::OtlpExport) {
-    use std::sync::atomic::Ordering;
-    export.close(std::time::Instant::now() + attest_collect::export::FLUSH_WAIT);
-    let s = &export.stats;
-    let settled = s.sent.load(Ordering::Relaxed);
-    if settled < s.queued.load(Ordering::Relaxed) + s.dropped.load(Ordering::Relaxed) {
-        eprintln!("attest-engine: --export-otlp {}: {}", export.endpoint(), s.summary());
-    }
-}

@@ -504,8 +504,8 @@ fn run() -> ExitCode {
                     ExitCode::from(2)
                 }
             };
-            if let Some(x) = exporter {
-                attest_engine::eval_cmd::finish_export(&x);
+            if let Some(summary) = exporter.and_then(|x| x.finish()) {
+                eprintln!("attest-engine eval: {summary}");
             }
             code
         }
@@ -602,7 +602,9 @@ fn run() -> ExitCode {
                 let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine, label));
                 let code = attest_ecp::run_command(cmd, host).await;
                 if let Some(x) = exporter {
-                    tokio::task::spawn_blocking(move || attest_engine::eval_cmd::finish_export(&x)).await?;
+                    if let Some(summary) = tokio::task::spawn_blocking(move || x.finish()).await? {
+                        eprintln!("attest-engine ecp: {summary}");
+                    }
                 }
                 code
             })

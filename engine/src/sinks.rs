@@ -50,7 +50,7 @@ fn new_run(kind: RunKind, label: String) -> Arc<Run> {
 }
 
 /// What the history keeps of a result that explains it.
-pub fn detail_of(r: &AssertionResult) -> Detail {
+fn detail_of(r: &AssertionResult) -> Detail {
     Detail {
         explanation: r.explanation.clone(),
         trace_node_path: r.evidence.trace_node_path.clone(),

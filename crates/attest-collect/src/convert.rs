@@ -787,20 +787,16 @@ fn fill_tool_args(steps: &mut [Value]) {
 /// its `trace_node_path` names (`steps[2].sub_trace.steps[0]…`), else the
 /// trace's agent span.
 pub fn span_of(trace: &Value, trace_node_path: Option<&str>) -> Option<String> {
-    let mut at = trace;
     let mut found = trace.pointer("/metadata/span_id");
-    let mut rest = trace_node_path.unwrap_or_default();
-    while let Some(i) = rest.find("steps[") {
-        rest = &rest[i + 6..];
-        let Some(end) = rest.find(']') else { break };
-        let Some(step) = rest[..end].parse::<usize>().ok().and_then(|n| at.get("steps")?.get(n)) else {
+    let mut at = trace;
+    for i in attest_trace::trace::step_indexes(trace_node_path.unwrap_or_default()) {
+        let Some(step) = at.get("steps").and_then(|s| s.get(i)) else {
             break;
         };
         found = step.pointer("/metadata/span_id").or(found);
-        rest = &rest[end..];
         match step.get("sub_trace") {
-            Some(sub) if rest.starts_with("].sub_trace.") => at = sub,
-            _ => break,
+            Some(sub) => at = sub,
+            None => break,
         }
     }
     found.and_then(Value::as_str).map(str::to_owned)

@@ -103,11 +103,21 @@ pub struct ExportStats {
 }
 
 impl ExportStats {
+    /// Events that were sent or given up on.
+    fn settled(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Events queued and neither sent nor given up on yet.
+    fn waiting(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed).saturating_sub(self.settled())
+    }
+
     /// One line for a person: what was sent and what was lost, and why.
     pub fn summary(&self) -> String {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (sent, failed, dropped) = (ld(&self.sent), ld(&self.failed), ld(&self.dropped));
-        let waiting = ld(&self.queued).saturating_sub(sent + failed);
+        let waiting = self.waiting();
         format!(
             "{sent} evaluation events sent, {} lost ({dropped} dropped with the queue full, {failed} refused or unanswered after retries, {waiting} still queued at exit)",
             dropped + failed + waiting
@@ -139,7 +149,7 @@ impl ExportStats {
         ] {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
         }
-        let waiting = ld(&self.queued).saturating_sub(ld(&self.sent) + ld(&self.failed));
+        let waiting = self.waiting();
         out.push_str(&format!(
             "# HELP attest_export_queue_events Evaluation events waiting to be sent.\n# TYPE attest_export_queue_events gauge\nattest_export_queue_events {waiting}\n"
         ));
@@ -247,10 +257,9 @@ impl OtlpExport {
     pub fn flush(&self, deadline: Instant) -> bool {
         let target = self.stats.queued.load(Ordering::Relaxed);
         self.queue.1.notify_one();
-        let settled = |s: &ExportStats| s.sent.load(Ordering::Relaxed) + s.failed.load(Ordering::Relaxed) >= target;
         let (lock, cv) = &*self.settled;
         let mut guard = lock.lock().unwrap_or_else(|e| e.into_inner());
-        while !settled(&self.stats) {
+        while self.stats.settled() < target {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
@@ -263,6 +272,16 @@ impl OtlpExport {
                 .0;
         }
         true
+    }
+
+    /// For a one-shot command at its end: sends what is queued (for
+    /// [`FLUSH_WAIT`] at most) and stops the thread; the summary when
+    /// anything was not sent, for the command to say.
+    pub fn finish(&self) -> Option<String> {
+        self.close(Instant::now() + FLUSH_WAIT);
+        let s = &self.stats;
+        let lost = s.queued.load(Ordering::Relaxed) + s.dropped.load(Ordering::Relaxed) - s.sent.load(Ordering::Relaxed);
+        (lost > 0).then(|| format!("--export-otlp {}: {}", self.endpoint, s.summary()))
     }
 
     /// Sends what is queued (until `deadline`) and stops the thread.
@@ -316,9 +335,7 @@ impl HistorySink for OtlpExport {
             // Polled rather than waited on: a runtime thread never blocks.
             let target = self.stats.queued.load(Ordering::Relaxed);
             let deadline = tokio::time::Instant::now() + FLUSH_WAIT;
-            while self.stats.sent.load(Ordering::Relaxed) + self.stats.failed.load(Ordering::Relaxed) < target
-                && tokio::time::Instant::now() < deadline
-            {
+            while self.stats.settled() < target && tokio::time::Instant::now() < deadline {
                 self.queue.1.notify_one();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }

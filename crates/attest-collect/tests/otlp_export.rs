@@ -17,18 +17,14 @@ use std::process::{Child, Command, Stdio};
 use serde_json::Value;
 use support::{read_jsonl, Collector, Evaluator};
 
-const RULES: &str = r#"
-rules:
-  - name: refund-tools
-    match:
-      agent_id: refund-agent
-    sample_rate: 1.0
-    assertions:
-      - {assertion_id: uses-lookup, type: trace, spec: {check: required_tools, tools: [lookup_order]}}
-      - {assertion_id: says-refund, type: content, spec: {target: output.message, check: contains, value: refund}}
-      - {assertion_id: escalates, type: trace, spec: {check: required_tools, tools: [escalate]}}
-      - {assertion_id: no-lookup, type: trace, spec: {check: forbidden_tools, tools: [lookup_order]}}
-"#;
+/// The support rules, and one assertion that points at a step: the tool
+/// call `forbidden_tools` finds.
+fn rules() -> String {
+    format!(
+        "{}      - {{assertion_id: no-lookup, type: trace, spec: {{check: forbidden_tools, tools: [lookup_order]}}}}\n",
+        support::RULES
+    )
+}
 
 fn venv_python() -> Option<PathBuf> {
     match std::env::var("COLLECT_TEST_VENV") {
@@ -95,7 +91,7 @@ async fn export_over(protocol: &str) {
     let collector = Collector::start_on(
         Evaluator::product(),
         dir.path(),
-        RULES,
+        &rules(),
         &[
             "--settle-ms",
             "300",
@@ -201,7 +197,7 @@ async fn a_backend_killed_mid_run_loses_events_only_within_the_bounds_and_counts
         .collect();
     std::fs::write(&input, lines).unwrap();
     let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
+    std::fs::write(&rules, self::rules()).unwrap();
     let bin = std::env::var("ATTEST_ENGINE_BIN").ok().filter(|b| !b.is_empty());
     let Some(bin) =
         bin.or_else(|| attest_test_support::missing("ATTEST_ENGINE_BIN is not set", "scripts/test builds the engine and sets it"))

@@ -105,3 +105,40 @@ impl crate::TraceView for Trace {
         &self.steps
     }
 }
+
+/// The step indexes, through sub-traces, a `trace_node_path` names:
+/// `steps[2].sub_trace.steps[0].args` is `[2, 0]`. Whatever comes before the
+/// first `steps[` (`trace.`, an agent's path) is passed over; the path goes
+/// into a sub-trace only through `.sub_trace.`.
+pub fn step_indexes(trace_node_path: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    let Some(first) = trace_node_path.find("steps[") else {
+        return out;
+    };
+    let mut rest = &trace_node_path[first..];
+    while let Some(inside) = rest.strip_prefix("steps[") {
+        let Some(end) = inside.find(']') else { break };
+        let Ok(i) = inside[..end].parse() else { break };
+        out.push(i);
+        match inside[end + 1..].strip_prefix(".sub_trace.") {
+            Some(deeper) => rest = deeper,
+            None => break,
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::step_indexes;
+
+    #[test]
+    fn node_paths_name_steps_through_sub_traces_only() {
+        assert_eq!(step_indexes("steps[2].sub_trace.steps[0].args.q"), vec![2, 0]);
+        assert_eq!(step_indexes("trace.steps[3]"), vec![3]);
+        assert_eq!(step_indexes("output.message"), Vec::<usize>::new());
+        // An argument that happens to be called `steps` is no sub-trace.
+        assert_eq!(step_indexes("steps[1].args.steps[4]"), vec![1]);
+        assert_eq!(step_indexes("steps[x]"), Vec::<usize>::new());
+    }
+}

@@ -56,7 +56,7 @@ fn find_trace(files: &[std::path::PathBuf], trace_id: &str) -> Option<String> {
                 break;
             }
             budget = budget.saturating_sub(n as u64);
-            if memchr_find(&line, needle.as_bytes()) {
+            if memchr::memmem::find(&line, needle.as_bytes()).is_some() {
                 let text = String::from_utf8_lossy(&line).trim_end().to_owned();
                 // The top-level id, not a sub-trace's.
                 if serde_json::from_str::<serde_json::Value>(&text)
@@ -72,10 +72,6 @@ fn find_trace(files: &[std::path::PathBuf], trace_id: &str) -> Option<String> {
         }
     }
     found
-}
-
-fn memchr_find(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 impl Pages {
@@ -225,7 +221,7 @@ impl<'a> Row<'a> {
             status: status_word(s.latest_status),
             score: format!("{:.3}", s.latest_score),
             latest: time(s.latest_ms),
-            drift: s.drift == attest_history::DriftStatus::DriftDetected,
+            drift: s.drifting(),
             chart: charts::sparkline(&s.days),
         }
     }
@@ -312,11 +308,7 @@ async fn overview(State(app): State<Arc<App>>, Query(q): Query<OverviewQuery>) -
             .assertions
             .iter()
             .fold((0, 0, 0), |(p, s, f), a| (p + a.pass, s + a.soft, f + a.fail));
-        let drifting = snap
-            .assertions
-            .iter()
-            .filter(|a| a.drift == attest_history::DriftStatus::DriftDetected)
-            .count();
+        let drifting = snap.assertions.iter().filter(|a| a.drifting()).count();
         Ok(p.render(
             "overview.html",
             context! {
@@ -458,16 +450,25 @@ async fn evaluation(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -
         let Ok(id) = id.parse::<i64>() else {
             return Ok(p.missing(format!("no evaluation {}", clip(&id, 64))));
         };
-        let Some(e) = p.reader.lock().unwrap_or_else(|e| e.into_inner()).evaluation(id)? else {
-            return Ok(p.missing(format!(
-                "no kept evaluation {id}: the oldest kept evaluations make room for new ones (history_kept_evaluations, history_kept_mib)"
-            )));
+        let (e, run) = {
+            let reader = p.reader.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(e) = reader.evaluation(id)? else {
+                return Ok(p.missing(format!(
+                    "no kept evaluation {id}: the oldest kept evaluations make room for new ones (history_kept_evaluations, history_kept_mib)"
+                )));
+            };
+            // Its run's name only: the whole history's sum is not needed here.
+            let run = match e.run {
+                Some(r) => reader.run(r)?.map(|(kind, label)| (r, kind, label)),
+                None => None,
+            };
+            (e, run)
         };
         let pointed: Vec<Vec<usize>> = e
             .members
             .iter()
             .filter_map(|m| m.detail.as_ref()?.trace_node_path.as_deref())
-            .map(tree::step_indexes)
+            .map(attest_trace::trace::step_indexes)
             .filter(|p| !p.is_empty())
             .collect();
         // A trace the history did not keep may be in a --traces file.
@@ -476,8 +477,6 @@ async fn evaluation(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -
             _ => None,
         };
         let trace = e.trace.as_deref().or(from_file.as_deref()).map(|t| tree::build(t, &pointed));
-        let snap = p.snapshot()?;
-        let run = e.run.and_then(|r| snap.runs.iter().find(|x| x.id == r));
         // What did not pass first, hard failures before soft ones.
         let mut order: Vec<&attest_history::read::Member> = e.members.iter().collect();
         order.sort_by_key(|m| std::cmp::Reverse(m.status));
@@ -485,7 +484,7 @@ async fn evaluation(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -
             .into_iter()
             .map(|m| {
                 let path = m.detail.as_ref().and_then(|d| d.trace_node_path.clone());
-                let steps = path.as_deref().map(tree::step_indexes).unwrap_or_default();
+                let steps = path.as_deref().map(attest_trace::trace::step_indexes).unwrap_or_default();
                 context! {
                     assertion => m.assertion,
                     name => &m.name,
@@ -494,7 +493,7 @@ async fn evaluation(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -
                     score => format!("{:.3}", m.score),
                     cost => usd(m.cost),
                     detail => &m.detail,
-                    anchor => (!steps.is_empty()).then(|| format!("s{}", steps.iter().map(usize::to_string).collect::<Vec<_>>().join("-"))),
+                    anchor => (!steps.is_empty()).then(|| tree::anchor(&steps)),
                     judge => m.detail.as_ref().and_then(|d| d.judge.as_ref()).map(|j| serde_json::to_string_pretty(j).unwrap_or_default()),
                 }
             })
@@ -508,7 +507,7 @@ async fn evaluation(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -
                 kept => e.kept,
                 trace_id => &e.trace_id,
                 at => time(e.at_ms),
-                run => run.map(|r| context! { id => r.id, label => &r.label, kind => &r.kind }),
+                run => run.map(|(id, kind, label)| context! { id, label, kind }),
                 members,
                 failing,
                 trace_kept => e.trace.is_some() || from_file.is_some(),

@@ -88,21 +88,9 @@ pub struct TraceView {
     pub omitted: usize,
 }
 
-/// The step indexes, through sub-traces, a `trace_node_path` names
-/// (`steps[2].sub_trace.steps[0].args` → `[2, 0]`).
-pub fn step_indexes(path: &str) -> Vec<usize> {
-    let mut out = Vec::new();
-    let mut rest = path;
-    while let Some(at) = rest.find("steps[") {
-        rest = &rest[at + 6..];
-        let Some(end) = rest.find(']') else { break };
-        match rest[..end].parse() {
-            Ok(i) => out.push(i),
-            Err(_) => break,
-        }
-        rest = &rest[end..];
-    }
-    out
+/// The anchor of the step at `at` (indexes through sub-traces): `s2-0`.
+pub fn anchor(at: &[usize]) -> String {
+    format!("s{}", at.iter().map(usize::to_string).collect::<Vec<_>>().join("-"))
 }
 
 /// Builds the tree of `trace` (JSON text), marking the steps `pointed`
@@ -164,7 +152,7 @@ fn nodes(
         // The deepest step a path names is the one marked.
         let highlighted = pointed.iter().any(|p| p.as_slice() == at.as_slice());
         out.push(Node {
-            anchor: format!("s{}", at.iter().map(usize::to_string).collect::<Vec<_>>().join("-")),
+            anchor: anchor(at),
             path: at.iter().map(|i| format!("steps[{i}]")).collect::<Vec<_>>().join(".sub_trace."),
             kind: text("type").unwrap_or_else(|| "step".into()),
             name: text("name").unwrap_or_default(),
@@ -201,13 +189,6 @@ fn count(step: &Value) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_name_steps_through_sub_traces() {
-        assert_eq!(step_indexes("steps[2].sub_trace.steps[0].args.q"), vec![2, 0]);
-        assert_eq!(step_indexes("trace.steps[3]"), vec![3]);
-        assert_eq!(step_indexes("output.message"), Vec::<usize>::new());
-    }
 
     #[test]
     fn deep_and_wide_traces_are_bounded() {
