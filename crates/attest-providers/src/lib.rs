@@ -136,9 +136,17 @@ enum Embedder {
 struct LocalEmbedder {
     dir: PathBuf,
     name: String,
-    model: OnceCell<Result<Arc<local::LocalModel>, String>>,
+    model: OnceCell<Result<Arc<Loaded>, String>>,
     /// Inference is CPU-bound: at most one per core at a time.
     permits: Semaphore,
+    /// How many: one inference thread each.
+    threads: usize,
+}
+
+/// The model and the threads that run it.
+struct Loaded {
+    model: Arc<local::LocalModel>,
+    inference: local::Inference,
 }
 
 pub struct Judge {
@@ -281,12 +289,16 @@ impl Providers {
                 },
                 model: model.clone(),
             }),
-            EmbeddingSource::Local { dir } => Ok(Embedder::Local(LocalEmbedder {
-                name: local::model_name(dir),
-                dir: dir.clone(),
-                model: OnceCell::new(),
-                permits: Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
-            })),
+            EmbeddingSource::Local { dir } => {
+                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+                Ok(Embedder::Local(LocalEmbedder {
+                    name: local::model_name(dir),
+                    dir: dir.clone(),
+                    model: OnceCell::new(),
+                    permits: Semaphore::new(threads),
+                    threads,
+                }))
+            }
             EmbeddingSource::Off { why } => Err(why.clone()),
         };
         // Without any provider there is nothing to cache: no file is opened.
@@ -510,7 +522,7 @@ impl LocalEmbedder {
     /// Which of `texts` the model reads only the beginning of; all `false`
     /// when that cannot be told (the model is not loaded, tokenising failed).
     async fn truncates(&self, texts: &[&str]) -> Vec<bool> {
-        let Some(Ok(model)) = self.model.get().cloned() else {
+        let Some(Ok(model)) = self.model.get().map(|m| m.as_ref().map(|l| l.model.clone())) else {
             return vec![false; texts.len()];
         };
         let owned: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
@@ -530,11 +542,16 @@ impl LocalEmbedder {
             .model
             .get_or_init(|| async {
                 let dir = self.dir.clone();
+                let threads = self.threads;
                 let started = std::time::Instant::now();
-                let loaded = tokio::task::spawn_blocking(move || local::LocalModel::load(&dir))
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| r.map_err(|e| format!("{e:#}")));
+                let loaded = tokio::task::spawn_blocking(move || {
+                    let model = Arc::new(local::LocalModel::load(&dir)?);
+                    let inference = local::Inference::start(model.clone(), threads)?;
+                    anyhow::Ok(Loaded { model, inference })
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| format!("{e:#}")));
                 match &loaded {
                     Ok(_) => tracing::info!(dir = %self.dir.display(), ms = started.elapsed().as_millis() as u64, "local embedding model loaded"),
                     Err(e) => tracing::error!(dir = %self.dir.display(), error = %e, "cannot load the local embedding model"),
@@ -552,15 +569,12 @@ impl LocalEmbedder {
             .map_err(|_| ProviderError::Timeout)?
             .expect("the semaphore is never closed");
         let owned: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
-        let run = tokio::task::spawn_blocking(move || {
-            let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
-            model.embed(&refs)
-        });
+        let run = model.inference.embed(owned, deadline.into_std());
         match tokio::time::timeout_at(deadline, run).await {
-            Err(_) => Err(ProviderError::Timeout),
-            Ok(Err(e)) => Err(ProviderError::failed(format!("local embedding model failed: {e}"), 1)),
-            Ok(Ok(Err(e))) => Err(ProviderError::failed(format!("local embedding model failed: {e:#}"), 1)),
-            Ok(Ok(Ok(v))) => Ok(v),
+            Err(_) | Ok(None) if Instant::now() >= deadline => Err(ProviderError::Timeout),
+            Err(_) | Ok(None) => Err(ProviderError::failed("local embedding model failed: its inference thread stopped", 1)),
+            Ok(Some(Err(e))) => Err(ProviderError::failed(format!("local embedding model failed: {e:#}"), 1)),
+            Ok(Some(Ok(v))) => Ok(v),
         }
     }
 }

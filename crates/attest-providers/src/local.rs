@@ -96,6 +96,55 @@ impl LocalModel {
     }
 }
 
+/// The threads inference runs on: a fixed few that live as long as the
+/// model. Candle allocates each forward pass's activations afresh; on a
+/// thread of the runtime's blocking pool (a different one from call to
+/// call, and new ones as others are busy) every pass touched fresh pages,
+/// and each thread kept its own. With the pass always on one of these, the
+/// allocator reuses what the last pass freed (docs/benchmarks.md).
+pub struct Inference {
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+struct Job {
+    texts: Vec<String>,
+    /// Past it, the caller has stopped waiting: the pass is skipped.
+    deadline: std::time::Instant,
+    answer: tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>>>,
+}
+
+impl Inference {
+    /// `threads` inference threads for `model` (at least one).
+    pub fn start(model: std::sync::Arc<LocalModel>, threads: usize) -> std::io::Result<Inference> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(queue));
+        for i in 0..threads.max(1) {
+            let (model, queue) = (model.clone(), queue.clone());
+            std::thread::Builder::new().name(format!("attest-embed-{i}")).spawn(move || loop {
+                // The lock is held only while waiting for the next job; the
+                // channel closes with the embedder, ending the thread.
+                let Ok(job) = queue.lock().unwrap_or_else(|p| p.into_inner()).recv() else {
+                    return;
+                };
+                if std::time::Instant::now() >= job.deadline || job.answer.is_closed() {
+                    continue;
+                }
+                let refs: Vec<&str> = job.texts.iter().map(String::as_str).collect();
+                let _ = job.answer.send(model.embed(&refs));
+            })?;
+        }
+        Ok(Inference { jobs })
+    }
+
+    /// Embeds `texts` on an inference thread; `None` when the threads are
+    /// gone (a pass panicked) or gave the job up at its deadline.
+    pub async fn embed(&self, texts: Vec<String>, deadline: std::time::Instant) -> Option<Result<Vec<Vec<f32>>>> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.jobs.send(Job { texts, deadline, answer }).ok()?;
+        answered.await.ok()
+    }
+}
+
 /// Cosine similarity of two vectors (`None` when lengths differ or one is zero).
 pub fn cosine(a: &[f32], b: &[f32]) -> Option<f64> {
     if a.len() != b.len() || a.is_empty() {
