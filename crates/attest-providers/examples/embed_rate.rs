@@ -6,9 +6,17 @@ use std::time::Instant;
 fn main() {
     let dir = std::env::args().nth(1).expect("model directory");
     let m = LocalModel::load(std::path::Path::new(&dir)).unwrap();
-    let words: Vec<&str> = "the refund for order was processed and the customer will receive the money within five business days according to policy".split(' ').collect();
+    let words: Vec<&str> =
+        "the refund for order was processed and the customer will receive the money within five business days according to policy"
+            .split(' ')
+            .collect();
     let texts: Vec<String> = (0..128)
-        .map(|i| (0..60).map(|k| format!("{}{}", words[(i + k) % words.len()], i % 7)).collect::<Vec<_>>().join(" "))
+        .map(|i| {
+            (0..60)
+                .map(|k| format!("{}{}", words[(i + k) % words.len()], i % 7))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     m.embed(&refs[..4]).unwrap();

@@ -572,7 +572,10 @@ impl LocalEmbedder {
         let run = model.inference.embed(owned, deadline.into_std());
         match tokio::time::timeout_at(deadline, run).await {
             Err(_) | Ok(None) if Instant::now() >= deadline => Err(ProviderError::Timeout),
-            Err(_) | Ok(None) => Err(ProviderError::failed("local embedding model failed: its inference thread stopped", 1)),
+            Err(_) | Ok(None) => Err(ProviderError::failed(
+                "local embedding model failed: its inference thread stopped",
+                1,
+            )),
             Ok(Some(Err(e))) => Err(ProviderError::failed(format!("local embedding model failed: {e:#}"), 1)),
             Ok(Some(Ok(v))) => Ok(v),
         }
