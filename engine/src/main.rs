@@ -12,7 +12,7 @@ use attest_engine::plugins::sandbox::SUPPORTED_API_VERSIONS;
 use attest_engine::plugins::{PluginHost, PluginSpec};
 use attest_engine::session::Engine;
 use attest_engine::{logging, server, ENGINE_VERSION};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -34,48 +34,196 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     allow_negative_numbers = true
 )]
 struct Cli {
-    /// debug, info, warn or error (structured JSON lines on stderr; default
-    /// info, warn for eval, calibrate and plugin check/test).
-    #[arg(long, global = true, help_heading = "Global options", value_name = "LEVEL", value_parser = clap::builder::PossibleValuesParser::new(["debug", "info", "warn", "error"]), ignore_case = true)]
-    log_level: Option<String>,
-    /// TOML configuration file.
-    #[arg(long, global = true, help_heading = "Global options", value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Per-request evaluation deadline, e.g. 30s, 1500ms, 2m (default 25s).
-    #[arg(long, global = true, help_heading = "Global options", value_name = "DURATION")]
-    eval_timeout: Option<String>,
-    /// Requests `serve` evaluates at once (default 64; collect and worker take --concurrency).
-    #[arg(long, global = true, help_heading = "Global options", value_name = "N")]
-    max_concurrent_requests: Option<usize>,
-    /// Reject steps whose type is not llm_call, tool_call, retrieval or agent_call.
-    #[arg(long, global = true, help_heading = "Global options")]
-    strict_step_types: bool,
-    /// Load a WebAssembly plugin component (repeatable).
-    #[arg(long = "plugin", global = true, help_heading = "Global options", value_name = "FILE")]
-    plugins: Vec<PathBuf>,
-    /// Load every .wasm file in this directory as a plugin.
-    #[arg(long, global = true, help_heading = "Global options", value_name = "DIR")]
-    plugin_dir: Option<PathBuf>,
-    /// Write a session report at shutdown or end of input: junit=<path>,
-    /// json=<path> or markdown=<path> (repeatable).
-    // Not global: `ecp run --report <file.html>` is the ECP runtime's own option.
-    #[arg(long = "report", value_name = "KIND=PATH")]
-    reports: Vec<String>,
-    /// Do not record results in the history store.
-    #[arg(long, global = true, help_heading = "Global options")]
-    no_history: bool,
+    /// What a bare `attest-engine` (the stdio server) takes; also accepted
+    /// before any subcommand, where that subcommand uses them.
+    #[command(flatten)]
+    serve: ServeOptions,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// Options of every command that loads the engine's configuration.
+#[derive(Args, Clone, Default)]
+struct Common {
+    /// debug, info, warn or error (structured JSON lines on stderr; default
+    /// info, warn for eval, calibrate and plugin check/test) [env: ATTEST_LOG_LEVEL].
+    #[arg(long, help_heading = "Common options", value_name = "LEVEL", value_parser = clap::builder::PossibleValuesParser::new(["debug", "info", "warn", "error"]), ignore_case = true)]
+    log_level: Option<String>,
+    /// TOML configuration file [env: ATTEST_CONFIG].
+    #[arg(long, help_heading = "Common options", value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+/// `-v` and `-q`: the log level in one letter (`ecp run` has its own, for
+/// its progress lines).
+#[derive(Args, Clone, Default)]
+struct Verbosity {
+    /// More log lines: -v is debug.
+    #[arg(short = 'v', long = "verbose", help_heading = "Common options", conflicts_with_all = ["quiet", "log_level"])]
+    verbose: bool,
+    /// Fewer log lines: -q is errors only.
+    #[arg(short = 'q', long = "quiet", help_heading = "Common options", conflicts_with = "log_level")]
+    quiet: bool,
+}
+
+impl Verbosity {
+    fn level(&self) -> Option<&'static str> {
+        match (self.verbose, self.quiet) {
+            (true, _) => Some("debug"),
+            (_, true) => Some("error"),
+            _ => None,
+        }
+    }
+}
+
+/// How long one evaluation may take.
+#[derive(Args, Clone, Default)]
+struct Deadline {
+    /// Per-request evaluation deadline, e.g. 30s, 1500ms, 2m (default 25s)
+    /// [env: ATTEST_EVAL_TIMEOUT].
+    #[arg(long, help_heading = "Evaluation options", value_name = "DURATION")]
+    eval_timeout: Option<String>,
+}
+
+/// Options of the commands that evaluate traces with the engine's layers.
+#[derive(Args, Clone, Default)]
+struct Evaluation {
+    #[command(flatten)]
+    deadline: Deadline,
+    /// Reject steps whose type is not llm_call, tool_call, retrieval or
+    /// agent_call [env: ATTEST_STRICT_STEP_TYPES].
+    #[arg(long, help_heading = "Evaluation options")]
+    strict_step_types: bool,
+    /// Load a WebAssembly plugin component (repeatable).
+    #[arg(long = "plugin", help_heading = "Evaluation options", value_name = "FILE")]
+    plugins: Vec<PathBuf>,
+    /// Load every .wasm file in this directory as a plugin [env: ATTEST_PLUGIN_DIR].
+    #[arg(long, help_heading = "Evaluation options", value_name = "DIR")]
+    plugin_dir: Option<PathBuf>,
+    /// Do not record results in the history store [env: ATTEST_HISTORY=false].
+    #[arg(long, help_heading = "Evaluation options")]
+    no_history: bool,
+}
+
+/// The stdio server's options.
+#[derive(Args, Clone, Default)]
+struct ServeOptions {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    verbosity: Verbosity,
+    #[command(flatten)]
+    evaluation: Evaluation,
+    /// Requests evaluated at once (default 64) [env: ATTEST_MAX_CONCURRENT_REQUESTS].
+    #[arg(long, help_heading = "Evaluation options", value_name = "N")]
+    max_concurrent_requests: Option<usize>,
+    /// Write a report of the session at shutdown or end of input:
+    /// junit=<path>, json=<path> or markdown=<path> (repeatable).
+    #[arg(long = "report", value_name = "KIND=PATH")]
+    reports: Vec<String>,
+}
+
+/// The engine options a command line gives: a subcommand's own over those
+/// given before it.
+struct Given<'a> {
+    common: [Option<&'a Common>; 2],
+    verbosity: [Option<&'a Verbosity>; 2],
+    deadline: [Option<&'a Deadline>; 2],
+    evaluation: [Option<&'a Evaluation>; 2],
+    max_concurrent_requests: Option<usize>,
+    reports: Vec<String>,
+}
+
+impl Given<'_> {
+    fn overrides(&self, skip_plugin_dir: bool) -> Overrides {
+        let commons = || self.common.iter().rev().flatten();
+        let evaluations = || self.evaluation.iter().flatten();
+        Overrides {
+            config_path: commons().find_map(|c| c.config.clone()),
+            log_level: commons()
+                .find_map(|c| c.log_level.clone())
+                .or_else(|| self.verbosity.iter().rev().flatten().find_map(|v| v.level().map(str::to_owned))),
+            eval_timeout: self.deadline.iter().rev().flatten().find_map(|d| d.eval_timeout.clone()),
+            max_concurrent_requests: self.max_concurrent_requests,
+            strict_step_types: evaluations().any(|e| e.strict_step_types),
+            plugins: evaluations().flat_map(|e| e.plugins.iter().cloned()).collect(),
+            plugin_dir: evaluations().rev().find_map(|e| e.plugin_dir.clone()),
+            reports: self.reports.clone(),
+            no_history: evaluations().any(|e| e.no_history),
+            skip_plugin_dir,
+        }
+    }
+}
+
+impl Cli {
+    fn given(&self) -> Given<'_> {
+        let top = &self.serve;
+        let (common, deadline, evaluation) = match &self.command {
+            None
+            | Some(
+                Command::Version
+                | Command::Plugin {
+                    command: PluginCommand::New { .. },
+                },
+            ) => (None, None, None),
+            Some(Command::Serve { options }) => (Some(&options.common), Some(&options.evaluation.deadline), Some(&options.evaluation)),
+            Some(
+                Command::Eval { common, evaluation, .. }
+                | Command::Collect { common, evaluation, .. }
+                | Command::Worker { common, evaluation, .. },
+            ) => (Some(common), Some(&evaluation.deadline), Some(evaluation)),
+            Some(
+                Command::Calibrate { common, deadline, .. }
+                | Command::Ecp { common, deadline, .. }
+                | Command::Plugin {
+                    command: PluginCommand::Test { common, deadline, .. },
+                },
+            ) => (Some(common), Some(deadline), None),
+            Some(
+                Command::View { common, .. }
+                | Command::Plugin {
+                    command: PluginCommand::Check { common, .. },
+                },
+            ) => (Some(common), None, None),
+        };
+        let verbosity = match &self.command {
+            Some(Command::Serve {
+                options: ServeOptions { verbosity, .. },
+            })
+            | Some(
+                Command::Eval { verbosity, .. }
+                | Command::Calibrate { verbosity, .. }
+                | Command::Collect { verbosity, .. }
+                | Command::Worker { verbosity, .. }
+                | Command::View { verbosity, .. }
+                | Command::Plugin {
+                    command: PluginCommand::Check { verbosity, .. } | PluginCommand::Test { verbosity, .. },
+                },
+            ) => Some(verbosity),
+            _ => None,
+        };
+        let (own_reports, max_concurrent_requests): (&[String], _) = match &self.command {
+            Some(Command::Serve { options }) => (&options.reports, options.max_concurrent_requests),
+            Some(Command::Eval { reports, .. }) => (reports, None),
+            _ => (&[], None),
+        };
+        Given {
+            common: [Some(&top.common), common],
+            verbosity: [Some(&top.verbosity), verbosity],
+            deadline: [Some(&top.evaluation.deadline), deadline],
+            evaluation: [Some(&top.evaluation), evaluation],
+            max_concurrent_requests: max_concurrent_requests.or(top.max_concurrent_requests),
+            reports: top.reports.iter().chain(own_reports).cloned().collect(),
+        }
+    }
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Serve JSON-RPC 2.0 on stdin/stdout (the default).
     Serve {
-        /// Write a report of the session: junit=<path>, json=<path> or
-        /// markdown=<path> (repeatable; also accepted before the subcommand).
-        #[arg(long = "report", value_name = "KIND=PATH")]
-        reports: Vec<String>,
+        #[command(flatten)]
+        options: ServeOptions,
     },
     /// Evaluate traces from files and print the results.
     Eval {
@@ -93,6 +241,12 @@ enum Command {
         reports: Vec<String>,
         #[command(flatten)]
         export: attest_collect::export::ExportArgs,
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        verbosity: Verbosity,
+        #[command(flatten)]
+        evaluation: Evaluation,
     },
     /// Run the LLM judge over human-labelled records and report agreement
     /// (see docs/calibration.md).
@@ -116,22 +270,61 @@ enum Command {
         persist: bool,
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        verbosity: Verbosity,
+        #[command(flatten)]
+        deadline: Deadline,
     },
     /// Print the engine version.
     Version,
     /// Score production traces: OTLP/HTTP ingest (or JSONL), trace assembly,
     /// sampling rules, results to the history, JSONL and metrics.
     #[command(allow_negative_numbers = true)]
-    Collect(Box<attest_collect::CollectArgs>),
+    Collect {
+        #[command(flatten)]
+        args: Box<attest_collect::CollectArgs>,
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        verbosity: Verbosity,
+        #[command(flatten)]
+        evaluation: Evaluation,
+    },
     /// Evaluate assembled traces from NATS JetStream (scale-out of `collect`).
     #[command(allow_negative_numbers = true)]
-    Worker(attest_collect::WorkerArgs),
+    Worker {
+        #[command(flatten)]
+        args: attest_collect::WorkerArgs,
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        verbosity: Verbosity,
+        #[command(flatten)]
+        evaluation: Evaluation,
+    },
     /// Look at the result history in a browser: pass rates, scores over
     /// time, failing evaluations with their traces, runs compared.
     /// Read-only; listens on 127.0.0.1:8787.
-    View(attest_view::ViewArgs),
-    /// Drive agents over the Evaluation Context Protocol from YAML manifests.
-    Ecp(attest_ecp::EcpCommand),
+    View {
+        #[command(flatten)]
+        args: attest_view::ViewArgs,
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        verbosity: Verbosity,
+    },
+    /// Drive agents over the Evaluation Context Protocol from YAML manifests
+    /// (engine options go before the ecp subcommand: `ecp --config FILE run …`).
+    Ecp {
+        #[command(flatten)]
+        cmd: attest_ecp::EcpCommand,
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        deadline: Deadline,
+    },
     /// Create, check and test WebAssembly plugins.
     Plugin {
         #[command(subcommand)]
@@ -163,6 +356,10 @@ enum PluginCommand {
     Check {
         /// The plugin component.
         file: PathBuf,
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        verbosity: Verbosity,
     },
     /// Run one plugin on one trace (or a file of traces), without an SDK,
     /// and print its verdict, evidence, details and duration.
@@ -186,6 +383,12 @@ enum PluginCommand {
         grants: Vec<String>,
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        verbosity: Verbosity,
+        #[command(flatten)]
+        deadline: Deadline,
     },
 }
 
@@ -279,7 +482,7 @@ fn without_config(command: &Command) -> Option<ExitCode> {
             })
         }
         // They grade nothing, so they need no engine, nor its configuration.
-        Command::Ecp(cmd) if !cmd.action.grades() => {
+        Command::Ecp { cmd, .. } if !cmd.action.grades() => {
             logging::init(logging::Level::Info);
             let runtime = match async_runtime() {
                 Ok(runtime) => runtime,
@@ -336,10 +539,12 @@ fn run() -> ExitCode {
     ) {
         attest_io::end_on_closed_output();
     }
+    let given = cli.given();
     if let Some(Command::Plugin { command }) = &cli.command {
-        if !cli.plugins.is_empty() || cli.plugin_dir.is_some() {
-            // Accepted by the parser because they are global, but a plugin
-            // subcommand works on the file it names and would ignore them.
+        if !cli.serve.evaluation.plugins.is_empty() || cli.serve.evaluation.plugin_dir.is_some() {
+            // Accepted before the subcommand, where the server takes them,
+            // but a plugin subcommand works on the file it names and would
+            // ignore them.
             let sub = command.name();
             eprintln!(
                 "attest-engine plugin {sub}: --plugin and --plugin-dir choose the plugins a server loads; `plugin {sub}` works on the one file it names, so drop them"
@@ -349,15 +554,15 @@ fn run() -> ExitCode {
     }
     if let (Some(sub @ ("collect" | "worker")), Some(_)) = (
         match &cli.command {
-            Some(Command::Collect(_)) => Some("collect"),
-            Some(Command::Worker(_)) => Some("worker"),
+            Some(Command::Collect { .. }) => Some("collect"),
+            Some(Command::Worker { .. }) => Some("worker"),
             _ => None,
         },
-        cli.max_concurrent_requests,
+        cli.serve.max_concurrent_requests,
     ) {
-        // Accepted by the parser because it is global, but it bounds the
-        // requests `serve` evaluates at once; a collector or worker would
-        // ignore it.
+        // Accepted before the subcommand, where the server takes it, but it
+        // bounds the requests `serve` evaluates at once; a collector or
+        // worker would ignore it.
         eprintln!(
             "attest-engine {sub}: --max-concurrent-requests bounds the requests `serve` evaluates at once; {sub} evaluates --concurrency traces at once (default 4), so give --concurrency N instead"
         );
@@ -368,41 +573,22 @@ fn run() -> ExitCode {
     if let Some(code) = cli.command.as_ref().and_then(without_config) {
         return code;
     }
-    let overrides = Overrides {
-        config_path: cli.config.clone(),
-        log_level: cli.log_level.clone(),
-        eval_timeout: cli.eval_timeout.clone(),
-        max_concurrent_requests: cli.max_concurrent_requests,
-        strict_step_types: cli.strict_step_types,
-        plugins: cli.plugins.clone(),
-        plugin_dir: cli.plugin_dir.clone(),
-        reports: cli
-            .reports
-            .iter()
-            .chain(match &cli.command {
-                Some(Command::Eval { reports, .. } | Command::Serve { reports }) => reports.as_slice(),
-                _ => &[],
-            })
-            .cloned()
-            .collect(),
-        no_history: cli.no_history,
-        skip_plugin_dir: matches!(cli.command, Some(Command::Plugin { .. })),
-    };
+    let overrides = given.overrides(matches!(cli.command, Some(Command::Plugin { .. })));
     let config = match Config::load(&overrides, |k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("attest-engine: configuration error: {e:#}");
             // `ecp` keeps 2 for failed checks; its usage errors are 1.
-            return ExitCode::from(if matches!(cli.command, Some(Command::Ecp(_))) { 1 } else { 2 });
+            return ExitCode::from(if matches!(cli.command, Some(Command::Ecp { .. })) { 1 } else { 2 });
         }
     };
-    match cli.command.unwrap_or(Command::Serve { reports: Vec::new() }) {
+    match cli.command.unwrap_or(Command::Serve { options: cli.serve }) {
         command @ (Command::Version
         | Command::Plugin {
             command: PluginCommand::New { .. },
         }) => without_config(&command).unwrap_or(ExitCode::SUCCESS),
         Command::Plugin {
-            command: PluginCommand::Check { file },
+            command: PluginCommand::Check { file, .. },
         } => {
             logging::init(one_shot_level(&config));
             plugin_check(&config, &file)
@@ -416,6 +602,7 @@ fn run() -> ExitCode {
                     plugin_config_json,
                     grants,
                     format,
+                    ..
                 },
         } => {
             logging::init(one_shot_level(&config));
@@ -509,7 +696,7 @@ fn run() -> ExitCode {
             }
             code
         }
-        Command::Collect(args) => {
+        Command::Collect { args, .. } => {
             logging::init(config.log_level);
             // A collector that publishes to workers evaluates nothing itself.
             let providers = match args.nats {
@@ -523,7 +710,7 @@ fn run() -> ExitCode {
                 attest_collect::run_collect(*args, evaluator, history).await
             })
         }
-        Command::Worker(args) => {
+        Command::Worker { args, .. } => {
             logging::init(config.log_level);
             let label = match (args.role, &args.sink_name) {
                 (attest_collect::WorkerRole::Sink, Some(name)) => format!("worker --role sink --sink-name {name}"),
@@ -536,7 +723,7 @@ fn run() -> ExitCode {
                 attest_collect::run_worker(args, evaluator, history).await
             })
         }
-        Command::View(args) => {
+        Command::View { args, .. } => {
             logging::init(config.log_level);
             // The file the engine writes, whether or not history is on now.
             let default = match config.history.as_ref().map(|h| &h.location) {
@@ -560,7 +747,7 @@ fn run() -> ExitCode {
                 }
             }
         }
-        Command::Ecp(cmd) => {
+        Command::Ecp { cmd, .. } => {
             // A person reads `ecp`'s progress lines: the engine's own info
             // lines (the history it opened) are JSON noise above them, so
             // only warnings and errors show unless a level was asked for.
@@ -616,6 +803,7 @@ fn run() -> ExitCode {
             threshold,
             persist,
             format,
+            ..
         } => {
             logging::init(one_shot_level(&config));
             // Only the judge is used: no plugin is loaded (or compiled).

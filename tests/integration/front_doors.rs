@@ -156,21 +156,57 @@ fn every_front_door_parses_its_options() {
         let out = run(cmd);
         assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    // The server's plugin flags parse anywhere, as every global flag does,
-    // but a plugin subcommand would ignore them: refused, not ignored.
+    // Each subcommand's help lists only the flags it takes.
+    for (cmd, absent) in [
+        (
+            &["plugin", "check", "--help"][..],
+            &[
+                "--plugin ",
+                "--plugin-dir",
+                "--max-concurrent-requests",
+                "--no-history",
+                "--eval-timeout",
+            ][..],
+        ),
+        (&["plugin", "new", "--help"], &["--config", "--log-level", "--plugin "]),
+        (&["collect", "--help"], &["--max-concurrent-requests", "--report "]),
+        (&["view", "--help"], &["--plugin ", "--eval-timeout", "--no-history"]),
+        (
+            &["calibrate", "--help"],
+            &["--plugin ", "--no-history", "--max-concurrent-requests"],
+        ),
+        (&["version", "--help"], &["--config", "--log-level"]),
+    ] {
+        let out = run(cmd);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{cmd:?}");
+        for flag in absent {
+            assert!(!help.contains(flag), "{cmd:?} lists {flag}:\n{help}");
+        }
+    }
+    // ...and the parser refuses the others, with exit 2.
     for cmd in [
         &["plugin", "test", "a.wasm", "--trace", "t.json", "--plugin", "b.wasm"][..],
-        &["--plugin-dir", "plugins", "plugin", "check", "a.wasm"],
         &["plugin", "new", "demo", "--lang", "rust", "--plugin", "b.wasm"],
+        &["plugin", "check", "a.wasm", "--no-history"],
+        &["collect", "--rules", "r.yaml", "--max-concurrent-requests", "4"],
+        &["--log-level", "loud", "version"],
+        &["eval", "-v", "-q", "--trace", "t.json", "--assertions", "a.json"],
     ] {
         let out = run(cmd);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
-        assert!(
-            stderr.contains("--plugin and --plugin-dir choose the plugins a server loads"),
-            "{stderr}"
-        );
+        assert!(stderr.contains("error:"), "{cmd:?}: {stderr}");
     }
+    // The server's plugin flags given before a plugin subcommand (where the
+    // server would take them) are refused, not ignored.
+    let out = run(&["--plugin-dir", "plugins", "plugin", "check", "a.wasm"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--plugin and --plugin-dir choose the plugins a server loads"),
+        "{stderr}"
+    );
     // A listen address may name a host; one that is neither is refused with
     // the forms that work.
     let out = run(&["collect", "--rules", "missing.yaml", "--otlp-http", "no-such-address"]);
