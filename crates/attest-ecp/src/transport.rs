@@ -487,7 +487,7 @@ impl StdioAgent {
                         self.withheld.join(", ")
                     )
                 };
-                format!(" (agent exited: {status}{withheld})")
+                format!(" (agent exited: {status}{withheld}{})", missing_sdk_hint(&self.stderr_tail()))
             }
             _ => String::new(),
         }
@@ -1373,6 +1373,15 @@ mod guard {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_missing_ecp_sdk_is_named_with_its_package() {
+        let tb = "Traceback (most recent call last):\n  File \"agent.py\", line 3, in <module>\n    from ecp import agent\nModuleNotFoundError: No module named 'ecp'\n";
+        assert!(super::missing_sdk_hint(tb).contains("pip install ecp-sdk"));
+        assert!(super::missing_sdk_hint("ModuleNotFoundError: No module named 'ecp.server'").contains("ecp-sdk"));
+        assert_eq!(super::missing_sdk_hint("ModuleNotFoundError: No module named 'ecpx'"), "");
+        assert_eq!(super::missing_sdk_hint("ValueError: boom"), "");
+    }
+
     use super::*;
 
     #[test]
@@ -1594,5 +1603,16 @@ for line in sys.stdin:
         ] {
             assert_eq!(shell_line(as_written), as_written);
         }
+    }
+}
+
+/// What to do when an agent's Python could not import the ECP SDK (its
+/// traceback ends in `No module named 'ecp'`): the most common first-run
+/// failure, whose traceback alone does not say which package to install.
+fn missing_sdk_hint(stderr: &str) -> &'static str {
+    if stderr.contains("No module named 'ecp'") || stderr.contains("No module named 'ecp.") {
+        "; the agent's Python has no ECP SDK: install it into the interpreter the manifest's command runs (`python3 -m pip install ecp-sdk`), or point the command at a virtualenv that has it"
+    } else {
+        ""
     }
 }
