@@ -1371,6 +1371,17 @@ mod guard {
     }
 }
 
+/// What to do when an agent's Python could not import the ECP SDK (its
+/// traceback ends in `No module named 'ecp'`): the most common first-run
+/// failure, whose traceback alone does not say which package to install.
+fn missing_sdk_hint(stderr: &str) -> &'static str {
+    if stderr.contains("No module named 'ecp'") || stderr.contains("No module named 'ecp.") {
+        "; the agent's Python has no ECP SDK: install it into the interpreter the manifest's command runs (`python3 -m pip install ecp-sdk`), or point the command at a virtualenv that has it"
+    } else {
+        ""
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1603,16 +1614,5 @@ for line in sys.stdin:
         ] {
             assert_eq!(shell_line(as_written), as_written);
         }
-    }
-}
-
-/// What to do when an agent's Python could not import the ECP SDK (its
-/// traceback ends in `No module named 'ecp'`): the most common first-run
-/// failure, whose traceback alone does not say which package to install.
-fn missing_sdk_hint(stderr: &str) -> &'static str {
-    if stderr.contains("No module named 'ecp'") || stderr.contains("No module named 'ecp.") {
-        "; the agent's Python has no ECP SDK: install it into the interpreter the manifest's command runs (`python3 -m pip install ecp-sdk`), or point the command at a virtualenv that has it"
-    } else {
-        ""
     }
 }
