@@ -144,6 +144,48 @@ fn every_rubric_passes_and_fails_on_the_judges_score() {
     assert_eq!(with_context, 4);
 }
 
+/// The SDK sends the `default` rubric for every judge assertion: criteria
+/// that grade grounding show the judge what the agent retrieved, and a
+/// verdict made without it says so.
+#[test]
+fn grounding_criteria_show_the_judge_the_retrieved_context() {
+    let fake = Fake::with_openai();
+    let mut e = engine_for(&fake, &[]);
+    let mut trace = trace_with_output("GOOD: refunds take 30 days.");
+    trace["steps"].as_array_mut().unwrap().push(json!({
+        "type": "retrieval", "name": "policy_search", "args": {"query": "refund window"},
+        "result": {"documents": ["Refunds are accepted within 30 days of delivery."]}
+    }));
+    let spec = |criteria: &str| json!({"target": "output.message", "criteria": criteria, "rubric": "default", "threshold": 0.8});
+    let resp = e.request(&evaluate_request(
+        json!(1),
+        trace,
+        json!([
+            {"assertion_id": "grounded", "type": "llm_judge", "spec": spec("Every claim is grounded in the retrieved policy documents")},
+            {"assertion_id": "polite", "type": "llm_judge", "spec": spec("answers politely")},
+        ]),
+    ));
+    let [grounded, polite] = &results(&resp)[..] else {
+        panic!("{resp}")
+    };
+    assert_eq!(grounded["status"], "pass", "{grounded}");
+    assert!(!grounded["explanation"].as_str().unwrap().contains("did not see"), "{grounded}");
+    let polite_explanation = polite["explanation"].as_str().unwrap();
+    assert!(
+        polite_explanation.contains("The judge did not see the trace's 1 retrieval result: to grade against them, use rubric faithfulness"),
+        "{polite}"
+    );
+    let bodies = fake.bodies("/v1/chat/completions");
+    let shown: Vec<bool> = ["grounded in the retrieved", "answers politely"]
+        .iter()
+        .map(|c| {
+            let body = bodies.iter().find(|b| user_message(b).contains(c)).expect("asked");
+            user_message(body).contains("policy_search: {\"documents\":[\"Refunds are accepted within 30 days")
+        })
+        .collect();
+    assert_eq!(shown, [true, false], "only grounding criteria show the context");
+}
+
 #[test]
 fn custom_prompts_fill_input_and_output_and_honour_model_and_soft() {
     let fake = Fake::with_openai();

@@ -28,7 +28,7 @@ pub use attest_core::layers::{BiasProbe, JudgeMetadata, Probe, PROBES};
 use attest_core::layers::{Evidence, Spec, SpecError, Verdict};
 use attest_core::target::{Target, GRAMMAR_HINT};
 use attest_core::text::{clip, num, quote};
-use attest_core::trace::Trace;
+use attest_core::trace::{StepType, Trace};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -233,10 +233,29 @@ impl JudgeCheck {
             }
         };
         let input = input_text(trace);
+        let retrievals = trace
+            .steps
+            .iter()
+            .filter(|s| s.kind == StepType::Retrieval && s.result.is_some())
+            .count();
         let context = match &self.instructions {
             Instructions::Rubric(r) if r.needs_context() => context_text(trace),
+            // The SDK sends `default` for every judge assertion: criteria
+            // that grade grounding get what the agent retrieved, or the
+            // judge would grade them blind.
+            Instructions::Rubric(Rubric::Default) if retrievals > 0 && self.criteria.as_deref().is_some_and(speaks_of_grounding) => {
+                context_text(trace)
+            }
             _ => String::new(),
         };
+        // Said in the result, so that a grounding verdict is never taken
+        // for one made against the sources when it was not.
+        let unseen = (retrievals > 0 && context.is_empty()).then(|| {
+            format!(
+                " The judge did not see the trace's {retrievals} retrieval result{}: to grade against them, use rubric faithfulness or accuracy, or criteria that name the context or sources.",
+                if retrievals == 1 { "" } else { "s" }
+            )
+        });
         let shown = Shown {
             output: &output,
             input: &input,
@@ -255,6 +274,9 @@ impl JudgeCheck {
         );
         if judged.cached {
             explanation.push_str(" (cached verdict: cost 0)");
+        }
+        if let Some(unseen) = &unseen {
+            explanation.push_str(unseen);
         }
         let mut evidence = Evidence::new(
             format!("judged score ≥ {} ({label})", num(self.threshold)),
@@ -694,6 +716,25 @@ fn input_text(trace: &Trace) -> String {
         }
         Some(v) => v.to_string(),
     }
+}
+
+/// Whether criteria grade the output against what the agent retrieved.
+fn speaks_of_grounding(criteria: &str) -> bool {
+    let c = criteria.to_lowercase();
+    [
+        "context",
+        "source",
+        "retriev",
+        "document",
+        "ground",
+        "cite",
+        "citation",
+        "evidence",
+        "faithful",
+        "hallucinat",
+    ]
+    .iter()
+    .any(|w| c.contains(w))
 }
 
 /// Tool and retrieval results of the top-level trace, one line each.
