@@ -203,9 +203,11 @@ pub fn html(outcome: &RunOutcome, manifest: &Manifest) -> String {
     h.push_str(
         "</title><style>body{font-family:system-ui,sans-serif;max-width:70rem;margin:0 auto;padding:1rem;background:#f6f6f8;color:#222}\
          .scenario{background:#fff;border-radius:6px;padding:1rem;margin:1rem 0;box-shadow:0 1px 3px #0002}\
-         .step{border-top:1px solid #ddd;padding-top:.5rem;margin-top:.5rem}pre{background:#f0f0f0;padding:.5rem;white-space:pre-wrap;word-break:break-word}\
+         .step{border-top:1px solid #ddd;padding-top:.5rem;margin-top:.5rem}pre{background:#f0f0f0;padding:.5rem;white-space:pre-wrap;overflow-wrap:anywhere;max-height:40rem;overflow:auto}\
          .pass{color:#176f2c;font-weight:bold}.fail{color:#b3261e;font-weight:bold}.muted{color:#666;font-size:.9em}\
-         table{border-collapse:collapse}td,th{padding:.2rem .6rem;text-align:left;vertical-align:top}</style></head><body>\n",
+         h1,h2,h3,p,code,summary{overflow-wrap:anywhere}\
+         table{border-collapse:collapse;width:100%;table-layout:fixed}td,th{padding:.2rem .6rem;text-align:left;vertical-align:top;overflow-wrap:anywhere}\
+         th:nth-child(1),th:nth-child(4){width:5rem}th:nth-child(2),th:nth-child(3){width:9rem}</style></head><body>\n",
     );
     h.push_str(&format!(
         "<h1>ECP report: {}</h1><p class=\"muted\">Target <code>{}</code> · run {} · started {} · {:.0} ms · exit reason <b>{}</b></p>\n",

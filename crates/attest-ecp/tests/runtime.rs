@@ -4,7 +4,7 @@
 mod common;
 
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -915,6 +915,58 @@ fn html_report_renders_the_failing_reason_in_headless_chromium() {
     );
     assert!(shown.contains("FAIL") && shown.contains("Refunds <b>&</b>"), "{shown}");
     assert_no_survivors(&pid_file);
+}
+
+/// A crashing agent's long traceback (deep recursion, a message with no
+/// spaces) and long reasons stay inside their cards at a laptop's width,
+/// keep their line breaks, and the page never scrolls sideways.
+#[test]
+fn html_report_with_long_tracebacks_fits_the_page_in_headless_chromium() {
+    let Some(chromium) = chromium() else {
+        return;
+    };
+    let modules = std::env::var_os("VIEWER_NODE_MODULES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/viewer-node/node_modules"));
+    if !modules.join("playwright-core").is_dir() {
+        return attest_test_support::missing(
+            "playwright-core is not installed",
+            "scripts/test installs it into target/viewer-node (npm install --prefix target/viewer-node playwright-core)",
+        )
+        .unwrap_or(());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let agent = write(
+        dir.path(),
+        "crash.py",
+        "import sys\ndef deep(n):\n    if n == 0:\n        raise RuntimeError('no-spaces-' + 'x' * 600)\n    return deep(n - 1)\nsys.stdin.readline()\ndeep(40)\n",
+    );
+    let body = "scenarios:\n  - name: Crashes\n    steps:\n      - input: Hello\n        graders: [{type: text_match, field: public_output, condition: contains, value: ";
+    let m = manifest(
+        dir.path(),
+        &format!("python3 {}", agent.display()),
+        &format!("{body}'{}'}}]\n", "y".repeat(300)),
+    );
+    let html = dir.path().join("r.html");
+    let (code, _, stderr) = run_json(dir.path(), &m, &["--report", html.to_str().unwrap()], &[]);
+    assert_ne!(code, 0, "{stderr}");
+    let out = Command::new("node")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/report_fits.mjs"))
+        .arg(&html)
+        .env("PLAYWRIGHT_CORE", modules.join("playwright-core/index.mjs"))
+        .env("CHROMIUM", &chromium)
+        .output()
+        .expect("node runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen["page"], seen["viewport"], "the page scrolls sideways: {}", seen["spilling"]);
+    assert_eq!(seen["spilling"], serde_json::json!([]), "content spills out of its box");
+    let text = seen["text"].as_str().unwrap();
+    assert!(
+        text.contains("Traceback (most recent call last):\n"),
+        "the traceback keeps its lines: {text}"
+    );
+    assert!(!text.contains("\\u{a}"), "line breaks shown as escapes: {text}");
 }
 
 /// A judge that never answers is cut short by the run's budget like an
