@@ -966,11 +966,15 @@ fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Pat
         grants,
     };
     let dir = config.cache_dir.as_ref().map(|d| d.join("plugins"));
-    let cache = if inspect {
-        ArtefactCache::read_only(dir)
+    let (cache, command) = if inspect {
+        (ArtefactCache::read_only(dir), "attest-engine plugin check")
     } else {
-        ArtefactCache::new(dir)
+        (ArtefactCache::new(dir), "attest-engine plugin test")
     };
+    // A compile takes seconds a person would otherwise wait through in
+    // silence; `-q` (errors only) keeps it quiet.
+    let quiet = config.log_level_chosen && config.log_level == logging::Level::Error;
+    let cache = if quiet { cache } else { cache.with_progress(command) };
     PluginHost::load_with(std::slice::from_ref(&spec), &cache)
 }
 

@@ -3203,10 +3203,16 @@ fn plugin_test_runs_one_plugin_on_a_trace_and_prints_its_verdict() {
         &["plugin", "test", &wasm("pii-leak"), "--trace", &clean, "--plugin-config", &config],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
     assert!(stdout.contains("plugin-test  pass"), "{stdout}");
     assert!(stdout.contains("    details  {"), "{stdout}");
     assert!(stdout.contains("    took     "), "{stdout}");
+    // The first run compiles, and says so while the person waits.
+    assert!(
+        stderr.contains("attest-engine plugin test: compiling the plugin (") && stderr.contains("attest-engine plugin test: compiled in "),
+        "{stderr}"
+    );
 
     // A hard failure: exit 1; JSON output is the eval command's.
     let out = run_with(
@@ -3224,6 +3230,11 @@ fn plugin_test_runs_one_plugin_on_a_trace_and_prints_its_verdict() {
         ],
     );
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("compiling"),
+        "the compiled copy is used: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let result = &printed[0]["results"][0];
     assert_eq!(result["status"], json!("hard_fail"), "{printed}");

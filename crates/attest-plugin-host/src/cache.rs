@@ -80,6 +80,10 @@ pub struct ArtefactCache {
     /// Use what is stored, store nothing (`plugin check`, `plugin test`:
     /// inspecting a plugin must not change the engine's cache).
     read_only: bool,
+    /// A person waits at a terminal (`plugin check`, `plugin test`): a
+    /// compile is said on stderr, prefixed with the command, whatever the
+    /// log level, with how long it took.
+    progress: Option<&'static str>,
 }
 
 /// A loaded component, where it came from, and its place in the cache.
@@ -232,6 +236,15 @@ impl ArtefactCache {
         ArtefactCache {
             dir: usable(dir),
             read_only: true,
+            progress: None,
+        }
+    }
+
+    /// This cache, saying each compile on stderr as `prefix: compiling …`.
+    pub fn with_progress(self, prefix: &'static str) -> ArtefactCache {
+        ArtefactCache {
+            progress: Some(prefix),
+            ..self
         }
     }
 
@@ -290,6 +303,7 @@ impl ArtefactCache {
         ArtefactCache {
             dir: usable(dir),
             read_only: false,
+            progress: None,
         }
     }
 
@@ -351,7 +365,18 @@ impl ArtefactCache {
             "compiling a plugin (first load: well under a second for a small Rust plugin, tens of seconds for a Python or JavaScript one){}",
             if kept.is_some() { "; the result is cached" } else { "" }
         );
+        let started = std::time::Instant::now();
+        if let Some(prefix) = self.progress {
+            eprintln!(
+                "{prefix}: compiling the plugin ({:.1} MB) for this machine: under a second for a small Rust plugin, 10-20 s for a Python or JavaScript one{}",
+                wasm.len() as f64 / 1e6,
+                if kept.is_some() { "; later runs use the compiled copy" } else { "" }
+            );
+        }
         let compiled = engine.precompile_component(wasm)?;
+        if let Some(prefix) = self.progress {
+            eprintln!("{prefix}: compiled in {:.1} s", started.elapsed().as_secs_f64());
+        }
         if let Some(p) = kept {
             match store(p, &compiled, source) {
                 Ok(()) => prune(p, MAX_ENTRIES, MAX_BYTES),
