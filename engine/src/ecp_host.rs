@@ -15,7 +15,7 @@
 use crate::batch::{Effects, Suite};
 use crate::history::{Detail, Kept, Row, Rows, SpecDigest};
 use crate::layers::Status;
-use crate::providers::Chat;
+use crate::providers::{Chat, Judge};
 use crate::session::Engine;
 use attest_ecp::{BoxFuture, CheckResult, GradeError, GradeOutcome, GradeStatus, GradingHost, JudgeRequest, JudgeVerdict};
 use serde_json::Value;
@@ -36,7 +36,11 @@ pub fn config_for(cmd: &attest_ecp::EcpCommand, mut config: crate::config::Confi
 
 pub struct EngineGradingHost {
     engine: Arc<Engine>,
-    fallback_judge: Option<attest_ecp::OpenAiJudgeHost>,
+    /// Without a configured judge, the one ECP manifests expect: an
+    /// OpenAI-compatible endpoint from `OPENAI_API_KEY` and
+    /// `OPENAI_API_BASE`/`OPENAI_BASE_URL`, asked through the engine's own
+    /// provider client (retries, deadlines, budget) like the configured one.
+    fallback_judge: Option<Judge>,
     run_id: String,
 }
 
@@ -46,7 +50,7 @@ impl EngineGradingHost {
         engine.sinks.start_run(crate::history::RunKind::Ecp, label);
         let fallback_judge = match engine.providers.judge() {
             Ok(_) => None,
-            Err(_) => attest_ecp::OpenAiJudgeHost::from_env().ok(),
+            Err(_) => fallback_judge(|k| std::env::var(k).ok()),
         };
         let run_id = format!(
             "ecp-{}",
@@ -114,16 +118,19 @@ impl GradingHost for EngineGradingHost {
     fn judge(&self, request: JudgeRequest) -> BoxFuture<'_, Result<JudgeVerdict, GradeError>> {
         Box::pin(async move {
             let providers = &self.engine.providers;
-            let judge = match providers.judge() {
-                Ok(judge) => judge,
-                Err(e) => {
-                    return match &self.fallback_judge {
-                        Some(fallback) => fallback.judge(request).await,
-                        None => Err(GradeError::Unavailable(describe(e))),
-                    }
+            let (judge, fallback) = match (providers.judge(), &self.fallback_judge) {
+                (Ok(judge), _) => (judge, false),
+                (Err(_), Some(fallback)) => (fallback, true),
+                (Err(e), None) => {
+                    return Err(GradeError::Unavailable(format!(
+                        "{} Or, as ECP manifests expect, set OPENAI_API_KEY (and OPENAI_API_BASE for another OpenAI-compatible endpoint).",
+                        describe(e)
+                    )))
                 }
             };
-            let model = if request.model_chosen {
+            // The fallback is the runtime's own judge: the manifest's model
+            // (ECP_LLM_JUDGE_MODEL, or ECP's default), as the reference asks.
+            let model = if request.model_chosen || fallback {
                 request.model_for(judge.kind.name())
             } else {
                 judge.model.as_str()
@@ -242,6 +249,18 @@ impl GradingHost for EngineGradingHost {
             });
         })
     }
+}
+
+/// The ECP runtime's own judge from `env`: an OpenAI-compatible endpoint
+/// when `OPENAI_API_KEY` is set (the base URL from `OPENAI_API_BASE`, else
+/// `OPENAI_BASE_URL`, else OpenAI's).
+fn fallback_judge(env: impl Fn(&str) -> Option<String>) -> Option<Judge> {
+    let key = env("OPENAI_API_KEY").filter(|k| !k.is_empty())?;
+    let base = env("OPENAI_API_BASE")
+        .or_else(|| env("OPENAI_BASE_URL"))
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
+    Some(Judge::openai_compatible(&base, Some(key), attest_ecp::DEFAULT_JUDGE_MODEL))
 }
 
 fn describe(e: crate::providers::ProviderError) -> String {

@@ -21,7 +21,10 @@ pub mod yaml;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use host::{BoxFuture, CheckResult, GradeError, GradeOutcome, GradeStatus, GradingHost, JudgeRequest, JudgeVerdict, OpenAiJudgeHost};
+pub use host::{
+    BoxFuture, CheckResult, GradeError, GradeOutcome, GradeStatus, GradingHost, JudgeRequest, JudgeVerdict, OpenAiJudgeHost,
+    DEFAULT_JUDGE_MODEL,
+};
 
 /// `ecp` subcommands.
 #[derive(Debug, Clone, clap::Args)]

@@ -239,6 +239,68 @@ scenarios:
     );
 }
 
+/// With no judge configured, the engine grades `llm_judge` the way ECP
+/// manifests expect, from `OPENAI_API_KEY` and `OPENAI_API_BASE`, through
+/// its own provider client: a transient 503 is retried, not a failed check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_fallback_judge_retries_a_transient_failure() {
+    let (Some(venv), Some(engine)) = (venv(), engine_bin()) else {
+        return;
+    };
+    let judge = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/chat/completions"))
+        .respond_with(wiremock::ResponseTemplate::new(503).set_body_string("overloaded"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&judge)
+        .await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/chat/completions"))
+        .respond_with(FakeJudge)
+        .with_priority(2)
+        .mount(&judge)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(
+        dir.path(),
+        "m.yaml",
+        &format!(
+            "manifest_version: v1\nname: fallback\ntarget: '{} {}'\nscenarios:\n  - name: Refund\n    steps:\n      - input: refund ORD-7\n        graders:\n          - {{type: llm_judge, prompt: The reply confirms a refund.}}\n",
+            python(&venv),
+            agent("support_agent.py")
+        ),
+    );
+    let (base, cache) = (format!("{}/v1", judge.uri()), dir.path().join("cache"));
+    let out = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(engine);
+        cmd.args(["--log-level=warn", "--no-history", "ecp", "run", "--quiet", "--json", "-m"])
+            .arg(&m)
+            .env("ATTEST_CACHE_DIR", &cache)
+            .env("OPENAI_API_KEY", "sk-fallback")
+            .env("OPENAI_API_BASE", base)
+            .env_remove("ECP_LLM_JUDGE_MODEL");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("ATTEST_JUDGE_") || k == "ATTEST_OPENAI_API_KEY" || k == "ATTEST_ANTHROPIC_API_KEY" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.output().expect("attest-engine runs")
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}\n{}", String::from_utf8_lossy(&out.stdout));
+    let requests = judge.received_requests().await.unwrap_or_default();
+    assert_eq!(requests.len(), 2, "one 503, then the retry that passed");
+    for r in &requests {
+        assert_eq!(r.headers.get("authorization").unwrap(), "Bearer sk-fallback");
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(body["model"], attest_ecp::DEFAULT_JUDGE_MODEL, "the manifest's default model");
+    }
+    assert!(!stderr.contains("sk-fallback"), "{stderr}");
+}
+
 /// `llm_judge` graders on the engine's judge provider: the configured model
 /// unless the manifest's environment names one (LiteLLM's `openai/` prefix
 /// dropped), deterministic questions answered from the provider cache on the

@@ -159,6 +159,24 @@ pub struct Judge {
 }
 
 impl Judge {
+    /// An OpenAI-compatible judge at `base_url` (with its `/v1`) that is not
+    /// the engine's configured one: the ECP runtime's `OPENAI_API_KEY`
+    /// fallback. It is asked through [`Providers::complete`] like the
+    /// configured judge, with the same client, retries, deadlines, budget
+    /// and credential masking. Its replies are free text (no structured
+    /// verdict), as the ECP grader reads them.
+    pub fn openai_compatible(base_url: &str, api_key: Option<String>, model: &str) -> Judge {
+        Judge {
+            kind: JudgeKind::OpenAi,
+            endpoint: Endpoint {
+                base_url: base_url.trim_end_matches('/').to_owned(),
+                api_key,
+            },
+            model: model.to_owned(),
+            structured: false,
+        }
+    }
+
     /// Where the judge answers: part of what a cached verdict is keyed by,
     /// since two endpoints serving one model name may answer differently.
     pub fn base_url(&self) -> &str {
