@@ -235,6 +235,7 @@ impl attest_collect::HistorySink for HistoryResults {
                         keyed: true,
                         run: run.clone(),
                         kept,
+                        recorded_at_ms: None,
                     }
                 })
                 .collect();

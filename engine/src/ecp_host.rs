@@ -246,6 +246,7 @@ impl GradingHost for EngineGradingHost {
                 keyed: false,
                 run: Some(self.engine.sinks.run()),
                 kept,
+                recorded_at_ms: None,
             });
         })
     }

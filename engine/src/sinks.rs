@@ -345,6 +345,7 @@ impl Sinks {
                     .collect(),
                 run: Some(self.run()),
                 kept,
+                recorded_at_ms: None,
             });
         }
         if self.session_log.enabled() {
@@ -400,6 +401,7 @@ impl Sinks {
                         }],
                     })
                 }),
+                recorded_at_ms: None,
             });
         }
         self.plugin_results.record(record);

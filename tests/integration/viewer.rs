@@ -198,14 +198,19 @@ fn view_with(history: &Path, extra: &[&str], env: &[(&str, &str)]) -> Viewer {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .trim_end_matches('/')
-        .to_owned();
+    // The serving line comes last (after what --results read).
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let url = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 || seen.len() > 64 * 1024 {
+            panic!("no address in {seen:?}");
+        }
+        if let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")) {
+            break url.trim_end_matches('/').to_owned();
+        }
+        seen.push_str(&line);
+    };
     Viewer { child, url }
 }
 
@@ -393,4 +398,131 @@ fn the_example_history_opens_as_the_readme_says() {
     drop(viewer);
     // Nothing was written beside it.
     assert!(!Path::new(WORKSPACE).join("examples/history.sqlite3-wal").exists());
+}
+
+/// Results files and reports the real binary wrote (a session report of
+/// `eval`, `collect --results-jsonl`, an ECP `--json-out` report) show
+/// beside the history, each as a run of its own, and the history file is
+/// not written.
+#[test]
+fn results_files_and_reports_show_beside_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut s = session(&cfg, "0.9.0");
+    evaluate(&mut s, "x", trace("trc_x", &message(4)));
+    s.close_stdin();
+    s.wait_exit();
+    let history = dir.path().join("history.sqlite3");
+    let before = std::fs::read(&history).unwrap();
+    let examples = Path::new(WORKSPACE).join("examples");
+    let run = |args: &[&str]| {
+        let out = command()
+            .current_dir(WORKSPACE)
+            .args(["--log-level=warn", "--no-history"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            matches!(out.status.code(), Some(0..=2)),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let report = dir.path().join("session.json");
+    let (trace_file, assertions) = (examples.join("refund_trace.json"), examples.join("refund_assertions.json"));
+    run(&[
+        "eval",
+        "--trace",
+        trace_file.to_str().unwrap(),
+        "--assertions",
+        assertions.to_str().unwrap(),
+        "--report",
+        &format!("json={}", report.display()),
+    ]);
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "rules:\n  - name: refund-flow\n    assertions:\n      - {assertion_id: ordered, type: trace, spec: {check: contains_in_order, tools: [lookup_order, process_refund]}}\n",
+    )
+    .unwrap();
+    let results = dir.path().join("results.jsonl");
+    run(&[
+        "collect",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--jsonl",
+        examples.join("traces.jsonl").to_str().unwrap(),
+        "--results-jsonl",
+        results.to_str().unwrap(),
+    ]);
+    let ecp = dir.path().join("ecp.json");
+    run(&[
+        "ecp",
+        "run",
+        "--manifest",
+        "examples/ecp/manifest.yaml",
+        "-q",
+        "--json-out",
+        ecp.to_str().unwrap(),
+    ]);
+
+    // What each file holds, counted from the files themselves.
+    let read = |p: &Path| serde_json::from_slice::<Value>(&std::fs::read(p).unwrap()).unwrap();
+    let in_report: usize = read(&report)["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["results"].as_array().unwrap().len())
+        .sum();
+    let in_results = std::fs::read_to_string(&results).unwrap().lines().count();
+    let in_ecp = read(&ecp)["total"].as_u64().unwrap() as usize;
+    assert!(in_report > 0 && in_results > 0 && in_ecp > 0);
+    let conn = rusqlite::Connection::open_with_flags(&history, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let in_history = count(&conn, "SELECT SUM(size) FROM batches") as usize;
+    drop(conn);
+
+    let files = [report.to_str().unwrap(), results.to_str().unwrap(), ecp.to_str().unwrap()];
+    let viewer = view(&history, &["--results", files[0], "--results", files[1], "--results", files[2]]);
+    let page = String::from_utf8_lossy(
+        &Command::new("curl")
+            .args(["-s", &format!("{}/", viewer.url)])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    let stat = |id: &str| -> usize {
+        page.split(&format!("id=\"{id}\">"))
+            .nth(1)
+            .and_then(|rest| rest.split('<').next())
+            .and_then(|n| n.replace(',', "").parse().ok())
+            .unwrap_or_else(|| panic!("no {id} on the page: {page}"))
+    };
+    assert_eq!(stat("stat-results"), in_history + in_report + in_results + in_ecp, "{page}");
+    assert_eq!(stat("stat-runs"), 4, "the session, and a run per file");
+    let runs = String::from_utf8_lossy(
+        &Command::new("curl")
+            .args(["-s", &format!("{}/runs", viewer.url)])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    for label in ["report ", "results ", "ecp run "] {
+        assert!(runs.contains(label), "no {label:?} run: {runs}");
+    }
+    drop(viewer);
+    assert_eq!(std::fs::read(&history).unwrap(), before, "the history was not written");
+
+    // A file that is none of these is refused, naming the forms.
+    let out = command()
+        .args(["view", "--addr", "127.0.0.1:0", "--results"])
+        .arg(&rules)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a result line of collect --results-jsonl"), "{err}");
 }

@@ -103,6 +103,17 @@ pub struct HistoryConfig {
     pub kept_bytes: u64,
 }
 
+/// Copies the history file `from` into the new file `to`, reading `from`
+/// read-only: a consistent snapshot even while an engine writes to it (the
+/// viewer adds results files to such a copy, never to the history itself).
+pub fn copy_file_store(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    use rusqlite::{Connection, OpenFlags};
+    let conn = Connection::open_with_flags(from, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.execute("VACUUM INTO ?1", [to.to_string_lossy()])?;
+    Ok(())
+}
+
 /// Non-passing evaluations kept with their trace, by default.
 pub const DEFAULT_KEPT_EVALUATIONS: u64 = 10_000;
 /// Compressed bytes they may take, by default.
@@ -222,6 +233,9 @@ pub struct Rows {
     pub run: Option<Arc<Run>>,
     /// Set by front doors for an evaluation with a non-passing result.
     pub kept: Option<Box<Kept>>,
+    /// When the results were produced (Unix ms), for results recorded after
+    /// the fact (reports and results files the viewer reads); `None` is now.
+    pub recorded_at_ms: Option<i64>,
 }
 
 impl Rows {

@@ -326,9 +326,9 @@ async fn insert(client: &mut Object, batch: &[Rows]) -> anyhow::Result<u64> {
         .prepare_cached(
             "INSERT INTO attest_results
                 (recorded_at_ms, trace_id, agent_id, assertion_id, assertion_type, status, score, fingerprint, keyed)
-             SELECT $1, u.trace_id, u.agent_id, u.assertion_id, u.assertion_type, u.status, u.score, u.fingerprint, u.keyed
-             FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::TEXT[], $7::FLOAT8[], $8::BYTEA[], $9::BOOL[])
-                WITH ORDINALITY AS u(trace_id, agent_id, assertion_id, assertion_type, status, score, fingerprint, keyed, n)
+             SELECT u.at, u.trace_id, u.agent_id, u.assertion_id, u.assertion_type, u.status, u.score, u.fingerprint, u.keyed
+             FROM UNNEST($1::INT8[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::TEXT[], $7::FLOAT8[], $8::BYTEA[], $9::BOOL[])
+                WITH ORDINALITY AS u(at, trace_id, agent_id, assertion_id, assertion_type, status, score, fingerprint, keyed, n)
              ORDER BY u.n
              ON CONFLICT (trace_id, assertion_id) WHERE keyed DO NOTHING",
         )
@@ -350,6 +350,7 @@ async fn insert(client: &mut Object, batch: &[Rows]) -> anyhow::Result<u64> {
             .map(|(b, r)| Fingerprint::new(&r.spec, b.agent_id.as_deref()).0.to_vec())
             .collect();
         let keyed: Vec<bool> = chunk.iter().map(|(b, _)| b.keyed).collect();
+        let times: Vec<i64> = chunk.iter().map(|(b, _)| b.recorded_at_ms.unwrap_or(at)).collect();
         let trace_ids: Vec<&str> = trace_ids.iter().map(|s| s.as_ref()).collect();
         let agent_ids: Vec<Option<&str>> = agent_ids.iter().map(|s| s.as_deref()).collect();
         let assertion_ids: Vec<&str> = assertion_ids.iter().map(|s| s.as_ref()).collect();
@@ -357,7 +358,7 @@ async fn insert(client: &mut Object, batch: &[Rows]) -> anyhow::Result<u64> {
             .execute(
                 &statement,
                 &[
-                    &at,
+                    &times,
                     &trace_ids,
                     &agent_ids,
                     &assertion_ids,

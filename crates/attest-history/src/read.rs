@@ -673,6 +673,7 @@ mod tests {
                 })
             }),
             rows,
+            recorded_at_ms: None,
         }
     }
 

@@ -357,6 +357,7 @@ impl Interned {
 
 /// One batch ready for the multi-row insert.
 struct Ready<'a> {
+    recorded_at_ms: i64,
     suite: i64,
     trace_id: &'a str,
     size: i64,
@@ -482,6 +483,7 @@ impl super::Backend for Writer {
                     let size = results.len() / RESULT_BYTES;
                     n += size as u64;
                     ready.push(Ready {
+                        recorded_at_ms: batch.recorded_at_ms.unwrap_or(at),
                         suite,
                         trace_id: &batch.trace_id,
                         size: size as i64,
@@ -491,7 +493,7 @@ impl super::Backend for Writer {
                     });
                     let kept = batch.kept.as_deref().filter(|_| keep.on());
                     if ready.len() == BATCHES_PER_INSERT || kept.is_some() {
-                        insert_batches(&tx, at, &ready)?;
+                        insert_batches(&tx, &ready)?;
                         ready.clear();
                     }
                     if let Some(kept) = kept {
@@ -505,7 +507,7 @@ impl super::Backend for Writer {
                         kept_any = true;
                     }
                 }
-                insert_batches(&tx, at, &ready)?;
+                insert_batches(&tx, &ready)?;
                 repoint_assertions(&tx, latest)?;
             }
             if kept_any {
@@ -977,7 +979,7 @@ fn repoint_assertions(tx: &Connection, latest: HashMap<i64, i64>) -> rusqlite::R
 }
 
 /// One multi-row INSERT for up to [`BATCHES_PER_INSERT`] batches.
-fn insert_batches(tx: &Connection, at: i64, ready: &[Ready]) -> rusqlite::Result<()> {
+fn insert_batches(tx: &Connection, ready: &[Ready]) -> rusqlite::Result<()> {
     if ready.is_empty() {
         return Ok(());
     }
@@ -988,7 +990,7 @@ fn insert_batches(tx: &Connection, at: i64, ready: &[Ready]) -> rusqlite::Result
     let mut stmt = tx.prepare_cached(&sql)?;
     let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(ready.len() * 7);
     for b in ready {
-        values.extend_from_slice(&[&at, &b.suite, &b.trace_id, &b.size, &b.results, &b.run, &b.costs]);
+        values.extend_from_slice(&[&b.recorded_at_ms, &b.suite, &b.trace_id, &b.size, &b.results, &b.run, &b.costs]);
     }
     stmt.execute(values.as_slice())?;
     Ok(())
@@ -1020,6 +1022,7 @@ mod tests {
             keyed: false,
             run: None,
             kept: None,
+            recorded_at_ms: None,
         };
         assert_eq!(rows("t", &["a", "b"]).weight(), 2);
         // A 1 KiB trace id counts as ten more rows, so the queue's bound
@@ -1087,6 +1090,7 @@ mod tests {
                     cost: 0.0,
                 })
                 .collect(),
+            recorded_at_ms: None,
         }
     }
 
@@ -1286,6 +1290,7 @@ mod tests {
             trace_id: trace_id.into(),
             agent_id: Some("bot".into()),
             rows: members,
+            recorded_at_ms: None,
         }
     }
 

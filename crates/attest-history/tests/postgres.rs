@@ -43,6 +43,7 @@ fn rows(trace: &str, id: &str, spec: SpecDigest, scores: &[f64], keyed: bool) ->
                 cost: 0.0,
             })
             .collect(),
+        recorded_at_ms: None,
     }
 }
 

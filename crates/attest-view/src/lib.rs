@@ -8,9 +8,11 @@
 //!
 //! - `pages.rs`: the pages and the queries behind them;
 //! - `charts.rs`: the SVG charts;
-//! - `tree.rs`: a kept trace as a bounded tree of steps.
+//! - `tree.rs`: a kept trace as a bounded tree of steps;
+//! - `import.rs`: results files and reports shown beside the history.
 
 mod charts;
+mod import;
 mod pages;
 mod tree;
 
@@ -42,6 +44,12 @@ pub struct ViewArgs {
     /// whose trace the history did not keep shows it from here.
     #[arg(long = "traces", value_name = "FILE")]
     pub traces: Vec<PathBuf>,
+    /// A results file to show with the history (repeatable): `collect
+    /// --results-jsonl` output, a session report (`--report json=…`) or an
+    /// ECP report (`ecp run --json-out`). Read into a private copy; the
+    /// history itself is never written.
+    #[arg(long = "results", value_name = "FILE")]
+    pub results: Vec<PathBuf>,
     /// Newest scores per assertion its drift status is judged over.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(2..=1000))]
     pub window: u16,
@@ -61,10 +69,11 @@ pub async fn run_view(args: ViewArgs, default_history: Option<PathBuf>) -> anyho
             "--history {}: the viewer reads the SQLite history file; a PostgreSQL history is read by query_drift and dynamic thresholds, not yet by view. Give the path of a history file",
             attest_history::Location::Postgres(url.to_owned())
         ),
-        Some(path) => PathBuf::from(path),
-        None => default_history.context(
-            "no history file to read: give --history PATH, or set history_path (or cache_dir) in attest.toml",
-        )?,
+        Some(path) => Some(PathBuf::from(path)),
+        None if !args.results.is_empty() => default_history.filter(|h| h.is_file()),
+        None => Some(default_history.context(
+            "no history file to read: give --history PATH or --results FILE, or set history_path (or cache_dir) in attest.toml",
+        )?),
     };
     let token = match &args.bearer_token_env {
         Some(var) => Some(
@@ -86,7 +95,38 @@ pub async fn run_view(args: ViewArgs, default_history: Option<PathBuf>) -> anyho
             anyhow::bail!("--traces {}: not a file; give a file `collect --traces-out` wrote", t.display());
         }
     }
-    let pages = pages::Pages::open(&history, usize::from(args.window), args.traces.clone())?;
+    for r in &args.results {
+        if !r.is_file() {
+            anyhow::bail!(
+                "--results {}: not a file; give a collect --results-jsonl file, a --report json=… session report or an ecp run --json-out report",
+                r.display()
+            );
+        }
+    }
+    // Results files go into a private copy of the history, removed at exit.
+    let (read, shown, _copy) = if args.results.is_empty() {
+        let history = history.expect("a history is required without --results");
+        (history.clone(), history.display().to_string(), None)
+    } else {
+        if let Some(h) = history.as_ref().filter(|h| !h.is_file()) {
+            anyhow::bail!("--history {}: not a history file", h.display());
+        }
+        let dir = tempfile::Builder::new().prefix("attest-view-").tempdir()?;
+        let copy = dir.path().join("history.sqlite3");
+        let (from, files, into) = (history.clone(), args.results.clone(), copy.clone());
+        let imported = tokio::task::spawn_blocking(move || import::import(from.as_deref(), &files, &into)).await??;
+        let shown = match &history {
+            Some(h) => format!("{} with {}", h.display(), imported.files.join(", ")),
+            None => imported.files.join(", "),
+        };
+        eprintln!(
+            "attest-engine view: read {} results from {}",
+            imported.results,
+            imported.files.join(", ")
+        );
+        (copy, shown, Some(dir))
+    };
+    let pages = pages::Pages::open(&read, usize::from(args.window), args.traces.clone())?;
     let app = Arc::new(App { pages, token });
     let router = pages::routes()
         .layer(axum::middleware::from_fn_with_state(app.clone(), guard))
@@ -96,7 +136,7 @@ pub async fn run_view(args: ViewArgs, default_history: Option<PathBuf>) -> anyho
         .with_context(|| format!("--addr {}: cannot listen there", args.addr))?;
     let local = listener.local_addr()?;
     // The one line a person (or a test) reads to find the page.
-    eprintln!("attest-engine view: serving {} on http://{local}/", history.display());
+    eprintln!("attest-engine view: serving {shown} on http://{local}/");
     axum::serve(listener, router).with_graceful_shutdown(shutdown()).await?;
     Ok(0)
 }
