@@ -725,15 +725,13 @@ fn run() -> ExitCode {
         }
         Command::View { args, .. } => {
             logging::init(config.log_level);
-            // The file the engine writes, whether or not history is on now.
+            // The store the engine writes, whether or not history is on now.
             let default = match config.history.as_ref().map(|h| &h.location) {
-                Some(attest_engine::history::Location::File(path)) => Some(path.clone()),
-                // Refused in run_view, naming the database.
-                Some(attest_engine::history::Location::Postgres(_)) if args.history.is_none() => {
-                    eprintln!("attest-engine view: the configured history is a PostgreSQL database, which the viewer does not read yet: give --history PATH of a history file");
-                    return ExitCode::from(2);
-                }
-                _ => config.cache_dir.as_ref().map(|d| d.join("history.sqlite3")),
+                Some(location) => Some(location.clone()),
+                None => config
+                    .cache_dir
+                    .as_ref()
+                    .map(|d| attest_engine::history::Location::File(d.join("history.sqlite3"))),
             };
             let runtime = match async_runtime() {
                 Ok(runtime) => runtime,

@@ -188,11 +188,17 @@ fn view(history: &Path, extra: &[&str]) -> Viewer {
 /// `attest-engine view` on a free loopback port, with `env`; its address
 /// is read from the line it prints.
 fn view_with(history: &Path, extra: &[&str], env: &[(&str, &str)]) -> Viewer {
+    let mut args: Vec<std::ffi::OsString> = vec!["--history".into(), history.into()];
+    args.extend(extra.iter().map(Into::into));
+    serve(args, env)
+}
+
+/// `attest-engine view ARGS` on a free loopback port.
+fn serve(args: Vec<std::ffi::OsString>, env: &[(&str, &str)]) -> Viewer {
     let mut child = command()
         .envs(env.iter().copied())
-        .args(["view", "--addr", "127.0.0.1:0", "--history"])
-        .arg(history)
-        .args(extra)
+        .args(["view", "--addr", "127.0.0.1:0"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -525,4 +531,73 @@ fn results_files_and_reports_show_beside_the_history() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a result line of collect --results-jsonl"), "{err}");
+}
+
+/// A fleet's shared PostgreSQL history opens in the viewer as a history
+/// file does: its newest results, read without writing to the database.
+#[test]
+fn a_postgres_history_opens_in_the_viewer() {
+    let Some(pg) = attest_test_support::PostgresServer::start() else {
+        return;
+    };
+    let url = pg.database("attest");
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "rules:\n  - name: refund-flow\n    assertions:\n      - {assertion_id: ordered, type: trace, spec: {check: contains_in_order, tools: [lookup_order, process_refund]}}\n      - {assertion_id: short, type: constraint, spec: {field: steps.length, operator: lte, value: 1}}\n",
+    )
+    .unwrap();
+    let out = command()
+        .env("ATTEST_HISTORY_URL", &url)
+        .args(["--log-level=warn", "collect", "--rules"])
+        .arg(&rules)
+        .arg("--jsonl")
+        .arg(Path::new(WORKSPACE).join("examples/traces.jsonl"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "collect: {}", String::from_utf8_lossy(&out.stderr));
+    let stored: usize = pg.psql("attest", "SELECT count(*) FROM attest_results").trim().parse().unwrap();
+    let failing: usize = pg
+        .psql("attest", "SELECT count(*) FROM attest_results WHERE status <> 'pass'")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(stored > 0 && failing > 0, "{stored} {failing}");
+
+    // The URL as --history, and as the configured history.
+    for viewer in [view_url(&url, &[]), view_url("", &[("ATTEST_HISTORY_URL", url.as_str())])] {
+        let page = String::from_utf8_lossy(
+            &Command::new("curl")
+                .args(["-s", &format!("{}/", viewer.url)])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .into_owned();
+        let results: usize = page
+            .split("id=\"stat-results\">")
+            .nth(1)
+            .and_then(|rest| rest.split('<').next())
+            .and_then(|n| n.replace(',', "").parse().ok())
+            .unwrap_or_else(|| panic!("no result count on the page: {page}"));
+        assert_eq!(results, stored, "{page}");
+        assert!(page.contains("refund-flow&#x2f;ordered"), "{page}");
+    }
+    assert_eq!(
+        pg.psql("attest", "SELECT count(*) FROM attest_results").trim(),
+        stored.to_string(),
+        "nothing was written"
+    );
+}
+
+/// `attest-engine view` of `history` (a URL, or none for the configured
+/// one) on a free loopback port.
+fn view_url(history: &str, env: &[(&str, &str)]) -> Viewer {
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    if !history.is_empty() {
+        args.extend(["--history".into(), history.into()]);
+    }
+    serve(args, env)
 }

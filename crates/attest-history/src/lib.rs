@@ -19,6 +19,7 @@
 //! file stores a batch per row (see [`store`]).
 
 mod postgres;
+pub use postgres::newest_rows as newest_postgres_rows;
 pub mod read;
 mod store;
 
@@ -112,6 +113,24 @@ pub fn copy_file_store(from: &std::path::Path, to: &std::path::Path) -> anyhow::
     conn.busy_timeout(Duration::from_secs(5))?;
     conn.execute("VACUUM INTO ?1", [to.to_string_lossy()])?;
     Ok(())
+}
+
+/// The engine's name for an assertion type read back from a file or
+/// another store (rows keep `'static` names); a type it does not know
+/// counts as a plugin's.
+pub fn assertion_type_name(kind: &str) -> &'static str {
+    const KNOWN: [&str; 9] = [
+        "schema",
+        "constraint",
+        "trace",
+        "content",
+        "embedding",
+        "llm_judge",
+        "trace_tree",
+        "plugin",
+        "ecp",
+    ];
+    KNOWN.into_iter().find(|k| *k == kind).unwrap_or("plugin")
 }
 
 /// Non-passing evaluations kept with their trace, by default.

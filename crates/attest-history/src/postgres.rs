@@ -245,6 +245,90 @@ async fn bounded<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) 
 
 /// TLS as PostgreSQL's `sslmode` asks (`prefer` by default), with the
 /// server's certificate checked against this machine's trusted roots.
+/// The newest `limit` results of the store at `url`, oldest first, with how
+/// many it holds: what the viewer copies into a private SQLite store to
+/// show. Read-only: nothing is migrated or written.
+///
+/// The store keeps no runs, costs or explanations, so the rows carry none.
+/// Each keeps its own time, and the stored fingerprint is kept as the spec
+/// digest it is read under, so results of one fingerprint stay together
+/// (the copy's fingerprints are derived from the stored ones, not equal).
+pub fn newest_rows(url: &str, limit: u64) -> anyhow::Result<(Vec<Rows>, u64)> {
+    let shown = without_password(url);
+    let mut pg: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("history {shown} is not a PostgreSQL connection string: {e}"))?;
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(CONNECT_TIMEOUT);
+    }
+    pg.application_name("attest-engine view");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(tls()?))
+            .await
+            .map_err(|_| anyhow::anyhow!("history {shown}: no answer within {}s; check that PostgreSQL is running and reachable", CONNECT_TIMEOUT.as_secs()))?
+            .map_err(|e| anyhow::anyhow!("history {shown}: cannot connect: {e}"))?;
+        tokio::spawn(connection);
+        let read = async {
+            client.batch_execute("SET TRANSACTION READ ONLY").await.ok();
+            let version: Option<i32> = client
+                .query_opt("SELECT max(version) FROM attest_history_migrations", &[])
+                .await
+                .map_err(|e| anyhow::anyhow!("history {shown} holds no attest history (no attest_history_migrations table: {e}); run collect or a worker sink with it first"))?
+                .and_then(|r| r.get(0));
+            let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+            if version.is_some_and(|v| v > known) {
+                anyhow::bail!("history {shown} is at layout version {}, newer than this viewer's {known}: upgrade attest-engine", version.unwrap_or(0));
+            }
+            let total: i64 = client.query_one("SELECT count(*) FROM attest_results", &[]).await?.get(0);
+            let rows = client
+                .query(
+                    "SELECT recorded_at_ms, trace_id, agent_id, assertion_id, assertion_type, status, score, fingerprint
+                     FROM attest_results ORDER BY id DESC LIMIT $1",
+                    &[&(limit.min(i64::MAX as u64) as i64)],
+                )
+                .await?;
+            anyhow::Ok((rows, total.max(0) as u64))
+        };
+        let (rows, total) = tokio::time::timeout(STATEMENT_TIMEOUT * 4, read)
+            .await
+            .map_err(|_| anyhow::anyhow!("history {shown}: reading took longer than {}s", (STATEMENT_TIMEOUT * 4).as_secs()))??;
+        // Oldest first; consecutive results of one trace, agent and time
+        // were written together: one batch.
+        let mut batches: Vec<Rows> = Vec::new();
+        for r in rows.iter().rev() {
+            let at: i64 = r.get(0);
+            let trace_id: String = r.get(1);
+            let agent_id: Option<String> = r.get(2);
+            let status: String = r.get(5);
+            let assertion_id: String = r.get(3);
+            let fingerprint: Vec<u8> = r.get(7);
+            let identity = <[u8; 16]>::try_from(fingerprint.as_slice()).map_or_else(|_| assertion_id.clone(), |fp| Fingerprint(fp).hex());
+            let row = super::Row {
+                assertion_id,
+                spec: crate::SpecDigest::submitted(&identity),
+                assertion_type: crate::assertion_type_name(r.get(4)),
+                status: attest_trace::Status::parse(&status).unwrap_or(attest_trace::Status::HardFail),
+                score: r.get(6),
+                cost: 0.0,
+            };
+            match batches.last_mut() {
+                Some(b) if b.trace_id == trace_id && b.agent_id == agent_id && b.recorded_at_ms == Some(at) => b.rows.push(row),
+                _ => batches.push(Rows {
+                    trace_id,
+                    agent_id,
+                    rows: vec![row],
+                    keyed: false,
+                    run: None,
+                    kept: None,
+                    recorded_at_ms: Some(at),
+                }),
+            }
+        }
+        Ok((batches, total))
+    })
+}
+
 fn tls() -> anyhow::Result<tokio_postgres_rustls::MakeRustlsConnect> {
     let mut roots = rustls::RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();

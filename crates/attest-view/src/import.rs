@@ -29,11 +29,27 @@ pub struct Imported {
     pub files: Vec<String>,
 }
 
-/// Copies `history` (when it exists) into `into` and adds the results of
-/// `files`.
-pub fn import(history: Option<&Path>, files: &[PathBuf], into: &Path) -> anyhow::Result<Imported> {
-    if let Some(h) = history.filter(|h| h.is_file()) {
-        attest_history::copy_file_store(h, into).with_context(|| format!("cannot read the history {}", h.display()))?;
+/// Copies `history` (a file, or the newest [`MAX_RESULTS`] results of a
+/// PostgreSQL store) into `into` and adds the results of `files`.
+pub fn import(history: Option<&Location>, files: &[PathBuf], into: &Path) -> anyhow::Result<Imported> {
+    let mut described = Vec::new();
+    let mut from_store = Vec::new();
+    let mut total = 0;
+    match history {
+        Some(Location::File(h)) if h.is_file() => {
+            attest_history::copy_file_store(h, into).with_context(|| format!("cannot read the history {}", h.display()))?
+        }
+        Some(Location::File(_)) | None => {}
+        Some(Location::Postgres(url)) => {
+            let (rows, held) = attest_history::newest_postgres_rows(url, MAX_RESULTS as u64)?;
+            total = rows.iter().map(|b| b.rows.len()).sum();
+            described.push(if held as usize > total {
+                format!("the newest {total} of {held} results of {}", Location::Postgres(url.clone()))
+            } else {
+                format!("{total} results of {}", Location::Postgres(url.clone()))
+            });
+            from_store = rows;
+        }
     }
     let store = History::open(&HistoryConfig {
         location: Location::File(into.to_owned()),
@@ -44,8 +60,9 @@ pub fn import(history: Option<&Path>, files: &[PathBuf], into: &Path) -> anyhow:
         kept_evaluations: attest_history::DEFAULT_KEPT_EVALUATIONS,
         kept_bytes: attest_history::DEFAULT_KEPT_BYTES,
     })?;
-    let mut total = 0;
-    let mut described = Vec::new();
+    for chunk in from_store.chunks(512) {
+        store.record_committed(chunk.to_vec(), Instant::now() + Duration::from_secs(60))?;
+    }
     for file in files {
         let (batches, kind) = read(file, MAX_RESULTS - total)?;
         let n: usize = batches.iter().map(|b| b.rows.len()).sum();
@@ -140,28 +157,11 @@ fn row(name: String, kind: &str, status: Status, score: f64, cost: f64) -> Row {
     Row {
         spec: SpecDigest::submitted(&name),
         assertion_id: name,
-        assertion_type: assertion_type(kind),
+        assertion_type: attest_history::assertion_type_name(kind),
         status,
         score: if score.is_finite() { score.clamp(0.0, 1.0) } else { 0.0 },
         cost: if cost.is_finite() { cost.max(0.0) } else { 0.0 },
     }
-}
-
-/// The engine's name for an assertion type (the history keeps `'static`
-/// names); a type it does not know counts as a plugin's.
-fn assertion_type(kind: &str) -> &'static str {
-    const KNOWN: [&str; 9] = [
-        "schema",
-        "constraint",
-        "trace",
-        "content",
-        "embedding",
-        "llm_judge",
-        "trace_tree",
-        "plugin",
-        "ecp",
-    ];
-    KNOWN.into_iter().find(|k| *k == kind).unwrap_or("plugin")
 }
 
 /// Unix ms of an RFC 3339 time.

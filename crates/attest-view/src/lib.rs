@@ -61,18 +61,18 @@ pub(crate) struct App {
     token: Option<String>,
 }
 
-/// Runs the viewer until SIGINT or SIGTERM. `default_history` is the file
+/// Runs the viewer until SIGINT or SIGTERM. `default_history` is the store
 /// the engine's configuration names, used when `--history` is not given.
-pub async fn run_view(args: ViewArgs, default_history: Option<PathBuf>) -> anyhow::Result<i32> {
+pub async fn run_view(args: ViewArgs, default_history: Option<attest_history::Location>) -> anyhow::Result<i32> {
+    use attest_history::Location;
     let history = match args.history.as_deref() {
-        Some(url) if attest_history::Location::is_postgres_url(url) => anyhow::bail!(
-            "--history {}: the viewer reads the SQLite history file; a PostgreSQL history is read by query_drift and dynamic thresholds, not yet by view. Give the path of a history file",
-            attest_history::Location::Postgres(url.to_owned())
-        ),
-        Some(path) => Some(PathBuf::from(path)),
-        None if !args.results.is_empty() => default_history.filter(|h| h.is_file()),
+        Some(url) if Location::is_postgres_url(url) => Some(Location::Postgres(url.to_owned())),
+        Some(path) => Some(Location::File(PathBuf::from(path))),
+        // With results files, a default history that was never written is
+        // no history.
+        None if !args.results.is_empty() => default_history.filter(|h| h.file().is_none_or(|f| f.is_file())),
         None => Some(default_history.context(
-            "no history file to read: give --history PATH or --results FILE, or set history_path (or cache_dir) in attest.toml",
+            "no history to read: give --history PATH (or a postgres:// URL) or --results FILE, or set history_path (or cache_dir) in attest.toml",
         )?),
     };
     let token = match &args.bearer_token_env {
@@ -103,28 +103,31 @@ pub async fn run_view(args: ViewArgs, default_history: Option<PathBuf>) -> anyho
             );
         }
     }
-    // Results files go into a private copy of the history, removed at exit.
-    let (read, shown, _copy) = if args.results.is_empty() {
-        let history = history.expect("a history is required without --results");
-        (history.clone(), history.display().to_string(), None)
-    } else {
-        if let Some(h) = history.as_ref().filter(|h| !h.is_file()) {
-            anyhow::bail!("--history {}: not a history file", h.display());
+    // A PostgreSQL history and results files are read into a private copy,
+    // removed at exit; a history file alone is read where it is.
+    let (read, shown, _copy) = match (&history, args.results.is_empty()) {
+        (Some(Location::File(file)), true) => (file.clone(), file.display().to_string(), None),
+        (None, true) => unreachable!("a history is required without --results"),
+        _ => {
+            if let Some(Location::File(h)) = history.as_ref().filter(|h| h.file().is_some_and(|f| !f.is_file())) {
+                anyhow::bail!("--history {}: not a history file", h.display());
+            }
+            let dir = tempfile::Builder::new().prefix("attest-view-").tempdir()?;
+            let copy = dir.path().join("history.sqlite3");
+            let (from, files, into) = (history.clone(), args.results.clone(), copy.clone());
+            let imported = tokio::task::spawn_blocking(move || import::import(from.as_ref(), &files, &into)).await??;
+            let shown = match &history {
+                Some(Location::File(h)) if imported.files.is_empty() => h.display().to_string(),
+                Some(Location::File(h)) => format!("{} with {}", h.display(), imported.files.join(", ")),
+                _ => imported.files.join(", "),
+            };
+            eprintln!(
+                "attest-engine view: read {} results from {}",
+                imported.results,
+                imported.files.join(", ")
+            );
+            (copy, shown, Some(dir))
         }
-        let dir = tempfile::Builder::new().prefix("attest-view-").tempdir()?;
-        let copy = dir.path().join("history.sqlite3");
-        let (from, files, into) = (history.clone(), args.results.clone(), copy.clone());
-        let imported = tokio::task::spawn_blocking(move || import::import(from.as_deref(), &files, &into)).await??;
-        let shown = match &history {
-            Some(h) => format!("{} with {}", h.display(), imported.files.join(", ")),
-            None => imported.files.join(", "),
-        };
-        eprintln!(
-            "attest-engine view: read {} results from {}",
-            imported.results,
-            imported.files.join(", ")
-        );
-        (copy, shown, Some(dir))
     };
     let pages = pages::Pages::open(&read, usize::from(args.window), args.traces.clone())?;
     let app = Arc::new(App { pages, token });
