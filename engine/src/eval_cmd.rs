@@ -286,6 +286,11 @@ fn evaluate_files(
             Err(error) => {
                 errored = true;
                 engine.sinks.session_log.record_error(&label, &error);
+                let ids = assertions
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| a["assertion_id"].as_str().map_or_else(|| format!("assertions[{i}]"), str::to_owned));
+                engine.sinks.evaluation_failed(trace_text, ids, &error);
                 Body::Error { error }
             }
         };

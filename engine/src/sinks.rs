@@ -205,6 +205,28 @@ impl Sinks {
         self.export.get()
     }
 
+    /// An evaluation of `trace_text` that ended in `error` before any
+    /// verdict: one event per assertion of `assertion_ids` for the
+    /// exporter, with `error.type` and no score, so a backend shows the
+    /// failure beside the trace. Nothing happens without an exporter.
+    pub fn evaluation_failed(&self, trace_text: &str, assertion_ids: impl Iterator<Item = String>, error: &crate::protocol::RpcError) {
+        let Some(export) = self.export.get() else {
+            return;
+        };
+        let trace = serde_json::from_str::<serde_json::Value>(trace_text).unwrap_or_default();
+        for name in assertion_ids {
+            export.send(attest_collect::export::Event {
+                trace_id: trace["trace_id"].as_str().unwrap_or_default().to_owned(),
+                span_id: attest_collect::convert::span_of(&trace, None),
+                name,
+                score: None,
+                status: None,
+                explanation: error.message.clone(),
+                error_type: Some(error.code.error_type().to_owned()),
+            });
+        }
+    }
+
     /// Files the results recorded from now on under a new run.
     pub fn start_run(&self, kind: RunKind, label: String) {
         *self.run.write().unwrap_or_else(|e| e.into_inner()) = new_run(kind, label);

@@ -298,6 +298,41 @@ fn eval_and_ecp_run_export_their_results_too() {
         assert_eq!(e["resource"]["attest.front_door"], "eval");
     }
 
+    // An evaluation that fails before any verdict (a judge assertion, no
+    // judge configured) is an event per assertion with its error type.
+    let failing = dir.path().join("judged.json");
+    std::fs::write(
+        &failing,
+        r#"[{"assertion_id": "polite", "type": "llm_judge", "spec": {"criteria": "polite"}}]"#,
+    )
+    .unwrap();
+    let eval = Command::new(&bin)
+        .current_dir(&repo)
+        .args([
+            "--log-level=warn",
+            "--no-history",
+            "eval",
+            "--trace",
+            "examples/refund_trace.json",
+            "--assertions",
+        ])
+        .arg(&failing)
+        .args(["--export-otlp", &format!("http://127.0.0.1:{}", receiver.http)])
+        .env("ATTEST_JUDGE_PROVIDER", "off")
+        .output()
+        .unwrap();
+    assert_eq!(eval.status.code(), Some(2), "{}", String::from_utf8_lossy(&eval.stderr));
+    let failed: Vec<Value> = receiver
+        .events()
+        .into_iter()
+        .filter(|e| e["attributes"]["gen_ai.evaluation.name"] == "polite")
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:#?}");
+    let a = &failed[0]["attributes"];
+    assert_eq!(a["error.type"], "PROVIDER_ERROR", "{a}");
+    assert_eq!(a["attest.trace_id"], "trc_abc123", "{a}");
+    assert!(a.get("gen_ai.evaluation.score.value").is_none(), "{a}");
+
     let ecp = Command::new(&bin)
         .current_dir(&repo)
         .args([
