@@ -63,11 +63,13 @@ pub struct CollectArgs {
     pub nats_opts: NatsOptions,
     #[command(flatten)]
     pub export: crate::export::ExportArgs,
-    /// Quiet time after the last span of a trace (with its root) before it is evaluated.
-    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 2000)]
+    /// Quiet time after the last span of a trace (with its root) before it
+    /// is evaluated: 2s, 500ms (a bare number is milliseconds).
+    #[arg(help_heading = "Trace assembly and limits", long = "settle", alias = "settle-ms", value_name = "DURATION", default_value = "2s", value_parser = millis)]
     pub settle_ms: u64,
-    /// A trace whose root span never arrives is dropped this long after its last span.
-    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 30_000)]
+    /// A trace whose root span never arrives is dropped this long after its
+    /// last span: 30s, 2m (a bare number is milliseconds).
+    #[arg(help_heading = "Trace assembly and limits", long = "orphan-timeout", alias = "orphan-timeout-ms", value_name = "DURATION", default_value = "30s", value_parser = millis)]
     pub orphan_timeout_ms: u64,
     /// Traces being assembled at once; past it the oldest is closed early
     /// (evaluated if its root is there, else dropped).
@@ -75,23 +77,24 @@ pub struct CollectArgs {
     pub max_open_traces: usize,
     /// Estimated memory of the traces being assembled (see docs/continuous.md
     /// for the estimate); past it the oldest is closed early.
-    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 256 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, value_name = "SIZE", default_value = "256MiB", value_parser = size::<usize>)]
     pub max_open_bytes: usize,
     /// Estimated memory of one trace; a larger trace is dropped as trace_too_large.
-    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 16 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, value_name = "SIZE", default_value = "16MiB", value_parser = size::<usize>)]
     pub max_trace_bytes: usize,
     /// Bytes of closed traces waiting for evaluation or being evaluated;
     /// past it, traces are refused as with a full queue.
-    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 256 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, value_name = "SIZE", default_value = "256MiB", value_parser = size::<usize>)]
     pub max_queued_bytes: usize,
     /// Spans of one trace; a trace with more is dropped as too_many_spans.
     #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 10_000)]
     pub max_trace_spans: usize,
     /// Largest export request body, after gzip inflation.
-    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 32 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, value_name = "SIZE", default_value = "32MiB", value_parser = size::<usize>)]
     pub max_request_bytes: usize,
-    /// Deadline for reading and answering one export request (408 past it; 1 to 86400).
-    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 30, value_parser = at_least_one::<MAX_REQUEST_TIMEOUT_SECS, u64>)]
+    /// Deadline for reading and answering one export request (408 past it):
+    /// 30s, 2m, from 1s to 24h (a bare number is seconds).
+    #[arg(help_heading = "Trace assembly and limits", long = "request-timeout", alias = "request-timeout-secs", value_name = "DURATION", default_value = "30s", value_parser = seconds::<MAX_REQUEST_TIMEOUT_SECS>)]
     pub request_timeout_secs: u64,
     /// Export requests handled at once, uploads included; more get 429.
     #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 64)]
@@ -103,7 +106,7 @@ pub struct CollectArgs {
     /// Request body bytes being received or decoded at once (each request
     /// reserves its Content-Length; one without reserves 64 KiB, doubling as
     /// its body arrives); more get 429.
-    #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 256 << 20)]
+    #[arg(help_heading = "Trace assembly and limits", long, value_name = "SIZE", default_value = "256MiB", value_parser = size::<usize>)]
     pub max_inflight_bytes: usize,
     /// Closed traces waiting for evaluation; when full, export requests get 503.
     #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 1024)]
@@ -127,12 +130,13 @@ pub struct NatsOptions {
     /// Deliveries of a work message before it goes to the dead-letter subject (1 to 10000).
     #[arg(long, default_value_t = 5, value_parser = at_least_one::<MAX_MAX_DELIVER, i64>)]
     pub max_deliver: i64,
-    /// Seconds a worker has to acknowledge (progress acks extend it while evaluating; 1 to 86400).
-    #[arg(long, default_value_t = 30, value_parser = at_least_one::<MAX_ACK_WAIT_SECS, u64>)]
+    /// How long a worker has to acknowledge (progress acks extend it while
+    /// evaluating): 30s, 5m, from 1s to 24h (a bare number is seconds).
+    #[arg(long = "ack-wait", alias = "ack-wait-secs", value_name = "DURATION", default_value = "30s", value_parser = seconds::<MAX_ACK_WAIT_SECS>)]
     pub ack_wait_secs: u64,
-    /// Most bytes each of the three streams keeps (1048576 to 2^50). JetStream sets
+    /// Most each of the three streams keeps (1MiB to 1PiB). JetStream sets
     /// this much of the server's store aside per stream when the stream is created.
-    #[arg(long, default_value_t = 1 << 30, value_parser = stream_bytes)]
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = stream_bytes)]
     pub nats_stream_bytes: i64,
     /// NATS credentials file (a user JWT and its NKey seed, as `nsc` writes it).
     /// A user and password, or a token, go in the URL instead:
@@ -157,15 +161,62 @@ const MIN_STREAM_BYTES: i64 = 1 << 20;
 const MAX_STREAM_BYTES: i64 = 1 << 50;
 
 fn stream_bytes(s: &str) -> Result<i64, String> {
-    let range = format!("give a byte count from {MIN_STREAM_BYTES} (1 MiB) to {MAX_STREAM_BYTES}");
-    let v: i64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a whole number of bytes; {range}"))?;
+    let range = "give a size from 1MiB to 1PiB";
+    let v: i64 = size(s)?;
     if !(MIN_STREAM_BYTES..=MAX_STREAM_BYTES).contains(&v) {
-        return Err(format!("{v} is out of range; {range}"));
+        return Err(format!("{v} bytes is out of range; {range}"));
     }
     Ok(v)
+}
+
+/// A size: with its unit (16MiB, 512KiB, 1GB: KiB and the like are 1024s,
+/// KB and the like 1000s) or a bare number of bytes.
+fn size<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
+    let bytes = match s.trim().parse::<u64>() {
+        Ok(n) => n,
+        Err(_) => s
+            .trim()
+            .parse::<bytesize::ByteSize>()
+            .map_err(|_| format!("'{s}' is not a size; give a number with its unit (16MiB, 512KiB, 1GB) or a number of bytes"))?
+            .as_u64(),
+    };
+    T::try_from(bytes).map_err(|_| format!("'{s}' is too large"))
+}
+
+/// A duration in milliseconds: with its unit (2s, 500ms, 1m) or a bare
+/// number of milliseconds (the flag's older `-ms` form).
+fn millis(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(t.parse::<u64>().unwrap_or(u64::MAX));
+    }
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("'{s}' is not a duration ({e}); give it with its unit: 2s, 500ms, 1m"))
+        .map(|d| d.as_millis().min(u64::MAX as u128) as u64)
+}
+
+/// A duration in whole seconds from 1 to `MAX`: with its unit (30s, 5m) or
+/// a bare number of seconds (the flag's older `-secs` form).
+fn seconds<const MAX: i64>(s: &str) -> Result<u64, String> {
+    let range = format!("give 1s to {}", humantime::format_duration(Duration::from_secs(MAX as u64)));
+    let bare = s.trim().strip_prefix('-').unwrap_or(s.trim());
+    let secs = match s.trim().parse::<i64>() {
+        Ok(n) => n,
+        // A bare number too large for the type is out of range, not a unit missing.
+        Err(_) if !bare.is_empty() && bare.bytes().all(|b| b.is_ascii_digit()) => i64::MAX,
+        Err(_) => {
+            let d = humantime::parse_duration(s.trim())
+                .map_err(|e| format!("'{s}' is not a duration ({e}); give it with its unit: 30s, 5m"))?;
+            if d.subsec_nanos() != 0 {
+                return Err(format!("'{s}' is not a whole number of seconds; {range}"));
+            }
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+        }
+    };
+    if !(1..=MAX).contains(&secs) {
+        return Err(format!("'{s}' is out of range; {range}"));
+    }
+    Ok(secs as u64)
 }
 
 /// Largest `--max-deliver`: the consumer is created with one delivery more.
@@ -1045,30 +1096,37 @@ mod tests {
         for (args, flag, want) in [
             (&["--max-deliver", "0"][..], "--max-deliver", "0 is out of range; give 1 to 10000"),
             (&["--max-deliver=-3"][..], "--max-deliver", "-3 is out of range; give 1 to 10000"),
+            (&["--ack-wait-secs", "0"][..], "--ack-wait", "'0' is out of range; give 1s to 1day"),
             (
-                &["--ack-wait-secs", "0"][..],
-                "--ack-wait-secs",
-                "0 is out of range; give 1 to 86400",
+                &["--ack-wait", "90000s"][..],
+                "--ack-wait",
+                "'90000s' is out of range; give 1s to 1day",
             ),
-            (&["--ack-wait-secs", "x"][..], "--ack-wait-secs", "'x' is not a whole number"),
+            (
+                &["--ack-wait", "1500ms"][..],
+                "--ack-wait",
+                "'1500ms' is not a whole number of seconds",
+            ),
+            (&["--ack-wait", "x"][..], "--ack-wait", "'x' is not a duration"),
             (&["--nats-replicas", "0"][..], "--nats-replicas", "0 is out of range; give 1 to 5"),
             (&["--nats-replicas", "7"][..], "--nats-replicas", "7 is out of range; give 1 to 5"),
             (
                 &["--nats-stream-bytes", "1000"][..],
                 "--nats-stream-bytes",
-                "1000 is out of range; give a byte count from 1048576 (1 MiB)",
+                "1000 bytes is out of range; give a size from 1MiB to 1PiB",
             ),
-            (
-                &["--nats-stream-bytes", "1GiB"][..],
-                "--nats-stream-bytes",
-                "'1GiB' is not a whole number of bytes",
-            ),
+            (&["--nats-stream-bytes", "lots"][..], "--nats-stream-bytes", "'lots' is not a size"),
         ] {
             let e = parse(args).unwrap_err();
             assert!(e.contains(flag) && e.contains(want), "{args:?}: {e}");
         }
         assert_eq!(parse(&["--max-deliver", "1", "--ack-wait-secs", "1"]).unwrap().max_deliver, 1);
+        // Durations and sizes with their units; bare numbers in the flags' older units.
+        assert_eq!(parse(&["--ack-wait", "2m"]).unwrap().ack_wait_secs, 120);
+        assert_eq!(parse(&["--ack-wait-secs", "45"]).unwrap().ack_wait_secs, 45);
         assert_eq!(o.nats_stream_bytes, 1 << 30);
+        assert_eq!(parse(&["--nats-stream-bytes", "2GiB"]).unwrap().nats_stream_bytes, 2 << 30);
+        assert_eq!(parse(&["--nats-stream-bytes", "10MB"]).unwrap().nats_stream_bytes, 10_000_000);
         assert_eq!(parse(&["--nats-stream-bytes", "1048576"]).unwrap().nats_stream_bytes, 1 << 20);
     }
 
@@ -1089,9 +1147,10 @@ mod tests {
                 .map_err(|e| e.to_string())
         };
         assert_eq!(parse("86400"), Ok(86_400));
-        for bad in ["0", "86401", "18446744073709551615", "=-1"] {
+        assert_eq!(parse("1h"), Ok(3_600));
+        for bad in ["0", "86401", "25h", "18446744073709551615", "=-1"] {
             let e = parse(bad).unwrap_err();
-            assert!(e.contains("--request-timeout-secs") && e.contains("give 1 to 86400"), "{bad}: {e}");
+            assert!(e.contains("--request-timeout") && e.contains("give 1s to 1day"), "{bad}: {e}");
         }
     }
 
