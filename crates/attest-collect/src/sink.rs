@@ -48,35 +48,53 @@ struct Inner {
     duplicates: u64,
 }
 
-/// The keys of the last [`DEDUPE_KEYS`] results written, oldest first out.
+/// The keys of the last [`DEDUPE_KEYS`] results written, oldest first out,
+/// each held as a 128-bit hash of its three ids: 16 bytes a key instead of
+/// three strings twice over (a false match needs about 2^64 keys).
 #[derive(Default)]
 struct RecentKeys {
-    seen: HashSet<ResultKey>,
-    order: VecDeque<ResultKey>,
+    seen: HashSet<KeyHash>,
+    order: VecDeque<KeyHash>,
+}
+
+/// A [`ResultKey`]'s three ids, hashed together, each ended by a 0 byte
+/// (which no id holds) so that no two keys run into one another.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct KeyHash(u128);
+
+impl KeyHash {
+    fn of(key: &ResultKey) -> KeyHash {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for id in [&key.trace_id, &key.rule, &key.assertion_id] {
+            h.update(id.as_bytes());
+            h.update(&[0]);
+        }
+        KeyHash(h.digest128())
+    }
 }
 
 impl RecentKeys {
-    fn remember(&mut self, key: ResultKey) {
-        if self.seen.insert(key.clone()) {
-            self.order.push_back(key);
-            if self.order.len() > DEDUPE_KEYS {
-                if let Some(old) = self.order.pop_front() {
-                    self.seen.remove(&old);
-                }
+    /// Remembers `key`; false when it was remembered already.
+    fn remember(&mut self, key: &ResultKey) -> bool {
+        let k = KeyHash::of(key);
+        if !self.seen.insert(k) {
+            return false;
+        }
+        self.order.push_back(k);
+        if self.order.len() > DEDUPE_KEYS {
+            if let Some(old) = self.order.pop_front() {
+                self.seen.remove(&old);
             }
         }
-    }
-
-    fn contains(&self, key: &ResultKey) -> bool {
-        self.seen.contains(key)
+        true
     }
 
     /// Forgets keys whose lines were not written, so that they are written
     /// when offered again.
-    fn forget(&mut self, keys: &[ResultKey]) {
-        for k in keys {
-            if self.seen.remove(k) {
-                if let Some(i) = self.order.iter().rposition(|o| o == k) {
+    fn forget(&mut self, keys: &[&ResultKey]) {
+        for k in keys.iter().map(|k| KeyHash::of(k)) {
+            if self.seen.remove(&k) {
+                if let Some(i) = self.order.iter().rposition(|o| *o == k) {
                     self.order.remove(i);
                 }
             }
@@ -148,7 +166,9 @@ impl Existing {
             return;
         }
         match serde_json::from_slice::<ResultRecord>(line) {
-            Ok(r) if !too_long => self.keys.remember(r.key),
+            Ok(r) if !too_long => {
+                self.keys.remember(&r.key);
+            }
             _ => {
                 self.skipped += 1;
                 self.first_skipped.get_or_insert(number);
@@ -220,26 +240,28 @@ impl JsonlSink {
 
     async fn write(&self, results: &[ResultRecord]) -> anyhow::Result<()> {
         let shown = self.path.display();
-        let mut bytes = Vec::new();
-        let mut keys = Vec::new();
+        let mut bytes = self.writer.buffer();
+        let mut keys: Vec<&ResultKey> = Vec::with_capacity(results.len());
         {
             let mut i = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            // Remembered before the write is done, so that a copy offered
+            // meanwhile (or later in this batch) is a duplicate, and
+            // forgotten if the write is not done.
             for r in results {
-                if i.keys.contains(&r.key) || keys.contains(&r.key) {
+                if !i.keys.remember(&r.key) {
                     i.duplicates += 1;
                     continue;
                 }
-                serde_json::to_writer(&mut bytes, r)?;
+                if let Err(e) = serde_json::to_writer(&mut bytes, r) {
+                    keys.push(&r.key);
+                    i.keys.forget(&keys);
+                    return Err(e.into());
+                }
                 bytes.push(b'\n');
-                keys.push(r.key.clone());
+                keys.push(&r.key);
             }
             if keys.is_empty() {
                 return Ok(());
-            }
-            // Remembered before the write is done, so that a copy offered
-            // meanwhile is a duplicate, and forgotten if it is not done.
-            for k in &keys {
-                i.keys.remember(k.clone());
             }
             i.written += keys.len() as u64;
         }

@@ -129,7 +129,16 @@ struct Shared {
     /// Lines refused or lost, over the file's life, for the summary line.
     lost: AtomicU64,
     log: LogThrottle,
+    /// Buffers written and emptied, for the next writes to fill: built on
+    /// one thread and freed on this one, each new buffer was fresh pages
+    /// the kernel had to clear. At most [`SPARE_BUFFERS`] of at most
+    /// [`SPARE_BUFFER_BYTES`] each are kept.
+    spare: Mutex<Vec<Vec<u8>>>,
 }
+
+/// Emptied buffers kept for reuse, and the largest kept.
+const SPARE_BUFFERS: usize = 4;
+const SPARE_BUFFER_BYTES: usize = 4 << 20;
 
 impl Shared {
     fn lose(&self, reason: &'static str, lines: u64) {
@@ -171,6 +180,7 @@ impl FileWriter {
             room: tokio::sync::watch::channel(0).0,
             lost: AtomicU64::new(0),
             log: LogThrottle::default(),
+            spare: Mutex::new(Vec::with_capacity(SPARE_BUFFERS)),
         });
         let thread_shared = shared.clone();
         // Never joined: at exit the process does not wait for a write that
@@ -190,6 +200,17 @@ impl FileWriter {
     /// Queues `bytes` (`lines` whole lines) for writing, or refuses them at
     /// once when the queue is full. Refused lines are not counted here: the
     /// caller knows whether they are lost or will be offered again.
+    /// An empty buffer to fill with lines for [`FileWriter::try_write`]: one
+    /// an earlier write emptied, when there is one.
+    pub fn buffer(&self) -> Vec<u8> {
+        self.shared
+            .spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
     pub fn try_write(&self, bytes: Vec<u8>, lines: u64, confirm: bool) -> Result<Option<Written>, Refused> {
         let len = bytes.len();
         let before = self.shared.queued_bytes.fetch_add(len, Ordering::AcqRel);
@@ -350,6 +371,14 @@ fn write_loop(mut file: std::fs::File, rx: mpsc::Receiver<Entry>, shared: &Share
             // A caller that stopped waiting no longer counts a failure.
             if let Err(Err(_)) = done.send(result) {
                 shared.lose("write_failed", entry.lines);
+            }
+        }
+        let mut bytes = entry.bytes;
+        if bytes.capacity() <= SPARE_BUFFER_BYTES {
+            bytes.clear();
+            let mut spare = shared.spare.lock().unwrap_or_else(|e| e.into_inner());
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(bytes);
             }
         }
         shared.done.send_modify(|n| *n += 1);
