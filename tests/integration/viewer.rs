@@ -136,22 +136,7 @@ fn fill(dir: &Path) -> Sent {
     b.wait_exit();
 
     // A collect run over the example traces.
-    let rules = dir.join("rules.yaml");
-    std::fs::write(
-        &rules,
-        "rules:\n  - name: refund-flow\n    assertions:\n      - {assertion_id: ordered, type: trace, spec: {check: contains_in_order, tools: [lookup_order, process_refund]}}\n      - {assertion_id: short, type: constraint, spec: {field: steps.length, operator: lte, value: 1}}\n",
-    )
-    .unwrap();
-    let out = command()
-        .env("ATTEST_CONFIG", &cfg)
-        .args(["--log-level=warn", "collect", "--rules"])
-        .arg(&rules)
-        .arg("--jsonl")
-        .arg(Path::new(WORKSPACE).join("examples/traces.jsonl"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "collect: {}", String::from_utf8_lossy(&out.stderr));
+    collect_examples(dir, ("ATTEST_CONFIG", cfg.to_str().unwrap()));
 
     // An ECP run of the example manifest (a standard-library agent).
     let out = command()
@@ -167,6 +152,27 @@ fn fill(dir: &Path) -> Sent {
         String::from_utf8_lossy(&out.stderr)
     );
     sent
+}
+
+/// `collect` over the example traces with two rules of layers 2 and 3,
+/// recording into the history `env` names.
+fn collect_examples(dir: &Path, env: (&str, &str)) {
+    let rules = dir.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "rules:\n  - name: refund-flow\n    assertions:\n      - {assertion_id: ordered, type: trace, spec: {check: contains_in_order, tools: [lookup_order, process_refund]}}\n      - {assertion_id: short, type: constraint, spec: {field: steps.length, operator: lte, value: 1}}\n",
+    )
+    .unwrap();
+    let out = command()
+        .env(env.0, env.1)
+        .args(["--log-level=warn", "collect", "--rules"])
+        .arg(&rules)
+        .arg("--jsonl")
+        .arg(Path::new(WORKSPACE).join("examples/traces.jsonl"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "collect: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 struct Viewer {
@@ -542,22 +548,7 @@ fn a_postgres_history_opens_in_the_viewer() {
     };
     let url = pg.database("attest");
     let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(
-        &rules,
-        "rules:\n  - name: refund-flow\n    assertions:\n      - {assertion_id: ordered, type: trace, spec: {check: contains_in_order, tools: [lookup_order, process_refund]}}\n      - {assertion_id: short, type: constraint, spec: {field: steps.length, operator: lte, value: 1}}\n",
-    )
-    .unwrap();
-    let out = command()
-        .env("ATTEST_HISTORY_URL", &url)
-        .args(["--log-level=warn", "collect", "--rules"])
-        .arg(&rules)
-        .arg("--jsonl")
-        .arg(Path::new(WORKSPACE).join("examples/traces.jsonl"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "collect: {}", String::from_utf8_lossy(&out.stderr));
+    collect_examples(dir.path(), ("ATTEST_HISTORY_URL", &url));
     let stored: usize = pg.psql("attest", "SELECT count(*) FROM attest_results").trim().parse().unwrap();
     let failing: usize = pg
         .psql("attest", "SELECT count(*) FROM attest_results WHERE status <> 'pass'")

@@ -79,6 +79,22 @@ pub(super) fn without_password(url: &str) -> String {
         .join(" ")
 }
 
+/// The connection settings `url` gives (with [`CONNECT_TIMEOUT`] and
+/// `application` unless it names its own), and the URL to show.
+fn client_config(url: &str, application: &str) -> anyhow::Result<(String, tokio_postgres::Config)> {
+    let shown = without_password(url);
+    let mut pg: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("history {shown} is not a PostgreSQL connection string: {e}"))?;
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if pg.get_application_name().is_none() {
+        pg.application_name(application);
+    }
+    Ok((shown, pg))
+}
+
 /// The writer thread's side of a PostgreSQL store.
 pub(super) struct Writer {
     rt: tokio::runtime::Runtime,
@@ -90,16 +106,7 @@ impl Writer {
     /// Connects, applies migrations and returns the writer, within
     /// [`CONNECT_TIMEOUT`].
     pub(super) fn connect(url: &str, config: HistoryConfig) -> anyhow::Result<Writer> {
-        let shown = without_password(url);
-        let mut pg: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| anyhow::anyhow!("history {shown} is not a PostgreSQL connection string: {e}"))?;
-        if pg.get_connect_timeout().is_none() {
-            pg.connect_timeout(CONNECT_TIMEOUT);
-        }
-        if pg.get_application_name().is_none() {
-            pg.application_name("attest-engine");
-        }
+        let (shown, pg) = client_config(url, "attest-engine")?;
         // A runtime of one worker: questions run there while this thread
         // writes.
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -254,14 +261,7 @@ async fn bounded<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) 
 /// digest it is read under, so results of one fingerprint stay together
 /// (the copy's fingerprints are derived from the stored ones, not equal).
 pub fn newest_rows(url: &str, limit: u64) -> anyhow::Result<(Vec<Rows>, u64)> {
-    let shown = without_password(url);
-    let mut pg: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e| anyhow::anyhow!("history {shown} is not a PostgreSQL connection string: {e}"))?;
-    if pg.get_connect_timeout().is_none() {
-        pg.connect_timeout(CONNECT_TIMEOUT);
-    }
-    pg.application_name("attest-engine view");
+    let (shown, pg) = client_config(url, "attest-engine view")?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
         let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(tls()?))
