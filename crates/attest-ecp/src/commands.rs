@@ -72,11 +72,18 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
             return Ok(1);
         }
     };
+    let reports = match args.outputs() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(1);
+        }
+    };
     let outputs = [
-        (&args.report, "--report"),
-        (&args.json_out, "--json-out"),
-        (&args.audit_out, "--audit-out"),
-        (&args.junit, "--junit"),
+        (&reports.html, "--report"),
+        (&reports.json, "--json-out"),
+        (&reports.audit, "--audit-out"),
+        (&reports.junit, "--junit"),
     ];
     for (path, flag) in outputs {
         if let Some(Err(e)) = path.as_deref().map(|p| check_writable(p, flag)) {
@@ -111,19 +118,19 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
     let json_report = report::json_report(&outcome, &manifest);
     // Where each report went, said after the summary.
     let mut written = Vec::new();
-    if let Some(p) = &args.report {
+    if let Some(p) = &reports.html {
         write_file(p, &report::html(&outcome, &manifest), "HTML report")?;
         written.push(("HTML report", p));
     }
-    if let Some(p) = &args.json_out {
+    if let Some(p) = &reports.json {
         write_file(p, &serde_json::to_string_pretty(&json_report)?, "JSON report")?;
         written.push(("JSON report", p));
     }
-    if let Some(p) = &args.audit_out {
+    if let Some(p) = &reports.audit {
         write_file(p, &(serde_json::to_string_pretty(&json_report["audit"])? + "\n"), "audit record")?;
         written.push(("audit record", p));
     }
-    if let Some(p) = &args.junit {
+    if let Some(p) = &reports.junit {
         write_file(p, &report::junit(&outcome, &manifest)?, "JUnit report")?;
         written.push(("JUnit report", p));
     }

@@ -60,15 +60,67 @@ pub enum EcpAction {
     Trend(TrendArgs),
 }
 
+/// Where `run` writes each of its reports.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Outputs {
+    pub html: Option<PathBuf>,
+    pub json: Option<PathBuf>,
+    pub audit: Option<PathBuf>,
+    pub junit: Option<PathBuf>,
+}
+
+impl RunArgs {
+    /// The reports asked for, by `--report` (a path, or `KIND=PATH`) and by
+    /// `--json-out`, `--audit-out` and `--junit`; a report asked for twice
+    /// is refused, naming both.
+    pub fn outputs(&self) -> Result<Outputs, String> {
+        let mut out = Outputs {
+            html: None,
+            json: self.json_out.clone(),
+            audit: self.audit_out.clone(),
+            junit: self.junit.clone(),
+        };
+        for given in &self.reports {
+            let (kind, path) = match given.split_once('=') {
+                Some((kind @ ("html" | "json" | "junit" | "audit"), path)) => (kind, path),
+                Some((kind, _)) if matches!(kind, "markdown" | "md" | "xml" | "text") => {
+                    return Err(format!(
+                        "--report {given}: ecp run writes no {kind} report; valid kinds: html, json, junit, audit (or give a path for the HTML report)"
+                    ))
+                }
+                _ => ("html", given.as_str()),
+            };
+            if path.is_empty() {
+                return Err(format!("--report {given}: the path is empty; give {kind}=PATH"));
+            }
+            let slot = match kind {
+                "html" => &mut out.html,
+                "json" => &mut out.json,
+                "junit" => &mut out.junit,
+                _ => &mut out.audit,
+            };
+            if let Some(before) = slot.replace(PathBuf::from(path)) {
+                return Err(format!(
+                    "--report {given}: the {kind} report is already written to {}; ask for each report once",
+                    before.display()
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
+
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Run options")]
 pub struct RunArgs {
     /// The manifest YAML file.
     #[arg(long, short = 'm')]
     pub manifest: PathBuf,
-    /// Write a self-contained HTML report here.
-    #[arg(long)]
-    pub report: Option<PathBuf>,
+    /// Write a report (repeatable): FILE is the self-contained HTML report,
+    /// as the reference's --report; KIND=PATH as the engine's other commands
+    /// take it, with KIND html, json, junit or audit.
+    #[arg(long = "report", value_name = "FILE|KIND=PATH")]
+    pub reports: Vec<String>,
     /// Print the JSON report on stdout.
     #[arg(long)]
     pub json: bool,
@@ -229,5 +281,57 @@ pub async fn run_ungraded(action: EcpAction) -> anyhow::Result<i32> {
         EcpAction::Run(_) | EcpAction::Validate { .. } => {
             anyhow::bail!("`ecp run` and `ecp validate` grade checks: they need a grading host")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        ecp: EcpCommand,
+    }
+
+    fn outputs(args: &[&str]) -> Result<Outputs, String> {
+        let cli = Cli::try_parse_from([&["x", "run", "-m", "m.yaml"][..], args].concat()).unwrap();
+        match cli.ecp.action {
+            EcpAction::Run(r) => r.outputs(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn report_takes_a_path_as_the_reference_does_or_kind_equals_path() {
+        let html = |p: &str| Some(PathBuf::from(p));
+        assert_eq!(outputs(&["--report", "r.html"]).unwrap().html, html("r.html"));
+        let all = outputs(&[
+            "--report",
+            "junit=r.xml",
+            "--report",
+            "json=r.json",
+            "--report",
+            "html=r.html",
+            "--audit-out",
+            "a.json",
+        ])
+        .unwrap();
+        assert_eq!(
+            all,
+            Outputs {
+                html: html("r.html"),
+                json: html("r.json"),
+                audit: html("a.json"),
+                junit: html("r.xml"),
+            }
+        );
+        // A path with '=' in it, not a kind, is a path.
+        assert_eq!(outputs(&["--report", "run=1.html"]).unwrap().html, html("run=1.html"));
+        let twice = outputs(&["--report", "json=a.json", "--json-out", "b.json"]).unwrap_err();
+        assert!(twice.contains("already written to b.json"), "{twice}");
+        let kind = outputs(&["--report", "markdown=r.md"]).unwrap_err();
+        assert!(kind.contains("valid kinds: html, json, junit, audit"), "{kind}");
     }
 }
