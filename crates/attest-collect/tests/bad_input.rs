@@ -457,11 +457,11 @@ fn rules_files_with_errors_are_refused_at_start_up() {
         (&["--max-open-bytes", "1023"], "--max-open-bytes 1023 is less than 1024 bytes"),
         (&["--max-connections", "0"], "--max-connections must be at least 1"),
         (&["--max-trace-spans", "0"], "--max-trace-spans must be at least 1"),
-        (&["--request-timeout-secs", "0"], "0 is out of range; give 1 to 86400"),
+        (&["--request-timeout-secs", "0"], "'0' is out of range; give 1s to 1day"),
         // Past what a deadline can be computed for: once, every connection panicked.
         (
-            &["--request-timeout-secs", "18446744073709551615"],
-            "is not a whole number; give 1 to 86400",
+            &["--request-timeout", "18446744073709551615"],
+            "'18446744073709551615' is out of range; give 1s to 1day",
         ),
         // Results are the workers' to write; refused before connecting.
         (

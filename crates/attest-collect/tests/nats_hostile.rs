@@ -414,7 +414,12 @@ async fn a_consumer_created_with_other_flags_is_updated_to_this_workers() {
 #[test]
 fn zero_deliveries_and_ack_waits_are_refused_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
-    for (flag, value) in [("--max-deliver", "0"), ("--max-deliver", "-3"), ("--ack-wait-secs", "0")] {
+    for (flag, value, named, want) in [
+        ("--max-deliver", "0", "--max-deliver", "out of range; give 1 to 10000"),
+        ("--max-deliver", "-3", "--max-deliver", "out of range; give 1 to 10000"),
+        ("--ack-wait-secs", "0", "--ack-wait", "out of range; give 1s to 1day"),
+        ("--ack-wait", "0s", "--ack-wait", "out of range; give 1s to 1day"),
+    ] {
         let mut p = Proc::spawn(
             dir.path(),
             "worker",
@@ -430,7 +435,7 @@ fn zero_deliveries_and_ack_waits_are_refused_naming_the_flag() {
         );
         assert_eq!(p.wait_exit(20), 2);
         let err = p.stderr_text();
-        assert!(err.contains(flag) && err.contains("out of range; give 1 to"), "{err}");
+        assert!(err.contains(named) && err.contains(want), "{flag}={value}: {err}");
     }
 }
 
