@@ -116,21 +116,16 @@ pub fn copy_file_store(from: &std::path::Path, to: &std::path::Path) -> anyhow::
 }
 
 /// The engine's name for an assertion type read back from a file or
-/// another store (rows keep `'static` names); a type it does not know
-/// counts as a plugin's.
+/// another store (rows keep `'static` names): one of the core's types, or
+/// `ecp` (what the ECP runtime records its checks as); a type it does not
+/// know counts as a plugin's.
 pub fn assertion_type_name(kind: &str) -> &'static str {
-    const KNOWN: [&str; 9] = [
-        "schema",
-        "constraint",
-        "trace",
-        "content",
-        "embedding",
-        "llm_judge",
-        "trace_tree",
-        "plugin",
-        "ecp",
-    ];
-    KNOWN.into_iter().find(|k| *k == kind).unwrap_or("plugin")
+    use attest_core::layers::AssertionType;
+    match AssertionType::parse(kind) {
+        Some(t) => t.name(),
+        None if kind == "ecp" => "ecp",
+        None => AssertionType::Plugin.name(),
+    }
 }
 
 /// Non-passing evaluations kept with their trace, by default.
