@@ -226,6 +226,15 @@ fn serve(args: Vec<std::ffi::OsString>, env: &[(&str, &str)]) -> Viewer {
     Viewer { child, url }
 }
 
+/// The overview's figure `id` (`stat-results`, `stat-runs`, …).
+fn stat(page: &str, id: &str) -> usize {
+    page.split(&format!("id=\"{id}\">"))
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .and_then(|n| n.replace(',', "").parse().ok())
+        .unwrap_or_else(|| panic!("no {id} on the page: {page}"))
+}
+
 fn node_modules() -> Option<PathBuf> {
     let dir = std::env::var_os("VIEWER_NODE_MODULES")
         .map(PathBuf::from)
@@ -398,13 +407,7 @@ fn the_example_history_opens_as_the_readme_says() {
     let viewer = view(&example, &[]);
     let out = Command::new("curl").args(["-s", &format!("{}/", viewer.url)]).output().unwrap();
     let page = String::from_utf8_lossy(&out.stdout);
-    let results: u64 = page
-        .split("id=\"stat-results\">")
-        .nth(1)
-        .and_then(|rest| rest.split('<').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no result count on the page: {page}"));
-    assert!(results > 0, "{page}");
+    assert!(stat(&page, "stat-results") > 0, "{page}");
     let runs = page.split("id=\"stat-runs\">").nth(1).and_then(|r| r.split('<').next()).unwrap();
     assert_eq!(runs, "5", "three eval runs, a collect run and an ECP run");
     drop(viewer);
@@ -504,15 +507,8 @@ fn results_files_and_reports_show_beside_the_history() {
             .stdout,
     )
     .into_owned();
-    let stat = |id: &str| -> usize {
-        page.split(&format!("id=\"{id}\">"))
-            .nth(1)
-            .and_then(|rest| rest.split('<').next())
-            .and_then(|n| n.replace(',', "").parse().ok())
-            .unwrap_or_else(|| panic!("no {id} on the page: {page}"))
-    };
-    assert_eq!(stat("stat-results"), in_history + in_report + in_results + in_ecp, "{page}");
-    assert_eq!(stat("stat-runs"), 4, "the session, and a run per file");
+    assert_eq!(stat(&page, "stat-results"), in_history + in_report + in_results + in_ecp, "{page}");
+    assert_eq!(stat(&page, "stat-runs"), 4, "the session, and a run per file");
     let runs = String::from_utf8_lossy(
         &Command::new("curl")
             .args(["-s", &format!("{}/runs", viewer.url)])
@@ -567,13 +563,7 @@ fn a_postgres_history_opens_in_the_viewer() {
                 .stdout,
         )
         .into_owned();
-        let results: usize = page
-            .split("id=\"stat-results\">")
-            .nth(1)
-            .and_then(|rest| rest.split('<').next())
-            .and_then(|n| n.replace(',', "").parse().ok())
-            .unwrap_or_else(|| panic!("no result count on the page: {page}"));
-        assert_eq!(results, stored, "{page}");
+        assert_eq!(stat(&page, "stat-results"), stored, "{page}");
         assert!(page.contains("refund-flow&#x2f;ordered"), "{page}");
     }
     assert_eq!(
