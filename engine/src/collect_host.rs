@@ -61,10 +61,9 @@ impl Assertions {
         Ok(Assertions { suite, kinds })
     }
 
-    async fn evaluate(&self, engine: &Engine, trace: &Value) -> Result<Vec<AssertionOutcome>, EvalError> {
-        let text = trace.to_string();
+    async fn evaluate(&self, engine: &Engine, trace: &str) -> Result<Vec<AssertionOutcome>, EvalError> {
         let deadline = Instant::now() + engine.config.eval_timeout;
-        let run = self.suite.evaluate_with(engine, &text, deadline, Effects::ResultsOnly);
+        let run = self.suite.evaluate_with(engine, trace, deadline, Effects::ResultsOnly);
         // A rule whose evaluation may hold its thread (a plugin spinning to
         // its deadline) runs where the runtime hands this worker's role to
         // another thread meanwhile: the receiver, `/metrics` and a worker's
@@ -153,11 +152,11 @@ fn rule_error(e: RpcError) -> RuleError {
 }
 
 impl attest_collect::Suite for RuleSuite {
-    fn evaluate<'a>(&'a self, trace: &'a Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+    fn evaluate<'a>(&'a self, trace: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
         Box::pin(self.all.evaluate(&self.engine, trace))
     }
 
-    fn evaluate_free<'a>(&'a self, trace: &'a Value) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>> {
+    fn evaluate_free<'a>(&'a self, trace: &'a str) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>> {
         let free = self.free.as_ref()?;
         Some(Box::pin(free.evaluate(&self.engine, trace)))
     }

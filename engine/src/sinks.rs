@@ -24,6 +24,7 @@ use crate::plugin_results::{PluginResult, PluginResults};
 use crate::report::{LoggedBatch, ReportedResult, SessionLog};
 use crate::text::quote;
 use crate::trace::Trace;
+use attest_collect::trace_doc::TraceDoc;
 use quick_cache::sync::Cache;
 use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
@@ -213,11 +214,11 @@ impl Sinks {
         let Some(export) = self.export.get() else {
             return;
         };
-        let trace = serde_json::from_str::<serde_json::Value>(trace_text).unwrap_or_default();
+        let trace = serde_json::from_str(trace_text).map(TraceDoc::from_raw).ok();
         for name in assertion_ids {
             export.send(attest_collect::export::Event {
-                trace_id: trace["trace_id"].as_str().unwrap_or_default().to_owned(),
-                span_id: attest_collect::convert::span_of(&trace, None),
+                trace_id: trace.as_ref().map_or("", TraceDoc::trace_id).to_owned(),
+                span_id: trace.as_ref().and_then(|t| t.span_id(None)).map(str::to_owned),
                 name,
                 score: None,
                 status: None,
@@ -321,14 +322,15 @@ impl Sinks {
                 .results
                 .iter()
                 .any(|r| r.evidence.trace_node_path.is_some())
-                .then(|| serde_json::from_str::<serde_json::Value>(e.trace_raw).ok())
+                .then(|| serde_json::from_str(e.trace_raw).map(TraceDoc::from_raw).ok())
                 .flatten();
             for (_, _, r) in fresh() {
                 export.send(attest_collect::export::Event {
                     trace_id: e.trace.trace_id.clone(),
                     span_id: parsed
                         .as_ref()
-                        .and_then(|t| attest_collect::convert::span_of(t, r.evidence.trace_node_path.as_deref())),
+                        .and_then(|t| t.span_id(r.evidence.trace_node_path.as_deref()))
+                        .map(str::to_owned),
                     name: r.assertion_id.clone(),
                     score: Some(r.score),
                     status: Some(r.status),

@@ -783,25 +783,6 @@ fn fill_tool_args(steps: &mut [Value]) {
     }
 }
 
-/// The span an assertion's result is about in an assembled trace: the step
-/// its `trace_node_path` names (`steps[2].sub_trace.steps[0]…`), else the
-/// trace's agent span.
-pub fn span_of(trace: &Value, trace_node_path: Option<&str>) -> Option<String> {
-    let mut found = trace.pointer("/metadata/span_id");
-    let mut at = trace;
-    for i in attest_trace::trace::step_indexes(trace_node_path.unwrap_or_default()) {
-        let Some(step) = at.get("steps").and_then(|s| s.get(i)) else {
-            break;
-        };
-        found = step.pointer("/metadata/span_id").or(found);
-        match step.get("sub_trace") {
-            Some(sub) => at = sub,
-            None => break,
-        }
-    }
-    found.and_then(Value::as_str).map(str::to_owned)
-}
-
 fn step_metadata(span: &Span) -> Value {
     let mut m = json!({"duration_ms": span.duration_ms(), "span_id": span.span_id});
     if span.is_error {

@@ -318,10 +318,10 @@ impl HistorySink for OtlpExport {
         Box::pin(async { Ok(()) })
     }
 
-    fn evaluation_failed(&self, trace: &serde_json::Value, rule: &str, error: &crate::EvalError) {
+    fn evaluation_failed(&self, trace: &crate::trace_doc::TraceDoc, rule: &str, error: &crate::EvalError) {
         self.send(Event {
-            trace_id: trace["trace_id"].as_str().unwrap_or_default().to_owned(),
-            span_id: crate::convert::span_of(trace, None),
+            trace_id: trace.trace_id().to_owned(),
+            span_id: trace.span_id(None).map(str::to_owned),
             name: rule.to_owned(),
             score: None,
             status: None,

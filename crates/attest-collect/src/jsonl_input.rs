@@ -17,12 +17,13 @@ use crate::assemble::DropReason;
 use crate::convert::MatchContext;
 use crate::distributed::Publisher;
 use crate::pipeline::Pipeline;
+use crate::trace_doc::TraceDoc;
 
 /// Longest accepted line; longer ones are counted as malformed and skipped.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
 
 enum Line {
-    Trace(Value),
+    Trace(TraceDoc),
     Malformed(String),
 }
 
@@ -80,8 +81,8 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
                 pipeline.metrics.traces_received.fetch_add(1, Ordering::Relaxed);
                 pipeline.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
                 let ctx = MatchContext {
-                    agent_id: trace["agent_id"].as_str().map(str::to_string),
-                    root_span_name: trace["metadata"]["root_span"].as_str().map(str::to_string),
+                    agent_id: trace.agent_id().map(str::to_string),
+                    root_span_name: trace.root_span().map(str::to_string),
                     attributes: HashMap::new(),
                 };
                 if let Some(item) = pipeline.select(trace, &ctx) {
@@ -173,6 +174,6 @@ fn parse(text: &str) -> Line {
         Ok(v) if !v.is_object() => Line::Malformed("not a JSON object (expected an Attest trace)".into()),
         Ok(v) if !v["trace_id"].is_string() => Line::Malformed("missing string field `trace_id` (Attest trace, protocol §3)".into()),
         Ok(v) if !v["output"].is_object() => Line::Malformed("missing object field `output` (Attest trace, protocol §3)".into()),
-        Ok(v) => Line::Trace(v),
+        Ok(v) => Line::Trace(TraceDoc::from_value(&v)),
     }
 }

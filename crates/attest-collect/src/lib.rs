@@ -33,6 +33,7 @@ pub mod server;
 pub mod sink;
 pub mod writer;
 
+pub mod trace_doc;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -133,12 +134,13 @@ pub trait Evaluator: Send + Sync + 'static {
 
 /// A compiled rule: evaluates Attest traces (the shape of Attest protocol v1 §3).
 pub trait Suite: Send + Sync + 'static {
-    fn evaluate<'a>(&'a self, trace: &'a serde_json::Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>;
+    /// Evaluates the trace given as compact JSON text.
+    fn evaluate<'a>(&'a self, trace: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>;
 
     /// The results of only the assertions that make no paid model call:
     /// what is kept of a trace whose paid assertions fail for good. `None`
     /// when there is no such assertion, or nothing but.
-    fn evaluate_free<'a>(&'a self, _trace: &'a serde_json::Value) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>> {
+    fn evaluate_free<'a>(&'a self, _trace: &'a str) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>> {
         None
     }
 
@@ -222,7 +224,7 @@ pub trait HistorySink: Send + Sync + 'static {
 
     /// A rule's evaluation of `trace` failed for good (no verdict; what
     /// did not depend on the failing provider is still recorded).
-    fn evaluation_failed(&self, _trace: &serde_json::Value, _rule: &str, _error: &EvalError) {}
+    fn evaluation_failed(&self, _trace: &trace_doc::TraceDoc, _rule: &str, _error: &EvalError) {}
 
     /// Makes everything recorded so far durable (called on drain).
     fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {

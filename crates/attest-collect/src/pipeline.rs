@@ -2,38 +2,19 @@
 //! deterministic sampling, per-rule budgets, evaluation, sinks. Shared by the
 //! embedded collector and the NATS workers.
 
-use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::assemble::{ClosedTrace, DropReason};
 use crate::convert::{self, Converted, MatchContext, PriceTable};
 use crate::metrics::Metrics;
 use crate::rules::{sampled, RuleSet};
+use crate::trace_doc::TraceDoc;
 use crate::writer::FileWriter;
 use crate::{EvalError, ResultKey, ResultRecord, SharedSinks};
-
-/// Whether `trace`, written as compact JSON, takes at most `limit` bytes.
-/// Stops writing at the limit.
-fn fits(trace: &Value, limit: usize) -> bool {
-    struct Counter {
-        left: usize,
-    }
-    impl Write for Counter {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.left = self.left.checked_sub(buf.len()).ok_or(std::io::ErrorKind::FileTooLarge)?;
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    serde_json::to_writer(Counter { left: limit }, trace).is_ok()
-}
 
 /// The metrics label for rules this process does not know: their names come
 /// off the stream, and every distinct label would be a series kept forever.
@@ -43,7 +24,7 @@ pub const UNKNOWN_RULE: &str = "(unknown)";
 /// evaluation (in process, or as a NATS work message).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkItem {
-    pub trace: Value,
+    pub trace: TraceDoc,
     pub rules: Vec<String>,
     /// [`RuleSet::version`] of the rules that selected the trace; absent
     /// from messages of collectors that predate it.
@@ -53,12 +34,7 @@ pub struct WorkItem {
 
 impl WorkItem {
     pub fn trace_id(&self) -> &str {
-        self.trace["trace_id"].as_str().unwrap_or("")
-    }
-
-    /// The trace's size as compact JSON, counted without building the text.
-    pub fn trace_bytes(&self) -> usize {
-        attest_trace::text::compact_len(&self.trace)
+        self.trace.trace_id()
     }
 }
 
@@ -119,11 +95,12 @@ impl Pipeline {
                         "spans left out of the evaluated trace: no chain of parents joins them to its root"
                     );
                 }
+                let trace = TraceDoc::from_value(&trace);
                 self.archive(&trace);
                 // Within the collector's byte limits, a trace can still
                 // convert to more JSON than the evaluator takes (large tool
                 // results, say); every rule would fail on it.
-                if let Some(limit) = self.max_trace_bytes.filter(|&limit| !fits(&trace, limit)) {
+                if let Some(limit) = self.max_trace_bytes.filter(|&limit| trace.len() > limit) {
                     self.metrics.dropped(DropReason::TraceTooLarge.as_str(), closed.spans.len() as u64);
                     tracing::warn!(
                         trace_id = %crate::bounded(&closed.trace_id, 64),
@@ -154,12 +131,10 @@ impl Pipeline {
         }
     }
 
-    fn archive(&self, trace: &Value) {
+    fn archive(&self, trace: &TraceDoc) {
         if let Some(w) = &self.trace_archive {
-            let mut line = match serde_json::to_vec(trace) {
-                Ok(line) => line,
-                Err(_) => return,
-            };
+            let mut line = Vec::with_capacity(trace.len() + 1);
+            line.extend_from_slice(trace.text().as_bytes());
             line.push(b'\n');
             // Never waited for: a full queue (a stalled reader or disk)
             // drops the line, counted, rather than holding evaluation.
@@ -170,14 +145,14 @@ impl Pipeline {
     }
 
     /// Rules that match and sample this trace.
-    pub fn select(&self, trace: Value, ctx: &MatchContext) -> Option<WorkItem> {
-        let trace_id = trace["trace_id"].as_str().unwrap_or("").to_string();
+    pub fn select(&self, trace: TraceDoc, ctx: &MatchContext) -> Option<WorkItem> {
+        let trace_id = trace.trace_id();
         let mut rules = Vec::new();
         for rule in &self.rules.rules {
             if !rule.matches(ctx) {
                 continue;
             }
-            if sampled(&trace_id, rule.sample_rate) {
+            if sampled(trace_id, rule.sample_rate) {
                 rules.push(rule.name.clone());
             } else {
                 self.metrics.rule_event(&rule.name, "not_sampled");
@@ -205,14 +180,14 @@ impl Pipeline {
     /// Other failures and budget refusals are counted and skip that rule.
     pub async fn evaluate(&self, item: &WorkItem, delivery: u64, last_attempt: bool) -> Result<Evaluated, EvalError> {
         let trace_id = item.trace_id().to_string();
-        let agent_id = item.trace["agent_id"].as_str().map(str::to_string);
+        let agent_id = item.trace.agent_id().map(str::to_string);
         let mut records = Vec::new();
         let mut failures: Vec<EvalError> = Vec::new();
         let mut rules_evaluated = 0u64;
         for rule in self.selected_rules(item) {
             let name = &rule.name;
             let hold = match &rule.budget {
-                Some(budget) => match budget.try_reserve(rule.suite.paid_calls(), rule.suite.worst_cost_usd(item.trace_bytes())) {
+                Some(budget) => match budget.try_reserve(rule.suite.paid_calls(), rule.suite.worst_cost_usd(item.trace.len())) {
                     Some(hold) => Some(hold),
                     None => {
                         self.metrics.rule_event(name, "budget_exhausted");
@@ -225,7 +200,7 @@ impl Pipeline {
             // Whether the paid assertions failed: their spending is then
             // unknown, and the reservation stands at its worst case.
             let mut paid_failed = false;
-            let outcomes = match rule.suite.evaluate(&item.trace).await {
+            let outcomes = match rule.suite.evaluate(item.trace.text()).await {
                 Ok(o) => o,
                 Err(e) if e.retryable && !last_attempt => {
                     self.metrics.rule_event(name, "eval_error_retryable");
@@ -246,7 +221,7 @@ impl Pipeline {
                     });
                     paid_failed = true;
                     // What does not depend on the failing provider is kept.
-                    match rule.suite.evaluate_free(&item.trace) {
+                    match rule.suite.evaluate_free(item.trace.text()) {
                         Some(free) => match free.await {
                             Ok(o) => o,
                             Err(e) => {
@@ -280,7 +255,7 @@ impl Pipeline {
                     agent_id: agent_id.clone(),
                     evaluated_at: evaluated_at.clone(),
                     delivery,
-                    span_id: crate::convert::span_of(&item.trace, o.trace_node_path.as_deref()),
+                    span_id: item.trace.span_id(o.trace_node_path.as_deref()).map(str::to_owned),
                 });
             }
         }
@@ -377,7 +352,7 @@ mod tests {
     /// A suite that reports one paid call per evaluation, costing $0.40.
     struct Paid;
     impl Suite for Paid {
-        fn evaluate<'a>(&'a self, _: &'a Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+        fn evaluate<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
             Box::pin(async {
                 Ok(vec![AssertionOutcome {
                     assertion_id: "judge".into(),
@@ -397,7 +372,7 @@ mod tests {
     }
     struct PaidEvaluator;
     impl Evaluator for PaidEvaluator {
-        fn compile(&self, _: &str, _: &[Value]) -> Result<Arc<dyn Suite>, RuleError> {
+        fn compile(&self, _: &str, _: &[serde_json::Value]) -> Result<Arc<dyn Suite>, RuleError> {
             Ok(Arc::new(Paid))
         }
     }
@@ -416,7 +391,7 @@ mod tests {
 
     fn item(i: usize) -> WorkItem {
         WorkItem {
-            trace: serde_json::json!({"trace_id": format!("t{i}"), "output": {}}),
+            trace: TraceDoc::from_value(&serde_json::json!({"trace_id": format!("t{i}"), "output": {}})),
             rules: vec!["judged".into()],
             rules_version: None,
         }
@@ -450,7 +425,7 @@ mod tests {
         rules.extend((0..1000).map(|i| format!("nope-{i}")));
         rules.push("judged".into());
         let item = WorkItem {
-            trace: serde_json::json!({"trace_id": "t", "output": {}}),
+            trace: TraceDoc::from_value(&serde_json::json!({"trace_id": "t", "output": {}})),
             rules,
             rules_version: None,
         };
@@ -501,7 +476,6 @@ mod tests {
             m.contains(r#"attest_collect_traces_dropped_total{reason="trace_too_large"} 1"#),
             "{m}"
         );
-        assert!(fits(&serde_json::json!("abc"), 5) && !fits(&serde_json::json!("abcd"), 5));
     }
 
     #[tokio::test]
@@ -511,7 +485,7 @@ mod tests {
         p.rules = Arc::new(RuleSet::parse(yaml, false, &PaidEvaluator).unwrap());
         for i in 0..3 {
             let item = WorkItem {
-                trace: serde_json::json!({"trace_id": format!("t{i}"), "output": {}}),
+                trace: TraceDoc::from_value(&serde_json::json!({"trace_id": format!("t{i}"), "output": {}})),
                 rules: vec!["one".into(), "two".into()],
                 rules_version: None,
             };

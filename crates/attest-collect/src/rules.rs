@@ -450,7 +450,7 @@ mod tests {
     struct Any;
     struct Noop;
     impl Suite for Noop {
-        fn evaluate<'a>(&'a self, _: &'a Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+        fn evaluate<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
             Box::pin(async { Ok(vec![]) })
         }
     }

@@ -87,8 +87,10 @@ fn tool_names(trace: &Value, out: &mut Vec<String>) {
 }
 
 impl Suite for ToolSuite {
-    fn evaluate<'a>(&'a self, trace: &'a Value) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+    fn evaluate<'a>(&'a self, trace: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
         Box::pin(async move {
+            let trace: Value = serde_json::from_str(trace).unwrap_or_default();
+            let trace = &trace;
             if !self.delay.is_zero() {
                 tokio::time::sleep(self.delay).await;
             }
