@@ -125,35 +125,36 @@ impl ExportStats {
     }
 
     /// Prometheus exposition lines.
-    pub fn render(&self) -> String {
+    /// The exporter's counters, in the collector's `/metrics`.
+    pub(crate) fn encode(&self, enc: &mut prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut out = String::new();
         for (name, help, v) in [
             (
-                "attest_export_events_sent_total",
+                "attest_export_events_sent",
                 "Evaluation events the OTLP backend accepted.",
-                ld(&self.sent),
+                &self.sent,
             ),
             (
-                "attest_export_events_dropped_total",
+                "attest_export_events_dropped",
                 "Evaluation events dropped because the export queue was full.",
-                ld(&self.dropped),
+                &self.dropped,
             ),
             (
-                "attest_export_events_failed_total",
+                "attest_export_events_failed",
                 "Evaluation events lost after every retry, or refused by the backend.",
-                ld(&self.failed),
+                &self.failed,
             ),
-            ("attest_export_retries_total", "Export requests tried again.", ld(&self.retries)),
-            ("attest_export_requests_total", "Export requests sent.", ld(&self.requests)),
+            ("attest_export_retries", "Export requests tried again.", &self.retries),
+            ("attest_export_requests", "Export requests sent.", &self.requests),
         ] {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
+            crate::metrics::counter(enc, name, help, ld(v))?;
         }
-        let waiting = self.waiting();
-        out.push_str(&format!(
-            "# HELP attest_export_queue_events Evaluation events waiting to be sent.\n# TYPE attest_export_queue_events gauge\nattest_export_queue_events {waiting}\n"
-        ));
-        out
+        crate::metrics::gauge(
+            enc,
+            "attest_export_queue_events",
+            "Evaluation events waiting to be sent.",
+            self.waiting(),
+        )
     }
 }
 
@@ -674,6 +675,8 @@ mod tests {
         );
         assert_eq!(queued + dropped, total as u64);
         assert_eq!(failed, queued, "every queued event is counted as lost");
-        assert!(s.render().contains("attest_export_events_failed_total"));
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        let _ = metrics.export.set(export.stats.clone());
+        assert!(metrics.render().contains(&format!("attest_export_events_failed_total {failed}\n")));
     }
 }

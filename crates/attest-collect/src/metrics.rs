@@ -1,11 +1,19 @@
-//! Counters and gauges of the collector and workers, rendered in the
-//! Prometheus text exposition format at `/metrics`.
+//! Counters and gauges of the collector and workers, exposed at `/metrics`
+//! in the OpenMetrics text format by prometheus-client. Per-rule series are
+//! capped here, before the exposition sees them.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds (seconds) of the evaluation latency histogram.
 const LATENCY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0];
@@ -63,7 +71,9 @@ pub struct Metrics {
     traces_out_dropped: Mutex<BTreeMap<&'static str, u64>>,
     results: Mutex<BTreeMap<(String, &'static str), u64>>,
     rule_events: Mutex<BTreeMap<(String, &'static str), u64>>,
-    latency: Mutex<([u64; LATENCY_BUCKETS.len()], u64, f64)>,
+    /// Observations per bucket (not cumulative; the last is past every
+    /// bound), their count and their sum.
+    latency: Mutex<([u64; LATENCY_BUCKETS.len() + 1], u64, f64)>,
 }
 
 /// What a request asked of `collect` that it does not read.
@@ -205,238 +215,244 @@ impl Metrics {
     pub fn observe_latency(&self, d: Duration) {
         let secs = d.as_secs_f64();
         let mut h = self.latency.lock().unwrap_or_else(|e| e.into_inner());
-        for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
-            if secs <= *b {
-                h.0[i] += 1;
-            }
-        }
+        let bucket = LATENCY_BUCKETS.iter().position(|b| secs <= *b).unwrap_or(LATENCY_BUCKETS.len());
+        h.0[bucket] += 1;
         h.1 += 1;
         h.2 += secs;
     }
 
-    pub fn render(&self) -> String {
+    /// `/metrics`: every counter, gauge and histogram in the OpenMetrics
+    /// text format (prometheus-client writes it, escaping label values).
+    pub fn render(self: &Arc<Self>) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Exposition(self.clone())));
         let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+
+    fn encode(&self, enc: &mut DescriptorEncoder) -> fmt::Result {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        counter(
-            &mut out,
-            "attest_collect_log_events_received_total",
-            "GenAI events received as OTLP log records, joined to their spans.",
-            ld(&self.log_events_received),
-        );
-        counter(
-            &mut out,
-            "attest_collect_log_records_ignored_total",
-            "OTLP log records that are no GenAI event or name no span: not stored.",
-            ld(&self.log_records_ignored),
-        );
-        counter(
-            &mut out,
-            "attest_collect_spans_received_total",
-            "Spans accepted by the OTLP receiver.",
-            ld(&self.spans_received),
-        );
-        counter(
-            &mut out,
-            "attest_collect_traces_received_total",
-            "Traces closed by the assembler, or read from --jsonl.",
-            ld(&self.traces_received),
-        );
-        counter(
-            &mut out,
-            "attest_collect_traces_assembled_total",
-            "Traces converted to Attest traces.",
-            ld(&self.traces_assembled),
-        );
-        counter(
-            &mut out,
-            "attest_collect_traces_sampled_total",
-            "Traces selected by at least one rule after sampling.",
-            ld(&self.traces_sampled),
-        );
-        counter(
-            &mut out,
-            "attest_collect_traces_evaluated_total",
-            "Traces evaluated by at least one rule.",
-            ld(&self.traces_evaluated),
-        );
-        counter(
-            &mut out,
-            "attest_collect_rule_evaluations_total",
-            "Rule evaluations completed (one per trace and rule).",
-            ld(&self.rule_evaluations),
-        );
-        counter(
-            &mut out,
-            "attest_collect_spans_duplicate_total",
-            "Spans ignored because their trace already held a span with the same id (exporter retries).",
-            ld(&self.spans_duplicate),
-        );
-        counter(
-            &mut out,
-            "attest_collect_spans_unreachable_total",
-            "Spans of evaluated traces left out because no chain of parents joins them to the root.",
-            ld(&self.spans_unreachable),
-        );
-        counter(
-            &mut out,
-            "attest_collect_spans_nested_total",
-            "Spans under a tool or model call that became no step of their own (named in the trace's metadata.nested_spans).",
-            ld(&self.spans_nested),
-        );
-        counter(
-            &mut out,
-            "attest_collect_traces_published_total",
-            "Traces published to the NATS work stream.",
-            ld(&self.traces_published),
-        );
-        counter(
-            &mut out,
-            "attest_collect_publish_duplicates_total",
-            "Publishes (work or results messages) the server dropped as duplicates of a message id already in the stream.",
-            ld(&self.publish_duplicates),
-        );
-        counter(
-            &mut out,
-            "attest_collect_redeliveries_total",
-            "Work messages received again after a failed or unacknowledged attempt.",
-            ld(&self.redeliveries),
-        );
-        counter(
-            &mut out,
-            "attest_collect_publish_retries_total",
-            "Work messages offered again after the NATS server refused or did not acknowledge a publish (the trace is kept meanwhile).",
-            ld(&self.publish_retries),
-        );
-        counter(
-            &mut out,
-            "attest_collect_rules_mismatch_total",
-            "Work messages a worker gave back because a collector selected them under a rules file other than this worker's.",
-            ld(&self.rules_mismatches),
-        );
-        counter(
-            &mut out,
-            "attest_collect_consumer_resets_total",
-            "Durable consumers this process made again because the NATS server came back with their stream reset beneath them (its store was damaged).",
-            ld(&self.consumer_resets),
-        );
-        counter(
-            &mut out,
-            "attest_collect_dead_lettered_total",
-            "Work messages moved to the dead-letter subject.",
-            ld(&self.dead_lettered),
-        );
-        counter(
-            &mut out,
-            "attest_collect_store_failures_total",
-            "Results messages a sink failed to store (each is offered again).",
-            ld(&self.store_failures),
-        );
+        for (name, help, v) in [
+            (
+                "attest_collect_log_events_received",
+                "GenAI events received as OTLP log records, joined to their spans.",
+                &self.log_events_received,
+            ),
+            (
+                "attest_collect_log_records_ignored",
+                "OTLP log records that are no GenAI event or name no span: not stored.",
+                &self.log_records_ignored,
+            ),
+            ("attest_collect_spans_received", "Spans accepted by the OTLP receiver.", &self.spans_received),
+            (
+                "attest_collect_traces_received",
+                "Traces closed by the assembler, or read from --jsonl.",
+                &self.traces_received,
+            ),
+            ("attest_collect_traces_assembled", "Traces converted to Attest traces.", &self.traces_assembled),
+            (
+                "attest_collect_traces_sampled",
+                "Traces selected by at least one rule after sampling.",
+                &self.traces_sampled,
+            ),
+            ("attest_collect_traces_evaluated", "Traces evaluated by at least one rule.", &self.traces_evaluated),
+            (
+                "attest_collect_rule_evaluations",
+                "Rule evaluations completed (one per trace and rule).",
+                &self.rule_evaluations,
+            ),
+            (
+                "attest_collect_spans_duplicate",
+                "Spans ignored because their trace already held a span with the same id (exporter retries).",
+                &self.spans_duplicate,
+            ),
+            (
+                "attest_collect_spans_unreachable",
+                "Spans of evaluated traces left out because no chain of parents joins them to the root.",
+                &self.spans_unreachable,
+            ),
+            (
+                "attest_collect_spans_nested",
+                "Spans under a tool or model call that became no step of their own (named in the trace's metadata.nested_spans).",
+                &self.spans_nested,
+            ),
+            ("attest_collect_traces_published", "Traces published to the NATS work stream.", &self.traces_published),
+            (
+                "attest_collect_publish_duplicates",
+                "Publishes (work or results messages) the server dropped as duplicates of a message id already in the stream.",
+                &self.publish_duplicates,
+            ),
+            (
+                "attest_collect_redeliveries",
+                "Work messages received again after a failed or unacknowledged attempt.",
+                &self.redeliveries,
+            ),
+            (
+                "attest_collect_publish_retries",
+                "Work messages offered again after the NATS server refused or did not acknowledge a publish (the trace is kept meanwhile).",
+                &self.publish_retries,
+            ),
+            (
+                "attest_collect_rules_mismatch",
+                "Work messages a worker gave back because a collector selected them under a rules file other than this worker's.",
+                &self.rules_mismatches,
+            ),
+            (
+                "attest_collect_consumer_resets",
+                "Durable consumers this process made again because the NATS server came back with their stream reset beneath them (its store was damaged).",
+                &self.consumer_resets,
+            ),
+            ("attest_collect_dead_lettered", "Work messages moved to the dead-letter subject.", &self.dead_lettered),
+            (
+                "attest_collect_store_failures",
+                "Results messages a sink failed to store (each is offered again).",
+                &self.store_failures,
+            ),
+        ] {
+            counter(enc, name, help, ld(v))?;
+        }
         gauge(
-            &mut out,
+            enc,
             "attest_collect_queue_depth",
             "Traces waiting for evaluation.",
-            ld(&self.queue_depth) as f64,
-        );
-        gauge(
-            &mut out,
+            ld(&self.queue_depth),
+        )?;
+        let lag = ConstGauge::new(ld(&self.queue_lag_ms) as f64 / 1000.0);
+        lag.encode(enc.encode_descriptor(
             "attest_collect_queue_lag_seconds",
             "Wait between a trace closing and its evaluation starting (latest).",
-            ld(&self.queue_lag_ms) as f64 / 1000.0,
-        );
+            None,
+            lag.metric_type(),
+        )?)?;
+        gauge(enc, "attest_collect_open_traces", "Traces being assembled.", ld(&self.open_traces))?;
         gauge(
-            &mut out,
-            "attest_collect_open_traces",
-            "Traces being assembled.",
-            ld(&self.open_traces) as f64,
-        );
-        gauge(
-            &mut out,
+            enc,
             "attest_collect_open_bytes",
             "Approximate bytes held by traces being assembled.",
-            ld(&self.open_bytes) as f64,
-        );
-        let _ = writeln!(out, "# HELP attest_collect_requests_total OTLP/HTTP export requests by response status.\n# TYPE attest_collect_requests_total counter");
-        for ((status, enc), v) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "attest_collect_requests_total{{code=\"{status}\",encoding=\"{enc}\"}} {v}");
+            ld(&self.open_bytes),
+        )?;
+        let requests = locked(&self.requests);
+        family(
+            enc,
+            "attest_collect_requests",
+            "OTLP/HTTP export requests by response status.",
+            requests
+                .iter()
+                .map(|((code, encoding), v)| ([("code", code.to_string()), ("encoding", (*encoding).to_owned())], *v)),
+        )?;
+        drop(requests);
+        for (name, help, label, map) in [
+            (
+                "attest_collect_unread",
+                "Requests for protocols, paths or signals collect does not read, by kind.",
+                "kind",
+                &self.unread,
+            ),
+            (
+                "attest_collect_traces_dropped",
+                "Traces not evaluated, by reason.",
+                "reason",
+                &self.dropped,
+            ),
+            (
+                "attest_collect_spans_dropped",
+                "Spans not evaluated, by reason.",
+                "reason",
+                &self.dropped_spans,
+            ),
+            (
+                "attest_collect_results_dropped",
+                "Result records not stored (refused by a sink, or not written to --results-jsonl), by reason.",
+                "reason",
+                &self.results_dropped,
+            ),
+            (
+                "attest_collect_traces_out_dropped",
+                "Traces not written to --traces-out, by reason.",
+                "reason",
+                &self.traces_out_dropped,
+            ),
+        ] {
+            let map = locked(map);
+            family(enc, name, help, map.iter().map(|(k, v)| ([(label, *k)], *v)))?;
         }
-        let _ = writeln!(out, "# HELP attest_collect_unread_total Requests for protocols, paths or signals collect does not read, by kind.\n# TYPE attest_collect_unread_total counter");
-        for (what, v) in self.unread.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "attest_collect_unread_total{{kind=\"{what}\"}} {v}");
+        for (name, help, label, map) in [
+            (
+                "attest_collect_results",
+                "Assertion results by rule and status.",
+                "status",
+                &self.results,
+            ),
+            (
+                "attest_collect_rule_events",
+                "Per-rule events other than verdicts.",
+                "event",
+                &self.rule_events,
+            ),
+        ] {
+            let map = locked(map);
+            family(
+                enc,
+                name,
+                help,
+                map.iter().map(|((rule, tag), v)| ([("rule", rule.as_str()), (label, *tag)], *v)),
+            )?;
         }
-        let _ = writeln!(out, "# HELP attest_collect_traces_dropped_total Traces not evaluated, by reason.\n# TYPE attest_collect_traces_dropped_total counter");
-        for (reason, v) in self.dropped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "attest_collect_traces_dropped_total{{reason=\"{reason}\"}} {v}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP attest_collect_spans_dropped_total Spans not evaluated, by reason.\n# TYPE attest_collect_spans_dropped_total counter"
-        );
-        for (reason, v) in self.dropped_spans.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "attest_collect_spans_dropped_total{{reason=\"{reason}\"}} {v}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP attest_collect_results_dropped_total Result records not stored (refused by a sink, or not written to --results-jsonl), by reason.\n# TYPE attest_collect_results_dropped_total counter"
-        );
-        for (reason, v) in self.results_dropped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "attest_collect_results_dropped_total{{reason=\"{reason}\"}} {v}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP attest_collect_traces_out_dropped_total Traces not written to --traces-out, by reason.\n# TYPE attest_collect_traces_out_dropped_total counter"
-        );
-        for (reason, v) in self.traces_out_dropped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "attest_collect_traces_out_dropped_total{{reason=\"{reason}\"}} {v}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP attest_collect_results_total Assertion results by rule and status.\n# TYPE attest_collect_results_total counter"
-        );
-        for ((rule, status), v) in self.results.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(
-                out,
-                "attest_collect_results_total{{rule=\"{}\",status=\"{status}\"}} {v}",
-                label(rule)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP attest_collect_rule_events_total Per-rule events other than verdicts.\n# TYPE attest_collect_rule_events_total counter"
-        );
-        for ((rule, event), v) in self.rule_events.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(
-                out,
-                "attest_collect_rule_events_total{{rule=\"{}\",event=\"{event}\"}} {v}",
-                label(rule)
-            );
-        }
-        let h = self.latency.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = writeln!(out, "# HELP attest_collect_evaluation_seconds Time to evaluate one trace against one rule.\n# TYPE attest_collect_evaluation_seconds histogram");
-        for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
-            let _ = writeln!(out, "attest_collect_evaluation_seconds_bucket{{le=\"{b}\"}} {}", h.0[i]);
-        }
-        let _ = writeln!(out, "attest_collect_evaluation_seconds_bucket{{le=\"+Inf\"}} {}", h.1);
-        let _ = writeln!(
-            out,
-            "attest_collect_evaluation_seconds_sum {}\nattest_collect_evaluation_seconds_count {}",
-            h.2, h.1
-        );
+        let (per_bucket, count, sum) = *locked(&self.latency);
+        let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS.iter().copied().chain([f64::INFINITY]).zip(per_bucket).collect();
+        enc.encode_descriptor(
+            "attest_collect_evaluation_seconds",
+            "Time to evaluate one trace against one rule.",
+            None,
+            MetricType::Histogram,
+        )?
+        .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
         if let Some(export) = self.export.get() {
-            out.push_str(&export.render());
+            export.encode(enc)?;
         }
-        out
+        Ok(())
     }
 }
 
-/// Escapes a label value (rule names come from the rules file).
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+/// The collector's metrics as prometheus-client reads them at each scrape.
+struct Exposition(Arc<Metrics>);
+
+impl fmt::Debug for Exposition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("attest-collect metrics")
+    }
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        self.0.encode(&mut enc)
+    }
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A counter `name` (exposed as `name_total`).
+pub(crate) fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+pub(crate) fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// A labelled counter: one series per label set.
+fn family<L: EncodeLabelSet>(enc: &mut DescriptorEncoder, name: &str, help: &str, series: impl Iterator<Item = (L, u64)>) -> fmt::Result {
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in series {
+        ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -458,5 +474,46 @@ mod tests {
         assert_eq!(results[&("rule-0".to_owned(), "pass")], 2);
         let events = m.rule_events.lock().unwrap();
         assert!(events.keys().all(|(rule, _)| rule.chars().count() <= MAX_RULE_LABEL_CHARS));
+    }
+
+    #[test]
+    fn the_exposition_is_openmetrics_with_every_family() {
+        let m = Arc::new(Metrics::default());
+        m.spans_received.fetch_add(3, Ordering::Relaxed);
+        m.queue_lag_ms.store(1_500, Ordering::Relaxed);
+        m.request(200, "protobuf");
+        m.dropped("no_root", 2);
+        m.result("refund \"fast\"\nlane", crate::Status::HardFail);
+        for secs in [0.000_5, 0.003, 3.0, 500.0] {
+            m.observe_latency(Duration::from_secs_f64(secs));
+        }
+        let text = m.render();
+        for line in [
+            "# TYPE attest_collect_spans_received counter",
+            "attest_collect_spans_received_total 3",
+            "attest_collect_queue_lag_seconds 1.5",
+            "attest_collect_queue_depth 0",
+            r#"attest_collect_requests_total{code="200",encoding="protobuf"} 1"#,
+            r#"attest_collect_traces_dropped_total{reason="no_root"} 1"#,
+            r#"attest_collect_spans_dropped_total{reason="no_root"} 2"#,
+            // A rule name is a label value, escaped.
+            r#"attest_collect_results_total{rule="refund \"fast\"\nlane",status="hard_fail"} 1"#,
+            // Buckets are cumulative; the last observation is past every bound.
+            r#"attest_collect_evaluation_seconds_bucket{le="0.001"} 1"#,
+            r#"attest_collect_evaluation_seconds_bucket{le="0.005"} 2"#,
+            r#"attest_collect_evaluation_seconds_bucket{le="5.0"} 3"#,
+            r#"attest_collect_evaluation_seconds_bucket{le="120.0"} 3"#,
+            r#"attest_collect_evaluation_seconds_bucket{le="+Inf"} 4"#,
+            "attest_collect_evaluation_seconds_count 4",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no line {line:?} in:\n{text}");
+        }
+        // Every family is declared once, and every sample belongs to one.
+        let families: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).collect();
+        assert_eq!(families.len(), 32, "{text}");
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(families.iter().any(|f| l.starts_with(f.split(' ').next().unwrap())), "{l}");
+        }
     }
 }

@@ -285,8 +285,12 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
     Router::new().route("/metrics", get(move || async move { render(&metrics) }))
 }
 
-fn render(metrics: &Metrics) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render()).into_response()
+fn render(metrics: &Arc<Metrics>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        metrics.render(),
+    )
+        .into_response()
 }
 
 /// `/metrics` beside the receiver: behind the same token as the exports
