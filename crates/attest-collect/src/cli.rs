@@ -100,7 +100,7 @@ pub struct CollectArgs {
     #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 64)]
     pub max_inflight_requests: usize,
     /// Client connections open at once; more wait to be accepted. Each must
-    /// send a request's headers within --request-timeout-secs.
+    /// send a request's headers within --request-timeout.
     #[arg(help_heading = "Trace assembly and limits", long, default_value_t = 512)]
     pub max_connections: usize,
     /// Request body bytes being received or decoded at once (each request
@@ -224,9 +224,9 @@ const MAX_MAX_DELIVER: i64 = 10_000;
 /// Most traces one process evaluates at once (`--concurrency`): each holds
 /// its trace and a request's worth of evaluation state.
 const MAX_CONCURRENCY: i64 = 1024;
-/// Largest `--ack-wait-secs` (a day): JetStream keeps durations as i64 nanoseconds.
+/// Largest `--ack-wait` (a day): JetStream keeps durations as i64 nanoseconds.
 const MAX_ACK_WAIT_SECS: i64 = 86_400;
-/// Largest `--request-timeout-secs` (a day): deadlines are computed from the
+/// Largest `--request-timeout` (a day): deadlines are computed from the
 /// current time, and a far larger one cannot be represented.
 const MAX_REQUEST_TIMEOUT_SECS: i64 = 86_400;
 

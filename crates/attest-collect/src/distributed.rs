@@ -599,12 +599,12 @@ async fn durable_consumer(
     match stream.update_consumer(config).await {
         Ok(c) => {
             eprintln!(
-                "attest-engine worker: durable consumer {name} had {had}; updated to this worker's {wants} (--max-deliver / --ack-wait-secs)"
+                "attest-engine worker: durable consumer {name} had {had}; updated to this worker's {wants} (--max-deliver / --ack-wait)"
             );
             Ok(c)
         }
         Err(e) => anyhow::bail!(
-            "durable consumer {name} on the server has {had} but this worker asks for {wants} (--max-deliver / --ack-wait-secs), and the server refused the update: {e}. Start every worker with the same flags, or delete the consumer (nats consumer rm {} {name}) and start again",
+            "durable consumer {name} on the server has {had} but this worker asks for {wants} (--max-deliver / --ack-wait), and the server refused the update: {e}. Start every worker with the same flags, or delete the consumer (nats consumer rm {} {name}) and start again",
             stream.cached_info().config.name
         ),
     }

@@ -7,7 +7,7 @@
 //! descriptors and stops accepting exporters at all. Here:
 //!
 //! - a connection must deliver each request's headers within the header
-//!   deadline (the request deadline, `--request-timeout-secs`); an idle
+//!   deadline (the request deadline, `--request-timeout`); an idle
 //!   keep-alive connection is closed after the same time;
 //! - at most `max_connections` are open at once; further clients wait in the
 //!   kernel's accept backlog until one closes;

@@ -256,7 +256,7 @@ async fn status_bodies(request: axum::extract::Request, next: axum::middleware::
         StatusCode::METHOD_NOT_ALLOWED => (12, "method not allowed: POST OTLP/HTTP traces to /v1/traces and log events to /v1/logs; GET /metrics"),
         StatusCode::REQUEST_TIMEOUT => (
             4,
-            "the request was not read and answered within --request-timeout-secs; send smaller batches or retry",
+            "the request was not read and answered within --request-timeout; send smaller batches or retry",
         ),
         _ => return response,
     };
@@ -610,7 +610,7 @@ fn dropped_why(reason: crate::assemble::DropReason) -> &'static str {
     match reason {
         DropReason::TooManySpans => "their trace has more spans than --max-trace-spans allows",
         DropReason::TraceTooLarge => "their trace is larger than --max-trace-bytes allows",
-        DropReason::LateSpan => "their trace was already evaluated or dropped (they came after --settle-ms; raise it if the spans of one trace arrive that far apart)",
+        DropReason::LateSpan => "their trace was already evaluated or dropped (they came after --settle; raise it if the spans of one trace arrive that far apart)",
         _ => "their trace was dropped",
     }
 }
