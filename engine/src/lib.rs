@@ -28,6 +28,8 @@
 //! (`attest-providers`), [`history`] (`attest-history`); [`target`],
 //! [`text`] (`attest-trace`).
 
+#![forbid(unsafe_code)]
+
 pub use attest_protocol::{json_errors, params, protocol, transport};
 pub mod alerts;
 pub mod batch;

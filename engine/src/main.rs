@@ -3,6 +3,8 @@
 //! `calibrate`, `plugin`). Each is a thin layer over the library; see
 //! docs/architecture.md.
 
+#![forbid(unsafe_code)]
+
 use attest_engine::config::{Config, Overrides, ENV_VARS};
 use attest_engine::eval_cmd::{self, Format};
 use attest_engine::plugin_new::{self, Lang};

@@ -8,6 +8,8 @@
 //! tells the fuzzer the engine has read the round, so a missing response is
 //! told apart from a slow one and notifications can be checked for silence.
 
+#![forbid(unsafe_code)]
+
 mod check;
 mod engine;
 mod gen;

@@ -8,6 +8,8 @@
 //! the SDK accepts and the engine rejects) are listed in `labels` and in
 //! docs/calibration.md.
 
+#![forbid(unsafe_code)]
+
 mod agreement;
 mod csv_reader;
 mod labels;

@@ -13,6 +13,8 @@
 //! (the attest-engine binary plugs its layers 1–8) and, optionally, a
 //! [`HistorySink`] that stores results.
 
+#![forbid(unsafe_code)]
+
 pub mod assemble;
 pub mod cli;
 pub mod convert;
@@ -31,6 +33,7 @@ pub mod pipeline;
 pub mod rules;
 pub mod server;
 pub mod sink;
+pub mod trace_doc;
 pub mod writer;
 
 pub mod trace_doc;

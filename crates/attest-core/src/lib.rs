@@ -12,6 +12,8 @@
 //! so its tests build without wasmtime, candle, reqwest or SQLite. The
 //! engine's plugin host (layer 8) and providers (layers 5 and 6) sit on top.
 
+#![forbid(unsafe_code)]
+
 pub mod backends;
 pub mod drift;
 pub mod evaluator;

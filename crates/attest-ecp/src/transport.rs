@@ -1114,41 +1114,42 @@ mod guard {
     /// (linux/capability.h).
     const MEMORY_READING_CAPABILITIES: [libc::c_ulong; 3] = [19, 21, 38];
 
-    /// `prctl` options for the ambient capability set (linux/prctl.h).
-    const PR_CAP_AMBIENT: c_int = 47;
-    const PR_CAP_AMBIENT_CLEAR_ALL: libc::c_ulong = 4;
-
     /// Takes `caps` out of this process's inheritable set (`capget` and
     /// `capset`, version 3). Async-signal-safe.
     unsafe fn clear_inheritable(caps: &[libc::c_ulong]) {
-        #[repr(C)]
-        struct Header {
-            version: u32,
-            pid: c_int,
+        // SAFETY: both syscalls read and write only `header` and `data`, which
+        // live on this stack frame and have the layout the kernel expects
+        // (version 3: two `Data`).
+        unsafe {
+            #[repr(C)]
+            struct Header {
+                version: u32,
+                pid: c_int,
+            }
+            #[repr(C)]
+            #[derive(Clone, Copy)]
+            struct Data {
+                effective: u32,
+                permitted: u32,
+                inheritable: u32,
+            }
+            let mut header = Header {
+                version: 0x2008_0522,
+                pid: 0,
+            };
+            let mut data = [Data {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            }; 2];
+            if libc::syscall(libc::SYS_capget, &mut header as *mut Header, data.as_mut_ptr()) != 0 {
+                return;
+            }
+            for &cap in caps {
+                data[(cap / 32) as usize].inheritable &= !(1u32 << (cap % 32));
+            }
+            libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr());
         }
-        #[repr(C)]
-        #[derive(Clone, Copy)]
-        struct Data {
-            effective: u32,
-            permitted: u32,
-            inheritable: u32,
-        }
-        let mut header = Header {
-            version: 0x2008_0522,
-            pid: 0,
-        };
-        let mut data = [Data {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
-        if libc::syscall(libc::SYS_capget, &mut header as *mut Header, data.as_mut_ptr()) != 0 {
-            return;
-        }
-        for &cap in caps {
-            data[(cap / 32) as usize].inheritable &= !(1u32 << (cap % 32));
-        }
-        libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr());
     }
 
     /// The calling thread's children, as the kernel lists them
@@ -1187,83 +1188,97 @@ mod guard {
 
     /// Runs in the spawned process before exec: returns in the agent (which
     /// then execs the target), never returns in the guard.
+    ///
+    /// # Safety
+    ///
+    /// Call only between `fork` and `exec` (a `pre_exec` hook), where only
+    /// async-signal-safe functions may run: `runtime` is the pid of the
+    /// process that spawned this one.
     pub unsafe fn split(runtime: pid_t, limits: super::AgentLimits) -> std::io::Result<()> {
-        let guard = libc::getpid();
-        let agent = libc::fork();
-        if agent < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if agent == 0 {
-            // The agent dies with its guard.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 || libc::getppid() != guard {
-                libc::_exit(1);
+        // SAFETY: the caller's contract (# Safety above): only async-signal-safe
+        // calls follow, which allocate nothing and take no lock.
+        unsafe {
+            let guard = libc::getpid();
+            let agent = libc::fork();
+            if agent < 0 {
+                return Err(std::io::Error::last_os_error());
             }
-            // An agent run as root would otherwise read the runtime's and the
-            // guard's memory despite `hide_memory`: each of these
-            // capabilities opens a process that is not dumpable. Out of its
-            // bounding set, the agent cannot get them back when it execs.
-            // Refused (and harmless) for an agent that is not root.
-            for cap in MEMORY_READING_CAPABILITIES {
-                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+            if agent == 0 {
+                // The agent dies with its guard.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 || libc::getppid() != guard {
+                    libc::_exit(1);
+                }
+                // An agent run as root would otherwise read the runtime's and the
+                // guard's memory despite `hide_memory`: each of these
+                // capabilities opens a process that is not dumpable. Out of its
+                // bounding set, the agent cannot get them back when it execs.
+                // Refused (and harmless) for an agent that is not root.
+                for cap in MEMORY_READING_CAPABILITIES {
+                    libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+                }
+                // An exec as root also grants what the ambient and inheritable
+                // sets hold.
+                libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0);
+                clear_inheritable(&MEMORY_READING_CAPABILITIES);
+                // No core dump either: a crashing agent would write its whole memory.
+                lower_limit(libc::RLIMIT_CORE, Some(0), 0);
+                lower_limit(libc::RLIMIT_DATA, limits.memory_bytes, 0);
+                // The hard limit a second later: SIGXCPU first, which an agent may report.
+                lower_limit(libc::RLIMIT_CPU, limits.cpu_secs, 1);
+                return Ok(());
             }
-            // An exec as root also grants what the ambient and inheritable
-            // sets hold.
-            libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-            clear_inheritable(&MEMORY_READING_CAPABILITIES);
-            // No core dump either: a crashing agent would write its whole memory.
-            lower_limit(libc::RLIMIT_CORE, Some(0), 0);
-            lower_limit(libc::RLIMIT_DATA, limits.memory_bytes, 0);
-            // The hard limit a second later: SIGXCPU first, which an agent may report.
-            lower_limit(libc::RLIMIT_CPU, limits.cpu_secs, 1);
-            return Ok(());
+            watch(runtime, agent)
         }
-        watch(runtime, agent)
     }
 
     unsafe fn watch(runtime: pid_t, agent: pid_t) -> ! {
-        // Keep no copy of the agent's pipes, nor of the pipe the spawning
-        // side reads until exec has happened: the runtime must see each of
-        // them close when the agent closes it.
-        if libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint) != 0 {
-            for fd in 3..65_536 {
-                libc::close(fd);
-            }
-        }
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        if null >= 0 {
-            for fd in 0..3 {
-                libc::dup2(null, fd);
-            }
-            if null > 2 {
-                libc::close(null);
-            }
-        }
-        let mut waited: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut waited);
-        // SIGTERM and SIGINT reach the whole group when the runtime stops the
-        // agent: the agent handles them; the guard waits for it to exit.
-        for sig in [libc::SIGCHLD, RUNTIME_DIED, libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-            libc::sigaddset(&mut waited, sig);
-        }
-        libc::sigprocmask(libc::SIG_BLOCK, &waited, std::ptr::null_mut());
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-        if libc::prctl(libc::PR_SET_PDEATHSIG, RUNTIME_DIED as libc::c_ulong, 0, 0, 0) != 0 || libc::getppid() != runtime {
-            end_group();
-        }
-        loop {
-            // Reap everything that has exited (orphans reparent to the guard).
-            loop {
-                let mut status: c_int = 0;
-                let pid = libc::waitpid(-1, &mut status, libc::WNOHANG);
-                if pid <= 0 {
-                    break;
-                }
-                if pid == agent {
-                    leave_as(status);
+        // SAFETY: runs in the guard, single-threaded after `fork`; every call is
+        // a raw syscall on descriptors, signal sets and status words it owns.
+        unsafe {
+            // Keep no copy of the agent's pipes, nor of the pipe the spawning
+            // side reads until exec has happened: the runtime must see each of
+            // them close when the agent closes it.
+            if libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint) != 0 {
+                for fd in 3..65_536 {
+                    libc::close(fd);
                 }
             }
-            if libc::sigwaitinfo(&waited, std::ptr::null_mut()) == RUNTIME_DIED {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if null >= 0 {
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
+                if null > 2 {
+                    libc::close(null);
+                }
+            }
+            let mut waited: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut waited);
+            // SIGTERM and SIGINT reach the whole group when the runtime stops the
+            // agent: the agent handles them; the guard waits for it to exit.
+            for sig in [libc::SIGCHLD, RUNTIME_DIED, libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+                libc::sigaddset(&mut waited, sig);
+            }
+            libc::sigprocmask(libc::SIG_BLOCK, &waited, std::ptr::null_mut());
+            libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, RUNTIME_DIED as libc::c_ulong, 0, 0, 0) != 0 || libc::getppid() != runtime {
                 end_group();
+            }
+            loop {
+                // Reap everything that has exited (orphans reparent to the guard).
+                loop {
+                    let mut status: c_int = 0;
+                    let pid = libc::waitpid(-1, &mut status, libc::WNOHANG);
+                    if pid <= 0 {
+                        break;
+                    }
+                    if pid == agent {
+                        leave_as(status);
+                    }
+                }
+                if libc::sigwaitinfo(&waited, std::ptr::null_mut()) == RUNTIME_DIED {
+                    end_group();
+                }
             }
         }
     }
@@ -1271,10 +1286,13 @@ mod guard {
     /// The runtime is gone, or asks for everything to end: the agent's
     /// whole process group goes, and every other descendant.
     unsafe fn end_group() -> ! {
-        end_descendants();
-        // Whatever joined the group without being a descendant, and the guard.
-        libc::kill(0, libc::SIGKILL);
-        libc::_exit(137)
+        // SAFETY: signals and exits only; called in the single-threaded guard.
+        unsafe {
+            end_descendants();
+            // Whatever joined the group without being a descendant, and the guard.
+            libc::kill(0, libc::SIGKILL);
+            libc::_exit(137)
+        }
     }
 
     /// Longest the guard spends ending descendants, in rounds of 1 ms.
@@ -1287,87 +1305,101 @@ mod guard {
     /// reaches them all. Async-signal-safe: it reads `/proc` into a buffer
     /// on the stack and allocates nothing.
     unsafe fn end_descendants() {
-        for _ in 0..END_ROUNDS {
-            let fd = libc::open(CHILDREN.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return;
-            }
-            let (mut any, mut current, mut digits) = (false, 0 as pid_t, false);
-            let mut buf = [0u8; 1024];
-            loop {
-                let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-                if n <= 0 {
-                    break;
+        // SAFETY: reads `/proc` into a buffer on this stack frame, and kills and
+        // reaps children of the single-threaded guard: async-signal-safe.
+        unsafe {
+            for _ in 0..END_ROUNDS {
+                let fd = libc::open(CHILDREN.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return;
                 }
-                for &b in &buf[..n as usize] {
-                    if b.is_ascii_digit() {
-                        current = current.saturating_mul(10).saturating_add((b - b'0') as pid_t);
-                        digits = true;
-                    } else if digits {
-                        kill_child(current);
-                        (any, current, digits) = (true, 0, false);
+                let (mut any, mut current, mut digits) = (false, 0 as pid_t, false);
+                let mut buf = [0u8; 1024];
+                loop {
+                    let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+                    if n <= 0 {
+                        break;
+                    }
+                    for &b in &buf[..n as usize] {
+                        if b.is_ascii_digit() {
+                            current = current.saturating_mul(10).saturating_add((b - b'0') as pid_t);
+                            digits = true;
+                        } else if digits {
+                            kill_child(current);
+                            (any, current, digits) = (true, 0, false);
+                        }
                     }
                 }
+                if digits {
+                    kill_child(current);
+                    any = true;
+                }
+                libc::close(fd);
+                let mut status: c_int = 0;
+                while libc::waitpid(-1, &mut status, libc::WNOHANG) > 0 {}
+                if !any {
+                    return;
+                }
+                let pause = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 1_000_000,
+                };
+                libc::nanosleep(&pause, std::ptr::null_mut());
             }
-            if digits {
-                kill_child(current);
-                any = true;
-            }
-            libc::close(fd);
-            let mut status: c_int = 0;
-            while libc::waitpid(-1, &mut status, libc::WNOHANG) > 0 {}
-            if !any {
-                return;
-            }
-            let pause = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 1_000_000,
-            };
-            libc::nanosleep(&pause, std::ptr::null_mut());
         }
     }
 
     /// Kills a child of the guard, and its group too when it leads one:
     /// members whose parent is still alive are not children yet.
     unsafe fn kill_child(pid: pid_t) {
-        libc::kill(-pid, libc::SIGKILL);
-        libc::kill(pid, libc::SIGKILL);
+        // SAFETY: `kill` takes no pointers; a pid that is gone is refused.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(pid, libc::SIGKILL);
+        }
     }
 
     /// Lowers a resource limit to `value` (the hard one to `value + hard_extra`),
     /// never above what it already is. Async-signal-safe.
     unsafe fn lower_limit(resource: libc::__rlimit_resource_t, value: Option<u64>, hard_extra: u64) {
-        let Some(value) = value else { return };
-        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        if libc::getrlimit(resource, &mut now) != 0 {
-            return;
+        // SAFETY: `getrlimit` and `setrlimit` read and write a local `rlimit`.
+        unsafe {
+            let Some(value) = value else { return };
+            let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            if libc::getrlimit(resource, &mut now) != 0 {
+                return;
+            }
+            let hard = (value.saturating_add(hard_extra) as libc::rlim_t).min(now.rlim_max);
+            let soft = (value as libc::rlim_t).min(hard);
+            libc::setrlimit(
+                resource,
+                &libc::rlimit {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                },
+            );
         }
-        let hard = (value.saturating_add(hard_extra) as libc::rlim_t).min(now.rlim_max);
-        let soft = (value as libc::rlim_t).min(hard);
-        libc::setrlimit(
-            resource,
-            &libc::rlimit {
-                rlim_cur: soft,
-                rlim_max: hard,
-            },
-        );
     }
 
     /// Exits the way the agent did: with its code, or by its signal. What
     /// the agent left running goes first.
     unsafe fn leave_as(status: c_int) -> ! {
-        end_descendants();
-        if libc::WIFSIGNALED(status) {
-            let sig = libc::WTERMSIG(status);
-            libc::signal(sig, libc::SIG_DFL);
-            let mut only: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut only);
-            libc::sigaddset(&mut only, sig);
-            libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
-            libc::kill(libc::getpid(), sig);
-            libc::_exit(128 + sig);
+        // SAFETY: signals and exits the single-threaded guard; the signal set
+        // is a local, zeroed then initialised by `sigemptyset`.
+        unsafe {
+            end_descendants();
+            if libc::WIFSIGNALED(status) {
+                let sig = libc::WTERMSIG(status);
+                libc::signal(sig, libc::SIG_DFL);
+                let mut only: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut only);
+                libc::sigaddset(&mut only, sig);
+                libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
+                libc::kill(libc::getpid(), sig);
+                libc::_exit(128 + sig);
+            }
+            libc::_exit(libc::WEXITSTATUS(status))
         }
-        libc::_exit(libc::WEXITSTATUS(status))
     }
 }
 

@@ -9,6 +9,8 @@
 //! The engine's server, session and evaluator sit on top; nothing here
 //! knows about traces or assertions.
 
+#![forbid(unsafe_code)]
+
 /// JSON error locations, from `attest-trace` (trace validation names fields with them too).
 pub use attest_trace::json_errors;
 pub mod params;

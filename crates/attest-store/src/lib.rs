@@ -1,6 +1,8 @@
 //! SQLite files the engine shares with other engine processes (result
 //! history, provider cache): one way to open them.
 
+#![forbid(unsafe_code)]
+
 use rusqlite::Connection;
 use std::path::Path;
 use std::time::Duration;

@@ -8,6 +8,8 @@
 //! and `scripts/test` installs them), a missing one fails the test instead: a
 //! suite that skipped its real clients must not look like a suite that passed.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 
 mod postgres;

@@ -14,6 +14,8 @@
 //! plugin resolves a target and words an explanation exactly as the engine
 //! does.
 
+#![forbid(unsafe_code)]
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

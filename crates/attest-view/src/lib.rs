@@ -11,6 +11,8 @@
 //! - `tree.rs`: a kept trace as a bounded tree of steps;
 //! - `import.rs`: results files and reports shown beside the history.
 
+#![forbid(unsafe_code)]
+
 mod charts;
 mod import;
 mod pages;

@@ -2,6 +2,8 @@
 //! tool-name evaluator. The product binary is attest-engine, which wires the
 //! engine's evaluator instead.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
