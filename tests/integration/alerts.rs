@@ -2,9 +2,7 @@
 //! notification line and the webhook POST, received by a real HTTP listener
 //! on loopback.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;

@@ -10,10 +10,8 @@
 //! [`common::fake_provider`], reached over loopback as a user would
 //! configure them.
 
-mod common;
-
-use common::fake_provider::*;
-use common::*;
+use crate::common::fake_provider::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;

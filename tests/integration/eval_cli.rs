@@ -1,8 +1,6 @@
 //! `attest-engine eval --trace <file> --assertions <file> [--format json]`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
@@ -426,7 +424,7 @@ fn inputs_are_read_before_the_engine_opens_its_history() {
     let dir = tempfile::tempdir().unwrap();
     let assertions = write_json(&dir, "assertions.json", &refund_assertions());
     let cache = dir.path().join("cache");
-    let out = common::command()
+    let out = crate::common::command()
         .env("ATTEST_CACHE_DIR", &cache)
         .args(["eval", "--trace", dir.path().join("nope.json").to_str().unwrap(), "--assertions"])
         .arg(&assertions)

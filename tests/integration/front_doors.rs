@@ -2,9 +2,7 @@
 //! `collect` re-scoring a JSONL file of traces with the engine's own checks,
 //! idempotently, into the result history that `query_drift` reads.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::path::Path;
 

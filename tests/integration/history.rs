@@ -5,10 +5,8 @@
 //! Every test gets its own cache directory (and so its own history file),
 //! passed as `ATTEST_CACHE_DIR`, so tests never see each other's results.
 
-mod common;
-
+use crate::common::*;
 use attest_engine::history::Fingerprint;
-use common::*;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Stdio;

@@ -5,9 +5,7 @@
 //! malformed params. Every case must get exactly one bounded, specific
 //! answer and leave the engine serving.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

@@ -1,9 +1,7 @@
 //! Process lifecycle: shutdown, end of input, signals, concurrency,
 //! back-pressure, oversized input, stalled stderr and start-up options.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -156,7 +154,7 @@ fn a_malformed_shutdown_is_refused_and_the_session_goes_on() {
 #[test]
 fn closed_stdout_ends_the_engine() {
     use std::io::Write as _;
-    let mut child = common::command()
+    let mut child = crate::common::command()
         .arg("--log-level=error")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -9,9 +9,7 @@
 //! 18 MB Python component: compiling it takes tens of seconds, so those share
 //! `target/plugin-test-cache`, warmed once per test run (and kept across runs).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -1,8 +1,6 @@
 //! JSON-RPC 2.0 behaviour of the engine, driven through the real binary.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// Proves the engine still answers after an error: a fresh request succeeds.

@@ -8,10 +8,8 @@
 //! ever let agent text close its marked block (the end marker appearing
 //! twice), the fake obeys the injected instruction and scores 1.0.
 
-mod common;
-
-use common::fake_provider::*;
-use common::*;
+use crate::common::fake_provider::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

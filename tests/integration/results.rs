@@ -5,9 +5,7 @@
 //! OpenAI-compatible judge on loopback; the `calibrate` command; and paid
 //! layers refused at planning when no provider is configured.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -66,7 +64,7 @@ fn message(body: &Value, role: &str) -> String {
 }
 
 fn reply(body: &Value, score: f64) -> ResponseTemplate {
-    let text = common::fake_provider::verdict(
+    let text = crate::common::fake_provider::verdict(
         body,
         &format!("{{\"score\": {score}, \"explanation\": \"the refund id is missing\"}}"),
     );

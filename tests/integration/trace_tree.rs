@@ -2,9 +2,7 @@
 //! SDK builds them, every check's pass and fail, soft failures, spec errors
 //! (1002) and tree validation errors (1001).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 fn engine() -> Engine {

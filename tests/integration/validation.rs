@@ -2,9 +2,7 @@
 //! field, the limits at and just past their boundary, and the order in which
 //! rules are applied (the first failing rule is the one reported).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 fn engine() -> Engine {

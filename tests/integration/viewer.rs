@@ -5,9 +5,7 @@
 //! (`tests/viewer/check.mjs`). Screenshots of every page go to
 //! `target/viewer-screenshots/`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
