@@ -36,7 +36,6 @@ pub mod sink;
 pub mod trace_doc;
 pub mod writer;
 
-pub mod trace_doc;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
