@@ -129,6 +129,70 @@ pub const MAX_DETAILS_BYTES: usize = 4096;
 const EVIDENCE_CHARS: usize = 500;
 
 /// A suite of assertions, compiled once, to evaluate against many traces.
+///
+/// Compiling checks every spec and builds what each check needs (regex
+/// programs, schema validators) once; evaluating only runs them, so one
+/// `Evaluator` serves any number of traces, from any number of threads.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::{Duration, Instant};
+///
+/// use attest_core::backends::{Backends, PaidCheck, PluginCheck};
+/// use attest_core::evaluator::{Context, Evaluator, Source};
+/// use attest_core::layers::{AssertionType, Spec, SpecError, Status};
+/// use attest_core::trace::validate::{parse_trace, Limits};
+/// use serde_json::json;
+///
+/// /// Layers 1-4 and 7 only: no plugin host, no model provider.
+/// struct BuiltIn;
+///
+/// impl Backends for BuiltIn {
+///     fn compile_plugin(&self, _: &Spec<'_>) -> Result<PluginCheck, SpecError> {
+///         Err(SpecError::new("type", "no plugins here", "evaluate built-in types only"))
+///     }
+///     fn compile_paid(&self, _: AssertionType, _: &Spec<'_>) -> Result<Box<dyn PaidCheck>, SpecError> {
+///         Err(SpecError::new("type", "no providers here", "evaluate built-in types only"))
+///     }
+/// }
+///
+/// // Compiled once...
+/// let specs = [
+///     json!({"target": "output.message", "check": "contains", "value": "refund"}),
+///     json!({"check": "required_tools", "tools": ["lookup_order"]}),
+/// ];
+/// let suite = Evaluator::compile(
+///     [
+///         Source { id: Some("mentions-refund"), kind: Some("content"), spec: Some(&specs[0]) },
+///         Source { id: Some("looked-it-up"), kind: Some("trace"), spec: Some(&specs[1]) },
+///     ],
+///     &BuiltIn,
+/// )
+/// .expect("the suite is valid");
+///
+/// // ...evaluated against each trace.
+/// let text = json!({
+///     "schema_version": 1,
+///     "trace_id": "trc_1",
+///     "output": {"message": "Your refund is on its way."},
+///     "steps": [{"type": "tool_call", "name": "lookup_order", "args": {}, "result": {}}],
+/// })
+/// .to_string();
+/// let raw = serde_json::value::RawValue::from_string(text.clone()).unwrap();
+/// let trace = Arc::new(parse_trace(&raw, &Limits::default()).expect("a valid trace").trace);
+/// let cx = Context {
+///     deadline: Instant::now() + Duration::from_secs(5),
+///     history: None,
+///     dynamic_window: 0,
+///     dynamic_min_samples: 0,
+///     short_circuit: true,
+///     budget: None,
+/// };
+/// let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+/// let evaluation = runtime.block_on(suite.evaluate(&text, trace, &cx)).expect("within the deadline");
+/// let statuses: Vec<Status> = evaluation.outcomes.iter().flatten().map(|o| o.status).collect();
+/// assert_eq!(statuses, [Status::Pass, Status::Pass]);
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct Evaluator {
     suite: Vec<Planned>,
