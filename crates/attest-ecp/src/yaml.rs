@@ -80,7 +80,7 @@ fn parse(text: &str) -> Result<Value, String> {
 /// `\uD83D\uDE00` (a surrogate pair) as the one escape `\U0001F600`.
 fn join_surrogate_escapes(text: &str) -> String {
     let pair = Regex::new(r"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})").expect("valid");
-    pair.replace_all(text, |c: &fancy_regex::Captures<'_>| {
+    pair.replace_all(text, |c: &fancy_regex::Captures<'_, str>| {
         let hi = u32::from_str_radix(&c[1], 16).unwrap_or(0xD800);
         let lo = u32::from_str_radix(&c[2], 16).unwrap_or(0xDC00);
         format!("\\U{:08X}", 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
