@@ -12,14 +12,19 @@ use crate::history::{Detail, Kept, Row, Rows, SpecDigest};
 use crate::layers::{AssertionType, Status};
 use crate::protocol::{ErrorCode, RpcError};
 use crate::session::Engine;
-use attest_collect::{AssertionOutcome, BoxFuture, Durability, EvalError, ResultRecord, RuleError};
+use attest_collect::{AssertionOutcome, BoxFuture, Durability, ResultRecord, RuleError, RuleFailure};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// The evaluator and the history sink `collect` and `worker` run on.
-pub fn backends(engine: Arc<Engine>) -> (Arc<dyn attest_collect::Evaluator>, Option<Arc<dyn attest_collect::HistorySink>>) {
+pub fn backends(
+    engine: Arc<Engine>,
+) -> (
+    Arc<dyn attest_collect::TraceEvaluator>,
+    Option<Arc<dyn attest_collect::ResultStore>>,
+) {
     backends_with(engine, Providers::Required)
 }
 
@@ -29,8 +34,11 @@ pub fn backends(engine: Arc<Engine>) -> (Arc<dyn attest_collect::Evaluator>, Opt
 pub fn backends_with(
     engine: Arc<Engine>,
     providers: Providers,
-) -> (Arc<dyn attest_collect::Evaluator>, Option<Arc<dyn attest_collect::HistorySink>>) {
-    let history = HistoryResults::new(engine.clone()).map(|h| Arc::new(h) as Arc<dyn attest_collect::HistorySink>);
+) -> (
+    Arc<dyn attest_collect::TraceEvaluator>,
+    Option<Arc<dyn attest_collect::ResultStore>>,
+) {
+    let history = HistoryResults::new(engine.clone()).map(|h| Arc::new(h) as Arc<dyn attest_collect::ResultStore>);
     (Arc::new(CollectEvaluator { engine, providers }), history)
 }
 
@@ -61,7 +69,7 @@ impl Assertions {
         Ok(Assertions { suite, kinds })
     }
 
-    async fn evaluate(&self, engine: &Engine, trace: &str) -> Result<Vec<AssertionOutcome>, EvalError> {
+    async fn evaluate(&self, engine: &Engine, trace: &str) -> Result<Vec<AssertionOutcome>, RuleFailure> {
         let deadline = Instant::now() + engine.config.eval_timeout;
         let run = self.suite.evaluate_with(engine, trace, deadline, Effects::ResultsOnly);
         // A rule whose evaluation may hold its thread (a plugin spinning to
@@ -74,7 +82,7 @@ impl Assertions {
         } else {
             run.await
         };
-        let result = result.map_err(|e| EvalError {
+        let result = result.map_err(|e| RuleFailure {
             message: format!("{} ({}): {}", e.code.code(), e.code.error_type(), e.message),
             // A provider that refused the request itself (a 4xx) is no
             // reason to deliver the trace again.
@@ -100,8 +108,8 @@ impl Assertions {
     }
 }
 
-impl attest_collect::Evaluator for CollectEvaluator {
-    fn compile(&self, _rule: &str, assertions: &[Value]) -> Result<Arc<dyn attest_collect::Suite>, RuleError> {
+impl attest_collect::TraceEvaluator for CollectEvaluator {
+    fn compile(&self, _rule: &str, assertions: &[Value]) -> Result<Arc<dyn attest_collect::CompiledRule>, RuleError> {
         let typo = |t: crate::batch::Typo| RuleError {
             field: t.field,
             message: t.message,
@@ -151,12 +159,12 @@ fn rule_error(e: RpcError) -> RuleError {
     }
 }
 
-impl attest_collect::Suite for RuleSuite {
-    fn evaluate<'a>(&'a self, trace: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+impl attest_collect::CompiledRule for RuleSuite {
+    fn evaluate<'a>(&'a self, trace: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, RuleFailure>> {
         Box::pin(self.all.evaluate(&self.engine, trace))
     }
 
-    fn evaluate_free<'a>(&'a self, trace: &'a str) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>> {
+    fn evaluate_free<'a>(&'a self, trace: &'a str) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, RuleFailure>>> {
         let free = self.free.as_ref()?;
         Some(Box::pin(free.evaluate(&self.engine, trace)))
     }
@@ -186,7 +194,7 @@ impl HistoryResults {
     }
 }
 
-impl attest_collect::HistorySink for HistoryResults {
+impl attest_collect::ResultStore for HistoryResults {
     fn record<'a>(&'a self, results: &'a [ResultRecord], durability: Durability) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
             let Some(history) = &self.engine.sinks.history else {
@@ -272,7 +280,7 @@ impl attest_collect::HistorySink for HistoryResults {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use attest_collect::Evaluator as _;
+    use attest_collect::TraceEvaluator as _;
     use serde_json::json;
 
     fn evaluator() -> CollectEvaluator {

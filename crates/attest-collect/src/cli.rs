@@ -20,7 +20,7 @@ use crate::rules::RuleSet;
 use crate::server::{self, ReceiverState};
 use crate::sink::{JsonlSink, Wait};
 use crate::writer::{FileWriter, LogThrottle, Output};
-use crate::{distributed, jsonl_input, listen, Evaluator, HistorySink};
+use crate::{distributed, jsonl_input, listen, ResultStore, TraceEvaluator};
 
 /// `collect`: receive traces, assemble them, evaluate (or publish to NATS).
 #[derive(Debug, Clone, clap::Args)]
@@ -420,13 +420,13 @@ const JSONL_RESULTS_WAIT: Duration = Duration::from_secs(60);
 /// history, then `--export-otlp` (whose counts `/metrics` shows).
 fn sinks(
     results_jsonl: &Option<PathBuf>,
-    history: Option<Arc<dyn HistorySink>>,
+    history: Option<Arc<dyn ResultStore>>,
     export: &crate::export::ExportArgs,
     front_door: &str,
     metrics: &Arc<Metrics>,
     wait: Wait,
 ) -> anyhow::Result<crate::SharedSinks> {
-    let mut v: Vec<Arc<dyn HistorySink>> = Vec::new();
+    let mut v: Vec<Arc<dyn ResultStore>> = Vec::new();
     if let Some(p) = results_jsonl {
         let sink = JsonlSink::open(p, metrics.clone(), wait)?;
         v.push(Arc::new(sink));
@@ -479,7 +479,11 @@ impl Signals {
 
 /// Runs the collector until SIGTERM (or the end of `--jsonl` input), then
 /// drains: open traces are evaluated, results flushed. Returns the exit code.
-pub async fn run_collect(args: CollectArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
+pub async fn run_collect(
+    args: CollectArgs,
+    evaluator: Arc<dyn TraceEvaluator>,
+    history: Option<Arc<dyn ResultStore>>,
+) -> anyhow::Result<i32> {
     if args.jsonl.is_none() {
         require_public(
             "--otlp-http",
@@ -1003,7 +1007,11 @@ pub(crate) async fn handle_item(
 }
 
 /// Runs a NATS worker until SIGTERM; returns the exit code.
-pub async fn run_worker(args: WorkerArgs, evaluator: Arc<dyn Evaluator>, history: Option<Arc<dyn HistorySink>>) -> anyhow::Result<i32> {
+pub async fn run_worker(
+    args: WorkerArgs,
+    evaluator: Arc<dyn TraceEvaluator>,
+    history: Option<Arc<dyn ResultStore>>,
+) -> anyhow::Result<i32> {
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = args.metrics_addr {
         require_public(

@@ -10,7 +10,7 @@
 //! backoff. A slow or absent backend loses events only past the queue's
 //! bound or after the last retry, and each loss is counted.
 
-use crate::{BoxFuture, Durability, HistorySink, ResultRecord, Status};
+use crate::{BoxFuture, Durability, ResultRecord, ResultStore, Status};
 use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs, SeverityNumber};
@@ -309,7 +309,7 @@ impl Drop for OtlpExport {
 }
 
 /// The sink of a collector or a worker's sink group.
-impl HistorySink for OtlpExport {
+impl ResultStore for OtlpExport {
     fn record<'a>(&'a self, results: &'a [ResultRecord], _: Durability) -> BoxFuture<'a, anyhow::Result<()>> {
         // Best effort by design: a sink never waits on the backend, and
         // what it cannot send is counted, not offered again.
@@ -319,7 +319,7 @@ impl HistorySink for OtlpExport {
         Box::pin(async { Ok(()) })
     }
 
-    fn evaluation_failed(&self, trace: &crate::trace_doc::TraceDoc, rule: &str, error: &crate::EvalError) {
+    fn evaluation_failed(&self, trace: &crate::trace_doc::TraceDoc, rule: &str, error: &crate::RuleFailure) {
         self.send(Event {
             trace_id: trace.trace_id().to_owned(),
             span_id: trace.span_id(None).map(str::to_owned),

@@ -9,9 +9,9 @@
 //! ([`sink`]), Prometheus metrics ([`metrics`]) and the NATS JetStream
 //! distributed mode ([`distributed`]).
 //!
-//! It does not evaluate assertions itself: the host plugs an [`Evaluator`] in
+//! It does not evaluate assertions itself: the host plugs an [`TraceEvaluator`] in
 //! (the attest-engine binary plugs its layers 1–8) and, optionally, a
-//! [`HistorySink`] that stores results.
+//! [`ResultStore`] that stores results.
 
 #![forbid(unsafe_code)]
 
@@ -52,7 +52,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// results: the engine's own type.
 pub use attest_trace::Status;
 
-/// One assertion's outcome, returned by [`Suite::evaluate`].
+/// One assertion's outcome, returned by [`CompiledRule::evaluate`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AssertionOutcome {
     pub assertion_id: String,
@@ -97,7 +97,7 @@ impl std::error::Error for RuleError {}
 
 /// Evaluation of one trace failed as a whole (not an assertion verdict).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EvalError {
+pub struct RuleFailure {
     pub message: String,
     /// True when trying again later may succeed (provider outage, rate limit).
     pub retryable: bool,
@@ -113,18 +113,18 @@ pub struct EvalError {
     pub error_type: Option<String>,
 }
 
-impl std::fmt::Display for EvalError {
+impl std::fmt::Display for RuleFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
     }
 }
 
-impl std::error::Error for EvalError {}
+impl std::error::Error for RuleFailure {}
 
-/// Turns a rule's assertion objects into a runnable [`Suite`]; called once per
+/// Turns a rule's assertion objects into a runnable [`CompiledRule`]; called once per
 /// rule at start-up so that a bad rules file is refused before any traffic.
-pub trait Evaluator: Send + Sync + 'static {
-    fn compile(&self, rule: &str, assertions: &[serde_json::Value]) -> Result<Arc<dyn Suite>, RuleError>;
+pub trait TraceEvaluator: Send + Sync + 'static {
+    fn compile(&self, rule: &str, assertions: &[serde_json::Value]) -> Result<Arc<dyn CompiledRule>, RuleError>;
 
     /// The largest trace, as compact JSON, that its suites evaluate; larger
     /// converted traces are dropped as `trace_too_large` before any rule
@@ -135,14 +135,14 @@ pub trait Evaluator: Send + Sync + 'static {
 }
 
 /// A compiled rule: evaluates Attest traces (the shape of Attest protocol v1 §3).
-pub trait Suite: Send + Sync + 'static {
+pub trait CompiledRule: Send + Sync + 'static {
     /// Evaluates the trace given as compact JSON text.
-    fn evaluate<'a>(&'a self, trace: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>;
+    fn evaluate<'a>(&'a self, trace: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, RuleFailure>>;
 
     /// The results of only the assertions that make no paid model call:
     /// what is kept of a trace whose paid assertions fail for good. `None`
     /// when there is no such assertion, or nothing but.
-    fn evaluate_free<'a>(&'a self, _trace: &'a str) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>>> {
+    fn evaluate_free<'a>(&'a self, _trace: &'a str) -> Option<BoxFuture<'a, Result<Vec<AssertionOutcome>, RuleFailure>>> {
         None
     }
 
@@ -169,7 +169,7 @@ pub struct ResultKey {
 }
 
 /// One stored assertion result: the line written by the JSONL sink and the
-/// record handed to [`HistorySink`]s.
+/// record handed to [`ResultStore`]s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResultRecord {
     #[serde(flatten)]
@@ -220,13 +220,13 @@ impl ResultRecord {
 /// Where results go. Implementations must be idempotent on [`ResultRecord::key`]:
 /// a trace can be evaluated again (redelivery, re-scoring), and a key already
 /// stored must not be counted twice.
-pub trait HistorySink: Send + Sync + 'static {
+pub trait ResultStore: Send + Sync + 'static {
     /// Stores results; returns once they are as durable as `durability` asks.
     fn record<'a>(&'a self, results: &'a [ResultRecord], durability: Durability) -> BoxFuture<'a, anyhow::Result<()>>;
 
     /// A rule's evaluation of `trace` failed for good (no verdict; what
     /// did not depend on the failing provider is still recorded).
-    fn evaluation_failed(&self, _trace: &trace_doc::TraceDoc, _rule: &str, _error: &EvalError) {}
+    fn evaluation_failed(&self, _trace: &trace_doc::TraceDoc, _rule: &str, _error: &RuleFailure) {}
 
     /// Makes everything recorded so far durable (called on drain).
     fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {
@@ -234,7 +234,7 @@ pub trait HistorySink: Send + Sync + 'static {
     }
 }
 
-/// What a store has done with results when [`HistorySink::record`] returns.
+/// What a store has done with results when [`ResultStore::record`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
     /// Handed to the store's writer, which commits them shortly: for the
@@ -293,7 +293,7 @@ pub fn shown_id(id: &str) -> String {
     bounded(&escape_id(id), 128)
 }
 
-pub(crate) type SharedSinks = Arc<Vec<Arc<dyn HistorySink>>>;
+pub(crate) type SharedSinks = Arc<Vec<Arc<dyn ResultStore>>>;
 
 /// Largest configuration file (rules, prices) read, in bytes.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;

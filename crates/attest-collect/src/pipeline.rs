@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::rules::{sampled, RuleSet};
 use crate::trace_doc::TraceDoc;
 use crate::writer::FileWriter;
-use crate::{EvalError, ResultKey, ResultRecord, SharedSinks};
+use crate::{ResultKey, ResultRecord, RuleFailure, SharedSinks};
 
 /// The metrics label for rules this process does not know: their names come
 /// off the stream, and every distinct label would be a series kept forever.
@@ -46,7 +46,7 @@ pub struct Evaluated {
     /// (their assertions that make no paid call are in `records`). A worker
     /// stores the records, then moves the trace to the dead-letter subject
     /// with this reason, to be replayed once the cause is fixed.
-    pub failure: Option<EvalError>,
+    pub failure: Option<RuleFailure>,
 }
 
 pub struct Pipeline {
@@ -57,7 +57,7 @@ pub struct Pipeline {
     /// `--traces-out`: every assembled Attest trace, one per line (the format
     /// `--jsonl` reads back), written by a thread of its own.
     pub trace_archive: Option<FileWriter>,
-    /// The evaluator's trace size limit ([`crate::Evaluator::max_trace_bytes`]).
+    /// The evaluator's trace size limit ([`crate::TraceEvaluator::max_trace_bytes`]).
     pub max_trace_bytes: Option<usize>,
 }
 
@@ -178,11 +178,11 @@ impl Pipeline {
     /// the request) still gives the results of its assertions that make no
     /// paid call, and its failure is reported in [`Evaluated::failure`].
     /// Other failures and budget refusals are counted and skip that rule.
-    pub async fn evaluate(&self, item: &WorkItem, delivery: u64, last_attempt: bool) -> Result<Evaluated, EvalError> {
+    pub async fn evaluate(&self, item: &WorkItem, delivery: u64, last_attempt: bool) -> Result<Evaluated, RuleFailure> {
         let trace_id = item.trace_id().to_string();
         let agent_id = item.trace.agent_id().map(str::to_string);
         let mut records = Vec::new();
-        let mut failures: Vec<EvalError> = Vec::new();
+        let mut failures: Vec<RuleFailure> = Vec::new();
         let mut rules_evaluated = 0u64;
         for rule in self.selected_rules(item) {
             let name = &rule.name;
@@ -215,7 +215,7 @@ impl Pipeline {
                     if !(e.trace_refused || e.retryable) {
                         continue;
                     }
-                    failures.push(EvalError {
+                    failures.push(RuleFailure {
                         message: format!("rule {name}: {}", e.message),
                         ..e
                     });
@@ -347,12 +347,12 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AssertionOutcome, BoxFuture, Evaluator, RuleError, Status, Suite};
+    use crate::{AssertionOutcome, BoxFuture, CompiledRule, RuleError, Status, TraceEvaluator};
 
     /// A suite that reports one paid call per evaluation, costing $0.40.
     struct Paid;
-    impl Suite for Paid {
-        fn evaluate<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+    impl CompiledRule for Paid {
+        fn evaluate<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, RuleFailure>> {
             Box::pin(async {
                 Ok(vec![AssertionOutcome {
                     assertion_id: "judge".into(),
@@ -371,8 +371,8 @@ mod tests {
         }
     }
     struct PaidEvaluator;
-    impl Evaluator for PaidEvaluator {
-        fn compile(&self, _: &str, _: &[serde_json::Value]) -> Result<Arc<dyn Suite>, RuleError> {
+    impl TraceEvaluator for PaidEvaluator {
+        fn compile(&self, _: &str, _: &[serde_json::Value]) -> Result<Arc<dyn CompiledRule>, RuleError> {
             Ok(Arc::new(Paid))
         }
     }

@@ -14,7 +14,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::convert::MatchContext;
-use crate::{Evaluator, Suite};
+use crate::{CompiledRule, TraceEvaluator};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,7 +94,7 @@ pub struct Rule {
     pub root_span: Option<ValueMatch>,
     pub attributes: Vec<(String, ValueMatch)>,
     pub sample_rate: f64,
-    pub suite: Arc<dyn Suite>,
+    pub suite: Arc<dyn CompiledRule>,
     pub budget: Option<Budget>,
 }
 
@@ -298,14 +298,14 @@ pub const MAX_RESULT_NAME_BYTES: usize = 256;
 const RULE_FIELDS: &str = "name, match, sample_rate, budget, assertions";
 
 impl RuleSet {
-    pub fn load(path: &Path, evaluator: &dyn Evaluator) -> Result<RuleSet, RulesFileError> {
+    pub fn load(path: &Path, evaluator: &dyn TraceEvaluator) -> Result<RuleSet, RulesFileError> {
         let text = crate::read_capped(path).map_err(|e| RulesFileError(format!("rules file {} {e}", path.display())))?;
         let is_json = path.extension().is_some_and(|e| e == "json");
         Self::parse(&text, is_json, evaluator).map_err(|e| RulesFileError(format!("rules file {}: {}", path.display(), e.0)))
     }
 
     /// Parses a rules file (YAML, or JSON when `is_json`) and compiles each rule's assertions.
-    pub fn parse(text: &str, is_json: bool, evaluator: &dyn Evaluator) -> Result<RuleSet, RulesFileError> {
+    pub fn parse(text: &str, is_json: bool, evaluator: &dyn TraceEvaluator) -> Result<RuleSet, RulesFileError> {
         let value: Value = if is_json {
             if let Some(dup) = crate::first_misread_value(&mut serde_json::Deserializer::from_str(text)) {
                 return Err(RulesFileError(dup));
@@ -445,17 +445,17 @@ impl RuleSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AssertionOutcome, BoxFuture, EvalError, RuleError};
+    use crate::{AssertionOutcome, BoxFuture, RuleError, RuleFailure};
 
     struct Any;
     struct Noop;
-    impl Suite for Noop {
-        fn evaluate<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+    impl CompiledRule for Noop {
+        fn evaluate<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, RuleFailure>> {
             Box::pin(async { Ok(vec![]) })
         }
     }
-    impl Evaluator for Any {
-        fn compile(&self, _: &str, a: &[Value]) -> Result<Arc<dyn Suite>, RuleError> {
+    impl TraceEvaluator for Any {
+        fn compile(&self, _: &str, a: &[Value]) -> Result<Arc<dyn CompiledRule>, RuleError> {
             if a[0]["type"] == "bogus" {
                 return Err(RuleError {
                     field: "assertions[0].type".into(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::metrics::Metrics;
 use crate::writer::{FileWriter, Output, Refused};
-use crate::{BoxFuture, HistorySink, ResultKey, ResultRecord};
+use crate::{BoxFuture, ResultKey, ResultRecord, ResultStore};
 
 /// Keys remembered for de-duplication; past this the oldest are forgotten
 /// (redeliveries happen within minutes, so old keys are not needed).
@@ -26,7 +26,7 @@ pub struct JsonlSink {
     inner: Mutex<Inner>,
 }
 
-/// What [`HistorySink::record`] waits for.
+/// What [`ResultStore::record`] waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
     /// Nothing: the lines are queued, or dropped and counted when the queue
@@ -179,7 +179,7 @@ impl Existing {
 
 impl JsonlSink {
     /// Opens (creating) `path` for appending and loads the keys already in
-    /// it. `wait` says what [`HistorySink::record`] waits for.
+    /// it. `wait` says what [`ResultStore::record`] waits for.
     pub fn open(path: &Path, metrics: Arc<Metrics>, wait: Wait) -> anyhow::Result<JsonlSink> {
         let shown = path.display();
         let mut existing = Existing::default();
@@ -306,7 +306,7 @@ impl JsonlSink {
     }
 }
 
-impl HistorySink for JsonlSink {
+impl ResultStore for JsonlSink {
     /// How long it waits is the sink's own [`Wait`], chosen with the
     /// process's role, whatever `durability` the caller names.
     fn record<'a>(&'a self, results: &'a [ResultRecord], _durability: crate::Durability) -> BoxFuture<'a, anyhow::Result<()>> {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use attest_collect::{AssertionOutcome, BoxFuture, EvalError, Evaluator, RuleError, Status, Suite};
+use attest_collect::{AssertionOutcome, BoxFuture, CompiledRule, RuleError, RuleFailure, Status, TraceEvaluator};
 use serde_json::Value;
 
 pub struct ToolEvaluator {
@@ -26,8 +26,8 @@ struct ToolSuite {
     fail_trace: Option<String>,
 }
 
-impl Evaluator for ToolEvaluator {
-    fn compile(&self, _rule: &str, assertions: &[Value]) -> Result<Arc<dyn Suite>, RuleError> {
+impl TraceEvaluator for ToolEvaluator {
+    fn compile(&self, _rule: &str, assertions: &[Value]) -> Result<Arc<dyn CompiledRule>, RuleError> {
         let mut checks = Vec::new();
         for (i, a) in assertions.iter().enumerate() {
             let id = a["assertion_id"].as_str().ok_or_else(|| RuleError {
@@ -86,8 +86,8 @@ fn tool_names(trace: &Value, out: &mut Vec<String>) {
     }
 }
 
-impl Suite for ToolSuite {
-    fn evaluate<'a>(&'a self, trace: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, EvalError>> {
+impl CompiledRule for ToolSuite {
+    fn evaluate<'a>(&'a self, trace: &'a str) -> BoxFuture<'a, Result<Vec<AssertionOutcome>, RuleFailure>> {
         Box::pin(async move {
             let trace: Value = serde_json::from_str(trace).unwrap_or_default();
             let trace = &trace;
@@ -95,7 +95,7 @@ impl Suite for ToolSuite {
                 tokio::time::sleep(self.delay).await;
             }
             if self.fail_trace.as_deref().is_some_and(|t| trace["trace_id"] == t) {
-                return Err(EvalError {
+                return Err(RuleFailure {
                     message: "test evaluator: provider unavailable".into(),
                     retryable: true,
                     trace_refused: false,
