@@ -17,7 +17,6 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::filter::LevelFilter;
@@ -214,20 +213,7 @@ fn format_line(level: &str, logger: &str, msg: &str, fields: Map<String, Value>)
 }
 
 /// RFC 3339 UTC with milliseconds, as in Attest protocol v1 §1.3.
-fn timestamp() -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let t = time::OffsetDateTime::from_unix_timestamp(now.as_secs() as i64).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second(),
-        now.subsec_millis()
-    )
-}
+use attest_io::now_rfc3339 as timestamp;
 
 #[cfg(test)]
 mod tests {

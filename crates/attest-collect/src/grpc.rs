@@ -13,7 +13,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,7 +31,7 @@ const LOGS_EXPORT: &str = "/opentelemetry.proto.collector.logs.v1.LogsService/Ex
 /// The label of gRPC requests in `attest_collect_requests_total`.
 const LABEL: &str = "grpc";
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type BoxFuture<T> = futures::future::BoxFuture<'static, T>;
 
 /// Messages as they came, for the shared decoder.
 #[derive(Clone, Copy, Default)]

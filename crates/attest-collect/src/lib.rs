@@ -36,8 +36,6 @@ pub mod sink;
 pub mod trace_doc;
 pub mod writer;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -46,7 +44,7 @@ pub use cli::{run_collect, run_worker, CollectArgs, WorkerArgs, WorkerRole};
 pub use convert::PriceTable;
 
 /// A boxed, sendable future (the shape the host's async evaluators return).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use futures::future::BoxFuture;
 
 /// Verdict of one assertion, as in the Attest protocol's `evaluate_batch`
 /// results: the engine's own type.
@@ -248,25 +246,11 @@ pub enum Durability {
 
 /// RFC 3339 (UTC, milliseconds) for a Unix time in nanoseconds.
 pub(crate) fn rfc3339_from_unix_nanos(nanos: u64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos);
-    humantime::format_rfc3339_millis(t).to_string()
+    attest_io::rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos))
 }
 
-pub(crate) fn now_rfc3339() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
-}
-
-/// Cuts a string echoed from input to at most `max` bytes (on a char boundary).
-pub(crate) fn bounded(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
+pub(crate) use attest_io::now_rfc3339;
+pub(crate) use attest_trace::text::clip_bytes as bounded;
 
 /// `id` with `%`, space, every control character and every non-ASCII byte
 /// percent-encoded (`%0D`, `%0A`, `%25`, `%C3%A9`). Injective: percent-decoding

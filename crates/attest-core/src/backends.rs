@@ -8,13 +8,11 @@ use crate::layers::{AssertionType, Spec, SpecError, Verdict};
 use crate::trace::Trace;
 use serde_json::Value;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use tokio::time::Instant;
 
 /// A future a backend returns; boxed so the traits stay object-safe.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use futures_util::future::BoxFuture;
 
 /// Why a provider could not give an answer. Never an agent failure: these
 /// become request errors (`2001`, `3002`), not `hard_fail` results.

@@ -2,8 +2,6 @@
 //! into (Attest assertions, LLM judgements, result history), and a standalone
 //! host that judges through any OpenAI-compatible chat completions endpoint.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -11,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::manifest::Field;
 
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use futures_util::future::BoxFuture;
 
 /// Outcome status of an Attest assertion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
 use crate::util::clip;
+use attest_trace::text::error_chain;
 
 /// Longest stdout line (one JSON-RPC message) accepted from an agent.
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
@@ -845,24 +846,6 @@ fn replace_lone_surrogates(text: &str) -> Option<String> {
     }
     out.push_str(&text[copied..]);
     Some(out)
-}
-
-/// An error with the errors that caused it, outermost first: an HTTP
-/// client error alone says "error sending request for url (...)", and only
-/// its causes say the connection was refused or the name did not resolve.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let part = c.to_string();
-        // Some errors repeat their cause in their own message.
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 fn clip_json(v: Option<&Value>) -> String {

@@ -1,16 +1,6 @@
 //! Small helpers shared by the runtime's modules.
 
-/// `s` cut to at most `max` bytes on a char boundary, with a note of how much was cut.
-pub fn clip(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} more bytes)", &s[..end], s.len() - end)
-}
+pub use attest_trace::text::clip_bytes_noting as clip;
 
 pub use attest_io::printable;
 
@@ -23,12 +13,8 @@ pub fn one_line(s: &str) -> String {
     attest_trace::text::neutralise_bidi(&text).into_owned()
 }
 
-/// Current UTC time as ISO-8601 with milliseconds and a trailing Z.
-pub fn utc_now() -> String {
-    let now = time::OffsetDateTime::now_utc();
-    let fmt = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
-    now.format(&fmt).unwrap_or_else(|_| now.unix_timestamp().to_string())
-}
+/// Current UTC time as RFC 3339 with milliseconds and a trailing Z.
+pub use attest_io::now_rfc3339 as utc_now;
 
 /// A random version-4 UUID string, used as the run id.
 pub fn uuid4() -> String {

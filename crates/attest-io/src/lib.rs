@@ -251,9 +251,27 @@ pub fn json_containers(text: &[u8], max: u64) -> Result<u64, TooManyContainers> 
     Ok(count)
 }
 
+/// `t` as RFC 3339 in UTC with milliseconds (`2026-12-07T13:20:00.123Z`),
+/// the form of every timestamp the engine writes (Attest protocol v1 §1.3):
+/// logs, reports, results files.
+pub fn rfc3339_millis(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// The current time as [`rfc3339_millis`] writes it.
+pub fn now_rfc3339() -> String {
+    rfc3339_millis(std::time::SystemTime::now())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc_with_milliseconds() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_765_113_600_123);
+        assert_eq!(super::rfc3339_millis(t), "2025-12-07T13:20:00.123Z");
+    }
 
     #[test]
     fn a_source_without_a_size_never_takes_more_than_the_cap() {

@@ -228,7 +228,7 @@ impl Failure {
             "failed"
         };
         Failure {
-            message: format!("{what}: {}", error_chain(&e)),
+            message: format!("{what}: {}", attest_trace::text::error_chain(&e)),
             retryable: true,
             retry_after: None,
             deadline: false,
@@ -282,17 +282,6 @@ fn error_text(body: &[u8]) -> String {
         None if body.is_empty() => "(empty body)".into(),
         None => crate::text::clip(&String::from_utf8_lossy(body), 200),
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    crate::text::clip(&s, 300)
 }
 
 /// Exponential backoff with full jitter: a random wait in [d/2, d].

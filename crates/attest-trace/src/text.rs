@@ -45,6 +45,58 @@ fn cut_at(s: &str, max: usize) -> Option<usize> {
     Some(s[..cut].char_indices().nth(max.saturating_sub(1)).map_or(cut, |(i, _)| i))
 }
 
+/// Where to cut `s` so that it keeps at most `max` bytes, on a character
+/// boundary (`None`: it is no longer than that).
+fn cut_bytes(s: &str, max: usize) -> Option<usize> {
+    if s.len() <= max {
+        return None;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(end)
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, a `…` marking the
+/// cut (so the result may be 3 bytes longer): for ids and values echoed in
+/// log lines and headers, where the limit is in bytes.
+pub fn clip_bytes(s: &str, max: usize) -> String {
+    match cut_bytes(s, max) {
+        None => s.to_owned(),
+        Some(end) => format!("{}…", &s[..end]),
+    }
+}
+
+/// [`clip_bytes`], saying how much was cut (`… (1200 more bytes)`): for
+/// an agent's output in a report, where the reader wants to know how much
+/// is missing.
+pub fn clip_bytes_noting(s: &str, max: usize) -> String {
+    match cut_bytes(s, max) {
+        None => s.to_owned(),
+        Some(end) => format!("{}… ({} more bytes)", &s[..end], s.len() - end),
+    }
+}
+
+/// An error with the errors that caused it, outermost first, on one line:
+/// an HTTP client error alone says "error sending request for url (...)",
+/// and only its causes say the connection was refused or the name did not
+/// resolve.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let part = c.to_string();
+        // Some errors repeat their cause in their own message.
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// Whether `c` changes the display order of surrounding text (the Unicode
 /// bidi embedding, override and isolate controls, and the implicit marks).
 fn is_bidi_control(c: char) -> bool {
@@ -247,6 +299,33 @@ fn contains_ascii_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_clips_cut_on_a_character_boundary_and_error_chains_read_outermost_first() {
+        assert_eq!(clip_bytes("abcdef", 6), "abcdef");
+        assert_eq!(clip_bytes("abcdef", 3), "abc…");
+        // "é" is two bytes: a cut inside it moves back before it.
+        assert_eq!(clip_bytes("aé", 2), "a…");
+        assert_eq!(clip_bytes_noting("aébc", 2), "a… (4 more bytes)");
+        let inner = std::io::Error::other("connection refused");
+        let outer = std::io::Error::other(Wrapped(inner));
+        assert_eq!(error_chain(&outer), "sending failed: connection refused");
+    }
+
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("sending failed")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
 
     #[test]
     fn contains_ignore_case_is_lowercased_contains() {
