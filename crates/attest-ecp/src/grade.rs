@@ -485,7 +485,7 @@ mod tests {
     fn re(p: &str) -> (String, fancy_regex::Regex) {
         (
             p.to_string(),
-            fancy_regex::Regex::new(&crate::manifest::python_regex(p).unwrap()).unwrap(),
+            fancy_regex::Regex::new(&crate::python_regex::python_regex(p).unwrap()).unwrap(),
         )
     }
 

@@ -11,6 +11,7 @@ pub mod commands;
 pub mod grade;
 pub mod host;
 pub mod manifest;
+pub mod python_regex;
 pub mod report;
 pub mod runner;
 pub mod trace;
