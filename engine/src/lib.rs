@@ -18,8 +18,8 @@
 //! - [`plugin_results`], [`query_drift`], [`simulation`]: the other methods.
 //! - [`config`], [`logging`], [`report`], [`alerts`]: configuration, stderr
 //!   logs, session reports, drift alerts.
-//! - [`eval_cmd`], [`calibrate_cmd`], [`collect_host`], [`ecp_host`]: the
-//!   front doors besides the stdio server.
+//! - [`eval_cmd`], [`calibrate_cmd`], [`plugin_cmd`], [`plugin_new`],
+//!   [`collect_host`], [`ecp_host`]: the front doors besides the stdio server.
 //!
 //! Re-exported under one path: [`protocol`], [`params`], [`json_errors`],
 //! [`transport`] (`attest-protocol`); [`trace`], [`layers`], [`evaluator`],
@@ -47,6 +47,7 @@ pub use attest_core::lane;
 pub use attest_history as history;
 pub mod layers;
 pub mod logging;
+pub mod plugin_cmd;
 pub mod plugin_models;
 pub mod plugin_new;
 pub mod plugin_results;

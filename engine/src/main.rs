@@ -7,11 +7,10 @@
 
 use attest_engine::config::{Config, Overrides, ENV_VARS};
 use attest_engine::eval_cmd::{self, Format};
+use attest_engine::plugin_cmd;
 use attest_engine::plugin_new::{self, Lang};
-use attest_engine::plugins::cache::ArtefactCache;
 use attest_engine::plugins::capabilities::Capability;
-use attest_engine::plugins::sandbox::SUPPORTED_API_VERSIONS;
-use attest_engine::plugins::{PluginHost, PluginSpec};
+use attest_engine::plugins::PluginHost;
 use attest_engine::session::Engine;
 use attest_engine::{logging, server, ENGINE_VERSION};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -593,7 +592,7 @@ fn run() -> ExitCode {
             command: PluginCommand::Check { file, .. },
         } => {
             logging::init(one_shot_level(&config));
-            plugin_check(&config, &file)
+            plugin_cmd::check(&config, &file)
         }
         Command::Plugin {
             command:
@@ -622,14 +621,14 @@ fn run() -> ExitCode {
                     }
                 }
             }
-            plugin_test(
+            plugin_cmd::test(
                 config,
                 &file,
                 &trace,
                 plugin_config.as_deref(),
                 plugin_config_json.as_deref(),
                 &granted,
-                format,
+                format.into(),
             )
         }
         Command::Eval {
@@ -925,70 +924,6 @@ fn load_engine(config: attest_engine::config::Config) -> Option<Engine> {
     Some(Engine::with_plugins(config, plugins))
 }
 
-/// Loads `file` alone, with the limits and grants the config gives it (plus
-/// `extra` grants), through the compiled-artefact cache. `inspect`: use the
-/// cache without writing to it (`plugin check` leaves the engine's cache as
-/// it was; `plugin test` runs the plugin as the engine would, and fills it).
-fn load_one_plugin(config: &attest_engine::config::Config, file: &std::path::Path, extra: &[Capability], inspect: bool) -> PluginHost {
-    let key = attest_engine::config::plugin_file_key(file);
-    let entry = config
-        .plugins
-        .iter()
-        .find(|p| attest_engine::config::plugin_file_key(&p.path) == key);
-    // Only the config file's `[[plugins]]` entries are listed here: for a
-    // plugin subcommand no plugin directory is read and `--plugin` is refused.
-    if entry.is_none() && !config.plugins.is_empty() {
-        // Entries are matched by file, not by plugin id: a copy of the
-        // plugin elsewhere gets none of its entry's grants, which would
-        // otherwise show only as a not-granted call.
-        let named: Vec<String> = config.plugins.iter().take(5).map(|p| p.path.display().to_string()).collect();
-        eprintln!(
-            "attest-engine plugin: warning: no [[plugins]] entry of the config file names {} (entries are matched by file: {}{}), so it gets the default limits and no grants",
-            file.display(),
-            named.join(", "),
-            if config.plugins.len() > 5 { ", …" } else { "" }
-        );
-    }
-    let (limits, mut grants) = entry.map_or_else(
-        || (config.plugin_defaults.clone(), Default::default()),
-        |p| (p.limits.clone(), p.grants.clone()),
-    );
-    for c in extra {
-        if !grants.allows(*c) {
-            grants.capabilities.push(*c);
-        }
-    }
-    grants.capabilities.sort();
-    let spec = PluginSpec {
-        path: file.to_owned(),
-        limits,
-        explicit: true,
-        grants,
-    };
-    let dir = config.cache_dir.as_ref().map(|d| d.join("plugins"));
-    let (cache, command) = if inspect {
-        (ArtefactCache::read_only(dir), "attest-engine plugin check")
-    } else {
-        (ArtefactCache::new(dir), "attest-engine plugin test")
-    };
-    // A compile takes seconds a person would otherwise wait through in
-    // silence; `-q` (errors only) keeps it quiet.
-    let quiet = config.log_level_chosen && config.log_level == logging::Level::Error;
-    let cache = if quiet { cache } else { cache.with_progress(command) };
-    PluginHost::load_with(std::slice::from_ref(&spec), &cache)
-}
-
-/// The parser's message, with what a `\u` escape error usually means: the
-/// parser reports a lone surrogate as a bad or unfinished escape.
-fn json_problem(e: &serde_json::Error) -> String {
-    let message = e.to_string();
-    if message.contains("escape") {
-        format!("{message} (a \\u escape must be a Unicode character; a lone surrogate such as \\ud800 is not one)")
-    } else {
-        message
-    }
-}
-
 /// The log level of a command that prints its own results for a person
 /// (`eval`, `calibrate`, `plugin check`, `plugin test`): warnings and errors
 /// unless a level was chosen, so informational lines (the history opened, a
@@ -998,151 +933,5 @@ fn one_shot_level(config: &Config) -> logging::Level {
         config.log_level
     } else {
         logging::Level::Warn
-    }
-}
-
-/// `attest-engine plugin test <file> --trace <t> [--plugin-config <c> | --plugin-config-json <json>]`.
-fn plugin_test(
-    mut config: attest_engine::config::Config,
-    file: &std::path::Path,
-    trace: &std::path::Path,
-    config_file: Option<&std::path::Path>,
-    config_json: Option<&str>,
-    grants: &[Capability],
-    format: OutputFormat,
-) -> ExitCode {
-    // Both inputs are read before the plugin loads: a mistake in either is
-    // reported at once, not after a compile.
-    let plugin_config = match (config_file, config_json) {
-        (Some(path), _) => eval_cmd::read_text(
-            path,
-            "plugin config file (--plugin-config)",
-            // What a request line leaves beside its trace: no config sent
-            // over the protocol can be larger.
-            attest_engine::server::LINE_HEADROOM_BYTES as u64,
-            "check that --plugin-config names one config object as JSON; over the protocol a request holds at most this much beside its trace",
-        )
-        .map_err(|e| format!("{e:#}"))
-        .and_then(|text| {
-            serde_json::from_str(&text).map_err(|e| {
-                format!(
-                    "plugin config file (--plugin-config) {} is not valid JSON: {}",
-                    path.display(),
-                    json_problem(&e)
-                )
-            })
-        }),
-        (None, Some(text)) => {
-            serde_json::from_str(text).map_err(|e| format!("--plugin-config-json is not valid JSON: {}", json_problem(&e)))
-        }
-        (None, None) => Ok(serde_json::json!({})),
-    };
-    let inputs = plugin_config.and_then(|c| eval_cmd::TraceFile::read(trace).map(|t| (c, t)).map_err(|e| format!("{e:#}")));
-    let (plugin_config, traces) = match inputs {
-        Ok(inputs) => inputs,
-        Err(e) => {
-            eprintln!("attest-engine plugin test: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let host = load_one_plugin(&config, file, grants, false);
-    let Some(id) = host.ids().first().cloned() else {
-        let why = host.failures().first().map_or("unknown error", |f| f.error.as_str());
-        eprintln!("attest-engine plugin test: refused: {}: {why}", file.display());
-        return ExitCode::from(2);
-    };
-    if let Some(p) = host.get(&id) {
-        let requested = p.capability_listing().requested;
-        for c in grants.iter().filter(|c| !requested.contains(c)) {
-            eprintln!(
-                "attest-engine plugin test: --grant {}: {} does not request it (it requests {}), so the grant changes nothing",
-                c.name(),
-                p.id,
-                capability_names(&requested)
-            );
-        }
-    }
-    // A trial run: nothing goes to the result history.
-    config.history = None;
-    config.plugins.clear();
-    let engine = Engine::with_plugins(config, host);
-    match eval_cmd::run_plugin(&engine, &id, plugin_config, &traces, format.into(), &mut std::io::stdout().lock()) {
-        Ok(code) => ExitCode::from(code as u8),
-        Err(e) => {
-            eprintln!("attest-engine plugin test: {e:#}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// Capabilities as `plugin check` and `plugin test` list them: `none`, or their names.
-fn capability_names(cs: &[Capability]) -> String {
-    if cs.is_empty() {
-        "none".to_owned()
-    } else {
-        cs.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
-    }
-}
-
-/// `attest-engine plugin check <file>`.
-fn plugin_check(config: &attest_engine::config::Config, file: &std::path::Path) -> ExitCode {
-    let host = load_one_plugin(config, file, &[], true);
-    match host.ids().first().and_then(|id| host.get(id)) {
-        Some(p) => {
-            println!("plugin:       {} {}", p.id, p.version);
-            println!("description:  {}", p.description);
-            println!("file:         {}", p.path.display());
-            println!(
-                "api version:  attest:plugin@{} (engine serves {})",
-                p.api_version,
-                SUPPORTED_API_VERSIONS.join(", ")
-            );
-            let cpu = match p.limits.fuel {
-                Some(fuel) => format!("{fuel} fuel per call"),
-                None => "no fuel metering (the deadline bounds CPU)".to_owned(),
-            };
-            println!(
-                "limits:       {cpu}, {} MiB memory, {} ms per call",
-                p.limits.memory_bytes / (1024 * 1024),
-                p.limits.timeout.as_millis()
-            );
-            println!("loaded from:  {} in {:.1} ms", p.source, p.load_ms);
-            let listing = p.capability_listing();
-            println!(
-                "capabilities: requested {}; granted {}",
-                capability_names(&listing.requested),
-                capability_names(&listing.granted)
-            );
-            let ungranted: Vec<Capability> = listing.requested.iter().copied().filter(|c| !listing.granted.contains(c)).collect();
-            if !ungranted.is_empty() {
-                println!(
-                    "              not granted: {} (calls answer not-granted; grant with grants = [...] in the plugin's [[plugins]] entry)",
-                    capability_names(&ungranted)
-                );
-            }
-            if !listing.secrets.is_empty() {
-                println!("secrets:      {}", listing.secrets.join(", "));
-            }
-            println!(
-                "config schema:\n{}",
-                serde_json::to_string_pretty(&p.config_schema).unwrap_or_default()
-            );
-            let bad = &p.default_problems;
-            if bad.is_empty() {
-                return ExitCode::SUCCESS;
-            }
-            // The plugin loads, but every assertion that leaves such a field
-            // out is refused: a problem for the author to fix before shipping.
-            println!(
-                "problem:      the schema's default for a field does not match the schema itself ({}); an assertion that leaves the field out is refused with 1002",
-                bad.join("; ")
-            );
-            ExitCode::from(1)
-        }
-        None => {
-            let why = host.failures().first().map_or("unknown error", |f| f.error.as_str());
-            println!("refused: {}: {why}", file.display());
-            ExitCode::from(1)
-        }
     }
 }
