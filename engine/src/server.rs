@@ -519,83 +519,113 @@ async fn dispatch(
         ));
     }
     match method {
-        Method::EvaluateBatch => {
-            // A panic in an evaluator (a bug) becomes a 3001 for this request
-            // only; every request still gets exactly one response.
-            let run = async {
-                use futures_util::FutureExt;
-                std::panic::AssertUnwindSafe(batch::evaluate(engine, params, deadline, budget, lane)).catch_unwind().await.unwrap_or_else(|panic| {
-                    let what = panic
-                        .downcast_ref::<String>()
-                        .map(String::as_str)
-                        .or_else(|| panic.downcast_ref::<&str>().copied())
-                        .unwrap_or("unknown panic");
-                    Err(RpcError::new(
-                        ErrorCode::EngineError,
-                        format!("internal error while evaluating: {}", crate::text::clip(what, 200)),
-                        "This is an engine bug, not a problem with the request. Other requests are unaffected; please report it with the request that caused it.",
-                    ))
-                })
-            };
-            let mut result = run.await?;
-            // The webhook has them from the sinks; the SDK reads them as notifications.
-            if engine.config.drift_alerts {
-                notes.extend(result.alerts.drain(..).filter_map(|alert| crate::alerts::notification(&alert)));
-            }
-            let raw = to_raw(&result)?;
-            if raw.get().len() <= budget {
-                tracing::debug!(trace_id = %result.trace_id, assertions = result.results.len(), duration_ms = result.total_duration_ms, "evaluation complete");
-                return Ok(raw);
-            }
-            if !result.fit(budget) {
-                return Err(RpcError::new(
-                    ErrorCode::AssertionError,
-                    format!("batch too large to answer: {} results do not fit in one {}-byte response line", result.results.len(), engine.config.max_response_bytes),
-                    "SDKs read responses as single lines of at most 64 KiB. Split the assertions into several evaluate_batch requests.",
-                )
-                .with_field("params.assertions"));
-            }
-            tracing::debug!(trace_id = %result.trace_id, assertions = result.results.len(), duration_ms = result.total_duration_ms, "evaluation complete");
-            to_raw(&result)
-        }
-        Method::SubmitPluginResult => {
-            let record = plugin_results::parse(params)?;
-            tracing::debug!(trace_id = %record.trace_id, plugin = %record.plugin_name, "plugin result recorded");
-            engine.sinks.record_submitted(record);
-            to_raw(&Accepted { accepted: true })
-        }
+        Method::EvaluateBatch => evaluate_batch(engine, params, budget, deadline, notes, lane).await,
+        Method::SubmitPluginResult => submit_plugin_result(engine, params),
         Method::ListPlugins => to_raw(&engine.plugins.listing(budget)),
         Method::ValidateTraceTree => to_raw(&validate_trace_tree(engine, params)?),
-        Method::QueryDrift => {
-            let (subject, window) = crate::query_drift::parse_query(params)?;
-            if engine.sinks.history.is_none() {
-                // A backend this engine was not given: configuration, not a fault.
-                return Err(crate::errors::history_unavailable());
-            }
-            // History reads take the store's lock and the disk: off the async workers.
-            let engine = engine.clone();
-            let report = lane
-                .block(async move {
-                    let history = engine.sinks.history.as_ref().ok_or_else(|| anyhow::anyhow!("result history is closed"))?;
-                    history.drift(subject, window, deadline)
-                })
-                .await
-                .map_err(|e| crate::errors::history_failed(&e))?;
-            to_raw(&serde_json::json!({ "report": report }))
-        }
-        Method::GenerateUserMessage => {
-            to_raw(&crate::simulation::generate(&engine.providers, params, deadline.into()).await?)
-        }
-        Method::CacheStats => match &engine.providers.cache {
-            Some(cache) => to_raw(&cache.stats().await),
-            None => Err(RpcError::new(
-                ErrorCode::ProviderError,
-                "provider cache not available",
-                "The provider cache is off, no embedding or judge provider is configured, or the cache could not be opened (see the engine log). It lives in <cache_dir>/providers.sqlite3; it needs a provider, providers.cache = true and a writable ATTEST_CACHE_DIR.",
-            )
-            .not_retryable()),
-        },
+        Method::QueryDrift => query_drift(engine, params, deadline, lane).await,
+        Method::GenerateUserMessage => to_raw(&crate::simulation::generate(&engine.providers, params, deadline.into()).await?),
+        Method::CacheStats => cache_stats(engine).await,
         Method::Initialize | Method::Shutdown => unreachable!("handled above"),
+    }
+}
+
+/// `evaluate_batch`, its drift alerts queued as notifications, and its
+/// answer fitted to one response line.
+async fn evaluate_batch(
+    engine: &Arc<Engine>,
+    params: Option<&RawValue>,
+    budget: usize,
+    deadline: Instant,
+    notes: &mut Vec<Vec<u8>>,
+    lane: &mut Lane,
+) -> Result<Box<RawValue>, RpcError> {
+    // A panic in an evaluator (a bug) becomes a 3001 for this request
+    // only; every request still gets exactly one response.
+    let run = async {
+        use futures_util::FutureExt;
+        std::panic::AssertUnwindSafe(batch::evaluate(engine, params, deadline, budget, lane)).catch_unwind().await.unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            Err(RpcError::new(
+                ErrorCode::EngineError,
+                format!("internal error while evaluating: {}", crate::text::clip(what, 200)),
+                "This is an engine bug, not a problem with the request. Other requests are unaffected; please report it with the request that caused it.",
+            ))
+        })
+    };
+    let mut result = run.await?;
+    // The webhook has them from the sinks; the SDK reads them as notifications.
+    if engine.config.drift_alerts {
+        notes.extend(result.alerts.drain(..).filter_map(|alert| crate::alerts::notification(&alert)));
+    }
+    let raw = to_raw(&result)?;
+    if raw.get().len() <= budget {
+        tracing::debug!(trace_id = %result.trace_id, assertions = result.results.len(), duration_ms = result.total_duration_ms, "evaluation complete");
+        return Ok(raw);
+    }
+    if !result.fit(budget) {
+        return Err(RpcError::new(
+            ErrorCode::AssertionError,
+            format!(
+                "batch too large to answer: {} results do not fit in one {}-byte response line",
+                result.results.len(),
+                engine.config.max_response_bytes
+            ),
+            "SDKs read responses as single lines of at most 64 KiB. Split the assertions into several evaluate_batch requests.",
+        )
+        .with_field("params.assertions"));
+    }
+    tracing::debug!(trace_id = %result.trace_id, assertions = result.results.len(), duration_ms = result.total_duration_ms, "evaluation complete");
+    to_raw(&result)
+}
+
+fn submit_plugin_result(engine: &Engine, params: Option<&RawValue>) -> Result<Box<RawValue>, RpcError> {
+    let record = plugin_results::parse(params)?;
+    tracing::debug!(trace_id = %record.trace_id, plugin = %record.plugin_name, "plugin result recorded");
+    engine.sinks.record_submitted(record);
+    to_raw(&Accepted { accepted: true })
+}
+
+async fn query_drift(
+    engine: &Arc<Engine>,
+    params: Option<&RawValue>,
+    deadline: Instant,
+    lane: &mut Lane,
+) -> Result<Box<RawValue>, RpcError> {
+    let (subject, window) = crate::query_drift::parse_query(params)?;
+    if engine.sinks.history.is_none() {
+        // A backend this engine was not given: configuration, not a fault.
+        return Err(crate::errors::history_unavailable());
+    }
+    // History reads take the store's lock and the disk: off the async workers.
+    let engine = engine.clone();
+    let report = lane
+        .block(async move {
+            let history = engine
+                .sinks
+                .history
+                .as_ref()
+                .ok_or_else(|| anyhow::anyhow!("result history is closed"))?;
+            history.drift(subject, window, deadline)
+        })
+        .await
+        .map_err(|e| crate::errors::history_failed(&e))?;
+    to_raw(&serde_json::json!({ "report": report }))
+}
+
+async fn cache_stats(engine: &Engine) -> Result<Box<RawValue>, RpcError> {
+    match &engine.providers.cache {
+        Some(cache) => to_raw(&cache.stats().await),
+        None => Err(RpcError::new(
+            ErrorCode::ProviderError,
+            "provider cache not available",
+            "The provider cache is off, no embedding or judge provider is configured, or the cache could not be opened (see the engine log). It lives in <cache_dir>/providers.sqlite3; it needs a provider, providers.cache = true and a writable ATTEST_CACHE_DIR.",
+        )
+        .not_retryable()),
     }
 }
 
