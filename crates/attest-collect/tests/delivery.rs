@@ -191,7 +191,7 @@ async fn every_error_answer_is_a_google_rpc_status() {
         answer.to_ascii_lowercase().contains("content-type: application/x-protobuf"),
         "{answer}"
     );
-    assert!(answer.contains("--request-timeout-secs"), "{answer}");
+    assert!(answer.contains("--request-timeout;"), "{answer}");
 
     // The Authorization scheme is case-insensitive (RFC 9110 §11.1).
     for scheme in ["bearer", "BEARER", "Bearer"] {
