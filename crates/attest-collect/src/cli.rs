@@ -484,6 +484,47 @@ pub async fn run_collect(
     evaluator: Arc<dyn TraceEvaluator>,
     history: Option<Arc<dyn ResultStore>>,
 ) -> anyhow::Result<i32> {
+    check(&args, history.is_some())?;
+    let bearer_token = bearer_token(&args)?;
+    let (pipeline, publisher) = build(&args, evaluator.as_ref(), history).await?;
+    let (tx, rx) = mpsc::channel::<server::Ready>(args.queue_capacity);
+    let (abandon, abandoned) = tokio::sync::watch::channel(false);
+    let consumer = tokio::spawn(consume(
+        rx,
+        pipeline.clone(),
+        publisher.clone(),
+        args.concurrency,
+        Hurry(Some(abandoned)),
+    ));
+
+    if let Some(input) = &args.jsonl {
+        if let Some(p) = &publisher {
+            p.fail_fast_when_down();
+        }
+        let complete = jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
+        drop(tx);
+        consumer.await?;
+        let flushed = flushed(&pipeline).await;
+        if let Some(export) = pipeline.metrics.export.get() {
+            eprintln!("attest-engine collect: --export-otlp: {}", export.summary());
+        }
+        return Ok(if complete && flushed { 0 } else { 1 });
+    }
+
+    // Installed before anything is served, so that no signal finds the
+    // default handler (which would end the process undrained). Not for
+    // `--jsonl`, which SIGTERM ends as any command.
+    let signals = Signals::install()?;
+    let state = receiver_state(&args, &pipeline.metrics, tx, bearer_token, publisher.clone());
+    serve(&args, &state, &signals).await?;
+    if let Some(p) = &publisher {
+        p.fail_fast_when_down();
+    }
+    drain(state, consumer, abandon, &signals, &pipeline).await
+}
+
+/// Refuses flag combinations that could never work, before anything starts.
+fn check(args: &CollectArgs, history_on: bool) -> anyhow::Result<()> {
     if args.jsonl.is_none() {
         require_public(
             "--otlp-http",
@@ -545,10 +586,15 @@ pub async fn run_collect(
     }
     // A backfill's results leave only through a sink or NATS: the metrics
     // endpoint is not served while --jsonl runs.
-    if args.jsonl.is_some() && args.results_jsonl.is_none() && args.nats.is_none() && history.is_none() && args.export.endpoint.is_none() {
+    if args.jsonl.is_some() && args.results_jsonl.is_none() && args.nats.is_none() && !history_on && args.export.endpoint.is_none() {
         bail!("--jsonl with history off has nowhere to put its results: pass --results-jsonl FILE, --export-otlp URL, --nats URL, or turn history back on");
     }
-    let bearer_token = match &args.bearer_token_env {
+    Ok(())
+}
+
+/// The token `--bearer-token-env` names, read once.
+fn bearer_token(args: &CollectArgs) -> anyhow::Result<Option<String>> {
+    Ok(match &args.bearer_token_env {
         None => None,
         Some(var) => Some(
             std::env::var(var)
@@ -556,8 +602,17 @@ pub async fn run_collect(
                 .filter(|t| !t.is_empty())
                 .with_context(|| format!("--bearer-token-env {var}: the environment variable is not set or empty"))?,
         ),
-    };
-    let rules = Arc::new(RuleSet::load(&args.rules, evaluator.as_ref())?);
+    })
+}
+
+/// The rules, prices and sinks of the pipeline, and the NATS publisher
+/// when the traces are handed on instead of evaluated here.
+async fn build(
+    args: &CollectArgs,
+    evaluator: &dyn TraceEvaluator,
+    history: Option<Arc<dyn ResultStore>>,
+) -> anyhow::Result<(Arc<Pipeline>, Option<Arc<distributed::Publisher>>)> {
+    let rules = Arc::new(RuleSet::load(&args.rules, evaluator)?);
     let prices = Arc::new(load_prices(&args.prices)?);
     let metrics = Arc::new(Metrics::default());
     let trace_archive = match &args.traces_out {
@@ -602,34 +657,18 @@ pub async fn run_collect(
         None => None,
     };
 
-    let (tx, rx) = mpsc::channel::<server::Ready>(args.queue_capacity);
-    let (abandon, abandoned) = tokio::sync::watch::channel(false);
-    let consumer = tokio::spawn(consume(
-        rx,
-        pipeline.clone(),
-        publisher.clone(),
-        args.concurrency,
-        Hurry(Some(abandoned)),
-    ));
+    Ok((pipeline, publisher))
+}
 
-    if let Some(input) = &args.jsonl {
-        if let Some(p) = &publisher {
-            p.fail_fast_when_down();
-        }
-        let complete = jsonl_input::run(input, &pipeline, publisher.clone(), args.concurrency).await?;
-        drop(tx);
-        consumer.await?;
-        let flushed = flushed(&pipeline).await;
-        if let Some(export) = metrics.export.get() {
-            eprintln!("attest-engine collect: --export-otlp: {}", export.summary());
-        }
-        return Ok(if complete && flushed { 0 } else { 1 });
-    }
-
-    // Installed before anything is served, so that no signal finds the
-    // default handler (which would end the process undrained). Not for
-    // `--jsonl`, which SIGTERM ends as any command.
-    let signals = Signals::install()?;
+/// What the receivers share: the assembler, the queue's sender and budgets,
+/// the token, and the publisher.
+fn receiver_state(
+    args: &CollectArgs,
+    metrics: &Arc<Metrics>,
+    tx: mpsc::Sender<server::Ready>,
+    bearer_token: Option<String>,
+    publisher: Option<Arc<distributed::Publisher>>,
+) -> Arc<ReceiverState> {
     let limits = Limits {
         settle: Duration::from_millis(args.settle_ms),
         orphan_timeout: Duration::from_millis(args.orphan_timeout_ms),
@@ -638,7 +677,7 @@ pub async fn run_collect(
         max_trace_bytes: args.max_trace_bytes,
         max_trace_spans: args.max_trace_spans,
     };
-    let state = Arc::new(ReceiverState {
+    Arc::new(ReceiverState {
         assembler: Mutex::new(Assembler::new(limits)),
         metrics: metrics.clone(),
         ready: tx,
@@ -654,8 +693,14 @@ pub async fn run_collect(
         // exporter before it gives up and sends everything again.
         queue_wait: Duration::from_secs(args.request_timeout_secs) / 2,
         decoding: Arc::new(Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get()))),
-        publisher: publisher.clone(),
-    });
+        publisher,
+    })
+}
+
+/// Serves OTLP/HTTP (and OTLP/gRPC when asked) until the first signal, and
+/// lets requests in flight finish within the drain deadline.
+async fn serve(args: &CollectArgs, state: &Arc<ReceiverState>, signals: &Signals) -> anyhow::Result<()> {
+    let metrics = &state.metrics;
     let listener = tokio::net::TcpListener::bind(args.otlp_http)
         .await
         .with_context(|| format!("--otlp-http {}: cannot listen", args.otlp_http))?;
@@ -704,13 +749,24 @@ pub async fn run_collect(
         let _ = grpc.await;
     }
     poller.abort();
-    if let Some(p) = &publisher {
-        p.fail_fast_when_down();
-    }
+    Ok(())
+}
+
+/// Hands the traces still open to evaluation and waits for them (unless a
+/// second signal says to stop), then flushes every output. 0 when nothing
+/// accepted was lost.
+async fn drain(
+    state: Arc<ReceiverState>,
+    consumer: tokio::task::JoinHandle<()>,
+    abandon: tokio::sync::watch::Sender<bool>,
+    signals: &Signals,
+    pipeline: &Pipeline,
+) -> anyhow::Result<i32> {
+    let metrics = &pipeline.metrics;
     eprintln!("attest-engine collect: draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();
     for d in events.dropped {
-        d.count(&metrics);
+        d.count(metrics);
     }
     let mut consumer = consumer;
     let mut unfed = events.ready.into_iter();
@@ -761,7 +817,7 @@ pub async fn run_collect(
             );
         }
     }
-    let flushed = flushed(&pipeline).await;
+    let flushed = flushed(pipeline).await;
     let publishes_failed = metrics.dropped_count("publish_failed");
     eprintln!(
         "attest-engine collect: drained; {} traces evaluated ({} rule evaluations), {} evaluations failed, {} published, {} publishes failed",
