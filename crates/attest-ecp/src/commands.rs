@@ -36,6 +36,23 @@ fn write_file(path: &Path, contents: &str, what: &str) -> anyhow::Result<()> {
     std::fs::write(path, contents).map_err(|e| anyhow::anyhow!("cannot write the {what} to {}: {e}", path.display()))
 }
 
+/// Writes `value` as indented JSON (and a final line break) straight to
+/// `out`: a report holds every kept step result, and its text is never
+/// built in memory beside the report itself.
+fn write_json(out: impl std::io::Write, value: &Value) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, out);
+    serde_json::to_writer_pretty(&mut out, value)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+fn write_json_file(path: &Path, value: &Value, what: &str) -> anyhow::Result<()> {
+    std::fs::File::create(path)
+        .and_then(|f| write_json(f, value))
+        .map_err(|e| anyhow::anyhow!("cannot write the {what} to {}: {e}", path.display()))
+}
+
 /// Whether `path` can take a report, checked before the run: a run can last
 /// minutes, and a mistyped output path should not cost its results. An
 /// existing file is opened without truncating it; a new one is created and
@@ -123,11 +140,11 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
         written.push(("HTML report", p));
     }
     if let Some(p) = &reports.json {
-        write_file(p, &serde_json::to_string_pretty(&json_report)?, "JSON report")?;
+        write_json_file(p, &json_report, "JSON report")?;
         written.push(("JSON report", p));
     }
     if let Some(p) = &reports.audit {
-        write_file(p, &(serde_json::to_string_pretty(&json_report["audit"])? + "\n"), "audit record")?;
+        write_json_file(p, &json_report["audit"], "audit record")?;
         written.push(("audit record", p));
     }
     if let Some(p) = &reports.junit {
@@ -135,7 +152,7 @@ pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i3
         written.push(("JUnit report", p));
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&json_report)?);
+        write_json(std::io::stdout().lock(), &json_report)?;
     }
     if !args.quiet {
         eprintln!("{passed}/{total} checks passed; exit reason: {}", outcome.exit_reason.as_str());
