@@ -195,21 +195,54 @@ impl AgentEnvArgs {
 /// What each process of a spawned agent may use (Linux).
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentLimitArgs {
-    /// MiB each agent process may allocate (0: no limit).
-    #[arg(long, value_name = "MIB", default_value_t = transport::AgentLimits::DEFAULT_MEMORY_MIB)]
-    pub agent_memory_mib: u64,
-    /// CPU seconds each agent process may use (default: no limit beyond the timeouts).
-    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    /// Memory each agent process may allocate: a size (4GiB, 512MiB), or a
+    /// bare number of MiB as the older --agent-memory-mib took (0: no limit).
+    #[arg(long = "agent-memory", alias = "agent-memory-mib", value_name = "SIZE", default_value = "4GiB", value_parser = memory_limit)]
+    pub agent_memory_bytes: u64,
+    /// CPU time each agent process may use: a duration (30s, 5m), or a bare
+    /// number of seconds as the older --agent-cpu-secs took (default: no
+    /// limit beyond the timeouts).
+    #[arg(long = "agent-cpu", alias = "agent-cpu-secs", value_name = "DURATION", value_parser = cpu_limit)]
     pub agent_cpu_secs: Option<u64>,
 }
 
 impl AgentLimitArgs {
     pub fn agent_limits(&self) -> transport::AgentLimits {
         transport::AgentLimits {
-            memory_bytes: (self.agent_memory_mib > 0).then(|| self.agent_memory_mib.saturating_mul(1 << 20)),
+            memory_bytes: (self.agent_memory_bytes > 0).then_some(self.agent_memory_bytes),
             cpu_secs: self.agent_cpu_secs,
         }
     }
+}
+
+/// `--agent-memory`: a size with its unit, or a bare number of MiB.
+fn memory_limit(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if let Ok(mib) = t.parse::<u64>() {
+        return Ok(mib.saturating_mul(1 << 20));
+    }
+    t.parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|_| format!("'{s}' is not a size; give it with its unit (4GiB, 512MiB), a number of MiB, or 0 for no limit"))
+}
+
+/// `--agent-cpu`: whole seconds, at least 1, with a unit or bare.
+fn cpu_limit(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let secs = match t.parse::<u64>() {
+        Ok(n) => n,
+        Err(_) => {
+            let d = humantime::parse_duration(t).map_err(|e| format!("'{s}' is not a duration ({e}); give it with its unit: 30s, 5m"))?;
+            if d.subsec_nanos() != 0 {
+                return Err(format!("'{s}' is not a whole number of seconds; give 1s or more"));
+            }
+            d.as_secs()
+        }
+    };
+    if secs == 0 {
+        return Err("the CPU limit must be at least 1s".into());
+    }
+    Ok(secs)
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -288,6 +321,23 @@ pub async fn run_ungraded(action: EcpAction) -> anyhow::Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn agent_limits_read_sizes_and_durations_and_the_older_bare_numbers() {
+        assert_eq!(super::memory_limit("4GiB"), Ok(4 << 30));
+        assert_eq!(super::memory_limit("512MiB"), Ok(512 << 20));
+        assert_eq!(
+            super::memory_limit("256"),
+            Ok(256 << 20),
+            "a bare number is MiB, as --agent-memory-mib took"
+        );
+        assert_eq!(super::memory_limit("0"), Ok(0));
+        assert!(super::memory_limit("-1").unwrap_err().contains("is not a size"));
+        assert_eq!(super::cpu_limit("90"), Ok(90));
+        assert_eq!(super::cpu_limit("2m"), Ok(120));
+        assert!(super::cpu_limit("1500ms").unwrap_err().contains("whole number of seconds"));
+        assert!(super::cpu_limit("0").is_err());
+    }
     use clap::Parser;
 
     #[derive(Parser)]

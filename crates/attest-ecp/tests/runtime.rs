@@ -302,7 +302,7 @@ for line in sys.stdin:
     let (code, report, stderr) = run_json(dir.path(), &m, &[], &[]);
     assert_eq!(code, 0, "{stderr}\n{report:#}");
     let m = manifest(dir.path(), &target, &steps(512, "refused"));
-    let (code, report, stderr) = run_json(dir.path(), &m, &["--agent-memory-mib", "256"], &[]);
+    let (code, report, stderr) = run_json(dir.path(), &m, &["--agent-memory", "256MiB"], &[]);
     assert_eq!(code, 0, "{stderr}\n{report:#}");
     let out = run_bin(&["conformance", "--agent-memory-mib", "-1", &target], &[], None);
     assert_eq!(out.status.code(), Some(1), "a limit that is no number of MiB is a usage error");
