@@ -23,11 +23,16 @@ pub struct TraceDoc {
 }
 
 impl TraceDoc {
-    /// The trace `trace` written as compact JSON.
+    /// The trace `trace` written as compact JSON. Its index is read off the
+    /// tree at hand rather than by parsing the text again: a collector
+    /// builds one for every trace it assembles, selected by a rule or not.
     pub fn from_value(trace: &Value) -> TraceDoc {
         // A `Value` always serialises (its keys are strings, its numbers finite).
         let text = serde_json::value::to_raw_value(trace).unwrap_or_else(|_| RawValue::NULL.to_owned());
-        TraceDoc::from_raw(text)
+        TraceDoc {
+            text,
+            index: Node::of(trace),
+        }
     }
 
     /// A trace received as JSON text. What cannot be read of it (a field of
@@ -99,7 +104,7 @@ impl<'de> Deserialize<'de> for TraceDoc {
 }
 
 /// What the pipeline reads of a trace or sub-trace.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 struct Node {
     trace_id: Option<String>,
     agent_id: Option<String>,
@@ -110,11 +115,42 @@ struct Node {
     steps: Vec<Step>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 struct Step {
     /// `metadata.span_id`
     span_id: Option<String>,
     sub_trace: Option<Box<Node>>,
+}
+
+/// A string member of `v`; any other type reads as absent, as in [`Read`].
+fn string_at(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+impl Node {
+    /// The same index [`Read`] gives from the text, from a parsed tree.
+    fn of(v: &Value) -> Node {
+        let metadata = v.get("metadata").unwrap_or(&Value::Null);
+        Node {
+            trace_id: string_at(v, "trace_id"),
+            agent_id: string_at(v, "agent_id"),
+            span_id: string_at(metadata, "span_id"),
+            root_span: string_at(metadata, "root_span"),
+            steps: v
+                .get("steps")
+                .and_then(Value::as_array)
+                .map_or_else(Vec::new, |steps| steps.iter().map(Step::of).collect()),
+        }
+    }
+}
+
+impl Step {
+    fn of(v: &Value) -> Step {
+        Step {
+            span_id: v.get("metadata").and_then(|m| string_at(m, "span_id")),
+            sub_trace: v.get("sub_trace").map(|sub| Box::new(Node::of(sub))),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -283,8 +319,13 @@ mod tests {
     use super::TraceDoc;
     use serde_json::json;
 
+    /// The document of `v`, after checking that reading its text gives the
+    /// same index as reading the tree.
     fn doc(v: serde_json::Value) -> TraceDoc {
-        TraceDoc::from_value(&v)
+        let from_tree = TraceDoc::from_value(&v);
+        let from_text = TraceDoc::from_raw(serde_json::value::to_raw_value(&v).unwrap());
+        assert_eq!(from_tree.index, from_text.index, "{v}");
+        from_tree
     }
 
     #[test]
