@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use attest_io::DurationProblem;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
@@ -172,14 +173,8 @@ fn stream_bytes(s: &str) -> Result<i64, String> {
 /// A size: with its unit (16MiB, 512KiB, 1GB: KiB and the like are 1024s,
 /// KB and the like 1000s) or a bare number of bytes.
 fn size<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
-    let bytes = match s.trim().parse::<u64>() {
-        Ok(n) => n,
-        Err(_) => s
-            .trim()
-            .parse::<bytesize::ByteSize>()
-            .map_err(|_| format!("'{s}' is not a size; give a number with its unit (16MiB, 512KiB, 1GB) or a number of bytes"))?
-            .as_u64(),
-    };
+    let bytes = attest_io::size_with_unit(s, 1)
+        .ok_or_else(|| format!("'{s}' is not a size; give a number with its unit (16MiB, 512KiB, 1GB) or a number of bytes"))?;
     T::try_from(bytes).map_err(|_| format!("'{s}' is too large"))
 }
 
@@ -204,14 +199,11 @@ fn seconds<const MAX: i64>(s: &str) -> Result<u64, String> {
         Ok(n) => n,
         // A bare number too large for the type is out of range, not a unit missing.
         Err(_) if !bare.is_empty() && bare.bytes().all(|b| b.is_ascii_digit()) => i64::MAX,
-        Err(_) => {
-            let d = humantime::parse_duration(s.trim())
-                .map_err(|e| format!("'{s}' is not a duration ({e}); give it with its unit: 30s, 5m"))?;
-            if d.subsec_nanos() != 0 {
-                return Err(format!("'{s}' is not a whole number of seconds; {range}"));
-            }
-            i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
-        }
+        Err(_) => match attest_io::whole_seconds(s) {
+            Ok(secs) => i64::try_from(secs).unwrap_or(i64::MAX),
+            Err(DurationProblem::NotADuration(e)) => return Err(format!("'{s}' is not a duration ({e}); give it with its unit: 30s, 5m")),
+            Err(DurationProblem::NotWhole) => return Err(format!("'{s}' is not a whole number of seconds; {range}")),
+        },
     };
     if !(1..=MAX).contains(&secs) {
         return Err(format!("'{s}' is out of range; {range}"));

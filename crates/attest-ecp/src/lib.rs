@@ -217,27 +217,18 @@ impl AgentLimitArgs {
 
 /// `--agent-memory`: a size with its unit, or a bare number of MiB.
 fn memory_limit(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    if let Ok(mib) = t.parse::<u64>() {
-        return Ok(mib.saturating_mul(1 << 20));
-    }
-    t.parse::<bytesize::ByteSize>()
-        .map(|b| b.as_u64())
-        .map_err(|_| format!("'{s}' is not a size; give it with its unit (4GiB, 512MiB), a number of MiB, or 0 for no limit"))
+    attest_io::size_with_unit(s, 1 << 20)
+        .ok_or_else(|| format!("'{s}' is not a size; give it with its unit (4GiB, 512MiB), a number of MiB, or 0 for no limit"))
 }
 
 /// `--agent-cpu`: whole seconds, at least 1, with a unit or bare.
 fn cpu_limit(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let secs = match t.parse::<u64>() {
+    let secs = match s.trim().parse::<u64>() {
         Ok(n) => n,
-        Err(_) => {
-            let d = humantime::parse_duration(t).map_err(|e| format!("'{s}' is not a duration ({e}); give it with its unit: 30s, 5m"))?;
-            if d.subsec_nanos() != 0 {
-                return Err(format!("'{s}' is not a whole number of seconds; give 1s or more"));
-            }
-            d.as_secs()
-        }
+        Err(_) => attest_io::whole_seconds(s).map_err(|problem| match problem {
+            attest_io::DurationProblem::NotADuration(e) => format!("'{s}' is not a duration ({e}); give it with its unit: 30s, 5m"),
+            attest_io::DurationProblem::NotWhole => format!("'{s}' is not a whole number of seconds; give 1s or more"),
+        })?,
     };
     if secs == 0 {
         return Err("the CPU limit must be at least 1s".into());

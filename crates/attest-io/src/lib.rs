@@ -263,9 +263,50 @@ pub fn now_rfc3339() -> String {
     rfc3339_millis(std::time::SystemTime::now())
 }
 
+/// A size as a user writes it on a command line: with its unit (16MiB,
+/// 512KiB, 1GB: KiB and the like are 1024s, KB and the like 1000s), or a
+/// bare number of `bare_unit` bytes each (the older flags' form: bytes for
+/// some, MiB for others). `None`: neither; the caller says what it wants.
+pub fn size_with_unit(s: &str, bare_unit: u64) -> Option<u64> {
+    let t = s.trim();
+    match t.parse::<u64>() {
+        Ok(n) => Some(n.saturating_mul(bare_unit)),
+        Err(_) => t.parse::<bytesize::ByteSize>().ok().map(|b| b.as_u64()),
+    }
+}
+
+/// Why [`whole_seconds`] refused a duration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DurationProblem {
+    /// Not a duration with its unit (the parser's reason).
+    NotADuration(String),
+    /// A duration, but not a whole number of seconds (`1500ms`).
+    NotWhole,
+}
+
+/// A duration written with its unit (30s, 5m, 1day), in whole seconds.
+pub fn whole_seconds(s: &str) -> Result<u64, DurationProblem> {
+    let d = humantime::parse_duration(s.trim()).map_err(|e| DurationProblem::NotADuration(e.to_string()))?;
+    if d.subsec_nanos() != 0 {
+        return Err(DurationProblem::NotWhole);
+    }
+    Ok(d.as_secs())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_and_whole_seconds_read_as_flags_write_them() {
+        assert_eq!(size_with_unit("16MiB", 1), Some(16 << 20));
+        assert_eq!(size_with_unit(" 1GB ", 1), Some(1_000_000_000));
+        assert_eq!(size_with_unit("256", 1 << 20), Some(256 << 20));
+        assert_eq!(size_with_unit("-1", 1), None);
+        assert_eq!(whole_seconds("5m"), Ok(300));
+        assert_eq!(whole_seconds("1500ms"), Err(DurationProblem::NotWhole));
+        assert!(matches!(whole_seconds("soon"), Err(DurationProblem::NotADuration(_))));
+    }
 
     #[test]
     fn timestamps_are_rfc3339_utc_with_milliseconds() {
