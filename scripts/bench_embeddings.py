@@ -6,7 +6,8 @@ The engine runs four evaluate_batch requests of N `embedding` assertions, each r
 distinct 60-word text, against one output; timed from the first request to the last answer.
 The peer is ONNX Runtime (installed in target/bench-embed-venv by this script) running a BERT
 graph built from the same model.safetensors, with the same tokenizer, mean pooling and
-normalisation; its cosine scores are compared with the engine's.
+normalisation; its cosine scores are compared with the engine's. It runs twice: one text per
+run, and eight texts per run padded to the longest (its batched form).
 
 sentence-transformers is not in the comparison: it needs PyTorch, whose PyPI wheel pulls
 several GB of CUDA libraries this machine cannot use.
@@ -140,23 +141,29 @@ so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.inter_op_num_th
 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
 tok = Tokenizer.from_file(f"{model_dir}/tokenizer.json"); tok.no_padding(); tok.enable_truncation(256)
-def embed(t):
-    enc = tok.encode(t)
-    ids = np.array([enc.ids], dtype=np.int64); n = ids.shape[1]
-    feed = {"ids": ids, "types": np.array([enc.type_ids], dtype=np.int64),
-            "pos": np.arange(n, dtype=np.int64)[None, :], "mask": np.ones((1, n), dtype=np.int64)}
-    h = sess.run(None, feed)[0][0].mean(axis=0)
-    return h / max(np.linalg.norm(h), 1e-12)
-out = embed(texts[0])
+batch = int(sys.argv[3])
+def embed(ts):
+    encs = tok.encode_batch(ts)
+    n = max(len(e.ids) for e in encs)
+    pad = lambda xs: list(xs) + [0] * (n - len(xs))
+    mask = np.array([pad([1] * len(e.ids)) for e in encs], dtype=np.int64)
+    feed = {"ids": np.array([pad(e.ids) for e in encs], dtype=np.int64),
+            "types": np.array([pad(e.type_ids) for e in encs], dtype=np.int64),
+            "pos": np.tile(np.arange(n, dtype=np.int64), (len(encs), 1)), "mask": mask}
+    h = sess.run(None, feed)[0]
+    m = mask[:, :, None].astype(np.float32)
+    h = (h * m).sum(axis=1) / m.sum(axis=1)
+    return h / np.maximum(np.linalg.norm(h, axis=1, keepdims=True), 1e-12)
+out = embed(texts[:1])[0]
 t0 = time.perf_counter()
-vecs = [embed(t) for t in texts[1:]]
+vecs = [v for i in range(1, len(texts), batch) for v in embed(texts[i:i + batch])]
 dt = time.perf_counter() - t0
 print(json.dumps({"rate": len(vecs) / dt, "scores": [float(np.dot(out, v)) for v in vecs]}))
 '''
 
 
-def run_peer(py, model, output, refs, threads, pin):
-    cmd = (["taskset", "-c", "0"] if pin else []) + [py, "-c", PEER, model, str(threads)]
+def run_peer(py, model, output, refs, threads, pin, batch):
+    cmd = (["taskset", "-c", "0"] if pin else []) + [py, "-c", PEER, model, str(threads), str(batch)]
     r = subprocess.run(cmd, input=json.dumps([output, *refs]).encode(), capture_output=True, check=True)
     return json.loads(r.stdout)
 
@@ -170,15 +177,17 @@ def main():
     a = ap.parse_args()
     py = ensure_venv()
     for pin, label in ((True, "1 core"), (False, "2 cores")):
-        engine_rates, peer_rates, worst = [], [], 0.0
+        engine_rates, peer_rates, batched_rates, worst = [], [], [], 0.0
         for _ in range(a.runs):
             rate, output, refs, scores = run_engine(a.engine, a.model, a.n, pin)
             engine_rates.append(rate)
-            peer = run_peer(py, a.model, output, refs, 1 if pin else 2, pin)
-            peer_rates.append(peer["rate"])
-            worst = max(worst, max(abs(x - y) for x, y in zip(scores, peer["scores"])))
+            for batch, rates in ((1, peer_rates), (8, batched_rates)):
+                peer = run_peer(py, a.model, output, refs, 1 if pin else 2, pin, batch)
+                rates.append(peer["rate"])
+                worst = max(worst, max(abs(x - y) for x, y in zip(scores, peer["scores"])))
         fmt = lambda rs: ", ".join(f"{r:.1f}" for r in rs)
-        print(f"{label}: engine {fmt(engine_rates)} texts/s; onnxruntime {fmt(peer_rates)} texts/s; "
+        print(f"{label}: engine {fmt(engine_rates)} texts/s; onnxruntime {fmt(peer_rates)} texts/s "
+              f"one text per run, {fmt(batched_rates)} eight texts per run (padded); "
               f"largest score difference {worst:.2e}")
 
 

@@ -506,22 +506,9 @@ fn without_config(command: &Command) -> Option<ExitCode> {
 const LOG_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn main() -> ExitCode {
-    one_thread_per_inference();
     let code = run();
     logging::flush(LOG_FLUSH_WAIT);
     code
-}
-
-/// The local embedding model already runs one inference per core at once
-/// (the provider's permits). Candle would give each of them a spinning pool
-/// of every core as well, and the nested pools spin against each other:
-/// with one thread each, 128 texts embed about 40% faster on two cores
-/// (docs/benchmarks.md). An operator's own `CANDLE_NUM_THREADS` is kept. Set
-/// before any thread starts, so no other thread reads the environment.
-fn one_thread_per_inference() {
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        std::env::set_var("CANDLE_NUM_THREADS", "1");
-    }
 }
 
 fn run() -> ExitCode {

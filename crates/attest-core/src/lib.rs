@@ -9,7 +9,7 @@
 //!
 //! It has no wire (no JSON-RPC errors: trace and spec errors are typed, and
 //! the engine converts them), no sandbox, no model providers and no storage,
-//! so its tests build without wasmtime, candle, reqwest or SQLite. The
+//! so its tests build without wasmtime, the embedding model, reqwest or SQLite. The
 //! engine's plugin host (layer 8) and providers (layers 5 and 6) sit on top.
 
 #![forbid(unsafe_code)]

@@ -12,6 +12,7 @@
 //! assertion that needs it.
 
 pub mod anthropic;
+pub mod bert;
 pub mod cache;
 pub mod config;
 pub mod embedding;
@@ -137,7 +138,8 @@ struct LocalEmbedder {
     dir: PathBuf,
     name: String,
     model: OnceCell<Result<Arc<Loaded>, String>>,
-    /// Inference is CPU-bound: at most one per core at a time.
+    /// Jobs queued or running: one pass's worth per inference thread
+    /// (`local::JOBS_PER_PASS`), so that a job waits at most one pass.
     permits: Semaphore,
     /// How many: one inference thread each.
     threads: usize,
@@ -313,7 +315,7 @@ impl Providers {
                     name: local::model_name(dir),
                     dir: dir.clone(),
                     model: OnceCell::new(),
-                    permits: Semaphore::new(threads),
+                    permits: Semaphore::new(threads * local::JOBS_PER_PASS),
                     threads,
                 }))
             }

@@ -1,6 +1,6 @@
 //! Sentence embeddings computed in-process, with no network: a BERT-family
-//! sentence-transformers model (all-MiniLM-L6-v2 by default) run with candle,
-//! tokenised with the model's own `tokenizer.json`.
+//! sentence-transformers model (all-MiniLM-L6-v2 by default) run by the
+//! encoder in bert.rs, tokenised with the model's own `tokenizer.json`.
 //!
 //! The model directory holds `config.json`, `tokenizer.json` and
 //! `model.safetensors`, as sentence-transformers ships them. Embeddings are
@@ -9,12 +9,10 @@
 //!
 //! Loading reads ~90 MB, so it happens on first use, never at start-up.
 
+use crate::bert::{Bert, Config as BertConfig, Sequence};
 use anyhow::{Context, Result};
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config as BertConfig};
 use std::path::{Path, PathBuf};
-use tokenizers::{PaddingParams, Tokenizer, TruncationParams};
+use tokenizers::{Tokenizer, TruncationParams};
 
 /// Longest input in tokens; sentence-transformers trains MiniLM at 256.
 pub const MAX_TOKENS: usize = 256;
@@ -23,7 +21,7 @@ pub const MAX_TOKENS: usize = 256;
 pub const REQUIRED_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
 
 pub struct LocalModel {
-    model: BertModel,
+    model: Bert,
     tokenizer: Tokenizer,
 }
 
@@ -52,13 +50,9 @@ impl LocalModel {
                 ..Default::default()
             }))
             .map_err(|e| anyhow::anyhow!("cannot configure truncation: {e}"))?;
-        tokenizer.with_padding(Some(PaddingParams::default()));
-        // SAFETY: the weights file is memory-mapped read-only; the engine
-        // never writes it, and a user replacing it while the engine runs is
-        // the same hazard as replacing any loaded library.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[path("model.safetensors")], DType::F32, &Device::Cpu) }
-            .context("cannot map model.safetensors")?;
-        let model = BertModel::load(vb, &config).context("model.safetensors does not match config.json")?;
+        // No padding: the encoder packs texts end to end.
+        tokenizer.with_padding(None);
+        let model = Bert::load(&config, &path("model.safetensors")).context("model.safetensors does not match config.json")?;
         Ok(LocalModel { model, tokenizer })
     }
 
@@ -78,30 +72,26 @@ impl LocalModel {
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| anyhow::anyhow!("tokenisation failed: {e}"))?;
-        let rows = encodings.len();
-        let cols = encodings.first().map_or(0, |e| e.get_ids().len());
-        let flat =
-            |f: &dyn Fn(&tokenizers::Encoding) -> &[u32]| -> Vec<u32> { encodings.iter().flat_map(|e| f(e).iter().copied()).collect() };
-        let device = &self.model.device;
-        let ids = Tensor::from_vec(flat(&|e| e.get_ids()), (rows, cols), device)?;
-        let type_ids = Tensor::from_vec(flat(&|e| e.get_type_ids()), (rows, cols), device)?;
-        let mask = Tensor::from_vec(flat(&|e| e.get_attention_mask()), (rows, cols), device)?;
-        let hidden = self.model.forward(&ids, &type_ids, Some(&mask))?; // (rows, cols, dim)
-        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (rows, cols, 1)
-        let summed = hidden.broadcast_mul(&mask)?.sum(1)?; // (rows, dim)
-        let counts = mask.sum(1)?.clamp(1e-9, f64::MAX)?; // (rows, 1)
-        let mean = summed.broadcast_div(&counts)?;
-        let norms = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
-        Ok(mean.broadcast_div(&norms)?.to_vec2::<f32>()?)
+        let sequences: Vec<Sequence> = encodings
+            .iter()
+            .map(|e| Sequence {
+                ids: e.get_ids(),
+                type_ids: e.get_type_ids(),
+            })
+            .collect();
+        self.model.embed(&sequences)
     }
 }
 
+/// Most jobs one inference thread packs into one pass: what is already
+/// queued when it turns to the queue, never a wait for more. Batched passes
+/// multiply more tokens per matrix product (docs/benchmarks.md).
+pub const JOBS_PER_PASS: usize = 8;
+
 /// The threads inference runs on: a fixed few that live as long as the
-/// model. Candle allocates each forward pass's activations afresh; on a
-/// thread of the runtime's blocking pool (a different one from call to
-/// call, and new ones as others are busy) every pass touched fresh pages,
-/// and each thread kept its own. With the pass always on one of these, the
-/// allocator reuses what the last pass freed (docs/benchmarks.md).
+/// model, so that each pass reuses the activation buffers of the last
+/// (bert.rs) instead of faulting in fresh pages on whichever thread of the
+/// runtime's blocking pool was free.
 pub struct Inference {
     jobs: std::sync::mpsc::Sender<Job>,
 }
@@ -113,6 +103,12 @@ struct Job {
     answer: tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>>>,
 }
 
+impl Job {
+    fn wanted(&self) -> bool {
+        std::time::Instant::now() < self.deadline && !self.answer.is_closed()
+    }
+}
+
 impl Inference {
     /// `threads` inference threads for `model` (at least one).
     pub fn start(model: std::sync::Arc<LocalModel>, threads: usize) -> std::io::Result<Inference> {
@@ -121,16 +117,25 @@ impl Inference {
         for i in 0..threads.max(1) {
             let (model, queue) = (model.clone(), queue.clone());
             std::thread::Builder::new().name(format!("attest-embed-{i}")).spawn(move || loop {
-                // The lock is held only while waiting for the next job; the
-                // channel closes with the embedder, ending the thread.
-                let Ok(job) = queue.lock().unwrap_or_else(|p| p.into_inner()).recv() else {
-                    return;
+                // The lock is held only while waiting for the next job and
+                // taking those queued behind it; the channel closes with the
+                // embedder, ending the thread.
+                let mut batch = {
+                    let queue = queue.lock().unwrap_or_else(|p| p.into_inner());
+                    let Ok(first) = queue.recv() else {
+                        return;
+                    };
+                    let mut batch = vec![first];
+                    while batch.len() < JOBS_PER_PASS {
+                        match queue.try_recv() {
+                            Ok(job) => batch.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    batch
                 };
-                if std::time::Instant::now() >= job.deadline || job.answer.is_closed() {
-                    continue;
-                }
-                let refs: Vec<&str> = job.texts.iter().map(String::as_str).collect();
-                let _ = job.answer.send(model.embed(&refs));
+                batch.retain(Job::wanted);
+                run(&model, batch);
             })?;
         }
         Ok(Inference { jobs })
@@ -142,6 +147,27 @@ impl Inference {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.jobs.send(Job { texts, deadline, answer }).ok()?;
         answered.await.ok()
+    }
+}
+
+/// One pass over the texts of every job in `batch`, each job answered with
+/// its own vectors. Should the pass fail, each job is run alone, so that
+/// one job's failure is never another's.
+fn run(model: &LocalModel, batch: Vec<Job>) {
+    if batch.len() > 1 {
+        let texts: Vec<&str> = batch.iter().flat_map(|j| j.texts.iter().map(String::as_str)).collect();
+        if let Ok(vectors) = model.embed(&texts) {
+            let mut vectors = vectors.into_iter();
+            for job in batch {
+                let mine: Vec<Vec<f32>> = vectors.by_ref().take(job.texts.len()).collect();
+                let _ = job.answer.send(Ok(mine));
+            }
+            return;
+        }
+    }
+    for job in batch {
+        let refs: Vec<&str> = job.texts.iter().map(String::as_str).collect();
+        let _ = job.answer.send(model.embed(&refs));
     }
 }
 
@@ -190,17 +216,45 @@ mod tests {
     }
 
     /// Real weights: set ATTEST_TEST_MODEL_DIR (scripts/test does).
-    #[test]
-    fn paraphrases_are_close_and_unrelated_text_is_not() {
-        let Some(dir) = std::env::var_os("ATTEST_TEST_MODEL_DIR").or_else(|| {
+    fn model() -> Option<LocalModel> {
+        let dir = std::env::var_os("ATTEST_TEST_MODEL_DIR").or_else(|| {
             attest_test_support::missing(
                 "ATTEST_TEST_MODEL_DIR is not set, so the local embedding model was not loaded",
                 "set it to an all-MiniLM-L6-v2 directory (scripts/test unpacks one into target/models)",
             )
-        }) else {
-            return;
-        };
-        let m = LocalModel::load(Path::new(&dir)).unwrap();
+        })?;
+        Some(LocalModel::load(Path::new(&dir)).unwrap())
+    }
+
+    /// The encoder against vectors a general tensor library computed from
+    /// the same weights: short, empty, non-English and over-long (truncated)
+    /// texts, each alone and all packed in one pass.
+    #[test]
+    fn embeddings_match_the_reference_implementation() {
+        let Some(m) = model() else { return };
+        let fixture: serde_json::Value = serde_json::from_str(include_str!("../testdata/minilm_reference.json")).unwrap();
+        let cases = fixture["embeddings"].as_array().unwrap();
+        let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+        let packed = m.embed(&texts).unwrap();
+        for (i, case) in cases.iter().enumerate() {
+            let want: Vec<f32> = case["vector"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect();
+            let alone = m.embed(&texts[i..=i]).unwrap().remove(0);
+            for got in [&alone, &packed[i]] {
+                let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(worst < 2e-6, "text {i} ({:?}) is off by {worst}", texts[i]);
+            }
+        }
+        assert_eq!(m.truncates(&texts).unwrap(), [false, false, false, false, false, false, true]);
+    }
+
+    #[test]
+    fn paraphrases_are_close_and_unrelated_text_is_not() {
+        let Some(m) = model() else { return };
         let v = m
             .embed(&[
                 "Your refund has been processed and will arrive in 3 business days.",
