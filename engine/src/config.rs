@@ -6,7 +6,7 @@
 
 use crate::logging::Level;
 use crate::plugins::PluginSpec;
-use crate::providers::config::{parse_bool, parse_duration};
+use crate::providers::config::{parse_bool, parse_duration, size_bytes, size_text};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -131,11 +131,23 @@ pub struct FileConfig {
     pub idempotency_cache_entries: Option<usize>,
     pub compiled_cache_entries: Option<usize>,
     pub compiled_cache_mib: Option<u64>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub compiled_cache_size: Option<String>,
     pub schema_cache_mib: Option<u64>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub schema_cache_size: Option<String>,
     pub idempotency_cache_mib: Option<u64>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub idempotency_cache_size: Option<String>,
     pub plugin_results_mib: Option<usize>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub plugin_results_size: Option<String>,
     pub session_log_mib: Option<usize>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub session_log_size: Option<String>,
     pub max_inflight_mib: Option<usize>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub max_inflight_size: Option<String>,
     pub max_explanation_chars: Option<usize>,
     #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub drain_timeout: Option<String>,
@@ -156,11 +168,15 @@ pub struct FileConfig {
     pub history_path: Option<PathBuf>,
     pub history_max_rows: Option<u64>,
     pub history_max_mib: Option<u64>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub history_max_size: Option<String>,
     /// Non-passing evaluations kept with their explanations and trace for
     /// `attest-engine view` (0: none).
     pub history_kept_evaluations: Option<u64>,
     /// Compressed MiB those may take (0: none).
     pub history_kept_mib: Option<u64>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub history_kept_size: Option<String>,
     #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub history_max_age: Option<String>,
     pub dynamic_min_samples: Option<usize>,
@@ -186,6 +202,8 @@ pub struct FileConfig {
 pub struct FileLimits {
     pub fuel: Option<u64>,
     pub memory_mib: Option<usize>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub memory: Option<String>,
     #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub timeout: Option<String>,
 }
@@ -198,6 +216,8 @@ pub struct FilePlugin {
     // `flatten`, an unknown key's error could not list the valid ones.
     pub fuel: Option<u64>,
     pub memory_mib: Option<usize>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub memory: Option<String>,
     #[serde(default, deserialize_with = "crate::providers::config::duration_text")]
     pub timeout: Option<String>,
     /// Capabilities granted to this plugin (`embed`, `judge`,
@@ -214,6 +234,7 @@ impl FilePlugin {
         FileLimits {
             fuel: self.fuel,
             memory_mib: self.memory_mib,
+            memory: self.memory.clone(),
             timeout: self.timeout.clone(),
         }
     }
@@ -406,25 +427,49 @@ impl Config {
         )?;
         c.compiled_cache_entries = at_least_one("compiled_cache_entries", file.compiled_cache_entries, c.compiled_cache_entries)?;
         c.max_plugin_results = at_least_one("max_plugin_results", file.max_plugin_results, c.max_plugin_results)?;
-        let mib = |key: &str, v: Option<u64>, min: u64, default: u64| -> Result<u64> {
-            match v {
-                None => Ok(default),
-                Some(m) if (min..=MAX_MIB).contains(&m) => Ok(m << 20),
-                Some(m) => bail!(
-                    "{} must be between {min} and {MAX_MIB} (MiB), got {m}; leave it out for the default, {}",
-                    src(key),
-                    default >> 20
-                ),
-            }
+        let one = (1, MAX_MIB);
+        c.compiled_cache_bytes = size(
+            &file.compiled_cache_size,
+            file.compiled_cache_mib,
+            "compiled_cache",
+            one,
+            c.compiled_cache_bytes,
+            &src,
+        )?;
+        c.schema_cache_bytes = size(
+            &file.schema_cache_size,
+            file.schema_cache_mib,
+            "schema_cache",
+            one,
+            c.schema_cache_bytes,
+            &src,
+        )?;
+        c.idempotency_cache_bytes = size(
+            &file.idempotency_cache_size,
+            file.idempotency_cache_mib,
+            "idempotency_cache",
+            one,
+            c.idempotency_cache_bytes,
+            &src,
+        )?;
+        let size_usize = |text: &Option<String>, mib: Option<usize>, key: &str, min: u64, default: usize| {
+            size(text, mib.map(|m| m as u64), key, (min, MAX_MIB), default as u64, &src).map(|b| b as usize)
         };
-        let mib_usize =
-            |key: &str, v: Option<usize>, min: u64, default: usize| mib(key, v.map(|m| m as u64), min, default as u64).map(|b| b as usize);
-        c.compiled_cache_bytes = mib("compiled_cache_mib", file.compiled_cache_mib, 1, c.compiled_cache_bytes)?;
-        c.schema_cache_bytes = mib("schema_cache_mib", file.schema_cache_mib, 1, c.schema_cache_bytes)?;
-        c.idempotency_cache_bytes = mib("idempotency_cache_mib", file.idempotency_cache_mib, 1, c.idempotency_cache_bytes)?;
-        c.plugin_results_bytes = mib_usize("plugin_results_mib", file.plugin_results_mib, 1, c.plugin_results_bytes)?;
-        c.session_log_bytes = mib_usize("session_log_mib", file.session_log_mib, 1, c.session_log_bytes)?;
-        c.max_inflight_bytes = mib_usize("max_inflight_mib", file.max_inflight_mib, 16, c.max_inflight_bytes)?;
+        c.plugin_results_bytes = size_usize(
+            &file.plugin_results_size,
+            file.plugin_results_mib,
+            "plugin_results",
+            1,
+            c.plugin_results_bytes,
+        )?;
+        c.session_log_bytes = size_usize(&file.session_log_size, file.session_log_mib, "session_log", 1, c.session_log_bytes)?;
+        c.max_inflight_bytes = size_usize(
+            &file.max_inflight_size,
+            file.max_inflight_mib,
+            "max_inflight",
+            16,
+            c.max_inflight_bytes,
+        )?;
         c.max_explanation_chars = file.max_explanation_chars.unwrap_or(c.max_explanation_chars);
 
         if let Some(v) = env("ATTEST_LOG_LEVEL") {
@@ -537,12 +582,20 @@ impl Config {
         if max_age.is_zero() {
             bail!("history_max_age must be greater than zero (set history = false to switch history off)");
         }
-        let max_bytes = mib("history_max_mib", file.history_max_mib, 1, DEFAULT_HISTORY_BYTES)?;
+        let max_bytes = size(
+            &file.history_max_size,
+            file.history_max_mib,
+            "history_max",
+            (1, MAX_MIB),
+            DEFAULT_HISTORY_BYTES,
+            &src,
+        )?;
         let kept_evaluations = file.history_kept_evaluations;
         // 0 switches kept evaluations off, as `history_kept_evaluations = 0` does.
-        let kept_bytes = match file.history_kept_mib {
-            Some(0) => 0,
-            other => mib("history_kept_mib", other, 1, crate::history::DEFAULT_KEPT_BYTES)?,
+        let kept_bytes = match (&file.history_kept_size, file.history_kept_mib) {
+            (None, Some(0)) => 0,
+            (Some(t), None) if size_bytes(t).ok() == Some(0) => 0,
+            (t, m) => size(t, m, "history_kept", (1, MAX_MIB), crate::history::DEFAULT_KEPT_BYTES, &src)?,
         };
         c.history = history_location
             .filter(|_| history_on)
@@ -660,8 +713,45 @@ impl<'de> Deserialize<'de> for HistorySetting {
 
 /// The result history's default byte bound (`history_max_mib`).
 const DEFAULT_HISTORY_BYTES: u64 = 1 << 30;
-/// Largest value of a `*_mib` key (1 TiB): larger ones are refused, not wrapped.
+/// Largest size a key may take (1 TiB): larger ones are refused, not wrapped.
 const MAX_MIB: u64 = 1 << 20;
+
+/// A size key: `<key>_size` with its unit (`"256MiB"`), or the older
+/// `<key>_mib` as a whole number of MiB; between `min_mib` and `max_mib`
+/// MiB. Neither: `default` bytes. `src` names a key where the user set it.
+fn size(
+    text: &Option<String>,
+    mib: Option<u64>,
+    key: &str,
+    (min_mib, max_mib): (u64, u64),
+    default: u64,
+    src: &dyn Fn(&str) -> String,
+) -> Result<u64> {
+    let max = if max_mib == MAX_MIB {
+        "1TiB".to_owned()
+    } else {
+        format!("{max_mib}MiB")
+    };
+    let range = |shown: String, bytes: u64, name: &str| {
+        if (min_mib << 20..=max_mib << 20).contains(&bytes) {
+            Ok(bytes)
+        } else {
+            bail!(
+                "{} must be between {min_mib}MiB and {max}, got {shown}; leave it out for the default, {}MiB",
+                src(name),
+                default >> 20
+            )
+        }
+    };
+    // A plugin's `memory` has no `_size`: it is the limit itself.
+    let name = if key == "memory" { key.to_owned() } else { format!("{key}_size") };
+    match (text, mib) {
+        (Some(_), Some(_)) => bail!("{} and {key}_mib are both set; keep {name} (e.g. {name} = \"256MiB\")", src(&name)),
+        (Some(t), None) => range(t.clone(), size_bytes(t).with_context(|| src(&name))?, &name),
+        (None, Some(m)) => range(format!("{m}"), m.saturating_mul(1 << 20), &format!("{key}_mib")),
+        (None, None) => Ok(default),
+    }
+}
 
 /// Largest config file read, in bytes.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
@@ -756,11 +846,16 @@ fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::
         }
         l.fuel = Some(fuel);
     }
-    if let Some(mib) = f.memory_mib {
-        if !(1..=1024).contains(&mib) {
-            bail!("memory_mib must be between 1 and 1024, got {mib}");
-        }
-        l.memory_bytes = mib * 1024 * 1024;
+    if f.memory.is_some() || f.memory_mib.is_some() {
+        let bytes = size(
+            &f.memory,
+            f.memory_mib.map(|m| m as u64),
+            "memory",
+            (1, 1024),
+            l.memory_bytes as u64,
+            &|k| k.to_owned(),
+        )?;
+        l.memory_bytes = bytes as usize;
     }
     if let Some(t) = &f.timeout {
         l.timeout = parse_duration(t).context("timeout")?;
@@ -774,6 +869,28 @@ fn limits(base: &crate::plugins::PluginLimits, f: &FileLimits) -> Result<crate::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plugins_memory_is_a_size_and_memory_mib_still_counts_mib() {
+        let base = crate::plugins::PluginLimits::default();
+        let with = |memory: Option<&str>, memory_mib: Option<usize>| {
+            let f = FileLimits {
+                memory: memory.map(str::to_owned),
+                memory_mib,
+                ..FileLimits::default()
+            };
+            limits(&base, &f).map(|l| l.memory_bytes).map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(with(Some("64MiB"), None), Ok(64 << 20));
+        assert_eq!(with(None, Some(32)), Ok(32 << 20));
+        assert_eq!(
+            with(Some("2GiB"), None),
+            Err("memory must be between 1MiB and 1024MiB, got 2GiB; leave it out for the default, 64MiB".into())
+        );
+        assert!(with(Some("8MiB"), Some(8))
+            .unwrap_err()
+            .contains("memory and memory_mib are both set; keep memory"));
+    }
     use std::collections::HashMap;
 
     /// `text` written as the config file at `path`, loaded with `vars` as
@@ -887,9 +1004,37 @@ mod tests {
         }
         let e = load("max_inflight_mib = 8").unwrap_err();
         assert!(
-            e.contains("between 16 and 1048576 (MiB), got 8; leave it out for the default, 384"),
+            e.contains("between 16MiB and 1TiB, got 8; leave it out for the default, 384MiB"),
             "{e}"
         );
+        // Sizes with their units, the `_size` spelling of every `_mib` key.
+        let c = load(
+            "compiled_cache_size = \"256MiB\"\nschema_cache_size = \"1GB\"\nmax_inflight_size = \"0.5GiB\"\n\
+             history_max_size = \"2GiB\"\nhistory_kept_size = \"0B\"",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.compiled_cache_bytes, c.schema_cache_bytes, c.max_inflight_bytes),
+            (256 << 20, 1_000_000_000, 512 << 20)
+        );
+        let h = c.history.expect("history is on by default");
+        assert_eq!((h.max_bytes, h.kept_bytes), (2 << 30, 0));
+        for (text, needle) in [
+            (
+                "compiled_cache_size = \"512\"",
+                "\"512\" has no unit; write it with one, such as \"512MiB\"",
+            ),
+            ("compiled_cache_size = \"lots\"", "\"lots\" is not a size; write it with its unit"),
+            ("compiled_cache_size = 512", "a size with its unit, such as \"256MiB\""),
+            ("max_inflight_size = \"8MiB\"", "max_inflight_size in"),
+            (
+                "compiled_cache_size = \"1MiB\"\ncompiled_cache_mib = 1",
+                "compiled_cache_mib are both set; keep compiled_cache_size",
+            ),
+        ] {
+            let e = load(text).unwrap_err();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
         let c = load("compiled_cache_mib = 2\nmax_inflight_mib = 16\nidempotency_cache_entries = 5\nschema_cache_mib = 3").unwrap();
         assert_eq!(
             (

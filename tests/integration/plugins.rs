@@ -2347,11 +2347,11 @@ fn invalid_plugin_limits_are_configuration_errors() {
         (format!("[[plugins]]\npath = {pii}\nfuel = 0\n"), "fuel must be greater than zero"),
         (
             format!("[[plugins]]\npath = {pii}\nmemory_mib = 0\n"),
-            "memory_mib must be between 1 and 1024, got 0",
+            "memory_mib must be between 1MiB and 1024MiB, got 0",
         ),
         (
             format!("[[plugins]]\npath = {pii}\nmemory_mib = 4096\n"),
-            "memory_mib must be between 1 and 1024, got 4096",
+            "memory_mib must be between 1MiB and 1024MiB, got 4096",
         ),
         (
             format!("[[plugins]]\npath = {pii}\ntimeout = '0s'\n"),
@@ -2364,7 +2364,7 @@ fn invalid_plugin_limits_are_configuration_errors() {
         (format!("[[plugins]]\npath = {pii}\ntimeout = 'soon'\n"), "'soon' is not a duration"),
         (
             format!("[[plugins]]\npath = {pii}\nfuell = 5\n"),
-            "unknown field `fuell`, expected one of `path`, `fuel`, `memory_mib`, `timeout`, `grants`, `secrets`",
+            "unknown field `fuell`, expected one of `path`, `fuel`, `memory_mib`, `memory`, `timeout`, `grants`, `secrets`",
         ),
         ("[plugin_defaults]\nfuel = 0\n".to_owned(), "plugin_defaults"),
         ("[[plugins]]\npath = ''\n".to_owned(), "path is empty"),

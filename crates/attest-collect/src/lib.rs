@@ -288,26 +288,57 @@ pub fn read_capped(path: &std::path::Path) -> Result<String, attest_io::ReadErro
     attest_io::read_capped_text(path, MAX_CONFIG_FILE_BYTES)
 }
 
-/// Deepest flow nesting (`[`, `{`) a configuration file may use; serde
-/// refuses deeper values anyway.
-const MAX_YAML_FLOW_DEPTH: usize = 128;
-
-/// Parses a YAML configuration file (rules, prices).
-///
-/// The YAML parser's time grows with the square of flow nesting, so a
-/// 200 KB file of nested brackets would stall start-up for minutes before
-/// serde's own depth limit answers. The nesting is measured first, in one
-/// pass that skips quoted scalars and comments.
+/// Parses a YAML configuration file (rules, prices) with the workspace's
+/// one YAML reader (`attest-yaml`: YAML 1.1 as PyYAML resolves it, as ECP
+/// manifests are read, bounded in nesting and size), refusing a key given
+/// twice in one mapping. Of the values JSON cannot hold, a timestamp
+/// (`2024-05-01`) is its text, and `.nan`/`.inf` are refused by their path.
+/// A value of the wrong type is named by its path too.
 pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
-    if let Some(line) = flow_depth_exceeded(text, MAX_YAML_FLOW_DEPTH) {
-        return Err(format!(
-            "nested more than {MAX_YAML_FLOW_DEPTH} levels deep at line {line}: flatten the value"
-        ));
+    let mut value = attest_yaml::load_refusing_duplicates(text)?;
+    plain_json(&mut value, &mut String::new())?;
+    serde_path_to_error::deserialize(value).map_err(|e| match e.path().to_string() {
+        p if p == "." => e.inner().to_string(),
+        p => format!("{p}: {}", e.inner()),
+    })
+}
+
+/// Replaces the YAML-only values `attest-yaml` keeps apart from strings:
+/// a timestamp becomes its text; a non-finite number is an error at `path`.
+fn plain_json(value: &mut serde_json::Value, path: &mut String) -> Result<(), String> {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) if map.len() == 1 && map.contains_key("yaml:timestamp") => {
+            *value = map.remove("yaml:timestamp").unwrap_or_default();
+        }
+        Value::Object(map) if map.len() == 1 && map.contains_key("yaml:float") => {
+            let at = if path.is_empty() { "the file's value" } else { path.as_str() };
+            return Err(format!(
+                "{at} is not a finite number (.nan and .inf have no meaning in a rules or prices file); give a number"
+            ));
+        }
+        Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+                plain_json(v, path)?;
+                path.truncate(len);
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter_mut().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                plain_json(v, path)?;
+                path.truncate(len);
+            }
+        }
+        _ => {}
     }
-    if let Some(problem) = first_misread_value(serde_norway::Deserializer::from_str(text)) {
-        return Err(problem);
-    }
-    serde_norway::from_str(text).map_err(|e| e.to_string())
+    Ok(())
 }
 
 /// The first thing in a document that reading it into typed values would
@@ -487,63 +518,17 @@ mod dupes {
     }
 }
 
-/// The line at which flow collections nest deeper than `max`, if they do.
-fn flow_depth_exceeded(text: &str, max: usize) -> Option<usize> {
-    let (mut depth, mut line) = (0usize, 1usize);
-    let mut chars = text.chars().peekable();
-    let mut prev_blank = true;
-    while let Some(c) = chars.next() {
-        match c {
-            '\n' => line += 1,
-            '[' | '{' => {
-                depth += 1;
-                if depth > max {
-                    return Some(line);
-                }
-            }
-            ']' | '}' => depth = depth.saturating_sub(1),
-            '#' if prev_blank => while chars.next_if(|&c| c != '\n').is_some() {},
-            // A quote opens a quoted scalar only where a scalar starts; inside
-            // a plain one (`don't`, `5" nails`) it is text.
-            '"' if prev_blank => {
-                while let Some(c) = chars.next() {
-                    match c {
-                        '\\' => {
-                            chars.next();
-                        }
-                        '"' => break,
-                        '\n' => line += 1,
-                        _ => {}
-                    }
-                }
-            }
-            '\'' if prev_blank => {
-                while let Some(c) = chars.next() {
-                    match c {
-                        '\'' if chars.next_if_eq(&'\'').is_none() => break,
-                        '\n' => line += 1,
-                        _ => {}
-                    }
-                }
-            }
-            _ => {}
-        }
-        prev_blank = c.is_whitespace() || matches!(c, '[' | '{' | ',' | ':' | '-');
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn deep_flow_nesting_is_refused_before_parsing() {
+    fn deep_nesting_is_refused_quickly() {
         let deep = format!("rules: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
         let t = std::time::Instant::now();
         let e = parse_yaml::<serde_json::Value>(&deep).unwrap_err();
         assert!(t.elapsed() < std::time::Duration::from_secs(5), "took {:?}", t.elapsed());
-        assert_eq!(e, "nested more than 128 levels deep at line 1: flatten the value");
+        assert!(e.contains("nests deeper than 256 levels") && e.contains("line 1"), "{e}");
         // Brackets in quoted scalars and comments do not count, nor do
         // quotes inside words open a quoted scalar.
         let quoted = format!(
@@ -553,8 +538,6 @@ mod tests {
         let v: serde_json::Value = parse_yaml(&quoted).unwrap();
         assert_eq!(v["d"][0]["e"], 1);
         assert_eq!(v["c"], "don't [x]");
-        assert_eq!(flow_depth_exceeded("[[[]]]", 3), None);
-        assert_eq!(flow_depth_exceeded("a: 1\nb: [[[[]]]]", 3), Some(2));
     }
 
     #[test]
@@ -566,6 +549,19 @@ mod tests {
         // Spelled as text, it is text.
         let v: serde_json::Value = parse_yaml("a: '.nan'\nb: x.info\n").unwrap();
         assert_eq!(v["a"], ".nan");
+    }
+
+    /// Rules and price files resolve plain scalars as ECP manifests do
+    /// (YAML 1.1, as PyYAML): `yes`/`on` are true, `010` is octal.
+    #[test]
+    fn rules_files_read_yaml_as_manifests_do() {
+        let v: serde_json::Value = parse_yaml("a: yes\nb: off\nc: 010\nd: 2024-05-01\ne: 'yes'\nf: 1e3\n").unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"a": true, "b": false, "c": 8, "d": "2024-05-01", "e": "yes", "f": "1e3"})
+        );
+        let e = parse_yaml::<serde_json::Value>("rules:\n  - name: a\n    name: b\n").unwrap_err();
+        assert!(e.starts_with("rules[0]: duplicate key 'name'"), "{e}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::{ConformanceArgs, RunArgs, TrendArgs};
 /// The longest limit `--timeout` and `--max-duration` keep (31 years).
 const MAX_SECONDS: f64 = 1e9;
 
-fn positive_seconds(arg: Option<f64>, env_name: &str, flag: &str, default: Option<f64>) -> Result<Option<Duration>, String> {
+fn positive_seconds(arg: Option<&str>, env_name: &str, flag: &str, default: Option<f64>) -> Result<Option<Duration>, String> {
     let (value, source) = match arg {
         Some(v) => (Some(v.to_string()), flag.to_string()),
         None => (std::env::var(env_name).ok().filter(|v| !v.is_empty()), env_name.to_string()),
@@ -24,11 +24,19 @@ fn positive_seconds(arg: Option<f64>, env_name: &str, flag: &str, default: Optio
     let Some(raw) = value.or_else(|| default.map(|d| d.to_string())) else {
         return Ok(None);
     };
-    match raw.trim().parse::<f64>() {
+    // A bare number is seconds, as the reference runtime reads it; a
+    // duration carries its unit (30s, 1500ms, 2m).
+    let seconds = match raw.trim().parse::<f64>() {
+        Ok(v) => Some(v),
+        Err(_) => humantime::parse_duration(raw.trim()).ok().map(|d| d.as_secs_f64()),
+    };
+    match seconds {
         // Past 31 years, a limit is as good as none; kept at that, the
         // deadline it sets stays within what a clock can add.
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(Duration::from_secs_f64(v.min(MAX_SECONDS)))),
-        _ => Err(format!("{source} must be a positive number of seconds, got '{raw}'")),
+        Some(v) if v.is_finite() && v > 0.0 => Ok(Some(Duration::from_secs_f64(v.min(MAX_SECONDS)))),
+        _ => Err(format!(
+            "{source} must be a duration above zero, with its unit (30s, 1500ms, 2m) or a number of seconds; got '{raw}'"
+        )),
     }
 }
 
@@ -75,14 +83,14 @@ fn check_writable(path: &Path, flag: &str) -> Result<(), String> {
 }
 
 pub async fn run(args: RunArgs, host: Arc<dyn GradingHost>) -> anyhow::Result<i32> {
-    let rpc_timeout = match positive_seconds(args.timeout, "ECP_RPC_TIMEOUT", "--timeout", Some(30.0)) {
+    let rpc_timeout = match positive_seconds(args.timeout.as_deref(), "ECP_RPC_TIMEOUT", "--timeout", Some(30.0)) {
         Ok(t) => t.expect("a default is given"),
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(1);
         }
     };
-    let max_duration = match positive_seconds(args.max_duration, "ECP_MAX_DURATION", "--max-duration", None) {
+    let max_duration = match positive_seconds(args.max_duration.as_deref(), "ECP_MAX_DURATION", "--max-duration", None) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");
@@ -208,7 +216,7 @@ pub async fn conformance(args: ConformanceArgs) -> anyhow::Result<i32> {
         );
         return Ok(1);
     }
-    let timeout = match positive_seconds(args.timeout, "ECP_RPC_TIMEOUT", "--timeout", Some(30.0)) {
+    let timeout = match positive_seconds(args.timeout.as_deref(), "ECP_RPC_TIMEOUT", "--timeout", Some(30.0)) {
         Ok(t) => t.expect("a default is given"),
         Err(e) => {
             eprintln!("error: {e}");
@@ -587,10 +595,22 @@ mod tests {
     }
 
     #[test]
-    fn timeouts_must_be_positive() {
-        assert!(positive_seconds(Some(-1.0), "X_UNSET_VAR", "--timeout", Some(30.0)).is_err());
+    fn timeouts_are_durations_or_seconds_and_must_be_positive() {
+        assert!(positive_seconds(Some("-1"), "X_UNSET_VAR", "--timeout", Some(30.0)).is_err());
+        assert!(positive_seconds(Some("0s"), "X_UNSET_VAR", "--timeout", Some(30.0)).is_err());
+        let e = positive_seconds(Some("soon"), "X_UNSET_VAR", "--timeout", Some(30.0)).unwrap_err();
+        assert!(
+            e.contains("--timeout must be a duration above zero, with its unit (30s, 1500ms, 2m)"),
+            "{e}"
+        );
+        for (text, ms) in [("2", 2000), ("1500ms", 1500), ("2m", 120_000), ("0.5", 500)] {
+            assert_eq!(
+                positive_seconds(Some(text), "X_UNSET_VAR", "--timeout", None).unwrap(),
+                Some(Duration::from_millis(ms))
+            );
+        }
         assert_eq!(
-            positive_seconds(Some(1e300), "X_UNSET_VAR", "--timeout", Some(30.0)).unwrap(),
+            positive_seconds(Some("1e300"), "X_UNSET_VAR", "--timeout", Some(30.0)).unwrap(),
             Some(Duration::from_secs(1_000_000_000))
         );
         assert_eq!(

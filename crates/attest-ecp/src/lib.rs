@@ -17,7 +17,6 @@ pub mod runner;
 pub mod trace;
 pub mod transport;
 mod util;
-pub mod yaml;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -134,12 +133,14 @@ pub struct RunArgs {
     /// Write JUnit XML here (one testsuite per scenario, one testcase per step).
     #[arg(long)]
     pub junit: Option<PathBuf>,
-    /// Seconds to wait for each agent call (default: ECP_RPC_TIMEOUT or 30).
-    #[arg(long)]
-    pub timeout: Option<f64>,
-    /// Seconds the whole run may take (default: ECP_MAX_DURATION, else unlimited).
-    #[arg(long)]
-    pub max_duration: Option<f64>,
+    /// How long to wait for each agent call: a duration (30s, 1500ms) or a
+    /// number of seconds (default: ECP_RPC_TIMEOUT or 30s).
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// How long the whole run may take: a duration (10m) or a number of
+    /// seconds (default: ECP_MAX_DURATION, else unlimited).
+    #[arg(long, value_name = "DURATION")]
+    pub max_duration: Option<String>,
     /// Exit with status 2 when any check fails (the default).
     #[arg(long, overrides_with = "no_fail_on_error")]
     pub fail_on_error: bool,
@@ -254,9 +255,10 @@ pub struct ConformanceArgs {
     /// Print only the JSON conformance report.
     #[arg(long)]
     pub json: bool,
-    /// Seconds to wait for each call (default: ECP_RPC_TIMEOUT or 30).
-    #[arg(long)]
-    pub timeout: Option<f64>,
+    /// How long to wait for each call: a duration (30s, 1500ms) or a number
+    /// of seconds (default: ECP_RPC_TIMEOUT or 30s).
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
     #[command(flatten)]
     pub env: AgentEnvArgs,
     #[command(flatten)]

@@ -245,7 +245,7 @@ fn validate(path: &Path, host: Option<&dyn crate::host::GradingHost>) -> Result<
     let bytes = read_bounded(path).map_err(fail)?;
     let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
     let text = attest_io::utf8(bytes).map_err(|e| fail(format!("the file {e}")))?;
-    let doc: Value = crate::yaml::load(&text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
+    let doc: Value = attest_yaml::load(&text).map_err(|e| fail(format!("not valid YAML: {e}")))?;
     let base_dir = path
         .canonicalize()
         .ok()

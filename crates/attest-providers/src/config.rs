@@ -54,6 +54,8 @@ pub struct FileProviders {
     pub cache: Option<bool>,
     pub cache_max_entries: Option<u64>,
     pub cache_max_mib: Option<u64>,
+    #[serde(default, deserialize_with = "size_text")]
+    pub cache_max_size: Option<String>,
 }
 
 /// Where embeddings come from.
@@ -345,13 +347,32 @@ impl ProvidersConfig {
                 file.key("[providers] cache_max_entries")
             );
         }
-        let cache_max_mib = fp.cache_max_mib.unwrap_or(DEFAULT_CACHE_MIB);
-        if !(1..=MAX_CACHE_MIB).contains(&cache_max_mib) {
-            bail!(
-                "{}: must be between 1 and {MAX_CACHE_MIB}, got {cache_max_mib} (set cache = false in [providers] to switch the cache off)",
-                file.key("[providers] cache_max_mib")
-            );
-        }
+        let cache_max_mib = match (&fp.cache_max_size, fp.cache_max_mib) {
+            (Some(_), Some(_)) => bail!(
+                "{} and cache_max_mib are both set; keep cache_max_size (e.g. cache_max_size = \"512MiB\")",
+                file.key("[providers] cache_max_size")
+            ),
+            (Some(text), None) => {
+                let bytes = size_bytes(text).with_context(|| file.key("[providers] cache_max_size"))?;
+                if !(1 << 20..=MAX_CACHE_MIB << 20).contains(&bytes) {
+                    bail!(
+                        "{}: must be between 1MiB and 1TiB, got {text} (set cache = false in [providers] to switch the cache off)",
+                        file.key("[providers] cache_max_size")
+                    );
+                }
+                bytes >> 20
+            }
+            (None, mib) => {
+                let mib = mib.unwrap_or(DEFAULT_CACHE_MIB);
+                if !(1..=MAX_CACHE_MIB).contains(&mib) {
+                    bail!(
+                        "{}: must be between 1 and {MAX_CACHE_MIB}, got {mib} (set cache = false in [providers] to switch the cache off)",
+                        file.key("[providers] cache_max_mib")
+                    );
+                }
+                mib
+            }
+        };
         let mut prices: HashMap<String, Price> = DEFAULT_PRICES
             .iter()
             .map(|(m, i, o)| {
@@ -457,6 +478,33 @@ pub fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Res
         }
     }
     d.deserialize_any(Visitor)
+}
+
+/// A size as a config file writes it: text with its unit (`"256MiB"`,
+/// `"1GB"`), kept as text for [`size_bytes`]. For `#[serde(default,
+/// deserialize_with = "size_text")]` fields.
+pub fn size_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<String>, D::Error> {
+    struct Visitor;
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a size with its unit, such as \"256MiB\" or \"1GB\"")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
+            Ok(Some(v.to_owned()))
+        }
+    }
+    d.deserialize_any(Visitor)
+}
+
+/// Bytes of a size written with its unit (KiB and the like are 1024s, KB
+/// and the like 1000s). A bare number is refused: which unit it meant
+/// cannot be told.
+pub fn size_bytes(s: &str) -> Result<u64> {
+    if s.trim().parse::<f64>().is_ok() {
+        bail!("{s:?} has no unit; write it with one, such as \"{}MiB\" or \"1GB\"", s.trim());
+    }
+    attest_io::size_with_unit(s, 1).with_context(|| format!("{s:?} is not a size; write it with its unit, such as \"256MiB\" or \"1GB\""))
 }
 
 #[cfg(test)]
@@ -623,5 +671,15 @@ mod tests {
             let e = load_providers(p).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains("set cache = false in [providers]"), "{e}");
         }
+        let sized = |text: &str| FileProviders {
+            cache_max_size: Some(text.to_owned()),
+            ..Default::default()
+        };
+        let ok = load_providers(sized("2GiB")).unwrap();
+        assert_eq!(ok.cache_bounds.max_bytes, 2 << 30);
+        let e = format!("{:#}", load_providers(sized("512")).unwrap_err());
+        assert!(e.contains("[providers] cache_max_size") && e.contains("\"512\" has no unit"), "{e}");
+        let e = load_providers(sized("100KiB")).unwrap_err().to_string();
+        assert!(e.contains("must be between 1MiB and 1TiB, got 100KiB"), "{e}");
     }
 }

@@ -1,5 +1,8 @@
-//! Manifests read the way the reference runtime reads them: YAML 1.1 as
-//! PyYAML's `safe_load` resolves it, into JSON values.
+//! The one YAML reader of the workspace: YAML 1.1 as PyYAML's `safe_load`
+//! resolves it, into JSON values. ECP manifests are read so because the
+//! reference runtime reads them so; `collect`'s rules and price files are
+//! read the same way, so that a value means one thing in every file the
+//! engine takes (`enabled: yes` is `true` in both).
 //!
 //! YAML 1.1 and the 1.2 core schema disagree on plain scalars that manifests
 //! do write: `yes`/`no`/`on`/`off` are booleans, `010` is octal, `1:30` is a
@@ -16,10 +19,17 @@
 //! `{"yaml:float": ".inf"}`; neither equals a string, and neither is accepted
 //! where a string is required.
 //!
+//! A key given twice in one mapping is the later value, as in PyYAML
+//! ([`load`]), or refused ([`load_refusing_duplicates`], for files whose
+//! format is ours: there a copy-paste slip could silently rename a rule or
+//! invert a check).
+//!
 //! Aliases are expanded into copies, so what one document may expand to is
 //! bounded, in values ([`MAX_NODES`]) and in bytes of text
 //! ([`MAX_TEXT_BYTES`]), and counted before anything is copied: a small file
 //! cannot grow into gigabytes.
+
+#![forbid(unsafe_code)]
 
 use fancy_regex::Regex;
 use serde_json::{Map, Number, Value};
@@ -44,19 +54,31 @@ pub const MAX_TEXT_BYTES: usize = 64 * 1024 * 1024;
 /// than one document is refused, as PyYAML's `safe_load` refuses it: a
 /// second document would otherwise be silently ignored.
 pub fn load(text: &str) -> Result<Value, String> {
+    load_with(text, false)
+}
+
+/// [`load`], refusing a key given twice in one mapping, with its place.
+pub fn load_refusing_duplicates(text: &str) -> Result<Value, String> {
+    load_with(text, true)
+}
+
+fn load_with(text: &str, refuse_duplicates: bool) -> Result<Value, String> {
     // A byte order mark opens the stream, not the first key: editors on
     // Windows write one, and PyYAML's reader drops it.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    match parse(text) {
+    match parse(text, refuse_duplicates) {
         // JSON writers escape characters outside the BMP as surrogate pairs
         // (`"\ud83d\ude00"`), which YAML does not define but PyYAML reads.
-        Err(e) if e.contains("invalid Unicode character escape") => parse(&join_surrogate_escapes(text)).map_err(|_| e),
+        Err(e) if e.contains("invalid Unicode character escape") => parse(&join_surrogate_escapes(text), refuse_duplicates).map_err(|_| e),
         other => other,
     }
 }
 
-fn parse(text: &str) -> Result<Value, String> {
-    let mut builder = Builder::default();
+fn parse(text: &str, refuse_duplicates: bool) -> Result<Value, String> {
+    let mut builder = Builder {
+        refuse_duplicates,
+        ..Builder::default()
+    };
     // Events are pulled one at a time: the parser's own `load` recurses once
     // per level of nesting, and block sequences on one line (`- - - 1`) are
     // bounded by nothing, so 25,000 of them in a 50 KB file would overflow
@@ -64,7 +86,14 @@ fn parse(text: &str) -> Result<Value, String> {
     // stops at its first error.
     let mut parser = Parser::new_from_str(text);
     loop {
-        let (ev, mark) = parser.next_token().map_err(|e| e.to_string())?;
+        let (ev, mark) = parser.next_token().map_err(|e| {
+            // The scanner's own guard on nesting, worded as the builder's.
+            let text = e.to_string();
+            match text.strip_prefix("recursion limit exceeded") {
+                Some(at) => format!("{}{at}", too_deep()),
+                None => text,
+            }
+        })?;
         let end = ev == Event::StreamEnd;
         builder.on_event(ev, mark);
         if end || builder.error.is_some() {
@@ -139,6 +168,7 @@ struct Builder {
     /// Documents begun in the stream.
     documents: usize,
     error: Option<String>,
+    refuse_duplicates: bool,
 }
 
 impl Builder {
@@ -193,10 +223,44 @@ impl Builder {
                     s.add(size);
                 }
                 Some(Key::Text(k)) => {
+                    if self.refuse_duplicates && entries.contains_key(&k) {
+                        let message = format!(
+                            "{}: duplicate key '{k}': a key may appear once in each mapping; remove or rename one of them",
+                            self.path_of_open_mapping()
+                        );
+                        return self.fail(mark, message);
+                    }
                     entries.insert(k, value);
                     s.add(size);
                 }
             },
+        }
+    }
+
+    /// Where the innermost open mapping sits in the document
+    /// (`rules[0].assertions[1].spec`), or `the top level`.
+    fn path_of_open_mapping(&self) -> String {
+        let mut path = String::new();
+        let parents = &self.stack[..self.stack.len().saturating_sub(1)];
+        for frame in parents {
+            match frame {
+                Frame::Seq { items, .. } => path.push_str(&format!("[{}]", items.len())),
+                Frame::Map { key, .. } => {
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(match key {
+                        Some(Key::Text(k)) => k,
+                        Some(Key::Merge) => "<<",
+                        None => "?",
+                    });
+                }
+            }
+        }
+        if path.is_empty() {
+            "the top level".into()
+        } else {
+            path
         }
     }
 
@@ -216,6 +280,10 @@ impl Builder {
         }
         self.push(Value::Object(entries), size, anchor, mark)
     }
+}
+
+fn too_deep() -> String {
+    format!("the document nests deeper than {MAX_DEPTH} levels of lists and mappings; no file needs that many: flatten it")
 }
 
 fn key_text(value: &Value) -> Option<String> {
@@ -276,10 +344,7 @@ impl MarkedEventReceiver for Builder {
                 }
                 None => self.fail(mark, "an alias names an anchor that is not defined before it"),
             },
-            Event::SequenceStart(..) | Event::MappingStart(..) if self.stack.len() >= MAX_DEPTH => self.fail(
-                mark,
-                format!("the document nests deeper than {MAX_DEPTH} levels of lists and mappings; no manifest needs that many: flatten it"),
-            ),
+            Event::SequenceStart(..) | Event::MappingStart(..) if self.stack.len() >= MAX_DEPTH => self.fail(mark, too_deep()),
             Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
                 items: Vec::new(),
                 anchor,
@@ -444,10 +509,7 @@ mod tests {
             let deep = format!("{}1{}", open.repeat(25_000), close.repeat(25_000));
             // The scanner refuses deep flow collections itself.
             let e = load(&deep).unwrap_err();
-            assert!(
-                e.contains("nests deeper than 256 levels") || e.contains("recursion limit exceeded"),
-                "{e}"
-            );
+            assert!(e.contains("nests deeper than 256 levels") && e.contains("line 1"), "{e}");
         }
         // Block sequences on one line (`- - - 1`), which the scanner does not bound.
         let e = load(&format!("{}1", "- ".repeat(25_000))).unwrap_err();
@@ -516,6 +578,18 @@ mod tests {
             load("k: 2835686391007820528861455061931401762:59\n").is_ok(),
             "base 60 past 128 bits"
         );
+    }
+
+    #[test]
+    fn a_duplicate_key_is_the_later_value_or_refused_with_its_place() {
+        let text = "rules:\n  - name: a\n    check: x\n    check: y\n";
+        assert_eq!(load(text).unwrap()["rules"][0]["check"], "y");
+        assert_eq!(
+            load_refusing_duplicates(text).unwrap_err(),
+            "rules[0]: duplicate key 'check': a key may appear once in each mapping; remove or rename one of them at line 4 column 12"
+        );
+        // The same key in two mappings is no duplicate, nor one a merge fills in.
+        assert!(load_refusing_duplicates("a: {k: 1}\nb: {k: 2}\nbase: &b {k: 1}\nc: {<<: *b, k: 2}\n").is_ok());
     }
 
     #[test]
