@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-#[path = "../../tests/support/tool_evaluator.rs"]
+#[path = "../../tests/integration/support/tool_evaluator.rs"]
 mod tool_evaluator;
 
 #[derive(Parser)]

@@ -8,21 +8,19 @@
 //! assertion points at, else the agent's); then kills the backend mid-run
 //! and checks the losses are bounded and counted.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use crate::support::{read_jsonl, Collector, Evaluator};
 use serde_json::Value;
-use support::{read_jsonl, Collector, Evaluator};
 
 /// The support rules, and one assertion that points at a step: the tool
 /// call `forbidden_tools` finds.
 fn rules() -> String {
     format!(
         "{}      - {{assertion_id: no-lookup, type: trace, spec: {{check: forbidden_tools, tools: [lookup_order]}}}}\n",
-        support::RULES
+        crate::support::RULES
     )
 }
 
@@ -117,8 +115,16 @@ async fn export_over(protocol: &str) {
     collector.wait_metric("attest_collect_traces_evaluated_total", 3.0, 30).await;
     // The drain sends what the exporter holds before the process exits.
     let metrics = collector.wait_metric("attest_export_events_sent_total", 12.0, 30).await;
-    assert_eq!(support::metric(&metrics, "attest_export_events_failed_total"), 0.0, "{metrics}");
-    assert_eq!(support::metric(&metrics, "attest_export_events_dropped_total"), 0.0, "{metrics}");
+    assert_eq!(
+        crate::support::metric(&metrics, "attest_export_events_failed_total"),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        crate::support::metric(&metrics, "attest_export_events_dropped_total"),
+        0.0,
+        "{metrics}"
+    );
     let (code, stderr) = collector.proc.terminate();
     assert_eq!(code, 0, "{stderr}");
 
@@ -373,7 +379,7 @@ fn a_failed_evaluation_is_an_event_with_its_error_type() {
     };
     std::fs::write(&input, format!("{}{}", line("trc_ok"), line("trc_broken"))).unwrap();
     let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, support::RULES).unwrap();
+    std::fs::write(&rules, crate::support::RULES).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_attest-collect-testbin"))
         .args(["collect", "--rules"])
         .arg(&rules)

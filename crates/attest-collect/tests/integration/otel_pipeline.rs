@@ -5,13 +5,11 @@
 //! the verdicts. Needs the venv named by COLLECT_TEST_VENV (scripts/test makes it);
 //! runs `attest-engine collect` when ATTEST_ENGINE_BIN names the engine.
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::support::{read_jsonl, Collector, Evaluator, RULES};
 use serde_json::Value;
-use support::{read_jsonl, Collector, Evaluator, RULES};
 
 fn venv_python() -> Option<PathBuf> {
     match std::env::var("COLLECT_TEST_VENV") {
@@ -86,17 +84,21 @@ async fn run(convention: &str, transport: Transport, capture: Capture) {
 
     collector.wait_metric("attest_collect_traces_evaluated_total", 3.0, 30).await;
     let metrics = collector.metrics().await;
-    let grpc_ok = support::metric(&metrics, "attest_collect_requests_total{code=\"200\",encoding=\"grpc\"}");
+    let grpc_ok = crate::support::metric(&metrics, "attest_collect_requests_total{code=\"200\",encoding=\"grpc\"}");
     assert_eq!(grpc_ok > 0.0, transport == Transport::Grpc, "{metrics}");
     if capture == Capture::Events {
         // Two model calls per run, one operation-details event each.
         assert_eq!(
-            support::metric(&metrics, "attest_collect_log_events_received_total"),
+            crate::support::metric(&metrics, "attest_collect_log_events_received_total"),
             6.0,
             "{metrics}"
         );
     }
-    assert_eq!(support::metric(&metrics, "attest_collect_spans_received_total"), 12.0, "{metrics}");
+    assert_eq!(
+        crate::support::metric(&metrics, "attest_collect_spans_received_total"),
+        12.0,
+        "{metrics}"
+    );
     let (code, stderr) = collector.proc.terminate();
     assert_eq!(code, 0, "{stderr}");
 
@@ -206,11 +208,11 @@ async fn zero_code_instrumentation_with_its_default_grpc_settings() {
     collector.wait_metric("attest_collect_traces_assembled_total", 2.0, 30).await;
     let metrics = collector.metrics().await;
     assert!(
-        support::metric(&metrics, "attest_collect_requests_total{code=\"200\",encoding=\"grpc\"}") >= 1.0,
+        crate::support::metric(&metrics, "attest_collect_requests_total{code=\"200\",encoding=\"grpc\"}") >= 1.0,
         "{metrics}"
     );
     assert!(
-        support::metric(&metrics, "attest_collect_unread_total{kind=\"otlp_metrics\"}") >= 1.0,
+        crate::support::metric(&metrics, "attest_collect_unread_total{kind=\"otlp_metrics\"}") >= 1.0,
         "{metrics}"
     );
     let (code, stderr) = collector.proc.terminate();
@@ -277,15 +279,15 @@ print(code(trace(1), auth, compression=grpc.Compression.Gzip))
     assert_eq!(lines[2], "OK", "gzip: {lines:?}");
     let metrics = collector.metrics().await;
     assert!(
-        support::metric(&metrics, "attest_collect_requests_total{code=\"401\",encoding=\"grpc\"}") >= 1.0,
+        crate::support::metric(&metrics, "attest_collect_requests_total{code=\"401\",encoding=\"grpc\"}") >= 1.0,
         "{metrics}"
     );
     assert!(
-        support::metric(&metrics, "attest_collect_requests_total{code=\"400\",encoding=\"grpc\"}") >= 1.0,
+        crate::support::metric(&metrics, "attest_collect_requests_total{code=\"400\",encoding=\"grpc\"}") >= 1.0,
         "{metrics}"
     );
     assert_eq!(
-        support::metric(&metrics, "attest_collect_spans_received_total"),
+        crate::support::metric(&metrics, "attest_collect_spans_received_total"),
         1.0,
         "the gzip one: {metrics}"
     );

@@ -3,12 +3,10 @@
 //! every built-in grader, a CSV and a JSONL dataset, and llm_judge against a
 //! fake OpenAI-compatible server on loopback.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 fn prepare(dir: &Path, target: &str) -> String {

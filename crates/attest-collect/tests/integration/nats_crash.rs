@@ -7,13 +7,11 @@
 //! the engine; the dead-letter and progress-ack tests need the harness's
 //! failure and delay hooks.
 
-mod support;
-
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
-use support::{nats_server_bin, plugin_wasm, read_jsonl, wait_lines, Evaluator, NatsServer, Proc, RULES};
+use crate::support::{nats_server_bin, plugin_wasm, read_jsonl, wait_lines, Evaluator, NatsServer, Proc, RULES};
 
 /// Rules and global flags that make every evaluation take about half a
 /// second, so a worker can be killed mid-batch. The engine gets a real

@@ -16,16 +16,14 @@
 //! checked the same way without any framework installed; set
 //! ATTEST_RECORD_FRAMEWORK_FIXTURES=1 on a live run to record them again.
 
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::support::{read_jsonl, Collector, Evaluator};
 use attest_collect::convert::{convert, Converted, PriceTable};
 use attest_collect::otlp::{decode, Encoding, Span};
 use serde_json::Value;
-use support::{read_jsonl, Collector, Evaluator};
 
 /// One rule per agent a run may be rooted in; every verdict is known per variant.
 const RULES: &str = r#"

@@ -17,18 +17,16 @@
 //! The timings come from a seed (printed; `FLEET_FAULTS_SEED` replays it).
 //! Needs root (tmpfs mounts), nats-server, PostgreSQL and ATTEST_ENGINE_BIN.
 
-mod support;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::otlp::{agent_trace_of, request};
+use crate::support::{engine_bin, nats_server_bin, Evaluator, NatsServer, Proc, RULES, TEST_STORE};
 use attest_test_support::PostgresServer;
 use prost::Message;
-use support::otlp::{agent_trace_of, request};
-use support::{engine_bin, nats_server_bin, Evaluator, NatsServer, Proc, RULES, TEST_STORE};
 
 /// Results per trace under [`RULES`].
 const PER_TRACE: usize = 3;
@@ -330,7 +328,7 @@ fn the_fleet_loses_nothing_it_answered_for_and_stores_nothing_twice() {
         format!("history_path = '{}'\n", sink_disk.0.join("history.sqlite3").display()),
     )
     .unwrap();
-    let nats_port = support::free_port();
+    let nats_port = crate::support::free_port();
     let mut fleet = Fleet {
         dir: dir.clone(),
         nats_bin,
@@ -340,7 +338,7 @@ fn the_fleet_loses_nothing_it_answered_for_and_stores_nothing_twice() {
         rules,
         sink_config,
         results: sink_disk.0.join("results.jsonl"),
-        collector_ports: [support::free_port(), support::free_port()],
+        collector_ports: [crate::support::free_port(), crate::support::free_port()],
         generation: HashMap::new(),
     };
     let mut nats = Some(fleet.nats());

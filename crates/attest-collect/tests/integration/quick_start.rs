@@ -4,14 +4,12 @@
 //! first on `PATH`, a free port for 14222, and waits for the server and the
 //! results instead of fixed sleeps.
 
-mod support;
-
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use support::{engine_bin, free_port, nats_server_bin, read_jsonl};
+use crate::support::{engine_bin, free_port, nats_server_bin, read_jsonl};
 
 /// The README, and the engine its commands run with here.
 struct Readme {

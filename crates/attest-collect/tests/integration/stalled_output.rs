@@ -3,15 +3,13 @@
 //! evaluation, `/metrics` and SIGTERM keep working; what could not be written
 //! is counted and said, and the exit code says it too.
 
-mod support;
-
 use std::os::unix::fs::OpenOptionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support::otlp::{agent_trace, request};
+use crate::support::{metric, post, Collector, Evaluator, RULES};
 use prost::Message;
-use support::otlp::{agent_trace, request};
-use support::{metric, post, Collector, Evaluator, RULES};
 
 /// A FIFO whose reader is open and never reads, like a stalled `| consumer`.
 fn stalled_fifo(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::fs::File) {

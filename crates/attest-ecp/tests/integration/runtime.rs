@@ -1,14 +1,12 @@
 //! The ECP runtime binary driving real ecp-sdk agents over stdio and HTTP,
 //! including agents that hang, crash, write to stdout or never initialize.
 
-mod common;
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 fn manifest(dir: &Path, target: &str, body: &str) -> String {
@@ -105,7 +103,10 @@ fn stdio_run_grades_and_writes_valid_reports() {
     }
     assert_eq!(xml.matches("<testsuite ").count(), 2);
     assert_eq!(xml.matches("<testcase ").count(), 4);
-    assert!(xml.contains("<failure message=\"1 of 5 check(s) failed\">"), "{xml}");
+    assert!(
+        xml.contains("<failure message=\"1 of 5 check(s) failed\" type=\"check_failed\">"),
+        "{xml}"
+    );
     assert_no_survivors(&pid_file);
 }
 

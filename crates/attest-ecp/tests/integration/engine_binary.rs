@@ -3,9 +3,7 @@
 //! double) and results land in the engine's history. The engine binary comes
 //! from ATTEST_ENGINE_BIN (scripts/test sets it to the debug build).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -2,13 +2,11 @@
 //! request, error bodies for every failure, the Authorization scheme,
 //! and shutdown with a client stalled mid-upload.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::otlp::{agent_trace, request};
+use crate::support::{metric, post, read_jsonl, Collector, RULES};
 use prost::Message;
-use support::otlp::{agent_trace, request};
-use support::{metric, post, read_jsonl, Collector, RULES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -51,7 +49,7 @@ async fn the_root_of_a_trace_dropped_without_it_is_a_late_span_not_a_trace_score
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results.jsonl");
     let c = Collector::start_on(
-        support::Evaluator::product(),
+        crate::support::Evaluator::product(),
         dir.path(),
         RULES,
         &[
@@ -118,7 +116,7 @@ async fn every_error_answer_is_a_google_rpc_status() {
     // Counted by kind, and said once with what to change.
     let m = c.metrics().await;
     assert_eq!(
-        support::metric(&m, "attest_collect_unread_total{kind=\"otlp_metrics\"}"),
+        crate::support::metric(&m, "attest_collect_unread_total{kind=\"otlp_metrics\"}"),
         2.0,
         "{m}"
     );
@@ -132,7 +130,7 @@ async fn every_error_answer_is_a_google_rpc_status() {
     assert_eq!(r.status(), 404);
     let m = c.metrics().await;
     assert_eq!(
-        support::metric(&m, "attest_collect_unread_total{kind=\"grpc_on_http_port\"}"),
+        crate::support::metric(&m, "attest_collect_unread_total{kind=\"grpc_on_http_port\"}"),
         1.0,
         "{m}"
     );
@@ -145,7 +143,7 @@ async fn every_error_answer_is_a_google_rpc_status() {
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest)).await;
     let m = c.metrics().await;
     assert_eq!(
-        support::metric(&m, "attest_collect_unread_total{kind=\"grpc_on_http_port\"}"),
+        crate::support::metric(&m, "attest_collect_unread_total{kind=\"grpc_on_http_port\"}"),
         2.0,
         "{m}"
     );

@@ -1,5 +1,5 @@
 //! Distributed mode against hostile or unlucky messages, on a real
-//! nats-server (see `support::nats_server_bin`): trace ids with CR/LF, work
+//! nats-server (see `crate::support::nats_server_bin`): trace ids with CR/LF, work
 //! messages at the server's max payload, results too large to publish,
 //! malformed results, stray results for a trace, work waiting for a free
 //! evaluation slot, and a durable consumer created with other flags. Each
@@ -8,12 +8,12 @@
 //! server's side: a store too small for the streams, and secured servers
 //! (credentials, TLS).
 
-mod support;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{free_port, metric, nats_server_bin, read_jsonl, wait_lines, Collector, Evaluator, NatsServer, Proc, RULES, TEST_STORE};
+use crate::support::{
+    free_port, metric, nats_server_bin, read_jsonl, wait_lines, Collector, Evaluator, NatsServer, Proc, RULES, TEST_STORE,
+};
 
 fn trace(id: &str) -> serde_json::Value {
     serde_json::json!({
@@ -792,8 +792,8 @@ async fn exports_are_refused_while_the_nats_server_is_down_and_accepted_when_it_
     let port = nats.port;
     let c = Collector::start(dir.path(), RULES, &["--nats", &nats.url, "--settle-ms", "200"]);
     let export = |trace: u8| {
-        let body = support::otlp::request(support::otlp::agent_trace(trace, 1, "lookup_order")).encode_to_vec();
-        support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body)
+        let body = crate::support::otlp::request(crate::support::otlp::agent_trace(trace, 1, "lookup_order")).encode_to_vec();
+        crate::support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body)
     };
     assert_eq!(export(1).await.status(), 200);
     drop(nats);
@@ -841,16 +841,16 @@ async fn a_drain_with_the_nats_server_gone_fails_fast_and_exits_1() {
         &["--nats", &nats.url, "--settle-ms", "600000", "--concurrency", "1"],
     );
     for trace in 1..=8 {
-        let body = support::otlp::request(support::otlp::agent_trace(trace, 1, "lookup_order")).encode_to_vec();
-        let r = support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+        let body = crate::support::otlp::request(crate::support::otlp::agent_trace(trace, 1, "lookup_order")).encode_to_vec();
+        let r = crate::support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
         assert_eq!(r.status(), 200);
     }
     drop(nats);
     // Until the client has noticed, exports are still answered 200.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let body = support::otlp::request(support::otlp::agent_trace(99, 1, "lookup_order")).encode_to_vec();
-        let r = support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+        let body = crate::support::otlp::request(crate::support::otlp::agent_trace(99, 1, "lookup_order")).encode_to_vec();
+        let r = crate::support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
         if r.status() == 503 {
             break;
         }
@@ -947,8 +947,8 @@ async fn a_full_stream_turns_exports_to_503_and_loses_no_accepted_trace() {
     let mut accepted = std::collections::BTreeSet::new();
     let mut refused = None;
     for trace in 1..=200u8 {
-        let body = support::otlp::request(support::otlp::agent_trace(trace, 10, &tool)).encode_to_vec();
-        let r = support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
+        let body = crate::support::otlp::request(crate::support::otlp::agent_trace(trace, 10, &tool)).encode_to_vec();
+        let r = crate::support::post(&c.url, "/v1/traces", &[("content-type", "application/x-protobuf")], body).await;
         match r.status().as_u16() {
             200 => {
                 accepted.insert(trace);
@@ -1032,7 +1032,7 @@ fn failing_judge() -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_trace_whose_judge_keeps_failing_keeps_its_built_in_results_and_its_dead_letter_says_why_each_time() {
-    if support::engine_bin().is_none() {
+    if crate::support::engine_bin().is_none() {
         attest_test_support::missing::<()>(
             "ATTEST_ENGINE_BIN is not set",
             "set it to target/debug/attest-engine (scripts/test does)",

@@ -3,13 +3,11 @@
 //! assertion kinds the manifest uses (`trace` contains_in_order and `content`
 //! contains) over the trace it is given, and keeps what it saw.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
+use crate::common::*;
 use attest_ecp::{BoxFuture, CheckResult, EcpCommand, GradeError, GradeOutcome, GradeStatus, GradingHost, JudgeRequest, JudgeVerdict};
 use clap::Parser;
-use common::*;
 use serde_json::{json, Value};
 
 #[derive(Default)]
