@@ -422,125 +422,150 @@ impl Report {
     /// Hard failures are `<failure>`s; soft failures pass, with the
     /// explanation in `<system-out>` and a `status` property.
     fn junit(&self) -> String {
-        let esc = |s: &str| quick_xml::escape::escape(attest_io::xml_text(&shown(s))).into_owned();
-        let secs = |ms: u64| format!("{:.3}", ms as f64 / 1000.0);
-        let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-        let _ = writeln!(
-            x,
-            "<testsuites name=\"attest-engine\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"0\" time=\"{}\">",
-            self.counts.total + self.error_count,
-            self.counts.hard_failures,
-            self.error_count,
-            secs(self.total_duration_ms)
-        );
+        use attest_junit::{Case, Counts, Outcome, Suite};
+        let shown_clip = |s: &str, n: usize| shown(&crate::text::clip(s, n));
+        let secs = |ms: u64| ms as f64 / 1000.0;
+        let mut suites = Vec::new();
         // Tools that count testcases rather than read the totals still see
         // omitted failures and unevaluated inputs.
         if let Some(note) = self.omitted_note() {
-            let failures = u64::from(self.omitted_hard_failures > 0);
-            let _ = writeln!(
-                x,
-                "  <testsuite name=\"omitted results\" tests=\"1\" failures=\"{failures}\" errors=\"0\" skipped=\"0\" time=\"0.000\">"
-            );
-            let _ = write!(
-                x,
-                "    <testcase name=\"omitted results\" classname=\"attest-engine.omitted\" time=\"0.000\""
-            );
-            if failures > 0 {
-                let _ = writeln!(
-                    x,
-                    ">\n      <failure message=\"{} hard failures not listed\" type=\"hard_fail\">{}</failure>\n    </testcase>",
-                    self.omitted_hard_failures,
-                    esc(&note)
-                );
+            let failed = self.omitted_hard_failures > 0;
+            let outcome = if failed {
+                Outcome::Failure {
+                    message: format!("{} hard failures not listed", self.omitted_hard_failures),
+                    kind: "hard_fail".into(),
+                    text: shown(&note),
+                }
             } else {
-                let _ = writeln!(x, ">\n      <system-out>{}</system-out>\n    </testcase>", esc(&note));
-            }
-            x.push_str("  </testsuite>\n");
+                Outcome::Passed
+            };
+            suites.push(Suite {
+                name: "omitted results".into(),
+                counts: Counts {
+                    tests: 1,
+                    failures: u64::from(failed),
+                    ..Counts::default()
+                },
+                cases: vec![Case {
+                    name: "omitted results".into(),
+                    classname: "attest-engine.omitted".into(),
+                    system_out: (!failed).then(|| shown(&note)),
+                    outcome,
+                    ..Case::default()
+                }],
+                ..Suite::default()
+            });
         }
         if self.error_count > 0 {
             // Past the errors listed, one more testcase stands for the rest.
             let unlisted = self.error_count.saturating_sub(self.errors.len() as u64);
-            let _ = writeln!(
-                x,
-                "  <testsuite name=\"inputs not evaluated\" tests=\"{0}\" failures=\"0\" errors=\"{0}\" skipped=\"0\" time=\"0.000\">",
-                self.errors.len() + usize::from(unlisted > 0)
-            );
-            for e in &self.errors {
-                let _ = writeln!(
-                    x,
-                    "    <testcase name=\"{}\" classname=\"attest-engine.error\" time=\"0.000\">\n      <error message=\"{}\" type=\"{} {}\">{}</error>\n    </testcase>",
-                    esc(&e.input),
-                    esc(&crate::text::clip(&e.message, 200)),
-                    e.code,
-                    e.kind,
-                    esc(&format!("{}\n{}", e.message, e.detail))
-                );
-            }
+            let mut cases: Vec<Case> = self
+                .errors
+                .iter()
+                .map(|e| Case {
+                    name: shown(&e.input),
+                    classname: "attest-engine.error".into(),
+                    outcome: Outcome::Error {
+                        message: shown_clip(&e.message, 200),
+                        kind: format!("{} {}", e.code, e.kind),
+                        text: Some(shown(&format!("{}\n{}", e.message, e.detail))),
+                    },
+                    ..Case::default()
+                })
+                .collect();
             if unlisted > 0 {
-                let _ = writeln!(
-                    x,
-                    "    <testcase name=\"{unlisted} more inputs not evaluated\" classname=\"attest-engine.error\" time=\"0.000\">\n      <error message=\"{unlisted} more inputs could not be evaluated; the first {} are listed\" type=\"not listed\"/>\n    </testcase>",
-                    self.errors.len()
-                );
+                cases.push(Case {
+                    name: format!("{unlisted} more inputs not evaluated"),
+                    classname: "attest-engine.error".into(),
+                    outcome: Outcome::Error {
+                        message: format!(
+                            "{unlisted} more inputs could not be evaluated; the first {} are listed",
+                            self.errors.len()
+                        ),
+                        kind: "not listed".into(),
+                        text: None,
+                    },
+                    ..Case::default()
+                });
             }
-            x.push_str("  </testsuite>\n");
+            let n = cases.len() as u64;
+            suites.push(Suite {
+                name: "inputs not evaluated".into(),
+                counts: Counts {
+                    tests: n,
+                    errors: n,
+                    ..Counts::default()
+                },
+                cases,
+                ..Suite::default()
+            });
         }
         for (i, t) in self.traces.iter().enumerate() {
-            let _ = writeln!(
-                x,
-                "  <testsuite name=\"{}\" id=\"{i}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" time=\"{}\" timestamp=\"{}\">",
-                esc(&t.trace_id),
-                t.counts.total,
-                t.counts.hard_failures,
-                secs(t.duration_ms),
-                esc(self.generated_at.trim_end_matches('Z')),
-            );
-            x.push_str("    <properties>\n");
-            let _ = writeln!(
-                x,
-                "      <property name=\"agent_id\" value=\"{}\"/>",
-                esc(t.agent_id.as_deref().unwrap_or(""))
-            );
-            let _ = writeln!(x, "      <property name=\"soft_failures\" value=\"{}\"/>", t.counts.soft_failures);
-            let _ = writeln!(x, "      <property name=\"cost_usd\" value=\"{}\"/>", t.cost);
-            x.push_str("    </properties>\n");
-            for r in &t.results {
-                let _ = write!(
-                    x,
-                    "    <testcase name=\"{}\" classname=\"{}.layer{}.{}\" time=\"{}\"",
-                    esc(&r.assertion_id),
-                    esc(&t.trace_id),
-                    r.layer,
-                    esc(&r.kind),
-                    secs(r.duration_ms)
-                );
-                match r.status {
-                    Status::Pass => x.push_str("/>\n"),
-                    Status::SoftFail => {
-                        let _ = writeln!(
-                            x,
-                            ">\n      <system-out>soft_fail (score {}): {}{}</system-out>\n    </testcase>",
-                            r.score,
-                            esc(&r.explanation),
-                            esc(&r.evidence_lines())
-                        );
+            let cases = t
+                .results
+                .iter()
+                .map(|r| {
+                    let (outcome, system_out) = match r.status {
+                        Status::Pass => (Outcome::Passed, None),
+                        Status::SoftFail => (
+                            Outcome::Passed,
+                            Some(format!(
+                                "soft_fail (score {}): {}{}",
+                                r.score,
+                                shown(&r.explanation),
+                                shown(&r.evidence_lines())
+                            )),
+                        ),
+                        Status::HardFail => (
+                            Outcome::Failure {
+                                message: shown_clip(&r.explanation, 200),
+                                kind: "hard_fail".into(),
+                                text: format!("score {}: {}{}", r.score, shown(&r.explanation), shown(&r.evidence_lines())),
+                            },
+                            None,
+                        ),
+                    };
+                    Case {
+                        name: shown(&r.assertion_id),
+                        classname: shown(&format!("{}.layer{}.{}", t.trace_id, r.layer, r.kind)),
+                        seconds: secs(r.duration_ms),
+                        outcome,
+                        system_out,
                     }
-                    Status::HardFail => {
-                        let _ = writeln!(
-                            x,
-                            ">\n      <failure message=\"{}\" type=\"hard_fail\">score {}: {}{}</failure>\n    </testcase>",
-                            esc(&crate::text::clip(&r.explanation, 200)),
-                            r.score,
-                            esc(&r.explanation),
-                            esc(&r.evidence_lines())
-                        );
-                    }
-                }
-            }
-            x.push_str("    <system-out></system-out>\n    <system-err></system-err>\n  </testsuite>\n");
+                })
+                .collect();
+            suites.push(Suite {
+                name: shown(&t.trace_id),
+                id: Some(i),
+                counts: Counts {
+                    tests: t.counts.total,
+                    failures: t.counts.hard_failures,
+                    ..Counts::default()
+                },
+                seconds: secs(t.duration_ms),
+                timestamp: Some(shown(self.generated_at.trim_end_matches('Z'))),
+                properties: vec![
+                    ("agent_id".into(), shown(t.agent_id.as_deref().unwrap_or(""))),
+                    ("soft_failures".into(), t.counts.soft_failures.to_string()),
+                    ("cost_usd".into(), t.cost.to_string()),
+                ],
+                cases,
+                system_out: Some(String::new()),
+                system_err: Some(String::new()),
+            });
         }
-        x.push_str("</testsuites>\n");
-        x
+        attest_junit::Report {
+            name: "attest-engine".into(),
+            counts: Counts {
+                tests: self.counts.total + self.error_count,
+                failures: self.counts.hard_failures,
+                errors: self.error_count,
+                skipped: 0,
+            },
+            seconds: secs(self.total_duration_ms),
+            suites,
+        }
+        .to_xml()
     }
 
     fn markdown(&self) -> String {

@@ -701,6 +701,9 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     let consumer = durable_consumer(&stream, config.clone(), "the workers' consumer").await?;
     let watch = tokio::spawn(keep_consumer_in_step(stream, config, true, pipeline.clone()));
     let _stop_watching = AbortOnDrop(watch);
+    // Before the line that says the worker is up: a SIGTERM sent as soon as
+    // it is read (an orchestrator's, a test's) must drain, not kill.
+    let signals = crate::cli::Signals::install()?;
     eprintln!(
         "attest-engine worker: evaluating from {} (consumer {}, rules version {})",
         names.traces_stream, names.workers_consumer, pipeline.rules.version
@@ -717,7 +720,6 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     let sem = Arc::new(Semaphore::new(args.concurrency.max(WORKER_WINDOW)));
     let evaluating = Arc::new(Semaphore::new(args.concurrency));
     let mut tasks = JoinSet::new();
-    let signals = crate::cli::Signals::install()?;
     let shutdown = signals.nth(1);
     tokio::pin!(shutdown);
     'pull: loop {
@@ -1367,11 +1369,12 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
             .map_err(|e| nats("pulling from the results stream", e))
     };
     let mut messages = open().await?;
+    // Before the ready line, as for the evaluating worker.
+    let signals = crate::cli::Signals::install()?;
     eprintln!(
         "attest-engine worker: writing results from {} (consumer {consumer_name})",
         names.results_stream
     );
-    let signals = crate::cli::Signals::install()?;
     let shutdown = signals.nth(1);
     tokio::pin!(shutdown);
     let store_failures = crate::writer::LogThrottle::default();

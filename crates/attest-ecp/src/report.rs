@@ -4,10 +4,7 @@
 //! testcase per step).
 
 use std::collections::BTreeMap;
-use std::io::Cursor;
 
-use quick_xml::events::{BytesCData, BytesDecl, BytesEnd, BytesStart, Event};
-use quick_xml::Writer;
 use serde_json::{json, Map, Value};
 
 use crate::manifest::Manifest;
@@ -293,106 +290,77 @@ pub fn html(outcome: &RunOutcome, manifest: &Manifest) -> String {
 
 /// JUnit XML: one testsuite per scenario, one testcase per step.
 pub fn junit(outcome: &RunOutcome, manifest: &Manifest) -> anyhow::Result<String> {
-    let mut w = Writer::new_with_indent(Cursor::new(Vec::new()), b' ', 2);
-    w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
+    use attest_junit::{Case, Counts, Outcome, Suite};
     // A test case is a step, at every level: a step fails when any of its
     // checks does, and is an error when the agent could not answer it.
-    let counts: Vec<[usize; 4]> = outcome
-        .scenarios
-        .iter()
-        .map(|s| {
-            let count = |f: &dyn Fn(&crate::runner::StepRecord) -> bool| s.steps.iter().filter(|st| f(st)).count();
-            [
-                s.steps.len(),
-                count(&|st| st.status == StepStatus::Ok && st.checks.iter().any(|c| !c.passed)),
-                count(&|st| st.status == StepStatus::Failed),
-                count(&|st| st.status == StepStatus::Skipped),
-            ]
-        })
-        .collect();
-    let totals = counts
-        .iter()
-        .fold([0; 4], |t, c| [t[0] + c[0], t[1] + c[1], t[2] + c[2], t[3] + c[3]]);
-    let tally = |e: &mut BytesStart, [tests, failures, errors, skipped]: [usize; 4]| {
-        e.push_attribute(("tests", tests.to_string().as_str()));
-        e.push_attribute(("failures", failures.to_string().as_str()));
-        e.push_attribute(("errors", errors.to_string().as_str()));
-        e.push_attribute(("skipped", skipped.to_string().as_str()));
+    let count = |s: &crate::runner::ScenarioRecord, f: &dyn Fn(&crate::runner::StepRecord) -> bool| {
+        s.steps.iter().filter(|st| f(st)).count() as u64
     };
-    let mut root = BytesStart::new("testsuites");
-    root.push_attribute(("name", xml_text(&manifest.name).as_str()));
-    tally(&mut root, totals);
-    root.push_attribute(("time", format!("{:.3}", outcome.duration_ms / 1000.0).as_str()));
-    w.write_event(Event::Start(root))?;
-    for (s, counts) in outcome.scenarios.iter().zip(counts) {
-        let mut suite = BytesStart::new("testsuite");
-        suite.push_attribute(("name", xml_text(&s.name).as_str()));
-        tally(&mut suite, counts);
-        suite.push_attribute(("time", format!("{:.3}", s.wall_ms / 1000.0).as_str()));
-        w.write_event(Event::Start(suite))?;
-        for (i, st) in s.steps.iter().enumerate() {
-            let mut case = BytesStart::new("testcase");
-            let name = format!("step {}: {}", i + 1, clip(&st.input, 120));
-            case.push_attribute(("name", xml_text(&name).as_str()));
-            case.push_attribute(("classname", xml_text(&format!("{}.{}", manifest.name, s.name)).as_str()));
-            case.push_attribute(("time", format!("{:.3}", st.duration_ms / 1000.0).as_str()));
-            w.write_event(Event::Start(case))?;
-            let failed: Vec<String> = st
-                .checks
-                .iter()
-                .filter(|c| !c.passed)
-                .map(|c| format!("{} on {}: {}", c.kind, c.field, c.reasoning))
-                .collect();
-            match st.status {
-                StepStatus::Skipped => {
-                    let mut e = BytesStart::new("skipped");
-                    e.push_attribute(("message", xml_text(&clip(st.error.as_deref().unwrap_or("skipped"), 1000)).as_str()));
-                    w.write_event(Event::Empty(e))?;
+    let mut totals = Counts::default();
+    let mut suites = Vec::with_capacity(outcome.scenarios.len());
+    for s in &outcome.scenarios {
+        let counts = Counts {
+            tests: s.steps.len() as u64,
+            failures: count(s, &|st| st.status == StepStatus::Ok && st.checks.iter().any(|c| !c.passed)),
+            errors: count(s, &|st| st.status == StepStatus::Failed),
+            skipped: count(s, &|st| st.status == StepStatus::Skipped),
+        };
+        totals.tests += counts.tests;
+        totals.failures += counts.failures;
+        totals.errors += counts.errors;
+        totals.skipped += counts.skipped;
+        let cases = s
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let failed: Vec<String> = st
+                    .checks
+                    .iter()
+                    .filter(|c| !c.passed)
+                    .map(|c| format!("{} on {}: {}", c.kind, c.field, c.reasoning))
+                    .collect();
+                let outcome = match st.status {
+                    StepStatus::Skipped => Outcome::Skipped {
+                        message: clip(st.error.as_deref().unwrap_or("skipped"), 1000),
+                    },
+                    StepStatus::Failed => Outcome::Error {
+                        message: clip(st.error.as_deref().unwrap_or(""), 1000),
+                        kind: st.exit_reason.as_str().to_owned(),
+                        text: None,
+                    },
+                    StepStatus::Ok if !failed.is_empty() => Outcome::Failure {
+                        message: format!("{} of {} check(s) failed", failed.len(), st.checks.len()),
+                        kind: "check_failed".into(),
+                        text: clip(&failed.join("\n"), MAX_SHOWN),
+                    },
+                    StepStatus::Ok => Outcome::Passed,
+                };
+                Case {
+                    name: format!("step {}: {}", i + 1, clip(&st.input, 120)),
+                    classname: format!("{}.{}", manifest.name, s.name),
+                    seconds: st.duration_ms / 1000.0,
+                    outcome,
+                    system_out: st.output.as_deref().map(|o| clip(o, MAX_SHOWN)),
                 }
-                StepStatus::Failed => {
-                    let mut e = BytesStart::new("error");
-                    e.push_attribute(("type", xml_text(st.exit_reason.as_str()).as_str()));
-                    e.push_attribute(("message", xml_text(&clip(st.error.as_deref().unwrap_or(""), 1000)).as_str()));
-                    w.write_event(Event::Empty(e))?;
-                }
-                StepStatus::Ok if !failed.is_empty() => {
-                    let mut e = BytesStart::new("failure");
-                    e.push_attribute((
-                        "message",
-                        format!("{} of {} check(s) failed", failed.len(), st.checks.len()).as_str(),
-                    ));
-                    w.write_event(Event::Start(e))?;
-                    w.write_event(Event::CData(BytesCData::new(cdata_safe(&clip(&failed.join("\n"), MAX_SHOWN)))))?;
-                    w.write_event(Event::End(BytesEnd::new("failure")))?;
-                }
-                StepStatus::Ok => {}
-            }
-            if let Some(o) = &st.output {
-                w.write_event(Event::Start(BytesStart::new("system-out")))?;
-                w.write_event(Event::CData(BytesCData::new(cdata_safe(&clip(o, MAX_SHOWN)))))?;
-                w.write_event(Event::End(BytesEnd::new("system-out")))?;
-            }
-            w.write_event(Event::End(BytesEnd::new("testcase")))?;
-        }
-        if !s.stderr.trim().is_empty() {
-            w.write_event(Event::Start(BytesStart::new("system-err")))?;
-            w.write_event(Event::CData(BytesCData::new(cdata_safe(&s.stderr))))?;
-            w.write_event(Event::End(BytesEnd::new("system-err")))?;
-        }
-        w.write_event(Event::End(BytesEnd::new("testsuite")))?;
+            })
+            .collect();
+        suites.push(Suite {
+            name: s.name.clone(),
+            counts,
+            seconds: s.wall_ms / 1000.0,
+            cases,
+            system_err: (!s.stderr.trim().is_empty()).then(|| s.stderr.clone()),
+            ..Suite::default()
+        });
     }
-    w.write_event(Event::End(BytesEnd::new("testsuites")))?;
-    Ok(String::from_utf8(w.into_inner().into_inner())?)
-}
-
-/// CDATA cannot hold `]]>` or control characters XML forbids.
-fn cdata_safe(s: &str) -> String {
-    xml_text(&s.replace("]]>", "]]]]><![CDATA[>"))
-}
-
-/// Text XML 1.0 can carry ([`attest_io::xml_text`]).
-fn xml_text(s: &str) -> String {
-    attest_io::xml_text(s).into_owned()
+    Ok(attest_junit::Report {
+        name: manifest.name.clone(),
+        counts: totals,
+        seconds: outcome.duration_ms / 1000.0,
+        suites,
+    }
+    .to_xml())
 }
 
 #[cfg(test)]
@@ -401,11 +369,7 @@ mod tests {
     use crate::transport::ExitReason;
 
     #[test]
-    fn xml_text_drops_what_xml_cannot_hold() {
-        assert_eq!(
-            xml_text("a\u{FFFE}b\u{FFFF}c\u{1}d\te\u{1F600}"),
-            "a\u{FFFD}b\u{FFFD}c\u{FFFD}d\te\u{1F600}"
-        );
+    fn usage_sums_saturate() {
         let usage = merge_usage(
             [json!({"input_tokens": u64::MAX}), json!({"input_tokens": 5, "output_tokens": 1})]
                 .iter()
@@ -533,10 +497,5 @@ mod tests {
         let page = html(&outcome, &manifest);
         let (failing, passing) = (page.find("<h2>first</h2>").unwrap(), page.find("<h2>sec").unwrap());
         assert!(failing < passing, "the failing scenario is listed first");
-    }
-
-    #[test]
-    fn cdata_is_escaped() {
-        assert_eq!(cdata_safe("a]]>b\u{1}"), "a]]]]><![CDATA[>b\u{FFFD}");
     }
 }
