@@ -2,8 +2,6 @@
 //! into (Attest assertions, LLM judgements, result history), and a standalone
 //! host that judges through any OpenAI-compatible chat completions endpoint.
 
-use std::time::Duration;
-
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -187,90 +185,27 @@ pub trait GradingHost: Send + Sync {
     }
 }
 
-/// Standalone host: `llm_judge` through an OpenAI-compatible
-/// `/chat/completions` endpoint (`OPENAI_API_BASE` or `OPENAI_BASE_URL`,
-/// default `https://api.openai.com/v1`; key `OPENAI_API_KEY`), no `attest`
-/// evaluator, no history.
-pub struct OpenAiJudgeHost {
-    client: reqwest::Client,
-    base_url: String,
-    api_key: Option<String>,
-}
+/// The standalone `attest-ecp` binary's host: no Attest evaluator, no
+/// model provider, no history. Its `llm_judge` graders refuse with what to
+/// run instead: the judge client (retries, deadline, cache, budget) is the
+/// engine's, one for every path (`attest-engine ecp run`).
+pub struct StandaloneHost;
 
-/// Largest judge reply body read.
-const MAX_JUDGE_BODY: usize = 4 * 1024 * 1024;
-
-impl OpenAiJudgeHost {
-    pub fn new(base_url: impl Into<String>, api_key: Option<String>, timeout: Duration) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder().timeout(timeout).build()?;
-        Ok(OpenAiJudgeHost {
-            client,
-            base_url: base_url.into().trim_end_matches('/').to_string(),
-            api_key,
+impl GradingHost for StandaloneHost {
+    fn attest<'a>(&'a self, _trace: &'a Value, _assertion: &'a Value) -> BoxFuture<'a, Result<GradeOutcome, GradeError>> {
+        Box::pin(async {
+            Err(GradeError::Unavailable(
+                "attest graders need the Attest evaluator: run the manifest with `attest-engine ecp run`".into(),
+            ))
         })
     }
 
-    pub fn from_env() -> anyhow::Result<Self> {
-        let base = std::env::var("OPENAI_API_BASE")
-            .or_else(|_| std::env::var("OPENAI_BASE_URL"))
-            .unwrap_or_else(|_| "https://api.openai.com/v1".to_string());
-        let key = std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty());
-        Self::new(base, key, Duration::from_secs(120))
-    }
-
-    async fn complete(&self, request: &JudgeRequest) -> Result<String, GradeError> {
-        let Some(key) = &self.api_key else {
-            return Err(GradeError::Unavailable(
-                "llm_judge needs OPENAI_API_KEY (and optionally OPENAI_API_BASE) to be set".into(),
-            ));
-        };
-        let model = request.model_for("openai");
-        let body = json!({"model": model, "messages": request.messages(), "temperature": request.temperature});
-        let mut resp = self
-            .client
-            .post(format!("{}/chat/completions", self.base_url))
-            .bearer_auth(key)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| {
-                let why = if e.is_timeout() { "timed out".to_owned() } else { e.to_string() };
-                GradeError::Failed(format!("judge request to {}/chat/completions failed: {why}", self.base_url))
-            })?;
-        let status = resp.status();
-        let mut raw = Vec::new();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| GradeError::Failed(format!("judge reply failed: {e}")))?
-        {
-            if raw.len() + chunk.len() > MAX_JUDGE_BODY {
-                return Err(GradeError::Failed(format!("judge reply exceeds {MAX_JUDGE_BODY} bytes")));
-            }
-            raw.extend_from_slice(&chunk);
-        }
-        let text = String::from_utf8_lossy(&raw);
-        if !status.is_success() {
-            return Err(GradeError::Failed(format!(
-                "judge endpoint answered HTTP {status}: {}",
-                crate::util::clip(&text, 500)
-            )));
-        }
-        let v: Value = serde_json::from_str(&text).map_err(|e| GradeError::Failed(format!("judge reply is not JSON: {e}")))?;
-        match v.pointer("/choices/0/message/content") {
-            Some(Value::String(s)) => Ok(s.clone()),
-            _ => Err(GradeError::Failed("judge returned non-text content".into())),
-        }
-    }
-}
-
-impl GradingHost for OpenAiJudgeHost {
-    fn attest<'a>(&'a self, _trace: &'a Value, _assertion: &'a Value) -> BoxFuture<'a, Result<GradeOutcome, GradeError>> {
-        Box::pin(async { Err(GradeError::Unavailable("no attest evaluator configured".into())) })
-    }
-
-    fn judge(&self, request: JudgeRequest) -> BoxFuture<'_, Result<JudgeVerdict, GradeError>> {
-        Box::pin(async move { self.complete(&request).await.map(|c| JudgeVerdict::from_reply(&c)) })
+    fn judge(&self, _request: JudgeRequest) -> BoxFuture<'_, Result<JudgeVerdict, GradeError>> {
+        Box::pin(async {
+            Err(GradeError::Unavailable(
+                "llm_judge graders need a model provider: run the manifest with `attest-engine ecp run`, which asks the judge configured for the engine or, without one, the OPENAI_API_KEY/OPENAI_API_BASE endpoint".into(),
+            ))
+        })
     }
 
     fn record<'a>(&'a self, _scenario: &'a str, _step: usize, _results: &'a [CheckResult]) -> BoxFuture<'a, ()> {

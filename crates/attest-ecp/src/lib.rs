@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use host::{
-    BoxFuture, CheckResult, GradeError, GradeOutcome, GradeStatus, GradingHost, JudgeRequest, JudgeVerdict, OpenAiJudgeHost,
+    BoxFuture, CheckResult, GradeError, GradeOutcome, GradeStatus, GradingHost, JudgeRequest, JudgeVerdict, StandaloneHost,
     DEFAULT_JUDGE_MODEL,
 };
 

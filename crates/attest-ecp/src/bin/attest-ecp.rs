@@ -1,10 +1,11 @@
 //! Standalone `ecp` runtime: the same subcommands `attest-engine ecp` offers,
-//! with LLM judges through an OpenAI-compatible endpoint and no Attest
-//! evaluator (the `attest` grader reports that it is unavailable).
+//! without the Attest evaluator or a model provider: `attest` and
+//! `llm_judge` graders report that they are unavailable and name the
+//! command that has them (`attest-engine ecp run`).
 
 use std::sync::Arc;
 
-use attest_ecp::{EcpCommand, OpenAiJudgeHost};
+use attest_ecp::{EcpCommand, StandaloneHost};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -23,10 +24,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    let code = rt.block_on(async {
-        let host = OpenAiJudgeHost::from_env()?;
-        attest_ecp::run_command(cli.ecp, Arc::new(host)).await
-    });
+    let code = rt.block_on(async { attest_ecp::run_command(cli.ecp, Arc::new(StandaloneHost)).await });
     match code {
         Ok(c) => std::process::ExitCode::from(u8::try_from(c).unwrap_or(1)),
         Err(e) => {

@@ -178,5 +178,8 @@ fn standalone_binary_reports_that_no_attest_evaluator_is_configured() {
     assert_eq!(out.status.code(), Some(2));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let reason = report["scenarios"][0]["steps"][0]["checks"][0]["reasoning"].as_str().unwrap();
-    assert_eq!(reason, "attest grader unavailable: no attest evaluator configured");
+    assert_eq!(
+        reason,
+        "attest grader unavailable: attest graders need the Attest evaluator: run the manifest with `attest-engine ecp run`"
+    );
 }

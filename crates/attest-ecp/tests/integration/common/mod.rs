@@ -53,6 +53,20 @@ pub fn ecp_command() -> Command {
     }
 }
 
+/// Whether `attest-engine ecp` is there (ATTEST_ENGINE_BIN) for a test whose
+/// `llm_judge` graders need the engine's judge client: the standalone
+/// `attest-ecp` has no model provider. Outside CI the test skips without it.
+pub fn engine_for_judges() -> bool {
+    match std::env::var_os("ATTEST_ENGINE_BIN").map(PathBuf::from) {
+        Some(engine) if engine.exists() => true,
+        _ => attest_test_support::missing::<()>(
+            "ATTEST_ENGINE_BIN is not set, and llm_judge graders need the engine's judge client",
+            "scripts/test builds the engine and sets it",
+        )
+        .is_some(),
+    }
+}
+
 pub fn run_bin(args: &[&str], envs: &[(&str, &str)], cwd: Option<&Path>) -> Output {
     run_command(ecp_command(), args, envs, cwd)
 }
