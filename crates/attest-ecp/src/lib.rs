@@ -33,10 +33,21 @@ pub struct EcpCommand {
     pub action: EcpAction,
 }
 
+/// The variables `ecp run` reads, as the reference runtime does (`--help`).
+const RUN_ENVIRONMENT: &str = "Environment:
+  ECP_RPC_TIMEOUT            default of --timeout (a duration or seconds; else 30s)
+  ECP_MAX_DURATION           default of --max-duration (else unlimited)
+  ECP_LLM_JUDGE_MODEL        the llm_judge grader's model (else the engine's judge model, or gpt-4o-mini)
+  ECP_LLM_JUDGE_TEMPERATURE  the llm_judge grader's temperature (default 0)
+  OPENAI_API_KEY             llm_judge without a judge configured for the engine: the endpoint's key
+  OPENAI_API_BASE            ... and its base URL (also OPENAI_BASE_URL; default https://api.openai.com/v1)
+  NO_COLOR                   no colour in progress lines
+Model providers' credentials and settings (OPENAI_*, ANTHROPIC_*, ...) also reach the agent; see --pass-env.";
+
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum EcpAction {
     /// Run the scenarios of a manifest against its agent and grade them.
-    #[command(allow_negative_numbers = true)]
+    #[command(allow_negative_numbers = true, after_long_help = RUN_ENVIRONMENT)]
     Run(RunArgs),
     /// Check a manifest without running the agent.
     Validate {
