@@ -14,7 +14,7 @@ use attest_engine::plugins::PluginHost;
 use attest_engine::session::Engine;
 use attest_engine::{logging, server, ENGINE_VERSION};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -528,33 +528,8 @@ fn run() -> ExitCode {
         attest_io::end_on_closed_output();
     }
     let given = cli.given();
-    if let Some(Command::Plugin { command }) = &cli.command {
-        if !cli.serve.evaluation.plugins.is_empty() || cli.serve.evaluation.plugin_dir.is_some() {
-            // Accepted before the subcommand, where the server takes them,
-            // but a plugin subcommand works on the file it names and would
-            // ignore them.
-            let sub = command.name();
-            eprintln!(
-                "attest-engine plugin {sub}: --plugin and --plugin-dir choose the plugins a server loads; `plugin {sub}` works on the one file it names, so drop them"
-            );
-            return ExitCode::from(2);
-        }
-    }
-    if let (Some(sub @ ("collect" | "worker")), Some(_)) = (
-        match &cli.command {
-            Some(Command::Collect { .. }) => Some("collect"),
-            Some(Command::Worker { .. }) => Some("worker"),
-            _ => None,
-        },
-        cli.serve.max_concurrent_requests,
-    ) {
-        // Accepted before the subcommand, where the server takes it, but it
-        // bounds the requests `serve` evaluates at once; a collector or
-        // worker would ignore it.
-        eprintln!(
-            "attest-engine {sub}: --max-concurrent-requests bounds the requests `serve` evaluates at once; {sub} evaluates --concurrency traces at once (default 4), so give --concurrency N instead"
-        );
-        return ExitCode::from(2);
+    if let Some(code) = misplaced_options(&cli) {
+        return code;
     }
     // Commands that read no engine configuration run before it is loaded:
     // a broken config file or environment must not stop them.
@@ -592,98 +567,22 @@ fn run() -> ExitCode {
                     format,
                     ..
                 },
-        } => {
-            logging::init(one_shot_level(&config));
-            let mut granted = Vec::new();
-            for name in &grants {
-                match Capability::parse(name) {
-                    Some(c) => granted.push(c),
-                    None => {
-                        let valid: Vec<&str> = Capability::ALL.iter().map(|c| c.name()).collect();
-                        eprintln!(
-                            "attest-engine plugin test: --grant {name}: unknown capability; valid capabilities: {}",
-                            valid.join(", ")
-                        );
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            plugin_cmd::test(
-                config,
-                &file,
-                &trace,
-                plugin_config.as_deref(),
-                plugin_config_json.as_deref(),
-                &granted,
-                format.into(),
-            )
-        }
+        } => plugin_test(
+            config,
+            &file,
+            &trace,
+            plugin_config.as_deref(),
+            plugin_config_json.as_deref(),
+            &grants,
+            format,
+        ),
         Command::Eval {
             trace,
             assertions,
             format,
             export,
             ..
-        } => {
-            logging::init(one_shot_level(&config));
-            // A one-shot run's results are all it has to record: wait for
-            // the history writer rather than drop rows when it falls behind.
-            let mut config = config;
-            if let Some(h) = &mut config.history {
-                h.wait_when_behind = true;
-            }
-            // Read before the engine opens anything (the result history, plugins).
-            // A report written over an input would destroy it.
-            for input in [&trace, &assertions] {
-                if let Some(r) = config.reports.iter().find(|r| attest_engine::report::same_file(&r.path, input)) {
-                    eprintln!(
-                        "attest-engine eval: --report writes to {}, which is an input of this run: give the report another path",
-                        r.path.display()
-                    );
-                    return ExitCode::from(2);
-                }
-            }
-            let inputs = match eval_cmd::Inputs::read(&trace, &assertions) {
-                Ok(inputs) => inputs,
-                Err(e) => {
-                    eprintln!("attest-engine eval: {e:#}");
-                    return ExitCode::from(2);
-                }
-            };
-            let Some(engine) = load_engine(config) else {
-                return ExitCode::from(2);
-            };
-            engine.sinks.start_run(
-                attest_engine::history::RunKind::Eval,
-                format!("eval {} {}", trace.display(), assertions.display()),
-            );
-            let exporter = match export
-                .endpoint
-                .as_deref()
-                .map(|e| attest_collect::export::OtlpExport::start(e, export.protocol, "eval"))
-            {
-                None => None,
-                Some(Ok(x)) => Some(Arc::new(x)),
-                Some(Err(e)) => {
-                    eprintln!("attest-engine eval: {e:#}");
-                    return ExitCode::from(2);
-                }
-            };
-            if let Some(x) = &exporter {
-                engine.sinks.export_to(x.clone());
-            }
-            let code = match eval_cmd::run(&engine, &inputs, format.into(), &mut std::io::stdout().lock()) {
-                Ok(code) => ExitCode::from(code as u8),
-                Err(e) => {
-                    eprintln!("attest-engine eval: {e:#}");
-                    ExitCode::from(2)
-                }
-            };
-            if let Some(summary) = exporter.and_then(|x| x.finish()) {
-                eprintln!("attest-engine eval: {summary}");
-            }
-            code
-        }
+        } => eval(config, trace, assertions, format, export),
         Command::Collect { args, .. } => {
             logging::init(config.log_level);
             // A collector that publishes to workers evaluates nothing itself.
@@ -711,77 +610,8 @@ fn run() -> ExitCode {
                 attest_collect::run_worker(args, evaluator, history).await
             })
         }
-        Command::View { args, .. } => {
-            logging::init(config.log_level);
-            // The store the engine writes, whether or not history is on now.
-            let default = match config.history.as_ref().map(|h| &h.location) {
-                Some(location) => Some(location.clone()),
-                None => config
-                    .cache_dir
-                    .as_ref()
-                    .map(|d| attest_engine::history::Location::File(d.join("history.sqlite3"))),
-            };
-            let runtime = match async_runtime() {
-                Ok(runtime) => runtime,
-                Err(code) => return code,
-            };
-            match runtime.block_on(attest_view::run_view(args, default)) {
-                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-                Err(e) => {
-                    eprintln!("attest-engine view: {e:#}");
-                    ExitCode::from(2)
-                }
-            }
-        }
-        Command::Ecp { cmd, .. } => {
-            // A person reads `ecp`'s progress lines: the engine's own info
-            // lines (the history it opened) are JSON noise above them, so
-            // only warnings and errors show unless a level was asked for.
-            let level = if config.log_level_chosen {
-                config.log_level
-            } else {
-                logging::Level::Warn
-            };
-            logging::init(level);
-            let config = attest_engine::ecp_host::config_for(&cmd, config);
-            let label = match &cmd.action {
-                attest_ecp::EcpAction::Run(r) => format!("ecp run {}", r.manifest.display()),
-                _ => "ecp".to_owned(),
-            };
-            let exporter = match &cmd.action {
-                attest_ecp::EcpAction::Run(attest_ecp::RunArgs {
-                    export_otlp: Some(endpoint),
-                    export_otlp_protocol,
-                    ..
-                }) => {
-                    let protocol = match export_otlp_protocol.as_str() {
-                        "grpc" => attest_collect::export::Protocol::Grpc,
-                        _ => attest_collect::export::Protocol::Http,
-                    };
-                    match attest_collect::export::OtlpExport::start(endpoint, protocol, "ecp") {
-                        Ok(x) => Some(Arc::new(x)),
-                        Err(e) => {
-                            eprintln!("attest-engine ecp: {e:#}");
-                            return ExitCode::from(1);
-                        }
-                    }
-                }
-                _ => None,
-            };
-            run_front_door(config, |engine| async move {
-                if let Some(x) = &exporter {
-                    engine.sinks.export_to(x.clone());
-                }
-                let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine, label));
-                let code = attest_ecp::run_command(cmd, host).await;
-                if let Some(x) = exporter {
-                    if let Some(summary) = tokio::task::spawn_blocking(move || x.finish()).await? {
-                        eprintln!("attest-engine ecp: {summary}");
-                    }
-                }
-                code
-            })
-        }
+        Command::View { args, .. } => view(config, args),
+        Command::Ecp { cmd, .. } => ecp(config, cmd),
         Command::Calibrate {
             labels,
             rubric,
@@ -808,36 +638,238 @@ fn run() -> ExitCode {
                 }
             }
         }
-        Command::Serve { .. } => {
-            logging::init(config.log_level);
-            // With one CPU a work-stealing pool only adds thread hand-offs.
-            let one_cpu = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
-            let mut builder = if one_cpu {
-                tokio::runtime::Builder::new_current_thread()
-            } else {
-                tokio::runtime::Builder::new_multi_thread()
+        Command::Serve { .. } => serve(config),
+    }
+}
+
+/// Options accepted before a subcommand, where the server takes them, that
+/// the subcommand given would ignore: refused (exit 2), naming what to do.
+fn misplaced_options(cli: &Cli) -> Option<ExitCode> {
+    if let Some(Command::Plugin { command }) = &cli.command {
+        if !cli.serve.evaluation.plugins.is_empty() || cli.serve.evaluation.plugin_dir.is_some() {
+            // Accepted before the subcommand, where the server takes them,
+            // but a plugin subcommand works on the file it names and would
+            // ignore them.
+            let sub = command.name();
+            eprintln!(
+                "attest-engine plugin {sub}: --plugin and --plugin-dir choose the plugins a server loads; `plugin {sub}` works on the one file it names, so drop them"
+            );
+            return Some(ExitCode::from(2));
+        }
+    }
+    if let (Some(sub @ ("collect" | "worker")), Some(_)) = (
+        match &cli.command {
+            Some(Command::Collect { .. }) => Some("collect"),
+            Some(Command::Worker { .. }) => Some("worker"),
+            _ => None,
+        },
+        cli.serve.max_concurrent_requests,
+    ) {
+        // Accepted before the subcommand, where the server takes it, but it
+        // bounds the requests `serve` evaluates at once; a collector or
+        // worker would ignore it.
+        eprintln!(
+            "attest-engine {sub}: --max-concurrent-requests bounds the requests `serve` evaluates at once; {sub} evaluates --concurrency traces at once (default 4), so give --concurrency N instead"
+        );
+        return Some(ExitCode::from(2));
+    }
+    None
+}
+
+/// `eval`: one trace and its assertions, evaluated once, reports written.
+fn eval(config: Config, trace: PathBuf, assertions: PathBuf, format: OutputFormat, export: attest_collect::export::ExportArgs) -> ExitCode {
+    logging::init(one_shot_level(&config));
+    // A one-shot run's results are all it has to record: wait for
+    // the history writer rather than drop rows when it falls behind.
+    let mut config = config;
+    if let Some(h) = &mut config.history {
+        h.wait_when_behind = true;
+    }
+    // Read before the engine opens anything (the result history, plugins).
+    // A report written over an input would destroy it.
+    for input in [&trace, &assertions] {
+        if let Some(r) = config.reports.iter().find(|r| attest_engine::report::same_file(&r.path, input)) {
+            eprintln!(
+                "attest-engine eval: --report writes to {}, which is an input of this run: give the report another path",
+                r.path.display()
+            );
+            return ExitCode::from(2);
+        }
+    }
+    let inputs = match eval_cmd::Inputs::read(&trace, &assertions) {
+        Ok(inputs) => inputs,
+        Err(e) => {
+            eprintln!("attest-engine eval: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(engine) = load_engine(config) else {
+        return ExitCode::from(2);
+    };
+    engine.sinks.start_run(
+        attest_engine::history::RunKind::Eval,
+        format!("eval {} {}", trace.display(), assertions.display()),
+    );
+    let exporter = match export
+        .endpoint
+        .as_deref()
+        .map(|e| attest_collect::export::OtlpExport::start(e, export.protocol, "eval"))
+    {
+        None => None,
+        Some(Ok(x)) => Some(Arc::new(x)),
+        Some(Err(e)) => {
+            eprintln!("attest-engine eval: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(x) = &exporter {
+        engine.sinks.export_to(x.clone());
+    }
+    let code = match eval_cmd::run(&engine, &inputs, format.into(), &mut std::io::stdout().lock()) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("attest-engine eval: {e:#}");
+            ExitCode::from(2)
+        }
+    };
+    if let Some(summary) = exporter.and_then(|x| x.finish()) {
+        eprintln!("attest-engine eval: {summary}");
+    }
+    code
+}
+
+/// `ecp`: the ECP runtime with the engine as its grading host.
+fn ecp(config: Config, cmd: attest_ecp::EcpCommand) -> ExitCode {
+    // A person reads `ecp`'s progress lines: the engine's own info
+    // lines (the history it opened) are JSON noise above them, so
+    // only warnings and errors show unless a level was asked for.
+    let level = if config.log_level_chosen {
+        config.log_level
+    } else {
+        logging::Level::Warn
+    };
+    logging::init(level);
+    let config = attest_engine::ecp_host::config_for(&cmd, config);
+    let label = match &cmd.action {
+        attest_ecp::EcpAction::Run(r) => format!("ecp run {}", r.manifest.display()),
+        _ => "ecp".to_owned(),
+    };
+    let exporter = match &cmd.action {
+        attest_ecp::EcpAction::Run(attest_ecp::RunArgs {
+            export_otlp: Some(endpoint),
+            export_otlp_protocol,
+            ..
+        }) => {
+            let protocol = match export_otlp_protocol.as_str() {
+                "grpc" => attest_collect::export::Protocol::Grpc,
+                _ => attest_collect::export::Protocol::Http,
             };
-            let runtime = match builder.enable_all().build() {
-                Ok(rt) => rt,
+            match attest_collect::export::OtlpExport::start(endpoint, protocol, "ecp") {
+                Ok(x) => Some(Arc::new(x)),
                 Err(e) => {
-                    eprintln!("attest-engine: cannot start the async runtime: {e}");
+                    eprintln!("attest-engine ecp: {e:#}");
                     return ExitCode::from(1);
                 }
-            };
-            let Some(engine) = load_engine(config) else {
+            }
+        }
+        _ => None,
+    };
+    run_front_door(config, |engine| async move {
+        if let Some(x) = &exporter {
+            engine.sinks.export_to(x.clone());
+        }
+        let host = Arc::new(attest_engine::ecp_host::EngineGradingHost::new(engine, label));
+        let code = attest_ecp::run_command(cmd, host).await;
+        if let Some(x) = exporter {
+            if let Some(summary) = tokio::task::spawn_blocking(move || x.finish()).await? {
+                eprintln!("attest-engine ecp: {summary}");
+            }
+        }
+        code
+    })
+}
+
+/// The Attest protocol v1 server on stdio (the default command).
+fn serve(config: Config) -> ExitCode {
+    logging::init(config.log_level);
+    // With one CPU a work-stealing pool only adds thread hand-offs.
+    let one_cpu = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+    let mut builder = if one_cpu {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("attest-engine: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let Some(engine) = load_engine(config) else {
+        return ExitCode::from(2);
+    };
+    let engine = Arc::new(engine);
+    // The read loop runs on this thread; the requests it spawns go to the
+    // shared queue, from which every worker takes them.
+    let ended = runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
+    let code = match ended {
+        server::Ended::InputError | server::Ended::OutputClosed => 1,
+        _ => 0,
+    };
+    // stdin's blocking reader thread cannot be interrupted; exit rather
+    // than wait for it. Responses were flushed by `serve`.
+    std::process::exit(code);
+}
+
+/// `plugin test`: the capabilities granted by name, then the run.
+fn plugin_test(
+    config: Config,
+    file: &Path,
+    trace: &Path,
+    plugin_config: Option<&Path>,
+    plugin_config_json: Option<&str>,
+    grants: &[String],
+    format: OutputFormat,
+) -> ExitCode {
+    logging::init(one_shot_level(&config));
+    let mut granted = Vec::new();
+    for name in grants {
+        match Capability::parse(name) {
+            Some(c) => granted.push(c),
+            None => {
+                let valid: Vec<&str> = Capability::ALL.iter().map(|c| c.name()).collect();
+                eprintln!(
+                    "attest-engine plugin test: --grant {name}: unknown capability; valid capabilities: {}",
+                    valid.join(", ")
+                );
                 return ExitCode::from(2);
-            };
-            let engine = Arc::new(engine);
-            // The read loop runs on this thread; the requests it spawns go to the
-            // shared queue, from which every worker takes them.
-            let ended = runtime.block_on(server::serve(engine, tokio::io::stdin(), std::io::stdout()));
-            let code = match ended {
-                server::Ended::InputError | server::Ended::OutputClosed => 1,
-                _ => 0,
-            };
-            // stdin's blocking reader thread cannot be interrupted; exit rather
-            // than wait for it. Responses were flushed by `serve`.
-            std::process::exit(code);
+            }
+        }
+    }
+    plugin_cmd::test(config, file, trace, plugin_config, plugin_config_json, &granted, format.into())
+}
+
+/// `view`: the read-only web viewer over the history the engine writes.
+fn view(config: Config, args: attest_view::ViewArgs) -> ExitCode {
+    logging::init(config.log_level);
+    // The store the engine writes, whether or not history is on now.
+    let default = match config.history.as_ref().map(|h| &h.location) {
+        Some(location) => Some(location.clone()),
+        None => config
+            .cache_dir
+            .as_ref()
+            .map(|d| attest_engine::history::Location::File(d.join("history.sqlite3"))),
+    };
+    let runtime = match async_runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(attest_view::run_view(args, default)) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("attest-engine view: {e:#}");
+            ExitCode::from(2)
         }
     }
 }
