@@ -255,7 +255,10 @@ impl Bert {
         let h = self.hidden;
         let tokens: usize = seqs.iter().map(|q| q.ids.len()).sum();
         let inter = self.layers.first().map_or(0, |l| l.intermediate.out);
-        s.fit(tokens, h, inter);
+        // Attention runs one text at a time: its scores need the longest
+        // text squared, not the whole pass's tokens squared.
+        let longest = seqs.iter().map(|q| q.ids.len()).max().unwrap_or(0);
+        s.fit(tokens, longest, h, inter);
         let Scratch {
             hidden,
             qkv,
@@ -445,7 +448,7 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn fit(&mut self, tokens: usize, hidden: usize, inter: usize) {
+    fn fit(&mut self, tokens: usize, longest: usize, hidden: usize, inter: usize) {
         let grow = |v: &mut Vec<f32>, n: usize| {
             if v.len() < n {
                 v.resize(n, 0.0);
@@ -456,7 +459,7 @@ impl Scratch {
         grow(&mut self.context, tokens * hidden);
         grow(&mut self.attended, tokens * hidden);
         grow(&mut self.wide, tokens * inter);
-        grow(&mut self.scores, tokens * tokens);
+        grow(&mut self.scores, longest * longest);
     }
 }
 
