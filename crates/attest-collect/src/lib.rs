@@ -341,14 +341,11 @@ fn plain_json(value: &mut serde_json::Value, path: &mut String) -> Result<(), St
     Ok(())
 }
 
-/// The first thing in a document that reading it into typed values would
-/// silently get wrong, with its path and the parser's position:
-/// - a key given twice in one mapping (`rules[0].assertions[1].spec:
-///   duplicate key 'check'`): read into a map, a duplicate replaces the
-///   first value (YAML 1.2 forbids it, JSON parsers disagree), so a
-///   copy-paste slip could rename a rule or invert a check;
-/// - a number that is not finite (YAML's `.nan`, `.inf`), which would
-///   become `null` as JSON and be refused as "invalid type: null".
+/// The first key a JSON document gives twice in one mapping, with its path
+/// and the parser's position (`rules[0].assertions[1].spec: duplicate key
+/// 'check'`): read into a map, a duplicate replaces the first value (JSON
+/// parsers disagree), so a copy-paste slip could rename a rule or invert a
+/// check. YAML files are checked by `attest-yaml` as they are read.
 ///
 /// `None` also when the text does not parse: its own error is reported by
 /// the parse that follows.
@@ -357,8 +354,7 @@ pub(crate) fn first_misread_value<'de, D: serde::Deserializer<'de>>(d: D) -> Opt
     let mut walk = dupes::Walk::default();
     let e = (&mut walk).deserialize(d).err()?;
     let found = walk.found?;
-    // The parser adds where it was (` at line 3 column 55`); a YAML parser
-    // also puts its own path in front, which `found` already holds.
+    // The parser adds where it was (` at line 3 column 55`).
     let text = e.to_string();
     let location = text.find(&found).map_or("", |at| &text[at + found.len()..]);
     Some(format!("{found}{location}"))
@@ -405,14 +401,9 @@ mod dupes {
         fn visit_u128<E>(self, _: u128) -> Result<(), E> {
             Ok(())
         }
-        fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-            if v.is_finite() {
-                return Ok(());
-            }
-            let at = if self.path.is_empty() { "the file's value" } else { &self.path };
-            let found = format!("{at} is not a finite number (.nan and .inf have no meaning in a rules or prices file); give a number");
-            self.found = Some(found.clone());
-            Err(E::custom(found))
+        // JSON numbers are always finite: nothing to refuse.
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
         }
         fn visit_str<E>(self, _: &str) -> Result<(), E> {
             Ok(())
