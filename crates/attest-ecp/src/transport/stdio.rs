@@ -3,6 +3,8 @@
 //! the [`super::guard`]).
 
 use super::*;
+#[cfg(unix)]
+use rustix::process::Signal;
 
 /// How long a stopping agent gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -96,14 +98,15 @@ impl StdioAgent {
         cmd.process_group(0);
         #[cfg(target_os = "linux")]
         {
-            let parent = std::process::id() as libc::pid_t;
+            let parent = std::process::id();
             let limits = env.limits;
             guard::check_support();
             guard::hide_memory();
             // SAFETY: between fork and exec only async-signal-safe calls run
             // (prctl, capget, capset, getrlimit, setrlimit, getpid, getppid, fork,
             // close_range, close, open, read, dup2, sigprocmask, sigwaitinfo, waitpid,
-            // kill, nanosleep, signal, _exit); nothing allocates.
+            // kill, nanosleep, signal, _exit: direct system calls through rustix,
+            // or libc's for the few rustix keeps unstable); nothing allocates.
             unsafe {
                 cmd.pre_exec(move || guard::split(parent, limits));
             }
@@ -201,7 +204,7 @@ impl StdioAgent {
                 // The agent is gone; helpers it started in its group go too.
                 // This is at once after the wait, so the group id is still
                 // the agent's (an id is not reused while its group lives).
-                self.kill_group(libc::SIGKILL);
+                self.kill_group(Signal::KILL);
                 self.reaped = true;
                 // What the agent wrote to stderr before it exited may still be
                 // in the pipe: read it now, so that the error can show it.
@@ -379,15 +382,11 @@ impl StdioAgent {
         )
     }
 
-    fn kill_group(&self, sig: i32) {
+    fn kill_group(&self, sig: Signal) {
         #[cfg(unix)]
-        if let Some(pgid) = self.pgid {
-            if !self.reaped && pgid > 0 {
-                // SAFETY: plain syscall; the group leader is not reaped, so the id is still ours.
-                unsafe {
-                    libc::kill(-pgid, sig);
-                }
-            }
+        if let Some(pgid) = self.pgid.filter(|_| !self.reaped).and_then(rustix::process::Pid::from_raw) {
+            // The group leader is not reaped, so the id is still ours.
+            let _ = rustix::process::kill_process_group(pgid, sig);
         }
     }
 
@@ -415,7 +414,7 @@ impl StdioAgent {
         if self.reaped {
             return;
         }
-        self.kill_group(libc::SIGTERM);
+        self.kill_group(Signal::TERM);
         if tokio::time::timeout(STOP_GRACE, self.child.wait()).await.is_err() {
             // The guard ends the group and every other descendant, then
             // itself; killed with the group, it could not.
@@ -423,7 +422,7 @@ impl StdioAgent {
             let _ = tokio::time::timeout(STOP_GRACE, self.child.wait()).await;
         }
         // The leader is gone (or is made to go); anything left in the group goes too.
-        self.kill_group(libc::SIGKILL);
+        self.kill_group(Signal::KILL);
         let _ = self.child.kill().await;
         self.reaped = true;
     }
@@ -432,14 +431,12 @@ impl StdioAgent {
     /// through its guard, which reaches descendants that left the group.
     fn end_all(&self) {
         #[cfg(target_os = "linux")]
-        if let Some(guard) = self.pgid.filter(|&g| g > 0 && !self.reaped) {
-            // SAFETY: plain syscall; the guard is not reaped, so the id is still ours.
-            unsafe {
-                libc::kill(guard, guard::RUNTIME_DIED);
-            }
+        if let Some(guard) = self.pgid.filter(|_| !self.reaped).and_then(rustix::process::Pid::from_raw) {
+            // The guard is not reaped, so the id is still ours.
+            let _ = rustix::process::kill_process(guard, guard::RUNTIME_DIED);
             return;
         }
-        self.kill_group(libc::SIGKILL);
+        self.kill_group(Signal::KILL);
     }
 }
 
