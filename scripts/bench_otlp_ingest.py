@@ -14,6 +14,7 @@ ingest, not evaluation. Prints one line per run and the medians.
 """
 
 import http.client
+import json
 import os
 import random
 import re
@@ -64,7 +65,7 @@ def start_collector(workdir):
     with open(rules, "w") as f:
         f.write(RULES)
     proc = subprocess.Popen(
-        [ENGINE, "--log-level=warn", "collect", "--rules", rules, "--otlp-http", "127.0.0.1:0", "--otlp-grpc", "127.0.0.1:0",
+        [ENGINE, "--log-level=info", "collect", "--rules", rules, "--otlp-http", "127.0.0.1:0", "--otlp-grpc", "127.0.0.1:0",
          "--settle-ms", "200", "--max-open-traces", "100000", "--queue-capacity", "100000"],
         stderr=subprocess.PIPE, text=True, env=dict(os.environ, ATTEST_CACHE_DIR=os.path.join(workdir, "cache")),
     )
@@ -73,10 +74,14 @@ def start_collector(workdir):
         line = proc.stderr.readline()
         if not line:
             raise SystemExit(f"the collector exited: {proc.wait()}")
-        if m := re.search(r"OTLP/HTTP on http://([^/]+)/", line):
-            http_addr = m.group(1)
-        if m := re.search(r"OTLP/gRPC on (\S+)", line):
-            grpc_addr = m.group(1)
+        try:
+            logged = json.loads(line)
+        except ValueError:
+            continue
+        if logged.get("msg", "").startswith("listening for OTLP/HTTP"):
+            http_addr = logged["url"].removeprefix("http://").split("/")[0]
+        if logged.get("msg", "").startswith("listening for OTLP/gRPC"):
+            grpc_addr = logged["address"]
     threading.Thread(target=lambda: proc.stderr.read(), daemon=True).start()
     return proc, http_addr, grpc_addr
 

@@ -111,10 +111,12 @@ def main() -> None:
         del rows
 
         port = free_port()
-        view = subprocess.Popen([args.engine, "--log-level=warn", "view", "--history", str(history), "--addr", f"127.0.0.1:{port}"],
+        view = subprocess.Popen([args.engine, "--log-level=info", "view", "--history", str(history), "--addr", f"127.0.0.1:{port}"],
                                 env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            view.stderr.readline()
+            # Its log line that says where it serves: the page is up.
+            while "url" not in json.loads(view.stderr.readline() or '{"url":0}'):
+                pass
             base = f"http://127.0.0.1:{port}"
             first_s, status, body = fetch(base + "/")
             assert status == 200

@@ -46,7 +46,7 @@ pub use attest_core::lane;
 /// The result history, from `attest-history`.
 pub use attest_history as history;
 pub mod layers;
-pub mod logging;
+pub use attest_log as logging;
 pub mod plugin_cmd;
 pub mod plugin_models;
 pub mod plugin_new;

@@ -484,7 +484,7 @@ fn without_config(command: &Command) -> Option<ExitCode> {
         }
         // They grade nothing, so they need no engine, nor its configuration.
         Command::Ecp { cmd, .. } if !cmd.action.grades() => {
-            logging::init(logging::Level::Info);
+            logging::init(logging::Level::Info, "ecp");
             let runtime = match async_runtime() {
                 Ok(runtime) => runtime,
                 Err(code) => return Some(code),
@@ -553,7 +553,7 @@ fn run() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::Check { file, .. },
         } => {
-            logging::init(one_shot_level(&config));
+            logging::init(one_shot_level(&config), "plugin");
             plugin_cmd::check(&config, &file)
         }
         Command::Plugin {
@@ -584,7 +584,7 @@ fn run() -> ExitCode {
             ..
         } => eval(config, trace, assertions, format, export),
         Command::Collect { args, .. } => {
-            logging::init(config.log_level);
+            logging::init(config.log_level, "collect");
             // A collector that publishes to workers evaluates nothing itself.
             let providers = match args.nats {
                 Some(_) => attest_engine::batch::Providers::Elsewhere,
@@ -598,7 +598,7 @@ fn run() -> ExitCode {
             })
         }
         Command::Worker { args, .. } => {
-            logging::init(config.log_level);
+            logging::init(config.log_level, "worker");
             let label = match (args.role, &args.sink_name) {
                 (attest_collect::WorkerRole::Sink, Some(name)) => format!("worker --role sink --sink-name {name}"),
                 (attest_collect::WorkerRole::Sink, None) => "worker --role sink".to_owned(),
@@ -621,7 +621,7 @@ fn run() -> ExitCode {
             format,
             ..
         } => {
-            logging::init(one_shot_level(&config));
+            logging::init(one_shot_level(&config), "calibrate");
             // Only the judge is used: no plugin is loaded (or compiled).
             let engine = Engine::with_plugins(config, PluginHost::default());
             let mut out = std::io::stdout().lock();
@@ -678,7 +678,7 @@ fn misplaced_options(cli: &Cli) -> Option<ExitCode> {
 
 /// `eval`: one trace and its assertions, evaluated once, reports written.
 fn eval(config: Config, trace: PathBuf, assertions: PathBuf, format: OutputFormat, export: attest_collect::export::ExportArgs) -> ExitCode {
-    logging::init(one_shot_level(&config));
+    logging::init(one_shot_level(&config), "eval");
     // A one-shot run's results are all it has to record: wait for
     // the history writer rather than drop rows when it falls behind.
     let mut config = config;
@@ -748,7 +748,7 @@ fn ecp(config: Config, cmd: attest_ecp::EcpCommand) -> ExitCode {
     } else {
         logging::Level::Warn
     };
-    logging::init(level);
+    logging::init(level, "ecp");
     let config = attest_engine::ecp_host::config_for(&cmd, config);
     let label = match &cmd.action {
         attest_ecp::EcpAction::Run(r) => format!("ecp run {}", r.manifest.display()),
@@ -791,7 +791,7 @@ fn ecp(config: Config, cmd: attest_ecp::EcpCommand) -> ExitCode {
 
 /// The Attest protocol v1 server on stdio (the default command).
 fn serve(config: Config) -> ExitCode {
-    logging::init(config.log_level);
+    logging::init(config.log_level, "serve");
     // With one CPU a work-stealing pool only adds thread hand-offs.
     let one_cpu = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
     let mut builder = if one_cpu {
@@ -832,7 +832,7 @@ fn plugin_test(
     grants: &[String],
     format: OutputFormat,
 ) -> ExitCode {
-    logging::init(one_shot_level(&config));
+    logging::init(one_shot_level(&config), "plugin");
     let mut granted = Vec::new();
     for name in grants {
         match Capability::parse(name) {
@@ -852,7 +852,7 @@ fn plugin_test(
 
 /// `view`: the read-only web viewer over the history the engine writes.
 fn view(config: Config, args: attest_view::ViewArgs) -> ExitCode {
-    logging::init(config.log_level);
+    logging::init(config.log_level, "view");
     // The store the engine writes, whether or not history is on now.
     let default = match config.history.as_ref().map(|h| &h.location) {
         Some(location) => Some(location.clone()),
@@ -892,8 +892,8 @@ where
     // was told to record them in (the stdio engine goes on, answering
     // query_drift with what to fix).
     if let (Some(wanted), None) = (&engine.config.history, &engine.sinks.history) {
-        eprintln!(
-            "attest-engine: cannot open the result history {} (see the error above); fix it, or run with --no-history",
+        tracing::error!(
+            "cannot open the result history {} (see the error above); fix it, or run with --no-history",
             wanted.location
         );
         return ExitCode::from(2);
@@ -908,7 +908,7 @@ where
     match code {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("attest-engine: {e:#}");
+            tracing::error!("{e:#}");
             ExitCode::from(2)
         }
     }

@@ -216,7 +216,9 @@ fn serve(args: Vec<std::ffi::OsString>, env: &[(&str, &str)]) -> Viewer {
         if stderr.read_line(&mut line).unwrap() == 0 || seen.len() > 64 * 1024 {
             panic!("no address in {seen:?}");
         }
-        if let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")) {
+        let logged: Option<serde_json::Value> = serde_json::from_str(&line).ok();
+        if let Some(url) = logged.as_ref().and_then(|l| l["url"].as_str()) {
+            assert_eq!(logged.as_ref().unwrap()["command"], "view", "{line}");
             break url.trim_end_matches('/').to_owned();
         }
         seen.push_str(&line);

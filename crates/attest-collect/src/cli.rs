@@ -15,12 +15,13 @@ use tokio::task::JoinSet;
 
 use crate::assemble::{Assembler, Limits};
 use crate::convert::PriceTable;
+use crate::events::{EvaluationFailed, Event, LogThrottle};
 use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, WorkItem};
 use crate::rules::RuleSet;
 use crate::server::{self, ReceiverState};
 use crate::sink::{JsonlSink, Wait};
-use crate::writer::{FileWriter, LogThrottle, Output};
+use crate::writer::{FileWriter, Output};
 use crate::{distributed, jsonl_input, listen, ResultStore, TraceEvaluator};
 
 /// `collect`: receive traces, assemble them, evaluate (or publish to NATS).
@@ -358,8 +359,8 @@ async fn grpc_listener(choice: Option<GrpcListen>, listen_public: bool) -> anyho
         None => match tokio::net::TcpListener::bind(DEFAULT_OTLP_GRPC).await {
             Ok(l) => Ok(Some(l)),
             Err(e) => {
-                eprintln!(
-                    "attest-engine collect: OTLP/gRPC is not served: the default {DEFAULT_OTLP_GRPC} cannot be used ({e}); pass --otlp-grpc ADDR to serve it elsewhere, or --otlp-grpc off"
+                tracing::warn!(
+                    "OTLP/gRPC is not served: the default {DEFAULT_OTLP_GRPC} cannot be used ({e}); pass --otlp-grpc ADDR to serve it elsewhere, or --otlp-grpc off"
                 );
                 Ok(None)
             }
@@ -498,7 +499,7 @@ pub async fn run_collect(
         consumer.await?;
         let flushed = flushed(&pipeline).await;
         if let Some(export) = pipeline.metrics.export.get() {
-            eprintln!("attest-engine collect: --export-otlp: {}", export.summary());
+            export.log_summary();
         }
         return Ok(if complete && flushed { 0 } else { 1 });
     }
@@ -698,10 +699,11 @@ async fn serve(args: &CollectArgs, state: &Arc<ReceiverState>, signals: &Signals
         .with_context(|| format!("--otlp-http {}: cannot listen", args.otlp_http))?;
     let local = listener.local_addr()?;
     // One line on stderr so that scripts (and tests) can find an ephemeral port.
-    eprintln!("attest-engine collect: listening for OTLP/HTTP on http://{local}/v1/traces");
+    tracing::info!(url = %format!("http://{local}/v1/traces"), "listening for OTLP/HTTP on http://{local}/v1/traces");
     let grpc = match grpc_listener(args.otlp_grpc, args.listen_public).await? {
         Some(l) => {
-            eprintln!("attest-engine collect: listening for OTLP/gRPC on {}", l.local_addr()?);
+            let grpc = l.local_addr()?;
+            tracing::info!(address = %grpc, "listening for OTLP/gRPC on {grpc}");
             let limits = crate::grpc::Limits {
                 request_timeout: Duration::from_secs(args.request_timeout_secs),
                 streams_per_connection: u32::try_from(args.max_inflight_requests).unwrap_or(u32::MAX),
@@ -755,7 +757,7 @@ async fn drain(
     pipeline: &Pipeline,
 ) -> anyhow::Result<i32> {
     let metrics = &pipeline.metrics;
-    eprintln!("attest-engine collect: draining open traces");
+    tracing::info!("draining open traces");
     let events = state.assembler.lock().unwrap_or_else(|e| e.into_inner()).drain();
     for d in events.dropped {
         d.count(metrics);
@@ -802,8 +804,8 @@ async fn drain(
             }
             let _ = abandon.send(true);
             consumer.await?;
-            eprintln!(
-                "attest-engine collect: second signal: {} traces still queued or being evaluated {:?} after it were abandoned (traces_dropped_total{{reason=\"shutdown\"}})",
+            tracing::warn!(
+                "second signal: {} traces still queued or being evaluated {:?} after it were abandoned (traces_dropped_total{{reason=\"shutdown\"}})",
                 metrics.dropped_count("shutdown"),
                 listen::DRAIN_TIMEOUT
             );
@@ -811,8 +813,8 @@ async fn drain(
     }
     let flushed = flushed(pipeline).await;
     let publishes_failed = metrics.dropped_count("publish_failed");
-    eprintln!(
-        "attest-engine collect: drained; {} traces evaluated ({} rule evaluations), {} evaluations failed, {} published, {} publishes failed",
+    tracing::info!(
+        "drained; {} traces evaluated ({} rule evaluations), {} evaluations failed, {} published, {} publishes failed",
         metrics.traces_evaluated.load(Ordering::Relaxed),
         metrics.rule_evaluations.load(Ordering::Relaxed),
         metrics.rule_event_count("eval_error") + metrics.dropped_count("evaluation_failed"),
@@ -830,7 +832,7 @@ async fn flushed(pipeline: &Pipeline) -> bool {
     match pipeline.flush().await {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("attest-engine collect: {e:#}");
+            tracing::error!("{e:#}");
             false
         }
     }
@@ -1024,8 +1026,9 @@ pub(crate) async fn handle_item(
     match evaluated {
         Ok(crate::pipeline::Evaluated { records, failure }) => {
             if let Some(e) = failure {
-                eprintln!(
-                    "attest-engine collect: evaluation of {} failed in part ({} results kept): {e}",
+                tracing::warn!(
+                    trace_id = %crate::shown_id(item.trace_id()),
+                    "evaluation of {} failed in part ({} results kept): {e}",
                     crate::shown_id(item.trace_id()),
                     records.len()
                 );
@@ -1035,21 +1038,20 @@ pub(crate) async fn handle_item(
                 // stalled file fails every trace.
                 static LOG: std::sync::LazyLock<LogThrottle> = std::sync::LazyLock::new(LogThrottle::default);
                 if let Some(n) = LOG.hit() {
-                    eprintln!(
-                        "attest-engine collect: storing results of {} failed: {e:#}{}",
+                    tracing::warn!(
+                        trace_id = %crate::shown_id(item.trace_id()),
+                        "storing results of {} failed: {e:#}{}",
                         crate::shown_id(item.trace_id()),
-                        crate::writer::unshown(n)
+                        crate::events::unshown(n)
                     );
                 }
             }
         }
-        Err(e) => {
-            pipeline.metrics.dropped("evaluation_failed", 0);
-            eprintln!(
-                "attest-engine collect: evaluation of {} failed: {e}",
-                crate::shown_id(item.trace_id())
-            );
+        Err(e) => EvaluationFailed {
+            trace_id: item.trace_id(),
+            error: &e,
         }
+        .emit(&pipeline.metrics),
     }
     Handled::Done
 }

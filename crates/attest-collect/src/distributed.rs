@@ -24,6 +24,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::cli::{NatsOptions, WorkerArgs};
+use crate::events::{
+    AlreadyPublished, ConsumerReset, DeadLettered, Event, LogThrottle, MalformedResults, Redelivered, ResultsRefused, RulesMismatch,
+    StoreFailed,
+};
 use crate::pipeline::{Pipeline, WorkItem};
 use crate::ResultRecord;
 
@@ -598,8 +602,9 @@ async fn durable_consumer(
     let wants = describe(config.max_deliver, config.ack_wait);
     match stream.update_consumer(config).await {
         Ok(c) => {
-            eprintln!(
-                "attest-engine worker: durable consumer {name} had {had}; updated to this worker's {wants} (--max-deliver / --ack-wait)"
+            tracing::info!(
+                consumer = %name,
+                "durable consumer {name} had {had}; updated to this worker's {wants} (--max-deliver / --ack-wait)"
             );
             Ok(c)
         }
@@ -661,16 +666,15 @@ async fn keep_consumer_in_step(
         if !(behind || stuck_twice) {
             continue;
         }
-        tracing::warn!(
-            consumer = %name,
-            stream = %info.config.name,
-            consumer_delivered = have.delivered.stream_sequence,
-            stream_first = state.first_sequence,
-            stream_last = state.last_sequence,
-            stream_messages = state.messages,
-            "the stream was reset beneath its durable consumer (a server that lost part of its store); making the consumer again so that it delivers what the stream holds"
-        );
-        pipeline.metrics.consumer_resets.fetch_add(1, Ordering::Relaxed);
+        ConsumerReset {
+            consumer: &name,
+            stream: &info.config.name,
+            consumer_delivered: have.delivered.stream_sequence,
+            stream_first: state.first_sequence,
+            stream_last: state.last_sequence,
+            stream_messages: state.messages,
+        }
+        .emit(&pipeline.metrics);
         // Another worker may be doing the same: whichever deletes second
         // finds nothing to delete, and creating is idempotent.
         let _ = stream.delete_consumer(&name).await;
@@ -704,14 +708,19 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     // Before the line that says the worker is up: a SIGTERM sent as soon as
     // it is read (an orchestrator's, a test's) must drain, not kill.
     let signals = crate::cli::Signals::install()?;
-    eprintln!(
-        "attest-engine worker: evaluating from {} (consumer {}, rules version {})",
-        names.traces_stream, names.workers_consumer, pipeline.rules.version
+    tracing::info!(
+        stream = %names.traces_stream,
+        consumer = %names.workers_consumer,
+        rules_version = %pipeline.rules.version,
+        "evaluating from {} (consumer {}, rules version {})",
+        names.traces_stream,
+        names.workers_consumer,
+        pipeline.rules.version
     );
     let fault_after: Option<u64> = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse().ok());
     let attempts = Arc::new(AttemptLog::open(&js, &names, &args.nats_opts).await);
     let published = Arc::new(AtomicU64::new(0));
-    let mismatch_log = Arc::new(crate::writer::LogThrottle::default());
+    let mismatch_log = Arc::new(LogThrottle::default());
     // Messages held at once, and evaluations run at once, apart: a message
     // whose results wait for the server's publish acknowledgement, or whose
     // own ack is in flight, holds a place in the window but no evaluation
@@ -753,7 +762,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
         let mut batch = match batch {
             Ok(b) => b,
             Err(e) => {
-                eprintln!("attest-engine worker: pull error: {e}");
+                tracing::warn!(error = %e, "pull error: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
@@ -773,7 +782,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
             let msg = match msg {
                 Ok(m) => m,
                 Err(e) => {
-                    eprintln!("attest-engine worker: pull error: {e}");
+                    tracing::warn!(error = %e, "pull error: {e}");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     break;
                 }
@@ -800,7 +809,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
                 let result = ctx.handle(&delivery).await;
                 delivery.stop_progress().await;
                 if let Err(e) = result {
-                    eprintln!("attest-engine worker: {e:#}");
+                    tracing::warn!("{e:#}");
                 }
             });
         }
@@ -809,8 +818,9 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     }
     // Finished tasks are joined first, so the count is of evaluations still running.
     while tasks.try_join_next().is_some() {}
-    eprintln!(
-        "attest-engine worker: draining {} in-flight evaluations (at most {} s; a second signal stops waiting)",
+    tracing::info!(
+        in_flight = tasks.len(),
+        "draining {} in-flight evaluations (at most {} s; a second signal stops waiting)",
         tasks.len(),
         WORKER_DRAIN_TIMEOUT.as_secs()
     );
@@ -824,7 +834,10 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
         // stream when the ack wait runs out and another worker takes them.
         let left = tasks.len();
         tasks.shutdown().await;
-        eprintln!("attest-engine worker: {left} evaluations abandoned; their messages will be delivered again after the ack wait");
+        tracing::warn!(
+            abandoned = left,
+            "{left} evaluations abandoned; their messages will be delivered again after the ack wait"
+        );
     }
     // Acks are not waited for: what is still buffered goes out before exit.
     flush(&js).await;
@@ -942,7 +955,7 @@ struct WorkerCtx {
     attempts: Arc<AttemptLog>,
     /// Evaluations running at once (`--concurrency`).
     evaluating: Arc<Semaphore>,
-    mismatch_log: Arc<crate::writer::LogThrottle>,
+    mismatch_log: Arc<LogThrottle>,
     js: jetstream::Context,
     names: Names,
     pipeline: Arc<Pipeline>,
@@ -1049,38 +1062,44 @@ impl WorkerCtx {
         let msg = &delivery.msg;
         let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         let metrics = &self.pipeline.metrics;
-        if delivered > 1 {
-            metrics.redeliveries.fetch_add(1, Ordering::Relaxed);
-        }
         let item: WorkItem = match serde_json::from_slice(&msg.payload) {
             Ok(i) => i,
-            Err(e) => return self.dead_letter(delivery, "", delivered, &format!("not a work item: {e}")).await,
+            Err(e) => {
+                if delivered > 1 {
+                    Redelivered {
+                        trace_id: None,
+                        delivery: delivered,
+                    }
+                    .emit(metrics);
+                }
+                return self.dead_letter(delivery, "", delivered, &format!("not a work item: {e}")).await;
+            }
         };
         let trace_id = item.trace_id().to_string();
         let shown = crate::shown_id(&trace_id);
         if delivered > 1 {
-            eprintln!("attest-engine worker: redelivery {delivered} of trace {shown}");
+            Redelivered {
+                trace_id: Some(&trace_id),
+                delivery: delivered,
+            }
+            .emit(metrics);
         }
         if let Some(theirs) = item.rules_version.as_deref().filter(|v| *v != self.pipeline.rules.version) {
             // Scored here, the trace would get another verdict than the
             // collector's rules meant, or none for a rule this worker lacks.
-            let ours = &self.pipeline.rules.version;
-            metrics.rules_mismatches.fetch_add(1, Ordering::Relaxed);
-            let why = format!(
-                "selected under rules version {} but this worker runs {ours}",
-                crate::bounded(theirs, 64)
-            );
+            let mismatch = RulesMismatch {
+                trace_id: &trace_id,
+                theirs,
+                ours: &self.pipeline.rules.version,
+            };
+            let why = mismatch.why();
             if delivered > self.max_deliver {
+                mismatch.count(metrics);
                 return self
                     .dead_letter(delivery, &trace_id, delivered, &format!("maximum deliveries reached: {why}"))
                     .await;
             }
-            if let Some(unshown) = self.mismatch_log.hit() {
-                eprintln!(
-                    "attest-engine worker: trace {shown} {why}; given back for a worker with the same rules (counted in attest_collect_rules_mismatch_total){}",
-                    crate::writer::unshown(unshown)
-                );
-            }
+            mismatch.emit_throttled(metrics, &self.mismatch_log);
             delivery.nak_after(RULES_MISMATCH_DELAY).await;
             return Ok(());
         }
@@ -1141,15 +1160,14 @@ impl WorkerCtx {
             Ok(true) => {
                 // The same results (same trace and keys) were published within
                 // the duplicate window: a redelivery after a crash before the ack.
-                metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
-                eprintln!(
-                    "attest-engine worker: results of trace {shown} were already in {} (same message id within the duplicate window); not stored twice",
-                    self.names.results_stream
-                );
+                AlreadyPublished {
+                    trace_id: &trace_id,
+                    stream: &self.names.results_stream,
+                }
+                .emit(metrics);
             }
             Err(f) if f.too_large => {
                 let max = self.js.client().max_payload();
-                eprintln!("attest-engine worker: results of trace {shown} are {size} bytes, over the server's max_payload of {max} bytes; they cannot be published");
                 let why = format!("results are {size} bytes, over the server's max_payload of {max} bytes");
                 return self.dead_letter(delivery, &trace_id, delivered, &why).await;
             }
@@ -1157,7 +1175,8 @@ impl WorkerCtx {
         }
         let n = self.published.fetch_add(1, Ordering::SeqCst) + 1;
         if self.fault_after == Some(n) {
-            eprintln!("attest-engine worker: {FAULT_ENV}={n}: exiting after publishing results of {shown}, before acking");
+            tracing::warn!("{FAULT_ENV}={n}: exiting after publishing results of {shown}, before acking");
+            attest_log::flush(Duration::from_secs(1));
             std::process::exit(70);
         }
         // What succeeded is stored; what failed for good goes to the dead
@@ -1223,23 +1242,15 @@ impl WorkerCtx {
         }
         match sent {
             Ok(duplicate) => {
-                if duplicate {
-                    self.pipeline.metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    self.pipeline.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                }
                 delivery.term().await.map_err(|e| anyhow::anyhow!("term: {e}"))?;
                 self.attempts.forget(msg).await;
-                let already = if duplicate {
-                    " (it was there already, from an earlier delivery)"
-                } else {
-                    ""
-                };
-                eprintln!(
-                    "attest-engine worker: trace {shown} moved to {}{already} ({})",
-                    self.names.dead_subject,
-                    header_text(why)
-                );
+                DeadLettered {
+                    trace_id,
+                    subject: &self.names.dead_subject,
+                    why: &header_text(why),
+                    already: duplicate,
+                }
+                .emit(&self.pipeline.metrics);
                 Ok(())
             }
             Err(f) if f.too_large || delivered > self.max_deliver => {
@@ -1310,12 +1321,11 @@ fn sink_records(msg: &jetstream::Message, pipeline: &Pipeline) -> Option<Vec<Res
     let records = match serde_json::from_slice::<Vec<ResultRecord>>(&msg.payload) {
         Ok(r) => r,
         Err(e) => {
-            pipeline.metrics.dropped("malformed_results", 0);
-            eprintln!(
-                "attest-engine worker --role sink: a results message ({} bytes) is not a result list, dropped: {}",
-                msg.payload.len(),
-                crate::bounded(&e.to_string(), 300)
-            );
+            MalformedResults {
+                bytes: msg.payload.len(),
+                error: &e,
+            }
+            .emit(&pipeline.metrics);
             return None;
         }
     };
@@ -1328,14 +1338,19 @@ fn sink_records(msg: &jetstream::Message, pipeline: &Pipeline) -> Option<Vec<Res
             None => true,
             Some(p) => {
                 refused += 1;
-                first_problem.get_or_insert((p, crate::shown_id(&r.key.trace_id)));
+                first_problem.get_or_insert((p, r.key.trace_id.clone()));
                 false
             }
         })
         .collect();
-    if let Some((p, trace)) = first_problem {
-        pipeline.metrics.results_dropped("id_too_long", refused);
-        eprintln!("attest-engine worker --role sink: {refused} of {total} results in a message not stored ({p}; trace {trace})");
+    if let Some((problem, trace_id)) = first_problem {
+        ResultsRefused {
+            refused,
+            total,
+            problem: &problem,
+            trace_id: &trace_id,
+        }
+        .emit(&pipeline.metrics);
     }
     Some(records)
 }
@@ -1371,13 +1386,15 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
     let mut messages = open().await?;
     // Before the ready line, as for the evaluating worker.
     let signals = crate::cli::Signals::install()?;
-    eprintln!(
-        "attest-engine worker: writing results from {} (consumer {consumer_name})",
+    tracing::info!(
+        stream = %names.results_stream,
+        consumer = %consumer_name,
+        "writing results from {} (consumer {consumer_name})",
         names.results_stream
     );
     let shutdown = signals.nth(1);
     tokio::pin!(shutdown);
-    let store_failures = crate::writer::LogThrottle::default();
+    let store_failures = LogThrottle::default();
     loop {
         let first = tokio::select! {
             _ = &mut shutdown => break,
@@ -1392,7 +1409,7 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
             }
             match open().await {
                 Ok(m) => messages = m,
-                Err(e) => eprintln!("attest-engine worker --role sink: {e:#}; trying again"),
+                Err(e) => tracing::warn!("{e:#}; trying again"),
             }
             continue;
         };
@@ -1428,13 +1445,7 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
             if let Err(e) = pipeline.store(&records, crate::Durability::Committed).await {
                 // Every attempt is counted; the log says it at most once per
                 // interval, as a failing file fails every message.
-                pipeline.metrics.store_failures.fetch_add(1, Ordering::Relaxed);
-                if let Some(n) = store_failures.hit() {
-                    eprintln!(
-                        "attest-engine worker --role sink: storing failed, will retry: {e:#}{}",
-                        crate::writer::unshown(n)
-                    );
-                }
+                StoreFailed { error: &e }.emit_throttled(&pipeline.metrics, &store_failures);
                 join_all(kept.iter().map(|m| m.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))))).await;
                 continue;
             }

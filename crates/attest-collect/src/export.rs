@@ -124,6 +124,17 @@ impl ExportStats {
         )
     }
 
+    /// Logs [`ExportStats::summary`]: a warning when any event was lost,
+    /// so that it is said at `--log-level warn` too.
+    pub fn log_summary(&self) {
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        if ld(&self.dropped) + ld(&self.failed) + self.waiting() > 0 {
+            tracing::warn!("--export-otlp: {}", self.summary());
+        } else {
+            tracing::info!("--export-otlp: {}", self.summary());
+        }
+    }
+
     /// Prometheus exposition lines.
     /// The exporter's counters, in the collector's `/metrics`.
     pub(crate) fn encode(&self, enc: &mut prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {

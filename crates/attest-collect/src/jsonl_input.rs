@@ -51,8 +51,8 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
         .map(|r| r.name.as_str())
         .collect();
     if !blind.is_empty() {
-        eprintln!(
-            "attest-engine collect: --jsonl: rule(s) {} match on span or resource attributes, which traces read from a file do not carry; they select no trace here (they do on live OTLP input)",
+        tracing::warn!(
+            "--jsonl: rule(s) {} match on span or resource attributes, which traces read from a file do not carry; they select no trace here (they do on live OTLP input)",
             blind.join(", ")
         );
     }
@@ -75,7 +75,7 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
             Line::Malformed(why) => {
                 malformed += 1;
                 pipeline.metrics.dropped(DropReason::Malformed.as_str(), 0);
-                eprintln!("attest-engine collect: --jsonl line {line_no}: {why}");
+                tracing::warn!(line = line_no, "--jsonl line {line_no}: {why}");
             }
             Line::Trace(trace) => {
                 pipeline.metrics.traces_received.fetch_add(1, Ordering::Relaxed);
@@ -111,7 +111,7 @@ pub async fn run(input: &str, pipeline: &Arc<Pipeline>, publisher: Option<Arc<Pu
     let failed = progress(pipeline, lines, malformed, started);
     if crashed > 0 {
         // A panic is logged where it happened; the run must not pass.
-        eprintln!("attest-engine collect: --jsonl: {crashed} traces stopped with an internal error (see the log)");
+        tracing::error!("--jsonl: {crashed} traces stopped with an internal error (see the log)");
     }
     Ok(malformed == 0 && failed == 0 && crashed == 0)
 }
@@ -126,8 +126,8 @@ fn progress(pipeline: &Pipeline, lines: u64, malformed: u64, started: Instant) -
     let eval_failed = m.rule_event_count("eval_error") + m.dropped_count("evaluation_failed");
     let publish_failed = m.dropped_count("publish_failed");
     let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-3);
-    eprintln!(
-        "attest-engine collect: --jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {eval_failed} evaluations failed, {published} published ({duplicates} already in the stream), {publish_failed} publishes failed"
+    tracing::info!(
+        "--jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {eval_failed} evaluations failed, {published} published ({duplicates} already in the stream), {publish_failed} publishes failed"
     );
     eval_failed + publish_failed
 }

@@ -6,7 +6,8 @@
 //! traces ([`assemble`]), mapping the OpenTelemetry GenAI and OpenInference
 //! span conventions onto Attest traces ([`convert`]), the rules file that
 //! says which traces get which assertions ([`rules`]), result sinks
-//! ([`sink`]), Prometheus metrics ([`metrics`]) and the NATS JetStream
+//! ([`sink`]), Prometheus metrics ([`metrics`]), the events that count
+//! themselves there and log themselves ([`events`]) and the NATS JetStream
 //! distributed mode ([`distributed`]).
 //!
 //! It does not evaluate assertions itself: the host plugs an [`TraceEvaluator`] in
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod convert;
 pub mod distributed;
 pub mod elements;
+pub mod events;
 pub mod export;
 pub mod fair;
 pub mod frameworks;

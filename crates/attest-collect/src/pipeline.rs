@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::assemble::{ClosedTrace, DropReason};
 use crate::convert::{self, Converted, MatchContext, PriceTable};
+use crate::events::{ConvertedTooLarge, Event, SpansNested, SpansUnreachable};
 use crate::metrics::Metrics;
 use crate::rules::{sampled, RuleSet};
 use crate::trace_doc::TraceDoc;
@@ -75,25 +76,18 @@ impl Pipeline {
             } => {
                 self.metrics.traces_assembled.fetch_add(1, Ordering::Relaxed);
                 if nested > 0 {
-                    // A model call inside a tool, say: its tokens count, and
-                    // the trace names it, but it is no step of the agent's.
-                    self.metrics.spans_nested.fetch_add(nested as u64, Ordering::Relaxed);
-                    tracing::info!(
-                        trace_id = %crate::shown_id(&closed.trace_id),
-                        spans = nested,
-                        "spans nested under a tool or model call are no steps of their own; metadata.nested_spans names them"
-                    );
+                    SpansNested {
+                        trace_id: &closed.trace_id,
+                        spans: nested as u64,
+                    }
+                    .emit(&self.metrics);
                 }
                 if unreachable > 0 {
-                    // Spans whose parent never came (an exporter that lost
-                    // it, a service not instrumented) are not in the steps;
-                    // the trace is evaluated without them, and that is said.
-                    self.metrics.spans_unreachable.fetch_add(unreachable as u64, Ordering::Relaxed);
-                    tracing::info!(
-                        trace_id = %crate::shown_id(&closed.trace_id),
-                        spans = unreachable,
-                        "spans left out of the evaluated trace: no chain of parents joins them to its root"
-                    );
+                    SpansUnreachable {
+                        trace_id: &closed.trace_id,
+                        spans: unreachable as u64,
+                    }
+                    .emit(&self.metrics);
                 }
                 let trace = TraceDoc::from_value(&trace);
                 self.archive(&trace);
@@ -101,11 +95,12 @@ impl Pipeline {
                 // convert to more JSON than the evaluator takes (large tool
                 // results, say); every rule would fail on it.
                 if let Some(limit) = self.max_trace_bytes.filter(|&limit| trace.len() > limit) {
-                    self.metrics.dropped(DropReason::TraceTooLarge.as_str(), closed.spans.len() as u64);
-                    tracing::warn!(
-                        trace_id = %crate::bounded(&closed.trace_id, 64),
-                        "the converted trace is over the engine's {limit}-byte trace limit and was not evaluated"
-                    );
+                    ConvertedTooLarge {
+                        trace_id: &closed.trace_id,
+                        spans: closed.spans.len() as u64,
+                        limit,
+                    }
+                    .emit(&self.metrics);
                     return None;
                 }
                 self.select(trace, &context)

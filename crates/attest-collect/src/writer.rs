@@ -14,8 +14,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::events::{Event, LogThrottle, LostCause, OutputLost};
 use crate::metrics::Metrics;
 
 /// Writes queued per output file (a write is one trace's results, or one trace).
@@ -43,14 +44,14 @@ impl Output {
         }
     }
 
-    fn what(self) -> &'static str {
+    pub(crate) fn what(self) -> &'static str {
         match self {
             Output::Results => "result lines",
             Output::Traces => "traces",
         }
     }
 
-    fn count(self, metrics: &Metrics, reason: &'static str, n: u64) {
+    pub(crate) fn count(self, metrics: &Metrics, reason: &'static str, n: u64) {
         if n == 0 {
             return;
         }
@@ -80,40 +81,6 @@ struct Entry {
     done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
 }
 
-/// At most one log line per [`LogThrottle::EVERY`] for a repeated failure,
-/// saying how many were not shown: a failing disk or a stalled reader must
-/// not flood stderr with a line per trace.
-#[derive(Default)]
-pub struct LogThrottle {
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl LogThrottle {
-    pub const EVERY: Duration = Duration::from_secs(10);
-
-    /// `Some(not shown since the last line)` when this occurrence is to be
-    /// logged, `None` when it is only counted.
-    pub fn hit(&self) -> Option<u64> {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if s.0.is_some_and(|t| now.duration_since(t) < Self::EVERY) {
-            s.1 += 1;
-            return None;
-        }
-        s.0 = Some(now);
-        Some(std::mem::take(&mut s.1))
-    }
-}
-
-/// Suffix of a throttled log line: how many like it were not shown.
-pub fn unshown(n: u64) -> String {
-    if n == 0 {
-        String::new()
-    } else {
-        format!(" ({n} more since the last such line, not shown)")
-    }
-}
-
 struct Shared {
     output: Output,
     shown: String,
@@ -141,9 +108,23 @@ const SPARE_BUFFERS: usize = 4;
 const SPARE_BUFFER_BYTES: usize = 4 << 20;
 
 impl Shared {
-    fn lose(&self, reason: &'static str, lines: u64) {
-        self.lost.fetch_add(lines, Ordering::Relaxed);
-        self.output.count(&self.metrics, reason, lines);
+    /// Counts lines lost (`counted`: unless their writer retries them),
+    /// for the summary and the metrics, and says so (throttled).
+    fn lose(&self, lines: u64, cause: LostCause<'_>, counted: bool) {
+        if lines == 0 {
+            return;
+        }
+        if counted {
+            self.lost.fetch_add(lines, Ordering::Relaxed);
+        }
+        OutputLost {
+            output: self.output,
+            file: &self.shown,
+            lines,
+            cause,
+            counted,
+        }
+        .emit_throttled(&self.metrics, &self.log);
     }
 }
 
@@ -267,17 +248,14 @@ impl FileWriter {
     /// Counts lines that were refused and will not be offered again, and
     /// says so on stderr (throttled).
     pub fn lost_to_full_queue(&self, lines: u64) {
-        self.shared.lose("queue_full", lines);
-        if let Some(unshown_n) = self.shared.log.hit() {
-            eprintln!(
-                "attest-engine: {} {}: the write queue is full ({QUEUE_ENTRIES} writes or {} MiB; the file or the pipe's reader takes lines slower than they come): {lines} {} dropped{}",
-                self.shared.output.flag(),
-                self.shared.shown,
-                QUEUE_BYTES >> 20,
-                self.shared.output.what(),
-                unshown(unshown_n)
-            );
-        }
+        self.shared.lose(
+            lines,
+            LostCause::QueueFull {
+                entries: QUEUE_ENTRIES,
+                bytes: QUEUE_BYTES,
+            },
+            true,
+        );
     }
 
     /// Lines refused or lost so far (queue full, write failed, not written by a drain's deadline).
@@ -300,11 +278,7 @@ impl FileWriter {
         let flag = self.shared.output.flag();
         if written.is_err() {
             let pending = self.shared.queued_lines.load(Ordering::Acquire);
-            self.shared.lose("shutdown", pending);
-            eprintln!(
-                "attest-engine: {flag} {shown}: {pending} {} still queued were not written within {timeout:?} (the file or the pipe's reader is stalled)",
-                self.shared.output.what()
-            );
+            self.shared.lose(pending, LostCause::Stalled(timeout), true);
         } else if let Some(file) = &self.sync {
             // On a thread of its own: a sync on a hung disk may not return.
             let file = file.try_clone()?;
@@ -353,24 +327,14 @@ fn write_loop(mut file: std::fs::File, rx: mpsc::Receiver<Entry>, shared: &Share
         if let Err(e) = &result {
             // A write asked to confirm is retried by its caller, which
             // counts it; others are lost here.
-            if entry.done.is_none() {
-                shared.lose("write_failed", entry.lines);
-            }
-            if let Some(unshown_n) = shared.log.hit() {
-                eprintln!(
-                    "attest-engine: {} {}: writing {} {} failed: {e}{}",
-                    shared.output.flag(),
-                    shared.shown,
-                    entry.lines,
-                    shared.output.what(),
-                    unshown(unshown_n)
-                );
-            }
+            shared.lose(entry.lines, LostCause::WriteFailed(e), entry.done.is_none());
         }
         if let Some(done) = entry.done {
             // A caller that stopped waiting no longer counts a failure.
             if let Err(Err(_)) = done.send(result) {
-                shared.lose("write_failed", entry.lines);
+                // Logged above; counted now that no caller will.
+                shared.lost.fetch_add(entry.lines, Ordering::Relaxed);
+                shared.output.count(&shared.metrics, "write_failed", entry.lines);
             }
         }
         let mut bytes = entry.bytes;
@@ -389,6 +353,7 @@ fn write_loop(mut file: std::fs::File, rx: mpsc::Receiver<Entry>, shared: &Share
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     fn pipe_writer(entries: usize) -> (std::io::PipeReader, FileWriter, Arc<Metrics>) {
         let (reader, writer) = std::io::pipe().unwrap();
@@ -518,14 +483,5 @@ mod tests {
             2,
             "the confirmed write is its caller's to count"
         );
-    }
-
-    #[test]
-    fn a_repeated_failure_is_logged_once_per_interval_with_the_count_not_shown() {
-        let log = LogThrottle::default();
-        assert_eq!((log.hit(), log.hit(), log.hit()), (Some(0), None, None));
-        log.state.lock().unwrap().0 = Instant::now().checked_sub(LogThrottle::EVERY);
-        assert_eq!(log.hit(), Some(2));
-        assert_eq!(unshown(2), " (2 more since the last such line, not shown)");
     }
 }

@@ -123,8 +123,9 @@ pub async fn run_view(args: ViewArgs, default_history: Option<attest_history::Lo
                 Some(Location::File(h)) => format!("{} with {}", h.display(), imported.files.join(", ")),
                 _ => imported.files.join(", "),
             };
-            eprintln!(
-                "attest-engine view: read {} results from {}",
+            tracing::info!(
+                results = imported.results,
+                "read {} results from {}",
                 imported.results,
                 imported.files.join(", ")
             );
@@ -141,7 +142,7 @@ pub async fn run_view(args: ViewArgs, default_history: Option<attest_history::Lo
         .with_context(|| format!("--addr {}: cannot listen there", args.addr))?;
     let local = listener.local_addr()?;
     // The one line a person (or a test) reads to find the page.
-    eprintln!("attest-engine view: serving {shown} on http://{local}/");
+    tracing::info!(url = %format!("http://{local}/"), "serving {shown} on http://{local}/");
     axum::serve(listener, router).with_graceful_shutdown(shutdown()).await?;
     Ok(0)
 }

@@ -31,15 +31,22 @@ async fn main() {
         delay: Duration::from_millis(delay),
         fail_trace,
     });
+    // The product's log channel, as `attest-engine` installs it: the tests
+    // read the same lines from both binaries.
     let result = match Command::parse() {
-        Command::Collect(args) => attest_collect::run_collect(args, evaluator, None).await,
-        Command::Worker(args) => attest_collect::run_worker(args, evaluator, None).await,
-    };
-    match result {
-        Ok(code) => std::process::exit(code),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::exit(2);
+        Command::Collect(args) => {
+            attest_log::init(attest_log::Level::Info, "collect");
+            attest_collect::run_collect(args, evaluator, None).await
         }
-    }
+        Command::Worker(args) => {
+            attest_log::init(attest_log::Level::Info, "worker");
+            attest_collect::run_worker(args, evaluator, None).await
+        }
+    };
+    let code = result.unwrap_or_else(|e| {
+        tracing::error!("{e:#}");
+        2
+    });
+    attest_log::flush(Duration::from_millis(500));
+    std::process::exit(code);
 }

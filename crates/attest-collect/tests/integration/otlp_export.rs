@@ -237,9 +237,10 @@ async fn a_backend_killed_mid_run_loses_events_only_within_the_bounds_and_counts
         Some(0),
         "the evaluation completes whatever the backend does: {stderr}"
     );
-    let summary = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("attest-engine collect: --export-otlp: "))
+    let lines = crate::support::log_lines(&stderr);
+    let summary = lines
+        .iter()
+        .find_map(|l| l["msg"].as_str()?.strip_prefix("--export-otlp: "))
         .unwrap_or_else(|| panic!("no export summary: {stderr}"));
     let number = |word: &str| -> u64 {
         let before = summary.split(word).next().unwrap();
@@ -391,7 +392,10 @@ fn a_failed_evaluation_is_an_event_with_its_error_type() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("attest-engine collect: --export-otlp: "), "{stderr}");
+    assert!(
+        crate::support::messages(&stderr).lines().any(|l| l.starts_with("--export-otlp: ")),
+        "{stderr}"
+    );
     let events = receiver.events();
     let failed: Vec<&Value> = events
         .iter()

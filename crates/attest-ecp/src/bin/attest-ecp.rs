@@ -17,6 +17,7 @@ struct Cli {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    attest_log::init(attest_log::Level::Info, "ecp");
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -25,11 +26,13 @@ fn main() -> std::process::ExitCode {
         }
     };
     let code = rt.block_on(async { attest_ecp::run_command(cli.ecp, Arc::new(StandaloneHost)).await });
-    match code {
+    let code = match code {
         Ok(c) => std::process::ExitCode::from(u8::try_from(c).unwrap_or(1)),
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::from(1)
         }
-    }
+    };
+    attest_log::flush(std::time::Duration::from_millis(500));
+    code
 }

@@ -214,7 +214,15 @@ impl Proc {
         }
     }
 
+    /// What the process said: the message of each JSON log line, and any
+    /// other line as it is (a panic, a usage error printed before logging
+    /// starts).
     pub fn stderr_text(&self) -> String {
+        messages(&self.stderr_raw())
+    }
+
+    /// Stderr as written: JSON log lines.
+    pub fn stderr_raw(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
@@ -297,11 +305,8 @@ impl Collector {
         let mut args = vec!["collect", "--rules", rules_path.to_str().unwrap(), "--otlp-http", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         let mut proc = Proc::spawn_on(evaluator, dir, "collector", &args, env);
-        let text = proc.wait_for("listening for OTLP/HTTP on ", 30);
-        let url = text
-            .lines()
-            .find_map(|l| l.split("listening for OTLP/HTTP on ").nth(1))
-            .unwrap()
+        proc.wait_for("listening for OTLP/HTTP on ", 30);
+        let url = logged_field(&proc.stderr_raw(), "listening for OTLP/HTTP on ", "url")
             .trim_end_matches("/v1/traces")
             .to_string();
         let token = extra
@@ -323,12 +328,8 @@ impl Collector {
 
     /// The OTLP/gRPC address (`host:port`) the collector said it listens on.
     pub fn grpc_addr(&mut self) -> String {
-        let text = self.proc.wait_for("listening for OTLP/gRPC on ", 30);
-        text.lines()
-            .find_map(|l| l.split("listening for OTLP/gRPC on ").nth(1))
-            .unwrap()
-            .trim()
-            .to_string()
+        self.proc.wait_for("listening for OTLP/gRPC on ", 30);
+        logged_field(&self.proc.stderr_raw(), "listening for OTLP/gRPC on ", "address")
     }
 
     /// Waits until a metrics line starts with `prefix` and has a value >= `min`.
@@ -454,4 +455,41 @@ pub mod otlp {
             }],
         }
     }
+}
+
+/// The JSON log lines in `text` (what a collector or worker wrote on
+/// stderr), parsed; other lines are left out.
+pub fn log_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+/// Field `field` of the first log line in `text` whose message starts with
+/// `msg`. Every such line names the command that wrote it.
+pub fn logged_field(text: &str, msg: &str, field: &str) -> String {
+    let line = log_lines(text)
+        .into_iter()
+        .find(|l| l["msg"].as_str().is_some_and(|m| m.starts_with(msg)))
+        .unwrap_or_else(|| panic!("no log line '{msg}…': {text}"));
+    assert!(
+        matches!(line["command"].as_str(), Some("collect" | "worker")),
+        "the line names its command: {line}"
+    );
+    line[field]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no {field} in {line}"))
+}
+
+/// The message of each JSON log line in `text`, a line each, and any other
+/// line as it is.
+pub fn messages(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(serde_json::Value::Object(l)) if l.contains_key("msg") => out.push_str(l["msg"].as_str().unwrap_or_default()),
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }

@@ -1,5 +1,13 @@
 //! Structured JSON log lines on stderr (Attest protocol v1 §1.3), written so that logging
-//! can never stall evaluation.
+//! can never stall evaluation: the one channel every command's messages go
+//! through, `serve`'s and `collect`'s alike, under one `--log-level`.
+//!
+//! Each line names the command that wrote it (`"command":"worker"`), so the
+//! lines of a fleet's processes, gathered in one place, can be told apart.
+//!
+//! On a terminal the same events are written as text a person reads
+//! (`2026-02-18T10:30:00.000Z  INFO collect: listening for ...`);
+//! `ATTEST_LOG_FORMAT=json` or `text` chooses either way.
 //!
 //! Events are formatted on the calling thread and handed to a bounded queue;
 //! one writer thread drains it into stderr. When the queue is full (stderr is
@@ -10,6 +18,8 @@
 //! the queue holds at most [`QUEUE_LINES`] lines of a few such fields: what a
 //! request echoes into a log line (an id, a plugin's message) cannot make the
 //! queue large while stderr is not read.
+
+#![forbid(unsafe_code)]
 
 use anyhow::{bail, Result};
 use serde_json::{Map, Value};
@@ -87,10 +97,47 @@ impl DropCounter {
 struct JsonLines {
     tx: SyncSender<String>,
     dropped: DropCounter,
+    command: &'static str,
+    format: Format,
 }
 
-/// Installs the global JSON logger at `level`.
-pub fn init(level: Level) -> DropCounter {
+/// How lines are written: JSON for programs (the SDKs, log shippers), text
+/// for a person at a terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Text,
+}
+
+impl Format {
+    /// `ATTEST_LOG_FORMAT` when set to `json` or `text`; otherwise text on
+    /// a terminal and JSON anywhere else.
+    fn chosen() -> Format {
+        use std::io::IsTerminal;
+        match std::env::var("ATTEST_LOG_FORMAT")
+            .ok()
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref()
+        {
+            Some("json") => Format::Json,
+            Some("text") => Format::Text,
+            _ if std::io::stderr().is_terminal() => Format::Text,
+            _ => Format::Json,
+        }
+    }
+
+    fn line(self, level: &str, logger: &str, msg: &str, fields: Map<String, Value>) -> String {
+        match self {
+            Format::Json => format_line(level, logger, msg, fields),
+            Format::Text => format_text(level, msg, fields),
+        }
+    }
+}
+
+/// Installs the global JSON logger at `level`, for lines of `command` (the
+/// subcommand's name: `serve`, `collect`, `worker`, ...).
+pub fn init(level: Level, command: &'static str) -> DropCounter {
+    let format = Format::chosen();
     let (tx, rx) = sync_channel::<String>(QUEUE_LINES);
     let dropped = DropCounter::default();
     let reported = dropped.clone();
@@ -102,11 +149,16 @@ pub fn init(level: Level) -> DropCounter {
                 let mut err = std::io::stderr().lock();
                 let now = reported.dropped();
                 if now > already_reported {
-                    let note = format_line(
+                    let note = format.line(
                         "warn",
                         "engine.logging",
                         "log lines dropped: stderr was not being read",
-                        [("dropped".to_owned(), Value::from(now - already_reported))].into_iter().collect(),
+                        [
+                            ("command".to_owned(), Value::from(command)),
+                            ("dropped".to_owned(), Value::from(now - already_reported)),
+                        ]
+                        .into_iter()
+                        .collect(),
                     );
                     let _ = err.write_all(note.as_bytes());
                     already_reported = now;
@@ -119,6 +171,8 @@ pub fn init(level: Level) -> DropCounter {
     let layer = JsonLines {
         tx,
         dropped: dropped.clone(),
+        command,
+        format,
     }
     .with_filter(level.filter());
     // The default panic hook writes to stderr directly, which blocks when
@@ -137,6 +191,7 @@ impl<S: Subscriber> Layer<S> for JsonLines {
         let meta = event.metadata();
         let mut fields = FieldMap::default();
         event.record(&mut fields);
+        fields.map.insert("command".to_owned(), Value::from(self.command));
         let level = match *meta.level() {
             tracing::Level::ERROR => "error",
             tracing::Level::WARN => "warn",
@@ -144,7 +199,7 @@ impl<S: Subscriber> Layer<S> for JsonLines {
             _ => "debug",
         };
         let logger = meta.target().replacen("attest_engine::", "engine.", 1).replace("::", ".");
-        let line = format_line(level, &logger, fields.msg.as_deref().unwrap_or(""), fields.map);
+        let line = self.format.line(level, &logger, fields.msg.as_deref().unwrap_or(""), fields.map);
         // Counted before it is sent, so the writer never gets ahead of it.
         QUEUED.fetch_add(1, Ordering::AcqRel);
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(line) {
@@ -162,7 +217,7 @@ struct FieldMap {
 
 impl Visit for FieldMap {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.record_text(field, crate::text::clip(value, FIELD_CHARS));
+        self.record_text(field, attest_trace::text::clip(value, FIELD_CHARS));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
         self.map.insert(field.name().to_owned(), Value::from(value));
@@ -178,7 +233,7 @@ impl Visit for FieldMap {
     }
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         let mut text = format!("{value:?}");
-        crate::text::clip_in_place(&mut text, FIELD_CHARS);
+        attest_trace::text::clip_in_place(&mut text, FIELD_CHARS);
         self.record_text(field, text);
     }
 }
@@ -209,6 +264,40 @@ fn format_line(level: &str, logger: &str, msg: &str, fields: Map<String, Value>)
         }
     }
     line.push_str("}\n");
+    line
+}
+
+/// `TS LEVEL command: msg key=value ...`, one line: the command first, the
+/// logger left out (it names a module, which a person does not need).
+fn format_text(level: &str, msg: &str, mut fields: Map<String, Value>) -> String {
+    let command = match fields.remove("command") {
+        Some(Value::String(c)) => c,
+        _ => String::new(),
+    };
+    let mut line = format!("{} {:>5} {command}: ", timestamp(), level.to_ascii_uppercase());
+    // Control characters from echoed text must not break the line, nor
+    // move the cursor of the terminal that shows it.
+    let printable = |s: &str, out: &mut String| {
+        for c in s.chars() {
+            if c.is_control() {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+    };
+    printable(msg, &mut line);
+    for (k, v) in fields {
+        line.push(' ');
+        line.push_str(&k);
+        line.push('=');
+        match v {
+            Value::String(s) if !s.is_empty() && !s.contains([' ', '"', '=']) => printable(&s, &mut line),
+            Value::String(s) => printable(&Value::from(s).to_string(), &mut line),
+            other => line.push_str(&other.to_string()),
+        }
+    }
+    line.push('\n');
     line
 }
 
@@ -247,6 +336,8 @@ mod tests {
         let layer = JsonLines {
             tx,
             dropped: DropCounter::default(),
+            command: "worker",
+            format: Format::Json,
         };
         let long = "x".repeat(1_000_000);
         tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
@@ -255,10 +346,30 @@ mod tests {
         let line = rx.try_recv().unwrap();
         assert!(line.len() < 4 * (FIELD_CHARS + 64), "{} bytes", line.len());
         let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["command"], "worker", "every line names its command");
         for key in ["msg", "trace_id", "id"] {
             let text = v[key].as_str().unwrap();
             assert!(text.ends_with('…') && text.chars().count() <= FIELD_CHARS + 1, "{key}");
         }
+    }
+
+    #[test]
+    fn text_lines_lead_with_the_command_and_stay_one_line() {
+        let fields: Map<String, Value> = [
+            ("command".to_owned(), Value::from("collect")),
+            ("trace_id".to_owned(), Value::from("t1")),
+            ("why".to_owned(), Value::from("two words")),
+            ("spans".to_owned(), Value::from(3)),
+        ]
+        .into_iter()
+        .collect();
+        let line = format_text("info", "listening\non http://x\u{1b}[2J", fields);
+        let (_, rest) = line.split_once(' ').unwrap();
+        assert_eq!(
+            rest,
+            " INFO collect: listening\\non http://x\\u{1b}[2J spans=3 trace_id=t1 why=\"two words\"\n"
+        );
+        assert_eq!(line.matches('\n').count(), 1);
     }
 
     #[test]
