@@ -387,256 +387,33 @@ pub const ENV_VARS: &[(&str, &str)] = &[
 
 impl Config {
     /// Resolves the configuration from `overrides`, the environment (`env`)
-    /// and the config file they name.
+    /// and the config file they name. Each setting is its default, then the
+    /// file's, then the environment's, then the flag's: one stage each
+    /// below, then the settings that combine several sources (plugins, the
+    /// history, reports, providers), then the checks across settings.
     pub fn load(overrides: &Overrides, env: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let path = overrides.config_path.clone().or_else(|| env("ATTEST_CONFIG").map(PathBuf::from));
         let file = match &path {
             Some(p) => read_file(p)?,
             None => FileConfig::default(),
         };
-        let mut c = Config::default();
         let src = |name: &str| match &path {
             Some(p) => format!("{name} in {}", p.display()),
             None => name.to_owned(),
         };
-        if let Some(v) = &file.log_level {
-            c.log_level = Level::parse(v).with_context(|| src("log_level"))?;
-            c.log_level_chosen = true;
-        }
-        if let Some(v) = &file.eval_timeout {
-            c.eval_timeout = parse_duration(v).with_context(|| src("eval_timeout"))?;
-        }
-        if let Some(v) = &file.drain_timeout {
-            c.drain_timeout = parse_duration(v).with_context(|| src("drain_timeout"))?;
-        }
-        if let Some(v) = file.max_concurrent_requests {
-            c.max_concurrent_requests = v;
-        }
-        c.strict_step_types = file.strict_step_types.unwrap_or(c.strict_step_types);
-        let at_least_one = |key: &str, v: Option<usize>, default: usize| match v {
-            Some(0) => Err(anyhow::anyhow!(
-                "{} must be at least 1, got 0; leave it out for the default, {default}",
-                src(key)
-            )),
-            v => Ok(v.unwrap_or(default)),
-        };
-        c.idempotency_cache_entries = at_least_one(
-            "idempotency_cache_entries",
-            file.idempotency_cache_entries,
-            c.idempotency_cache_entries,
-        )?;
-        c.compiled_cache_entries = at_least_one("compiled_cache_entries", file.compiled_cache_entries, c.compiled_cache_entries)?;
-        c.max_plugin_results = at_least_one("max_plugin_results", file.max_plugin_results, c.max_plugin_results)?;
-        let one = (1, MAX_MIB);
-        c.compiled_cache_bytes = size(
-            &file.compiled_cache_size,
-            file.compiled_cache_mib,
-            "compiled_cache",
-            one,
-            c.compiled_cache_bytes,
-            &src,
-        )?;
-        c.schema_cache_bytes = size(
-            &file.schema_cache_size,
-            file.schema_cache_mib,
-            "schema_cache",
-            one,
-            c.schema_cache_bytes,
-            &src,
-        )?;
-        c.idempotency_cache_bytes = size(
-            &file.idempotency_cache_size,
-            file.idempotency_cache_mib,
-            "idempotency_cache",
-            one,
-            c.idempotency_cache_bytes,
-            &src,
-        )?;
-        let size_usize = |text: &Option<String>, mib: Option<usize>, key: &str, min: u64, default: usize| {
-            size(text, mib.map(|m| m as u64), key, (min, MAX_MIB), default as u64, &src).map(|b| b as usize)
-        };
-        c.plugin_results_bytes = size_usize(
-            &file.plugin_results_size,
-            file.plugin_results_mib,
-            "plugin_results",
-            1,
-            c.plugin_results_bytes,
-        )?;
-        c.session_log_bytes = size_usize(&file.session_log_size, file.session_log_mib, "session_log", 1, c.session_log_bytes)?;
-        c.max_inflight_bytes = size_usize(
-            &file.max_inflight_size,
-            file.max_inflight_mib,
-            "max_inflight",
-            16,
-            c.max_inflight_bytes,
-        )?;
-        c.max_explanation_chars = file.max_explanation_chars.unwrap_or(c.max_explanation_chars);
-
-        if let Some(v) = env("ATTEST_LOG_LEVEL") {
-            c.log_level = Level::parse(&v).context("ATTEST_LOG_LEVEL")?;
-            c.log_level_chosen = true;
-        }
-        if let Some(v) = env("ATTEST_EVAL_TIMEOUT") {
-            c.eval_timeout = parse_duration(&v).context("ATTEST_EVAL_TIMEOUT")?;
-        }
-        if let Some(v) = env("ATTEST_MAX_CONCURRENT_REQUESTS") {
-            c.max_concurrent_requests = v
-                .trim()
-                .parse()
-                .with_context(|| format!("ATTEST_MAX_CONCURRENT_REQUESTS: '{v}' is not a whole number"))?;
-        }
-        if let Some(v) = env("ATTEST_STRICT_STEP_TYPES") {
-            c.strict_step_types = parse_bool(&v).context("ATTEST_STRICT_STEP_TYPES")?;
-        }
-
-        if let Some(v) = &overrides.log_level {
-            c.log_level = Level::parse(v).context("--log-level")?;
-            c.log_level_chosen = true;
-        }
-        if let Some(v) = &overrides.eval_timeout {
-            c.eval_timeout = parse_duration(v).context("--eval-timeout")?;
-        }
-        if let Some(v) = overrides.max_concurrent_requests {
-            c.max_concurrent_requests = v;
-        }
-        c.strict_step_types |= overrides.strict_step_types;
-
-        // Plugins: the config file's list, then its directory (or the
-        // environment's, or the flag's), then --plugin flags.
+        // Paths in the file are relative to it.
         let base = path.as_deref().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
-        let defaults = limits(
-            &crate::plugins::PluginLimits::default(),
-            file.plugin_defaults.as_ref().unwrap_or(&FileLimits::default()),
-        )
-        .with_context(|| src("plugin_defaults"))?;
-        for (i, p) in file.plugins.iter().enumerate() {
-            c.plugins.push(PluginSpec {
-                path: base.join(&p.path),
-                limits: limits(&defaults, &p.limits()).with_context(|| src(&format!("plugins[{i}]")))?,
-                explicit: true,
-                grants: grants(p, &env).with_context(|| src(&format!("plugins[{i}]")))?,
-            });
-        }
-        let dir = overrides
-            .plugin_dir
-            .clone()
-            .or_else(|| env("ATTEST_PLUGIN_DIR").map(PathBuf::from))
-            .or_else(|| file.plugin_dir.as_ref().map(|d| base.join(d)));
-        if let Some(dir) = dir.filter(|_| !overrides.skip_plugin_dir) {
-            let files = crate::plugins::files_in(&dir).with_context(|| format!("cannot read plugin directory {}", dir.display()))?;
-            c.plugins.extend(files.into_iter().map(|path| PluginSpec {
-                path,
-                limits: defaults.clone(),
-                explicit: false,
-                grants: Default::default(),
-            }));
-        }
-        c.plugins.extend(overrides.plugins.iter().map(|path| PluginSpec {
-            path: path.clone(),
-            limits: defaults.clone(),
-            explicit: true,
-            grants: Default::default(),
-        }));
-        c.plugins = once_per_file(std::mem::take(&mut c.plugins), file.plugins.len()).map_err(|e| anyhow::anyhow!(src(&e)))?;
-        c.plugin_defaults = defaults;
-        if let Some(dir) = env("ATTEST_CACHE_DIR").map(PathBuf::from).or(file.cache_dir) {
+        let mut c = Config::default();
+        c.read_file(&file, &src)?;
+        c.read_env(&env)?;
+        c.read_flags(overrides)?;
+        (c.plugin_defaults, c.plugins) = plugins(&file, overrides, &env, &base, &src)?;
+        if let Some(dir) = env("ATTEST_CACHE_DIR").map(PathBuf::from).or(file.cache_dir.clone()) {
             c.cache_dir = (!dir.as_os_str().is_empty()).then_some(dir);
         }
-
-        let (file_on, file_url) = match &file.history {
-            None => (true, None),
-            Some(HistorySetting::On(on)) => (*on, None),
-            Some(HistorySetting::Url(url)) => {
-                if !crate::history::Location::is_postgres_url(url) {
-                    bail!(
-                        "history must be true, false, or a PostgreSQL URL (postgres://user:password@host/db); the history file's path goes in history_path"
-                    );
-                }
-                (true, Some(url.clone()))
-            }
-        };
-        let history_on = match env("ATTEST_HISTORY") {
-            Some(v) => parse_bool(&v).context("ATTEST_HISTORY")?,
-            None => file_on,
-        } && !overrides.no_history;
-        let history_url = match env("ATTEST_HISTORY_URL").filter(|v| !v.is_empty()) {
-            Some(url) if !crate::history::Location::is_postgres_url(&url) => {
-                bail!("ATTEST_HISTORY_URL must be a PostgreSQL URL (postgres://user:password@host/db); for a file set history_path in the config file")
-            }
-            Some(url) => Some(url),
-            None => file_url,
-        };
-        let history_location = match history_url {
-            Some(url) => Some(crate::history::Location::Postgres(url)),
-            None => file
-                .history_path
-                .as_ref()
-                .map(|p| base.join(p))
-                .or_else(|| c.cache_dir.as_ref().map(|d| d.join("history.sqlite3")))
-                .map(crate::history::Location::File),
-        };
-        let max_age = match &file.history_max_age {
-            Some(v) => parse_duration(v).with_context(|| src("history_max_age"))?,
-            None => Duration::from_secs(90 * 24 * 3600),
-        };
-        if max_age.is_zero() {
-            bail!("history_max_age must be greater than zero (set history = false to switch history off)");
-        }
-        let max_bytes = size(
-            &file.history_max_size,
-            file.history_max_mib,
-            "history_max",
-            (1, MAX_MIB),
-            DEFAULT_HISTORY_BYTES,
-            &src,
-        )?;
-        let kept_evaluations = file.history_kept_evaluations;
-        // 0 switches kept evaluations off, as `history_kept_evaluations = 0` does.
-        let kept_bytes = match (&file.history_kept_size, file.history_kept_mib) {
-            (None, Some(0)) => 0,
-            (Some(t), None) if size_bytes(t).ok() == Some(0) => 0,
-            (t, m) => size(t, m, "history_kept", (1, MAX_MIB), crate::history::DEFAULT_KEPT_BYTES, &src)?,
-        };
-        c.history = history_location
-            .filter(|_| history_on)
-            .map(|location| crate::history::HistoryConfig {
-                location,
-                max_rows: file.history_max_rows.unwrap_or(1_000_000),
-                max_age,
-                max_bytes,
-                wait_when_behind: false,
-                kept_evaluations: kept_evaluations.unwrap_or(crate::history::DEFAULT_KEPT_EVALUATIONS),
-                kept_bytes,
-            });
-        c.dynamic_min_samples = file.dynamic_min_samples.unwrap_or(c.dynamic_min_samples);
-        c.dynamic_window = file.dynamic_window.unwrap_or(c.dynamic_window);
-        c.drift_alerts = match env("ATTEST_DRIFT_ALERTS") {
-            Some(v) => parse_bool(&v).context("ATTEST_DRIFT_ALERTS")?,
-            None => file.drift_alerts.unwrap_or(false),
-        };
-        c.drift_webhook_url = env("ATTEST_DRIFT_WEBHOOK_URL")
-            .or(file.drift_webhook_url.clone())
-            .filter(|u| !u.is_empty());
-        if let Some(url) = &c.drift_webhook_url {
-            crate::alerts::Webhook::new(url).context("drift_webhook_url")?;
-        }
-        for r in file.reports.iter() {
-            c.reports
-                .push(crate::report::ReportSpec::parse(r, &base).with_context(|| src("reports"))?);
-        }
-        for r in &overrides.reports {
-            c.reports
-                .push(crate::report::ReportSpec::parse(r, Path::new("")).context("--report")?);
-        }
-        // Two reports to one file: the second would silently replace the first.
-        for (i, r) in c.reports.iter().enumerate() {
-            if let Some(other) = c.reports[..i].iter().find(|o| crate::report::same_file(&o.path, &r.path)) {
-                bail!(
-                    "two reports are written to {}: give each report its own file (e.g. out/attest.xml and out/attest.json)",
-                    other.path.display()
-                );
-            }
-        }
+        c.history = history(&file, overrides, &env, &base, c.cache_dir.as_deref(), &src)?;
+        c.read_alerts(&file, &env)?;
+        c.reports = reports(&file, overrides, &base, &src)?;
         if let Some(b) = file.budget_usd {
             if !(b.is_finite() && b >= 0.0) {
                 bail!("budget_usd must be a non-negative number of US dollars, got {b}");
@@ -655,34 +432,324 @@ impl Config {
             c.cache_dir.as_deref(),
             &env,
         )?;
-        if c.dynamic_min_samples < 2 || c.dynamic_window < c.dynamic_min_samples {
+        c.check()?;
+        Ok(c)
+    }
+
+    /// The file's scalar settings over the defaults.
+    fn read_file(&mut self, file: &FileConfig, src: &dyn Fn(&str) -> String) -> Result<()> {
+        if let Some(v) = &file.log_level {
+            self.log_level = Level::parse(v).with_context(|| src("log_level"))?;
+            self.log_level_chosen = true;
+        }
+        if let Some(v) = &file.eval_timeout {
+            self.eval_timeout = parse_duration(v).with_context(|| src("eval_timeout"))?;
+        }
+        if let Some(v) = &file.drain_timeout {
+            self.drain_timeout = parse_duration(v).with_context(|| src("drain_timeout"))?;
+        }
+        if let Some(v) = file.max_concurrent_requests {
+            self.max_concurrent_requests = v;
+        }
+        self.strict_step_types = file.strict_step_types.unwrap_or(self.strict_step_types);
+        let at_least_one = |key: &str, v: Option<usize>, default: usize| match v {
+            Some(0) => Err(anyhow::anyhow!(
+                "{} must be at least 1, got 0; leave it out for the default, {default}",
+                src(key)
+            )),
+            v => Ok(v.unwrap_or(default)),
+        };
+        self.idempotency_cache_entries = at_least_one(
+            "idempotency_cache_entries",
+            file.idempotency_cache_entries,
+            self.idempotency_cache_entries,
+        )?;
+        self.compiled_cache_entries = at_least_one("compiled_cache_entries", file.compiled_cache_entries, self.compiled_cache_entries)?;
+        self.max_plugin_results = at_least_one("max_plugin_results", file.max_plugin_results, self.max_plugin_results)?;
+        let one = (1, MAX_MIB);
+        self.compiled_cache_bytes = size(
+            &file.compiled_cache_size,
+            file.compiled_cache_mib,
+            "compiled_cache",
+            one,
+            self.compiled_cache_bytes,
+            &src,
+        )?;
+        self.schema_cache_bytes = size(
+            &file.schema_cache_size,
+            file.schema_cache_mib,
+            "schema_cache",
+            one,
+            self.schema_cache_bytes,
+            &src,
+        )?;
+        self.idempotency_cache_bytes = size(
+            &file.idempotency_cache_size,
+            file.idempotency_cache_mib,
+            "idempotency_cache",
+            one,
+            self.idempotency_cache_bytes,
+            &src,
+        )?;
+        let size_usize = |text: &Option<String>, mib: Option<usize>, key: &str, min: u64, default: usize| {
+            size(text, mib.map(|m| m as u64), key, (min, MAX_MIB), default as u64, &src).map(|b| b as usize)
+        };
+        self.plugin_results_bytes = size_usize(
+            &file.plugin_results_size,
+            file.plugin_results_mib,
+            "plugin_results",
+            1,
+            self.plugin_results_bytes,
+        )?;
+        self.session_log_bytes = size_usize(
+            &file.session_log_size,
+            file.session_log_mib,
+            "session_log",
+            1,
+            self.session_log_bytes,
+        )?;
+        self.max_inflight_bytes = size_usize(
+            &file.max_inflight_size,
+            file.max_inflight_mib,
+            "max_inflight",
+            16,
+            self.max_inflight_bytes,
+        )?;
+        self.max_explanation_chars = file.max_explanation_chars.unwrap_or(self.max_explanation_chars);
+        Ok(())
+    }
+
+    /// `ATTEST_*` variables over the file.
+    fn read_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(v) = env("ATTEST_LOG_LEVEL") {
+            self.log_level = Level::parse(&v).context("ATTEST_LOG_LEVEL")?;
+            self.log_level_chosen = true;
+        }
+        if let Some(v) = env("ATTEST_EVAL_TIMEOUT") {
+            self.eval_timeout = parse_duration(&v).context("ATTEST_EVAL_TIMEOUT")?;
+        }
+        if let Some(v) = env("ATTEST_MAX_CONCURRENT_REQUESTS") {
+            self.max_concurrent_requests = v
+                .trim()
+                .parse()
+                .with_context(|| format!("ATTEST_MAX_CONCURRENT_REQUESTS: '{v}' is not a whole number"))?;
+        }
+        if let Some(v) = env("ATTEST_STRICT_STEP_TYPES") {
+            self.strict_step_types = parse_bool(&v).context("ATTEST_STRICT_STEP_TYPES")?;
+        }
+        Ok(())
+    }
+
+    /// Command-line flags over everything.
+    fn read_flags(&mut self, overrides: &Overrides) -> Result<()> {
+        if let Some(v) = &overrides.log_level {
+            self.log_level = Level::parse(v).context("--log-level")?;
+            self.log_level_chosen = true;
+        }
+        if let Some(v) = &overrides.eval_timeout {
+            self.eval_timeout = parse_duration(v).context("--eval-timeout")?;
+        }
+        if let Some(v) = overrides.max_concurrent_requests {
+            self.max_concurrent_requests = v;
+        }
+        self.strict_step_types |= overrides.strict_step_types;
+        Ok(())
+    }
+
+    /// Dynamic thresholds and drift alerts.
+    fn read_alerts(&mut self, file: &FileConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+        self.dynamic_min_samples = file.dynamic_min_samples.unwrap_or(self.dynamic_min_samples);
+        self.dynamic_window = file.dynamic_window.unwrap_or(self.dynamic_window);
+        self.drift_alerts = match env("ATTEST_DRIFT_ALERTS") {
+            Some(v) => parse_bool(&v).context("ATTEST_DRIFT_ALERTS")?,
+            None => file.drift_alerts.unwrap_or(false),
+        };
+        self.drift_webhook_url = env("ATTEST_DRIFT_WEBHOOK_URL")
+            .or(file.drift_webhook_url.clone())
+            .filter(|u| !u.is_empty());
+        if let Some(url) = &self.drift_webhook_url {
+            crate::alerts::Webhook::new(url).context("drift_webhook_url")?;
+        }
+        Ok(())
+    }
+
+    /// What no single setting can check alone.
+    fn check(&self) -> Result<()> {
+        if self.dynamic_min_samples < 2 || self.dynamic_window < self.dynamic_min_samples {
             bail!(
                 "dynamic_min_samples must be at least 2 and at most dynamic_window; got {} and {}",
-                c.dynamic_min_samples,
-                c.dynamic_window
+                self.dynamic_min_samples,
+                self.dynamic_window
             );
         }
-        if c.history.as_ref().is_some_and(|h| h.max_rows == 0) {
+        if self.history.as_ref().is_some_and(|h| h.max_rows == 0) {
             bail!("history_max_rows must be greater than zero (set history = false to switch history off)");
         }
 
-        if !(1..=1024).contains(&c.max_concurrent_requests) {
+        if !(1..=1024).contains(&self.max_concurrent_requests) {
             bail!(
                 "max_concurrent_requests must be between 1 and 1024, got {}",
-                c.max_concurrent_requests
+                self.max_concurrent_requests
             );
         }
-        if c.eval_timeout.is_zero() {
+        if self.eval_timeout.is_zero() {
             bail!("eval_timeout must be greater than zero");
         }
-        if c.drain_timeout.is_zero() {
+        if self.drain_timeout.is_zero() {
             bail!("drain_timeout must be greater than zero: it is how long shutdown waits for answers and the history to be written");
         }
-        if c.max_explanation_chars < 64 {
-            bail!("max_explanation_chars must be at least 64, got {}", c.max_explanation_chars);
+        if self.max_explanation_chars < 64 {
+            bail!("max_explanation_chars must be at least 64, got {}", self.max_explanation_chars);
         }
-        Ok(c)
+        Ok(())
     }
+}
+
+/// Plugin limits for a plugin no entry names, and the plugins to load: the
+/// config file's list, then its directory (or the environment's, or the
+/// flag's), then `--plugin` flags, each file once.
+fn plugins(
+    file: &FileConfig,
+    overrides: &Overrides,
+    env: &dyn Fn(&str) -> Option<String>,
+    base: &Path,
+    src: &dyn Fn(&str) -> String,
+) -> Result<(crate::plugins::PluginLimits, Vec<PluginSpec>)> {
+    let mut plugins = Vec::new();
+    // Plugins: the config file's list, then its directory (or the
+    // environment's, or the flag's), then --plugin flags.
+    let defaults = limits(
+        &crate::plugins::PluginLimits::default(),
+        file.plugin_defaults.as_ref().unwrap_or(&FileLimits::default()),
+    )
+    .with_context(|| src("plugin_defaults"))?;
+    for (i, p) in file.plugins.iter().enumerate() {
+        plugins.push(PluginSpec {
+            path: base.join(&p.path),
+            limits: limits(&defaults, &p.limits()).with_context(|| src(&format!("plugins[{i}]")))?,
+            explicit: true,
+            grants: grants(p, env).with_context(|| src(&format!("plugins[{i}]")))?,
+        });
+    }
+    let dir = overrides
+        .plugin_dir
+        .clone()
+        .or_else(|| env("ATTEST_PLUGIN_DIR").map(PathBuf::from))
+        .or_else(|| file.plugin_dir.as_ref().map(|d| base.join(d)));
+    if let Some(dir) = dir.filter(|_| !overrides.skip_plugin_dir) {
+        let files = crate::plugins::files_in(&dir).with_context(|| format!("cannot read plugin directory {}", dir.display()))?;
+        plugins.extend(files.into_iter().map(|path| PluginSpec {
+            path,
+            limits: defaults.clone(),
+            explicit: false,
+            grants: Default::default(),
+        }));
+    }
+    plugins.extend(overrides.plugins.iter().map(|path| PluginSpec {
+        path: path.clone(),
+        limits: defaults.clone(),
+        explicit: true,
+        grants: Default::default(),
+    }));
+    let plugins = once_per_file(plugins, file.plugins.len()).map_err(|e| anyhow::anyhow!(src(&e)))?;
+    Ok((defaults, plugins))
+}
+
+/// The result history: on or off, where it lives, and its bounds.
+fn history(
+    file: &FileConfig,
+    overrides: &Overrides,
+    env: &dyn Fn(&str) -> Option<String>,
+    base: &Path,
+    cache_dir: Option<&Path>,
+    src: &dyn Fn(&str) -> String,
+) -> Result<Option<crate::history::HistoryConfig>> {
+    let (file_on, file_url) = match &file.history {
+        None => (true, None),
+        Some(HistorySetting::On(on)) => (*on, None),
+        Some(HistorySetting::Url(url)) => {
+            if !crate::history::Location::is_postgres_url(url) {
+                bail!(
+                        "history must be true, false, or a PostgreSQL URL (postgres://user:password@host/db); the history file's path goes in history_path"
+                    );
+            }
+            (true, Some(url.clone()))
+        }
+    };
+    let history_on = match env("ATTEST_HISTORY") {
+        Some(v) => parse_bool(&v).context("ATTEST_HISTORY")?,
+        None => file_on,
+    } && !overrides.no_history;
+    let history_url = match env("ATTEST_HISTORY_URL").filter(|v| !v.is_empty()) {
+        Some(url) if !crate::history::Location::is_postgres_url(&url) => {
+            bail!("ATTEST_HISTORY_URL must be a PostgreSQL URL (postgres://user:password@host/db); for a file set history_path in the config file")
+        }
+        Some(url) => Some(url),
+        None => file_url,
+    };
+    let history_location = match history_url {
+        Some(url) => Some(crate::history::Location::Postgres(url)),
+        None => file
+            .history_path
+            .as_ref()
+            .map(|p| base.join(p))
+            .or_else(|| cache_dir.map(|d| d.join("history.sqlite3")))
+            .map(crate::history::Location::File),
+    };
+    let max_age = match &file.history_max_age {
+        Some(v) => parse_duration(v).with_context(|| src("history_max_age"))?,
+        None => Duration::from_secs(90 * 24 * 3600),
+    };
+    if max_age.is_zero() {
+        bail!("history_max_age must be greater than zero (set history = false to switch history off)");
+    }
+    let max_bytes = size(
+        &file.history_max_size,
+        file.history_max_mib,
+        "history_max",
+        (1, MAX_MIB),
+        DEFAULT_HISTORY_BYTES,
+        &src,
+    )?;
+    let kept_evaluations = file.history_kept_evaluations;
+    // 0 switches kept evaluations off, as `history_kept_evaluations = 0` does.
+    let kept_bytes = match (&file.history_kept_size, file.history_kept_mib) {
+        (None, Some(0)) => 0,
+        (Some(t), None) if size_bytes(t).ok() == Some(0) => 0,
+        (t, m) => size(t, m, "history_kept", (1, MAX_MIB), crate::history::DEFAULT_KEPT_BYTES, &src)?,
+    };
+    Ok(history_location
+        .filter(|_| history_on)
+        .map(|location| crate::history::HistoryConfig {
+            location,
+            max_rows: file.history_max_rows.unwrap_or(1_000_000),
+            max_age,
+            max_bytes,
+            wait_when_behind: false,
+            kept_evaluations: kept_evaluations.unwrap_or(crate::history::DEFAULT_KEPT_EVALUATIONS),
+            kept_bytes,
+        }))
+}
+
+/// Session reports: the file's, then `--report` flags; no two to one file.
+fn reports(file: &FileConfig, overrides: &Overrides, base: &Path, src: &dyn Fn(&str) -> String) -> Result<Vec<crate::report::ReportSpec>> {
+    let mut reports = Vec::new();
+    for r in file.reports.iter() {
+        reports.push(crate::report::ReportSpec::parse(r, base).with_context(|| src("reports"))?);
+    }
+    for r in &overrides.reports {
+        reports.push(crate::report::ReportSpec::parse(r, Path::new("")).context("--report")?);
+    }
+    // Two reports to one file: the second would silently replace the first.
+    for (i, r) in reports.iter().enumerate() {
+        if let Some(other) = reports[..i].iter().find(|o| crate::report::same_file(&o.path, &r.path)) {
+            bail!(
+                "two reports are written to {}: give each report its own file (e.g. out/attest.xml and out/attest.json)",
+                other.path.display()
+            );
+        }
+    }
+    Ok(reports)
 }
 
 /// `history` in the config file: a switch, or where a shared store lives.

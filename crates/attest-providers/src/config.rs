@@ -192,130 +192,17 @@ impl FileSections<'_> {
 }
 
 impl ProvidersConfig {
+    /// Each provider setting from its `ATTEST_*` variable when set, else
+    /// from the config file's section, else its default; a function per
+    /// section below.
     pub fn load(file: FileSections<'_>, cache_dir: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Result<ProvidersConfig> {
         let e = |name: &str| env(name).filter(|v| !v.trim().is_empty());
-        let fe = file.embedding.cloned().unwrap_or_default();
-        let fj = file.judge.cloned().unwrap_or_default();
         let fp = file.providers.cloned().unwrap_or_default();
         let openai_key = e("ATTEST_OPENAI_API_KEY");
-
-        // Embedding.
-        let (provider, provider_origin) = file.pick(e, "ATTEST_EMBEDDING_PROVIDER", "[embedding] provider", fe.provider);
-        let provider = provider.unwrap_or_else(|| "auto".into());
-        let (base_url, base_url_origin) = file.pick(e, "ATTEST_EMBEDDING_BASE_URL", "[embedding] base_url", fe.base_url);
-        let api_key = e("ATTEST_EMBEDDING_API_KEY").or(fe.api_key).or_else(|| openai_key.clone());
-        let model = e("ATTEST_EMBEDDING_MODEL").or(fe.model);
-        let dir = e("ATTEST_EMBEDDING_MODEL_DIR")
-            .map(PathBuf::from)
-            .or_else(|| fe.model_dir.map(|d| file.base.join(d)))
-            .or_else(default_model_dir);
-        let remote = |base_url: Option<String>| -> Result<EmbeddingSource> {
-            Ok(EmbeddingSource::Remote {
-                base_url: check_url(base_url.as_deref().unwrap_or(OPENAI_BASE_URL), &base_url_origin)?,
-                api_key: api_key.clone(),
-                model: model.clone().unwrap_or_else(|| DEFAULT_EMBEDDING_MODEL.into()),
-            })
-        };
-        let local = |dir: Option<PathBuf>| match dir {
-            Some(dir) => {
-                let missing = super::local::missing_files(&dir);
-                if missing.is_empty() {
-                    EmbeddingSource::Local { dir }
-                } else {
-                    EmbeddingSource::Off {
-                        why: format!("no local embedding model at {} (missing {})", dir.display(), missing.join(", ")),
-                    }
-                }
-            }
-            None => EmbeddingSource::Off {
-                why: "no local model directory (HOME is not set)".into(),
-            },
-        };
-        let embedding = match provider.trim().to_ascii_lowercase().as_str() {
-            "auto" if base_url.is_some() || api_key.is_some() => remote(base_url)?,
-            "auto" => local(dir),
-            "openai" => remote(base_url)?,
-            "local" => local(dir),
-            "off" => EmbeddingSource::Off {
-                why: "embeddings are switched off (embedding provider = \"off\")".into(),
-            },
-            other => bail!(
-                "{provider_origin}: unknown embedding provider '{}'; use auto, openai, local or off",
-                clip(other, 60)
-            ),
-        };
-
-        // Judge.
-        let (provider, provider_origin) = file.pick(e, "ATTEST_JUDGE_PROVIDER", "[judge] provider", fj.provider);
-        let (base_url, base_url_origin) = file.pick(e, "ATTEST_JUDGE_BASE_URL", "[judge] base_url", fj.base_url);
-        let api_key = e("ATTEST_JUDGE_API_KEY").or(fj.api_key);
-        let anthropic_key = e("ATTEST_ANTHROPIC_API_KEY");
-        let kind = match provider.as_deref().map(|p| p.trim().to_ascii_lowercase()) {
-            Some(p) if p == "openai" => Some(JudgeKind::OpenAi),
-            Some(p) if p == "anthropic" => Some(JudgeKind::Anthropic),
-            Some(p) if p == "off" => None,
-            Some(other) => bail!(
-                "{provider_origin}: unknown judge provider '{}'; use openai, anthropic or off",
-                clip(&other, 60)
-            ),
-            None if base_url.is_some() || api_key.is_some() || openai_key.is_some() => Some(JudgeKind::OpenAi),
-            None if anthropic_key.is_some() => Some(JudgeKind::Anthropic),
-            None => None,
-        };
-        let judge = match kind {
-            Some(kind) => {
-                let (default_url, default_model, fallback_key) = match kind {
-                    JudgeKind::OpenAi => (OPENAI_BASE_URL, DEFAULT_OPENAI_JUDGE_MODEL, openai_key),
-                    JudgeKind::Anthropic => (ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_JUDGE_MODEL, anthropic_key),
-                };
-                Some(JudgeConfig {
-                    kind,
-                    base_url: check_url(base_url.as_deref().unwrap_or(default_url), &base_url_origin)?,
-                    api_key: api_key.or(fallback_key),
-                    model: e("ATTEST_JUDGE_MODEL").or(fj.model).unwrap_or_else(|| default_model.into()),
-                    structured_output: match e("ATTEST_JUDGE_STRUCTURED_OUTPUT") {
-                        Some(v) => parse_bool(&v).context("ATTEST_JUDGE_STRUCTURED_OUTPUT")?,
-                        None => fj.structured_output.unwrap_or(true),
-                    },
-                })
-            }
-            None => None,
-        };
-        let (judge_samples, samples_origin) = match e("ATTEST_JUDGE_SAMPLES") {
-            Some(v) => (
-                v.trim().parse().with_context(|| {
-                    format!(
-                        "ATTEST_JUDGE_SAMPLES: '{}' is not a whole number; give 1 to {MAX_SAMPLES}",
-                        clip(&v, 60)
-                    )
-                })?,
-                "ATTEST_JUDGE_SAMPLES".to_owned(),
-            ),
-            None => (fj.samples.unwrap_or(1), file.key("[judge] samples")),
-        };
-        if !(1..=MAX_SAMPLES).contains(&judge_samples) {
-            bail!("{samples_origin}: judge samples must be between 1 and {MAX_SAMPLES}, got {judge_samples}");
-        }
-        let (probe_names, probes_origin): (Vec<String>, String) = match e("ATTEST_JUDGE_BIAS_PROBES") {
-            Some(v) => (
-                v.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect(),
-                "ATTEST_JUDGE_BIAS_PROBES".to_owned(),
-            ),
-            None => (fj.bias_probes.unwrap_or_default(), file.key("[judge] bias_probes")),
-        };
-        let mut judge_bias_probes = Vec::new();
-        for name in &probe_names {
-            let Some(p) = attest_core::layers::Probe::parse(name) else {
-                bail!(
-                    "{probes_origin}: unknown judge bias probe '{}'; use any of verbosity, position, self_preference",
-                    clip(name, 60)
-                );
-            };
-            if !judge_bias_probes.contains(&p) {
-                judge_bias_probes.push(p);
-            }
-        }
-
+        let embedding = embedding(&file, &e, openai_key.clone())?;
+        let judge = judge(&file, &e, openai_key)?;
+        let judge_samples = judge_samples(&file, &e)?;
+        let judge_bias_probes = judge_bias_probes(&file, &e)?;
         let max_concurrency = fp.max_concurrency.unwrap_or(16);
         if !(1..=1024).contains(&max_concurrency) {
             bail!(
@@ -347,53 +234,8 @@ impl ProvidersConfig {
                 file.key("[providers] cache_max_entries")
             );
         }
-        let cache_max_mib = match (&fp.cache_max_size, fp.cache_max_mib) {
-            (Some(_), Some(_)) => bail!(
-                "{} and cache_max_mib are both set; keep cache_max_size (e.g. cache_max_size = \"512MiB\")",
-                file.key("[providers] cache_max_size")
-            ),
-            (Some(text), None) => {
-                let bytes = size_bytes(text).with_context(|| file.key("[providers] cache_max_size"))?;
-                if !(1 << 20..=MAX_CACHE_MIB << 20).contains(&bytes) {
-                    bail!(
-                        "{}: must be between 1MiB and 1TiB, got {text} (set cache = false in [providers] to switch the cache off)",
-                        file.key("[providers] cache_max_size")
-                    );
-                }
-                bytes >> 20
-            }
-            (None, mib) => {
-                let mib = mib.unwrap_or(DEFAULT_CACHE_MIB);
-                if !(1..=MAX_CACHE_MIB).contains(&mib) {
-                    bail!(
-                        "{}: must be between 1 and {MAX_CACHE_MIB}, got {mib} (set cache = false in [providers] to switch the cache off)",
-                        file.key("[providers] cache_max_mib")
-                    );
-                }
-                mib
-            }
-        };
-        let mut prices: HashMap<String, Price> = DEFAULT_PRICES
-            .iter()
-            .map(|(m, i, o)| {
-                (
-                    m.to_string(),
-                    Price {
-                        input_per_mtok: *i,
-                        output_per_mtok: *o,
-                    },
-                )
-            })
-            .collect();
-        for (model, p) in file.prices.into_iter().flatten() {
-            if !(p.input_per_mtok.is_finite() && p.input_per_mtok >= 0.0 && p.output_per_mtok.is_finite() && p.output_per_mtok >= 0.0) {
-                bail!(
-                    "{}: prices must be non-negative numbers",
-                    file.key(&format!("[prices] \"{}\"", clip(model, 60)))
-                );
-            }
-            prices.insert(model.clone(), *p);
-        }
+        let cache_max_mib = cache_max_mib(&file, &fp)?;
+        let prices = prices(&file)?;
         Ok(ProvidersConfig {
             embedding,
             judge,
@@ -411,6 +253,200 @@ impl ProvidersConfig {
             prices,
         })
     }
+}
+
+/// The environment as the providers read it: a variable set to blanks is unset.
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// `[embedding]`: the layer 5 provider.
+fn embedding(file: &FileSections<'_>, e: Env<'_>, openai_key: Option<String>) -> Result<EmbeddingSource> {
+    let fe = file.embedding.cloned().unwrap_or_default();
+    let (provider, provider_origin) = file.pick(e, "ATTEST_EMBEDDING_PROVIDER", "[embedding] provider", fe.provider);
+    let provider = provider.unwrap_or_else(|| "auto".into());
+    let (base_url, base_url_origin) = file.pick(e, "ATTEST_EMBEDDING_BASE_URL", "[embedding] base_url", fe.base_url);
+    let api_key = e("ATTEST_EMBEDDING_API_KEY").or(fe.api_key).or_else(|| openai_key.clone());
+    let model = e("ATTEST_EMBEDDING_MODEL").or(fe.model);
+    let dir = e("ATTEST_EMBEDDING_MODEL_DIR")
+        .map(PathBuf::from)
+        .or_else(|| fe.model_dir.map(|d| file.base.join(d)))
+        .or_else(default_model_dir);
+    let remote = |base_url: Option<String>| -> Result<EmbeddingSource> {
+        Ok(EmbeddingSource::Remote {
+            base_url: check_url(base_url.as_deref().unwrap_or(OPENAI_BASE_URL), &base_url_origin)?,
+            api_key: api_key.clone(),
+            model: model.clone().unwrap_or_else(|| DEFAULT_EMBEDDING_MODEL.into()),
+        })
+    };
+    let local = |dir: Option<PathBuf>| match dir {
+        Some(dir) => {
+            let missing = super::local::missing_files(&dir);
+            if missing.is_empty() {
+                EmbeddingSource::Local { dir }
+            } else {
+                EmbeddingSource::Off {
+                    why: format!("no local embedding model at {} (missing {})", dir.display(), missing.join(", ")),
+                }
+            }
+        }
+        None => EmbeddingSource::Off {
+            why: "no local model directory (HOME is not set)".into(),
+        },
+    };
+    Ok(match provider.trim().to_ascii_lowercase().as_str() {
+        "auto" if base_url.is_some() || api_key.is_some() => remote(base_url)?,
+        "auto" => local(dir),
+        "openai" => remote(base_url)?,
+        "local" => local(dir),
+        "off" => EmbeddingSource::Off {
+            why: "embeddings are switched off (embedding provider = \"off\")".into(),
+        },
+        other => bail!(
+            "{provider_origin}: unknown embedding provider '{}'; use auto, openai, local or off",
+            clip(other, 60)
+        ),
+    })
+}
+
+/// `[judge]`: the layer 6 provider, if any.
+fn judge(file: &FileSections<'_>, e: Env<'_>, openai_key: Option<String>) -> Result<Option<JudgeConfig>> {
+    let fj = file.judge.cloned().unwrap_or_default();
+    let (provider, provider_origin) = file.pick(e, "ATTEST_JUDGE_PROVIDER", "[judge] provider", fj.provider);
+    let (base_url, base_url_origin) = file.pick(e, "ATTEST_JUDGE_BASE_URL", "[judge] base_url", fj.base_url);
+    let api_key = e("ATTEST_JUDGE_API_KEY").or(fj.api_key);
+    let anthropic_key = e("ATTEST_ANTHROPIC_API_KEY");
+    let kind = match provider.as_deref().map(|p| p.trim().to_ascii_lowercase()) {
+        Some(p) if p == "openai" => Some(JudgeKind::OpenAi),
+        Some(p) if p == "anthropic" => Some(JudgeKind::Anthropic),
+        Some(p) if p == "off" => None,
+        Some(other) => bail!(
+            "{provider_origin}: unknown judge provider '{}'; use openai, anthropic or off",
+            clip(&other, 60)
+        ),
+        None if base_url.is_some() || api_key.is_some() || openai_key.is_some() => Some(JudgeKind::OpenAi),
+        None if anthropic_key.is_some() => Some(JudgeKind::Anthropic),
+        None => None,
+    };
+    Ok(match kind {
+        Some(kind) => {
+            let (default_url, default_model, fallback_key) = match kind {
+                JudgeKind::OpenAi => (OPENAI_BASE_URL, DEFAULT_OPENAI_JUDGE_MODEL, openai_key),
+                JudgeKind::Anthropic => (ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_JUDGE_MODEL, anthropic_key),
+            };
+            Some(JudgeConfig {
+                kind,
+                base_url: check_url(base_url.as_deref().unwrap_or(default_url), &base_url_origin)?,
+                api_key: api_key.or(fallback_key),
+                model: e("ATTEST_JUDGE_MODEL").or(fj.model).unwrap_or_else(|| default_model.into()),
+                structured_output: match e("ATTEST_JUDGE_STRUCTURED_OUTPUT") {
+                    Some(v) => parse_bool(&v).context("ATTEST_JUDGE_STRUCTURED_OUTPUT")?,
+                    None => fj.structured_output.unwrap_or(true),
+                },
+            })
+        }
+        None => None,
+    })
+}
+
+/// `[judge] samples`.
+fn judge_samples(file: &FileSections<'_>, e: Env<'_>) -> Result<u32> {
+    let fj = file.judge.cloned().unwrap_or_default();
+    let (judge_samples, samples_origin) = match e("ATTEST_JUDGE_SAMPLES") {
+        Some(v) => (
+            v.trim().parse().with_context(|| {
+                format!(
+                    "ATTEST_JUDGE_SAMPLES: '{}' is not a whole number; give 1 to {MAX_SAMPLES}",
+                    clip(&v, 60)
+                )
+            })?,
+            "ATTEST_JUDGE_SAMPLES".to_owned(),
+        ),
+        None => (fj.samples.unwrap_or(1), file.key("[judge] samples")),
+    };
+    if !(1..=MAX_SAMPLES).contains(&judge_samples) {
+        bail!("{samples_origin}: judge samples must be between 1 and {MAX_SAMPLES}, got {judge_samples}");
+    }
+    Ok(judge_samples)
+}
+
+/// `[judge] bias_probes`, each once.
+fn judge_bias_probes(file: &FileSections<'_>, e: Env<'_>) -> Result<Vec<attest_core::layers::Probe>> {
+    let fj = file.judge.cloned().unwrap_or_default();
+    let (probe_names, probes_origin): (Vec<String>, String) = match e("ATTEST_JUDGE_BIAS_PROBES") {
+        Some(v) => (
+            v.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect(),
+            "ATTEST_JUDGE_BIAS_PROBES".to_owned(),
+        ),
+        None => (fj.bias_probes.unwrap_or_default(), file.key("[judge] bias_probes")),
+    };
+    let mut judge_bias_probes = Vec::new();
+    for name in &probe_names {
+        let Some(p) = attest_core::layers::Probe::parse(name) else {
+            bail!(
+                "{probes_origin}: unknown judge bias probe '{}'; use any of verbosity, position, self_preference",
+                clip(name, 60)
+            );
+        };
+        if !judge_bias_probes.contains(&p) {
+            judge_bias_probes.push(p);
+        }
+    }
+    Ok(judge_bias_probes)
+}
+
+/// `[providers] cache_max_size` (or the older `cache_max_mib`), in MiB.
+fn cache_max_mib(file: &FileSections<'_>, fp: &FileProviders) -> Result<u64> {
+    Ok(match (&fp.cache_max_size, fp.cache_max_mib) {
+        (Some(_), Some(_)) => bail!(
+            "{} and cache_max_mib are both set; keep cache_max_size (e.g. cache_max_size = \"512MiB\")",
+            file.key("[providers] cache_max_size")
+        ),
+        (Some(text), None) => {
+            let bytes = size_bytes(text).with_context(|| file.key("[providers] cache_max_size"))?;
+            if !(1 << 20..=MAX_CACHE_MIB << 20).contains(&bytes) {
+                bail!(
+                    "{}: must be between 1MiB and 1TiB, got {text} (set cache = false in [providers] to switch the cache off)",
+                    file.key("[providers] cache_max_size")
+                );
+            }
+            bytes >> 20
+        }
+        (None, mib) => {
+            let mib = mib.unwrap_or(DEFAULT_CACHE_MIB);
+            if !(1..=MAX_CACHE_MIB).contains(&mib) {
+                bail!(
+                    "{}: must be between 1 and {MAX_CACHE_MIB}, got {mib} (set cache = false in [providers] to switch the cache off)",
+                    file.key("[providers] cache_max_mib")
+                );
+            }
+            mib
+        }
+    })
+}
+
+/// The built-in prices, with the file's `[prices]` over them.
+fn prices(file: &FileSections<'_>) -> Result<HashMap<String, Price>> {
+    let mut prices: HashMap<String, Price> = DEFAULT_PRICES
+        .iter()
+        .map(|(m, i, o)| {
+            (
+                m.to_string(),
+                Price {
+                    input_per_mtok: *i,
+                    output_per_mtok: *o,
+                },
+            )
+        })
+        .collect();
+    for (model, p) in file.prices.into_iter().flatten() {
+        if !(p.input_per_mtok.is_finite() && p.input_per_mtok >= 0.0 && p.output_per_mtok.is_finite() && p.output_per_mtok >= 0.0) {
+            bail!(
+                "{}: prices must be non-negative numbers",
+                file.key(&format!("[prices] \"{}\"", clip(model, 60)))
+            );
+        }
+        prices.insert(model.clone(), *p);
+    }
+    Ok(prices)
 }
 
 fn check_url(url: &str, what: &str) -> Result<String> {
