@@ -349,6 +349,7 @@ pub struct Overrides {
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("ATTEST_CONFIG", "path of the TOML config file (like --config)"),
     ("ATTEST_LOG_LEVEL", "debug | info | warn | error"),
+    ("ATTEST_LOG_FORMAT", "json | text (default: text on a terminal, JSON elsewhere)"),
     ("ATTEST_EVAL_TIMEOUT", "per-request deadline, e.g. 30s, 1500ms, 2m"),
     ("ATTEST_MAX_CONCURRENT_REQUESTS", "requests evaluated at once (1-1024)"),
     ("ATTEST_STRICT_STEP_TYPES", "true to reject unknown step types"),

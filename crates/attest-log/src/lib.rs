@@ -111,18 +111,21 @@ pub enum Format {
 
 impl Format {
     /// `ATTEST_LOG_FORMAT` when set to `json` or `text`; otherwise text on
-    /// a terminal and JSON anywhere else.
-    fn chosen() -> Format {
+    /// a terminal and JSON anywhere else. A value that is neither is
+    /// returned, to be said once the logger is up.
+    fn chosen() -> (Format, Option<String>) {
         use std::io::IsTerminal;
-        match std::env::var("ATTEST_LOG_FORMAT")
-            .ok()
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            Some("json") => Format::Json,
-            Some("text") => Format::Text,
-            _ if std::io::stderr().is_terminal() => Format::Text,
-            _ => Format::Json,
+        let auto = if std::io::stderr().is_terminal() {
+            Format::Text
+        } else {
+            Format::Json
+        };
+        let value = std::env::var("ATTEST_LOG_FORMAT").ok().map(|v| v.trim().to_ascii_lowercase());
+        match value.as_deref() {
+            Some("json") => (Format::Json, None),
+            Some("text") => (Format::Text, None),
+            None | Some("") => (auto, None),
+            Some(other) => (auto, Some(other.chars().take(40).collect())),
         }
     }
 
@@ -137,7 +140,7 @@ impl Format {
 /// Installs the global JSON logger at `level`, for lines of `command` (the
 /// subcommand's name: `serve`, `collect`, `worker`, ...).
 pub fn init(level: Level, command: &'static str) -> DropCounter {
-    let format = Format::chosen();
+    let (format, unknown_format) = Format::chosen();
     let (tx, rx) = sync_channel::<String>(QUEUE_LINES);
     let dropped = DropCounter::default();
     let reported = dropped.clone();
@@ -183,6 +186,12 @@ pub fn init(level: Level, command: &'static str) -> DropCounter {
     }));
     // A second init (tests) keeps the first logger.
     let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
+    if let Some(value) = unknown_format {
+        tracing::warn!(
+            "ATTEST_LOG_FORMAT={value:?} is neither json nor text; writing {}",
+            if format == Format::Json { "JSON" } else { "text" }
+        );
+    }
     dropped
 }
 
