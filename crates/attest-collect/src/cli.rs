@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::assemble::{Assembler, Limits};
 use crate::convert::PriceTable;
-use crate::events::{EvaluationFailed, Event, LogThrottle};
+use crate::events::{EvaluationFailed, InternalEvent, LogThrottle};
 use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, WorkItem};
 use crate::rules::RuleSet;
@@ -699,11 +699,13 @@ async fn serve(args: &CollectArgs, state: &Arc<ReceiverState>, signals: &Signals
         .with_context(|| format!("--otlp-http {}: cannot listen", args.otlp_http))?;
     let local = listener.local_addr()?;
     // One line on stderr so that scripts (and tests) can find an ephemeral port.
-    tracing::info!(url = %format!("http://{local}/v1/traces"), "listening for OTLP/HTTP on http://{local}/v1/traces");
+    // The address is a word of its own in the message too (a space
+    // after it), for whoever reads the line as text rather than JSON.
+    tracing::info!(url = %format!("http://{local}/v1/traces"), "listening for OTLP/HTTP on http://{local}/v1/traces (plain HTTP)");
     let grpc = match grpc_listener(args.otlp_grpc, args.listen_public).await? {
         Some(l) => {
             let grpc = l.local_addr()?;
-            tracing::info!(address = %grpc, "listening for OTLP/gRPC on {grpc}");
+            tracing::info!(address = %grpc, "listening for OTLP/gRPC on {grpc} (plain HTTP/2)");
             let limits = crate::grpc::Limits {
                 request_timeout: Duration::from_secs(args.request_timeout_secs),
                 streams_per_connection: u32::try_from(args.max_inflight_requests).unwrap_or(u32::MAX),

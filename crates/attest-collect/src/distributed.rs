@@ -25,8 +25,8 @@ use tokio::task::JoinSet;
 
 use crate::cli::{NatsOptions, WorkerArgs};
 use crate::events::{
-    AlreadyPublished, ConsumerReset, DeadLettered, Event, LogThrottle, MalformedResults, Redelivered, ResultsRefused, RulesMismatch,
-    StoreFailed,
+    AlreadyPublished, ConsumerReset, DeadLettered, InternalEvent, LogThrottle, MalformedResults, Redelivered, ResultsRefused,
+    RulesMismatch, StoreFailed,
 };
 use crate::pipeline::{Pipeline, WorkItem};
 use crate::ResultRecord;

@@ -4,7 +4,7 @@
 //! forgotten one without the other (Vector's internal events).
 //!
 //! A repeated failure (a full disk fails every trace) is logged at most once
-//! per [`LogThrottle::EVERY`] with [`Event::emit_throttled`], saying how
+//! per [`LogThrottle::EVERY`] with [`InternalEvent::emit_throttled`], saying how
 //! many like it were counted but not shown. Counters with no line of their
 //! own (spans received, traces assembled) stay plain counters in
 //! [`Metrics`]; messages with no counter (start-up, drains, summaries) are
@@ -20,12 +20,12 @@ use crate::writer::Output;
 use crate::{bounded, shown_id};
 
 /// An observable event: counted, then logged.
-pub trait Event: Sized {
+pub trait InternalEvent: Sized {
     /// Adds the event to its counters.
     fn count(&self, metrics: &Metrics);
 
     /// Writes its log line. `unshown` is how many like it were counted but
-    /// not logged since the last line (see [`Event::emit_throttled`]).
+    /// not logged since the last line (see [`InternalEvent::emit_throttled`]).
     fn log(&self, unshown: u64);
 
     /// Counts the event and logs it.
@@ -86,7 +86,7 @@ pub struct Redelivered<'a> {
     pub delivery: i64,
 }
 
-impl Event for Redelivered<'_> {
+impl InternalEvent for Redelivered<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.redeliveries.fetch_add(1, Ordering::Relaxed);
     }
@@ -116,7 +116,7 @@ impl RulesMismatch<'_> {
     }
 }
 
-impl Event for RulesMismatch<'_> {
+impl InternalEvent for RulesMismatch<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.rules_mismatches.fetch_add(1, Ordering::Relaxed);
     }
@@ -140,7 +140,7 @@ pub struct AlreadyPublished<'a> {
     pub stream: &'a str,
 }
 
-impl Event for AlreadyPublished<'_> {
+impl InternalEvent for AlreadyPublished<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
     }
@@ -165,7 +165,7 @@ pub struct DeadLettered<'a> {
     pub already: bool,
 }
 
-impl Event for DeadLettered<'_> {
+impl InternalEvent for DeadLettered<'_> {
     fn count(&self, metrics: &Metrics) {
         if self.already {
             metrics.publish_duplicates.fetch_add(1, Ordering::Relaxed);
@@ -200,7 +200,7 @@ pub struct ConsumerReset<'a> {
     pub stream_messages: u64,
 }
 
-impl Event for ConsumerReset<'_> {
+impl InternalEvent for ConsumerReset<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.consumer_resets.fetch_add(1, Ordering::Relaxed);
     }
@@ -223,7 +223,7 @@ pub struct StoreFailed<'a> {
     pub error: &'a anyhow::Error,
 }
 
-impl Event for StoreFailed<'_> {
+impl InternalEvent for StoreFailed<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.store_failures.fetch_add(1, Ordering::Relaxed);
     }
@@ -238,7 +238,7 @@ pub struct EvaluationFailed<'a> {
     pub error: &'a dyn std::fmt::Display,
 }
 
-impl Event for EvaluationFailed<'_> {
+impl InternalEvent for EvaluationFailed<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.dropped("evaluation_failed", 0);
     }
@@ -259,7 +259,7 @@ pub struct SpansNested<'a> {
     pub spans: u64,
 }
 
-impl Event for SpansNested<'_> {
+impl InternalEvent for SpansNested<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.spans_nested.fetch_add(self.spans, Ordering::Relaxed);
     }
@@ -279,7 +279,7 @@ pub struct SpansUnreachable<'a> {
     pub spans: u64,
 }
 
-impl Event for SpansUnreachable<'_> {
+impl InternalEvent for SpansUnreachable<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.spans_unreachable.fetch_add(self.spans, Ordering::Relaxed);
     }
@@ -299,7 +299,7 @@ pub struct ConvertedTooLarge<'a> {
     pub limit: usize,
 }
 
-impl Event for ConvertedTooLarge<'_> {
+impl InternalEvent for ConvertedTooLarge<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.dropped(DropReason::TraceTooLarge.as_str(), self.spans);
     }
@@ -318,7 +318,7 @@ pub struct MalformedResults<'a> {
     pub error: &'a serde_json::Error,
 }
 
-impl Event for MalformedResults<'_> {
+impl InternalEvent for MalformedResults<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.dropped("malformed_results", 0);
     }
@@ -340,7 +340,7 @@ pub struct ResultsRefused<'a> {
     pub trace_id: &'a str,
 }
 
-impl Event for ResultsRefused<'_> {
+impl InternalEvent for ResultsRefused<'_> {
     fn count(&self, metrics: &Metrics) {
         metrics.results_dropped("id_too_long", self.refused);
     }
@@ -381,7 +381,7 @@ pub struct OutputLost<'a> {
     pub counted: bool,
 }
 
-impl Event for OutputLost<'_> {
+impl InternalEvent for OutputLost<'_> {
     fn count(&self, metrics: &Metrics) {
         if self.counted {
             let reason = match self.cause {

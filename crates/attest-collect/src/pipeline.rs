@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::assemble::{ClosedTrace, DropReason};
 use crate::convert::{self, Converted, MatchContext, PriceTable};
-use crate::events::{ConvertedTooLarge, Event, SpansNested, SpansUnreachable};
+use crate::events::{ConvertedTooLarge, InternalEvent, SpansNested, SpansUnreachable};
 use crate::metrics::Metrics;
 use crate::rules::{sampled, RuleSet};
 use crate::trace_doc::TraceDoc;

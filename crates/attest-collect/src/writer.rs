@@ -16,7 +16,7 @@ use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::events::{Event, LogThrottle, LostCause, OutputLost};
+use crate::events::{InternalEvent, LogThrottle, LostCause, OutputLost};
 use crate::metrics::Metrics;
 
 /// Writes queued per output file (a write is one trace's results, or one trace).

@@ -104,7 +104,7 @@ struct JsonLines {
 /// How lines are written: JSON for programs (the SDKs, log shippers), text
 /// for a person at a terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+enum Format {
     Json,
     Text,
 }

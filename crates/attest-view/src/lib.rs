@@ -142,7 +142,9 @@ pub async fn run_view(args: ViewArgs, default_history: Option<attest_history::Lo
         .with_context(|| format!("--addr {}: cannot listen there", args.addr))?;
     let local = listener.local_addr()?;
     // The one line a person (or a test) reads to find the page.
-    tracing::info!(url = %format!("http://{local}/"), "serving {shown} on http://{local}/");
+    // The address is a word of its own in the message too (a space after
+    // it), for whoever reads the line as text rather than JSON.
+    tracing::info!(url = %format!("http://{local}/"), "serving {shown} on http://{local}/ (read-only)");
     axum::serve(listener, router).with_graceful_shutdown(shutdown()).await?;
     Ok(0)
 }
