@@ -815,14 +815,19 @@ async fn drain(
     }
     let flushed = flushed(pipeline).await;
     let publishes_failed = metrics.dropped_count("publish_failed");
-    tracing::info!(
-        "drained; {} traces evaluated ({} rule evaluations), {} evaluations failed, {} published, {} publishes failed",
+    let evaluations_failed = metrics.rule_event_count("eval_error") + metrics.dropped_count("evaluation_failed");
+    let summary = format!(
+        "drained; {} traces evaluated ({} rule evaluations), {evaluations_failed} evaluations failed, {} published, {publishes_failed} publishes failed",
         metrics.traces_evaluated.load(Ordering::Relaxed),
         metrics.rule_evaluations.load(Ordering::Relaxed),
-        metrics.rule_event_count("eval_error") + metrics.dropped_count("evaluation_failed"),
         metrics.traces_published.load(Ordering::Relaxed),
-        publishes_failed,
     );
+    // A run that lost something says so at `--log-level warn` too.
+    if evaluations_failed + publishes_failed > 0 || !flushed {
+        tracing::warn!("{summary}");
+    } else {
+        tracing::info!("{summary}");
+    }
     // Accepted traces whose results or copies were lost end the run with 1
     // (docs/continuous.md): a supervisor or a script sees it.
     Ok(if flushed && publishes_failed == 0 { 0 } else { 1 })

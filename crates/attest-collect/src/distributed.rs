@@ -1168,6 +1168,10 @@ impl WorkerCtx {
             }
             Err(f) if f.too_large => {
                 let max = self.js.client().max_payload();
+                tracing::warn!(
+                    trace_id = %shown,
+                    "results of trace {shown} are {size} bytes, over the server's max_payload of {max} bytes; they cannot be published, so the trace goes to the dead letters"
+                );
                 let why = format!("results are {size} bytes, over the server's max_payload of {max} bytes");
                 return self.dead_letter(delivery, &trace_id, delivered, &why).await;
             }

@@ -126,9 +126,15 @@ fn progress(pipeline: &Pipeline, lines: u64, malformed: u64, started: Instant) -
     let eval_failed = m.rule_event_count("eval_error") + m.dropped_count("evaluation_failed");
     let publish_failed = m.dropped_count("publish_failed");
     let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-3);
-    tracing::info!(
+    let counts = format!(
         "--jsonl: {lines} lines ({rate:.0}/s), {malformed} malformed, {evaluated} rule evaluations, {eval_failed} evaluations failed, {published} published ({duplicates} already in the stream), {publish_failed} publishes failed"
     );
+    // A run that lost something says so at `--log-level warn` too.
+    if malformed + eval_failed + publish_failed > 0 {
+        tracing::warn!("{counts}");
+    } else {
+        tracing::info!("{counts}");
+    }
     eval_failed + publish_failed
 }
 

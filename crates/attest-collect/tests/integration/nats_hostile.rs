@@ -334,7 +334,9 @@ async fn malformed_results_are_counted_and_over_long_ids_are_not_stored() {
     ] {
         publish(&js, "attest.results", &[], payload).await;
     }
-    let m = wait_metric(&saddr, "attest_collect_results_dropped_total{reason=\"id_too_long\"}", 1.0).await;
+    wait_metric(&saddr, "attest_collect_results_dropped_total{reason=\"id_too_long\"}", 1.0).await;
+    // Counted once the batch is stored, after its refusals are.
+    let m = wait_metric(&saddr, "attest_collect_traces_evaluated_total", 1.0).await;
     assert_eq!(
         metric(&m, "attest_collect_traces_dropped_total{reason=\"malformed_results\"}"),
         3.0,

@@ -480,13 +480,25 @@ pub fn logged_field(text: &str, msg: &str, field: &str) -> String {
         .unwrap_or_else(|| panic!("no {field} in {line}"))
 }
 
-/// The message of each JSON log line in `text`, a line each, and any other
+/// Each JSON log line in `text` as its message and then its fields
+/// (`msg key=value ...`, strings as they are), a line each, and any other
 /// line as it is.
 pub fn messages(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         match serde_json::from_str::<serde_json::Value>(line) {
-            Ok(serde_json::Value::Object(l)) if l.contains_key("msg") => out.push_str(l["msg"].as_str().unwrap_or_default()),
+            Ok(serde_json::Value::Object(l)) if l.contains_key("msg") => {
+                out.push_str(l["msg"].as_str().unwrap_or_default());
+                for (key, value) in l
+                    .iter()
+                    .filter(|(k, _)| !matches!(k.as_str(), "level" | "ts" | "logger" | "msg" | "command"))
+                {
+                    match value {
+                        serde_json::Value::String(s) => out.push_str(&format!(" {key}={s}")),
+                        other => out.push_str(&format!(" {key}={other}")),
+                    }
+                }
+            }
             _ => out.push_str(line),
         }
         out.push('\n');
