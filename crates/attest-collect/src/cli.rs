@@ -701,11 +701,11 @@ async fn serve(args: &CollectArgs, state: &Arc<ReceiverState>, signals: &Signals
     // One line on stderr so that scripts (and tests) can find an ephemeral port.
     // The address is a word of its own in the message too (a space
     // after it), for whoever reads the line as text rather than JSON.
-    tracing::info!(url = %format!("http://{local}/v1/traces"), "listening for OTLP/HTTP on http://{local}/v1/traces (plain HTTP)");
+    tracing::info!(target: attest_log::STARTED, url = %format!("http://{local}/v1/traces"), "listening for OTLP/HTTP on http://{local}/v1/traces (plain HTTP)");
     let grpc = match grpc_listener(args.otlp_grpc, args.listen_public).await? {
         Some(l) => {
             let grpc = l.local_addr()?;
-            tracing::info!(address = %grpc, "listening for OTLP/gRPC on {grpc} (plain HTTP/2)");
+            tracing::info!(target: attest_log::STARTED, address = %grpc, "listening for OTLP/gRPC on {grpc} (plain HTTP/2)");
             let limits = crate::grpc::Limits {
                 request_timeout: Duration::from_secs(args.request_timeout_secs),
                 streams_per_connection: u32::try_from(args.max_inflight_requests).unwrap_or(u32::MAX),

@@ -709,6 +709,7 @@ pub async fn run_evaluate(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow:
     // it is read (an orchestrator's, a test's) must drain, not kill.
     let signals = crate::cli::Signals::install()?;
     tracing::info!(
+        target: attest_log::STARTED,
         stream = %names.traces_stream,
         consumer = %names.workers_consumer,
         rules_version = %pipeline.rules.version,
@@ -1391,6 +1392,7 @@ pub async fn run_sink(args: &WorkerArgs, pipeline: Arc<Pipeline>) -> anyhow::Res
     // Before the ready line, as for the evaluating worker.
     let signals = crate::cli::Signals::install()?;
     tracing::info!(
+        target: attest_log::STARTED,
         stream = %names.results_stream,
         consumer = %consumer_name,
         "writing results from {} (consumer {consumer_name})",

@@ -33,6 +33,12 @@ use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
+/// The target of the line that says a service is up and where (`collect`'s
+/// `listening for OTLP/HTTP on …`, a worker's `evaluating from …`,
+/// `view`'s `serving … on …`): written whatever the level, since scripts and
+/// supervisors wait for it.
+pub const STARTED: &str = "attest::started";
+
 /// Log lines buffered while stderr is slow; beyond this they are dropped.
 const QUEUE_LINES: usize = 1024;
 /// Longest message or string field in a log line, in characters.
@@ -177,7 +183,10 @@ pub fn init(level: Level, command: &'static str) -> DropCounter {
         command,
         format,
     }
-    .with_filter(level.filter());
+    .with_filter({
+        let max = level.filter();
+        tracing_subscriber::filter::filter_fn(move |meta| meta.target() == STARTED || max >= *meta.level())
+    });
     // The default panic hook writes to stderr directly, which blocks when
     // nobody drains it; report panics through the non-blocking logger instead.
     std::panic::set_hook(Box::new(|info| {
@@ -379,6 +388,28 @@ mod tests {
             " INFO collect: listening\\non http://x\\u{1b}[2J spans=3 trace_id=t1 why=\"two words\"\n"
         );
         assert_eq!(line.matches('\n').count(), 1);
+    }
+
+    #[test]
+    fn start_up_lines_pass_any_level() {
+        let (tx, rx) = sync_channel::<String>(8);
+        let layer = JsonLines {
+            tx,
+            dropped: DropCounter::default(),
+            command: "collect",
+            format: Format::Json,
+        }
+        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+            meta.target() == STARTED || Level::Error.filter() >= *meta.level()
+        }));
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+            tracing::info!("not written at error");
+            tracing::info!(target: STARTED, url = "http://127.0.0.1:1/", "listening on http://127.0.0.1:1/");
+        });
+        let line: Value = serde_json::from_str(&rx.try_recv().unwrap()).unwrap();
+        assert_eq!(line["msg"], "listening on http://127.0.0.1:1/");
+        assert_eq!(line["logger"], "attest.started");
+        assert!(rx.try_recv().is_err(), "only the start-up line passes");
     }
 
     #[test]

@@ -144,7 +144,7 @@ pub async fn run_view(args: ViewArgs, default_history: Option<attest_history::Lo
     // The one line a person (or a test) reads to find the page.
     // The address is a word of its own in the message too (a space after
     // it), for whoever reads the line as text rather than JSON.
-    tracing::info!(url = %format!("http://{local}/"), "serving {shown} on http://{local}/ (read-only)");
+    tracing::info!(target: attest_log::STARTED, url = %format!("http://{local}/"), "serving {shown} on http://{local}/ (read-only)");
     axum::serve(listener, router).with_graceful_shutdown(shutdown()).await?;
     Ok(0)
 }
