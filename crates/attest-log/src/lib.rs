@@ -135,12 +135,23 @@ impl Format {
         }
     }
 
-    fn line(self, level: &str, logger: &str, msg: &str, fields: Map<String, Value>) -> String {
+    /// One line of `command`'s: JSON carries the command as a field, text
+    /// leads with it.
+    fn line(self, level: &str, logger: &str, command: &str, msg: &str, mut fields: Map<String, Value>) -> String {
         match self {
-            Format::Json => format_line(level, logger, msg, fields),
-            Format::Text => format_text(level, msg, fields),
+            Format::Json => {
+                fields.insert("command".to_owned(), Value::from(command));
+                format_line(level, logger, msg, fields)
+            }
+            Format::Text => format_text(level, command, msg, fields),
         }
     }
+}
+
+/// Events at `level` or above, and the start-up lines ([`STARTED`]) at any.
+fn level_filter(level: Level) -> tracing_subscriber::filter::FilterFn<impl Fn(&tracing::Metadata<'_>) -> bool> {
+    let max = level.filter();
+    tracing_subscriber::filter::filter_fn(move |meta| meta.target() == STARTED || max >= *meta.level())
 }
 
 /// Installs the global JSON logger at `level`, for lines of `command` (the
@@ -161,13 +172,9 @@ pub fn init(level: Level, command: &'static str) -> DropCounter {
                     let note = format.line(
                         "warn",
                         "engine.logging",
+                        command,
                         "log lines dropped: stderr was not being read",
-                        [
-                            ("command".to_owned(), Value::from(command)),
-                            ("dropped".to_owned(), Value::from(now - already_reported)),
-                        ]
-                        .into_iter()
-                        .collect(),
+                        [("dropped".to_owned(), Value::from(now - already_reported))].into_iter().collect(),
                     );
                     let _ = err.write_all(note.as_bytes());
                     already_reported = now;
@@ -183,10 +190,7 @@ pub fn init(level: Level, command: &'static str) -> DropCounter {
         command,
         format,
     }
-    .with_filter({
-        let max = level.filter();
-        tracing_subscriber::filter::filter_fn(move |meta| meta.target() == STARTED || max >= *meta.level())
-    });
+    .with_filter(level_filter(level));
     // The default panic hook writes to stderr directly, which blocks when
     // nobody drains it; report panics through the non-blocking logger instead.
     std::panic::set_hook(Box::new(|info| {
@@ -209,7 +213,6 @@ impl<S: Subscriber> Layer<S> for JsonLines {
         let meta = event.metadata();
         let mut fields = FieldMap::default();
         event.record(&mut fields);
-        fields.map.insert("command".to_owned(), Value::from(self.command));
         let level = match *meta.level() {
             tracing::Level::ERROR => "error",
             tracing::Level::WARN => "warn",
@@ -217,7 +220,9 @@ impl<S: Subscriber> Layer<S> for JsonLines {
             _ => "debug",
         };
         let logger = meta.target().replacen("attest_engine::", "engine.", 1).replace("::", ".");
-        let line = self.format.line(level, &logger, fields.msg.as_deref().unwrap_or(""), fields.map);
+        let line = self
+            .format
+            .line(level, &logger, self.command, fields.msg.as_deref().unwrap_or(""), fields.map);
         // Counted before it is sent, so the writer never gets ahead of it.
         QUEUED.fetch_add(1, Ordering::AcqRel);
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(line) {
@@ -287,23 +292,12 @@ fn format_line(level: &str, logger: &str, msg: &str, fields: Map<String, Value>)
 
 /// `TS LEVEL command: msg key=value ...`, one line: the command first, the
 /// logger left out (it names a module, which a person does not need).
-fn format_text(level: &str, msg: &str, mut fields: Map<String, Value>) -> String {
-    let command = match fields.remove("command") {
-        Some(Value::String(c)) => c,
-        _ => String::new(),
-    };
+fn format_text(level: &str, command: &str, msg: &str, fields: Map<String, Value>) -> String {
+    // Control characters from echoed text must not move the cursor of the
+    // terminal that shows it (`attest_io::printable`), and a newline must
+    // not start a line of its own.
+    let printable = |s: &str, out: &mut String| out.push_str(&attest_io::printable(s).replace('\n', "\\n"));
     let mut line = format!("{} {:>5} {command}: ", timestamp(), level.to_ascii_uppercase());
-    // Control characters from echoed text must not break the line, nor
-    // move the cursor of the terminal that shows it.
-    let printable = |s: &str, out: &mut String| {
-        for c in s.chars() {
-            if c.is_control() {
-                out.extend(c.escape_default());
-            } else {
-                out.push(c);
-            }
-        }
-    };
     printable(msg, &mut line);
     for (k, v) in fields {
         line.push(' ');
@@ -374,14 +368,13 @@ mod tests {
     #[test]
     fn text_lines_lead_with_the_command_and_stay_one_line() {
         let fields: Map<String, Value> = [
-            ("command".to_owned(), Value::from("collect")),
             ("trace_id".to_owned(), Value::from("t1")),
             ("why".to_owned(), Value::from("two words")),
             ("spans".to_owned(), Value::from(3)),
         ]
         .into_iter()
         .collect();
-        let line = format_text("info", "listening\non http://x\u{1b}[2J", fields);
+        let line = format_text("info", "collect", "listening\non http://x\u{1b}[2J", fields);
         let (_, rest) = line.split_once(' ').unwrap();
         assert_eq!(
             rest,
@@ -399,9 +392,7 @@ mod tests {
             command: "collect",
             format: Format::Json,
         }
-        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-            meta.target() == STARTED || Level::Error.filter() >= *meta.level()
-        }));
+        .with_filter(level_filter(Level::Error));
         tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
             tracing::info!("not written at error");
             tracing::info!(target: STARTED, url = "http://127.0.0.1:1/", "listening on http://127.0.0.1:1/");
