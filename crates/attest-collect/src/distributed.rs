@@ -1063,28 +1063,20 @@ impl WorkerCtx {
         let msg = &delivery.msg;
         let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         let metrics = &self.pipeline.metrics;
-        let item: WorkItem = match serde_json::from_slice(&msg.payload) {
-            Ok(i) => i,
-            Err(e) => {
-                if delivered > 1 {
-                    Redelivered {
-                        trace_id: None,
-                        delivery: delivered,
-                    }
-                    .emit(metrics);
-                }
-                return self.dead_letter(delivery, "", delivered, &format!("not a work item: {e}")).await;
-            }
-        };
-        let trace_id = item.trace_id().to_string();
-        let shown = crate::shown_id(&trace_id);
+        let item = serde_json::from_slice::<WorkItem>(&msg.payload);
         if delivered > 1 {
             Redelivered {
-                trace_id: Some(&trace_id),
+                trace_id: item.as_ref().ok().map(WorkItem::trace_id),
                 delivery: delivered,
             }
             .emit(metrics);
         }
+        let item = match item {
+            Ok(i) => i,
+            Err(e) => return self.dead_letter(delivery, "", delivered, &format!("not a work item: {e}")).await,
+        };
+        let trace_id = item.trace_id().to_string();
+        let shown = crate::shown_id(&trace_id);
         if let Some(theirs) = item.rules_version.as_deref().filter(|v| *v != self.pipeline.rules.version) {
             // Scored here, the trace would get another verdict than the
             // collector's rules meant, or none for a rule this worker lacks.

@@ -113,6 +113,12 @@ impl ExportStats {
         self.queued.load(Ordering::Relaxed).saturating_sub(self.settled())
     }
 
+    /// Events not sent: dropped with the queue full, given up on, or still
+    /// queued.
+    fn lost(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed) + self.waiting()
+    }
+
     /// One line for a person: what was sent and what was lost, and why.
     pub fn summary(&self) -> String {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -120,15 +126,14 @@ impl ExportStats {
         let waiting = self.waiting();
         format!(
             "{sent} evaluation events sent, {} lost ({dropped} dropped with the queue full, {failed} refused or unanswered after retries, {waiting} still queued at exit)",
-            dropped + failed + waiting
+            self.lost()
         )
     }
 
     /// Logs [`ExportStats::summary`]: a warning when any event was lost,
     /// so that it is said at `--log-level warn` too.
     pub fn log_summary(&self) {
-        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        if ld(&self.dropped) + ld(&self.failed) + self.waiting() > 0 {
+        if self.lost() > 0 {
             tracing::warn!("--export-otlp: {}", self.summary());
         } else {
             tracing::info!("--export-otlp: {}", self.summary());
@@ -292,8 +297,7 @@ impl OtlpExport {
     pub fn finish(&self) -> Option<String> {
         self.close(Instant::now() + FLUSH_WAIT);
         let s = &self.stats;
-        let lost = s.queued.load(Ordering::Relaxed) + s.dropped.load(Ordering::Relaxed) - s.sent.load(Ordering::Relaxed);
-        (lost > 0).then(|| format!("--export-otlp {}: {}", self.endpoint, s.summary()))
+        (s.lost() > 0).then(|| format!("--export-otlp {}: {}", self.endpoint, s.summary()))
     }
 
     /// Sends what is queued (until `deadline`) and stops the thread.

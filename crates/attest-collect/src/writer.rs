@@ -324,18 +324,11 @@ fn write_loop(mut file: std::fs::File, rx: mpsc::Receiver<Entry>, shared: &Share
         }
         shared.queued_bytes.fetch_sub(entry.bytes.len(), Ordering::AcqRel);
         shared.queued_lines.fetch_sub(entry.lines, Ordering::AcqRel);
+        // A write asked to confirm is retried by its caller, which counts
+        // it; others, and those whose caller stopped waiting, are lost here.
+        let caller_counts = entry.done.is_some_and(|done| done.send(result.clone()).is_ok());
         if let Err(e) = &result {
-            // A write asked to confirm is retried by its caller, which
-            // counts it; others are lost here.
-            shared.lose(entry.lines, LostCause::WriteFailed(e), entry.done.is_none());
-        }
-        if let Some(done) = entry.done {
-            // A caller that stopped waiting no longer counts a failure.
-            if let Err(Err(_)) = done.send(result) {
-                // Logged above; counted now that no caller will.
-                shared.lost.fetch_add(entry.lines, Ordering::Relaxed);
-                shared.output.count(&shared.metrics, "write_failed", entry.lines);
-            }
+            shared.lose(entry.lines, LostCause::WriteFailed(e), !caller_counts);
         }
         let mut bytes = entry.bytes;
         if bytes.capacity() <= SPARE_BUFFER_BYTES {
