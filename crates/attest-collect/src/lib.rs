@@ -308,17 +308,22 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Strin
 /// Replaces the YAML-only values `attest-yaml` keeps apart from strings:
 /// a timestamp becomes its text; a non-finite number is an error at `path`.
 fn plain_json(value: &mut serde_json::Value, path: &mut String) -> Result<(), String> {
+    use attest_yaml::Special;
     use serde_json::Value;
-    match value {
-        Value::Object(map) if map.len() == 1 && map.contains_key("yaml:timestamp") => {
-            *value = map.remove("yaml:timestamp").unwrap_or_default();
+    match attest_yaml::special(value) {
+        Some(Special::Timestamp(text)) => {
+            *value = Value::String(text.to_owned());
+            return Ok(());
         }
-        Value::Object(map) if map.len() == 1 && map.contains_key("yaml:float") => {
+        Some(Special::NonFinite(_)) => {
             let at = if path.is_empty() { "the file's value" } else { path.as_str() };
             return Err(format!(
                 "{at} is not a finite number (.nan and .inf have no meaning in a rules or prices file); give a number"
             ));
         }
+        None => {}
+    }
+    match value {
         Value::Object(map) => {
             for (k, v) in map.iter_mut() {
                 let len = path.len();

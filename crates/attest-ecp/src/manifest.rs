@@ -289,10 +289,12 @@ fn type_of(v: &Value) -> &'static str {
         Value::Number(_) => "a number",
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
-        // PyYAML values JSON cannot hold (see `yaml`).
-        Value::Object(m) if m.len() == 1 && m.contains_key("yaml:timestamp") => "a YAML timestamp (quote it to use it as text)",
-        Value::Object(m) if m.len() == 1 && m.contains_key("yaml:float") => "an infinite or NaN float (quote it to use it as text)",
-        Value::Object(_) => "a mapping",
+        // PyYAML values JSON cannot hold (see `attest_yaml::Special`).
+        Value::Object(_) => match attest_yaml::special(v) {
+            Some(attest_yaml::Special::Timestamp(_)) => "a YAML timestamp (quote it to use it as text)",
+            Some(attest_yaml::Special::NonFinite(_)) => "an infinite or NaN float (quote it to use it as text)",
+            None => "a mapping",
+        },
     }
 }
 

@@ -389,8 +389,7 @@ fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value,
                 let fits = matches!(
                     (kind, &v),
                     ("int", Value::Number(_)) | ("float", Value::Number(_)) | ("bool", Value::Bool(_)) | ("null", Value::Null)
-                ) || matches!((kind, &v), ("float", Value::Object(m)) if m.contains_key("yaml:float")
-                );
+                ) || (kind == "float" && matches!(special(&v), Some(Special::NonFinite(_))));
                 if fits {
                     Ok(v)
                 } else {
@@ -447,16 +446,45 @@ fn resolve(text: &str) -> Value {
             return Value::Number(n);
         }
     } else if is(inf) || is(nan) {
-        return tagged("yaml:float", text);
+        return tagged(NON_FINITE, text);
     } else if is(timestamp) {
-        return tagged("yaml:timestamp", text);
+        return tagged(TIMESTAMP, text);
     }
     Value::String(text.to_owned())
 }
 
+/// Keys of the one-entry mappings that hold the PyYAML values JSON cannot
+/// (see [`Special`]).
+const TIMESTAMP: &str = "yaml:timestamp";
+const NON_FINITE: &str = "yaml:float";
+
 /// A PyYAML value JSON cannot hold, kept apart from strings.
 fn tagged(kind: &str, text: &str) -> Value {
     Value::Object(Map::from_iter([(kind.to_owned(), Value::String(text.to_owned()))]))
+}
+
+/// A value [`load`] keeps apart from strings, with its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Special<'a> {
+    /// A timestamp (`2024-05-01`).
+    Timestamp(&'a str),
+    /// An infinity or NaN (`.inf`, `.nan`).
+    NonFinite(&'a str),
+}
+
+/// Which special value `v` is, if it is one.
+pub fn special(v: &Value) -> Option<Special<'_>> {
+    let Value::Object(m) = v else { return None };
+    if m.len() != 1 {
+        return None;
+    }
+    let (key, text) = m.iter().next()?;
+    let text = text.as_str()?;
+    match key.as_str() {
+        TIMESTAMP => Some(Special::Timestamp(text)),
+        NON_FINITE => Some(Special::NonFinite(text)),
+        _ => None,
+    }
 }
 
 fn split_sign(text: &str) -> (bool, String) {
