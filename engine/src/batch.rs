@@ -1126,11 +1126,7 @@ mod tests {
     /// in the default compiled cache.
     #[tokio::test]
     async fn a_512_check_suite_is_compiled_once_within_the_default_cache() {
-        let engine = Engine::new(crate::config::Config {
-            history: None,
-            ..Default::default()
-        });
-        let assertions: Vec<Value> = (0..512)
+        let mixed: Vec<Value> = (0..512)
             .map(|i| {
                 let spec = match i % 4 {
                     0 => serde_json::json!({"target": "output.message", "check": "regex_match", "value": format!(r"\p{{L}}+ order {i} \d{{{}}}[\w\-]*", i % 9 + 1)}),
@@ -1142,9 +1138,27 @@ mod tests {
                 serde_json::json!({"assertion_id": format!("a{i}"), "type": kind, "spec": spec})
             })
             .collect();
+        compiled_once_within_the_default_cache(&mixed).await;
+        // Every one a schema with Unicode-class patterns: each weighs its
+        // programs, not a search cache per thread.
+        let schemas: Vec<Value> = (0..512)
+            .map(|i| {
+                let id = serde_json::json!({"type": "string", "pattern": format!(r"^RFD-[0-9]{{{}}}$|^\p{{L}}+ {i}$", i % 7 + 1)});
+                let spec = serde_json::json!({"target": "output.structured", "schema": {"type": "object", "properties": {"id": id}}});
+                serde_json::json!({"assertion_id": format!("s{i}"), "type": "schema", "spec": spec})
+            })
+            .collect();
+        compiled_once_within_the_default_cache(&schemas).await;
+    }
+
+    async fn compiled_once_within_the_default_cache(assertions: &[Value]) {
+        let engine = Engine::new(crate::config::Config {
+            history: None,
+            ..Default::default()
+        });
         let trace = r#"{"schema_version": 1, "trace_id": "t", "output": {"message": "Your refund order 123 is done.", "structured": {"id": "RFD-1"}}}"#;
         for _ in 0..2 {
-            let suite = Suite::compile(&engine, &assertions).unwrap();
+            let suite = Suite::compile(&engine, assertions).unwrap();
             let deadline = Instant::now() + std::time::Duration::from_secs(60);
             let result = suite.evaluate(&engine, trace, deadline).await.unwrap();
             assert_eq!(result.results.len(), 512);

@@ -539,7 +539,7 @@ fn bounded_details(details: Option<Value>) -> Option<Value> {
 
 /// Built-in checks whose regex work on this trace could outlast the
 /// deadline are run ahead as guarded work on the regex threads; schema
-/// checks with patterns (from the blocking pool) and recursive schemas
+/// checks with `patternProperties` (from the blocking pool) and recursive schemas
 /// (from anywhere) always run there (see `watchdog`); `None` when no check
 /// needs it.
 async fn guarded_verdicts(
@@ -555,7 +555,7 @@ async fn guarded_verdicts(
         .iter()
         .enumerate()
         .filter(|(i, _)| fresh(*i))
-        // Schema patterns go to the regex threads only from the blocking pool,
+        // Schema `patternProperties` go to the regex threads only from the blocking pool,
         // whose threads are as many as requests in flight; the async workers
         // are as many as the cores, so their regex caches are bounded already.
         .filter(|(_, p)| {

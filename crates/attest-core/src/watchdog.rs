@@ -10,14 +10,15 @@
 //!   so at most [`SLOTS`] guarded jobs run at once; a request that cannot get
 //!   a slot before its deadline also gets `3002`. Each job's life is bounded
 //!   by the regex size limit times the trace size limit.
-//! - **Schema patterns.** A compiled regex keeps a search cache for every
-//!   thread that has used it, for as long as the regex lives. `jsonschema`
-//!   owns the regexes of schema `pattern`s, so the only way to bound those
-//!   caches is to bound the threads. The async workers are as many as the
-//!   cores; the blocking pool's threads are as many as requests in flight, so
-//!   schema validations with patterns from the pool run here, on at most
-//!   [`THREADS`] threads for the life of the process.
-//!   (The engine's own `regex_match` keeps one cache per regex instead; see
+//! - **Schema `patternProperties`.** A `regex::Regex` keeps a search cache
+//!   for every thread that has used it, for as long as the regex lives.
+//!   `jsonschema` owns the regexes of `patternProperties` keys, so the only
+//!   way to bound those caches is to bound the threads. The async workers
+//!   are as many as the cores; the blocking pool's threads are as many as
+//!   requests in flight, so schema validations with such keys from the pool
+//!   run here, on at most [`THREADS`] threads for the life of the process.
+//!   (`regex_match` and a schema's `pattern` are matched by the engine's own
+//!   regexes, whose kept caches are bounded whatever the threads; see
 //!   `layers::content`.)
 //!
 //! Guarded jobs may hold [`SLOTS`] threads; the others stay free for short

@@ -59,8 +59,8 @@ enum Rule {
 /// number of threads that ever used it (the regex's built-in pool would
 /// keep a cache for each).
 #[derive(Debug)]
-struct Pattern {
-    written: String,
+pub(crate) struct Pattern {
+    pub(crate) written: String,
     regex: Regex,
     /// Warm search caches, each with the bytes it held when it was kept.
     kept: std::sync::Mutex<Vec<(regex_automata::meta::Cache, usize)>>,
@@ -198,6 +198,12 @@ impl Drop for LargeSearch {
 }
 
 impl Pattern {
+    /// Whether the pattern matches anywhere in `hay` (a JSON Schema
+    /// `pattern`: an unanchored search, as ECMA-262's `test`).
+    pub(crate) fn is_match(&self, hay: &str) -> bool {
+        self.find(hay.as_bytes()).is_some()
+    }
+
     fn find(&self, hay: &[u8]) -> Option<regex_automata::Match> {
         let _slot = if hay.len() >= LARGE_TEXT_BYTES {
             // The deadline passed while waiting: the evaluator answers 3002
@@ -630,19 +636,35 @@ enum Size {
     Large,
 }
 
-/// The pattern as the engine runs it, within the bounds every regex keeps:
+/// Who runs a compiled pattern, which decides what is built for it.
+#[derive(Clone, Copy)]
+enum Runner {
+    /// The engine's own searches (`regex_match`, a schema's `pattern`): they
+    /// ask where a match is, never for capture groups, so no one-pass DFA is
+    /// built (it only serves capture searches, and for a pattern like
+    /// `\b\d{3}-\d{4}\b` it is four times the rest of the program).
+    Engine,
+    /// The schema crate's `regex::Regex` (a `patternProperties` key), built
+    /// as that crate builds it, so that its size is measured as it is held.
+    SchemaCrate,
+}
+
+/// The pattern as `runner` runs it, within the bounds every regex keeps:
 /// at most [`MAX_PATTERN_BYTES`] of text and [`REGEX_SIZE_LIMIT`] compiled.
-fn build_regex(pattern: &str, case_sensitive: bool) -> Result<Regex, Refusal> {
+fn build_regex(pattern: &str, case_sensitive: bool, runner: Runner) -> Result<Regex, Refusal> {
     if pattern.len() > MAX_PATTERN_BYTES {
         return Err(Refusal::Oversized(Size::Long));
     }
+    let config = Regex::config()
+        .nfa_size_limit(Some(REGEX_SIZE_LIMIT))
+        .hybrid_cache_capacity(REGEX_DFA_CACHE_BYTES);
+    let config = match runner {
+        Runner::Engine => config.onepass(false),
+        Runner::SchemaCrate => config,
+    };
     Regex::builder()
         .syntax(syntax::Config::new().case_insensitive(!case_sensitive))
-        .configure(
-            Regex::config()
-                .nfa_size_limit(Some(REGEX_SIZE_LIMIT))
-                .hybrid_cache_capacity(REGEX_DFA_CACHE_BYTES),
-        )
+        .configure(config)
         .build(pattern)
         .map_err(|e| match e.size_limit() {
             Some(_) => Refusal::Oversized(Size::Large),
@@ -667,22 +689,48 @@ fn oversized(field: &str, pattern: &str, size: Size) -> SpecError {
     }
 }
 
-/// Refuses a JSON Schema `pattern` (at `field`) that a `regex_match` would
-/// refuse for its size, before the schema compiler spends seconds on it.
-/// Its syntax is the schema compiler's to judge.
-/// Checks a schema's pattern against `regex_match`'s bounds; returns the
-/// bytes its compiled program holds (0 for one that does not compile: the
-/// schema compiler refuses it, naming why).
+/// Checks a schema's `patternProperties` key (at `field`) against
+/// `regex_match`'s bounds, before the schema compiler spends seconds on a
+/// huge one; returns the bytes its compiled program holds (0 for one that
+/// does not compile: the schema compiler refuses it, naming why).
 pub(crate) fn check_schema_pattern(field: &str, pattern: &str) -> Result<usize, SpecError> {
-    match build_regex(pattern, true) {
+    match build_regex(pattern, true, Runner::SchemaCrate) {
         Err(Refusal::Oversized(size)) => Err(oversized(field, pattern, size)),
         Err(Refusal::Invalid(_)) => Ok(0),
         Ok(regex) => Ok(regex.memory_usage()),
     }
 }
 
+/// A schema's `pattern` (at `field`, as written in ECMA-262 syntax),
+/// compiled for layer 4's engine with `regex_match`'s bounds: `Ok(None)`
+/// when it is not a valid pattern, for the schema compiler to refuse.
+pub(crate) fn schema_pattern(field: &str, written: &str) -> Result<Option<Pattern>, SpecError> {
+    // ECMA-262's classes (`\d` is ASCII digits, `\s` its own whitespace) in
+    // the regex crate's syntax, as the schema crate's own `pattern` reads them.
+    let Ok(translated) = jsonschema_regex::to_rust_regex(written) else {
+        return Ok(None);
+    };
+    match build_regex(&translated, true, Runner::Engine) {
+        Err(Refusal::Oversized(size)) => Err(oversized(field, written, size)),
+        Err(Refusal::Invalid(_)) => Ok(None),
+        Ok(regex) => Ok(Some(Pattern::new(written, regex))),
+    }
+}
+
+/// Why `written`, a schema's `pattern`, is not one: the regex parser's
+/// reason, after the same translation from ECMA-262.
+pub(crate) fn schema_pattern_error(written: &str) -> String {
+    // The translation fails where the parser does; it says why.
+    let translated = jsonschema_regex::to_rust_regex(written).unwrap_or(Cow::Borrowed(written));
+    let reason = match build_regex(&translated, true, Runner::Engine) {
+        Err(Refusal::Invalid(reason)) => reason,
+        _ => "it is not valid ECMA-262 syntax".to_owned(),
+    };
+    format!("{} is not a valid regular expression: {}", quote(written), clip(&reason, 200))
+}
+
 fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecError> {
-    let regex = build_regex(pattern, case_sensitive).map_err(|refusal| match refusal {
+    let regex = build_regex(pattern, case_sensitive, Runner::Engine).map_err(|refusal| match refusal {
         Refusal::Oversized(size) => oversized("spec.value", pattern, size),
         Refusal::Invalid(reason) => SpecError::new(
             "spec.value",
@@ -694,11 +742,23 @@ fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecErr
             ),
         ),
     })?;
-    Ok(Pattern {
-        written: pattern.to_owned(),
-        regex,
-        kept: std::sync::Mutex::new(Vec::with_capacity(KEPT_CACHES)),
-    })
+    Ok(Pattern::new(pattern, regex))
+}
+
+impl Pattern {
+    fn new(written: &str, regex: Regex) -> Pattern {
+        Pattern {
+            written: written.to_owned(),
+            regex,
+            kept: std::sync::Mutex::new(Vec::with_capacity(KEPT_CACHES)),
+        }
+    }
+
+    /// Bytes its program holds (its warm search caches are bounded apart,
+    /// by [`KEPT_CACHE_BUDGET`]).
+    pub(crate) fn program_bytes(&self) -> usize {
+        self.regex.memory_usage()
+    }
 }
 
 #[cfg(test)]
@@ -737,6 +797,16 @@ mod tests {
             Some(false),
             "a free slot searches"
         );
+    }
+
+    /// The engine never asks for capture groups, so its regexes carry no
+    /// one-pass DFA, which for this pattern is four times the rest.
+    #[test]
+    fn a_regex_holds_no_one_pass_dfa() {
+        let p = compile_regex(r"\b\d{3}-\d{4}\b", true).unwrap();
+        assert!(p.program_bytes() < 100 * 1024, "{}", p.program_bytes());
+        let m = p.find("call 555-1234 now".as_bytes()).unwrap();
+        assert_eq!(m.range(), 5..13);
     }
     use crate::trace::{parse_trace, Limits};
     use serde_json::json;

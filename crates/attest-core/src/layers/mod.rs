@@ -238,10 +238,12 @@ impl NativeCheck {
     }
 
     /// Whether evaluating this check must not happen on any thread that asks:
-    /// schema validations with patterns, whose regex caches grow with the
-    /// threads that use them (see [`crate::watchdog`]).
+    /// schema validations with `patternProperties`, whose regexes (the
+    /// schema crate's) keep a search cache for each thread that used them
+    /// (see [`crate::watchdog`]). A `pattern` is layer 4's, whose caches are
+    /// bounded however many threads use it.
     pub fn needs_regex_thread(&self) -> bool {
-        matches!(self, NativeCheck::Schema(c) if c.has_patterns())
+        matches!(self, NativeCheck::Schema(c) if c.has_pattern_properties())
     }
 
     /// Whether one evaluation may take up to a step budget of CPU (a schema

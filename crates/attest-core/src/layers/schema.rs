@@ -7,9 +7,13 @@
 //!
 //! `pattern` and `patternProperties` use the same RE2 engine and the same
 //! size bounds as `regex_match` (no lookaround, no backreferences), so a
-//! schema cannot smuggle in a pattern that layer 4 would refuse.
+//! schema cannot smuggle in a pattern that layer 4 would refuse. A
+//! `pattern` is run by layer 4's own matcher, whose warm search caches are
+//! bounded once for every regex (`content::KEPT_CACHE_BUDGET`), so a
+//! compiled schema is weighed by its programs; a `patternProperties` key is
+//! the schema crate's, weighed with a search cache per thread that runs it.
 
-use super::content::REGEX_SIZE_LIMIT;
+use super::content::{Pattern, REGEX_SIZE_LIMIT};
 use super::{Evidence, Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::clip;
@@ -17,6 +21,7 @@ use crate::trace::Trace;
 use jsonschema::{Draft, Validator};
 use quick_cache::sync::Cache;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 /// How many distinct compiled schemas are kept, and their estimated bytes.
@@ -209,10 +214,9 @@ pub struct SchemaCheck {
     validator: Arc<Validator>,
     /// The schema as written, to quote a violated keyword's limit.
     schema: Arc<Value>,
-    /// How many `pattern`/`patternProperties` the schema holds.
-    patterns: usize,
-    /// Bytes their compiled programs hold.
-    program_bytes: usize,
+    /// How many `pattern`s and `patternProperties` keys the schema holds,
+    /// and their programs' bytes.
+    patterns: Patterns,
     /// Length of the schema's canonical text.
     text_bytes: usize,
     /// Whether the schema refers to itself (`$ref` and kin): its
@@ -270,25 +274,38 @@ const SCHEMA_DFA_CACHE_BYTES: usize = 32 * 1024;
 /// DFAs and the rest of the engine's scratch state.
 const SCHEMA_PATTERN_CACHE_BYTES: usize = 2 * SCHEMA_DFA_CACHE_BYTES + 32 * 1024;
 
+/// The regexes a compiled schema holds.
+#[derive(Clone, Copy, Debug, Default)]
+struct Patterns {
+    /// `pattern`s and `patternProperties` keys.
+    count: usize,
+    /// `patternProperties` keys, which the schema crate runs with a search
+    /// cache of their own for each thread.
+    property_keys: usize,
+    /// Bytes their compiled programs hold.
+    program_bytes: usize,
+}
+
 /// Bytes a compiled schema holds: its tree (a multiple of its text), its
-/// patterns' programs as compiled, and for each pattern a search cache at
-/// its largest for each regex thread (the only threads that run schema
-/// validations with patterns).
-fn schema_bytes(text_bytes: usize, patterns: usize, program_bytes: usize) -> u64 {
-    let caches = (patterns * crate::watchdog::THREADS * SCHEMA_PATTERN_CACHE_BYTES) as u64;
-    (text_bytes as u64) * 8 + program_bytes as u64 + caches
+/// patterns' programs as compiled, and for each `patternProperties` key a
+/// search cache at its largest for each regex thread (the only threads that
+/// run schema validations with patterns). A `pattern`'s warm caches are
+/// bounded with every other regex's (`content::KEPT_CACHE_BUDGET`).
+fn schema_bytes(text_bytes: usize, patterns: Patterns) -> u64 {
+    let caches = (patterns.property_keys * crate::watchdog::THREADS * SCHEMA_PATTERN_CACHE_BYTES) as u64;
+    (text_bytes as u64) * 8 + patterns.program_bytes as u64 + caches
 }
 
 #[derive(Clone)]
 struct SchemaWeight;
 
-/// A compiled schema: its validator, its patterns, their programs' bytes.
-type Compiled = (Arc<Validator>, usize, usize);
+/// A compiled schema: its validator and its patterns.
+type Compiled = (Arc<Validator>, Patterns);
 
 impl quick_cache::Weighter<String, Compiled> for SchemaWeight {
     fn weight(&self, key: &String, value: &Compiled) -> u64 {
         // At least an equal share, so the entry bound holds too.
-        schema_bytes(key.len(), value.1, value.2).max(cache_bytes() / SCHEMA_CACHE_ENTRIES as u64)
+        schema_bytes(key.len(), value.1).max(cache_bytes() / SCHEMA_CACHE_ENTRIES as u64)
     }
 }
 
@@ -312,11 +329,18 @@ fn refers(schema: &Value) -> bool {
     }
 }
 
+/// Which keyword holds a regex.
+#[derive(Clone, Copy, PartialEq)]
+enum Held {
+    Pattern,
+    PropertyKey,
+}
+
 /// The regexes the schema holds, each `pattern` and each key of a
 /// `patternProperties`, with where it is (`spec.schema.properties.id.pattern`).
 /// With `names`, `schema` maps names to schemas (what `properties` or
 /// `$defs` hold): its keys are names, not keywords.
-fn patterns<'s>(schema: &'s Value, names: bool, at: &mut String, out: &mut Vec<(String, &'s str)>) {
+fn patterns<'s>(schema: &'s Value, names: bool, at: &mut String, out: &mut Vec<(String, Held, &'s str)>) {
     match schema {
         Value::Object(m) => {
             for (k, v) in m {
@@ -328,8 +352,10 @@ fn patterns<'s>(schema: &'s Value, names: bool, at: &mut String, out: &mut Vec<(
                 at.push('.');
                 at.push_str(&clip(k, 64));
                 match (names, k.as_str(), v) {
-                    (false, "pattern", Value::String(p)) => out.push((at.clone(), p)),
-                    (false, "patternProperties", Value::Object(p)) => out.extend(p.keys().map(|key| (at.clone(), key.as_str()))),
+                    (false, "pattern", Value::String(p)) => out.push((at.clone(), Held::Pattern, p)),
+                    (false, "patternProperties", Value::Object(p)) => {
+                        out.extend(p.keys().map(|key| (at.clone(), Held::PropertyKey, key.as_str())))
+                    }
                     _ => {}
                 }
                 let holds_names = !names
@@ -371,26 +397,66 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Compiled, usize), Spe
     // schema compiler, which would otherwise spend seconds on a huge one.
     let mut found = Vec::new();
     patterns(schema, false, &mut "spec.schema".to_owned(), &mut found);
-    let mut program_bytes = 0;
-    for (at, pattern) in &found {
-        program_bytes += crate::layers::content::check_schema_pattern(at, pattern)?;
+    let mut counted = Patterns {
+        count: found.len(),
+        ..Patterns::default()
+    };
+    let mut compiled_patterns = HashMap::new();
+    for (at, held, pattern) in &found {
+        match held {
+            Held::PropertyKey => {
+                counted.property_keys += 1;
+                counted.program_bytes += crate::layers::content::check_schema_pattern(at, pattern)?;
+            }
+            Held::Pattern if compiled_patterns.contains_key(*pattern) => {}
+            // One that does not compile is the schema compiler's to refuse.
+            Held::Pattern => {
+                if let Some(compiled) = crate::layers::content::schema_pattern(at, pattern)? {
+                    counted.program_bytes += compiled.program_bytes();
+                    compiled_patterns.insert((*pattern).to_owned(), Arc::new(compiled));
+                }
+            }
+        }
     }
-    let patterns = found.len();
     let mut body = schema.clone();
     if let Some(m) = body.as_object_mut() {
         // The draft is already chosen; dropping `$schema` lets non-canonical spellings compile.
         m.remove("$schema");
     }
-    let validator = validator(&body, draft).map_err(|e| {
+    let validator = build(&body, draft, compiled_patterns).map_err(|e| {
         SpecError::new(
             "spec.schema",
             format!("malformed JSON Schema: {}", clip(&e.to_string(), 300)),
             "Fix the schema so it is valid for its draft (remote $refs are not fetched; inline them under $defs). Patterns use RE2 syntax, as regex_match does: no lookaround or backreferences, and at most 1 MiB compiled.",
         )
     })?;
-    let compiled = (Arc::new(validator), patterns, program_bytes);
+    let compiled = (Arc::new(validator), counted);
     cache().insert(key, compiled.clone());
     Ok((compiled, text_bytes))
+}
+
+/// A schema's `pattern`, matched by layer 4's engine (see
+/// [`crate::layers::content::schema_pattern`]).
+struct PatternKeyword(Arc<Pattern>);
+
+impl<'i> jsonschema::Keyword<'i> for PatternKeyword {
+    fn validate(&self, instance: &'i Value) -> Result<(), jsonschema::ValidationError<'i>> {
+        if self.is_valid(instance) {
+            return Ok(());
+        }
+        // As the schema crate words its own `pattern` failures.
+        Err(jsonschema::ValidationError::custom(format!(
+            "{instance} does not match \"{}\"",
+            self.0.written
+        )))
+    }
+
+    fn is_valid(&self, instance: &'i Value) -> bool {
+        match instance {
+            Value::String(text) => self.0.is_match(text),
+            _ => true,
+        }
+    }
 }
 
 /// The one way the engine builds a JSON Schema validator (layer 1's
@@ -398,11 +464,35 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Compiled, usize), Spe
 /// bounds, remote `$ref`s never fetched, and every subschema counting its
 /// steps, so that [`within_steps`] bounds a validation whatever the schema.
 pub fn validator(schema: &Value, draft: Draft) -> Result<Validator, jsonschema::ValidationError<'static>> {
+    build(schema, draft, HashMap::new())
+}
+
+/// [`validator`], with the schema's `pattern`s already compiled (by their
+/// text as written); any other is compiled as the schema is.
+fn build(schema: &Value, draft: Draft, compiled: HashMap<String, Arc<Pattern>>) -> Result<Validator, jsonschema::ValidationError<'static>> {
     let mut body = schema.clone();
     instrument(&mut body);
     jsonschema::options()
         .with_draft(draft)
         .with_keyword(STEP_KEYWORD, |_, _, _| Ok(Box::new(Step)))
+        .with_keyword("pattern", move |_, value, _| {
+            let Value::String(written) = value else {
+                return Err(jsonschema::ValidationError::schema("\"pattern\" must be a string"));
+            };
+            let pattern = match compiled.get(written) {
+                Some(p) => p.clone(),
+                None => match crate::layers::content::schema_pattern("pattern", written) {
+                    Ok(Some(p)) => Arc::new(p),
+                    Ok(None) => {
+                        return Err(jsonschema::ValidationError::schema(crate::layers::content::schema_pattern_error(
+                            written,
+                        )))
+                    }
+                    Err(refused) => return Err(jsonschema::ValidationError::schema(refused.message)),
+                },
+            };
+            Ok(Box::new(PatternKeyword(pattern)))
+        })
         .with_pattern_options(
             jsonschema::PatternOptions::regex()
                 .size_limit(REGEX_SIZE_LIMIT)
@@ -444,7 +534,7 @@ impl SchemaCheck {
             ));
         }
         let (draft, draft_name) = draft_of(schema)?;
-        let ((validator, patterns, program_bytes), text_bytes) = compile_schema(schema, draft)?;
+        let ((validator, patterns), text_bytes) = compile_schema(schema, draft)?;
         Ok(SchemaCheck {
             target,
             draft: draft_name,
@@ -452,7 +542,6 @@ impl SchemaCheck {
             recursive: refers(schema),
             schema: Arc::new(schema.clone()),
             patterns,
-            program_bytes,
             text_bytes,
         })
     }
@@ -465,17 +554,19 @@ impl SchemaCheck {
 
     /// Bytes of regex program a validation may walk per byte of input.
     pub fn scan_weight(&self) -> usize {
-        self.patterns * (REGEX_SIZE_LIMIT / 4)
+        self.patterns.count * (REGEX_SIZE_LIMIT / 4)
     }
 
-    /// Whether the schema holds regexes (`pattern`, `patternProperties`).
-    pub fn has_patterns(&self) -> bool {
-        self.patterns > 0
+    /// Whether the schema holds regexes the schema crate runs
+    /// (`patternProperties` keys), each with a search cache per thread that
+    /// ran it.
+    pub fn has_pattern_properties(&self) -> bool {
+        self.patterns.property_keys > 0
     }
 
     /// Estimated memory held, for cache accounting.
     pub fn memory_bytes(&self) -> usize {
-        schema_bytes(self.text_bytes, self.patterns, self.program_bytes) as usize
+        schema_bytes(self.text_bytes, self.patterns) as usize
     }
 
     pub fn evaluate(&self, trace: &Trace) -> Verdict {
@@ -734,7 +825,7 @@ mod tests {
     fn patterns_keep_the_bounds_of_regex_match() {
         // Too large compiled, and too long: refused before the schema is
         // compiled, naming where the pattern is.
-        let e = compile(json!({"target": "output", "schema": {"properties": {"id": {"pattern": "\\d".repeat(2000)}}}})).unwrap_err();
+        let e = compile(json!({"target": "output", "schema": {"properties": {"id": {"pattern": ".{5000}"}}}})).unwrap_err();
         assert_eq!(e.field, "spec.schema.properties.id.pattern");
         assert!(e.message.contains("is too large"), "{}", e.message);
         let e = compile(json!({"target": "output", "schema": {"items": [{"patternProperties": {"a".repeat(10_001): {}}}]}})).unwrap_err();
@@ -750,6 +841,53 @@ mod tests {
         assert!(compile(json!({"target": "output", "schema": {"pattern": "^[A-Z]{3}-\\d{4}$"}})).is_ok());
         let e = compile(json!({"target": "output", "schema": {"pattern": "(unclosed"}})).unwrap_err();
         assert!(e.message.starts_with("malformed JSON Schema"), "{}", e.message);
+        assert!(
+            e.message.contains("'(unclosed' is not a valid regular expression: unclosed group"),
+            "{}",
+            e.message
+        );
+    }
+
+    /// A `pattern` reads as ECMA-262 (`\d` is an ASCII digit, as the schema
+    /// crate's own `pattern` reads it), searches anywhere in the string, and
+    /// fails with the schema crate's wording; non-strings pass it.
+    #[test]
+    fn a_pattern_matches_as_ecma_262_reads_it() {
+        let check = |schema: Value, structured: Value| {
+            compile(json!({"target": "output.structured", "schema": schema}))
+                .unwrap()
+                .evaluate(&trace_with(structured))
+        };
+        let digits = json!({"properties": {"id": {"pattern": "^RFD-\\d{3}$"}}});
+        assert!(check(digits.clone(), json!({"id": "RFD-123"})).passed);
+        assert!(check(digits.clone(), json!({"id": 7})).passed);
+        let v = check(digits.clone(), json!({"id": "RFD-١٢٣"}));
+        assert!(!v.passed);
+        assert!(
+            v.explanation.contains("at /id: \"RFD-١٢٣\" does not match \"^RFD-\\d{3}$\""),
+            "{}",
+            v.explanation
+        );
+        assert!(check(json!({"pattern": "refund"}), json!("your refund is done")).passed);
+        // Nested under a reference, and in an older draft.
+        let nested = json!({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"id": {"pattern": "^X"}}, "items": {"$ref": "#/definitions/id"}});
+        assert!(check(nested.clone(), json!(["X1", "X2"])).passed);
+        assert!(!check(nested, json!(["X1", "Y2"])).passed);
+    }
+
+    /// What a compiled schema weighs: its `pattern`s by their programs (their
+    /// search caches are bounded with every regex's), a `patternProperties`
+    /// key with a search cache per regex thread.
+    #[test]
+    fn a_pattern_weighs_its_program_and_a_property_key_its_caches_too() {
+        let pattern = compile(json!({"target": "output", "schema": {"properties": {"id": {"pattern": "^RFD-[0-9]{3}$"}}}})).unwrap();
+        assert!(pattern.memory_bytes() < 64 * 1024, "{}", pattern.memory_bytes());
+        let key = compile(json!({"target": "output", "schema": {"patternProperties": {"^RFD-[0-9]{3}$": {}}}})).unwrap();
+        assert!(
+            key.memory_bytes() >= crate::watchdog::THREADS * SCHEMA_PATTERN_CACHE_BYTES,
+            "{}",
+            key.memory_bytes()
+        );
     }
 
     #[test]
