@@ -53,16 +53,18 @@ pub struct BatchCaches {
 
 /// Memory the compiled checks of requests in flight may hold outside the
 /// compiled cache: 64 requests of 30 regexes near the size limit would
-/// otherwise hold 2 GB at once.
-pub const IN_FLIGHT_COMPILED_BYTES: usize = 256 * 1024 * 1024;
+/// otherwise hold 2 GB at once. Also the most one batch's fresh checks may
+/// hold: 512 regexes near the size limit would hold a gigabyte. With the
+/// compiled cache's default, 384 MiB of compiled checks at most.
+pub const IN_FLIGHT_COMPILED_BYTES: usize = 192 * 1024 * 1024;
 const IN_FLIGHT_COMPILED_KIB: u32 = (IN_FLIGHT_COMPILED_BYTES / 1024) as u32;
 
 /// What one request's freshly compiled checks hold of the in-flight
 /// budget. Each check compiled outside the cache takes its share as it is
 /// compiled; when the budget has no more, the plan stops, and the request
 /// waits (until its deadline) for as much as it found it needs, then plans
-/// again. A request that needs more than the whole budget runs alone with
-/// all of it. Given back when the request ends.
+/// again. A request that needs more than the whole budget is refused.
+/// Given back when the request ends.
 pub(crate) struct Reserved {
     budget: Arc<tokio::sync::Semaphore>,
     held: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -85,27 +87,27 @@ impl Reserved {
         self.held.as_ref().map_or(0, |p| p.num_permits() as u32)
     }
 
-    /// Counts `bytes` of a freshly compiled check; false when the budget
-    /// has no room for them.
-    fn take(&mut self, bytes: usize) -> bool {
+    /// Counts `bytes` of a freshly compiled check.
+    fn take(&mut self, bytes: usize) -> Room {
         let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX).max(1);
         let want = self.used_kib.saturating_add(kib);
-        if want > self.held_kib() && self.held_kib() < IN_FLIGHT_COMPILED_KIB {
-            let more = (want - self.held_kib()).min(IN_FLIGHT_COMPILED_KIB - self.held_kib());
-            match self.budget.clone().try_acquire_many_owned(more) {
+        if want > IN_FLIGHT_COMPILED_KIB {
+            return Room::Never;
+        }
+        if want > self.held_kib() {
+            match self.budget.clone().try_acquire_many_owned(want - self.held_kib()) {
                 Ok(p) => match &mut self.held {
                     Some(h) => h.merge(p),
                     None => self.held = Some(p),
                 },
                 Err(_) => {
                     self.wanted_kib = want;
-                    return false;
+                    return Room::NotNow;
                 }
             }
         }
-        // Holding the whole budget, a request runs alone: it may go past it.
         self.used_kib = want;
-        true
+        Room::Taken
     }
 
     /// Starts a new plan, keeping what is held.
@@ -129,6 +131,15 @@ impl Reserved {
             _ => false,
         }
     }
+}
+
+/// Whether a freshly compiled check fits the in-flight budget.
+enum Room {
+    Taken,
+    /// Not while other requests hold their share: wait, then plan again.
+    NotNow,
+    /// Not even with all of it: the batch's checks are too large together.
+    Never,
 }
 
 /// Weighs compiled assertions by their estimated memory, and at least an
@@ -858,8 +869,21 @@ fn plan<'a>(
         })?;
         // Compiled checks count against the budget as they are made, so a
         // plan that does not fit stops before it holds more.
-        if fresh && reserved.as_deref_mut().is_some_and(|r| !r.take(compiled.memory_bytes())) {
-            return Ok(None);
+        match reserved.as_deref_mut().filter(|_| fresh).map(|r| r.take(compiled.memory_bytes())) {
+            None | Some(Room::Taken) => {}
+            Some(Room::NotNow) => return Ok(None),
+            Some(Room::Never) => {
+                return Err(assertion_error(
+                    format!(
+                        "assertion {}: the batch's checks compile to more than {} MiB together, the most one batch may hold",
+                        quote(id),
+                        IN_FLIGHT_COMPILED_BYTES >> 20
+                    ),
+                    "Split the suite into smaller batches, or make its patterns smaller: large counted repetitions (\\w{500}) and big Unicode classes repeated many times make programs of up to 1 MiB each.",
+                    format!("params.assertions[{i}]"),
+                )
+                .with_assertion(id))
+            }
         }
         // A paid layer without its provider is a configuration error, found
         // before anything is evaluated (and never worth retrying as is). It

@@ -94,7 +94,7 @@ impl Default for Config {
             strict_step_types: false,
             idempotency_cache_entries: 10_000,
             compiled_cache_entries: 4_096,
-            compiled_cache_bytes: 128 * 1024 * 1024,
+            compiled_cache_bytes: 192 * 1024 * 1024,
             schema_cache_bytes: crate::layers::schema::DEFAULT_SCHEMA_CACHE_BYTES,
             idempotency_cache_bytes: 32 * 1024 * 1024,
             plugin_results_bytes: 32 * 1024 * 1024,

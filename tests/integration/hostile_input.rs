@@ -508,6 +508,36 @@ fn shutdown_with_sixty_four_bombs_in_flight_exits_within_the_drain_limit() {
 /// count against the engine's budget for them, so peak memory stays under
 /// the README's 1 GiB ceiling (it passed 3 GB before), and every request
 /// is answered.
+/// One batch of 512 regexes near the program limit would hold a gigabyte
+/// of compiled checks: it is refused once they pass the in-flight budget,
+/// naming where, and memory stays far from the ceiling.
+#[test]
+fn one_batch_of_512_regexes_near_the_size_limit_is_refused_not_held() {
+    let mut e = Engine::spawn_args(&["--log-level=warn", "--eval-timeout", "120s"]);
+    e.initialize();
+    let assertions: Vec<Value> = (0..512)
+        .map(|i| {
+            content(
+                &format!("a{i}"),
+                "regex_match",
+                &format!("(?:[a-z]{{1,40}}x){{{}}}q{i}z", 200 + i % 20),
+            )
+        })
+        .collect();
+    let r = e.request(&evaluate_request(json!("big"), minimal_trace(), json!(assertions)));
+    let err = expect_error(&r, 1002);
+    let message = err["message"].as_str().unwrap();
+    assert!(message.contains("the batch's checks compile to more than 192 MiB together"), "{r}");
+    let field = err["data"]["field"].as_str().unwrap();
+    assert!(
+        field.starts_with("params.assertions[") && field != "params.assertions[511]",
+        "{field}"
+    );
+    let peak_mib = e.proc_status_kb("VmHWM") / 1024;
+    assert!(peak_mib < 600, "peak memory {peak_mib} MiB");
+    still_serving(&mut e);
+}
+
 #[test]
 fn sixty_four_requests_of_thirty_large_regexes_stay_under_the_memory_ceiling() {
     let mut e = Engine::spawn_args(&["--log-level=warn", "--eval-timeout", "60s"]);
