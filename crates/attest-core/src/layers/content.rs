@@ -199,15 +199,25 @@ impl Drop for LargeSearch {
 
 impl Pattern {
     /// Whether the pattern matches anywhere in `hay` (a JSON Schema
-    /// `pattern`: an unanchored search, as ECMA-262's `test`).
+    /// `pattern`: an unanchored search, as ECMA-262's `test`). It stops at
+    /// the first match it can prove, without finding where it starts.
     pub(crate) fn is_match(&self, hay: &str) -> bool {
-        self.find(hay.as_bytes()).is_some()
+        let input = regex_automata::Input::new(hay).earliest(true);
+        self.search(hay.len(), |regex, cache| regex.search_half_with(cache, &input).is_some())
+            .unwrap_or(false)
     }
 
     fn find(&self, hay: &[u8]) -> Option<regex_automata::Match> {
-        let _slot = if hay.len() >= LARGE_TEXT_BYTES {
-            // The deadline passed while waiting: the evaluator answers 3002
-            // for the request, whatever this search would have found.
+        let input = regex_automata::Input::new(hay);
+        self.search(hay.len(), |regex, cache| regex.search_with(cache, &input)).flatten()
+    }
+
+    /// Runs `search` with a warm search cache if one is kept, and keeps the
+    /// cache afterwards if there is room; `None` when the deadline passed
+    /// while the search waited for its slot (the evaluator answers 3002 for
+    /// the request, whatever the search would have found).
+    fn search<T>(&self, hay_len: usize, search: impl FnOnce(&Regex, &mut regex_automata::meta::Cache) -> T) -> Option<T> {
+        let _slot = if hay_len >= LARGE_TEXT_BYTES {
             Some(LargeSearch::acquire()?)
         } else {
             None
@@ -221,7 +231,7 @@ impl Pattern {
             }
             None => self.regex.create_cache(),
         };
-        let found = self.regex.search_with(&mut cache, &regex_automata::Input::new(hay));
+        let found = search(&self.regex, &mut cache);
         if let Ok(mut kept) = self.kept.lock() {
             let bytes = cache.memory_usage();
             let room = KEPT_CACHE_BYTES
@@ -235,7 +245,7 @@ impl Pattern {
                 KEPT_CACHE_BYTES.fetch_sub(bytes, Ordering::AcqRel);
             }
         }
-        found
+        Some(found)
     }
 }
 
