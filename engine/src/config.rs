@@ -6,7 +6,7 @@
 
 use crate::logging::Level;
 use crate::plugins::PluginSpec;
-use crate::providers::config::{parse_bool, parse_duration, size_bytes, size_text};
+use crate::providers::config::{parse_bool, parse_duration, size, size_bytes, size_text, MAX_MIB};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -781,46 +781,6 @@ impl<'de> Deserialize<'de> for HistorySetting {
 
 /// The result history's default byte bound (`history_max_mib`).
 const DEFAULT_HISTORY_BYTES: u64 = 1 << 30;
-/// Largest size a key may take (1 TiB): larger ones are refused, not wrapped.
-const MAX_MIB: u64 = 1 << 20;
-
-/// A size key: `<key>_size` with its unit (`"256MiB"`), or the older
-/// `<key>_mib` as a whole number of MiB; between `min_mib` and `max_mib`
-/// MiB. Neither: `default` bytes. `src` names a key where the user set it.
-fn size(
-    text: &Option<String>,
-    mib: Option<u64>,
-    key: &str,
-    (min_mib, max_mib): (u64, u64),
-    default: u64,
-    src: &dyn Fn(&str) -> String,
-) -> Result<u64> {
-    let max = if max_mib == MAX_MIB {
-        "1TiB".to_owned()
-    } else {
-        format!("{max_mib}MiB")
-    };
-    let range = |shown: String, bytes: u64, name: &str| {
-        if (min_mib << 20..=max_mib << 20).contains(&bytes) {
-            Ok(bytes)
-        } else {
-            bail!(
-                "{} must be between {min_mib}MiB and {max}, got {shown}; leave it out for the default, {}MiB",
-                src(name),
-                default >> 20
-            )
-        }
-    };
-    // A plugin's `memory` has no `_size`: it is the limit itself.
-    let name = if key == "memory" { key.to_owned() } else { format!("{key}_size") };
-    match (text, mib) {
-        (Some(_), Some(_)) => bail!("{} and {key}_mib are both set; keep {name} (e.g. {name} = \"256MiB\")", src(&name)),
-        (Some(t), None) => range(t.clone(), size_bytes(t).with_context(|| src(&name))?, &name),
-        (None, Some(m)) => range(format!("{m}"), m.saturating_mul(1 << 20), &format!("{key}_mib")),
-        (None, None) => Ok(default),
-    }
-}
-
 /// Largest config file read, in bytes.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
 

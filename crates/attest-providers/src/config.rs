@@ -134,8 +134,6 @@ impl Default for ProvidersConfig {
 
 /// Default bytes per provider cache table, in MiB.
 pub const DEFAULT_CACHE_MIB: u64 = 512;
-/// Largest `cache_max_mib` accepted (1 TiB).
-const MAX_CACHE_MIB: u64 = 1 << 20;
 
 /// The largest `samples` a judge assertion may ask for.
 pub const MAX_SAMPLES: u32 = 10;
@@ -395,32 +393,17 @@ fn judge_bias_probes(file: &FileSections<'_>, e: Env<'_>) -> Result<Vec<attest_c
 
 /// `[providers] cache_max_size` (or the older `cache_max_mib`), in MiB.
 fn cache_max_mib(file: &FileSections<'_>, fp: &FileProviders) -> Result<u64> {
-    Ok(match (&fp.cache_max_size, fp.cache_max_mib) {
-        (Some(_), Some(_)) => bail!(
-            "{} and cache_max_mib are both set; keep cache_max_size (e.g. cache_max_size = \"512MiB\")",
-            file.key("[providers] cache_max_size")
-        ),
-        (Some(text), None) => {
-            let bytes = size_bytes(text).with_context(|| file.key("[providers] cache_max_size"))?;
-            if !(1 << 20..=MAX_CACHE_MIB << 20).contains(&bytes) {
-                bail!(
-                    "{}: must be between 1MiB and 1TiB, got {text} (set cache = false in [providers] to switch the cache off)",
-                    file.key("[providers] cache_max_size")
-                );
-            }
-            bytes >> 20
-        }
-        (None, mib) => {
-            let mib = mib.unwrap_or(DEFAULT_CACHE_MIB);
-            if !(1..=MAX_CACHE_MIB).contains(&mib) {
-                bail!(
-                    "{}: must be between 1 and {MAX_CACHE_MIB}, got {mib} (set cache = false in [providers] to switch the cache off)",
-                    file.key("[providers] cache_max_mib")
-                );
-            }
-            mib
-        }
-    })
+    let src = |name: &str| file.key(&format!("[providers] {name}"));
+    let bytes = size(
+        &fp.cache_max_size,
+        fp.cache_max_mib,
+        "cache_max",
+        (1, MAX_MIB),
+        DEFAULT_CACHE_MIB << 20,
+        &src,
+    )
+    .map_err(|e| anyhow::anyhow!("{e:#} (set cache = false in [providers] to switch the cache off)"))?;
+    Ok(bytes >> 20)
 }
 
 /// The built-in prices, with the file's `[prices]` over them.
@@ -531,6 +514,47 @@ pub fn size_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<
         }
     }
     d.deserialize_any(Visitor)
+}
+
+/// Largest size a key may take (1 TiB): larger ones are refused, not wrapped.
+pub const MAX_MIB: u64 = 1 << 20;
+
+/// A size key: `<key>_size` with its unit (`"256MiB"`), or the older
+/// `<key>_mib` as a whole number of MiB; between `min_mib` and `max_mib`
+/// MiB. Neither: `default` bytes. `src` names a key where the user set it.
+/// The engine's settings and `[providers]` read sizes this one way.
+pub fn size(
+    text: &Option<String>,
+    mib: Option<u64>,
+    key: &str,
+    (min_mib, max_mib): (u64, u64),
+    default: u64,
+    src: &dyn Fn(&str) -> String,
+) -> Result<u64> {
+    let max = if max_mib == MAX_MIB {
+        "1TiB".to_owned()
+    } else {
+        format!("{max_mib}MiB")
+    };
+    let range = |shown: String, bytes: u64, name: &str| {
+        if (min_mib << 20..=max_mib << 20).contains(&bytes) {
+            Ok(bytes)
+        } else {
+            bail!(
+                "{} must be between {min_mib}MiB and {max}, got {shown}; leave it out for the default, {}MiB",
+                src(name),
+                default >> 20
+            )
+        }
+    };
+    // A plugin's `memory` has no `_size`: it is the limit itself.
+    let name = if key == "memory" { key.to_owned() } else { format!("{key}_size") };
+    match (text, mib) {
+        (Some(_), Some(_)) => bail!("{} and {key}_mib are both set; keep {name} (e.g. {name} = \"256MiB\")", src(&name)),
+        (Some(t), None) => range(t.clone(), size_bytes(t).with_context(|| src(&name))?, &name),
+        (None, Some(m)) => range(format!("{m}"), m.saturating_mul(1 << 20), &format!("{key}_mib")),
+        (None, None) => Ok(default),
+    }
 }
 
 /// Bytes of a size written with its unit (KiB and the like are 1024s, KB
@@ -687,14 +711,14 @@ mod tests {
                     cache_max_mib: Some(0),
                     ..Default::default()
                 },
-                "[providers] cache_max_mib: must be between 1 and",
+                "[providers] cache_max_mib must be between 1MiB and 1TiB",
             ),
             (
                 FileProviders {
                     cache_max_mib: Some(u64::MAX),
                     ..Default::default()
                 },
-                "[providers] cache_max_mib: must be between 1 and",
+                "[providers] cache_max_mib must be between 1MiB and 1TiB",
             ),
             (
                 FileProviders {
