@@ -659,11 +659,18 @@ impl Gen {
         let mut trace = self.trace(0, None);
         let chars = self.rng.usize(50_000..MAX_OUTPUT_CHARS);
         trace["output"]["message"] = json!(self.long_text(chars));
+        // As `regex_match`, or as a schema's `pattern`, which the same matcher runs.
         let assertions: Vec<Value> = (0..self.rng.usize(1..6))
             .map(|i| {
-                json!({"assertion_id": format!("re_{i}"), "type": "content",
-                       "spec": {"target": "output.message", "check": "regex_match", "value": *self.pick(&HOSTILE_REGEXES),
-                                "case_sensitive": self.chance(0.5)}})
+                let pattern = *self.pick(&HOSTILE_REGEXES);
+                if self.chance(0.3) {
+                    json!({"assertion_id": format!("re_{i}"), "type": "schema",
+                           "spec": {"target": "output.message", "schema": {"type": "string", "pattern": pattern}}})
+                } else {
+                    json!({"assertion_id": format!("re_{i}"), "type": "content",
+                           "spec": {"target": "output.message", "check": "regex_match", "value": pattern,
+                                    "case_sensitive": self.chance(0.5)}})
+                }
             })
             .collect();
         self.request("evaluate_batch", json!({"trace": trace, "assertions": assertions}))
