@@ -29,12 +29,16 @@ SIZES = (1, 8, 64, 512)
 
 
 def assertion(kind: str, i: int) -> dict:
-    """The i-th distinct assertion of a kind (distinct specs: each compiles)."""
+    """The i-th distinct assertion of a kind (distinct specs: each compiles).
+
+    Patterns are a Unicode `.` under a bounded repeat of 100 to 163, some 100 to
+    200 KiB of program each whatever the suite's size, so that the columns
+    compare suites of the same patterns, not larger ones."""
     if kind == "regex":
-        spec = {"target": "output.message", "check": "regex_match", "value": f"refund(?:ed)? .{{0,{20 + i}}}order|RFD-{i:04}"}
+        spec = {"target": "output.message", "check": "regex_match", "value": f"refund(?:ed)? .{{0,{100 + i % 64}}}order|RFD-{i:04}"}
         return {"assertion_id": f"r{i}", "type": "content", "spec": spec}
     if kind == "schema pattern":
-        schema = {"type": "object", "properties": {"message": {"type": "string", "pattern": f"^(?:Your|We) .{{0,{20 + i}}}$"}}}
+        schema = {"type": "object", "properties": {"message": {"type": "string", "pattern": f"^(?:Your|We) .{{0,{100 + i % 64}}}$|^ID{i}$"}}}
         return {"assertion_id": f"s{i}", "type": "schema", "spec": {"target": "output", "schema": schema}}
     if kind == "contains":
         return {"assertion_id": f"c{i}", "type": "content", "spec": {"target": "output.message", "check": "contains", "value": f"refund{'' if i == 0 else i}"}}

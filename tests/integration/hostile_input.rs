@@ -503,11 +503,6 @@ fn shutdown_with_sixty_four_bombs_in_flight_exits_within_the_drain_limit() {
     assert!(took < Duration::from_secs(10), "exited {took:?} after shutdown (drain limit 5 s)");
 }
 
-/// 64 requests, each with 30 distinct regexes near the 1 MiB program
-/// limit, sent at once: the compiled checks that requests in flight hold
-/// count against the engine's budget for them, so peak memory stays under
-/// the README's 1 GiB ceiling (it passed 3 GB before), and every request
-/// is answered.
 /// One batch of 512 regexes near the program limit would hold a gigabyte
 /// of compiled checks: it is refused once they pass the in-flight budget,
 /// naming where, and memory stays far from the ceiling.
@@ -538,6 +533,11 @@ fn one_batch_of_512_regexes_near_the_size_limit_is_refused_not_held() {
     still_serving(&mut e);
 }
 
+/// 64 requests, each with 30 distinct regexes near the 1 MiB program
+/// limit, sent at once: the compiled checks that requests in flight hold
+/// count against the engine's budget for them, so peak memory stays under
+/// the README's 1 GiB ceiling (it passed 3 GB before), and every request
+/// is answered.
 #[test]
 fn sixty_four_requests_of_thirty_large_regexes_stay_under_the_memory_ceiling() {
     let mut e = Engine::spawn_args(&["--log-level=warn", "--eval-timeout", "60s"]);
