@@ -198,6 +198,20 @@ impl Drop for LargeSearch {
 }
 
 impl Pattern {
+    fn new(written: &str, regex: Regex) -> Pattern {
+        Pattern {
+            written: written.to_owned(),
+            regex,
+            kept: std::sync::Mutex::new(Vec::with_capacity(KEPT_CACHES)),
+        }
+    }
+
+    /// Bytes its program holds (its warm search caches are bounded apart,
+    /// by [`KEPT_CACHE_BUDGET`]).
+    pub(crate) fn program_bytes(&self) -> usize {
+        self.regex.memory_usage()
+    }
+
     /// Whether the pattern matches anywhere in `hay` (a JSON Schema
     /// `pattern`: an unanchored search, as ECMA-262's `test`). It stops at
     /// the first match it can prove, without finding where it starts.
@@ -712,31 +726,36 @@ pub(crate) fn check_schema_pattern(field: &str, pattern: &str) -> Result<usize, 
 }
 
 /// A schema's `pattern` (at `field`, as written in ECMA-262 syntax),
-/// compiled for layer 4's engine with `regex_match`'s bounds: `Ok(None)`
-/// when it is not a valid pattern, for the schema compiler to refuse.
-pub(crate) fn schema_pattern(field: &str, written: &str) -> Result<Option<Pattern>, SpecError> {
+/// compiled for layer 4's engine with `regex_match`'s bounds.
+pub(crate) fn schema_pattern(field: &str, written: &str) -> Result<Pattern, SchemaPatternError> {
     // ECMA-262's classes (`\d` is ASCII digits, `\s` its own whitespace) in
-    // the regex crate's syntax, as the schema crate's own `pattern` reads them.
-    let Ok(translated) = jsonschema_regex::to_rust_regex(written) else {
-        return Ok(None);
+    // the regex crate's syntax, as the schema crate's own `pattern` reads
+    // them. The translation fails where the parser does: the pattern as
+    // written then says why.
+    let translated = jsonschema_regex::to_rust_regex(written);
+    let invalid = |reason: &str| {
+        SchemaPatternError::Invalid(format!(
+            "{} is not a valid regular expression: {}",
+            quote(written),
+            clip(reason, 200)
+        ))
     };
-    match build_regex(&translated, true, Runner::Engine) {
-        Err(Refusal::Oversized(size)) => Err(oversized(field, written, size)),
-        Err(Refusal::Invalid(_)) => Ok(None),
-        Ok(regex) => Ok(Some(Pattern::new(written, regex))),
+    match build_regex(translated.as_deref().unwrap_or(written), true, Runner::Engine) {
+        Err(Refusal::Oversized(size)) => Err(SchemaPatternError::Refused(oversized(field, written, size))),
+        Err(Refusal::Invalid(reason)) => Err(invalid(&reason)),
+        Ok(_) if translated.is_err() => Err(invalid("it is not valid ECMA-262 syntax")),
+        Ok(regex) => Ok(Pattern::new(written, regex)),
     }
 }
 
-/// Why `written`, a schema's `pattern`, is not one: the regex parser's
-/// reason, after the same translation from ECMA-262.
-pub(crate) fn schema_pattern_error(written: &str) -> String {
-    // The translation fails where the parser does; it says why.
-    let translated = jsonschema_regex::to_rust_regex(written).unwrap_or(Cow::Borrowed(written));
-    let reason = match build_regex(&translated, true, Runner::Engine) {
-        Err(Refusal::Invalid(reason)) => reason,
-        _ => "it is not valid ECMA-262 syntax".to_owned(),
-    };
-    format!("{} is not a valid regular expression: {}", quote(written), clip(&reason, 200))
+/// Why a schema's `pattern` is not run.
+#[derive(Clone)]
+pub(crate) enum SchemaPatternError {
+    /// Past `regex_match`'s bounds: refused before the schema is compiled,
+    /// naming where the pattern is.
+    Refused(SpecError),
+    /// Not a regular expression, and why: the schema compiler's to refuse.
+    Invalid(String),
 }
 
 fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecError> {
@@ -753,22 +772,6 @@ fn compile_regex(pattern: &str, case_sensitive: bool) -> Result<Pattern, SpecErr
         ),
     })?;
     Ok(Pattern::new(pattern, regex))
-}
-
-impl Pattern {
-    fn new(written: &str, regex: Regex) -> Pattern {
-        Pattern {
-            written: written.to_owned(),
-            regex,
-            kept: std::sync::Mutex::new(Vec::with_capacity(KEPT_CACHES)),
-        }
-    }
-
-    /// Bytes its program holds (its warm search caches are bounded apart,
-    /// by [`KEPT_CACHE_BUDGET`]).
-    pub(crate) fn program_bytes(&self) -> usize {
-        self.regex.memory_usage()
-    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! compiled schema is weighed by its programs; a `patternProperties` key is
 //! the schema crate's, weighed with a search cache per thread that runs it.
 
-use super::content::{Pattern, REGEX_SIZE_LIMIT};
+use super::content::{schema_pattern, Pattern, SchemaPatternError, REGEX_SIZE_LIMIT};
 use super::{Evidence, Spec, SpecError, Verdict};
 use crate::target::{Target, GRAMMAR_HINT};
 use crate::text::clip;
@@ -330,7 +330,7 @@ fn refers(schema: &Value) -> bool {
 }
 
 /// Which keyword holds a regex.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Held {
     Pattern,
     PropertyKey,
@@ -409,12 +409,18 @@ fn compile_schema(schema: &Value, draft: Draft) -> Result<(Compiled, usize), Spe
                 counted.program_bytes += crate::layers::content::check_schema_pattern(at, pattern)?;
             }
             Held::Pattern if compiled_patterns.contains_key(*pattern) => {}
-            // One that does not compile is the schema compiler's to refuse.
+            // One that is not a regex is the schema compiler's to refuse
+            // (`build` hands it the reason).
             Held::Pattern => {
-                if let Some(compiled) = crate::layers::content::schema_pattern(at, pattern)? {
-                    counted.program_bytes += compiled.program_bytes();
-                    compiled_patterns.insert((*pattern).to_owned(), Arc::new(compiled));
+                let compiled = match schema_pattern(at, pattern) {
+                    Ok(p) => Ok(Arc::new(p)),
+                    Err(SchemaPatternError::Refused(e)) => return Err(e),
+                    Err(invalid) => Err(invalid),
+                };
+                if let Ok(p) = &compiled {
+                    counted.program_bytes += p.program_bytes();
                 }
+                compiled_patterns.insert((*pattern).to_owned(), compiled);
             }
         }
     }
@@ -467,9 +473,13 @@ pub fn validator(schema: &Value, draft: Draft) -> Result<Validator, jsonschema::
     build(schema, draft, HashMap::new())
 }
 
-/// [`validator`], with the schema's `pattern`s already compiled (by their
-/// text as written); any other is compiled as the schema is.
-fn build(schema: &Value, draft: Draft, compiled: HashMap<String, Arc<Pattern>>) -> Result<Validator, jsonschema::ValidationError<'static>> {
+/// The schema's `pattern`s compiled (or why one is not a regex), by their
+/// text as written.
+type CompiledPatterns = HashMap<String, Result<Arc<Pattern>, SchemaPatternError>>;
+
+/// [`validator`], with the schema's `pattern`s already compiled; any other
+/// is compiled as the schema is.
+fn build(schema: &Value, draft: Draft, compiled: CompiledPatterns) -> Result<Validator, jsonschema::ValidationError<'static>> {
     let mut body = schema.clone();
     instrument(&mut body);
     jsonschema::options()
@@ -480,18 +490,14 @@ fn build(schema: &Value, draft: Draft, compiled: HashMap<String, Arc<Pattern>>) 
                 return Err(jsonschema::ValidationError::schema("\"pattern\" must be a string"));
             };
             let pattern = match compiled.get(written) {
-                Some(p) => p.clone(),
-                None => match crate::layers::content::schema_pattern("pattern", written) {
-                    Ok(Some(p)) => Arc::new(p),
-                    Ok(None) => {
-                        return Err(jsonschema::ValidationError::schema(crate::layers::content::schema_pattern_error(
-                            written,
-                        )))
-                    }
-                    Err(refused) => return Err(jsonschema::ValidationError::schema(refused.message)),
-                },
+                Some(known) => known.clone(),
+                None => schema_pattern("pattern", written).map(Arc::new),
             };
-            Ok(Box::new(PatternKeyword(pattern)))
+            match pattern {
+                Ok(p) => Ok(Box::new(PatternKeyword(p))),
+                Err(SchemaPatternError::Refused(e)) => Err(jsonschema::ValidationError::schema(e.message)),
+                Err(SchemaPatternError::Invalid(why)) => Err(jsonschema::ValidationError::schema(why)),
+            }
         })
         .with_pattern_options(
             jsonschema::PatternOptions::regex()
